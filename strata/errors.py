@@ -1,0 +1,18 @@
+"""One exception type for every problem a user can cause (a bad pack, a bad
+prompt, a missing GPU). The CLI prints its message as one line, no traceback."""
+
+
+class StrataError(Exception):
+    """A user-facing error; its message is printed as one line by the CLI."""
+
+
+class PackError(StrataError):
+    """The pack file is unreadable, truncated, or not what a qwen3moe pack must be."""
+
+
+class InputError(StrataError):
+    """A prompt, option or argument is invalid."""
+
+
+class DeviceError(StrataError):
+    """The GPU is absent, unusable, or out of memory."""
