@@ -1,0 +1,114 @@
+"""The MoE half of a layer, as the reference computes it: read this file top to bottom.
+
+    h = RMSNorm(x)                                   ffn_norm
+    router: logits = h . ffn_gate_inp; softmax; top-K; renormalize
+    routing tables: cnt, off, slot, src, order       (strata/routing.py)
+    per-row GATHER quantize: row r of the MoE input buffer is q8_1(h[src[r]])
+    per-expert walk, experts in id order, one at a time:
+        gate = W_gate[e] . rows,  up = W_up[e] . rows
+        H    = silu(gate) * up, quantized to q8_1 (the layout of the down type)
+        Y[rows] = W_down[e] . H
+    shared expert (where the pack has one), gated by sigmoid(ffn_gate_inp_shexp . h)
+    combine per token in rank order, plus the shared expert, plus the residual
+
+The fast path computes the same bytes with grouped launches and a per-token scatter; this
+file keeps the plain way, because it is the definition.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from strata import mmq, numerics, q8_1, quants
+from strata.routing import routing_tables, top_k
+
+F32 = np.float32
+
+
+def quantize(x: np.ndarray, qtype) -> q8_1.Q8Rows:
+    """q8_1 rows of x [R, K] in the layout that the weight type `qtype` multiplies."""
+    layout = q8_1.layout_for(qtype)
+    return q8_1.decode_rows(q8_1.quantize_rows(x, layout), x.shape[0], layout)
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return numerics.silu(gate) * up
+
+
+def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
+    """x [T, n_embd] residual in, residual out."""
+    cfg = model.config
+    L = model.pack.layer(layer)
+    n_tok, k_used = x.shape[0], cfg.n_expert_used
+
+    # 1. Norm and router.
+    h = numerics.rmsnorm(x, L.ffn_norm, cfg.rms_eps)
+    logits = mmq.mmq(L.ffn_gate_inp.qtype, L.ffn_gate_inp.data, quantize(h, L.ffn_gate_inp.qtype))
+    ids, weights = top_k(logits, k_used)
+
+    # 2. Routing tables.
+    tab = routing_tables(ids, cfg.n_expert)
+
+    # 3. Per-row gather quantize of the MoE input into T*K expert-sorted rows.
+    gate_exps, up_exps, down_exps = L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps
+    in_layout = q8_1.layout_for(gate_exps.qtype)
+    moe_in = q8_1.alloc_buffer(tab.n_rows, cfg.n_embd)
+    q8_1.gather_quantize(h, tab.src, in_layout, moe_in)
+    moe_in_rows = q8_1.decode_rows(moe_in, tab.n_rows, in_layout)
+
+    # 4. The per-expert walk, in expert id order.
+    down_layout = q8_1.layout_for(down_exps.qtype)
+    down_in = np.zeros((tab.n_rows, q8_1.blocks_per_row(cfg.n_ff_exp), q8_1.BLOCK_BYTES), np.uint8)
+    y = np.zeros((tab.n_rows, cfg.n_embd), dtype=F32)
+    for e in tab.order:
+        rows = tab.rows_of(e)
+        act = _rows(moe_in_rows, rows)
+        gate = mmq.mmq(gate_exps.qtype, gate_exps.data[e], act)
+        up = mmq.mmq(up_exps.qtype, up_exps.data[e], act)
+        down_in[rows] = q8_1.quantize_rows(swiglu(gate, up), down_layout)
+        act_h = q8_1.decode_rows(down_in[rows], rows.stop - rows.start, down_layout)
+        y[rows] = mmq.mmq(down_exps.qtype, down_exps.data[e], act_h)
+
+    # 5. The shared expert.
+    shared = None
+    if L.ffn_gate_shexp is not None:
+        shared = shared_expert(L, h)
+
+    # 6. Combine in rank order, then the shared expert, then the residual.
+    out = combine(x, weights, tab.slot, y, shared)
+
+    if dump is not None:
+        dump.layer(layer, "topk_ids", ids)
+        dump.layer(layer, "topk_w", weights)
+        dump.layer(layer, "slot", tab.slot)
+        dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(moe_in, tab.n_rows)[tab.slot])
+        dump.layer(layer, "down_in_q8_1", down_in[tab.slot])
+    return out
+
+
+def _rows(act: q8_1.Q8Rows, rows: slice) -> q8_1.Q8Rows:
+    fields = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in vars(act).items()}
+    return type(act)(**fields)
+
+
+def shared_expert(L, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gate g [T], output [T, n_embd]) of the shared expert on the normed input h."""
+    gate_in = L.ffn_gate_inp_shexp
+    g = numerics.sigmoid(mmq.mmq(gate_in.qtype, gate_in.data, quantize(h, gate_in.qtype))[:, 0])
+    act = quantize(h, L.ffn_gate_shexp.qtype)
+    gate = mmq.mmq(L.ffn_gate_shexp.qtype, L.ffn_gate_shexp.data, act)
+    up = mmq.mmq(L.ffn_up_shexp.qtype, L.ffn_up_shexp.data, act)
+    hq = quantize(swiglu(gate, up), L.ffn_down_shexp.qtype)
+    return g, mmq.mmq(L.ffn_down_shexp.qtype, L.ffn_down_shexp.data, hq)
+
+
+def combine(x, weights, slot, y, shared) -> np.ndarray:
+    """x + (sum_k w[t,k] * Y[slot[t*K+k]] in rank order + g_t * Ysh[t])."""
+    n_tok, k_used = weights.shape
+    acc = np.zeros_like(x, dtype=F32)
+    rows = slot.reshape(n_tok, k_used)
+    for k in range(k_used):
+        acc = acc + weights[:, k, None] * y[rows[:, k]]
+    if shared is not None:
+        g, ysh = shared
+        acc = acc + g[:, None] * ysh
+    return x + acc

@@ -1,0 +1,156 @@
+"""Causal attention over an int8 KV cache: the NumPy definition (docs/numerics.md, section 5).
+
+Scores are exact integer dot products of int8 Q and K blocks (32 values, one float32 scale
+each). Keys are visited in blocks of 64 at absolute positions with an online softmax, merged
+in ascending order. P is folded with V's per-token scale and quantized to int8 per (query,
+key block), so P.V is an exact int32 too. The attention kernel names `attend` here.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from strata import numerics
+
+F32 = np.float32
+KEY_BLOCK = 64  # keys merged per online-softmax step
+QK_BLOCK = 32  # values per Q/K scale
+
+
+def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """q8_1 arithmetic over blocks of `block` values along the last axis (no sums).
+
+    Returns (codes int8 [..., n], scales float32 [..., n/block]). An all-zero block gives
+    scale 0 and codes 0.
+    """
+    x = np.asarray(x, dtype=F32)
+    shape = x.shape
+    xb = x.reshape(*shape[:-1], shape[-1] // block, block)
+    amax = np.max(np.abs(xb), axis=-1)
+    nonzero = amax > 0
+    d_inv = np.where(nonzero, F32(127.0) / np.where(nonzero, amax, F32(1.0)), F32(0.0)).astype(F32)
+    q = numerics.roundf(xb * d_inv[..., None]).astype(np.int8)
+    d = np.where(nonzero, F32(1.0) / np.where(nonzero, d_inv, F32(1.0)), F32(0.0)).astype(F32)
+    return q.reshape(shape), d
+
+
+def kq_scale(head_dim: int) -> np.float32:
+    """1/sqrt(head_dim), computed in float64 and rounded once to float32."""
+    return F32(1.0 / math.sqrt(head_dim))
+
+
+class KVCache:
+    """int8 K (one scale per 32 values) and int8 V (one scale per token and head)."""
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, capacity: int = 256):
+        self.n_layer, self.n_head_kv, self.head_dim = n_layer, n_head_kv, head_dim
+        self.capacity = 0
+        self.k_codes: list[np.ndarray] = []
+        self.k_scale: list[np.ndarray] = []
+        self.v_codes: list[np.ndarray] = []
+        self.v_scale: list[np.ndarray] = []
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        hkv, hd = self.n_head_kv, self.head_dim
+
+        def grown(old, shape, dtype):
+            new = np.zeros(shape, dtype=dtype)
+            if old is not None:
+                new[:, : old.shape[1]] = old
+            return new
+
+        n = self.n_layer
+        olds = (self.k_codes, self.k_scale, self.v_codes, self.v_scale) if self.capacity else ([None] * n,) * 4
+        self.k_codes = [grown(o, (hkv, capacity, hd), np.int8) for o in olds[0]]
+        self.k_scale = [grown(o, (hkv, capacity, hd // QK_BLOCK), F32) for o in olds[1]]
+        self.v_codes = [grown(o, (hkv, capacity, hd), np.int8) for o in olds[2]]
+        self.v_scale = [grown(o, (hkv, capacity), F32) for o in olds[3]]
+        self.capacity = capacity
+
+    def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Store k, v [T, n_head_kv, head_dim] (float32) at the given absolute positions."""
+        need = int(positions.max()) + 1
+        if need > self.capacity:
+            self._grow(max(need, 2 * self.capacity))
+        kq, kd = quantize_int8(k, QK_BLOCK)
+        vq, vd = quantize_int8(v, self.head_dim)
+        self.k_codes[layer][:, positions] = kq.transpose(1, 0, 2)
+        self.k_scale[layer][:, positions] = kd.transpose(1, 0, 2)
+        self.v_codes[layer][:, positions] = vq.transpose(1, 0, 2)
+        self.v_scale[layer][:, positions] = vd[..., 0].T
+
+
+# Bound on one query tile's [heads, queries, keys] float32 scratch.
+_TILE_BYTES = 48 << 20
+
+
+def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Causal attention of q [T, n_head, hd] (float32, after norm and RoPE) at absolute
+    `positions` over the cache's keys 0..position. Returns [T, n_head, hd] float32."""
+    n_tok, n_head, hd = q.shape
+    out = np.empty_like(q, dtype=F32)
+    n_keys = int(positions.max()) + 1
+    n_blk = -(-n_keys // KEY_BLOCK)
+    per_query = 4 * n_head * n_blk * KEY_BLOCK * 4
+    tile = max(1, _TILE_BYTES // per_query)
+    for t0 in range(0, n_tok, tile):
+        out[t0:t0 + tile] = _attend_tile(cache, layer, q[t0:t0 + tile], positions[t0:t0 + tile], n_blk)
+    return out
+
+
+def _attend_tile(cache: KVCache, layer: int, q: np.ndarray, pos: np.ndarray, n_blk: int) -> np.ndarray:
+    n_tok, n_head, hd = q.shape
+    group = n_head // cache.n_head_kv
+    n_k = n_blk * KEY_BLOCK
+    kv_of_head = np.arange(n_head) // group
+
+    # Keys and values for every head (GQA: a KV head serves `group` query heads).
+    kc = cache.k_codes[layer][kv_of_head, :n_k].astype(F32)  # [H, n_k, hd]
+    kd = cache.k_scale[layer][kv_of_head, :n_k]  # [H, n_k, hd/32]
+    vc = cache.v_codes[layer][kv_of_head, :n_k].astype(F32)  # [H, n_k, hd]
+    vd = cache.v_scale[layer][kv_of_head, :n_k]  # [H, n_k]
+
+    # Scores: per 32-value block an exact integer dot, then the float epilogue in block order.
+    qc, qd = quantize_int8(q, QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
+    qc = qc.astype(F32).transpose(1, 0, 2)  # [H, T, hd]
+    qd = qd.transpose(1, 0, 2)  # [H, T, nb]
+    s = np.zeros((n_head, n_tok, n_k), dtype=F32)
+    for b in range(hd // QK_BLOCK):
+        cols = slice(b * QK_BLOCK, (b + 1) * QK_BLOCK)
+        sumi = np.matmul(qc[:, :, cols], kc[:, :, cols].transpose(0, 2, 1))  # exact ints
+        s = s + (qd[:, :, b, None] * kd[:, None, :, b]) * sumi
+    s = s * kq_scale(hd)
+
+    # Mask keys after each query's position; view as key blocks.
+    valid = np.arange(n_k)[None, :] <= pos[:, None]  # [T, n_k]
+    s = np.where(valid[None], s, F32(-np.inf)).reshape(n_head, n_tok, n_blk, KEY_BLOCK)
+    valid = valid.reshape(n_tok, n_blk, KEY_BLOCK)
+
+    # Running maximum after each block (max is exact in any order).
+    m_blk = s.max(axis=-1)  # [H, T, n_blk]
+    m_run = np.maximum.accumulate(m_blk, axis=-1)
+    m_prev = np.concatenate([np.full_like(m_run[..., :1], -np.inf), m_run[..., :-1]], axis=-1)
+    alpha = numerics.exp(m_prev - m_run)  # exp(-inf) = 0 for the first block
+
+    p = np.where(valid[None], numerics.exp(s - m_run[..., None]), F32(0.0))
+    lsum = numerics.tree_sum(p, axis=-1)  # [H, T, n_blk]
+
+    # P folded with V's per-token scale, quantized to int8 per (query, key block).
+    w = p * vd.reshape(n_head, 1, n_blk, KEY_BLOCK)
+    wq, wd = quantize_int8(w, KEY_BLOCK)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
+    vc_blk = vc.reshape(n_head, n_blk, KEY_BLOCK, hd)
+    pv = np.matmul(wq.astype(F32).transpose(0, 2, 1, 3), vc_blk)  # [H, n_blk, T, hd], exact ints
+    ob = wd.transpose(0, 2, 1, 3) * pv  # [H, n_blk, T, hd]
+
+    # Merge the blocks in ascending order; a query stops at the block holding its position.
+    last_blk = pos // KEY_BLOCK  # [T]
+    acc_l = np.zeros((n_head, n_tok), dtype=F32)
+    acc_o = np.zeros((n_head, n_tok, hd), dtype=F32)
+    for c in range(n_blk):
+        live = (c <= last_blk)[None, :]  # [1, T]
+        a = alpha[:, :, c]
+        acc_l = np.where(live, acc_l * a + lsum[:, :, c], acc_l)
+        acc_o = np.where(live[..., None], acc_o * a[..., None] + ob[:, c], acc_o)
+    return (acc_o / acc_l[..., None]).transpose(1, 0, 2)

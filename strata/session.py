@@ -1,0 +1,168 @@
+"""The prompt-path driver both implementations share: chunking, positions, the layer loop,
+greedy continuation, dumps and the progress bar.
+
+An engine (reference or fast) supplies four things: `embed(ids)`, `layer(l, x, positions,
+dump)` (attention half then MoE half; it owns its KV cache), `head(x_last)` (output norm and
+lm_head: the logits) and `config`. Everything else, including every dump switch, is here,
+so the two implementations cannot drift in how a run is cut or recorded.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from strata import dumps
+from strata.errors import InputError
+
+AUTO_CHUNK = 8192  # `--prefill auto`
+
+
+def parse_chunk(value) -> int:
+    """`auto` or a positive integer."""
+    if value is None or value == "auto":
+        return AUTO_CHUNK
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"--prefill must be 'auto' or a positive integer, got {value!r}") from None
+    if n <= 0:
+        raise InputError(f"--prefill must be positive, got {n}")
+    return n
+
+
+class LayerDump:
+    """The project's per-layer dump: records `L{layer:02d}.{name}` in `DIR/layers.spd`."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        self.records = dumps.RecordWriter(self.dir / "layers.spd")
+
+    def layer(self, layer: int, name: str, array: np.ndarray) -> None:
+        self.records.write(f"L{layer:02d}.{name}", array)
+
+    def global_(self, name: str, array: np.ndarray) -> None:
+        self.records.write(name, array)
+
+
+@dataclass
+class RunResult:
+    prompt_tokens: int
+    chunk: int
+    n_chunks: int
+    logits: np.ndarray  # first-token logits, float32 [vocab]
+    greedy: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+
+class Session:
+    """A prompt and its continuation on one engine; the KV cache carries across calls."""
+
+    def __init__(self, engine, chunk="auto", dump_dir=None, dump_first_logits=None, dump_r=None,
+                 progress: bool | None = None):
+        self.engine = engine
+        self.config = engine.config
+        self.chunk = parse_chunk(chunk)
+        env = os.environ
+        self.dump_first_logits = dump_first_logits or env.get("STRATA_DUMP_FIRST_LOGITS") or None
+        self.dump_r = dump_r or env.get("STRATA_PREFILL_DUMP_R") or None
+        self.layer_dump = LayerDump(dump_dir) if dump_dir else None
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        self.n_past = 0
+        self._chunks_done = 0  # the residual dump is truncated on a run's first chunk
+
+    # ---- input checks ---------------------------------------------------------------
+    def _check_tokens(self, ids) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.size == 0:
+            raise InputError("the prompt is empty")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise InputError("token ids must be integers")
+        bad = (ids < 0) | (ids >= self.config.n_vocab)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InputError(f"token id {int(ids[i])} at prompt position {i} is out of range "
+                             f"(vocabulary has {self.config.n_vocab} tokens)")
+        if self.n_past + ids.size > self.config.context_length:
+            raise InputError(f"{self.n_past + ids.size} tokens exceed the context length "
+                             f"{self.config.context_length}")
+        return ids.astype(np.int32)
+
+    # ---- the prompt path ------------------------------------------------------------
+    def prefill(self, ids) -> np.ndarray:
+        """Run the prompt in chunks; return the logits after its last token."""
+        ids = self._check_tokens(ids)
+        n_layer = self.config.n_layer
+        starts = list(range(0, ids.size, self.chunk))
+        bar = _Bar(len(starts) * n_layer, "prefill", self.progress)
+        logits = None
+        for c0 in starts:
+            chunk_ids = ids[c0:c0 + self.chunk]
+            positions = np.arange(self.n_past, self.n_past + chunk_ids.size, dtype=np.int64)
+            x = self.engine.embed(chunk_ids)
+            for layer in range(n_layer):
+                x = self.engine.layer(layer, x, positions, self.layer_dump)
+                if self.layer_dump is not None:
+                    keep = positions % dumps.RESIDUAL_STRIDE == 0
+                    self.layer_dump.layer(layer, "resid_pos", positions[keep])
+                    self.layer_dump.layer(layer, "resid", x[keep])
+                bar.step()
+            if self.dump_r:
+                dumps.write_residuals(self.dump_r, positions, x, first_chunk=self._chunks_done == 0)
+            self._chunks_done += 1
+            self.n_past += chunk_ids.size
+            if c0 == starts[-1]:
+                logits = self.engine.head(x[-1:])[0]
+        bar.close()
+        return logits
+
+    def run(self, prompt, greedy: int = 0) -> RunResult:
+        """Prefill the prompt, dump its logits, then `greedy` tokens by one-token chunks."""
+        ids = self._check_tokens(prompt)
+        t0 = time.perf_counter()
+        logits = self.prefill(ids)
+        t1 = time.perf_counter()
+        if self.dump_first_logits:
+            dumps.write_first_logits(self.dump_first_logits, logits)
+        if self.layer_dump is not None:
+            self.layer_dump.global_("first_logits", logits[None])
+        first = logits
+        out = [greedy_token(logits)] if greedy > 0 else []
+        while len(out) < greedy:
+            logits = self.prefill([out[-1]])
+            out.append(greedy_token(logits))
+        t2 = time.perf_counter()
+        n_chunks = -(-ids.size // self.chunk)
+        return RunResult(ids.size, self.chunk, n_chunks, first, out, t1 - t0, t2 - t1)
+
+
+def greedy_token(logits: np.ndarray) -> int:
+    """argmax, ties to the lowest id."""
+    return int(np.argmax(logits))
+
+
+class _Bar:
+    """A small progress bar on stderr (tqdm where present), silent when not wanted."""
+
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self._bar = None
+        if enabled and total > 1:
+            try:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=total, desc=desc, unit="layer", leave=False, file=sys.stderr)
+            except ImportError:  # pragma: no cover - tqdm comes with gguf
+                self._bar = None
+
+    def step(self) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
