@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import attention, mmq, numerics
+from strata import attention, numerics
 
 from reference.moe_half import quantize
 
@@ -27,15 +27,14 @@ def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray) -> n
     h = numerics.rmsnorm(x, L.attn_norm, cfg.rms_eps)
     acts: dict = {}  # one quantization of h per q8_1 layout
 
-    def product(w):
-        layout_key = w.qtype
-        if layout_key not in acts:
-            acts[layout_key] = quantize(h, w.qtype)
-        return mmq.mmq(w.qtype, w.data, acts[layout_key])
+    def product(name, w):
+        if w.qtype not in acts:
+            acts[w.qtype] = quantize(h, w.qtype)
+        return model.product((layer, name), w, acts[w.qtype])
 
-    q = product(L.attn_q).reshape(n_tok, cfg.n_head, cfg.head_dim)
-    k = product(L.attn_k).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
-    v = product(L.attn_v).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
+    q = product("attn_q", L.attn_q).reshape(n_tok, cfg.n_head, cfg.head_dim)
+    k = product("attn_k", L.attn_k).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
+    v = product("attn_v", L.attn_v).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
 
     q = numerics.rmsnorm(q, L.attn_q_norm, cfg.rms_eps)
     k = numerics.rmsnorm(k, L.attn_k_norm, cfg.rms_eps)
@@ -45,5 +44,5 @@ def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray) -> n
 
     model.kv.write(layer, positions, k, v)
     o = attention.attend(model.kv, layer, q, positions).reshape(n_tok, cfg.n_q)
-    out = mmq.mmq(L.attn_output.qtype, L.attn_output.data, quantize(o, L.attn_output.qtype))
+    out = model.product((layer, "attn_output"), L.attn_output, quantize(o, L.attn_output.qtype))
     return x + out

@@ -25,6 +25,11 @@ class ReferenceEngine:
         cfg = self.config
         self.kv = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self._rope = (np.zeros((0, cfg.head_dim // 2), np.float32),) * 2
+        self._weights = mmq.PreparedCache()
+
+    def product(self, key, matrix, act) -> np.ndarray:
+        """matrix (a QMatrix) times decoded q8_1 rows, its decoded form cached under key."""
+        return mmq.mmq_prepared(self._weights.get(key, matrix.qtype, matrix.data), act)
 
     def rope(self, n_pos: int):
         """The RoPE table for positions 0..n_pos-1 (each entry depends on its position only,
@@ -46,4 +51,4 @@ class ReferenceEngine:
         """Output norm and lm_head on the given rows: logits [rows, vocab]."""
         out = self.pack.output()
         h = numerics.rmsnorm(x_last, self.pack.output_norm(), self.config.rms_eps)
-        return mmq.mmq(out.qtype, out.data, quantize(h, out.qtype))
+        return self.product(("output",), out, quantize(h, out.qtype))

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import mmq, numerics, q8_1, quants
+from strata import numerics, q8_1
+from strata.mmq import row_slice
 from strata.routing import routing_tables, top_k
 
 F32 = np.float32
@@ -42,7 +43,7 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
 
     # 1. Norm and router.
     h = numerics.rmsnorm(x, L.ffn_norm, cfg.rms_eps)
-    logits = mmq.mmq(L.ffn_gate_inp.qtype, L.ffn_gate_inp.data, quantize(h, L.ffn_gate_inp.qtype))
+    logits = model.product((layer, "ffn_gate_inp"), L.ffn_gate_inp, quantize(h, L.ffn_gate_inp.qtype))
     ids, weights = top_k(logits, k_used)
 
     # 2. Routing tables.
@@ -61,17 +62,17 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     y = np.zeros((tab.n_rows, cfg.n_embd), dtype=F32)
     for e in tab.order:
         rows = tab.rows_of(e)
-        act = _rows(moe_in_rows, rows)
-        gate = mmq.mmq(gate_exps.qtype, gate_exps.data[e], act)
-        up = mmq.mmq(up_exps.qtype, up_exps.data[e], act)
+        act = row_slice(moe_in_rows, rows.start, rows.stop)
+        gate = model.product((layer, "gate", e), gate_exps.expert(e), act)
+        up = model.product((layer, "up", e), up_exps.expert(e), act)
         down_in[rows] = q8_1.quantize_rows(swiglu(gate, up), down_layout)
         act_h = q8_1.decode_rows(down_in[rows], rows.stop - rows.start, down_layout)
-        y[rows] = mmq.mmq(down_exps.qtype, down_exps.data[e], act_h)
+        y[rows] = model.product((layer, "down", e), down_exps.expert(e), act_h)
 
     # 5. The shared expert.
     shared = None
     if L.ffn_gate_shexp is not None:
-        shared = shared_expert(L, h)
+        shared = shared_expert(model, layer, L, h)
 
     # 6. Combine in rank order, then the shared expert, then the residual.
     out = combine(x, weights, tab.slot, y, shared)
@@ -85,20 +86,15 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     return out
 
 
-def _rows(act: q8_1.Q8Rows, rows: slice) -> q8_1.Q8Rows:
-    fields = {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in vars(act).items()}
-    return type(act)(**fields)
-
-
-def shared_expert(L, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def shared_expert(model, layer: int, L, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(gate g [T], output [T, n_embd]) of the shared expert on the normed input h."""
     gate_in = L.ffn_gate_inp_shexp
-    g = numerics.sigmoid(mmq.mmq(gate_in.qtype, gate_in.data, quantize(h, gate_in.qtype))[:, 0])
+    g = numerics.sigmoid(model.product((layer, "shexp_gate_inp"), gate_in, quantize(h, gate_in.qtype))[:, 0])
     act = quantize(h, L.ffn_gate_shexp.qtype)
-    gate = mmq.mmq(L.ffn_gate_shexp.qtype, L.ffn_gate_shexp.data, act)
-    up = mmq.mmq(L.ffn_up_shexp.qtype, L.ffn_up_shexp.data, act)
+    gate = model.product((layer, "shexp_gate"), L.ffn_gate_shexp, act)
+    up = model.product((layer, "shexp_up"), L.ffn_up_shexp, act)
     hq = quantize(swiglu(gate, up), L.ffn_down_shexp.qtype)
-    return g, mmq.mmq(L.ffn_down_shexp.qtype, L.ffn_down_shexp.data, hq)
+    return g, model.product((layer, "shexp_down"), L.ffn_down_shexp, hq)
 
 
 def combine(x, weights, slot, y, shared) -> np.ndarray:

@@ -43,7 +43,7 @@ def kq_scale(head_dim: int) -> np.float32:
 class KVCache:
     """int8 K (one scale per 32 values) and int8 V (one scale per token and head)."""
 
-    def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, capacity: int = 256):
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, capacity: int = 4 * KEY_BLOCK):
         self.n_layer, self.n_head_kv, self.head_dim = n_layer, n_head_kv, head_dim
         self.capacity = 0
         self.k_codes: list[np.ndarray] = []
@@ -71,7 +71,8 @@ class KVCache:
 
     def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v [T, n_head_kv, head_dim] (float32) at the given absolute positions."""
-        need = int(positions.max()) + 1
+        # Capacity in whole key blocks, so attention can read every block it visits.
+        need = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK
         if need > self.capacity:
             self._grow(max(need, 2 * self.capacity))
         kq, kd = quantize_int8(k, QK_BLOCK)
