@@ -1,0 +1,81 @@
+"""`strata-prefill info PACK`: what a pack holds (architecture, shape, types, expert blobs)."""
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+from gguf import GGMLQuantizationType as QT
+
+from strata import quants
+from strata.pack import FLOAT_TYPES, Pack
+
+
+def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(name, help="describe a pack",
+                              description="Describe a qwen3moe pack: shape, types, expert blobs.")
+    p.add_argument("pack", metavar="PACK", help="GGUF pack")
+    p.set_defaults(func=main)
+    return p
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n:,} bytes ({n / div:.2f} {unit})"
+    return f"{n:,} bytes"
+
+
+def describe(pack: Pack) -> list[str]:
+    """The lines `info` prints."""
+    c = pack.config
+    gu_bytes, d_bytes = pack.expert_blob_bytes(0)
+    types = [pack.expert_types(l) for l in range(c.n_layer)]
+    mixed = len(set(types)) > 1
+    router = pack.tensor_type("blk.0.ffn_gate_inp").name
+    lines = [
+        f"pack:           {pack.path}",
+        f"file size:      {_size(pack.file_size)}",
+        f"architecture:   {pack.field('general.architecture')}"
+        + (f" (preset {pack.field('strata.preset')}, seed {pack.field('strata.seed')})"
+           if pack.field("strata.preset") is not None else ""),
+        f"layers:         {c.n_layer}",
+        f"hidden:         {c.n_embd}",
+        f"heads:          {c.n_head} (kv {c.n_head_kv}), head_dim {c.head_dim}",
+        f"vocab:          {c.n_vocab}",
+        f"context:        {c.context_length}, rope base {c.rope_base:g}, rms eps {c.rms_eps:.3g}",
+        f"experts:        {c.n_expert}, top-{c.n_expert_used}, expert ff {c.n_ff_exp}",
+        "shared expert:  " + (f"yes (ff {c.n_ff_shexp})" if c.has_shexp else "no"),
+        f"types:          expert gate/up {c.expert_gu_type.name}, down {c.expert_down_type.name}, "
+        f"dense {c.dense_type.name}"
+        + (" (converted to Q8_0 on load)" if c.dense_type in FLOAT_TYPES else "")
+        + f", router {router}"
+        + (" (expert types vary by layer)" if mixed else ""),
+        f"expert blob:    gate {gu_bytes:,} + up {gu_bytes:,} + down {d_bytes:,} = "
+        f"{2 * gu_bytes + d_bytes:,} bytes (layer 0)",
+        f"experts/layer:  {_size(c.n_expert * (2 * gu_bytes + d_bytes))}",
+        "output:         " + ("tied to token_embd" if pack.tied_embeddings
+                              else f"output ({pack.tensor_type('output').name})"),
+    ]
+    fb = pack.fallbacks
+    if fb:
+        kinds = Counter(n.split(".", 2)[-1] for n in fb)
+        asked = pack.field("strata.expert_type") or "?"
+        try:
+            block = f"{quants.block_size(QT[asked])[0]}-value"
+        except Exception:
+            block = asked
+        parts = []
+        for kind, n in kinds.items():
+            cols = c.n_ff_exp if kind == "ffn_down_exps" else c.n_embd
+            parts.append(f"{kind} in {n} layer{'s' if n != 1 else ''} "
+                         f"(rows of {cols} values do not fit {block} blocks)")
+        lines.append(f"fallbacks:      {asked} -> {pack.fallback_type}: {'; '.join(parts)}")
+    else:
+        lines.append("fallbacks:      none")
+    return lines
+
+
+def main(args: argparse.Namespace) -> int:
+    with Pack.open(args.pack) as pack:
+        print("\n".join(describe(pack)))
+    return 0

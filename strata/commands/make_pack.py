@@ -1,0 +1,59 @@
+"""`strata-prefill make-pack`: write a synthetic qwen3moe pack (see strata.make_pack)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from strata import quants
+from strata.config import PRESETS
+
+
+def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
+    from strata.make_pack import DENSE_TYPES, FALLBACK_TYPE
+
+    p = subparsers.add_parser(
+        name,
+        help="write a synthetic qwen3moe pack (GGUF)",
+        description=(
+            "Write a synthetic qwen3moe GGUF pack: random but valid blocks, deterministic for "
+            "a seed, written streaming. Matrices whose rows are not a multiple of the expert "
+            f"type's block (256 for Q2_K and the IQ types) fall back to {FALLBACK_TYPE.name}; "
+            "`info` lists them."),
+    )
+    p.add_argument("out", metavar="OUT.gguf", help="pack to write (replaced if it exists)")
+    p.add_argument("--preset", choices=list(PRESETS), default="tiny",
+                   help="model shape (default: tiny)")
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="number of layers (default: the preset's)")
+    p.add_argument("--expert-type", default="Q8_0", metavar="T",
+                   choices=[t.name for t in quants.SUPPORTED_TYPES],
+                   help="routed experts' type: " + ", ".join(t.name for t in quants.SUPPORTED_TYPES)
+                   + " (default: Q8_0)")
+    p.add_argument("--dense-type", default="Q8_0", choices=[t.name for t in DENSE_TYPES],
+                   help="attention, shared expert, token_embd and output (default: Q8_0)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--tie-embeddings", action="store_true",
+                   help="write no `output` tensor: the lm_head is token_embd")
+    p.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="always show a progress bar (default: for packs over 50 MB)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="never show a progress bar")
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    from strata.make_pack import make_pack
+
+    t0 = time.perf_counter()
+    path = make_pack(args.out, preset=args.preset, layers=args.layers,
+                     expert_type=args.expert_type, seed=args.seed, dense_type=args.dense_type,
+                     tie_embeddings=args.tie_embeddings, progress=args.progress)
+    dt = time.perf_counter() - t0
+    size = os.path.getsize(path)
+    print(f"wrote {path}: preset {args.preset}, expert type {args.expert_type}, "
+          f"dense {args.dense_type}, seed {args.seed}, {size:,} bytes in {dt:.2f} s "
+          f"({size / 1e6 / max(dt, 1e-9):.0f} MB/s)", file=sys.stdout)
+    return 0

@@ -1,0 +1,355 @@
+"""Synthetic packs: real qwen3moe GGUF files with random but valid blocks.
+
+`make_pack(path, preset, ...)` writes a file that gguf-py opens (and whose names, shapes and
+metadata are those llama.cpp's qwen3moe loader reads), deterministic for a seed:
+
+- every tensor's values come from its own generators, derived from (seed, tensor name, chunk)
+  where a chunk is one expert of a stacked expert tensor or a fixed slab of rows of another
+  tensor, so the bytes do not depend on write order or on anything else in the file;
+- the file is written streaming: the header (metadata and tensor infos) with
+  `gguf.GGUFWriter`, then each tensor's data chunk by chunk at its aligned offset. No
+  tensor is ever held whole in memory.
+
+Types. Expert gate/up/down in the chosen expert type, except where a matrix's rows (n_cols)
+are not a multiple of the type's block: Q2_K and the IQ types have 256-value blocks, and a
+matrix whose rows are not a multiple of 256 (the `strata` preset's down projection, rows of
+640; the `small` preset's, 384) falls back to `FALLBACK_TYPE` = Q8_0, the one 32-value type
+every implementation decodes exactly (llama.cpp's quantizer falls back the same way, to
+IQ4_NL/Q5_x, which strata does not support). The fallback is recorded in the pack
+(`strata.fallback`: the tensor names; `strata.fallback_type`) and `info` shows it.
+Attention matrices, shared-expert matrices, token_embd and output are in the dense type
+(Q8_0, F16, BF16 or F32); norms are F32 around 1.0; routers (`ffn_gate_inp`,
+`ffn_gate_inp_shexp`) are F32 (the loader converts the router to Q8_0).
+
+Scales, chosen so a forward pass stays well-scaled over 48 layers: input projections have
+std clip(1/sqrt(n_cols), 0.02, 0.05), output projections (attn_output, ffn_down*) half of
+1/sqrt(n_cols) clipped likewise; the router std 2/sqrt(n_embd) gives router logits of std
+about 2 (routing neither uniform nor one-hot); token_embd std 0.5; norms 1 + 0.1 N(0,1).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFWriter
+
+from strata import quants
+from strata.config import ARCH, PRESETS, ModelConfig
+from strata.errors import InputError
+from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_PRESET,
+                         KEY_SEED)
+
+FALLBACK_TYPE = QT.Q8_0
+DENSE_TYPES: tuple[QT, ...] = (QT.Q8_0, QT.F16, QT.BF16, QT.F32)
+PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar for packs larger than this
+SLAB_VALUES = 1 << 22  # values per generated slab of a non-expert tensor (fixed: part of the seed)
+EMBD_STD = 0.5
+NORM_STD = 0.1
+
+
+def parse_qtype(name: Any, allowed: tuple[QT, ...], what: str) -> QT:
+    """A type name ('Q8_0', 'iq2_xs') or GGMLQuantizationType, checked against `allowed`."""
+    if isinstance(name, QT):
+        qt = name
+    else:
+        try:
+            qt = QT[str(name).upper()]
+        except KeyError:
+            qt = None
+    if qt not in allowed:
+        raise InputError(
+            f"unsupported {what} {getattr(name, 'name', name)} "
+            f"(supported: {', '.join(t.name for t in allowed)})")
+    return qt
+
+
+def expert_types(cfg: ModelConfig, expert_type: Any) -> tuple[QT, QT, list[str]]:
+    """(gate/up type, down type, names of the matrices that fell back) for a config."""
+    qt = parse_qtype(expert_type, tuple(quants.SUPPORTED_TYPES), "expert type")
+    vals, _ = quants.block_size(qt)
+    gu = qt if cfg.n_embd % vals == 0 else FALLBACK_TYPE
+    down = qt if cfg.n_ff_exp % vals == 0 else FALLBACK_TYPE
+    fell = [n for n, t in (("ffn_gate_exps", gu), ("ffn_up_exps", gu), ("ffn_down_exps", down))
+            if t != qt]
+    return gu, down, fell
+
+
+# ---------------------------------------------------------------------------------------
+# Deterministic generators
+
+
+def tensor_rng(seed: int, name: str, chunk: int) -> np.random.Generator:
+    """The generator of chunk `chunk` of tensor `name`: a function of (seed, name, chunk)."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=16).digest()
+    words = [int(w) for w in np.frombuffer(digest, dtype="<u4")]
+    return np.random.default_rng(np.random.SeedSequence([int(seed), *words, int(chunk)]))
+
+
+def _f32_to_bf16_bytes(x: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    return r.astype("<u2").view(np.uint8)
+
+
+def _encode_float(x: np.ndarray, qt: QT) -> np.ndarray:
+    if qt == QT.F32:
+        return np.ascontiguousarray(x, dtype="<f4").view(np.uint8)
+    if qt == QT.F16:
+        return x.astype("<f2").view(np.uint8)
+    if qt == QT.BF16:
+        return _f32_to_bf16_bytes(x)
+    raise AssertionError(qt)
+
+
+def _nbytes(qt: QT, n_values: int, n_cols: int) -> int:
+    if qt in (QT.F32,):
+        return 4 * n_values
+    if qt in (QT.F16, QT.BF16):
+        return 2 * n_values
+    return n_values // n_cols * quants.row_bytes(qt, n_cols)
+
+
+@dataclass
+class _Plan:
+    """One tensor to write: numpy shape (outer first; ggml ne reversed)."""
+
+    name: str
+    qtype: QT
+    shape: tuple[int, ...]
+    kind: str        # "normal" (float values N(mean, std)) or "blocks" (random valid blocks)
+    std: float
+    mean: float = 0.0
+
+    @property
+    def n_cols(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def n_values(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.qtype, self.n_values, self.n_cols)
+
+    def chunks(self, seed: int) -> Iterator[Callable[[], np.ndarray]]:
+        """The tensor's bytes as chunk makers (one expert, or one slab of rows), in order;
+        each is a function of (seed, name, chunk index) only, so they may run anywhere."""
+        n_rows_total = self.n_values // self.n_cols
+        if len(self.shape) == 3:  # stacked experts: one chunk per expert
+            rows_per_chunk = self.shape[1]
+        else:
+            rows_per_chunk = max(1, SLAB_VALUES // self.n_cols)
+        n_chunks = -(-n_rows_total // rows_per_chunk)
+        for c in range(n_chunks):
+            rows = min(rows_per_chunk, n_rows_total - c * rows_per_chunk)
+            yield functools.partial(self._make_chunk, seed, c, rows)
+
+    def _make_chunk(self, seed: int, c: int, rows: int) -> np.ndarray:
+        rng = tensor_rng(seed, self.name, c)
+        n = rows * self.n_cols
+        if self.kind == "normal" or self.qtype in (QT.F32, QT.F16, QT.BF16):
+            x = rng.standard_normal(n, dtype=np.float32)
+            x *= np.float32(self.std)
+            x += np.float32(self.mean)
+            if self.qtype == QT.Q8_0:
+                return quants.quantize_q8_0(x.reshape(rows, self.n_cols)).reshape(-1)
+            return _encode_float(x, self.qtype)
+        vals, _ = quants.block_size(self.qtype)
+        return quants.random_blocks(self.qtype, n // vals, rng, std=self.std).reshape(-1)
+
+
+def _in_std(n_cols: int) -> float:
+    return float(np.clip(1.0 / np.sqrt(n_cols), 0.02, 0.05))
+
+
+def _out_std(n_cols: int) -> float:
+    return float(np.clip(0.5 / np.sqrt(n_cols), 0.02, 0.05))
+
+
+def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
+                 tie_embeddings: bool = False) -> list[_Plan]:
+    """Every tensor of a pack, in file order."""
+    D, E, F, V = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp, cfg.n_vocab
+    plans = [
+        _Plan("token_embd", dense_type, (V, D), "blocks", EMBD_STD),
+        _Plan("output_norm", QT.F32, (D,), "normal", NORM_STD, 1.0),
+    ]
+    if not tie_embeddings:
+        plans.append(_Plan("output", dense_type, (V, D), "blocks", _in_std(D)))
+    for l in range(cfg.n_layer):
+        p = f"blk.{l}."
+        plans += [
+            _Plan(p + "attn_norm", QT.F32, (D,), "normal", NORM_STD, 1.0),
+            _Plan(p + "attn_q", dense_type, (cfg.n_q, D), "blocks", _in_std(D)),
+            _Plan(p + "attn_k", dense_type, (cfg.n_kv, D), "blocks", _in_std(D)),
+            _Plan(p + "attn_v", dense_type, (cfg.n_kv, D), "blocks", _in_std(D)),
+            _Plan(p + "attn_output", dense_type, (D, cfg.n_q), "blocks", _out_std(cfg.n_q)),
+            _Plan(p + "attn_q_norm", QT.F32, (cfg.head_dim,), "normal", NORM_STD, 1.0),
+            _Plan(p + "attn_k_norm", QT.F32, (cfg.head_dim,), "normal", NORM_STD, 1.0),
+            _Plan(p + "ffn_norm", QT.F32, (D,), "normal", NORM_STD, 1.0),
+            _Plan(p + "ffn_gate_inp", QT.F32, (E, D), "normal", 2.0 / np.sqrt(D)),
+            _Plan(p + "ffn_gate_exps", gu_type, (E, F, D), "blocks", _in_std(D)),
+            _Plan(p + "ffn_up_exps", gu_type, (E, F, D), "blocks", _in_std(D)),
+            _Plan(p + "ffn_down_exps", down_type, (E, D, F), "blocks", _out_std(F)),
+        ]
+        if cfg.has_shexp:
+            S = cfg.n_ff_shexp
+            plans += [
+                _Plan(p + "ffn_gate_inp_shexp", QT.F32, (D,), "normal", 2.0 / np.sqrt(D)),
+                _Plan(p + "ffn_gate_shexp", dense_type, (S, D), "blocks", _in_std(D)),
+                _Plan(p + "ffn_up_shexp", dense_type, (S, D), "blocks", _in_std(D)),
+                _Plan(p + "ffn_down_shexp", dense_type, (D, S), "blocks", _out_std(S)),
+            ]
+    return plans
+
+
+# ---------------------------------------------------------------------------------------
+# Writing
+
+
+def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, expert_type: QT,
+                  dense_type: QT, fallbacks: list[str]) -> None:
+    a = ARCH + "."
+    w.add_name(f"strata synthetic {preset}")
+    w.add_type("model")
+    w.add_quantization_version(2)
+    w.add_uint32(a + "block_count", cfg.n_layer)
+    w.add_uint32(a + "context_length", cfg.context_length)
+    w.add_uint32(a + "embedding_length", cfg.n_embd)
+    w.add_uint32(a + "feed_forward_length", cfg.n_ff_exp)
+    w.add_uint32(a + "attention.head_count", cfg.n_head)
+    w.add_uint32(a + "attention.head_count_kv", cfg.n_head_kv)
+    w.add_uint32(a + "attention.key_length", cfg.head_dim)
+    w.add_uint32(a + "attention.value_length", cfg.head_dim)
+    w.add_float32(a + "rope.freq_base", float(cfg.rope_base))
+    w.add_float32(a + "attention.layer_norm_rms_epsilon", float(cfg.rms_eps))
+    w.add_uint32(a + "expert_count", cfg.n_expert)
+    w.add_uint32(a + "expert_used_count", cfg.n_expert_used)
+    w.add_uint32(a + "expert_feed_forward_length", cfg.n_ff_exp)
+    if cfg.has_shexp:
+        w.add_uint32(a + "expert_shared_feed_forward_length", cfg.n_ff_shexp)
+    w.add_uint32(a + "vocab_size", cfg.n_vocab)
+    w.add_string("tokenizer.ggml.model", "none")
+    w.add_string(KEY_PRESET, preset)
+    w.add_uint64(KEY_SEED, int(seed))
+    w.add_string(KEY_EXPERT_TYPE, expert_type.name)
+    w.add_string("strata.dense_type", dense_type.name)
+    if fallbacks:
+        w.add_string(KEY_FALLBACK_TYPE, FALLBACK_TYPE.name)
+        w.add_array(KEY_FALLBACK, list(fallbacks))
+
+
+def _ahead(pool: ThreadPoolExecutor, makers: Iterator[Callable[[], np.ndarray]],
+           depth: int) -> Iterator[np.ndarray]:
+    """Run chunk makers on the pool, at most `depth` ahead of the consumer, in order."""
+    pending: deque = deque()
+    for make in makers:
+        pending.append(pool.submit(make))
+        if len(pending) >= depth:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | None = None,
+              expert_type: Any = "Q8_0", seed: int = 0, dense_type: Any = "Q8_0",
+              tie_embeddings: bool = False, progress: bool | None = None,
+              config: ModelConfig | None = None, workers: int | None = None) -> Path:
+    """Write a synthetic pack of `preset` (or of `config`, named `preset`) to `path`.
+
+    layers: override the preset's layer count; expert_type: one of quants.SUPPORTED_TYPES
+    (by name or enum); dense_type: Q8_0, F16, BF16 or F32; progress: a tqdm bar on stderr
+    (None: only for packs over 50 MB); workers: threads generating chunks ahead of the
+    writer (default: the CPU count, at most 4; the bytes do not depend on it).
+    Written to `path`.tmp then renamed, so a failed write leaves no half pack behind.
+    Returns the path."""
+    if config is None:
+        if preset not in PRESETS:
+            raise InputError(f"unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
+        config = PRESETS[preset]
+    if layers is not None:
+        if int(layers) < 1:
+            raise InputError(f"--layers must be at least 1, got {layers}")
+        config = config.replace(n_layer=int(layers))
+    if int(seed) < 0:
+        raise InputError(f"--seed must be non-negative, got {seed}")
+    xt = parse_qtype(expert_type, tuple(quants.SUPPORTED_TYPES), "expert type")
+    dt = parse_qtype(dense_type, DENSE_TYPES, "dense type")
+    gu, down, fell = expert_types(config, xt)
+    config = config.replace(expert_gu_type=gu, expert_down_type=down, dense_type=dt)
+    fallbacks = [f"blk.{l}.{n}" for l in range(config.n_layer) for n in fell]
+    plans = plan_tensors(config, gu, down, dt, tie_embeddings)
+
+    workers = max(1, int(workers or min(4, os.cpu_count() or 1)))
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    total = sum(p.nbytes for p in plans)
+    show = (total > PROGRESS_MIN_BYTES) if progress is None else bool(progress)
+    w = GGUFWriter(tmp, ARCH)
+    try:
+        _add_metadata(w, config, preset, int(seed), xt, dt, fallbacks)
+        for p in plans:
+            # dtype float32 with raw_dtype set: the writer takes the shape as element counts
+            w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=p.qtype)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        fout = w.fout[0]
+        align = w.data_alignment
+        bar = None
+        if show:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                       desc=path.name, file=sys.stderr, leave=False)
+        try:
+            pos = fout.tell()
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for p in plans:
+                    pad = -pos % align
+                    if pad:
+                        fout.write(bytes(pad))
+                        pos += pad
+                    written = 0
+                    for chunk in _ahead(pool, p.chunks(seed), 2 * workers):
+                        fout.write(memoryview(np.ascontiguousarray(chunk)))
+                        written += chunk.nbytes
+                        if bar is not None:
+                            bar.update(chunk.nbytes)
+                    if written != p.nbytes:  # pragma: no cover - plan and generator disagree
+                        raise AssertionError(f"{p.name}: wrote {written} bytes, planned {p.nbytes}")
+                    pos += written
+            pad = -pos % align
+            if pad:
+                fout.write(bytes(pad))
+        finally:
+            if bar is not None:
+                bar.close()
+        w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        w.close()
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def timed_make_pack(*args: Any, **kwargs: Any) -> tuple[Path, float]:
+    """make_pack, returning (path, seconds)."""
+    t0 = time.perf_counter()
+    out = make_pack(*args, **kwargs)
+    return out, time.perf_counter() - t0
