@@ -20,6 +20,7 @@ import numpy as np
 
 from strata import numerics, q8_1
 from strata.mmq import row_slice
+from strata.moe import combine, swiglu
 from strata.routing import routing_tables, top_k
 
 F32 = np.float32
@@ -29,10 +30,6 @@ def quantize(x: np.ndarray, qtype) -> q8_1.Q8Rows:
     """q8_1 rows of x [R, K] in the layout that the weight type `qtype` multiplies."""
     layout = q8_1.layout_for(qtype)
     return q8_1.decode_rows(q8_1.quantize_rows(x, layout), x.shape[0], layout)
-
-
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    return numerics.silu(gate) * up
 
 
 def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
@@ -95,16 +92,3 @@ def shared_expert(model, layer: int, L, h: np.ndarray) -> tuple[np.ndarray, np.n
     up = model.product((layer, "shexp_up"), L.ffn_up_shexp, act)
     hq = quantize(swiglu(gate, up), L.ffn_down_shexp.qtype)
     return g, model.product((layer, "shexp_down"), L.ffn_down_shexp, hq)
-
-
-def combine(x, weights, slot, y, shared) -> np.ndarray:
-    """x + (sum_k w[t,k] * Y[slot[t*K+k]] in rank order + g_t * Ysh[t])."""
-    n_tok, k_used = weights.shape
-    acc = np.zeros_like(x, dtype=F32)
-    rows = slot.reshape(n_tok, k_used)
-    for k in range(k_used):
-        acc = acc + weights[:, k, None] * y[rows[:, k]]
-    if shared is not None:
-        g, ysh = shared
-        acc = acc + g[:, None] * ysh
-    return x + acc

@@ -1,0 +1,166 @@
+"""The fast engine: the prompt path as a sequence of backend steps.
+
+The same code drives two backends: `cuda` (PyCUDA kernels, fast/cuda/backend.py) and `sim`
+(NumPy definitions of the same kernels, fast/sim.py), so the walk, the switches and the
+buffers are exercised on machines with no GPU. The engine plugs into
+`strata.session.Session` like the reference does.
+
+Switches (each a Python argument, a CLI flag and an environment variable):
+  group_gather  STRATA_PREFILL_GROUP_GATHER  1: one gather launch per MMQ group (default)
+                                             0: one gather launch per expert
+  quant_gather  STRATA_QUANT_GATHER          1: per-row gather quantize of the MoE input
+                                             0: per-token scatter (default)
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from strata import q8_1
+from strata.errors import InputError
+from strata.moe import MMQ_GROUP
+
+from fast.walk import plan_groups
+
+F32 = np.float32
+
+
+def switch(value, env: str, default: bool) -> bool:
+    """A switch from its argument, else its environment variable, else its default."""
+    if value is None:
+        raw = os.environ.get(env)
+        if raw is None or raw == "":
+            return default
+        if raw not in ("0", "1"):
+            raise InputError(f"{env} must be 0 or 1, got {raw!r}")
+        return raw == "1"
+    return bool(int(value))
+
+
+class FastEngine:
+    name = "fast"
+
+    def __init__(self, pack, backend, group_gather=None, quant_gather=None):
+        self.pack = pack
+        self.config = pack.config
+        self.be = backend
+        self.group_gather = switch(group_gather, "STRATA_PREFILL_GROUP_GATHER", True)
+        self.quant_gather = switch(quant_gather, "STRATA_QUANT_GATHER", False)
+        self.be.load(pack)
+        self.name = f"fast/{backend.name}"
+
+    @property
+    def counters(self):
+        return self.be.counters
+
+    # ---- the engine protocol of strata.session ----------------------------------------
+    def embed(self, ids: np.ndarray):
+        return self.be.embed(ids)
+
+    def head(self, x_last):
+        be = self.be
+        h = be.rmsnorm(x_last, be.w("output_norm"), self.config.rms_eps)
+        out = be.w("output")
+        logits = be.mmq_dense(out, self._quantize(h, out))
+        return be.download(logits)
+
+    def layer(self, layer: int, x, positions: np.ndarray, dump=None):
+        x = self.attention_half(layer, x, positions)
+        return self.moe_half(layer, x, dump)
+
+    # ---- pieces -----------------------------------------------------------------------
+    def _quantize(self, x, w):
+        """x's rows as a q8_1 buffer in the layout the weight w multiplies."""
+        return self.be.quantize_rows(x, q8_1.layout_for(w.qtype))
+
+    def attention_half(self, layer: int, x, positions: np.ndarray):
+        be, cfg = self.be, self.config
+        n_tok = len(positions)
+        p = f"blk.{layer}."
+        h = be.rmsnorm(x, be.w(p + "attn_norm"), cfg.rms_eps)
+        acts = {}
+
+        def product(name):
+            w = be.w(p + name)
+            layout = q8_1.layout_for(w.qtype)
+            if layout not in acts:
+                acts[layout] = be.quantize_rows(h, layout)
+            return be.mmq_dense(w, acts[layout])
+
+        q, k, v = product("attn_q"), product("attn_k"), product("attn_v")
+        q = be.rmsnorm(be.view(q, (n_tok * cfg.n_head, cfg.head_dim)), be.w(p + "attn_q_norm"), cfg.rms_eps)
+        k = be.rmsnorm(be.view(k, (n_tok * cfg.n_head_kv, cfg.head_dim)), be.w(p + "attn_k_norm"), cfg.rms_eps)
+        q = be.rope(be.view(q, (n_tok, cfg.n_head, cfg.head_dim)), positions)
+        k = be.rope(be.view(k, (n_tok, cfg.n_head_kv, cfg.head_dim)), positions)
+        be.kv_write(layer, positions, k, be.view(v, (n_tok, cfg.n_head_kv, cfg.head_dim)))
+        o = be.attend(layer, q, positions)
+        wo = be.w(p + "attn_output")
+        out = be.mmq_dense(wo, self._quantize(be.view(o, (n_tok, cfg.n_q)), wo))
+        return be.add(x, out)
+
+    def moe_half(self, layer: int, x, dump=None):
+        be, cfg = self.be, self.config
+        p = f"blk.{layer}."
+        n_tok, k_used = be.shape(x)[0], cfg.n_expert_used
+
+        # 1. norm, router, top-K
+        h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
+        router = be.w(p + "ffn_gate_inp")
+        logits = be.mmq_dense(router, self._quantize(h, router))
+        ids, weights = be.top_k(logits, k_used)
+
+        # 2. routing tables (device), and their counts on the host for the walk
+        tab = be.routing_tables(ids, cfg.n_expert)
+        n_rows = n_tok * k_used
+
+        # 3. the MoE input, quantized once per token (scatter) or once per row (gather)
+        gu_t, down_t = be.expert_types(layer)
+        in_layout = q8_1.layout_for(gu_t)
+        moe_in = be.alloc_q8(n_rows, cfg.n_embd)
+        if self.quant_gather:
+            be.quantize_gather(h, tab.src, n_rows, in_layout, moe_in, row0=0, n_rows_total=n_rows)
+        else:
+            be.quantize_scatter(h, tab.slot, n_tok, k_used, in_layout, moe_in)
+
+        # 4. the walk: groups of MMQ_GROUP consecutive routed experts, in id order
+        down_layout = q8_1.layout_for(down_t)
+        gate = be.alloc_f32((n_rows, cfg.n_ff_exp))
+        up = be.alloc_f32((n_rows, cfg.n_ff_exp))
+        down_in = be.alloc_q8(n_rows, cfg.n_ff_exp)
+        y = be.alloc_f32((n_rows, cfg.n_embd))
+        for grp in plan_groups(tab.order, tab.cnt, tab.off, MMQ_GROUP):
+            if self.group_gather:
+                bufs = be.gather_group(layer, grp.experts)
+            else:
+                bufs = be.gather_each(layer, grp.experts)
+            be.mmq_group_gate_up(layer, bufs, len(grp.experts), moe_in, n_rows, grp.bounds, gate, up)
+            hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
+            be.quantize_gather(hh, None, grp.n_rows, down_layout, down_in, row0=grp.row_begin,
+                               n_rows_total=n_rows)
+            be.mmq_group_down(layer, bufs, len(grp.experts), down_in, n_rows, grp.bounds, y)
+            be.release(bufs)
+
+        # 5. the shared expert, 6. combine
+        shared = self.shared_expert(p, h) if self.config.has_shexp else None
+        out = be.combine(x, weights, tab.slot, y, shared)
+
+        if dump is not None:
+            slot = be.download(tab.slot)
+            dump.layer(layer, "topk_ids", be.download(ids))
+            dump.layer(layer, "topk_w", be.download(weights))
+            dump.layer(layer, "slot", slot)
+            dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(be.download(moe_in), n_rows)[slot])
+            dump.layer(layer, "down_in_q8_1", q8_1.unpack_rows(be.download(down_in), n_rows)[slot])
+        return out
+
+    def shared_expert(self, p: str, h):
+        be = self.be
+        gate_in = be.w(p + "ffn_gate_inp_shexp")
+        g = be.sigmoid(be.mmq_dense(gate_in, self._quantize(h, gate_in)))
+        wg, wu, wd = be.w(p + "ffn_gate_shexp"), be.w(p + "ffn_up_shexp"), be.w(p + "ffn_down_shexp")
+        act = self._quantize(h, wg)
+        gate, up = be.mmq_dense(wg, act), be.mmq_dense(wu, act)
+        n_tok = be.shape(h)[0]
+        hh = be.swiglu_rows(gate, up, 0, n_tok)
+        return g, be.mmq_dense(wd, self._quantize(hh, wd))

@@ -1,0 +1,47 @@
+"""The MoE half's elementwise pieces and the expert-group layout: NumPy definitions that the
+reference uses directly and the fast path's kernels name (docs/numerics.md, sections 6-7)."""
+from __future__ import annotations
+
+import numpy as np
+
+from strata import numerics
+
+F32 = np.float32
+MMQ_GROUP = 16  # consecutive routed experts gathered and multiplied together
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """H = silu(gate) * up, elementwise."""
+    return numerics.silu(gate) * up
+
+
+def combine(x, weights, slot, y, shared=None) -> np.ndarray:
+    """x + (sum_k w[t,k] * Y[slot[t*K+k]] in rank order, then + g_t * Ysh[t]).
+
+    x [T, D] residual, weights [T, K], slot [T*K], y [T*K, D] expert-sorted outputs,
+    shared: None or (g [T], ysh [T, D])."""
+    n_tok, k_used = weights.shape
+    acc = np.zeros_like(x, dtype=F32)
+    rows = np.asarray(slot).reshape(n_tok, k_used)
+    for k in range(k_used):
+        acc = acc + weights[:, k, None] * y[rows[:, k]]
+    if shared is not None:
+        g, ysh = shared
+        acc = acc + g[:, None] * ysh
+    return x + acc
+
+
+def group_buffers(blobs: list[np.ndarray], gu_bytes: int, d_bytes: int, tail_bytes: int):
+    """The MMQ group buffers of up to MMQ_GROUP experts, as `gather_native_group` fills them.
+
+    Each blob is an expert's bytes [gate | up | down] (2*gu_bytes + d_bytes). Expert q's
+    gate|up lands at q * (2*gu_bytes) of the gate/up buffer, its down at q * d_bytes of the
+    down buffer; after the last expert, `tail_bytes` zero bytes in each (the MMQ kernel
+    reads past the last row of a tile there). Returns (gu_buf, d_buf) uint8."""
+    n = len(blobs)
+    gu = np.zeros(n * 2 * gu_bytes + tail_bytes, np.uint8)
+    dn = np.zeros(n * d_bytes + tail_bytes, np.uint8)
+    for q, blob in enumerate(blobs):
+        gu[q * 2 * gu_bytes:(q + 1) * 2 * gu_bytes] = blob[: 2 * gu_bytes]
+        dn[q * d_bytes:(q + 1) * d_bytes] = blob[2 * gu_bytes:]
+    return gu, dn
