@@ -28,7 +28,7 @@ def make_backend(name: str = "cuda"):
     return CudaBackend()
 
 
-def make_fast_engine(pack, backend: str = "cuda", group_gather=None, quant_gather=None):
+def make_fast_engine(pack, backend: str = "cuda", group_gather=None, quant_gather=None, **kw):
     from fast.engine import FastEngine
 
-    return FastEngine(pack, make_backend(backend), group_gather=group_gather, quant_gather=quant_gather)
+    return FastEngine(pack, make_backend(backend), group_gather=group_gather, quant_gather=quant_gather, **kw)

@@ -41,12 +41,15 @@ def switch(value, env: str, default: bool) -> bool:
 class FastEngine:
     name = "fast"
 
-    def __init__(self, pack, backend, group_gather=None, quant_gather=None):
+    def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP):
         self.pack = pack
         self.config = pack.config
         self.be = backend
         self.group_gather = switch(group_gather, "STRATA_PREFILL_GROUP_GATHER", True)
         self.quant_gather = switch(quant_gather, "STRATA_QUANT_GATHER", False)
+        if not 1 <= group_size <= MMQ_GROUP:
+            raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
+        self.group_size = group_size
         self.be.load(pack)
         self.name = f"fast/{backend.name}"
 
@@ -129,7 +132,7 @@ class FastEngine:
         up = be.alloc_f32((n_rows, cfg.n_ff_exp))
         down_in = be.alloc_q8(n_rows, cfg.n_ff_exp)
         y = be.alloc_f32((n_rows, cfg.n_embd))
-        for grp in plan_groups(tab.order, tab.cnt, tab.off, MMQ_GROUP):
+        for grp in plan_groups(tab.order, tab.cnt, tab.off, self.group_size):
             if self.group_gather:
                 bufs = be.gather_group(layer, grp.experts)
             else:

@@ -45,6 +45,8 @@ def add_parser(sub, name: str) -> None:
 def add_fast_switches(p) -> None:
     """The fast path's switches; each also has an environment variable."""
     g = p.add_argument_group("fast path switches (--impl fast)")
+    g.add_argument("--backend", choices=["cuda", "sim"], default="cuda",
+                   help="cuda (PyCUDA, default) or sim (the same walk with NumPy kernels, no GPU)")
     g.add_argument("--group-gather", type=int, choices=[0, 1], default=None,
                    help="1: one gather launch per MMQ group (default); 0: one per expert "
                         "(env STRATA_PREFILL_GROUP_GATHER)")
@@ -102,7 +104,8 @@ def make_engine(impl: str, pack, args=None):
         return ReferenceEngine(pack)
     from fast import make_fast_engine  # says in one line why it cannot run here
 
-    return make_fast_engine(pack, group_gather=getattr(args, "group_gather", None),
+    return make_fast_engine(pack, getattr(args, "backend", "cuda"),
+                            group_gather=getattr(args, "group_gather", None),
                             quant_gather=getattr(args, "quant_gather", None))
 
 

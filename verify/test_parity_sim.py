@@ -1,0 +1,89 @@
+"""The parity gate on a machine with no GPU: the reference against the fast path's walk on
+the `sim` backend (NumPy kernels), byte for byte, for every weight type and switch
+combination, plus the invariance promises (chunk size, group size, backend)."""
+import itertools
+
+import numpy as np
+import pytest
+
+from conftest import EXPERT_TYPES
+from fast import make_fast_engine
+from reference import ReferenceEngine
+from verify.common import assert_same_run, run_engine
+
+SWITCHES = list(itertools.product([1, 0], [0, 1]))  # (group_gather, quant_gather)
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tmp_path_factory):
+    cache = {}
+
+    def get(pack, ids, chunk):
+        key = (str(pack.path), ids.tobytes(), chunk)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("ref")
+            cache[key] = run_engine(ReferenceEngine(pack), ids, chunk, out)
+        return cache[key]
+
+    return get
+
+
+def prompt(pack, n, seed):
+    return np.random.default_rng(seed).integers(0, pack.config.n_vocab, n).astype(np.int32)
+
+
+@pytest.mark.parametrize("expert_type", EXPERT_TYPES)
+@pytest.mark.parametrize("n_tokens", [1, 63, 130])
+def test_reference_vs_sim_every_type_and_switch(make_test_pack, reference_runs, tmp_path,
+                                               expert_type, n_tokens):
+    pack = make_test_pack("tiny", expert_type)
+    ids = prompt(pack, n_tokens, seed=n_tokens)
+    ref = reference_runs(pack, ids, 64)
+    for gg, qg in SWITCHES:
+        eng = make_fast_engine(pack, "sim", group_gather=gg, quant_gather=qg)
+        got = run_engine(eng, ids, 64, tmp_path / f"g{gg}q{qg}")
+        assert_same_run(ref, got, pack, f"tiny {expert_type} T={n_tokens} group_gather={gg} quant_gather={qg}")
+
+
+@pytest.mark.parametrize("expert_type", ["Q2_K", "IQ3_XXS"])
+def test_reference_vs_sim_small_pack_several_chunks(make_test_pack, reference_runs, tmp_path, expert_type):
+    """64 experts, top-8, a fallback down type, a 600-token prompt in three chunks."""
+    pack = make_test_pack("small", expert_type)
+    ids = prompt(pack, 600, seed=11)
+    ref = reference_runs(pack, ids, 256)
+    for gg, qg in [(1, 0), (0, 1)]:
+        got = run_engine(make_fast_engine(pack, "sim", gg, qg), ids, 256, tmp_path / f"g{gg}q{qg}")
+        assert_same_run(ref, got, pack, f"small {expert_type} T=600 group_gather={gg} quant_gather={qg}")
+
+
+@pytest.mark.parametrize("group_size", [1, 3, 16])
+def test_group_size_does_not_change_a_bit(make_test_pack, reference_runs, tmp_path, group_size):
+    pack = make_test_pack("tiny", "IQ2_XS")
+    ids = prompt(pack, 97, seed=5)
+    ref = reference_runs(pack, ids, 64)
+    got = run_engine(make_fast_engine(pack, "sim", group_size=group_size), ids, 64, tmp_path)
+    assert_same_run(ref, got, pack, f"group size {group_size}")
+
+
+def test_chunk_size_does_not_change_a_bit_on_the_fast_path(make_test_pack, tmp_path):
+    pack = make_test_pack("tiny", "Q4_1")
+    ids = prompt(pack, 150, seed=6)
+    runs = [run_engine(make_fast_engine(pack, "sim"), ids, c, tmp_path / f"c{c}") for c in (1, 37, "auto")]
+    for r, c in zip(runs[:2], (1, 37)):
+        assert_same_run(runs[2], r, pack, f"fast chunk {c} vs whole")
+
+
+def test_launch_counts_follow_the_switches(make_test_pack, tmp_path):
+    """Group gather: one gather launch per group of 16 routed experts; per-expert mode: one
+    per routed expert. Scatter quantize: one quantize launch for the MoE input per layer."""
+    pack = make_test_pack("small", "Q8_0")  # 64 experts, top-8: 4 groups a layer when all are routed
+    ids = prompt(pack, 200, seed=7)
+    counts = {}
+    for gg in (1, 0):
+        eng = make_fast_engine(pack, "sim", group_gather=gg)
+        run_engine(eng, ids, "auto", tmp_path / f"g{gg}", greedy=0)
+        counts[gg] = dict(eng.counters)
+    n_layer = pack.config.n_layer
+    assert counts[1]["gather_group"] <= 4 * n_layer and "gather_one" not in counts[1]
+    assert counts[0]["gather_one"] >= counts[1]["gather_group"] * 8
+    assert counts[1]["q8_1_scatter"] == n_layer
