@@ -97,7 +97,9 @@ def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray) -> 
     per_query = 4 * n_head * n_blk * KEY_BLOCK * 4
     tile = max(1, _TILE_BYTES // per_query)
     for t0 in range(0, n_tok, tile):
-        out[t0:t0 + tile] = _attend_tile(cache, layer, q[t0:t0 + tile], positions[t0:t0 + tile], n_blk)
+        pos = positions[t0:t0 + tile]
+        # a tile visits only the key blocks up to its last query's position
+        out[t0:t0 + tile] = _attend_tile(cache, layer, q[t0:t0 + tile], pos, int(pos.max()) // KEY_BLOCK + 1)
     return out
 
 

@@ -1,0 +1,33 @@
+"""pytest-benchmark: the reference prefill's speed (tokens/s) on `tiny` and `small` packs.
+
+    pytest bench/test_bench_reference.py --benchmark-columns=median,rounds
+
+Each round prefills a fresh prompt of N tokens in one chunk on a fresh engine whose decoded
+weights are already cached (the first, untimed call decodes them). Tokens/s is in the
+`extra_info` of each benchmark and printed in the table's name column via the id.
+"""
+import numpy as np
+import pytest
+
+from reference import ReferenceEngine
+from strata.session import Session
+
+SIZES = [128, 1024, 4096]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+@pytest.mark.parametrize("n_tokens", SIZES)
+def test_reference_prefill(benchmark, make_test_pack, preset, n_tokens):
+    pack = make_test_pack(preset, "IQ2_XS")
+    engine = ReferenceEngine(pack)
+    rng = np.random.default_rng(n_tokens)
+    Session(engine, chunk="auto", progress=False).prefill(rng.integers(0, pack.config.n_vocab, 64))
+
+    def setup():
+        engine.kv = type(engine.kv)(pack.config.n_layer, pack.config.n_head_kv, pack.config.head_dim)
+        ids = rng.integers(0, pack.config.n_vocab, n_tokens)
+        return (Session(engine, chunk="auto", progress=False), ids), {}
+
+    rounds = 3 if n_tokens <= 1024 else 1
+    benchmark.pedantic(lambda s, ids: s.prefill(ids), setup=setup, rounds=rounds, iterations=1)
+    benchmark.extra_info["tokens_per_s"] = n_tokens / benchmark.stats.stats.median
