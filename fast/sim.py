@@ -82,6 +82,11 @@ class SimBackend:
         # the expert cache: every expert resident, one blob [gate | up | down] a slot
         self._slots = {}
 
+    def reset_cache(self) -> None:
+        """A fresh KV cache (a new prompt from position 0)."""
+        cfg = self.config
+        self.kv = attention.KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
+
     def w(self, name: str):
         got = self._weights.get(name)
         if got is None:
