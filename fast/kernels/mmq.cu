@@ -1,0 +1,567 @@
+// Grouped MMQ products on int8 tensor cores.
+//
+// Definition: strata.mmq.mmq_prepared (strata.mmq.mmq for raw weight rows; the brief's
+// mmq_rows) (docs/numerics.md section 3). Every output element is
+//   acc = 0.0f; for each 32-value block b of the weight row, ascending:
+//     acc = acc + <the type's epilogue>(dw, da, sumi [, mw, sa, mi])
+// with sumi (and Q2_K's mi) exact integers from the tensor cores. Weight rows come in their
+// GGUF blocks and are decoded here (block layouts: strata/quants.py); the IQ grids and the
+// sign table are uploaded from strata.quants' tables (one source), never written here.
+//
+// Compiled with --fmad=false: every `a * b + c` below is two roundings, as in NumPy.
+//
+// Launch: one launch multiplies up to 16 "experts". Expert q's weight matrix (N rows of K
+// values, GGUF blocks, row-major) starts at W + q * w_stride; its activation rows are rows
+// [bounds[2q], bounds[2q+1]) of the q8_1 buffer A (R_total rows, column-block-major,
+// block_q8_1_mmq, the layout the weight type selects). out is float32 [R_total, ldo];
+// out[r, n] is written for rows inside a bound and n < N only.
+//
+// Tiling: a CTA computes MMQ_BM weight rows x (up to) MMQ_BN activation rows of one expert.
+// An expert's rows are cut into ceil(rows / tile_rows) tiles of equal size (a multiple of 8).
+// 16*MMQ_WM x MMQ_BN per CTA, MMQ_WM x MMQ_WN warps; warp (wm, wn) owns weight rows
+// wm*16..wm*16+15 and the activation n8 tiles wn, wn+WN, wn+2WN, ...
+// K is walked in chunks of 128 values (one q8_1 block; half a super-block for Q2_K and the IQ
+// types, whose raw chunk is then the whole 256-value block): raw weight bytes (16-byte pieces
+// from the 16-aligned address below the chunk) and activation blocks are copied with cp.async
+// into a ring of MMQ_STAGES slots, the weights are decoded to int8 codes + float scales in
+// shared memory, then ldmatrix + mma.sync. Because of the 16-byte pieces the kernel may read
+// up to 15 bytes before a matrix's first row and after its last one: callers keep the group
+// buffer's tail (16 bytes) allocated.
+//
+// Integer -> float: the mma accumulator starts at the bits of 1.5*2^23 (0x4B400000); for a
+// dot product S with |S| < 2^22 the result's bits are the float 1.5*2^23 + S exactly, so
+// (float)S = __int_as_float(D) - 12582912.0f (exact). Sub-scales are applied in float on
+// exact integers below 2^24 (u * S, u0 * S0 + u1 * S1): the same value as (float)sumi.
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define QT_Q4_1 3
+#define QT_Q8_0 8
+#define QT_Q2_K 10
+#define QT_IQ2_XS 17
+#define QT_IQ3_XXS 18
+#define QT_IQ3_S 21
+
+#ifndef MMQ_WM
+#define MMQ_WM 8
+#endif
+#ifndef MMQ_WN
+#define MMQ_WN 2
+#endif
+#ifndef MMQ_BN
+#define MMQ_BN 128
+#endif
+#ifndef MMQ_STAGES
+#define MMQ_STAGES 4
+#endif
+#define MMQ_NT (32 * MMQ_WM * MMQ_WN)
+#define MMQ_BM (16 * MMQ_WM)
+#define MMQ_NT8 (MMQ_BN / (8 * MMQ_WN))
+#define MMQ_MAX_EXP 16
+
+// Table buffer (uploaded by fast/ops_cuda.py from strata.quants):
+//   [0, 1024)     sign masks: 128 entries x 8 bytes, 0xFF where the sign table says -1
+//   [1024, 5120)  IQ2_XS grid 512 x 8 (int8)
+//   [5120, 6144)  IQ3_XXS grid 256 x 4
+//   [6144, 8192)  IQ3_S grid 512 x 4
+#define TAB_SIGN 0
+#define TAB_IQ2XS 1024
+#define TAB_IQ3XXS 5120
+#define TAB_IQ3S 6144
+#define TAB_BYTES 8192
+
+#define MAGIC_I 0x4B400000
+#define MAGIC_F 12582912.0f
+
+static_assert(MMQ_NT8 % 2 == 0, "need an even number of n8 tiles per warp");
+
+template <int QT> struct Tr;
+// BS: bytes per GGUF block; VPB: values per GGUF block; SPLIT: the two 16-value halves need
+// separate sums; NAUX: float weight scales besides dw; LAY: q8_1 layout (0 D4, 1 DS4,
+// 2 D2S6); TAB: needs the IQ tables.
+template <> struct Tr<QT_Q8_0>    { enum { BS = 34,  VPB = 32,  SPLIT = 0, NAUX = 0, LAY = 0, TAB = 0 }; };
+template <> struct Tr<QT_Q4_1>    { enum { BS = 20,  VPB = 32,  SPLIT = 0, NAUX = 1, LAY = 1, TAB = 0 }; };
+template <> struct Tr<QT_Q2_K>    { enum { BS = 84,  VPB = 256, SPLIT = 1, NAUX = 5, LAY = 2, TAB = 0 }; };
+template <> struct Tr<QT_IQ2_XS>  { enum { BS = 74,  VPB = 256, SPLIT = 1, NAUX = 2, LAY = 0, TAB = 1 }; };
+template <> struct Tr<QT_IQ3_XXS> { enum { BS = 98,  VPB = 256, SPLIT = 0, NAUX = 1, LAY = 0, TAB = 1 }; };
+template <> struct Tr<QT_IQ3_S>   { enum { BS = 110, VPB = 256, SPLIT = 0, NAUX = 1, LAY = 0, TAB = 1 }; };
+
+template <int QT> struct Geo {
+    enum {
+        KC = 128,
+        NBLK = 4,
+        CB = (Tr<QT>::VPB == 32) ? 4 * Tr<QT>::BS : Tr<QT>::BS,  // raw bytes of one chunk of one row
+        PMAX = (CB + 14 + 15) / 16,                               // 16-byte pieces (start 0..14 off)
+        RAWB = PMAX * 16 + ((PMAX % 2) ? 0 : 16),                 // staged bytes per row (odd x 16)
+        ASTR = 144,                                               // act row stride in smem
+        WSTR = KC + 16,                                           // decoded weight row stride
+        NAA = (Tr<QT>::LAY == 0) ? 1 : ((Tr<QT>::LAY == 1) ? 2 : 3),  // act scale arrays
+        TABB = Tr<QT>::TAB ? TAB_BYTES : 0,
+        OFF_RAW = TABB,
+        OFF_ACT = OFF_RAW + MMQ_STAGES * MMQ_BM * RAWB,
+        OFF_WDEC = OFF_ACT + MMQ_STAGES * MMQ_BN * ASTR,
+        OFF_WSC = OFF_WDEC + MMQ_BM * WSTR,
+        OFF_ASC = OFF_WSC + (1 + Tr<QT>::NAUX) * NBLK * MMQ_BM * 4,
+        SMEM = OFF_ASC + NAA * NBLK * MMQ_BN * 4,
+    };
+    static_assert(SMEM <= 232448 - 1024, "shared memory over the sm_90 limit");
+};
+
+// ------------------------------------------------------------------ PTX helpers
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// D = A(16x32 s8, row) * B(32x8 s8, col) + C, C = MAGIC_I in every element.
+__device__ __forceinline__ void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(MAGIC_I));
+}
+// D = A(16x16 s8, row) * B(16x8 s8, col) + MAGIC_I.
+__device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(MAGIC_I));
+}
+
+__device__ __forceinline__ float ifl(int d) { return __int_as_float(d) - MAGIC_F; }
+
+// ------------------------------------------------------------------ decode helpers
+
+// Unaligned little-endian u32 from a 4-aligned staged row (byteoff any).
+__device__ __forceinline__ uint32_t ldw(const uint8_t* rowb, int byteoff) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(rowb);
+    const int wi = byteoff >> 2;
+    return __funnelshift_r(w[wi], w[wi + 1], (byteoff & 3) * 8);
+}
+__device__ __forceinline__ uint32_t ldh(const uint8_t* rowb, int byteoff) {  // byteoff even
+    return *reinterpret_cast<const uint16_t*>(rowb + byteoff);
+}
+__device__ __forceinline__ uint32_t ldb(const uint8_t* rowb, int byteoff) { return rowb[byteoff]; }
+__device__ __forceinline__ float h2f(uint32_t h) {
+    return __half2float(__ushort_as_half((unsigned short)h));
+}
+// Negate the bytes of g (all in 1..127) where the byte mask m is 0xFF: ~g + 1, no carries.
+__device__ __forceinline__ uint32_t sgn(uint32_t g, uint32_t m) { return (g ^ m) + (m & 0x01010101u); }
+// 4 bits -> 4 byte masks (0x00 / 0xFF), bit i -> byte i.
+__device__ __forceinline__ uint32_t expand4(uint32_t b) {
+    return ((b * 0x00204081u) & 0x01010101u) * 0xFFu;
+}
+
+// Decode 32-block j (of this chunk) of one staged row. rowb: staged words of the row;
+// o: byte offset of the chunk's first byte in rowb. tab: IQ tables in shared memory.
+template <int QT>
+__device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, const uint8_t* tab,
+                                            uint32_t (&c)[8], float& dw, float (&aux)[5]) {
+    if constexpr (QT == QT_Q8_0) {
+        const int p = o + 34 * j;
+        dw = h2f(ldh(rowb, p));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) c[k] = ldw(rowb, p + 2 + 4 * k);
+    } else if constexpr (QT == QT_Q4_1) {
+        const int p = o + 20 * j;
+        dw = h2f(ldh(rowb, p));
+        aux[0] = h2f(ldh(rowb, p + 2));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t w = ldw(rowb, p + 4 + 4 * k);
+            c[k] = w & 0x0F0F0F0Fu;
+            c[k + 4] = (w >> 4) & 0x0F0F0F0Fu;
+        }
+    } else if constexpr (QT == QT_Q2_K) {
+        const int h = j >> 2, sh = 2 * (j & 3);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) c[k] = (ldw(rowb, o + 16 + 32 * h + 4 * k) >> sh) & 0x03030303u;
+        const uint32_t s0 = ldb(rowb, o + 2 * j), s1 = ldb(rowb, o + 2 * j + 1);
+        dw = h2f(ldh(rowb, o + 80));
+        aux[0] = (float)(s0 & 15);  // u0
+        aux[1] = (float)(s1 & 15);  // u1
+        aux[2] = (float)(s0 >> 4);  // v0
+        aux[3] = (float)(s1 >> 4);  // v1
+        aux[4] = h2f(ldh(rowb, o + 82));  // mw = dmin
+    } else if constexpr (QT == QT_IQ2_XS) {
+        dw = h2f(ldh(rowb, o)) * 0.125f;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const uint32_t q = ldh(rowb, o + 2 + 2 * (4 * j + l));
+            const uint2 g = *reinterpret_cast<const uint2*>(tab + TAB_IQ2XS + 8 * (q & 511));
+            const uint2 m = *reinterpret_cast<const uint2*>(tab + TAB_SIGN + 8 * (q >> 9));
+            c[2 * l] = sgn(g.x, m.x);
+            c[2 * l + 1] = sgn(g.y, m.y);
+        }
+        const uint32_t sc = ldb(rowb, o + 66 + j);
+        aux[0] = (float)(2 * (sc & 15) + 1);
+        aux[1] = (float)(2 * (sc >> 4) + 1);
+    } else if constexpr (QT == QT_IQ3_XXS) {
+        dw = h2f(ldh(rowb, o)) * 0.25f;
+        const uint32_t a32 = ldw(rowb, o + 66 + 4 * j);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const uint2 m = *reinterpret_cast<const uint2*>(tab + TAB_SIGN + 8 * ((a32 >> (7 * l)) & 127));
+            const uint32_t i1 = ldb(rowb, o + 2 + 8 * j + 2 * l);
+            const uint32_t i2 = ldb(rowb, o + 2 + 8 * j + 2 * l + 1);
+            const uint32_t g1 = *reinterpret_cast<const uint32_t*>(tab + TAB_IQ3XXS + 4 * i1);
+            const uint32_t g2 = *reinterpret_cast<const uint32_t*>(tab + TAB_IQ3XXS + 4 * i2);
+            c[2 * l] = sgn(g1, m.x);
+            c[2 * l + 1] = sgn(g2, m.y);
+        }
+        aux[0] = (float)(2 * (a32 >> 28) + 1);
+    } else if constexpr (QT == QT_IQ3_S) {
+        dw = h2f(ldh(rowb, o));
+        const uint32_t qh = ldb(rowb, o + 66 + j);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const uint32_t i1 = ldb(rowb, o + 2 + 8 * j + 2 * l) | (((qh >> (2 * l)) & 1) << 8);
+            const uint32_t i2 = ldb(rowb, o + 2 + 8 * j + 2 * l + 1) | (((qh >> (2 * l + 1)) & 1) << 8);
+            const uint32_t sb = ldb(rowb, o + 74 + 4 * j + l);
+            const uint32_t g1 = *reinterpret_cast<const uint32_t*>(tab + TAB_IQ3S + 4 * i1);
+            const uint32_t g2 = *reinterpret_cast<const uint32_t*>(tab + TAB_IQ3S + 4 * i2);
+            c[2 * l] = sgn(g1, expand4(sb & 15));
+            c[2 * l + 1] = sgn(g2, expand4(sb >> 4));
+        }
+        const uint32_t sc = ldb(rowb, o + 106 + (j >> 1));
+        aux[0] = (float)(2 * ((sc >> (4 * (j & 1))) & 15) + 1);
+    }
+}
+
+// ------------------------------------------------------------------ epilogues
+// One n8 tile of one 32-block: ac[e] for (weight row A|B, activation column col|col+1).
+// xA/xB: the weight rows' extra scales (see decode_unit); asc: activation scales [a][j][BN].
+
+template <int QT, int NX>
+__device__ __forceinline__ void epi_one(float (&ac)[4], const int (&d)[4], float dwA, float dwB,
+                                        const float (&xA)[NX], const float (&xB)[NX], float2 da,
+                                        const float* asc, int j, int col) {
+    if constexpr (QT == QT_Q8_0) {
+        ac[0] = ac[0] + (dwA * da.x) * ifl(d[0]);
+        ac[1] = ac[1] + (dwA * da.y) * ifl(d[1]);
+        ac[2] = ac[2] + (dwB * da.x) * ifl(d[2]);
+        ac[3] = ac[3] + (dwB * da.y) * ifl(d[3]);
+    } else if constexpr (QT == QT_IQ3_XXS || QT == QT_IQ3_S) {
+        ac[0] = ac[0] + (dwA * da.x) * (xA[0] * ifl(d[0]));
+        ac[1] = ac[1] + (dwA * da.y) * (xA[0] * ifl(d[1]));
+        ac[2] = ac[2] + (dwB * da.x) * (xB[0] * ifl(d[2]));
+        ac[3] = ac[3] + (dwB * da.y) * (xB[0] * ifl(d[3]));
+    } else if constexpr (QT == QT_Q4_1) {
+        const float2 sa = *reinterpret_cast<const float2*>(asc + (4 + j) * MMQ_BN + col);
+        ac[0] = ac[0] + ((dwA * da.x) * ifl(d[0]) + xA[0] * sa.x);
+        ac[1] = ac[1] + ((dwA * da.y) * ifl(d[1]) + xA[0] * sa.y);
+        ac[2] = ac[2] + ((dwB * da.x) * ifl(d[2]) + xB[0] * sa.x);
+        ac[3] = ac[3] + ((dwB * da.y) * ifl(d[3]) + xB[0] * sa.y);
+    }
+}
+
+template <int QT, int NX>
+__device__ __forceinline__ void epi_split(float (&ac)[4], const int (&d0)[4], const int (&d1)[4], float dwA,
+                                          float dwB, const float (&xA)[NX], const float (&xB)[NX], float2 da,
+                                          const float* asc, int j, int col) {
+    if constexpr (QT == QT_IQ2_XS) {
+        ac[0] = ac[0] + (dwA * da.x) * (xA[0] * ifl(d0[0]) + xA[1] * ifl(d1[0]));
+        ac[1] = ac[1] + (dwA * da.y) * (xA[0] * ifl(d0[1]) + xA[1] * ifl(d1[1]));
+        ac[2] = ac[2] + (dwB * da.x) * (xB[0] * ifl(d0[2]) + xB[1] * ifl(d1[2]));
+        ac[3] = ac[3] + (dwB * da.y) * (xB[0] * ifl(d0[3]) + xB[1] * ifl(d1[3]));
+    } else if constexpr (QT == QT_Q2_K) {
+        // x: u0 u1 v0 v1 mw; asc[1], asc[2]: integer sums of the activation halves
+        const float2 s0 = *reinterpret_cast<const float2*>(asc + (4 + j) * MMQ_BN + col);
+        const float2 s1 = *reinterpret_cast<const float2*>(asc + (8 + j) * MMQ_BN + col);
+        const float mi0 = xA[2] * s0.x + xA[3] * s1.x, mi1 = xA[2] * s0.y + xA[3] * s1.y;
+        const float mi2 = xB[2] * s0.x + xB[3] * s1.x, mi3 = xB[2] * s0.y + xB[3] * s1.y;
+        ac[0] = ac[0] + ((dwA * da.x) * (xA[0] * ifl(d0[0]) + xA[1] * ifl(d1[0])) - (xA[4] * da.x) * mi0);
+        ac[1] = ac[1] + ((dwA * da.y) * (xA[0] * ifl(d0[1]) + xA[1] * ifl(d1[1])) - (xA[4] * da.y) * mi1);
+        ac[2] = ac[2] + ((dwB * da.x) * (xB[0] * ifl(d0[2]) + xB[1] * ifl(d1[2])) - (xB[4] * da.x) * mi2);
+        ac[3] = ac[3] + ((dwB * da.y) * (xB[0] * ifl(d0[3]) + xB[1] * ifl(d1[3])) - (xB[4] * da.y) * mi3);
+    }
+}
+
+// ------------------------------------------------------------------ the kernel body
+
+template <int QT>
+__device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long long w_stride, int N, int K,
+                                         const uint8_t* __restrict__ A, int R_total,
+                                         const int* __restrict__ bounds, int n_exp,
+                                         float* __restrict__ out, long long ldo,
+                                         const uint8_t* __restrict__ tabg, int tile_rows) {
+    using G = Geo<QT>;
+    constexpr int NBLK = G::NBLK, CB = G::CB, PMAX = G::PMAX, RAWB = G::RAWB, ASTR = G::ASTR, WSTR = G::WSTR;
+    constexpr int STAGES = MMQ_STAGES;
+    constexpr int NAUX = Tr<QT>::NAUX, LAY = Tr<QT>::LAY;
+    constexpr int BM = MMQ_BM, BN = MMQ_BN, NT = MMQ_NT, NT8 = MMQ_NT8, WN = MMQ_WN, WM = MMQ_WM;
+
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int s_pre[MMQ_MAX_EXP + 1], s_beg[MMQ_MAX_EXP], s_end[MMQ_MAX_EXP], s_rpt[MMQ_MAX_EXP],
+        s_nrt[MMQ_MAX_EXP];
+
+    uint8_t* tab = smem;
+    uint8_t* raw = smem + G::OFF_RAW;
+    uint8_t* act = smem + G::OFF_ACT;
+    uint8_t* wdec = smem + G::OFF_WDEC;
+    float* wsc = reinterpret_cast<float*>(smem + G::OFF_WSC);
+    float* asc = reinterpret_cast<float*>(smem + G::OFF_ASC);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = warp / WM;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int NTm = (N + BM - 1) / BM;
+    const int nb = K / 32;
+    const int nch = (K + 127) / 128;
+    const int row_bytes = (K / Tr<QT>::VPB) * Tr<QT>::BS;
+    if (n_exp > MMQ_MAX_EXP) n_exp = MMQ_MAX_EXP;
+
+    if (tid < MMQ_MAX_EXP) {
+        int b = 0, e = 0;
+        if (tid < n_exp) {
+            b = bounds[2 * tid];
+            e = bounds[2 * tid + 1];
+        }
+        const int rows = e > b ? e - b : 0;
+        const int nrt = (rows + tile_rows - 1) / tile_rows;
+        const int rpt = nrt ? (((rows + nrt - 1) / nrt + 7) & ~7) : 0;
+        s_beg[tid] = b;
+        s_end[tid] = b + rows;
+        s_nrt[tid] = nrt;
+        s_rpt[tid] = rpt;
+    }
+    if constexpr (Tr<QT>::TAB) {
+        for (int i = tid; i < TAB_BYTES / 16; i += NT)
+            reinterpret_cast<uint4*>(tab)[i] = reinterpret_cast<const uint4*>(tabg)[i];
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int acc = 0;
+        for (int q = 0; q < MMQ_MAX_EXP; ++q) {
+            s_pre[q] = acc;
+            acc += s_nrt[q] * NTm;
+        }
+        s_pre[MMQ_MAX_EXP] = acc;
+    }
+    __syncthreads();
+    const int total = s_pre[MMQ_MAX_EXP];
+
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int q = 0;
+        while (q + 1 < MMQ_MAX_EXP && s_pre[q + 1] <= tile) ++q;
+        const int local = tile - s_pre[q];
+        const int rt = local / NTm, nt = local - rt * NTm;
+        const int rbase = s_beg[q] + rt * s_rpt[q];
+        const int rend = min(rbase + s_rpt[q], s_end[q]);
+        const int nvalid = rend - rbase;
+        const int n0 = nt * BM;
+        const uint8_t* wq = W + (long long)q * w_stride;
+
+        // ---- stage chunk kc (raw weight bytes + activation blocks) into ring slot kc % S ----
+        auto issue = [&](int kc) {
+            if (kc < nch) {
+                const int slot = kc % STAGES;
+                const long long coff = (Tr<QT>::VPB == 32) ? (long long)kc * CB : (long long)(kc >> 1) * CB;
+                const int cbytes = (Tr<QT>::VPB == 32) ? min(CB, row_bytes - kc * CB) : CB;
+                uint8_t* rawb = raw + slot * (BM * RAWB);
+                for (int idx = tid; idx < BM * PMAX; idx += NT) {
+                    const int i = idx / PMAX, pc = idx - i * PMAX;
+                    const int n = n0 + i;
+                    if (n >= N) continue;
+                    const uint8_t* p = wq + (long long)n * row_bytes + coff;
+                    const int o = (int)((uintptr_t)p & 15);
+                    if (pc * 16 < o + cbytes) cp_async16(smem_u32(rawb + i * RAWB + pc * 16), p - o + pc * 16);
+                }
+                uint8_t* actb = act + slot * (BN * ASTR);
+                for (int idx = tid; idx < BN * 9; idx += NT) {
+                    const int r = idx / 9, p16 = idx - r * 9;
+                    const int row = rbase + r;
+                    if (row >= rend) continue;
+                    const uint8_t* src = A + ((long long)kc * R_total + row) * 144 + p16 * 16;
+                    cp_async16(smem_u32(actb + r * ASTR + p16 * 16), src);
+                }
+            }
+            cp_async_commit();  // always: keeps the group count uniform
+        };
+
+        // ---- decode chunk kc from its ring slot into wdec / wsc / asc ----
+        auto prep = [&](int kc) {
+            const int slot = kc % STAGES;
+            const long long coff = (Tr<QT>::VPB == 32) ? (long long)kc * CB : (long long)(kc >> 1) * CB;
+            const int jbase = (Tr<QT>::VPB == 32) ? 0 : (kc & 1) * 4;
+            const uint8_t* rawb = raw + slot * (BM * RAWB);
+            for (int u = tid; u < BM * NBLK; u += NT) {
+                const int i = u % BM, j = u / BM;
+                const int n = n0 + i;
+                if (n >= N || kc * NBLK + j >= nb) continue;
+                const uint8_t* p = wq + (long long)n * row_bytes + coff;
+                const int o = (int)((uintptr_t)p & 15);
+                uint32_t c[8];
+                float dw, aux[5];
+                decode_unit<QT>(rawb + i * RAWB, o, jbase + j, tab, c, dw, aux);
+                uint4* dst = reinterpret_cast<uint4*>(wdec + i * WSTR + j * 32);
+                dst[0] = make_uint4(c[0], c[1], c[2], c[3]);
+                dst[1] = make_uint4(c[4], c[5], c[6], c[7]);
+                wsc[j * BM + i] = dw;
+#pragma unroll
+                for (int a = 0; a < NAUX; ++a) wsc[((1 + a) * NBLK + j) * BM + i] = aux[a];
+            }
+            const uint8_t* actb = act + slot * (BN * ASTR);
+            for (int u = tid; u < BN * NBLK; u += NT) {
+                const int r = u % BN, j = u / BN;
+                if (r >= nvalid) continue;
+                const uint8_t* hb = actb + r * ASTR;
+                if constexpr (LAY == 0) {
+                    asc[j * BN + r] = *reinterpret_cast<const float*>(hb + 4 * j);
+                } else if constexpr (LAY == 1) {
+                    asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j));
+                    asc[(NBLK + j) * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j + 2));
+                } else {
+                    asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 2 * (j >> 1)));
+                    const uint4* cw = reinterpret_cast<const uint4*>(hb + 16 + 32 * j);
+                    const uint4 x0 = cw[0], x1 = cw[1];
+                    int s0 = 0, s1 = 0;
+                    s0 = __dp4a((int)x0.x, 0x01010101, s0);
+                    s0 = __dp4a((int)x0.y, 0x01010101, s0);
+                    s0 = __dp4a((int)x0.z, 0x01010101, s0);
+                    s0 = __dp4a((int)x0.w, 0x01010101, s0);
+                    s1 = __dp4a((int)x1.x, 0x01010101, s1);
+                    s1 = __dp4a((int)x1.y, 0x01010101, s1);
+                    s1 = __dp4a((int)x1.z, 0x01010101, s1);
+                    s1 = __dp4a((int)x1.w, 0x01010101, s1);
+                    asc[(NBLK + j) * BN + r] = (float)s0;
+                    asc[(2 * NBLK + j) * BN + r] = (float)s1;
+                }
+            }
+        };
+
+        float acc[NT8][4];
+#pragma unroll
+        for (int s = 0; s < NT8; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
+
+        // Ring of S slots: chunks kc+1 .. kc+S-1 are in flight while chunk kc is multiplied.
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) issue(s);
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+        prep(0);
+        __syncthreads();
+
+        const uint32_t wdec_s = smem_u32(wdec);
+        const uint32_t a_off = (uint32_t)((wm * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * WSTR + (lane >> 4) * 16);
+        const int rA = wm * 16 + g, rB = rA + 8;
+
+        for (int kc = 0; kc < nch; ++kc) {
+            const uint32_t act_s = smem_u32(act + (kc % STAGES) * (BN * ASTR));
+#pragma unroll
+            for (int j = 0; j < NBLK; ++j) {
+                if (kc * NBLK + j >= nb) break;
+                uint32_t a[4];
+                ldsm_x4(a, wdec_s + a_off + j * 32);
+                const float dwA = wsc[j * BM + rA], dwB = wsc[j * BM + rB];
+                float xA[NAUX > 0 ? NAUX : 1], xB[NAUX > 0 ? NAUX : 1];
+#pragma unroll
+                for (int x = 0; x < NAUX; ++x) {
+                    xA[x] = wsc[((1 + x) * NBLK + j) * BM + rA];
+                    xB[x] = wsc[((1 + x) * NBLK + j) * BM + rB];
+                }
+                const int acode = 16 + j * 32 + ((lane >> 3) & 1) * 16;
+#pragma unroll
+                for (int s2 = 0; s2 < NT8 / 2; ++s2) {
+                    const int i0 = wn + WN * (2 * s2), i1 = i0 + WN;
+                    if (i0 * 8 >= nvalid) break;
+                    uint32_t b[4];
+                    const int brow = ((lane >> 4) ? i1 : i0) * 8 + (lane & 7);
+                    ldsm_x4(b, act_s + brow * ASTR + acode);
+                    const bool two = i1 * 8 < nvalid;
+                    const int c0 = i0 * 8 + 2 * t4, c1 = i1 * 8 + 2 * t4;
+                    const float2 da0 = *reinterpret_cast<const float2*>(asc + j * BN + c0);
+                    const float2 da1 = *reinterpret_cast<const float2*>(asc + j * BN + c1);
+                    float(&ac0)[4] = acc[2 * s2];
+                    float(&ac1)[4] = acc[2 * s2 + 1];
+                    // both products first, then both epilogues (the second mma's latency hides
+                    // behind the first epilogue)
+                    if constexpr (QT == QT_IQ2_XS || QT == QT_Q2_K) {
+                        int d0[4], d1[4], e0[4], e1[4];
+                        mma_k16(d0, a[0], a[1], b[0]);
+                        mma_k16(d1, a[2], a[3], b[1]);
+                        if (two) {
+                            mma_k16(e0, a[0], a[1], b[2]);
+                            mma_k16(e1, a[2], a[3], b[3]);
+                        }
+                        epi_split<QT>(ac0, d0, d1, dwA, dwB, xA, xB, da0, asc, j, c0);
+                        if (two) epi_split<QT>(ac1, e0, e1, dwA, dwB, xA, xB, da1, asc, j, c1);
+                    } else {
+                        int d[4], e[4];
+                        mma_k32(d, a, b[0], b[1]);
+                        if (two) mma_k32(e, a, b[2], b[3]);
+                        epi_one<QT>(ac0, d, dwA, dwB, xA, xB, da0, asc, j, c0);
+                        if (two) epi_one<QT>(ac1, e, dwA, dwB, xA, xB, da1, asc, j, c1);
+                    }
+                }
+            }
+            if (kc + 1 < nch) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();
+                issue(kc + STAGES);
+                prep(kc + 1);
+                __syncthreads();
+            }
+        }
+
+        // ---- store ----
+        const int nA = n0 + rA, nB = n0 + rB;
+#pragma unroll
+        for (int s = 0; s < NT8; ++s) {
+            const int i = wn + WN * s;
+            const int r0 = rbase + i * 8 + 2 * t4;
+            if (r0 < rend) {
+                float* o = out + (long long)r0 * ldo;
+                if (nA < N) o[nA] = acc[s][0];
+                if (nB < N) o[nB] = acc[s][2];
+            }
+            if (r0 + 1 < rend) {
+                float* o = out + (long long)(r0 + 1) * ldo;
+                if (nA < N) o[nA] = acc[s][1];
+                if (nB < N) o[nB] = acc[s][3];
+            }
+        }
+        __syncthreads();
+    }
+}
+
+#define MMQ_ENTRY(NAME, QT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMQ_NT, 1)                                             \
+        NAME(const uint8_t* __restrict__ W, long long w_stride, int N, int K,                          \
+             const uint8_t* __restrict__ A, int R_total, const int* __restrict__ bounds, int n_exp,     \
+             float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows) { \
+        mmq_body<QT>(W, w_stride, N, K, A, R_total, bounds, n_exp, out, ldo, tab, tile_rows);           \
+    }                                                                                                    \
+    extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
+
+MMQ_ENTRY(mmq_q8_0, QT_Q8_0)
+MMQ_ENTRY(mmq_q4_1, QT_Q4_1)
+MMQ_ENTRY(mmq_q2_k, QT_Q2_K)
+MMQ_ENTRY(mmq_iq2_xs, QT_IQ2_XS)
+MMQ_ENTRY(mmq_iq3_xxs, QT_IQ3_XXS)
+MMQ_ENTRY(mmq_iq3_s, QT_IQ3_S)
+
+// Geometry for the host (read with get_global): {BM, BN, threads, max experts}.
+extern "C" __device__ int mmq_geometry[4] = {MMQ_BM, MMQ_BN, MMQ_NT, MMQ_MAX_EXP};

@@ -1,0 +1,292 @@
+"""Thin wrappers over the CUDA kernels of fast/kernels: device buffers in, device buffers out.
+
+Every launch is counted (:data:`counters`). Device buffers may be given as a
+``pycuda.driver.DeviceAllocation``, a ``GPUArray`` (its ``gpudata``), anything with
+``__cuda_array_interface__``, or a plain int device address (e.g. ``int(buf) + offset``).
+All launches go to ``stream`` (a ``pycuda.driver.Stream``; None = the default stream) and
+return at once.
+
+Kernels and their NumPy definitions:
+- :func:`quantize_gather`  -> strata.q8_1.gather_quantize   (fast/kernels/quantize_q8_1.cu)
+- :func:`quantize_scatter` -> strata.q8_1.scatter_quantize  (fast/kernels/quantize_q8_1.cu)
+- :func:`mmq_group`, :func:`mmq_dense` -> strata.mmq.mmq_prepared (fast/kernels/mmq.cu)
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from strata import q8_1, quants
+from strata.errors import DeviceError, InputError
+
+from fast.cuda import runtime
+
+__all__ = [
+    "counters",
+    "reset_counters",
+    "quantize_gather",
+    "quantize_scatter",
+    "mmq_group",
+    "mmq_dense",
+    "mmq_geometry",
+    "upload_bounds",
+    "MMQ_GROUP_MAX",
+    "WEIGHT_TAIL_BYTES",
+    "DEFAULT_TILE_ROWS",
+]
+
+#: experts one mmq launch can take
+MMQ_GROUP_MAX = 16
+#: bytes after a group weight buffer's data that the MMQ kernel may read (keep them allocated)
+WEIGHT_TAIL_BYTES = 16
+#: default cap on activation rows per CTA tile (an expert's rows are cut into equal tiles)
+DEFAULT_TILE_ROWS = 128
+
+_Q8_THREADS = 256
+_Q8_WARPS = 8
+
+_MMQ_KERNEL = {
+    QT.Q8_0: "mmq_q8_0",
+    QT.Q4_1: "mmq_q4_1",
+    QT.Q2_K: "mmq_q2_k",
+    QT.IQ2_XS: "mmq_iq2_xs",
+    QT.IQ3_XXS: "mmq_iq3_xxs",
+    QT.IQ3_S: "mmq_iq3_s",
+}
+_SUPER = {QT.Q2_K, QT.IQ2_XS, QT.IQ3_XXS, QT.IQ3_S}  # 256-value blocks
+
+#: launch counters: "launches" (all kernels) and one entry per kernel name
+counters: collections.Counter = collections.Counter()
+
+
+def reset_counters() -> None:
+    counters.clear()
+
+
+def _count(name: str) -> None:
+    counters["launches"] += 1
+    counters[name] += 1
+
+
+def _ptr(buf) -> int:
+    if buf is None:
+        raise InputError("a device buffer is None")
+    if isinstance(buf, (int, np.integer)):
+        return int(buf)
+    cai = getattr(buf, "__cuda_array_interface__", None)
+    if cai:
+        return int(cai["data"][0])
+    gpudata = getattr(buf, "gpudata", None)
+    if gpudata is not None:
+        return int(gpudata)
+    return int(buf)  # DeviceAllocation
+
+
+def _qtype(qtype) -> QT:
+    if isinstance(qtype, str):
+        try:
+            return QT[qtype.upper()]
+        except KeyError:
+            raise InputError(f"unknown weight type {qtype!r}") from None
+    qt = QT(int(qtype))
+    if qt not in _MMQ_KERNEL:
+        raise InputError(f"weight type {qt.name} has no CUDA MMQ kernel")
+    return qt
+
+
+# --------------------------------------------------------------------------- quantize
+
+_q8_funcs: dict = {}
+
+
+def _q8_func(name: str):
+    f = _q8_funcs.get(name)
+    if f is None:
+        mod = runtime.load_module("quantize_q8_1")
+        f = mod.get_function(name)
+        if name == "q8_1_gather":
+            f.prepare("PqPiiiPi")
+        else:
+            f.prepare("PqPiiiiPi")
+        _q8_funcs[name] = f
+    return f
+
+
+def _q8_grid(tasks: int) -> tuple[int, int, int]:
+    blocks = max(1, min((tasks + _Q8_WARPS - 1) // _Q8_WARPS, 1 << 20))
+    return (blocks, 1, 1)
+
+
+def quantize_gather(x, src, n_rows: int, K: int, layout, out, *, ldx: int | None = None,
+                    R_total: int | None = None, stream=None) -> None:
+    """Rows r < n_rows of the q8_1 buffer ``out`` (R_total rows, default n_rows) <- the
+    quantized ``x[src[r]]``. x: float32 device rows of ``ldx`` floats (default K);
+    src: int32 device [n_rows]. Same bytes as strata.q8_1.gather_quantize."""
+    lay = int(q8_1.Layout(int(layout)))
+    R_total = n_rows if R_total is None else int(R_total)
+    ldx = K if ldx is None else int(ldx)
+    if n_rows <= 0:
+        return
+    nkb = q8_1.blocks_per_row(K)
+    f = _q8_func("q8_1_gather")
+    f.prepared_async_call(_q8_grid(n_rows * nkb), (_Q8_THREADS, 1, 1), stream,
+                          _ptr(x), ldx, _ptr(src), int(n_rows), int(K), lay, _ptr(out), R_total)
+    _count("q8_1_gather")
+
+
+def quantize_scatter(x, slot, T: int, K_used: int, K: int, layout, out, *,
+                     ldx: int | None = None, stream=None) -> None:
+    """Token t < T of x (float32 device rows of ``ldx`` floats, default K) quantized once and
+    written to rows ``slot[t*K_used + k]`` (slot: int32 device [T*K_used]) of the q8_1 buffer
+    ``out`` of T*K_used rows. Same bytes as strata.q8_1.scatter_quantize."""
+    lay = int(q8_1.Layout(int(layout)))
+    ldx = K if ldx is None else int(ldx)
+    if T <= 0:
+        return
+    nkb = q8_1.blocks_per_row(K)
+    f = _q8_func("q8_1_scatter")
+    f.prepared_async_call(_q8_grid(T * nkb), (_Q8_THREADS, 1, 1), stream,
+                          _ptr(x), ldx, _ptr(slot), int(T), int(K_used), int(K), lay, _ptr(out),
+                          int(T) * int(K_used))
+    _count("q8_1_scatter")
+
+
+# --------------------------------------------------------------------------- mmq
+
+_mmq_state: dict = {}
+
+
+def _tables_host() -> np.ndarray:
+    """The 8 KiB table buffer the MMQ kernel reads (layout in mmq.cu): sign masks and the
+    three IQ grids, all from strata.quants."""
+    t = np.zeros(8192, dtype=np.uint8)
+    signs = quants._sign_table()  # int8 [128, 8] of +-1
+    t[0:1024] = np.where(signs.reshape(-1) < 0, 0xFF, 0x00).astype(np.uint8)
+    for qt, off, size in ((QT.IQ2_XS, 1024, 4096), (QT.IQ3_XXS, 5120, 1024), (QT.IQ3_S, 6144, 2048)):
+        g = np.ascontiguousarray(quants._grid(qt))
+        if g.size != size or g.min() < 1:
+            raise DeviceError(f"unexpected {qt.name} grid from strata.quants: {g.shape}")
+        t[off:off + size] = g.reshape(-1).view(np.uint8)
+    return t
+
+
+def _mmq_mod(config: dict | None):
+    key = tuple(sorted((config or {}).items()))
+    st = _mmq_state.get(key)
+    if st is not None:
+        return st
+    cuda = runtime._driver()
+    mod = runtime.load_module("mmq", dict(key))
+    ptr, _ = mod.get_global("mmq_geometry")
+    geo = np.zeros(4, np.int32)
+    cuda.memcpy_dtoh(geo, ptr)
+    tab = _mmq_state.get("tables")
+    if tab is None:
+        tab = runtime.to_device(_tables_host(), "MMQ tables")
+        _mmq_state["tables"] = tab
+    st = {"mod": mod, "BM": int(geo[0]), "BN": int(geo[1]), "threads": int(geo[2]),
+          "max_exp": int(geo[3]), "funcs": {}}
+    _mmq_state[key] = st
+    return st
+
+
+def _mmq_func(st, qt: QT):
+    f = st["funcs"].get(qt)
+    if f is None:
+        cuda = runtime._driver()
+        name = _MMQ_KERNEL[qt]
+        f = st["mod"].get_function(name)
+        ptr, _ = st["mod"].get_global(name + "_smem")
+        sm = np.zeros(1, np.int32)
+        cuda.memcpy_dtoh(sm, ptr)
+        smem = int(sm[0])
+        f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        f.prepare("PqiiPiPiPqPi")
+        f.smem = smem
+        st["funcs"][qt] = f
+    return f
+
+
+def mmq_geometry(config: dict | None = None) -> dict:
+    """{"BM": weight rows per CTA, "BN": activation rows per CTA, "threads", "max_exp"}."""
+    st = _mmq_mod(config)
+    return {k: st[k] for k in ("BM", "BN", "threads", "max_exp")}
+
+
+_bounds_alive: collections.deque = collections.deque(maxlen=512)
+
+
+def upload_bounds(bounds) -> object:
+    """int32 [n_exp, 2] (row_begin, row_end) pairs -> a device array (synchronous copy)."""
+    b = np.ascontiguousarray(np.asarray(bounds, dtype=np.int32).reshape(-1, 2))
+    return runtime.to_device(b, "MMQ row bounds")
+
+
+def mmq_group(qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds, n_exp: int,
+              out, *, ldo: int | None = None, rows: int | None = None,
+              tile_rows: int = DEFAULT_TILE_ROWS, stream=None, config: dict | None = None) -> None:
+    """Grouped product: for q < n_exp (at most 16), out[r, n] (r in [row_begin_q, row_end_q),
+    n < N) = strata.mmq.mmq(weights of expert q, activation row r)[n].
+
+    w: the group weight buffer; expert q's N x K matrix (GGUF blocks, rows of
+       quants.row_bytes(qtype, K) bytes) at byte offset q * w_stride (w_stride even).
+       The kernel may read up to 15 bytes past the last expert's last row (and before the
+       first): keep WEIGHT_TAIL_BYTES allocated after the group buffer's data.
+    act: q8_1 buffer of R_total rows (layout strata.q8_1.layout_for(qtype), K values a row).
+    bounds: int32 device array [n_exp, 2] of (row_begin, row_end) into act/out, or a host
+       array (then copied synchronously; prefer uploading a chunk's bounds once).
+    out: float32 device [R_total, ldo] (ldo default N); rows outside all bounds untouched.
+    rows: total rows over the bounds if known (sizes the grid; default R_total).
+    tile_rows: cap on activation rows per CTA tile (multiple of 8, at most BN); does not
+       change a bit of the result.
+    """
+    qt = _qtype(qtype)
+    N, K, R_total, n_exp = int(N), int(K), int(R_total), int(n_exp)
+    if n_exp < 0 or n_exp > MMQ_GROUP_MAX:
+        raise InputError(f"an MMQ group holds 1..{MMQ_GROUP_MAX} experts, got {n_exp}")
+    if K <= 0 or K % (256 if qt in _SUPER else 32):
+        raise InputError(f"K={K} is not a multiple of the {qt.name} block")
+    if int(w_stride) % 2 or _ptr(w) % 2:
+        raise InputError("weight buffer and stride must be 2-byte aligned")
+    if n_exp == 0 or N <= 0:
+        return
+    st = _mmq_mod(config)
+    tile_rows = int(tile_rows)
+    if tile_rows % 8 or not 8 <= tile_rows <= st["BN"]:
+        raise InputError(f"tile_rows must be a multiple of 8 in [8, {st['BN']}], got {tile_rows}")
+    if not hasattr(bounds, "gpudata") and isinstance(bounds, (np.ndarray, list, tuple)):
+        hb = np.asarray(bounds, dtype=np.int32).reshape(-1, 2)[:n_exp]
+        rows = int(np.maximum(hb[:, 1] - hb[:, 0], 0).sum())
+        bounds = upload_bounds(hb)
+        _bounds_alive.append(bounds)
+    f = _mmq_func(st, qt)
+    n_rows = R_total if rows is None else int(rows)
+    ntm = -(-N // st["BM"])
+    tiles = ntm * (-(-n_rows // tile_rows) + n_exp)
+    if tiles <= 0:
+        return
+    grid = (min(tiles, 1 << 30), 1, 1)
+    f.prepared_async_call(grid, (st["threads"], 1, 1), stream,
+                          _ptr(w), int(w_stride), N, K, _ptr(act), R_total, _ptr(bounds), n_exp,
+                          _ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]),
+                          tile_rows, shared_size=f.smem)
+    _count("mmq")
+
+
+_dense_bounds: dict = {}
+
+
+def mmq_dense(qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | None = None,
+              stream=None, config: dict | None = None) -> None:
+    """Plain product of one matrix (N x K, GGUF blocks) with all R rows of a q8_1 buffer:
+    out float32 [R, ldo] = strata.mmq.mmq. One "expert" covering rows [0, R)."""
+    R = int(R)
+    if R <= 0:
+        return
+    b = _dense_bounds.get(R)
+    if b is None:
+        b = runtime.to_device(np.array([0, R], np.int32), "MMQ row bounds")
+        _dense_bounds[R] = b
+    mmq_group(qtype, w, 0, N, K, act, R, b, 1, out, ldo=ldo, rows=R, stream=stream, config=config)

@@ -1,0 +1,267 @@
+"""CUDA kernels against their NumPy definitions, byte for byte.
+
+- fast/kernels/quantize_q8_1.cu against strata.q8_1.gather_quantize / scatter_quantize,
+  all three layouts (random x, random routings, one all-zero token);
+- fast/kernels/mmq.cu against strata.mmq.mmq (mmq_prepared), all six weight types (random valid
+  blocks, random activations, several experts with uneven row counts including 0 and 1,
+  the tiny and strata shapes).
+
+Output buffers are poisoned before each launch and compared whole, as uint8. Without a GPU
+(or without PyCUDA) every test here skips with the backend's one-line reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from fast.cuda.runtime import cuda_available
+from strata import mmq, q8_1, quants
+from strata.routing import routing_tables
+
+_OK, _WHY = cuda_available()
+pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
+
+POISON = 0xA5
+TYPES = ["Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S"]
+LAYOUTS = [q8_1.Layout.D4, q8_1.Layout.DS4, q8_1.Layout.D2S6]
+
+
+@pytest.fixture(scope="module")
+def cu():
+    from fast.cuda import runtime
+
+    runtime.context()
+    import pycuda.driver as cuda
+
+    return cuda
+
+
+def _dev(cu, arr, what="test buffer"):
+    from fast.cuda import runtime
+
+    return runtime.to_device(np.ascontiguousarray(arr), what)
+
+
+def _poisoned(cu, nbytes):
+    from fast.cuda import runtime
+
+    buf = runtime.alloc(nbytes, "test output")
+    cu.memset_d8(buf, POISON, max(int(nbytes), 1))
+    return buf
+
+
+def _get(cu, buf, nbytes) -> np.ndarray:
+    cu.Context.synchronize()
+    h = np.empty(int(nbytes), np.uint8)
+    if nbytes:
+        cu.memcpy_dtoh(h, buf)
+    return h
+
+
+# ---------------------------------------------------------------- mismatch reports
+
+
+def _q8_report(got: np.ndarray, want: np.ndarray, n_rows: int, K: int, layout) -> str:
+    diff = np.nonzero(got != want)[0]
+    i = int(diff[0])
+    blk, off = divmod(i, q8_1.BLOCK_BYTES)
+    kb, row = divmod(blk, n_rows)
+    base = blk * q8_1.BLOCK_BYTES
+    if off < q8_1.HEADER_BYTES:
+        if layout == q8_1.Layout.D4:
+            f = off // 4
+            g = got[base + 4 * f: base + 4 * f + 4].view("<f4")[0]
+            w = want[base + 4 * f: base + 4 * f + 4].view("<f4")[0]
+            what = (f"header d[{f}] (column {kb * 128 + 32 * f}): got {float(g)!r} "
+                    f"(0x{g.view('<u4'):08x}) want {float(w)!r} (0x{w.view('<u4'):08x})")
+        else:
+            f = off // 2
+            g = got[base + 2 * f: base + 2 * f + 2].view("<f2")[0]
+            w = want[base + 2 * f: base + 2 * f + 2].view("<f2")[0]
+            what = (f"header half[{f}]: got {float(g)!r} (0x{g.view('<u2'):04x}) "
+                    f"want {float(w)!r} (0x{w.view('<u2'):04x})")
+    else:
+        col = kb * 128 + off - q8_1.HEADER_BYTES
+        g, w = got[i].view(np.int8), want[i].view(np.int8)
+        what = f"column {col}: got {int(g)} (0x{int(got[i]):02x}) want {int(w)} (0x{int(want[i]):02x})"
+    return (f"{diff.size} bytes differ; first at byte {i}: row {row}, block {kb}, byte {off}: {what}"
+            f"\n{q8_1.describe_block(got[base:base + 144], layout)}"
+            f"\nwant\n{q8_1.describe_block(want[base:base + 144], layout)}")
+
+
+def _f32_report(got: np.ndarray, want: np.ndarray, ncols: int) -> str:
+    g32, w32 = got.view("<f4"), want.view("<f4")
+    bad = np.nonzero(g32.view("<u4") != w32.view("<u4"))[0]
+    i = int(bad[0])
+    r, c = divmod(i, ncols)
+    return (f"{bad.size} of {g32.size} float32 elements differ; first at row {r}, column {c}: "
+            f"got {float(g32[i])!r} (0x{int(g32.view('<u4')[i]):08x}) "
+            f"want {float(w32[i])!r} (0x{int(w32.view('<u4')[i]):08x})")
+
+
+# ---------------------------------------------------------------- quantize
+
+
+def _random_x(rng, T, K):
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    scale = np.exp(rng.uniform(-6, 6, size=(T, 1))).astype(np.float32)
+    x *= scale
+    x[T // 2] = 0.0  # one all-zero token
+    # some exact halves after scaling and some repeated maxima
+    x[1, :8] = np.float32(0.5)
+    if K > 64:
+        x[2, 32:64] = np.float32(-3.0)
+    return x
+
+
+def _routing(rng, T, E, k):
+    ids = np.stack([rng.choice(E, size=k, replace=False) for _ in range(T)]).astype(np.int32)
+    return routing_tables(ids, E)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: l.name)
+@pytest.mark.parametrize("T,K,E,k", [(37, 256, 16, 4), (23, 2560, 512, 10), (19, 640, 8, 3), (9, 200, 5, 2)])
+def test_quantize_gather_scatter(cu, layout, T, K, E, k):
+    from fast import ops_cuda
+
+    rng = np.random.default_rng(1000 * T + K + int(layout))
+    x = _random_x(rng, T, K)
+    rt = _routing(rng, T, E, k)
+    R = T * k
+    nbytes = q8_1.buffer_nbytes(R, K)
+
+    want_g = q8_1.gather_quantize(x, rt.src, layout, q8_1.alloc_buffer(R, K))
+    want_s = q8_1.scatter_quantize(x, rt.slot, k, layout, q8_1.alloc_buffer(R, K))
+    assert np.array_equal(want_g, want_s)
+
+    xd = _dev(cu, x)
+    srcd = _dev(cu, rt.src.astype(np.int32))
+    slotd = _dev(cu, rt.slot.astype(np.int32))
+
+    out = _poisoned(cu, nbytes)
+    ops_cuda.quantize_gather(xd, srcd, R, K, layout, out)
+    got = _get(cu, out, nbytes)
+    assert np.array_equal(got, want_g), "gather: " + _q8_report(got, want_g, R, K, layout)
+
+    out2 = _poisoned(cu, nbytes)
+    ops_cuda.quantize_scatter(xd, slotd, T, k, K, layout, out2)
+    got2 = _get(cu, out2, nbytes)
+    assert np.array_equal(got2, want_s), "scatter: " + _q8_report(got2, want_s, R, K, layout)
+
+
+# ---------------------------------------------------------------- mmq
+
+
+def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
+    f = {k: (v[r0:r1] if isinstance(v, np.ndarray) else v) for k, v in vars(act).items()}
+    return q8_1.Q8Rows(**f)
+
+
+def _mmq_case(cu, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128,), seed=0):
+    """Experts with `rows` activation rows each, laid out after `lead` unused rows with `gap`
+    unused rows between experts; weights in one group buffer with odd-ish stride."""
+    from fast import ops_cuda
+
+    rng = np.random.default_rng(seed)
+    vpb, bpb = quants.block_size(qt)
+    rb = quants.row_bytes(qt, K)
+    n_exp = len(rows)
+    stride = N * rb + stride_pad
+    wbuf = np.zeros(n_exp * stride + 64, np.uint8)  # + a zeroed tail
+    wq = []
+    for q in range(n_exp):
+        blk = quants.random_blocks(qt, N * K // vpb, rng).reshape(N, rb)
+        wbuf[q * stride: q * stride + N * rb] = blk.reshape(-1)
+        wq.append(blk)
+    bounds = []
+    r = lead
+    for n in rows:
+        bounds.append((r, r + n))
+        r += n + gap
+    R_total = r
+    layout = q8_1.layout_for(qt)
+    x = rng.standard_normal((R_total, K)).astype(np.float32)
+    x *= np.exp(rng.uniform(-3, 3, size=(R_total, 1))).astype(np.float32)
+    if R_total > lead:
+        x[lead] = 0.0
+    act_rows = q8_1.quantize_rows(x, layout)
+    abuf = q8_1.pack_rows(act_rows)
+    dec_act = q8_1.decode_rows(act_rows, R_total, layout)
+
+    want = np.full(R_total * N * 4, POISON, np.uint8)
+    wf = want.view("<f4").reshape(R_total, N)
+    for q, (b, e) in enumerate(bounds):
+        if e > b:
+            wf[b:e] = mmq.mmq(qt, wq[q], _slice_rows(dec_act, b, e))
+
+    wd = _dev(cu, wbuf)
+    ad = _dev(cu, abuf)
+    bd = _dev(cu, np.array(bounds, np.int32).reshape(-1))
+    for tr in tile_rows:
+        out = _poisoned(cu, R_total * N * 4)
+        ops_cuda.mmq_group(qt, wd, stride, N, K, ad, R_total, bd, n_exp, out, tile_rows=tr)
+        got = _get(cu, out, R_total * N * 4)
+        assert np.array_equal(got, want), (
+            f"{qt.name} N={N} K={K} rows={rows} tile_rows={tr}: " + _f32_report(got, want, N))
+
+
+@pytest.mark.parametrize("tname", TYPES)
+def test_mmq_tiny(cu, tname):
+    qt = QT[tname]
+    # tiny: gate/up 512 x 256, down 256 x 256
+    _mmq_case(cu, qt, 512, 256, [0, 1, 9, 130, 0, 40, 3], tile_rows=(128, 32, 8), seed=1)
+    _mmq_case(cu, qt, 256, 256, [5, 0, 1, 64], stride_pad=0, seed=2)
+
+
+@pytest.mark.parametrize("tname", TYPES)
+def test_mmq_strata_gate_up(cu, tname):
+    qt = QT[tname]
+    _mmq_case(cu, qt, 1280, 2560, [0, 1, 37, 161, 0, 12], tile_rows=(128, 64), seed=3)
+
+
+@pytest.mark.parametrize("tname", ["Q8_0", "Q4_1"])
+def test_mmq_strata_down(cu, tname):
+    qt = QT[tname]
+    _mmq_case(cu, qt, 2560, 640, [1, 0, 50, 129, 7], seed=4)
+
+
+@pytest.mark.parametrize("tname", ["Q8_0", "Q4_1"])
+def test_mmq_odd_k(cu, tname):
+    # K a multiple of 32 but not of 128 (a partial last chunk), N not a multiple of 128
+    _mmq_case(cu, QT[tname], 200, 96, [3, 17, 0, 33], seed=5)
+
+
+def test_mmq_sixteen_experts(cu):
+    rows = [0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 1, 0, 7, 160]
+    _mmq_case(cu, QT.IQ2_XS, 512, 256, rows, seed=6)
+
+
+@pytest.mark.parametrize("tname", ["Q8_0", "IQ3_S"])
+def test_mmq_dense(cu, tname):
+    from fast import ops_cuda
+
+    qt = QT[tname]
+    rng = np.random.default_rng(7)
+    N, K, R = 384, 512, 300
+    vpb, _ = quants.block_size(qt)
+    w = quants.random_blocks(qt, N * K // vpb, rng).reshape(N, -1)
+    layout = q8_1.layout_for(qt)
+    x = rng.standard_normal((R, K)).astype(np.float32)
+    act_rows = q8_1.quantize_rows(x, layout)
+    want = mmq.mmq(qt, w, q8_1.decode_rows(act_rows, R, layout))
+    want = want.astype("<f4").view(np.uint8).reshape(-1)
+    wpad = np.concatenate([w.reshape(-1), np.zeros(ops_cuda.WEIGHT_TAIL_BYTES, np.uint8)])
+    wd, ad = _dev(cu, wpad), _dev(cu, q8_1.pack_rows(act_rows))
+    out = _poisoned(cu, R * N * 4)
+    ops_cuda.mmq_dense(qt, wd, N, K, ad, R, out)
+    got = _get(cu, out, R * N * 4)
+    assert np.array_equal(got, want), f"dense {qt.name}: " + _f32_report(got, want, N)
+
+
+def test_counters(cu):
+    from fast import ops_cuda
+
+    ops_cuda.reset_counters()
+    test_mmq_dense(cu, "Q8_0")
+    assert ops_cuda.counters["launches"] == 1 and ops_cuda.counters["mmq"] == 1
