@@ -1,0 +1,101 @@
+// Writing a chunk's K and V into the int8 KV cache of one layer.
+//
+// Definition: strata.attention.KVCache.write, with the arithmetic of
+// strata.attention.quantize_int8 (docs/numerics.md sections 2 and 5):
+//   per block of g values: amax = max |x_i|; amax == 0 -> d = 0, codes 0;
+//   else d_inv = 127.0f / amax, q_i = (int8) roundf(x_i * d_inv), d = 1.0f / d_inv.
+//   K: blocks of 32 values (g = 32), one float32 scale each.
+//   V: one block of head_dim values per (token, KV head), one float32 scale.
+// Cache layout of one layer (as the NumPy class):
+//   k_codes [n_kv, capacity, hd] int8     k_scale [n_kv, capacity, hd/32] float32
+//   v_codes [n_kv, capacity, hd] int8     v_scale [n_kv, capacity]        float32
+// k, v: T tokens of n_kv head vectors of hd floats (token t at + t * ldk / + t * ldv, head h at
+// + h * hd). positions: int32 [T], absolute, distinct, < capacity (not checked here).
+// One warp per (token, KV head); lane l holds values l + 32 b. --fmad=false, IEEE division.
+
+#include <stdint.h>
+
+#define KV_WARPS 8
+#define KV_MAX_HD 256
+
+// C roundf exactly as strata.numerics.roundf writes it: half away from zero, x - trunc(x) exact.
+__device__ __forceinline__ float roundf_away(float x)
+{
+    const float t = truncf(x);
+    return (fabsf(x - t) >= 0.5f) ? t + copysignf(1.0f, x) : t;
+}
+
+// float -> int8 as NumPy's astype(np.int8) does on x86-64 (the reference's platform): a finite
+// value through int32 (codes are within [-127, 127] anyway); +-inf and NaN give 0. They occur
+// when a block's amax is below 127 / FLT_MAX: d_inv = 127 / amax overflows to inf, x * d_inv is
+// +-inf (or NaN for x == 0), and d = 1 / d_inv = 0, so such a block contributes nothing.
+__device__ __forceinline__ int8_t to_i8(float v)
+{
+    return (isfinite(v)) ? (int8_t)(int)v : (int8_t)0;
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(32 * KV_WARPS)
+kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v, long long ldv,
+         const int* __restrict__ positions, int T, int n_kv, int hd, int capacity,
+         int8_t* __restrict__ k_codes, float* __restrict__ k_scale,
+         int8_t* __restrict__ v_codes, float* __restrict__ v_scale)
+{
+    const int lane = threadIdx.x & 31;
+    const long long task = (long long)blockIdx.x * KV_WARPS + (threadIdx.x >> 5);
+    if (task >= (long long)T * n_kv) return;
+    const long long t = task / n_kv;
+    const int h = (int)(task - t * n_kv);
+    const long long pos = positions[t];
+    const int nb = hd >> 5;
+    const float* kr = k + t * ldk + (long long)h * hd;
+    const float* vr = v + t * ldv + (long long)h * hd;
+    const long long cache_row = (long long)h * capacity + pos;
+
+    // K: one scale per 32 values
+    for (int b = 0; b < nb; ++b) {
+        const float x = kr[32 * b + lane];
+        const float amax = warp_max(fabsf(x));
+        int8_t q = 0;
+        float d = 0.0f;
+        if (amax > 0.0f) {
+            const float d_inv = 127.0f / amax;
+            q = to_i8(roundf_away(x * d_inv));
+            d = 1.0f / d_inv;
+        }
+        k_codes[cache_row * hd + 32 * b + lane] = q;
+        if (lane == 0) k_scale[cache_row * nb + b] = d;
+    }
+
+    // V: one scale for the whole head_dim row
+    float xv[KV_MAX_HD / 32];
+    float m = 0.0f;
+#pragma unroll
+    for (int b = 0; b < KV_MAX_HD / 32; ++b) {
+        if (b < nb) {
+            xv[b] = vr[32 * b + lane];
+            m = fmaxf(m, fabsf(xv[b]));
+        }
+    }
+    const float amax = warp_max(m);
+    float d_inv = 0.0f, d = 0.0f;
+    if (amax > 0.0f) {
+        d_inv = 127.0f / amax;
+        d = 1.0f / d_inv;
+    }
+#pragma unroll
+    for (int b = 0; b < KV_MAX_HD / 32; ++b) {
+        if (b < nb) {
+            int8_t q = 0;
+            if (amax > 0.0f) q = to_i8(roundf_away(xv[b] * d_inv));
+            v_codes[cache_row * hd + 32 * b + lane] = q;
+        }
+    }
+    if (lane == 0) v_scale[cache_row] = d;
+}

@@ -1,0 +1,101 @@
+// Router: softmax over all experts, top-K, renormalized weights.
+//
+// Definition: strata.routing.top_k (docs/numerics.md section 4), with strata.numerics.softmax:
+//   m = max_i v_i (fmaxf: exact in any order); e_i = exp(v_i - m) (the shared polynomial exp);
+//   s = lane_sum(e) (lane l: acc = acc + e_i for i = l, l+32, ...; then xor butterfly 16..1);
+//   p_i = e_i / s (IEEE division).
+//   top-K by p descending, ties to the lower expert id (numpy's stable argsort of -p);
+//   total = 0.0f; for r in rank order: total = total + p_r;
+//   w_r = p_r / max(total, 6.1035e-5f).
+// One warp per token; the row's probabilities live in shared memory (E floats per warp).
+// logits: T rows of E floats, row t at + t * ld. ids int32 [T, K], weights float32 [T, K].
+// K <= 32 and K <= E (checked by the host).
+
+#include <stdint.h>
+
+#define ROUTER_WARPS 4
+
+__device__ __forceinline__ float strata_exp(float x)
+{
+    if (x != x) return x;
+    if (x > 88.0f) return __int_as_float(0x7f800000);
+    if (x < -87.0f) return 0.0f;
+    const float n = rintf(__fmul_rn(x, 0x1.715476p+0f));
+    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
+    r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
+    float p = 0x1.a01a02p-13f;
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
+}
+
+extern "C" __global__ void __launch_bounds__(32 * ROUTER_WARPS)
+router_topk(const float* __restrict__ logits, long long ld, int T, int E, int K,
+            int* __restrict__ ids, float* __restrict__ weights)
+{
+    extern __shared__ float sm[];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const long long t = (long long)blockIdx.x * ROUTER_WARPS + warp;
+    if (t >= T) return;
+    float* p = sm + (long long)warp * E;
+    const float* v = logits + t * ld;
+
+    float m = __int_as_float(0xff800000);
+    for (int i = lane; i < E; i += 32) m = fmaxf(m, v[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+
+    float acc = 0.0f;
+    for (int i = lane; i < E; i += 32) {
+        const float e = strata_exp(__fsub_rn(v[i], m));
+        p[i] = e;
+        acc = __fadd_rn(acc, e);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    for (int i = lane; i < E; i += 32) p[i] = p[i] / acc;
+    __syncwarp();
+
+    float total = 0.0f;
+    float my_p = 0.0f;
+    int my_id = 0;
+    for (int r = 0; r < K; ++r) {
+        float bp = -1.0f;  // probabilities are >= 0; taken ones are marked -1
+        int bi = 0x7fffffff;
+        for (int i = lane; i < E; i += 32) {
+            const float pi = p[i];
+            if (pi > bp) {  // ascending i: the first of equal values (lowest id) stays
+                bp = pi;
+                bi = i;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (op > bp || (op == bp && oi < bi)) {
+                bp = op;
+                bi = oi;
+            }
+        }
+        total = __fadd_rn(total, bp);
+        if (lane == r) {
+            my_p = bp;
+            my_id = bi;
+        }
+        __syncwarp();
+        if (lane == 0) p[bi] = -1.0f;
+        __syncwarp();
+    }
+    const float denom = fmaxf(total, 0x1.ffffaap-15f);  // float32(6.1035e-5)
+    if (lane < K) {
+        ids[t * K + lane] = my_id;
+        weights[t * K + lane] = my_p / denom;
+    }
+}

@@ -1,0 +1,118 @@
+// Routing tables of a chunk: cnt, off, slot, src (and order).
+//
+// Definition: strata.routing.routing_tables (docs/numerics.md section 4). For ids [T, K] and
+// pairs i = t*K + k, e = ids[i]:
+//   cnt[e]  pairs routed to e;  off[e] = exclusive prefix sum of cnt over expert id;
+//   for i ascending: slot[i] = off[e]++ (on a running copy); src[slot[i]] = i / K;
+//   order = experts with cnt > 0 in id order (here: order[0 .. n_order) and -1 after it, E entries,
+//   with n_order[0] = their number).
+// The sequential `off[e]++` hands pair i the row off[e] + (number of earlier pairs of expert e):
+// a stable per-expert rank, computed here in one block:
+//   warp w owns the contiguous pairs [w*P, (w+1)*P); phase 1 counts its pairs per expert
+//   (cw[w][e]); phase 2 turns the counts into per-warp bases off[e] + (pairs of e in warps < w);
+//   phase 3 walks each warp's pairs in ascending order 32 at a time: __match_any_sync groups the
+//   lanes of one expert, a lane's rank is the number of lower lanes in its group, and the
+//   group's lowest lane advances the warp's base for the next 32.
+// Dynamic shared memory: (warps + 2) * E ints. Expert ids must be in [0, E) (pairs outside are
+// skipped and get no slot).
+
+#include <stdint.h>
+
+extern "C" __global__ void __launch_bounds__(1024)
+routing_tables(const int* __restrict__ ids, int T, int K, int E, int* __restrict__ cnt,
+               int* __restrict__ off, int* __restrict__ slot, int* __restrict__ src,
+               int* __restrict__ order, int* __restrict__ n_order)
+{
+    extern __shared__ int sm[];
+    const int nw = blockDim.x >> 5;
+    const int warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    int* cw = sm;                  // [nw][E]
+    int* tot = sm + nw * E;        // [E]
+    int* soff = tot + E;           // [E]
+    const long long N = (long long)T * K;
+    const long long P = (N + nw - 1) / nw;
+    const long long begin = (long long)warp * P;
+    const long long end = min(begin + P, N);
+
+    for (int i = threadIdx.x; i < nw * E; i += blockDim.x) cw[i] = 0;
+    __syncthreads();
+
+    // phase 1: per-warp counts
+    for (long long base = begin; base < end; base += 32) {
+        const long long i = base + lane;
+        if (i < end) {
+            const int e = ids[i];
+            if (e >= 0 && e < E) atomicAdd(&cw[warp * E + e], 1);
+        }
+    }
+    __syncthreads();
+
+    // phase 2a: per-warp exclusive prefix over warps, totals
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int run = 0;
+        for (int w = 0; w < nw; ++w) {
+            const int c = cw[w * E + e];
+            cw[w * E + e] = run;
+            run += c;
+        }
+        tot[e] = run;
+        cnt[e] = run;
+    }
+    __syncthreads();
+
+    // phase 2b: exclusive prefix over experts (off) and the compacted order, by warp 0
+    if (warp == 0) {
+        const int per = (E + 31) / 32;
+        const int e0 = min(lane * per, E);
+        const int e1 = min(e0 + per, E);
+        int s = 0, f = 0;
+        for (int e = e0; e < e1; ++e) {
+            s += tot[e];
+            f += tot[e] > 0;
+        }
+        int si = s, fi = f;  // inclusive warp scans
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, si, o);
+            const int b = __shfl_up_sync(0xffffffffu, fi, o);
+            if (lane >= o) {
+                si += a;
+                fi += b;
+            }
+        }
+        int run = si - s, frun = fi - f;
+        for (int e = e0; e < e1; ++e) {
+            soff[e] = run;
+            off[e] = run;
+            run += tot[e];
+            if (tot[e] > 0) order[frun++] = e;
+        }
+        const int nord = __shfl_sync(0xffffffffu, fi, 31);
+        for (int j = nord + lane; j < E; j += 32) order[j] = -1;
+        if (lane == 0) n_order[0] = nord;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nw * E; i += blockDim.x) cw[i] += soff[i % E];
+    __syncthreads();
+
+    // phase 3: stable ranks, 32 pairs at a time in ascending order
+    for (long long base = begin; base < end; base += 32) {
+        const long long i = base + lane;
+        int e = (i < end) ? ids[i] : -1;
+        const bool ok = (i < end) && e >= 0 && e < E;
+        if (!ok) e = -1 - lane;  // a group of its own
+        const unsigned mask = __match_any_sync(0xffffffffu, e);
+        int s0 = 0;
+        if (ok) s0 = cw[warp * E + e];
+        __syncwarp();
+        if (ok) {
+            const int rank = __popc(mask & ((1u << lane) - 1u));
+            if (lane == __ffs(mask) - 1) cw[warp * E + e] = s0 + __popc(mask);
+            const int s = s0 + rank;
+            slot[i] = s;
+            src[s] = (int)(i / K);
+        }
+        __syncwarp();
+    }
+}

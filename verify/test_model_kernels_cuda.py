@@ -1,0 +1,452 @@
+"""The model kernels of fast/kernels (through fast/ops_model_cuda.py) against their NumPy
+definitions, byte for byte:
+
+rmsnorm.cu (strata.numerics.rmsnorm), rope.cu (rope_neox), kv_cache.cu (KVCache.write),
+attention.cu (strata.attention.attend), router.cu (strata.routing.top_k), routing_tables.cu,
+swiglu.cu (strata.moe.swiglu), combine.cu (strata.moe.combine, strata.numerics.sigmoid),
+embed.cu (Q8_0 strata.quants.dequantize), gather_group.cu (strata.moe.group_buffers), add.cu.
+
+Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
+probabilities, T=1, positions crossing 64-key blocks, GQA, head_dim 64 and 128, n_embd 256 and
+2560). Outputs are poisoned before each launch and compared whole as bytes; a mismatch reports
+the first differing element, both values (float and hex) and the count. Without a GPU (or
+PyCUDA) every test skips with one line saying why.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata import attention, moe, numerics, routing
+
+try:
+    from fast.cuda.runtime import cuda_available
+except ImportError:  # the runtime module is not there
+    _OK, _WHY = False, "fast/cuda/runtime.py is missing: no CUDA runtime to test against"
+else:
+    _OK, _WHY = cuda_available()
+
+pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
+
+POISON = 0xA5
+F32 = np.float32
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from fast import ops_model_cuda
+    from fast.cuda import runtime
+
+    runtime.context()
+    return ops_model_cuda
+
+
+# ---------------------------------------------------------------- device helpers
+
+
+def _up(a):
+    from pycuda import gpuarray
+
+    return gpuarray.to_gpu(np.ascontiguousarray(a))
+
+
+def _poisoned(shape, dtype):
+    import pycuda.driver as cuda
+    from pycuda import gpuarray
+
+    a = gpuarray.empty(tuple(int(s) for s in shape), dtype)
+    if a.nbytes:
+        cuda.memset_d8(a.gpudata, POISON, a.nbytes)
+    return a
+
+
+def _get(a) -> np.ndarray:
+    import pycuda.driver as cuda
+
+    cuda.Context.synchronize()
+    return a.get()
+
+
+def _poison_like(want: np.ndarray) -> np.ndarray:
+    return np.full(want.nbytes, POISON, np.uint8).view(want.dtype).reshape(want.shape)
+
+
+def assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Whole arrays equal as bytes; else the first differing element, both values, the count."""
+    got = np.ascontiguousarray(got)
+    want = np.ascontiguousarray(want)
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    gb, wb = got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8)
+    if np.array_equal(gb, wb):
+        return
+    size = want.dtype.itemsize
+    ge = gb.reshape(-1, size)
+    we = wb.reshape(-1, size)
+    bad = np.nonzero((ge != we).any(axis=1))[0]
+    i = int(bad[0])
+    idx = np.unravel_index(i, want.shape)
+    g, w = got.reshape(-1)[i], want.reshape(-1)[i]
+    hexw = 2 * size
+    gh = int.from_bytes(ge[i].tobytes(), "little")
+    wh = int.from_bytes(we[i].tobytes(), "little")
+    msg = (f"{what}: {bad.size} of {want.size} {want.dtype} elements differ; first at index {idx}: "
+           f"got {g!r} (0x{gh:0{hexw}x}) want {w!r} (0x{wh:0{hexw}x})")
+    print(msg)
+    pytest.fail(msg)
+
+
+def _randn(rng, shape, lo=-4.0, hi=4.0):
+    """Normal values with a random power-of-e scale per leading row (never all zeros)."""
+    x = rng.standard_normal(shape).astype(F32)
+    scale = np.exp(rng.uniform(lo, hi, size=shape[:1] + (1,) * (len(shape) - 1))).astype(F32)
+    return (x * scale).astype(F32)
+
+
+# ---------------------------------------------------------------- rmsnorm, rope, add
+
+
+@pytest.mark.parametrize("rows,n", [(1, 256), (7, 2560), (5, 256), (3 * 16, 64), (2 * 8, 128), (3, 100)])
+def test_rmsnorm(ops, rows, n):
+    rng = np.random.default_rng(1000 + rows * 7 + n)
+    x = _randn(rng, (rows, n))
+    w = (rng.standard_normal(n) * 0.5 + 1.0).astype(F32)
+    eps = 1e-6
+    want = numerics.rmsnorm(x, w, eps)
+    out = _poisoned((rows, n), F32)
+    ops.rmsnorm(_up(x), _up(w), eps, out=out)
+    assert_same(_get(out), want, f"rmsnorm rows={rows} n={n}")
+
+
+def test_rmsnorm_heads_in_place(ops):
+    rng = np.random.default_rng(7)
+    T, H, hd = 5, 8, 128
+    x = _randn(rng, (T, H, hd))
+    w = rng.standard_normal(hd).astype(F32)
+    want = numerics.rmsnorm(x, w, 1e-6)
+    xd = _up(x)
+    ops.rmsnorm(xd, _up(w), 1e-6, out=xd)
+    assert_same(_get(xd), want, "rmsnorm per head, in place")
+
+
+@pytest.mark.parametrize("T,H,hd", [(1, 4, 64), (9, 4, 128), (70, 2, 64)])
+def test_rope(ops, T, H, hd):
+    rng = np.random.default_rng(T * 31 + hd)
+    x = _randn(rng, (T, H, hd))
+    positions = np.sort(rng.choice(4000, size=T, replace=False)).astype(np.int32)
+    if T > 1:
+        positions[:2] = (63, 64)  # across a key block boundary
+    cos, sin = numerics.rope_table(4096, hd, 1_000_000.0)
+    want = numerics.rope_neox(x, positions, cos, sin)
+    dcos, dsin = ops.rope_table(4096, hd, 1_000_000.0)
+    out = _poisoned((T, H, hd), F32)
+    ops.rope_neox(_up(x), positions, dcos, dsin, out=out)
+    assert_same(_get(out), want, f"rope T={T} H={H} hd={hd}")
+    xd = _up(x)  # in place, device positions
+    ops.rope_neox(xd, _up(positions), dcos, dsin, out=xd)
+    assert_same(_get(xd), want, f"rope in place T={T} H={H} hd={hd}")
+
+
+@pytest.mark.parametrize("n", [1, 2560, 3 * 2560 + 3])
+def test_add(ops, n):
+    rng = np.random.default_rng(n)
+    x, y = _randn(rng, (n,)), _randn(rng, (n,))
+    want = x + y
+    out = _poisoned((n,), F32)
+    ops.add(_up(x), _up(y), out=out)
+    assert_same(_get(out), want, f"add n={n}")
+    # unaligned views (the scalar path): offsets of one float
+    if n > 2:
+        xd, yd = _up(x), _up(y)
+        o2 = _poisoned((n,), F32)
+        ops.add(xd[1:], yd[1:], out=o2[1:])
+        assert_same(_get(o2)[1:], want[1:], f"add unaligned n={n}")
+
+
+# ---------------------------------------------------------------- KV cache and attention
+
+
+def _kv_inputs(rng, T, n_kv, hd, zero_rows=True):
+    k = _randn(rng, (T, n_kv, hd), -2.0, 2.0)
+    v = _randn(rng, (T, n_kv, hd), -2.0, 2.0)
+    if zero_rows and T > 2:
+        k[1, 0, :] = 0.0  # an all-zero K row
+        k[2, -1, 32:64] = 0.0  # one all-zero K block
+        v[2, 0, :] = 0.0  # an all-zero V row
+        k[0, 0, 5] = F32(-0.0)
+    return k, v
+
+
+def _device_cache_from(ops, cache: attention.KVCache, layer: int):
+    return (_up(cache.k_codes[layer]), _up(cache.k_scale[layer]), _up(cache.v_codes[layer]),
+            _up(cache.v_scale[layer]))
+
+
+@pytest.mark.parametrize("n_kv,hd", [(2, 64), (4, 128)])
+def test_kv_write(ops, n_kv, hd):
+    rng = np.random.default_rng(n_kv * 100 + hd)
+    cap = 256
+    positions = np.array([60, 61, 62, 63, 64, 65, 130, 7, 200], np.int32)
+    T = positions.size
+    k, v = _kv_inputs(rng, T, n_kv, hd)
+    ref = attention.KVCache(1, n_kv, hd, capacity=cap)
+    ref.write(0, positions, k, v)
+    dev = [_poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap, hd // 32), F32),
+           _poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap), F32)]
+    ops.kv_write(_up(k), _up(v), positions, *dev)
+    names = ("k_codes", "k_scale", "v_codes", "v_scale")
+    for name, d in zip(names, dev):
+        full = getattr(ref, name)[0]
+        want = _poison_like(full)
+        want[:, positions] = full[:, positions]  # written rows; the rest keeps its poison
+        assert_same(_get(d), want, f"kv_write {name} n_kv={n_kv} hd={hd}")
+
+
+ATT_CASES = [
+    # (n_head, n_kv, hd, chunk positions, keys already in the cache before the chunk)
+    pytest.param(4, 4, 64, np.arange(0, 100), 0, id="prefill-100-hd64"),
+    pytest.param(8, 2, 128, np.arange(50, 150), 50, id="gqa4-cross64-hd128"),
+    pytest.param(8, 2, 64, np.array([130]), 130, id="T1-decode-hd64"),
+    pytest.param(16, 4, 128, np.array([191]), 191, id="T1-decode-end-of-block-hd128"),
+    pytest.param(6, 3, 128, np.arange(0, 33), 0, id="gqa2-T33-hd128"),
+    pytest.param(4, 1, 64, np.arange(61, 261), 61, id="mqa-T200-hd64"),
+]
+
+
+def _attention_case(rng, n_head, n_kv, hd, positions, start, scale):
+    T = positions.size
+    n_keys = int(positions.max()) + 1
+    cache = attention.KVCache(1, n_kv, hd, capacity=64)
+    if start:  # earlier chunks
+        kp, vp = _kv_inputs(rng, start, n_kv, hd)
+        cache.write(0, np.arange(start), kp, vp)
+    k, v = _kv_inputs(rng, T, n_kv, hd)
+    cache.write(0, positions, k, v)
+    assert cache.capacity >= n_keys
+    q = _randn(rng, (T, n_head, hd), -1.0, 1.0) * F32(scale)
+    q = q.astype(F32)
+    if T > 3:
+        q[3, 0, :] = 0.0  # an all-zero query
+    return cache, q, k, v
+
+
+@pytest.mark.parametrize("n_head,n_kv,hd,positions,start", ATT_CASES)
+@pytest.mark.parametrize("scale", [1.0, 8.0])
+def test_attention(ops, n_head, n_kv, hd, positions, start, scale):
+    rng = np.random.default_rng(n_head * 1000 + hd + int(positions[0]) + int(scale))
+    positions = positions.astype(np.int32)
+    cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, scale)
+    want = attention.attend(cache, 0, q, positions)
+    out = _poisoned(q.shape, F32)
+    ops.attend(_up(q), positions, *_device_cache_from(ops, cache, 0), out=out)
+    assert_same(_get(out), want, f"attention H={n_head} KV={n_kv} hd={hd} T={positions.size}")
+
+
+def test_attention_chunks_device_cache(ops):
+    """Two chunks and a decode step through the device cache (kv_write + attend) against the
+    NumPy cache: the cache bytes and every output."""
+    rng = np.random.default_rng(77)
+    n_layer, n_head, n_kv, hd = 2, 8, 2, 128
+    ref = attention.KVCache(n_layer, n_kv, hd)
+    dev = ops.DeviceKVCache(n_layer, n_kv, hd, capacity=64)
+    for chunk in (np.arange(0, 70), np.arange(70, 140), np.array([140])):
+        chunk = chunk.astype(np.int32)
+        for layer in range(n_layer):
+            k, v = _kv_inputs(rng, chunk.size, n_kv, hd)
+            q = _randn(rng, (chunk.size, n_head, hd), -1.0, 1.0)
+            ref.write(layer, chunk, k, v)
+            dev.write(layer, chunk, _up(k), _up(v))
+            want = attention.attend(ref, layer, q, chunk)
+            out = _poisoned(q.shape, F32)
+            dev.attend(layer, _up(q), chunk, out=out)
+            assert_same(_get(out), want, f"attention chunk {chunk[0]}.. layer {layer}")
+    cap = dev.capacity
+    for layer in range(n_layer):
+        for name in ("k_codes", "k_scale", "v_codes", "v_scale"):
+            want = getattr(ref, name)[layer][:, :min(cap, ref.capacity)]
+            got = _get(getattr(dev, name)[layer])[:, :want.shape[1]]
+            assert_same(got, want, f"device cache {name} layer {layer}")
+
+
+# ---------------------------------------------------------------- routing
+
+
+def _logits(rng, T, E, ties: bool):
+    if ties:
+        # a coarse grid: many exactly equal logits, hence equal probabilities
+        x = (rng.integers(-6, 7, size=(T, E)) * 0.5).astype(F32)
+        x[0] = F32(1.25)  # a row of all-equal probabilities
+        if T > 1:
+            x[1, ::3] = F32(3.0)
+    else:
+        x = (rng.standard_normal((T, E)) * rng.uniform(0.5, 6.0, size=(T, 1))).astype(F32)
+    return x
+
+
+@pytest.mark.parametrize("T,E,K", [(1, 128, 8), (33, 128, 8), (37, 512, 10), (5, 64, 32)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_k(ops, T, E, K, ties):
+    rng = np.random.default_rng(T * E + K + ties)
+    x = _logits(rng, T, E, ties)
+    want_ids, want_w = routing.top_k(x, K)
+    ids, w = _poisoned((T, K), np.int32), _poisoned((T, K), F32)
+    ops.top_k(_up(x), K, ids=ids, weights=w)
+    assert_same(_get(ids), want_ids, f"top_k ids T={T} E={E} K={K} ties={ties}")
+    assert_same(_get(w), want_w, f"top_k weights T={T} E={E} K={K} ties={ties}")
+
+
+@pytest.mark.parametrize("T,E,K,skew", [(1, 128, 8, False), (37, 128, 8, False), (1000, 512, 10, False),
+                                        (4096, 512, 10, True), (300, 64, 4, True)])
+def test_routing_tables(ops, T, E, K, skew):
+    rng = np.random.default_rng(T + E + K)
+    if skew:  # a few popular experts and long runs of one expert
+        pop = rng.choice(E, size=min(E, 3 * K), replace=False)
+        ids = np.stack([rng.choice(pop, size=K, replace=False) for _ in range(T)]).astype(np.int32)
+    else:
+        ids = np.stack([rng.choice(E, size=K, replace=False) for _ in range(T)]).astype(np.int32)
+    ref = routing.routing_tables(ids, E)
+    out = ops.DeviceRoutingTables(*(_poisoned(s, np.int32) for s in
+                                    ((E,), (E,), (T * K,), (T * K,), (E,), (1,))))
+    ops.routing_tables(_up(ids), E, out=out)
+    order = np.full(E, -1, np.int32)
+    order[:ref.order.size] = ref.order
+    want = {"cnt": ref.cnt, "off": ref.off, "slot": ref.slot, "src": ref.src, "order": order,
+            "n_order": np.array([ref.order.size], np.int32)}
+    for name in out._fields:
+        assert_same(_get(getattr(out, name)), want[name].astype(np.int32), f"routing {name} T={T} E={E} K={K}")
+
+
+# ---------------------------------------------------------------- MoE elementwise
+
+
+def _wide(rng, shape):
+    x = _randn(rng, shape, -3.0, 3.0)
+    flat = x.reshape(-1)
+    specials = np.array([0.0, -0.0, 88.5, -88.5, 87.0, -87.0, 100.0, -100.0, 1e-30, -1e-30, 20.0, -20.0], F32)
+    flat[: specials.size] = specials
+    return x
+
+
+@pytest.mark.parametrize("R,n", [(1, 640), (37, 768), (13, 100)])
+def test_swiglu(ops, R, n):
+    rng = np.random.default_rng(R * n)
+    g, u = _wide(rng, (R, n)), _randn(rng, (R, n))
+    want = moe.swiglu(g, u)
+    out = _poisoned((R, n), F32)
+    ops.swiglu(_up(g), _up(u), out=out)
+    assert_same(_get(out), want, f"swiglu R={R} n={n}")
+    if R > 4:  # a row range, as the MoE walk runs it per group
+        out2 = _poisoned((R - 4, n), F32)
+        ops.swiglu(_up(g), _up(u), out=out2, r0=2, r1=R - 2)
+        assert_same(_get(out2), want[2:R - 2], f"swiglu rows 2..{R - 2}")
+
+
+def test_sigmoid(ops):
+    rng = np.random.default_rng(5)
+    x = _wide(rng, (1000, 1))
+    want = numerics.sigmoid(x.reshape(-1))
+    out = _poisoned((1000,), F32)
+    ops.sigmoid(_up(x), out=out)
+    assert_same(_get(out), want, "sigmoid")
+
+
+@pytest.mark.parametrize("T,K,D,E", [(1, 8, 256, 64), (9, 8, 256, 64), (17, 10, 2560, 512)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_combine(ops, T, K, D, E, shared):
+    rng = np.random.default_rng(T * K + D + shared)
+    logits = _logits(rng, T, E, ties=False)
+    ids, w = routing.top_k(logits, K)
+    tab = routing.routing_tables(ids, E)
+    x = _randn(rng, (T, D))
+    y = _randn(rng, (T * K, D))
+    sh = None
+    if shared:
+        g = numerics.sigmoid(_randn(rng, (T,), -1.0, 1.0))
+        sh = (g, _randn(rng, (T, D)))
+    want = moe.combine(x, w, tab.slot, y, sh)
+    out = _poisoned((T, D), F32)
+    dsh = None if sh is None else (_up(sh[0]), _up(sh[1]))
+    ops.combine(_up(x), _up(w), _up(tab.slot), _up(y), dsh, out=out)
+    assert_same(_get(out), want, f"combine T={T} K={K} D={D} shared={shared}")
+    xd = _up(x)  # in place
+    ops.combine(xd, _up(w), _up(tab.slot), _up(y), dsh, out=xd)
+    assert_same(_get(xd), want, f"combine in place T={T} K={K} D={D} shared={shared}")
+
+
+# ---------------------------------------------------------------- embedding, gather
+
+
+@pytest.mark.parametrize("n_embd,T", [(256, 1), (256, 19), (2560, 7)])
+def test_embed_q8_0(ops, n_embd, T):
+    from gguf import GGMLQuantizationType as QT
+
+    from strata import quants
+
+    rng = np.random.default_rng(n_embd + T)
+    n_vocab = 300
+    nb = n_embd // 32
+    blocks = np.empty((n_vocab, nb, 34), np.uint8)
+    d = (rng.standard_normal((n_vocab, nb)) * 0.01).astype(np.float16)
+    d[0, 0] = np.float16(6e-8)  # a subnormal half scale
+    d[0, 1] = np.float16(-0.0)
+    blocks[:, :, 0:2] = d.view(np.uint8).reshape(n_vocab, nb, 2)
+    blocks[:, :, 2:] = rng.integers(-128, 128, size=(n_vocab, nb, 32), dtype=np.int16).astype(np.int8).view(np.uint8)
+    table = blocks.reshape(n_vocab, nb * 34)
+    ids = rng.integers(0, n_vocab, size=T).astype(np.int32)
+    ids[0] = 0
+    want = quants.dequantize(QT.Q8_0, table[ids]).astype(F32)
+    out = _poisoned((T, n_embd), F32)
+    ops.embed_q8_0(ids, _up(table), n_embd, out=out)
+    assert_same(_get(out), want, f"embed n_embd={n_embd} T={T}")
+
+
+@pytest.mark.parametrize("n,gu_bytes,d_bytes,tail,offsets", [
+    (1, 4096, 2048, 1024, "aligned"),
+    (5, 2720 * 3, 1360 * 5, 4096, "aligned"),
+    (16, 1000, 777, 513, "mixed"),
+    (16, 34 * 64, 34 * 40, 2048, "mixed"),
+])
+def test_gather(ops, n, gu_bytes, d_bytes, tail, offsets):
+    rng = np.random.default_rng(n * gu_bytes + d_bytes)
+    blob_bytes = 2 * gu_bytes + d_bytes
+    blobs = [rng.integers(0, 256, size=blob_bytes, dtype=np.uint8) for _ in range(n)]
+    # every blob in one device arena, at offsets aligned to 16, 4, 2 or 1 bytes
+    pad = 64
+    if offsets == "aligned":
+        offs = [q * (blob_bytes + pad) // 16 * 16 for q in range(n)]
+    else:
+        offs = [q * (blob_bytes + pad) + int(rng.integers(0, 16)) for q in range(n)]
+    arena = np.zeros(offs[-1] + blob_bytes + pad, np.uint8)
+    for q in range(n):
+        arena[offs[q]:offs[q] + blob_bytes] = blobs[q]
+    arena_d = _up(arena)
+    ptrs = [int(arena_d.gpudata) + o for o in offs]
+    want_gu, want_d = moe.group_buffers(blobs, gu_bytes, d_bytes, tail)
+    gu_n, d_n = ops.group_buffer_bytes(n, gu_bytes, d_bytes, tail)
+    assert (gu_n, d_n) == (want_gu.size, want_d.size)
+    guard = 256  # poisoned bytes past each buffer must stay poisoned
+    for mode in ("group", "one"):
+        gu = _poisoned((gu_n + guard,), np.uint8)
+        dn = _poisoned((d_n + guard,), np.uint8)
+        if mode == "group":
+            ops.gather_native_group(ptrs, gu_bytes, d_bytes, tail, gu, dn)
+        else:
+            for q in range(n):
+                ops.gather_native_one(ptrs[q], q, gu_bytes, d_bytes, gu, dn,
+                                      tail_bytes=tail if q == n - 1 else 0)
+        poison = np.full(guard, POISON, np.uint8)
+        assert_same(_get(gu), np.concatenate([want_gu, poison]), f"gather {mode} gate/up n={n} ({offsets})")
+        assert_same(_get(dn), np.concatenate([want_d, poison]), f"gather {mode} down n={n} ({offsets})")
+
+
+def test_gather_counts_one_launch(ops):
+    rng = np.random.default_rng(3)
+    blobs = [_up(rng.integers(0, 256, size=3 * 512, dtype=np.uint8)) for _ in range(16)]
+    gu = _poisoned((16 * 1024 + 64,), np.uint8)
+    dn = _poisoned((16 * 512 + 64,), np.uint8)
+    before = ops.counters["launches"]
+    ops.gather_native_group(blobs, 512, 512, 64, gu, dn)
+    assert ops.counters["launches"] - before == 1
+    want_gu, want_d = moe.group_buffers([b.get() for b in blobs], 512, 512, 64)
+    assert_same(_get(gu), want_gu, "gather 16 GPUArray blobs gate/up")
+    assert_same(_get(dn), want_d, "gather 16 GPUArray blobs down")
