@@ -21,17 +21,21 @@ QK_BLOCK = 32  # values per Q/K scale
 def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """q8_1 arithmetic over blocks of `block` values along the last axis (no sums).
 
-    Returns (codes int8 [..., n], scales float32 [..., n/block]). An all-zero block gives
-    scale 0 and codes 0.
+    Returns (codes int8 [..., n], scales float32 [..., n/block]). An all-zero block, or one
+    whose 127/amax is not finite (amax below about 3.7e-37), gives scale 0 and codes 0.
     """
     x = np.asarray(x, dtype=F32)
     shape = x.shape
     xb = x.reshape(*shape[:-1], shape[-1] // block, block)
     amax = np.max(np.abs(xb), axis=-1)
-    nonzero = amax > 0
-    d_inv = np.where(nonzero, F32(127.0) / np.where(nonzero, amax, F32(1.0)), F32(0.0)).astype(F32)
-    q = numerics.roundf(xb * d_inv[..., None]).astype(np.int8)
-    d = np.where(nonzero, F32(1.0) / np.where(nonzero, d_inv, F32(1.0)), F32(0.0)).astype(F32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        d_inv = F32(127.0) / amax
+        # A zero block, or one so small that 127/amax overflows (P of a key block far below
+        # the running maximum does this), stores scale 0 and codes 0.
+        ok = np.isfinite(d_inv)
+        d_inv = np.where(ok, d_inv, F32(0.0)).astype(F32)
+        q = np.where(ok[..., None], numerics.roundf(xb * d_inv[..., None]), F32(0.0)).astype(np.int8)
+        d = np.where(ok, F32(1.0) / np.where(ok, d_inv, F32(1.0)), F32(0.0)).astype(F32)
     return q.reshape(shape), d
 
 
