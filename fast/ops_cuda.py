@@ -14,6 +14,8 @@ Kernels and their NumPy definitions:
 from __future__ import annotations
 
 import collections
+import json
+import os
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -31,6 +33,7 @@ __all__ = [
     "mmq_group",
     "mmq_dense",
     "mmq_geometry",
+    "default_config",
     "upload_bounds",
     "MMQ_GROUP_MAX",
     "WEIGHT_TAIL_BYTES",
@@ -172,8 +175,27 @@ def _tables_host() -> np.ndarray:
     return t
 
 
+def default_config() -> dict:
+    """The MMQ tile configuration used when a call passes none: the compile-time defines in
+    the environment variable STRATA_MMQ_CONFIG (JSON, e.g. '{"MMQ_BN": 192, "MMQ_STAGES": 3}',
+    about 10% faster from ~150 rows per expert), else {}
+    (mmq.cu's defaults). A configuration changes speed only, never a bit of the result."""
+    raw = os.environ.get("STRATA_MMQ_CONFIG", "").strip()
+    if not raw:
+        return {}
+    try:
+        cfg = json.loads(raw)
+    except ValueError:
+        raise InputError(f"STRATA_MMQ_CONFIG is not JSON: {raw!r}") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"STRATA_MMQ_CONFIG must be a JSON object, got {raw!r}")
+    return cfg
+
+
 def _mmq_mod(config: dict | None):
-    key = tuple(sorted((config or {}).items()))
+    if config is None:
+        config = default_config()
+    key = tuple(sorted(config.items()))
     st = _mmq_state.get(key)
     if st is not None:
         return st

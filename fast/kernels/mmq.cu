@@ -33,6 +33,18 @@
 // (float)S = __int_as_float(D) - 12582912.0f (exact). Sub-scales are applied in float on
 // exact integers below 2^24 (u * S, u0 * S0 + u1 * S1): the same value as (float)sumi.
 
+//
+// Speed (H200, bench/bench_mmq_cuda.py, strata shape, 8K tokens): ~80 TOP/s for Q8_0 gate/up,
+// ~6% of the measured mma.sync m16n8k32 peak (~1250 TOP/s). What bounds it: the contract's
+// per-block float epilogue costs 4 FP32 instructions per output element per 32-block (convert,
+// dw*da, *sumi, +acc) = 16 issue slots per m16n8k32 against ~7 cycles of tensor work, so even
+// a kernel issuing nothing else at one instruction per cycle would stop near 42% of that peak.
+// Measured (ncu): ~47 instructions per mma (FMA pipe 22, ALU 10, LSU 4: decode, staging,
+// addressing), 0.59 issued per cycle per scheduler at 4 warps/scheduler (registers and shared
+// memory allow one 512-thread CTA per SM); stalls: fixed-latency dependencies, shared-memory
+// scoreboard, barriers. At 1K tokens (~20 rows/expert) the time is the per-chunk staging and
+// decode of every expert's weights (~4 us per 128-value chunk per CTA), not the products.
+
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -55,6 +67,14 @@
 #ifndef MMQ_STAGES
 #define MMQ_STAGES 4
 #endif
+// MMQ_OVERLAP=1 (default): the decoded chunk (codes and scales) is double-buffered, so warps
+// decode chunk kc+1 while others still multiply chunk kc; one barrier per chunk instead of
+// two. MMQ_OVERLAP=0: a single decoded buffer, two barriers per chunk (1-4% slower).
+#ifndef MMQ_OVERLAP
+#define MMQ_OVERLAP 1
+#endif
+static_assert(!MMQ_OVERLAP || MMQ_STAGES >= 3, "MMQ_OVERLAP needs MMQ_STAGES >= 3");
+#define MMQ_DBUF (MMQ_OVERLAP ? 2 : 1)
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
 #define MMQ_BM (16 * MMQ_WM)
 #define MMQ_NT8 (MMQ_BN / (8 * MMQ_WN))
@@ -101,9 +121,12 @@ template <int QT> struct Geo {
         OFF_RAW = TABB,
         OFF_ACT = OFF_RAW + MMQ_STAGES * MMQ_BM * RAWB,
         OFF_WDEC = OFF_ACT + MMQ_STAGES * MMQ_BN * ASTR,
-        OFF_WSC = OFF_WDEC + MMQ_BM * WSTR,
-        OFF_ASC = OFF_WSC + (1 + Tr<QT>::NAUX) * NBLK * MMQ_BM * 4,
-        SMEM = OFF_ASC + NAA * NBLK * MMQ_BN * 4,
+        WDEC_B = MMQ_BM * WSTR,                                   // bytes of one decoded buffer
+        WSC_F = (1 + Tr<QT>::NAUX) * NBLK * MMQ_BM,               // floats of one weight-scale buffer
+        ASC_F = NAA * NBLK * MMQ_BN,                              // floats of one act-scale buffer
+        OFF_WSC = OFF_WDEC + MMQ_DBUF * WDEC_B,
+        OFF_ASC = OFF_WSC + MMQ_DBUF * WSC_F * 4,
+        SMEM = OFF_ASC + MMQ_DBUF * ASC_F * 4,
     };
     static_assert(SMEM <= 232448 - 1024, "shared memory over the sm_90 limit");
 };
@@ -320,9 +343,9 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
     uint8_t* tab = smem;
     uint8_t* raw = smem + G::OFF_RAW;
     uint8_t* act = smem + G::OFF_ACT;
-    uint8_t* wdec = smem + G::OFF_WDEC;
-    float* wsc = reinterpret_cast<float*>(smem + G::OFF_WSC);
-    float* asc = reinterpret_cast<float*>(smem + G::OFF_ASC);
+    uint8_t* wdec0 = smem + G::OFF_WDEC;
+    float* wsc0 = reinterpret_cast<float*>(smem + G::OFF_WSC);
+    float* asc0 = reinterpret_cast<float*>(smem + G::OFF_ASC);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp % WM, wn = warp / WM;
@@ -404,6 +427,10 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         // ---- decode chunk kc from its ring slot into wdec / wsc / asc ----
         auto prep = [&](int kc) {
             const int slot = kc % STAGES;
+            const int db = MMQ_OVERLAP ? (kc & 1) : 0;
+            uint8_t* wdec = wdec0 + db * G::WDEC_B;
+            float* wsc = wsc0 + db * G::WSC_F;
+            float* asc = asc0 + db * G::ASC_F;
             const long long coff = (Tr<QT>::VPB == 32) ? (long long)kc * CB : (long long)(kc >> 1) * CB;
             const int jbase = (Tr<QT>::VPB == 32) ? 0 : (kc & 1) * 4;
             const uint8_t* rawb = raw + slot * (BM * RAWB);
@@ -459,16 +486,26 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         // Ring of S slots: chunks kc+1 .. kc+S-1 are in flight while chunk kc is multiplied.
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) issue(s);
-        cp_async_wait<STAGES - 1>();
+        if constexpr (MMQ_OVERLAP) {
+            cp_async_wait<STAGES - 2>();  // chunks 0 and 1
+        } else {
+            cp_async_wait<STAGES - 1>();  // chunk 0
+        }
         __syncthreads();
         prep(0);
         __syncthreads();
 
-        const uint32_t wdec_s = smem_u32(wdec);
         const uint32_t a_off = (uint32_t)((wm * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * WSTR + (lane >> 4) * 16);
         const int rA = wm * 16 + g, rB = rA + 8;
 
         for (int kc = 0; kc < nch; ++kc) {
+            if constexpr (MMQ_OVERLAP) {
+                if (kc + 1 < nch) prep(kc + 1);  // chunk kc+1 landed and visible (last barrier)
+            }
+            const int db = MMQ_OVERLAP ? (kc & 1) : 0;
+            const uint32_t wdec_s = smem_u32(wdec0 + db * G::WDEC_B);
+            const float* wsc = wsc0 + db * G::WSC_F;
+            const float* asc = asc0 + db * G::ASC_F;
             const uint32_t act_s = smem_u32(act + (kc % STAGES) * (BN * ASTR));
 #pragma unroll
             for (int j = 0; j < NBLK; ++j) {
@@ -518,11 +555,17 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 }
             }
             if (kc + 1 < nch) {
-                cp_async_wait<STAGES - 2>();
-                __syncthreads();
-                issue(kc + STAGES);
-                prep(kc + 1);
-                __syncthreads();
+                if constexpr (MMQ_OVERLAP) {
+                    cp_async_wait<STAGES - 3>();  // chunk kc+2 (needed by the next prep)
+                    __syncthreads();              // decoded kc+1 complete; chunk kc's slot free
+                    issue(kc + STAGES);
+                } else {
+                    cp_async_wait<STAGES - 2>();  // chunk kc+1
+                    __syncthreads();
+                    issue(kc + STAGES);
+                    prep(kc + 1);
+                    __syncthreads();
+                }
             }
         }
 
