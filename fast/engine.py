@@ -61,6 +61,10 @@ class FastEngine:
     def embed(self, ids: np.ndarray):
         return self.be.embed(ids)
 
+    def last_logits(self, x) -> np.ndarray:
+        """Logits of the chunk's last position, on the host."""
+        return self.head(self.be.last_row(x))[0]
+
     def head(self, x_last):
         be = self.be
         h = be.rmsnorm(x_last, be.w("output_norm"), self.config.rms_eps)
@@ -69,7 +73,8 @@ class FastEngine:
         return be.download(logits)
 
     def layer(self, layer: int, x, positions: np.ndarray, dump=None):
-        x = self.attention_half(layer, x, positions)
+        with self.be.phase("attention"):
+            x = self.attention_half(layer, x, positions)
         return self.moe_half(layer, x, dump)
 
     # ---- pieces -----------------------------------------------------------------------
@@ -107,24 +112,24 @@ class FastEngine:
         p = f"blk.{layer}."
         n_tok, k_used = be.shape(x)[0], cfg.n_expert_used
 
-        # 1. norm, router, top-K
-        h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
-        router = be.w(p + "ffn_gate_inp")
-        logits = be.mmq_dense(router, self._quantize(h, router))
-        ids, weights = be.top_k(logits, k_used)
-
-        # 2. routing tables (device), and their counts on the host for the walk
-        tab = be.routing_tables(ids, cfg.n_expert)
+        # 1. norm, router, top-K; 2. routing tables (device), their counts on the host
+        with be.phase("router"):
+            h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
+            router = be.w(p + "ffn_gate_inp")
+            logits = be.mmq_dense(router, self._quantize(h, router))
+            ids, weights = be.top_k(logits, k_used)
+            tab = be.routing_tables(ids, cfg.n_expert)
         n_rows = n_tok * k_used
 
         # 3. the MoE input, quantized once per token (scatter) or once per row (gather)
         gu_t, down_t = be.expert_types(layer)
         in_layout = q8_1.layout_for(gu_t)
         moe_in = be.alloc_q8(n_rows, cfg.n_embd)
-        if self.quant_gather:
-            be.quantize_gather(h, tab.src, n_rows, in_layout, moe_in, row0=0, n_rows_total=n_rows)
-        else:
-            be.quantize_scatter(h, tab.slot, n_tok, k_used, in_layout, moe_in)
+        with be.phase("quantize"):
+            if self.quant_gather:
+                be.quantize_gather(h, tab.src, n_rows, in_layout, moe_in, row0=0, n_rows_total=n_rows)
+            else:
+                be.quantize_scatter(h, tab.slot, n_tok, k_used, in_layout, moe_in)
 
         # 4. the walk: groups of MMQ_GROUP consecutive routed experts, in id order
         down_layout = q8_1.layout_for(down_t)
@@ -132,21 +137,29 @@ class FastEngine:
         up = be.alloc_f32((n_rows, cfg.n_ff_exp))
         down_in = be.alloc_q8(n_rows, cfg.n_ff_exp)
         y = be.alloc_f32((n_rows, cfg.n_embd))
-        for grp in plan_groups(tab.order, tab.cnt, tab.off, self.group_size):
-            if self.group_gather:
-                bufs = be.gather_group(layer, grp.experts)
-            else:
-                bufs = be.gather_each(layer, grp.experts)
-            be.mmq_group_gate_up(layer, bufs, len(grp.experts), moe_in, n_rows, grp.bounds, gate, up)
-            hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
-            be.quantize_gather(hh, None, grp.n_rows, down_layout, down_in, row0=grp.row_begin,
-                               n_rows_total=n_rows)
-            be.mmq_group_down(layer, bufs, len(grp.experts), down_in, n_rows, grp.bounds, y)
+        groups = plan_groups(tab.order, tab.cnt, tab.off, self.group_size)
+        bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
+        for grp, gb in zip(groups, bounds):
+            with be.phase("gather"):
+                if self.group_gather:
+                    bufs = be.gather_group(layer, grp.experts)
+                else:
+                    bufs = be.gather_each(layer, grp.experts)
+            with be.phase("products"):
+                be.mmq_group_gate_up(layer, bufs, grp, gb, moe_in, n_rows, gate, up)
+            with be.phase("swiglu+quantize H"):
+                hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
+                be.quantize_gather(hh, None, grp.n_rows, down_layout, down_in, row0=grp.row_begin,
+                                   n_rows_total=n_rows)
+            with be.phase("products"):
+                be.mmq_group_down(layer, bufs, grp, gb, down_in, n_rows, y)
             be.release(bufs)
 
         # 5. the shared expert, 6. combine
-        shared = self.shared_expert(p, h) if self.config.has_shexp else None
-        out = be.combine(x, weights, tab.slot, y, shared)
+        with be.phase("shared expert"):
+            shared = self.shared_expert(p, h) if self.config.has_shexp else None
+        with be.phase("combine"):
+            out = be.combine(x, weights, tab.slot, y, shared)
 
         if dump is not None:
             slot = be.download(tab.slot)

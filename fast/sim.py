@@ -17,6 +17,8 @@ from strata import attention, mmq, numerics, q8_1, quants
 from strata.moe import combine, group_buffers, swiglu
 from strata.routing import routing_tables, top_k
 
+from fast.phases import HostPhases, timing_enabled
+
 F32 = np.float32
 GROUP_TAIL_BYTES = 256  # zeroed bytes after the last expert of a group buffer
 
@@ -64,8 +66,15 @@ class GroupBufs:
 class SimBackend:
     name = "sim"
 
-    def __init__(self):
+    def __init__(self, timing=None):
         self.counters = collections.Counter()
+        self._phases = HostPhases(timing_enabled(timing))
+
+    def phase(self, name: str):
+        return self._phases.phase(name)
+
+    def phase_table(self) -> dict:
+        return self._phases.table()
 
     def _launch(self, kernel: str, n: int = 1) -> None:
         self.counters[kernel] += n
@@ -236,14 +245,24 @@ class SimBackend:
             w = wbuf[offset + q * stride: offset + q * stride + n_out * rb].reshape(n_out, rb)
             out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, b0, b1, layout))
 
-    def mmq_group_gate_up(self, layer, bufs: GroupBufs, n_exp, act, n_rows, bounds, gate, up):
+    @staticmethod
+    def group_bounds(bounds_list):
+        return bounds_list
+
+    @staticmethod
+    def last_row(x):
+        return x[-1:]
+
+    def mmq_group_gate_up(self, layer, bufs: GroupBufs, grp, bounds, act, n_rows, gate, up):
+        n_exp = len(grp.experts)
         gu_t, _ = self.expert_types(layer)
         cfg = self.config
         stride = 2 * bufs.gu_bytes
         self._mmq_group(gu_t, bufs.gu, 0, stride, cfg.n_ff_exp, cfg.n_embd, n_exp, act, bounds, gate)
         self._mmq_group(gu_t, bufs.gu, bufs.gu_bytes, stride, cfg.n_ff_exp, cfg.n_embd, n_exp, act, bounds, up)
 
-    def mmq_group_down(self, layer, bufs: GroupBufs, n_exp, act, n_rows, bounds, y):
+    def mmq_group_down(self, layer, bufs: GroupBufs, grp, bounds, act, n_rows, y):
+        n_exp = len(grp.experts)
         _, d_t = self.expert_types(layer)
         cfg = self.config
         self._mmq_group(d_t, bufs.dn, 0, bufs.d_bytes, cfg.n_embd, cfg.n_ff_exp, n_exp, act, bounds, y)

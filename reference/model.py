@@ -47,6 +47,9 @@ class ReferenceEngine:
         x = attention_half(self, layer, x, positions)
         return moe_half(self, layer, x, dump)
 
+    def last_logits(self, x: np.ndarray) -> np.ndarray:
+        return self.head(x[-1:])[0]
+
     def head(self, x_last: np.ndarray) -> np.ndarray:
         """Output norm and lm_head on the given rows: logits [rows, vocab]."""
         out = self.pack.output()

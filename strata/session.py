@@ -2,8 +2,8 @@
 greedy continuation, dumps and the progress bar.
 
 An engine (reference or fast) supplies four things: `embed(ids)`, `layer(l, x, positions,
-dump)` (attention half then MoE half; it owns its KV cache), `head(x_last)` (output norm and
-lm_head: the logits) and `config`. Everything else, including every dump switch, is here,
+dump)` (attention half then MoE half; it owns its KV cache), `last_logits(x)` (output norm and
+lm_head on the chunk's last position: host float32 logits) and `config`. Everything else, including every dump switch, is here,
 so the two implementations cannot drift in how a run is cut or recorded.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ class Session:
             self._chunks_done += 1
             self.n_past += chunk_ids.size
             if c0 == starts[-1]:
-                logits = self.engine.head(x[-1:])[0]
+                logits = self.engine.last_logits(x)
         bar.close()
         return logits
 

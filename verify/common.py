@@ -24,11 +24,15 @@ class Run:
     residuals: bytes
 
 
-def run_engine(engine, ids, chunk, out_dir: Path, greedy: int = 2) -> Run:
+def run_engine(engine, ids, chunk, out_dir: Path, greedy: int = 2, layer_dumps: bool = True) -> Run:
+    """Run with the Strata dumps, and the per-layer record file unless `layer_dumps` is off
+    (long prompts: their q8_1 buffers run to gigabytes)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    s = Session(engine, chunk=chunk, dump_dir=out_dir, dump_r=out_dir / "r.bin", progress=False)
+    s = Session(engine, chunk=chunk, dump_dir=out_dir if layer_dumps else None, dump_r=out_dir / "r.bin",
+                progress=False)
     res = s.run(ids, greedy=greedy)
-    return Run(res.logits, res.greedy, read_records(out_dir / "layers.spd"), (out_dir / "r.bin").read_bytes())
+    records = read_records(out_dir / "layers.spd") if layer_dumps else {}
+    return Run(res.logits, res.greedy, records, (out_dir / "r.bin").read_bytes())
 
 
 def layouts_of(pack) -> dict:

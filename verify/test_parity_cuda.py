@@ -1,0 +1,81 @@
+"""The parity gate on the GPU: the reference against the `cuda` backend, byte for byte, for
+every weight type, both switches and a spread of prompt lengths (one chunk, several chunks),
+on `tiny` and `small` packs; and at long prompts (8K, 32K tokens, where NumPy is too slow)
+the fast path's switch arms against each other. Skips, with the reason, without a GPU."""
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+from conftest import EXPERT_TYPES
+from reference import ReferenceEngine
+from verify.common import assert_same_run, run_engine
+
+try:
+    from fast.cuda.runtime import cuda_available
+
+    _OK, _WHY = cuda_available()
+except ImportError as exc:  # pragma: no cover - the runtime module itself is missing
+    _OK, _WHY = False, f"the cuda runtime does not import: {exc}"
+
+pytestmark = pytest.mark.skipif(not _OK, reason=f"cuda backend unavailable: {_WHY}")
+
+SWITCHES = list(itertools.product([1, 0], [0, 1]))  # (group_gather, quant_gather)
+# (prompt tokens, chunk): one chunk at several sizes, and prompts cut into several chunks
+LENGTHS = [(1, "auto"), (63, "auto"), (128, "auto"), (600, "auto"), (1030, "auto"), (2099, "auto"),
+           (2099, 700)]
+
+
+def _engine(pack, gg, qg):
+    from fast import make_fast_engine
+
+    return make_fast_engine(pack, "cuda", group_gather=gg, quant_gather=qg)
+
+
+def prompt(pack, n, seed):
+    return np.random.default_rng(seed).integers(0, pack.config.n_vocab, n).astype(np.int32)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+@pytest.mark.parametrize("expert_type", EXPERT_TYPES)
+def test_reference_vs_cuda(make_test_pack, tmp_path, preset, expert_type):
+    pack = make_test_pack(preset, expert_type)
+    engines = {sw: _engine(pack, *sw) for sw in SWITCHES}
+    for n, chunk in LENGTHS:
+        if preset == "small" and n in (128, 1030):
+            continue  # the small pack's reference is slower: a shorter spread
+        ids = prompt(pack, n, seed=n)
+        ref = run_engine(ReferenceEngine(pack), ids, chunk, tmp_path / f"ref-{n}-{chunk}")
+        for (gg, qg), eng in engines.items():
+            eng.be.reset_cache()
+            got = run_engine(eng, ids, chunk, tmp_path / f"cuda-{n}-{chunk}-{gg}{qg}")
+            assert_same_run(ref, got, pack, f"{preset} {expert_type} T={n} chunk={chunk} "
+                                            f"group_gather={gg} quant_gather={qg}")
+
+
+LONG = [int(t) for t in os.environ.get("STRATA_VERIFY_LONG", "8192,32768").split(",") if t]
+
+
+@pytest.mark.parametrize("n_tokens", LONG)
+def test_long_prompt_switch_arms_agree(tmp_path_factory, n_tokens):
+    """A `strata` pack of 2 layers (512 experts, top-10, a shared expert): every switch
+    combination gives the bytes of the default arm."""
+    from strata.make_pack import make_pack
+    from strata.pack import Pack
+
+    path = tmp_path_factory.getbasetemp() / "strata-2.gguf"
+    if not path.exists():
+        make_pack(path, "strata", layers=2, expert_type="IQ2_XS", progress=False)
+    pack = Pack.open(path)
+    ids = prompt(pack, n_tokens, seed=n_tokens)
+    base = None
+    for gg, qg in SWITCHES:
+        eng = _engine(pack, gg, qg)
+        got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"long{gg}{qg}"), greedy=2,
+                         layer_dumps=False)
+        if base is None:
+            base = got
+        else:
+            assert_same_run(base, got, pack, f"strata T={n_tokens} group_gather={gg} quant_gather={qg}")
+        del eng
