@@ -61,6 +61,9 @@ class FastEngine:
     def embed(self, ids: np.ndarray):
         return self.be.embed(ids)
 
+    def to_host(self, x) -> np.ndarray:
+        return self.be.download(x)
+
     def last_logits(self, x) -> np.ndarray:
         """Logits of the chunk's last position, on the host."""
         return self.head(self.be.last_row(x))[0]

@@ -47,6 +47,10 @@ class ReferenceEngine:
         x = attention_half(self, layer, x, positions)
         return moe_half(self, layer, x, dump)
 
+    @staticmethod
+    def to_host(x: np.ndarray) -> np.ndarray:
+        return x
+
     def last_logits(self, x: np.ndarray) -> np.ndarray:
         return self.head(x[-1:])[0]
 

@@ -3,7 +3,7 @@ greedy continuation, dumps and the progress bar.
 
 An engine (reference or fast) supplies four things: `embed(ids)`, `layer(l, x, positions,
 dump)` (attention half then MoE half; it owns its KV cache), `last_logits(x)` (output norm and
-lm_head on the chunk's last position: host float32 logits) and `config`. Everything else, including every dump switch, is here,
+lm_head on the chunk's last position: host float32 logits), `to_host(x)` and `config`. Everything else, including every dump switch, is here,
 so the two implementations cannot drift in how a run is cut or recorded.
 """
 from __future__ import annotations
@@ -110,10 +110,11 @@ class Session:
                 if self.layer_dump is not None:
                     keep = positions % dumps.RESIDUAL_STRIDE == 0
                     self.layer_dump.layer(layer, "resid_pos", positions[keep])
-                    self.layer_dump.layer(layer, "resid", x[keep])
+                    self.layer_dump.layer(layer, "resid", self.engine.to_host(x)[keep])
                 bar.step()
             if self.dump_r:
-                dumps.write_residuals(self.dump_r, positions, x, first_chunk=self._chunks_done == 0)
+                dumps.write_residuals(self.dump_r, positions, self.engine.to_host(x),
+                                      first_chunk=self._chunks_done == 0)
             self._chunks_done += 1
             self.n_past += chunk_ids.size
             if c0 == starts[-1]:
