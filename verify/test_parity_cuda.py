@@ -72,7 +72,7 @@ def test_long_prompt_switch_arms_agree(tmp_path_factory, n_tokens):
     base = None
     for gg, qg in SWITCHES:
         eng = _engine(pack, gg, qg)
-        got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"long{gg}{qg}"), greedy=2,
+        got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"long{gg}{qg}"), greedy=1,
                          layer_dumps=False)
         if base is None:
             base = got
