@@ -29,7 +29,7 @@ if [[ $MODE == bench || $MODE == all ]]; then
       | tee "$LOG/prefill.log" | tail -n 5 >> "$SUMMARY"
   python3 bench/ab.py --pack "$PACK" --a group_gather=0 --b group_gather=1 --tokens "${TOKENS:-2048,8192,32768}" \
       --reps "${REPS:-3}" 2>&1 | tee "$LOG/ab_group.log" | tail -n 5 >> "$SUMMARY"
-  python3 bench/ab.py --pack "$PACK" --a quant_gather=1 --b quant_gather=0 --tokens "${TOKENS:-2048,8192,32768}" \
-      --reps "${REPS:-3}" 2>&1 | tee "$LOG/ab_quant.log" | tail -n 5 >> "$SUMMARY"
+  python3 bench/ab.py --pack "$PACK" --a quant_gather=1 --b quant_gather=0 --tokens "${TOKENS:-2048,8192,32768}" --phases \
+      --reps "${REPS:-3}" 2>&1 | tee "$LOG/ab_quant.log" | tail -n 8 >> "$SUMMARY"
 fi
 echo; echo "==== summary ===="; cat "$SUMMARY"

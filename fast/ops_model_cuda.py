@@ -14,7 +14,7 @@ wrapper                NumPy definition                       fast/kernels/
 rmsnorm                strata.numerics.rmsnorm                rmsnorm.cu
 rope_neox              strata.numerics.rope_neox              rope.cu
 kv_write               strata.attention.KVCache.write         kv_cache.cu
-attend                 strata.attention.attend                attention.cu
+attend                 strata.attention.attend                attention.cu, attention_mma.cu
 top_k                  strata.routing.top_k                   router.cu
 routing_tables         strata.routing.routing_tables          routing_tables.cu
 swiglu                 strata.moe.swiglu                      swiglu.cu
@@ -64,6 +64,7 @@ __all__ = [
     "GATHER_MAX",
     "KEY_BLOCK",
     "ATTEND_HEAD_DIMS",
+    "ATTEND_VARIANTS",
 ]
 
 #: experts one gather_native_group launch takes
@@ -287,14 +288,59 @@ def kv_write(k, v, positions, k_codes, k_scale, v_codes, v_scale, *, stream=None
 
 
 _ATT_TILE = 32  # ATT_WARPS * ATT_QPW in attention.cu
+_MMA_TILE = 64  # MMA_TILE in attention_mma.cu
+_SPLIT_WARPS = 8  # SPL_WARPS in attention_mma.cu
+
+#: attention kernels, all bit-exact to strata.attention.attend:
+#: "dp4a"  attention.cu: one CTA per (32 queries, head), dp4a, key blocks in sequence (the port);
+#: "mma"   attention_mma.cu: one CTA per (64 queries, head), int8 tensor cores (hd 64, 128);
+#: "split" attention_mma.cu: split-K over key blocks in three launches (scores and block maxima,
+#:         per-block P.V, the ordered merge), for few queries (decode);
+#: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else mma (dp4a where mma has no instance).
+ATTEND_VARIANTS = ("dp4a", "mma", "split", "auto")
+#: the variant attend() runs when none is asked for
+ATTEND_VARIANT = "dp4a"
+#: the most queries "auto" sends to the split-K kernels
+ATTEND_SPLIT_MAX_T = 4
+#: head sizes the mma variant is instantiated for
+ATTEND_MMA_HEAD_DIMS = (64, 128)
+
+# split-K scratch, grown on demand; kernels on one stream use it in turn
+_split_scratch: dict = {"buf": None, "nbytes": 0}
 
 
-def attend(q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, stream=None):
+def _split_buffer(nbytes: int):
+    if _split_scratch["nbytes"] < nbytes:
+        _split_scratch["buf"] = None
+        runtime.synchronize()  # an earlier launch may still read the old buffer
+        n = max(int(nbytes), 2 * int(_split_scratch["nbytes"]))
+        _split_scratch["buf"] = _gpuarray().empty((n,), np.uint8)
+        _split_scratch["nbytes"] = n
+    return _split_scratch["buf"]
+
+
+def _attend_variant(variant, T: int, hd: int) -> str:
+    v = ATTEND_VARIANT if variant is None else variant
+    if v not in ATTEND_VARIANTS:
+        raise InputError(f"attend: unknown variant {v!r} (one of {ATTEND_VARIANTS})")
+    if v == "auto":
+        if T <= ATTEND_SPLIT_MAX_T:
+            return "split"
+        return "mma" if hd in ATTEND_MMA_HEAD_DIMS else "dp4a"
+    if v == "mma" and hd not in ATTEND_MMA_HEAD_DIMS:
+        raise InputError(f"attend: the mma variant is built for head_dim in {ATTEND_MMA_HEAD_DIMS}, got {hd}")
+    return v
+
+
+def attend(q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, stream=None, variant=None,
+           max_pos=None):
     """Causal attention (strata.attention.attend) of q float32 [T, n_head, hd] (after norm and
     RoPE) at absolute positions (int32 GPUArray [T], or a host int array: checked and uploaded)
     over one layer's cache (see :func:`kv_write`; keys 0..position of each query must be
     written, and position < cap). GQA: head h reads KV head h // (n_head // n_kv).
-    hd in (64, 128, 256). Returns out, float32 [T, n_head, hd]."""
+    hd in (64, 128, 256). ``variant`` picks the kernel (:data:`ATTEND_VARIANTS`; None =
+    :data:`ATTEND_VARIANT`); ``max_pos`` (the largest position) sizes the split-K grid when the
+    positions are a GPUArray (else the capacity does). Returns out, float32 [T, n_head, hd]."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
     _arr(q, "attend q", np.float32, shape=(None, None, hd))
     T, H = int(q.shape[0]), int(q.shape[1])
@@ -306,17 +352,47 @@ def attend(q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, stream
         p = np.asarray(positions)
         if p.size and (p.min() < 0 or p.max() >= cap):
             raise InputError(f"attend: positions outside the cache capacity {cap}")
+        if p.size:
+            max_pos = int(p.max())
     pos = _upload_i32(positions, "attend positions")
     if tuple(pos.shape) != (T,):
         raise InputError(f"attend: {tuple(pos.shape)} positions for {T} tokens")
     out = _out(out, "attend out", (T, H, hd), np.float32)
     if T == 0 or H == 0:
         return out
-    f = _func("attention", f"attend_hd{hd}", "PqPiiPPPPifPq")
-    grid = (-(-T // _ATT_TILE), H, 1)
-    f.prepared_async_call(grid, (256, 1, 1), stream, _ptr(q), H * hd, _ptr(pos), T, H // n_kv,
-                          _ptr(k_codes), _ptr(k_scale), _ptr(v_codes), _ptr(v_scale), cap,
-                          np.float32(_attention.kq_scale(hd)), _ptr(out), H * hd)
+    v = _attend_variant(variant, T, hd)
+    kq = np.float32(_attention.kq_scale(hd))
+    if v == "dp4a":
+        f = _func("attention", f"attend_hd{hd}", "PqPiiPPPPifPq")
+        grid = (-(-T // _ATT_TILE), H, 1)
+        f.prepared_async_call(grid, (256, 1, 1), stream, _ptr(q), H * hd, _ptr(pos), T, H // n_kv,
+                              _ptr(k_codes), _ptr(k_scale), _ptr(v_codes), _ptr(v_scale), cap,
+                              kq, _ptr(out), H * hd)
+    elif v == "mma":
+        f = _func("attention_mma", f"attend_mma_hd{hd}", "PqPiiPPPPifPq")
+        grid = (-(-T // _MMA_TILE), H, 1)
+        f.prepared_async_call(grid, (32 * (_MMA_TILE // 16), 1, 1), stream, _ptr(q), H * hd, _ptr(pos), T,
+                              H // n_kv, _ptr(k_codes), _ptr(k_scale), _ptr(v_codes), _ptr(v_scale), cap,
+                              kq, _ptr(out), H * hd)
+    else:  # split
+        top = cap - 1 if max_pos is None else min(int(max_pos), cap - 1)
+        nblk = top // KEY_BLOCK + 1
+        U = T * H
+        sizes = (U * nblk * KEY_BLOCK, U * nblk, U * nblk * hd, U * nblk, U * nblk)  # S MC OB LS AL
+        buf = _split_buffer(4 * sum(sizes))
+        base = _ptr(buf)
+        offs = np.concatenate([[0], np.cumsum(sizes)[:-1]]) * 4
+        S, MC, OB, LS, AL = (base + int(o) for o in offs)
+        f1 = _func("attention_mma", f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
+        f1.prepared_async_call((nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), stream, _ptr(q), H * hd, _ptr(pos),
+                               T, H, H // n_kv, _ptr(k_codes), _ptr(k_scale), cap, kq, nblk, S, MC)
+        f2 = _func("attention_mma", f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPP")
+        f2.prepared_async_call((nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), stream, _ptr(pos), T, H, H // n_kv,
+                               _ptr(v_codes), _ptr(v_scale), cap, nblk, S, MC, OB, LS, AL)
+        f3 = _func("attention_mma", f"attend_split_merge_hd{hd}", "PiiPPPPq")
+        f3.prepared_async_call((T, H, 1), (hd, 1, 1), stream, _ptr(pos), H, nblk, OB, LS, AL, _ptr(out),
+                               H * hd)
+        counters["launches"] += 2
     _count("attention")
     return out
 
@@ -380,13 +456,13 @@ class DeviceKVCache:
             self.ensure(int(p.max()) + 1)
         kv_write(k, v, p if positions_dev is None else positions_dev, *self.layer(layer), stream=stream)
 
-    def attend(self, layer: int, q, positions, *, positions_dev=None, out=None, stream=None):
+    def attend(self, layer: int, q, positions, *, positions_dev=None, out=None, stream=None, variant=None):
         """Causal attention of q float32 [T, n_head, hd] at positions (host int array)."""
         p = np.asarray(positions)
         if p.size and int(p.max()) >= self.capacity:
             raise InputError(f"attend: position {int(p.max())} past the cache capacity {self.capacity}")
         return attend(q, p if positions_dev is None else positions_dev, *self.layer(layer), out=out,
-                      stream=stream)
+                      stream=stream, variant=variant, max_pos=int(p.max()) if p.size else None)
 
 
 # --------------------------------------------------------------------------- routing

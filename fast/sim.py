@@ -70,11 +70,22 @@ class SimBackend:
         self.counters = collections.Counter()
         self._phases = HostPhases(timing_enabled(timing))
 
+    @property
+    def timing(self) -> bool:
+        return self._phases.enabled
+
+    @timing.setter
+    def timing(self, on: bool) -> None:
+        self._phases.enabled = bool(on)
+
     def phase(self, name: str):
         return self._phases.phase(name)
 
     def phase_table(self) -> dict:
-        return self._phases.table()
+        """Seconds per phase since the last call."""
+        table = self._phases.table()
+        self._phases.reset()
+        return table
 
     def _launch(self, kernel: str, n: int = 1) -> None:
         self.counters[kernel] += n

@@ -8,7 +8,8 @@ embed.cu (Q8_0 strata.quants.dequantize), gather_group.cu (strata.moe.group_buff
 
 Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
 probabilities, T=1, positions crossing 64-key blocks, GQA, head_dim 64 and 128, n_embd 256 and
-2560). Outputs are poisoned before each launch and compared whole as bytes; a mismatch reports
+2560). Attention runs every kernel variant (dp4a, mma, split, auto and the default) on each case,
+with long prompts crossing many key blocks and T=1 decode at large positions. Outputs are poisoned before each launch and compared whole as bytes; a mismatch reports
 the first differing element, both values (float and hex) and the count. Without a GPU (or
 PyCUDA) every test skips with one line saying why.
 """
@@ -210,7 +211,17 @@ ATT_CASES = [
     pytest.param(16, 4, 128, np.array([191]), 191, id="T1-decode-end-of-block-hd128"),
     pytest.param(6, 3, 128, np.arange(0, 33), 0, id="gqa2-T33-hd128"),
     pytest.param(4, 1, 64, np.arange(61, 261), 61, id="mqa-T200-hd64"),
+    # many 64-key blocks, the model's geometry (32 heads, 4 KV heads, head_dim 128)
+    pytest.param(32, 4, 128, np.arange(0, 1000), 0, id="prefill-1000-gqa8-hd128"),
+    pytest.param(32, 4, 128, np.arange(1500, 1777), 1500, id="chunk-1500-T277-gqa8-hd128"),
+    pytest.param(32, 4, 128, np.array([4095]), 4095, id="T1-decode-4095-gqa8-hd128"),
+    pytest.param(8, 2, 64, np.array([9000]), 9000, id="T1-decode-9000-hd64"),
+    pytest.param(32, 4, 128, np.array([3000, 3001, 3002]), 3000, id="T3-3000-gqa8-hd128"),
+    pytest.param(8, 1, 128, np.array([700, 5, 64, 1300, 63]), 1301, id="T5-scattered-mqa-hd128"),
 ]
+
+#: every attention kernel (fast.ops_model_cuda.ATTEND_VARIANTS) and the default (None)
+ATT_VARIANTS = ["dp4a", "mma", "split", "auto", None]
 
 
 def _attention_case(rng, n_head, n_kv, hd, positions, start, scale):
@@ -230,19 +241,40 @@ def _attention_case(rng, n_head, n_kv, hd, positions, start, scale):
     return cache, q, k, v
 
 
+_ATT_WANT: dict = {}
+
+
+@pytest.mark.parametrize("variant", ATT_VARIANTS)
 @pytest.mark.parametrize("n_head,n_kv,hd,positions,start", ATT_CASES)
 @pytest.mark.parametrize("scale", [1.0, 8.0])
-def test_attention(ops, n_head, n_kv, hd, positions, start, scale):
-    rng = np.random.default_rng(n_head * 1000 + hd + int(positions[0]) + int(scale))
-    positions = positions.astype(np.int32)
-    cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, scale)
+def test_attention(ops, n_head, n_kv, hd, positions, start, scale, variant):
+    key = (n_head, n_kv, hd, tuple(positions.tolist()), start, scale)
+    if key not in _ATT_WANT:  # the NumPy reference once per case, for every variant
+        _ATT_WANT.clear()
+        rng = np.random.default_rng(n_head * 1000 + hd + int(positions[0]) + int(scale))
+        pos = positions.astype(np.int32)
+        cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, pos, start, scale)
+        _ATT_WANT[key] = (cache, q, pos, attention.attend(cache, 0, q, pos))
+    cache, q, positions, want = _ATT_WANT[key]
+    out = _poisoned(q.shape, F32)
+    ops.attend(_up(q), positions, *_device_cache_from(ops, cache, 0), out=out, variant=variant)
+    assert_same(_get(out), want, f"attention[{variant}] H={n_head} KV={n_kv} hd={hd} T={positions.size}")
+
+
+@pytest.mark.parametrize("variant", ["mma", "split"])
+def test_attention_positions_on_device(ops, variant):
+    """Positions as a GPUArray (no host copy: the split grid spans the capacity)."""
+    rng = np.random.default_rng(5)
+    positions = np.array([200, 201], np.int32)
+    cache, q, _, _ = _attention_case(rng, 8, 2, 128, positions, 200, 4.0)
     want = attention.attend(cache, 0, q, positions)
     out = _poisoned(q.shape, F32)
-    ops.attend(_up(q), positions, *_device_cache_from(ops, cache, 0), out=out)
-    assert_same(_get(out), want, f"attention H={n_head} KV={n_kv} hd={hd} T={positions.size}")
+    ops.attend(_up(q), _up(positions), *_device_cache_from(ops, cache, 0), out=out, variant=variant)
+    assert_same(_get(out), want, f"attention[{variant}] device positions")
 
 
-def test_attention_chunks_device_cache(ops):
+@pytest.mark.parametrize("variant", ATT_VARIANTS)
+def test_attention_chunks_device_cache(ops, variant):
     """Two chunks and a decode step through the device cache (kv_write + attend) against the
     NumPy cache: the cache bytes and every output."""
     rng = np.random.default_rng(77)
@@ -258,8 +290,8 @@ def test_attention_chunks_device_cache(ops):
             dev.write(layer, chunk, _up(k), _up(v))
             want = attention.attend(ref, layer, q, chunk)
             out = _poisoned(q.shape, F32)
-            dev.attend(layer, _up(q), chunk, out=out)
-            assert_same(_get(out), want, f"attention chunk {chunk[0]}.. layer {layer}")
+            dev.attend(layer, _up(q), chunk, out=out, variant=variant)
+            assert_same(_get(out), want, f"attention[{variant}] chunk {chunk[0]}.. layer {layer}")
     cap = dev.capacity
     for layer in range(n_layer):
         for name in ("k_codes", "k_scale", "v_codes", "v_scale"):

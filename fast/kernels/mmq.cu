@@ -74,6 +74,14 @@
 #define MMQ_OVERLAP 1
 #endif
 static_assert(!MMQ_OVERLAP || MMQ_STAGES >= 3, "MMQ_OVERLAP needs MMQ_STAGES >= 3");
+// MMQ_V2=1: the restructured kernel body (mmq_body2, below): same bits, faster.
+#ifndef MMQ_V2
+#define MMQ_V2 0
+#endif
+// CTAs per SM asked of the compiler (__launch_bounds__ min blocks): caps registers per thread.
+#ifndef MMQ_MINB
+#define MMQ_MINB 1
+#endif
 #define MMQ_DBUF (MMQ_OVERLAP ? 2 : 1)
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
 #define MMQ_BM (16 * MMQ_WM)
@@ -590,12 +598,325 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
     }
 }
 
+// ------------------------------------------------------------------ version 2 (MMQ_V2=1)
+// Same tiling, staging ring, decode and epilogues (so the same bits), restructured for issue
+// rate and latency:
+// - the products of one chunk run in a branch-free unrolled body, templated on the warp's
+//   number of n8 tile pairs (P) and on whether the chunk holds all 4 blocks: every ldmatrix
+//   of a 32-block is issued up front, and pair p+1's mma is issued before pair p's epilogue,
+//   so tensor, shared-memory and FP32 latencies overlap within a warp. A warp whose last pair
+//   is half outside the tile multiplies stale shared rows there and never stores them;
+// - activation staging is one linear copy (the chunk's rows are contiguous in the q8_1
+//   buffer and the shared row stride is the global one); weight staging uses per-thread piece
+//   offsets fixed for the whole launch;
+// - MMQ_MINB CTAs per SM in __launch_bounds__ (registers <= 64K / (MMQ_NT * MMQ_MINB)).
+
+template <int QT, int P, bool FULL>
+__device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wdec_s, const float* wsc,
+                                           const float* asc, uint32_t act_s, int jlim, uint32_t a_off,
+                                           int lane, int wn, int rA, int rB) {
+    constexpr int NBLK = 4, BM = MMQ_BM, BN = MMQ_BN, WN = MMQ_WN, ASTR = 144;
+    constexpr int NAUX = Tr<QT>::NAUX;
+    constexpr bool SPL = (QT == QT_IQ2_XS || QT == QT_Q2_K);
+    const int t4 = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NBLK; ++j) {
+        if (!FULL && j >= jlim) break;
+        uint32_t a[4];
+        ldsm_x4(a, wdec_s + a_off + j * 32);
+        const int acode = 16 + j * 32 + ((lane >> 3) & 1) * 16;
+        // pair s2's B rows: tiles i0 = wn + 2*WN*s2 (lanes 0-15) and i0 + WN (lanes 16-31)
+        const uint32_t bbase = act_s + (((lane >> 4) ? WN : 0) + wn) * 8 * ASTR + (lane & 7) * ASTR + acode;
+        uint32_t b[P][4];
+        ldsm_x4(b[0], bbase);
+        if (P > 1) ldsm_x4(b[P > 1 ? 1 : 0], bbase + 2 * WN * 8 * ASTR);
+        const float dwA = wsc[j * BM + rA], dwB = wsc[j * BM + rB];
+        float xA[NAUX > 0 ? NAUX : 1], xB[NAUX > 0 ? NAUX : 1];
+#pragma unroll
+        for (int x = 0; x < NAUX; ++x) {
+            xA[x] = wsc[((1 + x) * NBLK + j) * BM + rA];
+            xB[x] = wsc[((1 + x) * NBLK + j) * BM + rB];
+        }
+        // d[s2 & 1]: the two tiles of pair s2 (split types: both halves)
+        int d[2][SPL ? 4 : 2][4];
+        auto issue_mma = [&](int s2, int (&dd)[SPL ? 4 : 2][4]) {
+            if constexpr (SPL) {
+                mma_k16(dd[0], a[0], a[1], b[s2][0]);
+                mma_k16(dd[1], a[2], a[3], b[s2][1]);
+                mma_k16(dd[2], a[0], a[1], b[s2][2]);
+                mma_k16(dd[3], a[2], a[3], b[s2][3]);
+            } else {
+                mma_k32(dd[0], a, b[s2][0], b[s2][1]);
+                mma_k32(dd[1], a, b[s2][2], b[s2][3]);
+            }
+        };
+        issue_mma(0, d[0]);
+#pragma unroll
+        for (int s2 = 0; s2 < P; ++s2) {
+            if (s2 + 1 < P) issue_mma(s2 + 1, d[(s2 + 1) & 1]);
+            if (s2 + 2 < P) ldsm_x4(b[s2 + 2 < P ? s2 + 2 : 0], bbase + (s2 + 2) * 2 * WN * 8 * ASTR);
+            const int i0 = wn + WN * (2 * s2), i1 = i0 + WN;
+            const int c0 = i0 * 8 + 2 * t4, c1 = i1 * 8 + 2 * t4;
+            const float2 da0 = *reinterpret_cast<const float2*>(asc + j * BN + c0);
+            const float2 da1 = *reinterpret_cast<const float2*>(asc + j * BN + c1);
+            if constexpr (SPL) {
+                epi_split<QT>(acc[2 * s2], d[s2 & 1][0], d[s2 & 1][1], dwA, dwB, xA, xB, da0, asc, j, c0);
+                epi_split<QT>(acc[2 * s2 + 1], d[s2 & 1][2], d[s2 & 1][3], dwA, dwB, xA, xB, da1, asc, j, c1);
+            } else {
+                epi_one<QT>(acc[2 * s2], d[s2 & 1][0], dwA, dwB, xA, xB, da0, asc, j, c0);
+                epi_one<QT>(acc[2 * s2 + 1], d[s2 & 1][1], dwA, dwB, xA, xB, da1, asc, j, c1);
+            }
+        }
+    }
+}
+
+template <int QT, int P>
+__device__ __forceinline__ void mmq2_chunk_any(float (&acc)[MMQ_NT8][4], uint32_t wdec_s, const float* wsc,
+                                               const float* asc, uint32_t act_s, int jlim, uint32_t a_off,
+                                               int lane, int wn, int rA, int rB) {
+    if (jlim >= 4)
+        mmq2_chunk<QT, P, true>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+    else
+        mmq2_chunk<QT, P, false>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+}
+
+// Dispatch on the warp's pair count (1 .. NT8/2; 0: nothing to do).
+template <int QT, int P>
+__device__ __forceinline__ void mmq2_dispatch(int np, float (&acc)[MMQ_NT8][4], uint32_t wdec_s,
+                                              const float* wsc, const float* asc, uint32_t act_s, int jlim,
+                                              uint32_t a_off, int lane, int wn, int rA, int rB) {
+    if constexpr (P >= 1) {
+        if (np == P)
+            mmq2_chunk_any<QT, P>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+        else
+            mmq2_dispatch<QT, P - 1>(np, acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+    }
+}
+
+template <int QT>
+__device__ __forceinline__ void mmq_body2(const uint8_t* __restrict__ W, long long w_stride, int N, int K,
+                                          const uint8_t* __restrict__ A, int R_total,
+                                          const int* __restrict__ bounds, int n_exp,
+                                          float* __restrict__ out, long long ldo,
+                                          const uint8_t* __restrict__ tabg, int tile_rows) {
+    using G = Geo<QT>;
+    constexpr int NBLK = G::NBLK, CB = G::CB, PMAX = G::PMAX, RAWB = G::RAWB, ASTR = G::ASTR, WSTR = G::WSTR;
+    constexpr int STAGES = MMQ_STAGES;
+    constexpr int NAUX = Tr<QT>::NAUX, LAY = Tr<QT>::LAY;
+    constexpr int BM = MMQ_BM, BN = MMQ_BN, NT = MMQ_NT, NT8 = MMQ_NT8, WN = MMQ_WN, WM = MMQ_WM;
+    constexpr int WP = (BM * PMAX + NT - 1) / NT;  // weight pieces per thread per chunk
+    static_assert(MMQ_OVERLAP, "MMQ_V2 needs MMQ_OVERLAP");
+
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int s_pre[MMQ_MAX_EXP + 1], s_beg[MMQ_MAX_EXP], s_end[MMQ_MAX_EXP], s_rpt[MMQ_MAX_EXP],
+        s_nrt[MMQ_MAX_EXP];
+
+    uint8_t* tab = smem;
+    uint8_t* raw = smem + G::OFF_RAW;
+    uint8_t* act = smem + G::OFF_ACT;
+    uint8_t* wdec0 = smem + G::OFF_WDEC;
+    float* wsc0 = reinterpret_cast<float*>(smem + G::OFF_WSC);
+    float* asc0 = reinterpret_cast<float*>(smem + G::OFF_ASC);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WM, wn = warp / WM;
+    const int t4 = lane & 3;
+    const int NTm = (N + BM - 1) / BM;
+    const int nb = K / 32;
+    const int nch = (K + 127) / 128;
+    const int row_bytes = (K / Tr<QT>::VPB) * Tr<QT>::BS;
+    if (n_exp > MMQ_MAX_EXP) n_exp = MMQ_MAX_EXP;
+
+    if (tid < MMQ_MAX_EXP) {
+        int b = 0, e = 0;
+        if (tid < n_exp) {
+            b = bounds[2 * tid];
+            e = bounds[2 * tid + 1];
+        }
+        const int rows = e > b ? e - b : 0;
+        const int nrt = (rows + tile_rows - 1) / tile_rows;
+        const int rpt = nrt ? (((rows + nrt - 1) / nrt + 7) & ~7) : 0;
+        s_beg[tid] = b;
+        s_end[tid] = b + rows;
+        s_nrt[tid] = nrt;
+        s_rpt[tid] = rpt;
+    }
+    if constexpr (Tr<QT>::TAB) {
+        for (int i = tid; i < TAB_BYTES / 16; i += NT)
+            reinterpret_cast<uint4*>(tab)[i] = reinterpret_cast<const uint4*>(tabg)[i];
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int acc = 0;
+        for (int q = 0; q < MMQ_MAX_EXP; ++q) {
+            s_pre[q] = acc;
+            acc += s_nrt[q] * NTm;
+        }
+        s_pre[MMQ_MAX_EXP] = acc;
+    }
+    __syncthreads();
+    const int total = s_pre[MMQ_MAX_EXP];
+
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int q = 0;
+        while (q + 1 < MMQ_MAX_EXP && s_pre[q + 1] <= tile) ++q;
+        const int local = tile - s_pre[q];
+        const int rt = local / NTm, nt = local - rt * NTm;
+        const int rbase = s_beg[q] + rt * s_rpt[q];
+        const int rend = min(rbase + s_rpt[q], s_end[q]);
+        const int nvalid = rend - rbase;
+        const int n0 = nt * BM;
+        const int nrow_ok = min(BM, N - n0);  // weight rows of this tile
+        const uint8_t* wtile = W + (long long)q * w_stride + (long long)n0 * row_bytes;
+        const uint8_t* atile = A + (long long)rbase * 144;
+        const long long achunk = (long long)R_total * 144;
+
+        auto issue = [&](int kc) {
+            if (kc < nch) {
+                const int slot = kc % STAGES;
+                const int coff = (Tr<QT>::VPB == 32) ? kc * CB : (kc >> 1) * CB;
+                const int cbytes = (Tr<QT>::VPB == 32) ? min(CB, row_bytes - kc * CB) : CB;
+                const uint32_t rawb = smem_u32(raw + slot * (BM * RAWB));
+                const uint8_t* wc = wtile + coff;
+#pragma unroll
+                for (int m = 0; m < WP; ++m) {
+                    const int idx = tid + m * NT;
+                    const int i = idx / PMAX, pc = idx - i * PMAX;  // row, 16-byte piece
+                    if ((BM * PMAX % NT == 0 || idx < BM * PMAX) && i < nrow_ok) {
+                        const uint8_t* p = wc + i * row_bytes;
+                        const int o = (int)((uintptr_t)p & 15);
+                        if (pc * 16 < o + cbytes) cp_async16(rawb + i * RAWB + pc * 16, p - o + pc * 16);
+                    }
+                }
+                const uint32_t actb = smem_u32(act + slot * (BN * ASTR));
+                const uint8_t* src = atile + kc * achunk;
+                for (int idx = tid; idx < nvalid * 9; idx += NT) cp_async16(actb + idx * 16, src + idx * 16);
+            }
+            cp_async_commit();
+        };
+
+        auto prep = [&](int kc) {
+            const int slot = kc % STAGES;
+            const int db = kc & 1;
+            uint8_t* wdec = wdec0 + db * G::WDEC_B;
+            float* wsc = wsc0 + db * G::WSC_F;
+            float* asc = asc0 + db * G::ASC_F;
+            const int coff = (Tr<QT>::VPB == 32) ? kc * CB : (kc >> 1) * CB;
+            const int jbase = (Tr<QT>::VPB == 32) ? 0 : (kc & 1) * 4;
+            const int jlim = min(NBLK, nb - kc * NBLK);
+            const uint8_t* rawb = raw + slot * (BM * RAWB);
+            const uint8_t* wc = wtile + coff;
+#pragma unroll
+            for (int u0 = 0; u0 < BM * NBLK; u0 += NT) {
+                const int u = u0 + tid;
+                if (BM * NBLK % NT != 0 && u >= BM * NBLK) break;
+                const int i = u % BM, j = u / BM;
+                if (i >= nrow_ok || j >= jlim) continue;
+                const int o = (int)((uintptr_t)(wc + i * row_bytes) & 15);
+                uint32_t c[8];
+                float dw, aux[5];
+                decode_unit<QT>(rawb + i * RAWB, o, jbase + j, tab, c, dw, aux);
+                uint4* dst = reinterpret_cast<uint4*>(wdec + i * WSTR + j * 32);
+                dst[0] = make_uint4(c[0], c[1], c[2], c[3]);
+                dst[1] = make_uint4(c[4], c[5], c[6], c[7]);
+                wsc[j * BM + i] = dw;
+#pragma unroll
+                for (int a = 0; a < NAUX; ++a) wsc[((1 + a) * NBLK + j) * BM + i] = aux[a];
+            }
+            const uint8_t* actb = act + slot * (BN * ASTR);
+#pragma unroll
+            for (int u0 = 0; u0 < BN * NBLK; u0 += NT) {
+                const int u = u0 + tid;
+                if (BN * NBLK % NT != 0 && u >= BN * NBLK) break;
+                const int r = u % BN, j = u / BN;
+                if (r >= nvalid) continue;
+                const uint8_t* hb = actb + r * ASTR;
+                if constexpr (LAY == 0) {
+                    asc[j * BN + r] = *reinterpret_cast<const float*>(hb + 4 * j);
+                } else if constexpr (LAY == 1) {
+                    asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j));
+                    asc[(NBLK + j) * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j + 2));
+                } else {
+                    asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 2 * (j >> 1)));
+                    const uint4* cw = reinterpret_cast<const uint4*>(hb + 16 + 32 * j);
+                    const uint4 x0 = cw[0], x1 = cw[1];
+                    int s0 = 0, s1 = 0;
+                    s0 = __dp4a((int)x0.x, 0x01010101, s0);
+                    s0 = __dp4a((int)x0.y, 0x01010101, s0);
+                    s0 = __dp4a((int)x0.z, 0x01010101, s0);
+                    s0 = __dp4a((int)x0.w, 0x01010101, s0);
+                    s1 = __dp4a((int)x1.x, 0x01010101, s1);
+                    s1 = __dp4a((int)x1.y, 0x01010101, s1);
+                    s1 = __dp4a((int)x1.z, 0x01010101, s1);
+                    s1 = __dp4a((int)x1.w, 0x01010101, s1);
+                    asc[(NBLK + j) * BN + r] = (float)s0;
+                    asc[(2 * NBLK + j) * BN + r] = (float)s1;
+                }
+            }
+        };
+
+        float acc[NT8][4];
+#pragma unroll
+        for (int s = 0; s < NT8; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
+
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) issue(s);
+        cp_async_wait<STAGES - 2>();  // chunks 0 and 1
+        __syncthreads();
+        prep(0);
+        __syncthreads();
+
+        const uint32_t a_off = (uint32_t)((wm * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * WSTR + (lane >> 4) * 16);
+        const int rA = wm * 16 + (lane >> 2), rB = rA + 8;
+        // this warp's n8 tiles: wn, wn + WN, ... below ceil(nvalid / 8); pairs of them
+        const int nt8 = (nvalid + 7) >> 3;
+        const int mine = nt8 > wn ? (nt8 - wn + WN - 1) / WN : 0;
+        const int np = (mine + 1) >> 1;
+        const bool active = (n0 + wm * 16) < N;  // a warp whose 16 weight rows are all past N idles
+
+        for (int kc = 0; kc < nch; ++kc) {
+            if (kc + 1 < nch) prep(kc + 1);
+            const int db = kc & 1;
+            if (active)
+                mmq2_dispatch<QT, NT8 / 2>(np, acc, smem_u32(wdec0 + db * G::WDEC_B), wsc0 + db * G::WSC_F,
+                                           asc0 + db * G::ASC_F, smem_u32(act + (kc % STAGES) * (BN * ASTR)),
+                                           nb - kc * NBLK, a_off, lane, wn, rA, rB);
+            if (kc + 1 < nch) {
+                cp_async_wait<STAGES - 3>();
+                __syncthreads();
+                issue(kc + STAGES);
+            }
+        }
+
+        const int nA = n0 + rA, nB = n0 + rB;
+#pragma unroll
+        for (int s = 0; s < NT8; ++s) {
+            const int i = wn + WN * s;
+            const int r0 = rbase + i * 8 + 2 * t4;
+            if (r0 < rend) {
+                float* o = out + (long long)r0 * ldo;
+                if (nA < N) o[nA] = acc[s][0];
+                if (nB < N) o[nB] = acc[s][2];
+            }
+            if (r0 + 1 < rend) {
+                float* o = out + (long long)(r0 + 1) * ldo;
+                if (nA < N) o[nA] = acc[s][1];
+                if (nB < N) o[nB] = acc[s][3];
+            }
+        }
+        __syncthreads();
+    }
+}
+
 #define MMQ_ENTRY(NAME, QT)                                                                              \
-    extern "C" __global__ void __launch_bounds__(MMQ_NT, 1)                                             \
+    extern "C" __global__ void __launch_bounds__(MMQ_NT, MMQ_MINB)                                      \
         NAME(const uint8_t* __restrict__ W, long long w_stride, int N, int K,                          \
              const uint8_t* __restrict__ A, int R_total, const int* __restrict__ bounds, int n_exp,     \
              float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows) { \
-        mmq_body<QT>(W, w_stride, N, K, A, R_total, bounds, n_exp, out, ldo, tab, tile_rows);           \
+        if constexpr (MMQ_V2)                                                                            \
+            mmq_body2<QT>(W, w_stride, N, K, A, R_total, bounds, n_exp, out, ldo, tab, tile_rows);      \
+        else                                                                                             \
+            mmq_body<QT>(W, w_stride, N, K, A, R_total, bounds, n_exp, out, ldo, tab, tile_rows);       \
     }                                                                                                    \
     extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
 
