@@ -11,6 +11,9 @@ Output buffers are poisoned before each launch and compared whole, as uint8. Wit
 """
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
@@ -153,6 +156,12 @@ def test_quantize_gather_scatter(cu, layout, T, K, E, k):
 # ---------------------------------------------------------------- mmq
 
 
+# MMQ tile configurations every mmq case runs (the reference computed once): the default
+# (None) and the kernel variants; more from STRATA_MMQ_TEST_CONFIGS (JSON objects, ";"-separated).
+_CONFIGS = [None, {"MMQ_V2": 0}, {"MMQ_V2": 1, "MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2}] + [
+    json.loads(c) for c in os.environ.get("STRATA_MMQ_TEST_CONFIGS", "").split(";") if c.strip()]
+
+
 def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
     f = {k: (v[r0:r1] if isinstance(v, np.ndarray) else v) for k, v in vars(act).items()}
     return q8_1.Q8Rows(**f)
@@ -198,12 +207,15 @@ def _mmq_case(cu, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128
     wd = _dev(cu, wbuf)
     ad = _dev(cu, abuf)
     bd = _dev(cu, np.array(bounds, np.int32).reshape(-1))
-    for tr in tile_rows:
-        out = _poisoned(cu, R_total * N * 4)
-        ops_cuda.mmq_group(qt, wd, stride, N, K, ad, R_total, bd, n_exp, out, tile_rows=tr)
-        got = _get(cu, out, R_total * N * 4)
-        assert np.array_equal(got, want), (
-            f"{qt.name} N={N} K={K} rows={rows} tile_rows={tr}: " + _f32_report(got, want, N))
+    for cfg in _CONFIGS:
+        bn = ops_cuda.mmq_geometry(cfg)["BN"]
+        for tr in sorted({min(t, bn) for t in tile_rows}, reverse=True):
+            out = _poisoned(cu, R_total * N * 4)
+            ops_cuda.mmq_group(qt, wd, stride, N, K, ad, R_total, bd, n_exp, out, tile_rows=tr, config=cfg)
+            got = _get(cu, out, R_total * N * 4)
+            assert np.array_equal(got, want), (
+                f"{qt.name} N={N} K={K} rows={rows} tile_rows={tr} config={cfg}: "
+                + _f32_report(got, want, N))
 
 
 @pytest.mark.parametrize("tname", TYPES)
