@@ -17,6 +17,7 @@ from strata import attention, mmq, numerics, q8_1, quants
 from strata.moe import combine, group_buffers, swiglu
 from strata.routing import routing_tables, top_k
 
+from fast.backend_base import BackendBase
 from fast.phases import HostPhases, timing_enabled
 
 F32 = np.float32
@@ -63,7 +64,7 @@ class GroupBufs:
     d_bytes: int
 
 
-class SimBackend:
+class SimBackend(BackendBase):
     name = "sim"
 
     def __init__(self, timing=None):
@@ -97,7 +98,6 @@ class SimBackend:
         cfg = pack.config
         self.config = cfg
         self.kv = attention.KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
-        self._rope = None
         self._weights: dict = {}
         # the expert cache: every expert resident, one blob [gate | up | down] a slot
         self._slots = {}
@@ -135,14 +135,6 @@ class SimBackend:
 
     # ---- buffers ------------------------------------------------------------------------
     @staticmethod
-    def view(a, shape):
-        return a.reshape(shape)
-
-    @staticmethod
-    def shape(a):
-        return a.shape
-
-    @staticmethod
     def download(a):
         return np.array(a.data if isinstance(a, Q8Buf) else a, copy=True)
 
@@ -178,14 +170,12 @@ class SimBackend:
         rows = self._decode(act, 0, act.n_rows, q8_1.layout_for(w.qtype))
         return mmq.mmq(w.qtype, w.data, rows)
 
+    def _make_rope(self, n_pos: int):
+        return numerics.rope_table(n_pos, self.config.head_dim, self.config.rope_base)
+
     def rope(self, x, positions):
         self._launch("rope")
-        need = int(positions.max()) + 1
-        have = 0 if self._rope is None else self._rope[0].shape[0]
-        if have < need:
-            cfg = self.config
-            self._rope = numerics.rope_table(max(need, 2 * have, 256), cfg.head_dim, cfg.rope_base)
-        return numerics.rope_neox(x, positions, *self._rope)
+        return numerics.rope_neox(x, positions, *self.rope_table(int(positions.max()) + 1))
 
     def kv_write(self, layer, positions, k, v):
         self._launch("kv_write")
@@ -259,10 +249,6 @@ class SimBackend:
     @staticmethod
     def group_bounds(bounds_list):
         return bounds_list
-
-    @staticmethod
-    def last_row(x):
-        return x[-1:]
 
     def mmq_group_gate_up(self, layer, bufs: GroupBufs, grp, bounds, act, n_rows, gate, up):
         n_exp = len(grp.experts)

@@ -15,6 +15,7 @@ import numpy as np
 from strata import q8_1, quants
 
 from fast import ops_cuda, ops_model_cuda as ops
+from fast.backend_base import BackendBase
 from fast.cuda import runtime
 from fast.phases import timing_enabled
 
@@ -52,7 +53,7 @@ class DevGroup:
     d_bytes: int
 
 
-class CudaBackend:
+class CudaBackend(BackendBase):
     name = "cuda"
 
     def __init__(self, timing=None):
@@ -102,7 +103,6 @@ class CudaBackend:
         self.pack = pack
         cfg = self.config = pack.config
         self.kv = ops.DeviceKVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
-        self._rope = None
         self._slots = []
         self._blob = []
         max_gu = max_d = 0
@@ -145,14 +145,6 @@ class CudaBackend:
 
     # ---- buffers ---------------------------------------------------------------------
     @staticmethod
-    def view(a, shape):
-        return a.reshape(shape)
-
-    @staticmethod
-    def shape(a):
-        return a.shape
-
-    @staticmethod
     def download(a):
         return (a.buf if isinstance(a, Q8Dev) else a).get()
 
@@ -190,13 +182,11 @@ class CudaBackend:
         ops_cuda.mmq_dense(w.qtype, w.data, w.n_rows, w.n_cols, act.buf, act.n_rows, out)
         return out
 
+    def _make_rope(self, n_pos: int):
+        return ops.rope_table(n_pos, self.config.head_dim, self.config.rope_base)
+
     def rope(self, x, positions):
-        need = int(positions.max()) + 1
-        have = 0 if self._rope is None else int(self._rope[0].shape[0])
-        if have < need:
-            cfg = self.config
-            self._rope = ops.rope_table(max(need, 2 * have, 256), cfg.head_dim, cfg.rope_base)
-        return ops.rope_neox(x, np.asarray(positions, np.int32), *self._rope)
+        return ops.rope_neox(x, np.asarray(positions, np.int32), *self.rope_table(int(positions.max()) + 1))
 
     def kv_write(self, layer, positions, k, v):
         self.kv.write(layer, np.asarray(positions, np.int32), k, v)
@@ -277,10 +267,7 @@ class CudaBackend:
         ops_cuda.mmq_group(d_t, self._d_buf, g.d_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows, bounds,
                            len(grp.experts), y, rows=grp.n_rows)
 
-    @staticmethod
-    def last_row(x):
-        n = int(x.shape[0])
-        return x[n - 1:n]
+
 
     def swiglu_rows(self, gate, up, r0, r1):
         return ops.swiglu(gate, up, r0=r0, r1=r1)
