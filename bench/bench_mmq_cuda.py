@@ -265,9 +265,30 @@ def bench(args):
         with open(os.path.join(args.out, "bench_mmq_cuda.json"), "w") as f:
             json.dump(results, f, indent=1, default=str)
 
-    # table: best tile_rows/config per case
+    # table: best tile_rows per case and config, then best over configs
     log("")
     log(f"int8 mma.sync peak: m16n8k32 {peak32:.0f} TOP/s, m16n8k16 {peak['peak_k16']['tops']:.0f} TOP/s")
+    cfgs = []
+    for r in results["mmq"]:
+        c = json.dumps(r["config"], sort_keys=True) if isinstance(r["config"], dict) else str(r["config"])
+        r["cfg_key"] = c
+        if c not in cfgs:
+            cfgs.append(c)
+    if len(cfgs) > 1:
+        log("configs: " + "  ".join(f"[{i}] {c}" for i, c in enumerate(cfgs)))
+        log(f"{'proj':8s}{'type':8s}{'tokens':>7s}" + "".join(f"{'[%d] TOP/s' % i:>12s}{'%pk':>6s}" for i in range(len(cfgs))))
+        by = {}
+        for r in results["mmq"]:
+            k = (r["proj"], r["type"], r["tokens"], r["cfg_key"])
+            if k not in by or r["ms_queued"] < by[k]["ms_queued"]:
+                by[k] = r
+        for k0 in dict.fromkeys((r["proj"], r["type"], r["tokens"]) for r in results["mmq"]):
+            cells = ""
+            for c in cfgs:
+                r = by.get(k0 + (c,))
+                cells += f"{r['tops']:12.1f}{r['pct_peak']:6.1f}" if r else f"{'-':>12s}{'':6s}"
+            log(f"{k0[0]:8s}{k0[1]:8s}{k0[2]:7d}{cells}")
+        log("")
     log(f"{'proj':8s}{'type':8s}{'tokens':>7s}{'ms q':>9s}{'ms p':>9s}{'TOP/s':>8s}{'%pk':>7s}  tile/config")
     best = {}
     for r in results["mmq"]:

@@ -2,9 +2,16 @@
 pycuda GPUArrays, and the RoPE table's growth."""
 from __future__ import annotations
 
+import contextlib
+
 
 class BackendBase:
     _rope = None  # (cos, sin) of the positions covered so far
+
+    @staticmethod
+    def oom_guard(what: str):
+        """Where the device can run out of memory, an error that names `what` (cuda)."""
+        return contextlib.nullcontext()
 
     @staticmethod
     def view(a, shape):

@@ -50,7 +50,8 @@ class FastEngine:
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
         self.group_size = group_size
-        self.be.load(pack)
+        with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk)"):
+            self.be.load(pack)
         self.name = f"fast/{backend.name}"
 
     @property
@@ -76,9 +77,11 @@ class FastEngine:
         return be.download(logits)
 
     def layer(self, layer: int, x, positions: np.ndarray, dump=None):
-        with self.be.phase("attention"):
-            x = self.attention_half(layer, x, positions)
-        return self.moe_half(layer, x, dump)
+        with self.be.oom_guard(f"the buffers of layer {layer} for a chunk of {len(positions)} tokens "
+                               f"(a smaller --prefill chunk needs less)"):
+            with self.be.phase("attention"):
+                x = self.attention_half(layer, x, positions)
+            return self.moe_half(layer, x, dump)
 
     # ---- pieces -----------------------------------------------------------------------
     def _quantize(self, x, w):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata import q8_1, quants
+from strata.errors import DeviceError
 
 from fast import ops_cuda, ops_model_cuda as ops
 from fast.backend_base import BackendBase
@@ -65,6 +66,17 @@ class CudaBackend(BackendBase):
         self._iota_dev = None
         self.timing = timing_enabled(timing)
         self._events: list = []  # (phase, start event, end event), summed by phase_table()
+
+    @contextlib.contextmanager
+    def oom_guard(self, what: str):
+        """Out of device memory inside: a DeviceError naming `what` and the free memory."""
+        import pycuda.driver as cuda
+
+        try:
+            yield
+        except cuda.MemoryError as e:
+            raise DeviceError(f"out of GPU memory: {what} did not fit ({runtime._free_total()}): "
+                              f"{' '.join(str(e).split())}") from e
 
     @contextlib.contextmanager
     def phase(self, name: str):

@@ -627,9 +627,10 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
         const int acode = 16 + j * 32 + ((lane >> 3) & 1) * 16;
         // pair s2's B rows: tiles i0 = wn + 2*WN*s2 (lanes 0-15) and i0 + WN (lanes 16-31)
         const uint32_t bbase = act_s + (((lane >> 4) ? WN : 0) + wn) * 8 * ASTR + (lane & 7) * ASTR + acode;
+        constexpr uint32_t BSTEP = 2 * WN * 8 * ASTR;
         uint32_t b[P][4];
         ldsm_x4(b[0], bbase);
-        if (P > 1) ldsm_x4(b[P > 1 ? 1 : 0], bbase + 2 * WN * 8 * ASTR);
+        if constexpr (P > 1) ldsm_x4(b[1], bbase + BSTEP);
         const float dwA = wsc[j * BM + rA], dwB = wsc[j * BM + rB];
         float xA[NAUX > 0 ? NAUX : 1], xB[NAUX > 0 ? NAUX : 1];
 #pragma unroll
@@ -637,35 +638,30 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
             xA[x] = wsc[((1 + x) * NBLK + j) * BM + rA];
             xB[x] = wsc[((1 + x) * NBLK + j) * BM + rB];
         }
-        // d[s2 & 1]: the two tiles of pair s2 (split types: both halves)
-        int d[2][SPL ? 4 : 2][4];
-        auto issue_mma = [&](int s2, int (&dd)[SPL ? 4 : 2][4]) {
+        // tile t (= n8 tile wn + WN*t, acc[t]) uses b[t / 2] halves (t & 1); its mma results
+        // d[t & 1] are double-buffered: tile t+1's mma is issued before tile t's epilogue
+        constexpr int NM = SPL ? 2 : 1;
+        int d[2][NM][4];
+        auto mma_tile = [&](int t, int (&dd)[NM][4]) {
+            const int h = (t & 1) * 2;
             if constexpr (SPL) {
-                mma_k16(dd[0], a[0], a[1], b[s2][0]);
-                mma_k16(dd[1], a[2], a[3], b[s2][1]);
-                mma_k16(dd[2], a[0], a[1], b[s2][2]);
-                mma_k16(dd[3], a[2], a[3], b[s2][3]);
+                mma_k16(dd[0], a[0], a[1], b[t >> 1][h]);
+                mma_k16(dd[NM - 1], a[2], a[3], b[t >> 1][h + 1]);
             } else {
-                mma_k32(dd[0], a, b[s2][0], b[s2][1]);
-                mma_k32(dd[1], a, b[s2][2], b[s2][3]);
+                mma_k32(dd[0], a, b[t >> 1][h], b[t >> 1][h + 1]);
             }
         };
-        issue_mma(0, d[0]);
+        mma_tile(0, d[0]);
 #pragma unroll
-        for (int s2 = 0; s2 < P; ++s2) {
-            if (s2 + 1 < P) issue_mma(s2 + 1, d[(s2 + 1) & 1]);
-            if (s2 + 2 < P) ldsm_x4(b[s2 + 2 < P ? s2 + 2 : 0], bbase + (s2 + 2) * 2 * WN * 8 * ASTR);
-            const int i0 = wn + WN * (2 * s2), i1 = i0 + WN;
-            const int c0 = i0 * 8 + 2 * t4, c1 = i1 * 8 + 2 * t4;
-            const float2 da0 = *reinterpret_cast<const float2*>(asc + j * BN + c0);
-            const float2 da1 = *reinterpret_cast<const float2*>(asc + j * BN + c1);
-            if constexpr (SPL) {
-                epi_split<QT>(acc[2 * s2], d[s2 & 1][0], d[s2 & 1][1], dwA, dwB, xA, xB, da0, asc, j, c0);
-                epi_split<QT>(acc[2 * s2 + 1], d[s2 & 1][2], d[s2 & 1][3], dwA, dwB, xA, xB, da1, asc, j, c1);
-            } else {
-                epi_one<QT>(acc[2 * s2], d[s2 & 1][0], dwA, dwB, xA, xB, da0, asc, j, c0);
-                epi_one<QT>(acc[2 * s2 + 1], d[s2 & 1][1], dwA, dwB, xA, xB, da1, asc, j, c1);
-            }
+        for (int t = 0; t < 2 * P; ++t) {
+            if (t + 1 < 2 * P) mma_tile(t + 1, d[(t + 1) & 1]);
+            if ((t & 1) && (t >> 1) + 2 < P) ldsm_x4(b[(t >> 1) + 2 < P ? (t >> 1) + 2 : 0], bbase + ((t >> 1) + 2) * BSTEP);
+            const int c = (wn + WN * t) * 8 + 2 * t4;
+            const float2 da = *reinterpret_cast<const float2*>(asc + j * BN + c);
+            if constexpr (SPL)
+                epi_split<QT>(acc[t], d[t & 1][0], d[t & 1][NM - 1], dwA, dwB, xA, xB, da, asc, j, c);
+            else
+                epi_one<QT>(acc[t], d[t & 1][0], dwA, dwB, xA, xB, da, asc, j, c);
         }
     }
 }
