@@ -288,7 +288,6 @@ def kv_write(k, v, positions, k_codes, k_scale, v_codes, v_scale, *, stream=None
 
 
 _ATT_TILE = 32  # ATT_WARPS * ATT_QPW in attention.cu
-_MMA_TILE = 64  # MMA_TILE in attention_mma.cu
 _SPLIT_WARPS = 8  # SPL_WARPS in attention_mma.cu
 
 #: attention kernels, all bit-exact to strata.attention.attend:
@@ -304,6 +303,20 @@ ATTEND_VARIANT = "dp4a"
 ATTEND_SPLIT_MAX_T = 4
 #: head sizes the mma variant is instantiated for
 ATTEND_MMA_HEAD_DIMS = (64, 128)
+#: attention_mma.cu tile configuration: MMA_WARPS (warps of 16 queries per CTA, default 4),
+#: MMA_MINB (__launch_bounds__ minimum CTAs per SM, default 1)
+ATTEND_MMA_CONFIG: dict = {}
+
+
+def _mma_func(name: str, fmt: str):
+    """The prepared kernel `name` of attention_mma.cu under ATTEND_MMA_CONFIG."""
+    key = ("attention_mma", name, tuple(sorted(ATTEND_MMA_CONFIG.items())))
+    f = _funcs.get(key)
+    if f is None:
+        f = runtime.load_module("attention_mma", dict(ATTEND_MMA_CONFIG)).get_function(name)
+        f.prepare(fmt)
+        _funcs[key] = f
+    return f
 
 # split-K scratch, grown on demand; kernels on one stream use it in turn
 _split_scratch: dict = {"buf": None, "nbytes": 0}
@@ -369,9 +382,10 @@ def attend(q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, stream
                               _ptr(k_codes), _ptr(k_scale), _ptr(v_codes), _ptr(v_scale), cap,
                               kq, _ptr(out), H * hd)
     elif v == "mma":
-        f = _func("attention_mma", f"attend_mma_hd{hd}", "PqPiiPPPPifPq")
-        grid = (-(-T // _MMA_TILE), H, 1)
-        f.prepared_async_call(grid, (32 * (_MMA_TILE // 16), 1, 1), stream, _ptr(q), H * hd, _ptr(pos), T,
+        f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPifPq")
+        warps = int(ATTEND_MMA_CONFIG.get("MMA_WARPS", 4))
+        grid = (-(-T // (16 * warps)), H, 1)
+        f.prepared_async_call(grid, (32 * warps, 1, 1), stream, _ptr(q), H * hd, _ptr(pos), T,
                               H // n_kv, _ptr(k_codes), _ptr(k_scale), _ptr(v_codes), _ptr(v_scale), cap,
                               kq, _ptr(out), H * hd)
     else:  # split
@@ -383,13 +397,13 @@ def attend(q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, stream
         base = _ptr(buf)
         offs = np.concatenate([[0], np.cumsum(sizes)[:-1]]) * 4
         S, MC, OB, LS, AL = (base + int(o) for o in offs)
-        f1 = _func("attention_mma", f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
+        f1 = _mma_func(f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
         f1.prepared_async_call((nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), stream, _ptr(q), H * hd, _ptr(pos),
                                T, H, H // n_kv, _ptr(k_codes), _ptr(k_scale), cap, kq, nblk, S, MC)
-        f2 = _func("attention_mma", f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPP")
+        f2 = _mma_func(f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPP")
         f2.prepared_async_call((nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), stream, _ptr(pos), T, H, H // n_kv,
                                _ptr(v_codes), _ptr(v_scale), cap, nblk, S, MC, OB, LS, AL)
-        f3 = _func("attention_mma", f"attend_split_merge_hd{hd}", "PiiPPPPq")
+        f3 = _mma_func(f"attend_split_merge_hd{hd}", "PiiPPPPq")
         f3.prepared_async_call((T, H, 1), (hd, 1, 1), stream, _ptr(pos), H, nblk, OB, LS, AL, _ptr(out),
                                H * hd)
         counters["launches"] += 2

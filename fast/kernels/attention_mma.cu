@@ -1,0 +1,696 @@
+// Causal attention over the int8 KV cache of one layer: tensor-core and split-K variants.
+//
+// Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit, exactly as
+// attention.cu (the reference port, whose header spells the arithmetic out):
+//   Q int8 per 32 values (amax, d_inv = 127/amax, roundf, d = 1/d_inv; non-finite -> 0);
+//   s = 0.0f; for b ascending: s = s + (dq_b * dk_jb) * (float)sumi_b; s = s * kq_scale;
+//   key blocks of 64 at absolute positions, c = 0 .. pos/64; m_new = max(M, m_c);
+//   alpha = exp(M - m_new); p_j = valid ? exp(s_j - m_new) : 0; lsum = halving tree over 64;
+//   w_j = p_j * dv_j, int8 per (query, block); ob_i = dw * (float)(exact int32 P.V);
+//   L = L * alpha + lsum; O_i = O_i * alpha + ob_i; out_i = O_i / L.
+//   exp is the shared polynomial of strata.numerics.exp.
+// Integer parts are exact int32 whatever the summation order (|sum| < 2^21), so they may run
+// on int8 tensor cores (mma.sync m16n8k32 s8) with any key order inside a block; every float
+// step keeps the definition's operations and order.
+//
+// attend_mma_hd{64,128}: one CTA per (tile of 64 queries, head), 4 warps of 16 queries. Per
+//   key block (staged in shared memory: K row-major, V transposed in a permuted key order that
+//   matches the score fragment, so P goes from the score accumulators straight into the A
+//   operand of P.V with no shuffles): S = Q.K^T as 4 x 8 mma per 32-value block b (sumi_b of
+//   a 16 x 8 tile), the float epilogue per (query, key) in the thread owning the accumulator,
+//   quad shuffles for the row max, the lsum tree (its last three levels: keys j / j+4, j / j+2,
+//   j / j+1 sit in lanes xor 2, xor 1 and in-thread) and amax; then P.V as 2 x 16 mma.
+// attend_split_{scores,pv,merge}_hd{64,128,256}: split-K for few queries (decode). Pass 1, one
+//   CTA per (key block, KV head): scores and block maxima m_c of every (query, head of the
+//   group) into scratch. Pass 2, same grid: the running max after block c is the prefix max of
+//   m_0..m_c (max is exact in any order), before it the prefix max of m_0..m_{c-1}; hence
+//   alpha, p, lsum, the P quantization and ob of each block independently. Pass 3, one CTA per
+//   (query, head), one thread per output dim: the merge L = L*alpha + lsum, O = O*alpha + ob
+//   in ascending block order, out = O / L.
+// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
+
+#include <stdint.h>
+
+#define KEY_BLOCK 64
+#ifndef MMA_WARPS
+#define MMA_WARPS 4  // warps of 16 queries per CTA (STRATA config: fast.ops_model_cuda)
+#endif
+#ifndef MMA_MINB
+#define MMA_MINB 1   // __launch_bounds__ minimum CTAs per SM
+#endif
+#define MMA_TILE (16 * MMA_WARPS)
+#define SPL_WARPS 8
+
+// Exact integer <-> float without the (quarter-rate) conversion pipe, for |i| < 2^22:
+// the float with bits MAGIC_I + i is 1.5 * 2^23 + i, so subtracting MAGIC_F leaves (float)i
+// exactly; and y + MAGIC_F rounds y to the nearest integer, ties to even (= rintf), whose
+// bits minus MAGIC_I are that integer.
+#define MAGIC_I 0x4B400000
+#define MAGIC_F 12582912.0f
+
+__device__ __forceinline__ float roundf_away(float x)
+{
+    const float t = truncf(x);
+    return (fabsf(x - t) >= 0.5f) ? t + copysignf(1.0f, x) : t;
+}
+
+__device__ __forceinline__ int8_t to_i8(float v)
+{
+    return (isfinite(v)) ? (int8_t)(int)v : (int8_t)0;
+}
+
+// strata.numerics.exp
+__device__ __forceinline__ float strata_exp(float x)
+{
+    if (x != x) return x;
+    if (x > 88.0f) return __int_as_float(0x7f800000);
+    if (x < -87.0f) return 0.0f;
+    const float n = rintf(__fmul_rn(x, 0x1.715476p+0f));
+    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
+    r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
+    float p = 0x1.a01a02p-13f;
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
+}
+
+// strata.numerics.exp again, bit for bit (checked exhaustively on every float of |x| <= 100;
+// beyond +-87/88 both take the same early exits): rintf(y) and (int)n through MAGIC_F.
+__device__ __forceinline__ float strata_exp_fast(float x)
+{
+    if (x != x) return x;
+    if (x > 88.0f) return __int_as_float(0x7f800000);
+    if (x < -87.0f) return 0.0f;
+    const float tn = __fadd_rn(__fmul_rn(x, 0x1.715476p+0f), MAGIC_F);
+    const int ni = __float_as_int(tn) - MAGIC_I;
+    const float n = __fsub_rn(tn, MAGIC_F);
+    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
+    r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
+    float p = 0x1.a01a02p-13f;
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    return __fmul_rn(p, __int_as_float((ni + 127) << 23));
+}
+
+// (int)roundf(x) (half away from zero) for finite |x| < 2^22: rintf through MAGIC_F, then a tie
+// that went toward zero steps away (x - rn is exact). Checked exhaustively for |x| <= 128.
+__device__ __forceinline__ int roundf_away_int(float x)
+{
+    const float t = __fadd_rn(x, MAGIC_F);
+    int ri = __float_as_int(t) - MAGIC_I;
+    const float d = __fsub_rn(x, __fsub_rn(t, MAGIC_F));
+    if (d == copysignf(0.5f, x)) ri += (x > 0.0f) ? 1 : -1;
+    return ri;
+}
+
+__device__ __forceinline__ float magic_to_float(int acc)  // acc = MAGIC_I + exact int
+{
+    return __fsub_rn(__int_as_float(acc), MAGIC_F);
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// c += a.b: A 16x32 s8 (row), B 32x8 s8 (col), C 16x8 s32; exact.
+__device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, int b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ int pack4(int8_t a, int8_t b, int8_t c, int8_t d)
+{
+    return (int)(((unsigned)(uint8_t)a) | ((unsigned)(uint8_t)b << 8) | ((unsigned)(uint8_t)c << 16) |
+                 ((unsigned)(uint8_t)d << 24));
+}
+
+// One query row of HD floats -> int8 codes (qc, HD bytes) and NB scales (qd), by one warp.
+template <int HD>
+__device__ __forceinline__ void quantize_row_warp(const float* __restrict__ qr, int8_t* qc, float* qd, int lane)
+{
+#pragma unroll
+    for (int b = 0; b < HD / 32; ++b) {
+        const float x = qr[32 * b + lane];
+        const float amax = warp_max(fabsf(x));
+        int8_t c = 0;
+        float d = 0.0f;
+        if (amax > 0.0f) {
+            const float d_inv = 127.0f / amax;
+            c = to_i8(roundf_away(x * d_inv));
+            d = 1.0f / d_inv;
+        }
+        qc[32 * b + lane] = c;
+        if (lane == 0) qd[b] = d;
+    }
+}
+
+// V codes of keys j0 .. j0+63 transposed, 4 keys x 4 dims per step: word `slot` of dim row d
+// holds (byte u) key key_of(slot, u) at dim d. `vw` words per dim row.
+template <int HD, bool PERMUTED>
+__device__ __forceinline__ void stage_v(int* svt, int vw, const int8_t* __restrict__ vbase, int j0, int cap,
+                                        int tid, int nthreads)
+{
+    constexpr int QW = HD / 4;
+    for (int idx = tid; idx < (KEY_BLOCK / 4) * QW; idx += nthreads) {
+        const int slot = idx % (KEY_BLOCK / 4);  // word within the dim row (fastest: store banks)
+        const int m = idx / (KEY_BLOCK / 4);     // dims 4m .. 4m+3
+        int k0, kstep[4];
+        if (PERMUTED) {
+            // slot = 8 ks + 4 half + qq: keys 32ks + 16half + 2qq + {0, 1, 8, 9}
+            k0 = 32 * (slot >> 3) + 16 * ((slot >> 2) & 1) + 2 * (slot & 3);
+            kstep[0] = 0; kstep[1] = 1; kstep[2] = 8; kstep[3] = 9;
+        } else {
+            k0 = 4 * slot;
+            kstep[0] = 0; kstep[1] = 1; kstep[2] = 2; kstep[3] = 3;
+        }
+        unsigned r4[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int j = j0 + k0 + kstep[u];
+            r4[u] = (j < cap) ? reinterpret_cast<const unsigned*>(vbase + (long long)j * HD)[m] : 0u;
+        }
+        const unsigned lo01 = __byte_perm(r4[0], r4[1], 0x5140);
+        const unsigned hi01 = __byte_perm(r4[0], r4[1], 0x7362);
+        const unsigned lo23 = __byte_perm(r4[2], r4[3], 0x5140);
+        const unsigned hi23 = __byte_perm(r4[2], r4[3], 0x7362);
+        svt[(4 * m + 0) * vw + slot] = (int)__byte_perm(lo01, lo23, 0x5410);
+        svt[(4 * m + 1) * vw + slot] = (int)__byte_perm(lo01, lo23, 0x7632);
+        svt[(4 * m + 2) * vw + slot] = (int)__byte_perm(hi01, hi23, 0x5410);
+        svt[(4 * m + 3) * vw + slot] = (int)__byte_perm(hi01, hi23, 0x7632);
+    }
+}
+
+// K codes of keys j0 .. j0+63, row-major with rows of KW words (16-byte loads and stores;
+// KW a multiple of 4).
+template <int HD, int KW>
+__device__ __forceinline__ void stage_k(int* sk, const int8_t* __restrict__ kbase, int j0, int cap,
+                                        int tid, int nthreads)
+{
+    static_assert(KW % 4 == 0, "16-byte rows");
+    for (int idx = tid; idx < KEY_BLOCK * (HD / 16); idx += nthreads) {
+        const int key = idx / (HD / 16);
+        const int part = idx - key * (HD / 16);
+        int4 val = make_int4(0, 0, 0, 0);
+        if (j0 + key < cap) val = reinterpret_cast<const int4*>(kbase + (long long)(j0 + key) * HD)[part];
+        *reinterpret_cast<int4*>(sk + key * KW + part * 4) = val;
+    }
+}
+
+// ============================================================================ tensor cores
+
+template <int HD>
+__device__ __forceinline__ void attend_mma_body(
+    const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int group,
+    const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,
+    const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale, int cap,
+    float kq_scale, float* __restrict__ out, long long ldo)
+{
+    constexpr int NB = HD / 32;              // Q/K scale blocks = score k-steps
+    constexpr int KW = HD / 4 + 4;           // padded K / Q row (words): conflict-free fragments
+    constexpr int VW = KEY_BLOCK / 4 + 4;    // padded V^T row (words)
+    constexpr int ND = HD / 8;               // P.V n-tiles
+    constexpr int NT = KEY_BLOCK / 8;        // score n-tiles
+    constexpr int NTH = 32 * MMA_WARPS;
+
+    __shared__ __align__(16) int sk[KEY_BLOCK * KW];
+    __shared__ float skd[NB * KEY_BLOCK];
+    __shared__ int svt[HD * VW];
+    __shared__ float svd[KEY_BLOCK];
+    __shared__ __align__(16) int sq[MMA_TILE * KW];
+    __shared__ float sqd[MMA_TILE * NB];
+    __shared__ int spos[MMA_TILE];
+
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5;
+    const int lane = tid & 31;
+    const int g = lane >> 2;   // fragment row / column group
+    const int tq = lane & 3;   // thread in group
+    const int h = blockIdx.y;
+    const int kvh = h / group;
+    // heaviest tiles (latest positions, most key blocks) first
+    const long long t0 = (long long)(gridDim.x - 1 - blockIdx.x) * MMA_TILE;
+
+    if (tid < MMA_TILE) spos[tid] = (t0 + tid < T) ? positions[t0 + tid] : -1;
+    for (int i = 0; i < 16; ++i) {
+        const int qi = warp * 16 + i;
+        const long long t = t0 + qi;
+        int8_t* qc = reinterpret_cast<int8_t*>(sq + qi * KW);
+        if (t < T) {
+            quantize_row_warp<HD>(q + t * ldq + (long long)h * HD, qc, sqd + qi * NB, lane);
+        } else {
+#pragma unroll
+            for (int b = 0; b < NB; ++b) qc[32 * b + lane] = 0;
+            if (lane < NB) sqd[qi * NB + lane] = 0.0f;
+        }
+    }
+    __syncthreads();
+
+    int maxpos = -1;
+    for (int i = 0; i < MMA_TILE; ++i) maxpos = max(maxpos, spos[i]);
+    const int n_blk = maxpos < 0 ? 0 : maxpos / KEY_BLOCK + 1;
+
+    const int r0 = warp * 16 + g, r1 = r0 + 8;
+    const int pos0 = spos[r0], pos1 = spos[r1];
+    const int last0 = pos0 < 0 ? -1 : pos0 / KEY_BLOCK;
+    const int last1 = pos1 < 0 ? -1 : pos1 / KEY_BLOCK;
+    const int wlast = __reduce_max_sync(0xffffffffu, max(last0, last1));
+
+    int qa[NB][4];
+    float dq0[NB], dq1[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+        qa[b][0] = sq[r0 * KW + 8 * b + tq];
+        qa[b][1] = sq[r1 * KW + 8 * b + tq];
+        qa[b][2] = sq[r0 * KW + 8 * b + 4 + tq];
+        qa[b][3] = sq[r1 * KW + 8 * b + 4 + tq];
+        dq0[b] = sqd[r0 * NB + b];
+        dq1[b] = sqd[r1 * NB + b];
+    }
+
+    const float NEG_INF = __int_as_float(0xff800000);
+    float M0 = NEG_INF, M1 = NEG_INF, L0 = 0.0f, L1 = 0.0f;
+    float O[ND][4];
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O[nd][e] = 0.0f;
+
+    const long long head_row0 = (long long)kvh * cap;
+    const int8_t* kbase = k_codes + head_row0 * HD;
+    const int8_t* vbase = v_codes + head_row0 * HD;
+
+    for (int c = 0; c < n_blk; ++c) {
+        const int j0 = c * KEY_BLOCK;
+        __syncthreads();  // the previous block's shared data is no longer read
+        stage_k<HD, KW>(sk, kbase, j0, cap, tid, NTH);
+        for (int idx = tid; idx < KEY_BLOCK * NB; idx += NTH) {
+            const int key = idx / NB;
+            const int b = idx - key * NB;
+            skd[b * KEY_BLOCK + key] = (j0 + key < cap) ? k_scale[(head_row0 + j0 + key) * NB + b] : 0.0f;
+        }
+        stage_v<HD, true>(svt, VW, vbase, j0, cap, tid, NTH);
+        if (tid < KEY_BLOCK) svd[tid] = (j0 + tid < cap) ? v_scale[head_row0 + j0 + tid] : 0.0f;
+        __syncthreads();
+        if (c > wlast) continue;  // warp-uniform: none of this warp's queries reaches block c
+
+        // scores: accumulator (nt, e) is query row r0 (e < 2) or r1, key 8 nt + 2 tq + (e & 1)
+        float s[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // sumi_b rides on MAGIC_I
+                const int* kr = sk + (8 * nt + g) * KW + 8 * b;
+                mma_s8(acc, qa[b], kr[tq], kr[4 + tq]);
+                const float dk0 = skd[b * KEY_BLOCK + 8 * nt + 2 * tq];
+                const float dk1 = skd[b * KEY_BLOCK + 8 * nt + 2 * tq + 1];
+                s[nt][0] = __fadd_rn(s[nt][0], __fmul_rn(__fmul_rn(dq0[b], dk0), magic_to_float(acc[0])));
+                s[nt][1] = __fadd_rn(s[nt][1], __fmul_rn(__fmul_rn(dq0[b], dk1), magic_to_float(acc[1])));
+                s[nt][2] = __fadd_rn(s[nt][2], __fmul_rn(__fmul_rn(dq1[b], dk0), magic_to_float(acc[2])));
+                s[nt][3] = __fadd_rn(s[nt][3], __fmul_rn(__fmul_rn(dq1[b], dk1), magic_to_float(acc[3])));
+            }
+        }
+        float mc0 = NEG_INF, mc1 = NEG_INF;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = j0 + 8 * nt + 2 * tq + (e & 1);
+                const bool valid = key <= ((e < 2) ? pos0 : pos1);
+                s[nt][e] = valid ? __fmul_rn(s[nt][e], kq_scale) : NEG_INF;
+            }
+            mc0 = fmaxf(mc0, fmaxf(s[nt][0], s[nt][1]));
+            mc1 = fmaxf(mc1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        mc0 = quad_max(mc0);
+        mc1 = quad_max(mc1);
+        const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
+        const float al0 = strata_exp_fast(__fsub_rn(M0, mn0));
+        const float al1 = strata_exp_fast(__fsub_rn(M1, mn1));
+
+        // p (into s), the lsum tree, w = p * dv
+        float w[NT][4];
+        float amax0 = 0.0f, amax1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float dv0 = svd[8 * nt + 2 * tq], dv1 = svd[8 * nt + 2 * tq + 1];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = j0 + 8 * nt + 2 * tq + (e & 1);
+                const bool valid = key <= ((e < 2) ? pos0 : pos1);
+                const float p = valid ? strata_exp_fast(__fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1)) : 0.0f;
+                s[nt][e] = p;
+                w[nt][e] = valid ? __fmul_rn(p, (e & 1) ? dv1 : dv0) : 0.0f;
+            }
+            amax0 = fmaxf(amax0, fmaxf(fabsf(w[nt][0]), fabsf(w[nt][1])));
+            amax1 = fmaxf(amax1, fmaxf(fabsf(w[nt][2]), fabsf(w[nt][3])));
+        }
+        float u[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float t4[4];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) t4[nt] = __fadd_rn(s[nt][e], s[nt + 4][e]);  // j, j + 32
+            const float t2a = __fadd_rn(t4[0], t4[2]);                                   // j, j + 16
+            const float t2b = __fadd_rn(t4[1], t4[3]);
+            u[e] = __fadd_rn(t2a, t2b);                                                  // j, j + 8
+            u[e] = __fadd_rn(u[e], __shfl_xor_sync(0xffffffffu, u[e], 2));               // j, j + 4
+            u[e] = __fadd_rn(u[e], __shfl_xor_sync(0xffffffffu, u[e], 1));               // j, j + 2
+        }
+        const float ls0 = __fadd_rn(u[0], u[1]);                                         // j, j + 1
+        const float ls1 = __fadd_rn(u[2], u[3]);
+        amax0 = quad_max(amax0);
+        amax1 = quad_max(amax1);
+
+        // int8 P per (query, block), straight into the A fragments of P.V (k-slot order matches
+        // the permuted V^T staging: slots 4tq+i <- keys 32ks + 8(i/2) + 2tq + (i%2), +16 for a2/a3)
+        // a block whose 127/amax is not finite (amax 0 or tiny): scale 0, codes 0 (as attention.cu,
+        // where such a block's codes come out 0 through to_i8 and 1/inf = 0)
+        const float d_inv0 = 127.0f / amax0, d_inv1 = 127.0f / amax1;
+        const bool ok0 = d_inv0 < __int_as_float(0x7f800000), ok1 = d_inv1 < __int_as_float(0x7f800000);
+        const float wd0 = ok0 ? 1.0f / d_inv0 : 0.0f, wd1 = ok1 ? 1.0f / d_inv1 : 0.0f;
+        int8_t code[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            code[nt][0] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][0], d_inv0)) : (int8_t)0;
+            code[nt][1] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][1], d_inv0)) : (int8_t)0;
+            code[nt][2] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][2], d_inv1)) : (int8_t)0;
+            code[nt][3] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][3], d_inv1)) : (int8_t)0;
+        }
+        int pa[2][4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+            const int n0 = 4 * ks;
+            pa[ks][0] = pack4(code[n0][0], code[n0][1], code[n0 + 1][0], code[n0 + 1][1]);
+            pa[ks][1] = pack4(code[n0][2], code[n0][3], code[n0 + 1][2], code[n0 + 1][3]);
+            pa[ks][2] = pack4(code[n0 + 2][0], code[n0 + 2][1], code[n0 + 3][0], code[n0 + 3][1]);
+            pa[ks][3] = pack4(code[n0 + 2][2], code[n0 + 2][3], code[n0 + 3][2], code[n0 + 3][3]);
+        }
+
+        const bool live0 = c <= last0, live1 = c <= last1;
+#pragma unroll
+        for (int nd = 0; nd < ND; ++nd) {
+            int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // |P.V| < 2^21
+            const int* vr = svt + (8 * nd + g) * VW;
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) mma_s8(acc, pa[ks], vr[8 * ks + tq], vr[8 * ks + 4 + tq]);
+            if (live0) {
+                O[nd][0] = __fadd_rn(__fmul_rn(O[nd][0], al0), __fmul_rn(wd0, magic_to_float(acc[0])));
+                O[nd][1] = __fadd_rn(__fmul_rn(O[nd][1], al0), __fmul_rn(wd0, magic_to_float(acc[1])));
+            }
+            if (live1) {
+                O[nd][2] = __fadd_rn(__fmul_rn(O[nd][2], al1), __fmul_rn(wd1, magic_to_float(acc[2])));
+                O[nd][3] = __fadd_rn(__fmul_rn(O[nd][3], al1), __fmul_rn(wd1, magic_to_float(acc[3])));
+            }
+        }
+        if (live0) { L0 = __fadd_rn(__fmul_rn(L0, al0), ls0); M0 = mn0; }
+        if (live1) { L1 = __fadd_rn(__fmul_rn(L1, al1), ls1); M1 = mn1; }
+    }
+
+    const long long ta = t0 + r0, tb = t0 + r1;
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) {
+        const int d = 8 * nd + 2 * tq;
+        if (ta < T) {
+            float* o = out + ta * ldo + (long long)h * HD + d;
+            o[0] = O[nd][0] / L0;
+            o[1] = O[nd][1] / L0;
+        }
+        if (tb < T) {
+            float* o = out + tb * ldo + (long long)h * HD + d;
+            o[0] = O[nd][2] / L1;
+            o[1] = O[nd][3] / L1;
+        }
+    }
+}
+
+#define ATTEND_MMA_KERNEL(HD)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, MMA_MINB)                         \
+    attend_mma_hd##HD(const float* __restrict__ q, long long ldq, const int* __restrict__ positions,\
+                      int T, int group, const int8_t* __restrict__ k_codes,                        \
+                      const float* __restrict__ k_scale, const int8_t* __restrict__ v_codes,       \
+                      const float* __restrict__ v_scale, int cap, float kq_scale,                  \
+                      float* __restrict__ out, long long ldo)                                      \
+    {                                                                                              \
+        attend_mma_body<HD>(q, ldq, positions, T, group, k_codes, k_scale, v_codes, v_scale, cap,  \
+                            kq_scale, out, ldo);                                                   \
+    }
+
+ATTEND_MMA_KERNEL(64)
+ATTEND_MMA_KERNEL(128)
+
+// ============================================================================ split-K
+// Scratch (float32), for U = T * n_head units (query t, head h: unit t * n_head + h) and nblk
+// blocks: S [U, nblk * 64] scores, MC [U, nblk] block maxima, OB [U, nblk, HD], LS and AL [U, nblk].
+
+// Pass 1: grid (nblk, n_kv), SPL_WARPS warps; a warp per (query, head of the group).
+template <int HD>
+__device__ __forceinline__ void split_scores_body(
+    const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int n_head,
+    int group, const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale, int cap,
+    float kq_scale, int nblk, float* __restrict__ S, float* __restrict__ MC)
+{
+    constexpr int NB = HD / 32;
+    constexpr int QW = HD / 4;
+    constexpr int KW = QW + 1;
+    constexpr int KDS = NB + 1;
+    __shared__ int sk[KEY_BLOCK * KW];
+    __shared__ float skd[KEY_BLOCK * KDS];
+    __shared__ int sq[SPL_WARPS * QW];
+    __shared__ float sqd[SPL_WARPS * NB];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int c = blockIdx.x, kvh = blockIdx.y;
+    const int j0 = c * KEY_BLOCK;
+    const long long head_row0 = (long long)kvh * cap;
+    const int8_t* kbase = k_codes + head_row0 * HD;
+    for (int idx = tid; idx < KEY_BLOCK * (HD / 16); idx += blockDim.x) {
+        const int key = idx / (HD / 16);
+        const int part = idx - key * (HD / 16);
+        int4 val = make_int4(0, 0, 0, 0);
+        if (j0 + key < cap) val = reinterpret_cast<const int4*>(kbase + (long long)(j0 + key) * HD)[part];
+        int* dst = sk + key * KW + part * 4;
+        dst[0] = val.x;
+        dst[1] = val.y;
+        dst[2] = val.z;
+        dst[3] = val.w;
+    }
+    for (int idx = tid; idx < KEY_BLOCK * NB; idx += blockDim.x) {
+        const int key = idx / NB;
+        const int b = idx - key * NB;
+        skd[key * KDS + b] = (j0 + key < cap) ? k_scale[(head_row0 + j0 + key) * NB + b] : 0.0f;
+    }
+    __syncthreads();
+
+    const int units = T * group;
+    for (int un = warp; un < units; un += SPL_WARPS) {
+        const int t = un / group;
+        const int h = kvh * group + (un - t * group);
+        const int pos = positions[t];
+        if (c > pos / KEY_BLOCK) continue;  // warp-uniform
+        int* qw = sq + warp * QW;
+        float* qd = sqd + warp * NB;
+        quantize_row_warp<HD>(q + (long long)t * ldq + (long long)h * HD, reinterpret_cast<int8_t*>(qw), qd, lane);
+        __syncwarp();
+        const long long unit = (long long)t * n_head + h;
+        float m = __int_as_float(0xff800000);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int key = lane + 32 * u;
+            const int* kr = sk + key * KW;
+            float acc = 0.0f;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                int sumi = 0;
+#pragma unroll
+                for (int w = 0; w < 8; ++w) sumi = __dp4a(qw[8 * b + w], kr[8 * b + w], sumi);
+                acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(qd[b], skd[key * KDS + b]), (float)sumi));
+            }
+            acc = __fmul_rn(acc, kq_scale);
+            const float s = (j0 + key <= pos) ? acc : __int_as_float(0xff800000);
+            S[unit * nblk * KEY_BLOCK + j0 + key] = s;
+            m = fmaxf(m, s);
+        }
+        m = warp_max(m);
+        if (lane == 0) MC[unit * nblk + c] = m;
+        __syncwarp();  // this warp's Q codes are read before the next unit overwrites them
+    }
+}
+
+// Pass 2: grid (nblk, n_kv), SPL_WARPS warps.
+template <int HD>
+__device__ __forceinline__ void split_pv_body(
+    const int* __restrict__ positions, int T, int n_head, int group,
+    const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale, int cap, int nblk,
+    const float* __restrict__ S, const float* __restrict__ MC, float* __restrict__ OB,
+    float* __restrict__ LS, float* __restrict__ AL)
+{
+    constexpr int VW = KEY_BLOCK / 4 + 1;
+    constexpr int R = HD / 32;
+    __shared__ int svt[HD * VW];
+    __shared__ float svd[KEY_BLOCK];
+    __shared__ int swq[SPL_WARPS * (KEY_BLOCK / 4)];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int c = blockIdx.x, kvh = blockIdx.y;
+    const int j0 = c * KEY_BLOCK;
+    const long long head_row0 = (long long)kvh * cap;
+    stage_v<HD, false>(svt, VW, v_codes + head_row0 * HD, j0, cap, tid, blockDim.x);
+    if (tid < KEY_BLOCK) svd[tid] = (j0 + tid < cap) ? v_scale[head_row0 + j0 + tid] : 0.0f;
+    __syncthreads();
+
+    const int units = T * group;
+    for (int un = warp; un < units; un += SPL_WARPS) {
+        const int t = un / group;
+        const int h = kvh * group + (un - t * group);
+        const int pos = positions[t];
+        if (c > pos / KEY_BLOCK) continue;  // warp-uniform
+        const long long unit = (long long)t * n_head + h;
+        // running max after block c (prefix max of m_0..m_c) and before it (m_0..m_{c-1})
+        const float* mrow = MC + unit * nblk;
+        float m_new = __int_as_float(0xff800000), m_old = __int_as_float(0xff800000);
+        for (int i = lane; i <= c; i += 32) {
+            const float v = mrow[i];
+            m_new = fmaxf(m_new, v);
+            if (i < c) m_old = fmaxf(m_old, v);
+        }
+        m_new = warp_max(m_new);
+        m_old = warp_max(m_old);
+        const float alpha = strata_exp(__fsub_rn(m_old, m_new));
+        const float* srow = S + unit * nblk * KEY_BLOCK + j0;
+        float p[2], w[2];
+        bool valid[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            valid[u] = (j0 + lane + 32 * u) <= pos;
+            p[u] = valid[u] ? strata_exp(__fsub_rn(srow[lane + 32 * u], m_new)) : 0.0f;
+        }
+        float lsum = __fadd_rn(p[0], p[1]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) lsum = __fadd_rn(lsum, __shfl_xor_sync(0xffffffffu, lsum, o));
+#pragma unroll
+        for (int u = 0; u < 2; ++u) w[u] = valid[u] ? __fmul_rn(p[u], svd[lane + 32 * u]) : 0.0f;
+        const float amax = warp_max(fmaxf(fabsf(w[0]), fabsf(w[1])));
+        int8_t wq0 = 0, wq1 = 0;
+        float wd = 0.0f;
+        if (amax > 0.0f) {
+            const float d_inv = 127.0f / amax;
+            wq0 = to_i8(roundf_away(__fmul_rn(w[0], d_inv)));
+            wq1 = to_i8(roundf_away(__fmul_rn(w[1], d_inv)));
+            wd = 1.0f / d_inv;
+        }
+        int8_t* wqb = reinterpret_cast<int8_t*>(swq + warp * (KEY_BLOCK / 4));
+        wqb[lane] = wq0;
+        wqb[lane + 32] = wq1;
+        __syncwarp();
+        const int* wqw = swq + warp * (KEY_BLOCK / 4);
+        float* obrow = OB + (unit * nblk + c) * HD;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int* vr = svt + (lane + 32 * r) * VW;
+            int acc = 0;
+#pragma unroll
+            for (int k4 = 0; k4 < KEY_BLOCK / 4; ++k4) acc = __dp4a(wqw[k4], vr[k4], acc);
+            obrow[lane + 32 * r] = __fmul_rn(wd, (float)acc);
+        }
+        if (lane == 0) {
+            LS[unit * nblk + c] = lsum;
+            AL[unit * nblk + c] = alpha;
+        }
+        __syncwarp();
+    }
+}
+
+// Pass 3: grid (T, n_head), HD threads.
+template <int HD>
+__device__ __forceinline__ void split_merge_body(
+    const int* __restrict__ positions, int n_head, int nblk, const float* __restrict__ OB,
+    const float* __restrict__ LS, const float* __restrict__ AL, float* __restrict__ out, long long ldo)
+{
+    constexpr int CH = 8;
+    const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const int last = positions[t] / KEY_BLOCK;
+    const long long unit = (long long)t * n_head + h;
+    const float* al = AL + unit * nblk;
+    const float* ls = LS + unit * nblk;
+    const float* ob = OB + unit * nblk * HD + d;
+    float O = 0.0f, L = 0.0f;
+    for (int c0 = 0; c0 <= last; c0 += CH) {
+        float a[CH], l[CH], o[CH];
+#pragma unroll
+        for (int i = 0; i < CH; ++i) {
+            const int c = c0 + i;
+            a[i] = (c <= last) ? al[c] : 0.0f;
+            l[i] = (c <= last) ? ls[c] : 0.0f;
+            o[i] = (c <= last) ? ob[(long long)c * HD] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < CH; ++i) {
+            if (c0 + i <= last) {
+                L = __fadd_rn(__fmul_rn(L, a[i]), l[i]);
+                O = __fadd_rn(__fmul_rn(O, a[i]), o[i]);
+            }
+        }
+    }
+    out[(long long)t * ldo + (long long)h * HD + d] = O / L;
+}
+
+#define ATTEND_SPLIT_KERNELS(HD)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
+    attend_split_scores_hd##HD(const float* __restrict__ q, long long ldq,                         \
+                               const int* __restrict__ positions, int T, int n_head, int group,    \
+                               const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,\
+                               int cap, float kq_scale, int nblk, float* __restrict__ S,           \
+                               float* __restrict__ MC)                                             \
+    {                                                                                              \
+        split_scores_body<HD>(q, ldq, positions, T, n_head, group, k_codes, k_scale, cap, kq_scale,\
+                              nblk, S, MC);                                                        \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
+    attend_split_pv_hd##HD(const int* __restrict__ positions, int T, int n_head, int group,        \
+                           const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale,  \
+                           int cap, int nblk, const float* __restrict__ S,                         \
+                           const float* __restrict__ MC, float* __restrict__ OB,                   \
+                           float* __restrict__ LS, float* __restrict__ AL)                         \
+    {                                                                                              \
+        split_pv_body<HD>(positions, T, n_head, group, v_codes, v_scale, cap, nblk, S, MC, OB, LS, AL);\
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(HD)                                               \
+    attend_split_merge_hd##HD(const int* __restrict__ positions, int n_head, int nblk,             \
+                              const float* __restrict__ OB, const float* __restrict__ LS,          \
+                              const float* __restrict__ AL, float* __restrict__ out, long long ldo)\
+    {                                                                                              \
+        split_merge_body<HD>(positions, n_head, nblk, OB, LS, AL, out, ldo);                       \
+    }
+
+ATTEND_SPLIT_KERNELS(64)
+ATTEND_SPLIT_KERNELS(128)
+ATTEND_SPLIT_KERNELS(256)
+
+extern "C" __device__ int attend_mma_geometry[3] = {MMA_WARPS, MMA_TILE, SPL_WARPS};
