@@ -249,7 +249,7 @@ def bench(args):
                     t_q = timer.time(layer, args.repeats, queued=True, spin_ms=6.0)
                     t_p = timer.time(layer, args.repeats, queued=False)
                     r = {"proj": proj, "type": tname, "tokens": tokens, "rows": rows, "N": N, "K": K,
-                         "config": cfg or ops_cuda.default_config() or "default", "tile_rows": tile_rows, "ms_queued": t_q,
+                         "config": cfg or ops_cuda.default_config() or "auto", "tile_rows": tile_rows, "ms_queued": t_q,
                          "ms_paced": t_p, "tops": ops / (t_q * 1e-3) / 1e12,
                          "pct_peak": 100.0 * ops / (t_q * 1e-3) / 1e12 / peak32}
                     results["mmq"].append(r)

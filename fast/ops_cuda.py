@@ -38,6 +38,9 @@ __all__ = [
     "MMQ_GROUP_MAX",
     "WEIGHT_TAIL_BYTES",
     "DEFAULT_TILE_ROWS",
+    "AUTO_CONFIGS",
+    "LEGACY_CONFIG",
+    "auto_config",
 ]
 
 #: experts one mmq launch can take
@@ -46,6 +49,16 @@ MMQ_GROUP_MAX = 16
 WEIGHT_TAIL_BYTES = 16
 #: default cap on activation rows per CTA tile (an expert's rows are cut into equal tiles)
 DEFAULT_TILE_ROWS = 128
+#: the default MMQ tile configurations (mmq.cu defines), picked per launch by the mean number
+#: of activation rows per expert: (below this mean, config); the last one has no bound. All
+#: run the restructured kernel (MMQ_V2) with 8 warps and two CTAs per SM; each is checked byte
+#: for byte by verify/test_kernels_cuda.py. A configuration changes speed only, never a bit.
+AUTO_CONFIGS = (
+    (64, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2}),
+    (None, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2}),
+)
+#: the first kernel (one 512-thread CTA per SM), kept for comparison: config=LEGACY_CONFIG
+LEGACY_CONFIG = {"MMQ_V2": 0}
 
 _Q8_THREADS = 256
 _Q8_WARPS = 8
@@ -175,14 +188,15 @@ def _tables_host() -> np.ndarray:
     return t
 
 
-def default_config() -> dict:
+def default_config() -> dict | None:
     """The MMQ tile configuration used when a call passes none: the compile-time defines in
-    the environment variable STRATA_MMQ_CONFIG (JSON, e.g. '{"MMQ_BN": 192, "MMQ_STAGES": 3}',
-    about 10% faster from ~150 rows per expert), else {}
-    (mmq.cu's defaults). A configuration changes speed only, never a bit of the result."""
+    the environment variable STRATA_MMQ_CONFIG (JSON, e.g. '{"MMQ_V2": 1, "MMQ_BN": 192,
+    "MMQ_STAGES": 3}'; '{}' is mmq.cu's own defaults), else None: per launch, by the mean rows
+    per expert, from AUTO_CONFIGS (:func:`auto_config`). A configuration changes speed only,
+    never a bit of the result."""
     raw = os.environ.get("STRATA_MMQ_CONFIG", "").strip()
     if not raw:
-        return {}
+        return None
     try:
         cfg = json.loads(raw)
     except ValueError:
@@ -192,9 +206,19 @@ def default_config() -> dict:
     return cfg
 
 
+def auto_config(rows_per_expert: float) -> dict:
+    """The AUTO_CONFIGS entry for a launch with this mean number of rows per expert."""
+    for bound, cfg in AUTO_CONFIGS:
+        if bound is None or rows_per_expert < bound:
+            return cfg
+    return AUTO_CONFIGS[-1][1]
+
+
 def _mmq_mod(config: dict | None):
     if config is None:
         config = default_config()
+        if config is None:
+            config = AUTO_CONFIGS[-1][1]
     key = tuple(sorted(config.items()))
     st = _mmq_state.get(key)
     if st is not None:
@@ -232,7 +256,8 @@ def _mmq_func(st, qt: QT):
 
 
 def mmq_geometry(config: dict | None = None) -> dict:
-    """{"BM": weight rows per CTA, "BN": activation rows per CTA, "threads", "max_exp"}."""
+    """{"BM": weight rows per CTA, "BN": activation rows per CTA, "threads", "max_exp"}.
+    config None: the default configuration (automatic: its largest-rows entry)."""
     st = _mmq_mod(config)
     return {k: st[k] for k in ("BM", "BN", "threads", "max_exp")}
 
@@ -261,8 +286,10 @@ def mmq_group(qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds
        array (then copied synchronously; prefer uploading a chunk's bounds once).
     out: float32 device [R_total, ldo] (ldo default N); rows outside all bounds untouched.
     rows: total rows over the bounds if known (sizes the grid; default R_total).
-    tile_rows: cap on activation rows per CTA tile (multiple of 8, at most BN); does not
-       change a bit of the result.
+    tile_rows: cap on activation rows per CTA tile (multiple of 8, at most BN; with the
+       automatic default configuration, capped at its BN); does not change a bit of the result.
+    config: mmq.cu defines (a tile configuration); None: default_config(), automatic by the
+       mean rows per expert (rows / n_exp) unless STRATA_MMQ_CONFIG is set.
     """
     qt = _qtype(qtype)
     N, K, R_total, n_exp = int(N), int(K), int(R_total), int(n_exp)
@@ -274,17 +301,22 @@ def mmq_group(qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds
         raise InputError("weight buffer and stride must be 2-byte aligned")
     if n_exp == 0 or N <= 0:
         return
-    st = _mmq_mod(config)
-    tile_rows = int(tile_rows)
-    if tile_rows % 8 or not 8 <= tile_rows <= st["BN"]:
-        raise InputError(f"tile_rows must be a multiple of 8 in [8, {st['BN']}], got {tile_rows}")
     if not hasattr(bounds, "gpudata") and isinstance(bounds, (np.ndarray, list, tuple)):
         hb = np.asarray(bounds, dtype=np.int32).reshape(-1, 2)[:n_exp]
         rows = int(np.maximum(hb[:, 1] - hb[:, 0], 0).sum())
         bounds = upload_bounds(hb)
         _bounds_alive.append(bounds)
-    f = _mmq_func(st, qt)
     n_rows = R_total if rows is None else int(rows)
+    tile_rows = int(tile_rows)
+    if config is None:
+        config = default_config()
+        if config is None:
+            config = auto_config(n_rows / n_exp)
+            tile_rows = min(tile_rows, int(config.get("MMQ_BN", 128)))
+    st = _mmq_mod(config)
+    if tile_rows % 8 or not 8 <= tile_rows <= st["BN"]:
+        raise InputError(f"tile_rows must be a multiple of 8 in [8, {st['BN']}], got {tile_rows}")
+    f = _mmq_func(st, qt)
     ntm = -(-N // st["BM"])
     tiles = ntm * (-(-n_rows // tile_rows) + n_exp)
     if tiles <= 0:

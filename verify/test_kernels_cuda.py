@@ -157,9 +157,14 @@ def test_quantize_gather_scatter(cu, layout, T, K, E, k):
 
 
 # MMQ tile configurations every mmq case runs (the reference computed once): the default
-# (None) and the kernel variants; more from STRATA_MMQ_TEST_CONFIGS (JSON objects, ";"-separated).
-_CONFIGS = [None] + [
-    json.loads(c) for c in os.environ.get("STRATA_MMQ_TEST_CONFIGS", "").split(";") if c.strip()]
+# (None: automatic by rows per expert), each automatic choice, the first kernel, and more from
+# STRATA_MMQ_TEST_CONFIGS (JSON objects, ";"-separated).
+def _configs():
+    from fast import ops_cuda
+
+    return [None] + [c for _, c in ops_cuda.AUTO_CONFIGS] + [ops_cuda.LEGACY_CONFIG] + [
+        json.loads(c) for c in os.environ.get("STRATA_MMQ_TEST_CONFIGS", "").split(";") if c.strip()]
+
 
 
 def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
@@ -207,7 +212,7 @@ def _mmq_case(cu, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128
     wd = _dev(cu, wbuf)
     ad = _dev(cu, abuf)
     bd = _dev(cu, np.array(bounds, np.int32).reshape(-1))
-    for cfg in _CONFIGS:
+    for cfg in _configs():
         bn = ops_cuda.mmq_geometry(cfg)["BN"]
         for tr in sorted({min(t, bn) for t in tile_rows}, reverse=True):
             out = _poisoned(cu, R_total * N * 4)
@@ -242,6 +247,12 @@ def test_mmq_strata_down(cu, tname):
 def test_mmq_odd_k(cu, tname):
     # K a multiple of 32 but not of 128 (a partial last chunk), N not a multiple of 128
     _mmq_case(cu, QT[tname], 200, 96, [3, 17, 0, 33], seed=5)
+
+
+@pytest.mark.parametrize("tname", ["Q8_0", "IQ2_XS"])
+def test_mmq_many_rows(cu, tname):
+    # ~150 rows per expert (the default picks its large-tile configuration), 2 row tiles each
+    _mmq_case(cu, QT[tname], 320, 512, [200, 130, 0, 77, 193], tile_rows=(128, 96), seed=8)
 
 
 def test_mmq_sixteen_experts(cu):

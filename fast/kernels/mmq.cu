@@ -34,7 +34,15 @@
 // exact integers below 2^24 (u * S, u0 * S0 + u1 * S1): the same value as (float)sumi.
 
 //
-// Speed (H200, bench/bench_mmq_cuda.py, strata shape, 8K tokens): ~80 TOP/s for Q8_0 gate/up,
+// Speed, MMQ_V2 and the automatic configurations of fast/ops_cuda.py (AUTO_CONFIGS), H200,
+// bench/bench_mmq_cuda.py, peak 1262 TOP/s: gate/up Q8_0 34 / 109 / 152 TOP/s at 1K / 8K / 32K
+// tokens (2.7 / 8.7 / 12.1%), IQ2_XS 30 / 80 / 107; down Q8_0 32 / 97 / 130 (first kernel:
+// Q8_0 gate/up 21 / 80 / 118). At 1K tokens (~20 rows per expert) a chunk costs ~1.5 us per
+// CTA of decode, staging and epilogue instructions against tiny products; at 8K tiles of 80
+// rows x 64 weight rows, two CTAs per SM, issue ~0.5 per cycle and the last of ~2.4 waves per
+// launch is partly empty.
+//
+// First kernel (MMQ_V2=0), 8K tokens: ~80 TOP/s for Q8_0 gate/up,
 // ~6% of the measured mma.sync m16n8k32 peak (~1250 TOP/s). What bounds it: the contract's
 // per-block float epilogue costs 4 FP32 instructions per output element per 32-block (convert,
 // dw*da, *sumi, +acc) = 16 issue slots per m16n8k32 against ~7 cycles of tensor work, so even
@@ -74,7 +82,8 @@
 #define MMQ_OVERLAP 1
 #endif
 static_assert(!MMQ_OVERLAP || MMQ_STAGES >= 3, "MMQ_OVERLAP needs MMQ_STAGES >= 3");
-// MMQ_V2=1: the restructured kernel body (mmq_body2, below): same bits, faster.
+// MMQ_V2=1: the restructured kernel body (mmq_body2, below): same bits, faster; 2: the same,
+// a warp multiplying exactly its n8 tiles (1: whole pairs of them).
 #ifndef MMQ_V2
 #define MMQ_V2 0
 #endif
@@ -604,20 +613,22 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
 // - the products of one chunk run in a branch-free unrolled body, templated on the warp's
 //   number of n8 tile pairs (P) and on whether the chunk holds all 4 blocks: every ldmatrix
 //   of a 32-block is issued up front, and pair p+1's mma is issued before pair p's epilogue,
-//   so tensor, shared-memory and FP32 latencies overlap within a warp. A warp whose last pair
-//   is half outside the tile multiplies stale shared rows there and never stores them;
+//   so tensor, shared-memory and FP32 latencies overlap within a warp. With MMQ_V2=1 a warp
+//   whose last pair is half outside the tile multiplies stale shared rows there and never
+//   stores them; MMQ_V2=2 dispatches on the warp's tile count and multiplies only its tiles;
 // - activation staging is one linear copy (the chunk's rows are contiguous in the q8_1
 //   buffer and the shared row stride is the global one); weight staging uses per-thread piece
 //   offsets fixed for the whole launch;
 // - MMQ_MINB CTAs per SM in __launch_bounds__ (registers <= 64K / (MMQ_NT * MMQ_MINB)).
 
-template <int QT, int P, bool FULL>
+template <int QT, int T, bool FULL>
 __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wdec_s, const float* wsc,
                                            const float* asc, uint32_t act_s, int jlim, uint32_t a_off,
                                            int lane, int wn, int rA, int rB) {
     constexpr int NBLK = 4, BM = MMQ_BM, BN = MMQ_BN, WN = MMQ_WN, ASTR = 144;
     constexpr int NAUX = Tr<QT>::NAUX;
     constexpr bool SPL = (QT == QT_IQ2_XS || QT == QT_Q2_K);
+    constexpr int P = (T + 1) / 2;  // ldmatrix x4 loads (tile pairs)
     const int t4 = lane & 3;
 #pragma unroll
     for (int j = 0; j < NBLK; ++j) {
@@ -653,8 +664,8 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
         };
         mma_tile(0, d[0]);
 #pragma unroll
-        for (int t = 0; t < 2 * P; ++t) {
-            if (t + 1 < 2 * P) mma_tile(t + 1, d[(t + 1) & 1]);
+        for (int t = 0; t < T; ++t) {
+            if (t + 1 < T) mma_tile(t + 1, d[(t + 1) & 1]);
             if ((t & 1) && (t >> 1) + 2 < P) ldsm_x4(b[(t >> 1) + 2 < P ? (t >> 1) + 2 : 0], bbase + ((t >> 1) + 2) * BSTEP);
             const int c = (wn + WN * t) * 8 + 2 * t4;
             const float2 da = *reinterpret_cast<const float2*>(asc + j * BN + c);
@@ -666,26 +677,26 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
     }
 }
 
-template <int QT, int P>
+template <int QT, int T>
 __device__ __forceinline__ void mmq2_chunk_any(float (&acc)[MMQ_NT8][4], uint32_t wdec_s, const float* wsc,
                                                const float* asc, uint32_t act_s, int jlim, uint32_t a_off,
                                                int lane, int wn, int rA, int rB) {
     if (jlim >= 4)
-        mmq2_chunk<QT, P, true>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+        mmq2_chunk<QT, T, true>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
     else
-        mmq2_chunk<QT, P, false>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+        mmq2_chunk<QT, T, false>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
 }
 
-// Dispatch on the warp's pair count (1 .. NT8/2; 0: nothing to do).
-template <int QT, int P>
-__device__ __forceinline__ void mmq2_dispatch(int np, float (&acc)[MMQ_NT8][4], uint32_t wdec_s,
+// Dispatch on the warp's n8 tile count (1 .. NT8; 0: nothing to do).
+template <int QT, int T>
+__device__ __forceinline__ void mmq2_dispatch(int nt, float (&acc)[MMQ_NT8][4], uint32_t wdec_s,
                                               const float* wsc, const float* asc, uint32_t act_s, int jlim,
                                               uint32_t a_off, int lane, int wn, int rA, int rB) {
-    if constexpr (P >= 1) {
-        if (np == P)
-            mmq2_chunk_any<QT, P>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+    if constexpr (T >= 1) {
+        if (nt == T)
+            mmq2_chunk_any<QT, T>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
         else
-            mmq2_dispatch<QT, P - 1>(np, acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+            mmq2_dispatch<QT, T - 1>(nt, acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
     }
 }
 
@@ -867,14 +878,15 @@ __device__ __forceinline__ void mmq_body2(const uint8_t* __restrict__ W, long lo
         // this warp's n8 tiles: wn, wn + WN, ... below ceil(nvalid / 8); pairs of them
         const int nt8 = (nvalid + 7) >> 3;
         const int mine = nt8 > wn ? (nt8 - wn + WN - 1) / WN : 0;
-        const int np = (mine + 1) >> 1;
+        // MMQ_V2=1: whole pairs (an odd last tile multiplies stale rows); 2: exactly its tiles
+        const int ntw = MMQ_V2 >= 2 ? mine : ((mine + 1) & ~1);
         const bool active = (n0 + wm * 16) < N;  // a warp whose 16 weight rows are all past N idles
 
         for (int kc = 0; kc < nch; ++kc) {
             if (kc + 1 < nch) prep(kc + 1);
             const int db = kc & 1;
             if (active)
-                mmq2_dispatch<QT, NT8 / 2>(np, acc, smem_u32(wdec0 + db * G::WDEC_B), wsc0 + db * G::WSC_F,
+                mmq2_dispatch<QT, NT8>(ntw, acc, smem_u32(wdec0 + db * G::WDEC_B), wsc0 + db * G::WSC_F,
                                            asc0 + db * G::ASC_F, smem_u32(act + (kc % STAGES) * (BN * ASTR)),
                                            nb - kc * NBLK, a_off, lane, wn, rA, rB);
             if (kc + 1 < nch) {
