@@ -298,7 +298,7 @@ _SPLIT_WARPS = 8  # SPL_WARPS in attention_mma.cu
 #: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else mma (dp4a where mma has no instance).
 ATTEND_VARIANTS = ("dp4a", "mma", "split", "auto")
 #: the variant attend() runs when none is asked for
-ATTEND_VARIANT = "dp4a"
+ATTEND_VARIANT = "auto"
 #: the most queries "auto" sends to the split-K kernels
 ATTEND_SPLIT_MAX_T = 4
 #: head sizes the mma variant is instantiated for
@@ -395,8 +395,11 @@ def attend(q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, stream
         sizes = (U * nblk * KEY_BLOCK, U * nblk, U * nblk * hd, U * nblk, U * nblk)  # S MC OB LS AL
         buf = _split_buffer(4 * sum(sizes))
         base = _ptr(buf)
-        offs = np.concatenate([[0], np.cumsum(sizes)[:-1]]) * 4
-        S, MC, OB, LS, AL = (base + int(o) for o in offs)
+        S = base
+        MC = S + 4 * sizes[0]
+        OB = MC + 4 * sizes[1]
+        LS = OB + 4 * sizes[2]
+        AL = LS + 4 * sizes[3]
         f1 = _mma_func(f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
         f1.prepared_async_call((nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), stream, _ptr(q), H * hd, _ptr(pos),
                                T, H, H // n_kv, _ptr(k_codes), _ptr(k_scale), cap, kq, nblk, S, MC)

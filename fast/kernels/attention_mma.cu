@@ -83,9 +83,8 @@ __device__ __forceinline__ float strata_exp(float x)
 // beyond +-87/88 both take the same early exits): rintf(y) and (int)n through MAGIC_F.
 __device__ __forceinline__ float strata_exp_fast(float x)
 {
-    if (x != x) return x;
-    if (x > 88.0f) return __int_as_float(0x7f800000);
-    if (x < -87.0f) return 0.0f;
+    // the polynomial for every x, the special cases selected after (no branches, no divergence;
+    // out of range the polynomial's value is discarded)
     const float tn = __fadd_rn(__fmul_rn(x, 0x1.715476p+0f), MAGIC_F);
     const int ni = __float_as_int(tn) - MAGIC_I;
     const float n = __fsub_rn(tn, MAGIC_F);
@@ -99,7 +98,10 @@ __device__ __forceinline__ float strata_exp_fast(float x)
     p = __fadd_rn(__fmul_rn(p, r), 0.5f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    return __fmul_rn(p, __int_as_float((ni + 127) << 23));
+    float y = __fmul_rn(p, __int_as_float((ni + 127) << 23));
+    y = (x < -87.0f) ? 0.0f : y;
+    y = (x > 88.0f) ? __int_as_float(0x7f800000) : y;
+    return (x != x) ? x : y;
 }
 
 // (int)roundf(x) (half away from zero) for finite |x| < 2^22: rintf through MAGIC_F, then a tie
@@ -109,8 +111,8 @@ __device__ __forceinline__ int roundf_away_int(float x)
     const float t = __fadd_rn(x, MAGIC_F);
     int ri = __float_as_int(t) - MAGIC_I;
     const float d = __fsub_rn(x, __fsub_rn(t, MAGIC_F));
-    if (d == copysignf(0.5f, x)) ri += (x > 0.0f) ? 1 : -1;
-    return ri;
+    const int away = (x > 0.0f) ? 1 : -1;
+    return (d == copysignf(0.5f, x)) ? ri + away : ri;
 }
 
 __device__ __forceinline__ float magic_to_float(int acc)  // acc = MAGIC_I + exact int
@@ -301,18 +303,88 @@ __device__ __forceinline__ void attend_mma_body(
     const int8_t* kbase = k_codes + head_row0 * HD;
     const int8_t* vbase = v_codes + head_row0 * HD;
 
+    // The next key block is fetched from global memory into registers while this one is computed
+    // (loads in flight across the compute), then stored to shared memory (V transposed).
+    constexpr int KITER = (KEY_BLOCK * (HD / 16) + NTH - 1) / NTH;
+    constexpr int VITER = ((KEY_BLOCK / 4) * (HD / 4) + NTH - 1) / NTH;
+    constexpr int SITER = (KEY_BLOCK * NB + NTH - 1) / NTH;
+    int4 pk[KITER];
+    unsigned pv[VITER][4];
+    float pks[SITER];
+    float pvs = 0.0f;
+    auto fetch = [&](int j0) {
+#pragma unroll
+        for (int i = 0; i < KITER; ++i) {
+            const int idx = tid + i * NTH;
+            const int key = idx / (HD / 16);
+            const int part = idx - key * (HD / 16);
+            pk[i] = make_int4(0, 0, 0, 0);
+            if (idx < KEY_BLOCK * (HD / 16) && j0 + key < cap)
+                pk[i] = reinterpret_cast<const int4*>(kbase + (long long)(j0 + key) * HD)[part];
+        }
+#pragma unroll
+        for (int i = 0; i < VITER; ++i) {
+            const int idx = tid + i * NTH;
+            const int slot = idx % (KEY_BLOCK / 4);  // slot = 8 ks + 4 half + qq
+            const int m = idx / (KEY_BLOCK / 4);     // dims 4m .. 4m+3
+            const int k0 = j0 + 32 * (slot >> 3) + 16 * ((slot >> 2) & 1) + 2 * (slot & 3);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int j = k0 + (u & 1) + 8 * (u >> 1);  // keys k0, k0+1, k0+8, k0+9
+                pv[i][u] = (idx < (KEY_BLOCK / 4) * (HD / 4) && j < cap)
+                               ? reinterpret_cast<const unsigned*>(vbase + (long long)j * HD)[m] : 0u;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < SITER; ++i) {
+            const int idx = tid + i * NTH;
+            const int key = idx / NB;
+            const int b = idx - key * NB;
+            pks[i] = (idx < KEY_BLOCK * NB && j0 + key < cap) ? k_scale[(head_row0 + j0 + key) * NB + b] : 0.0f;
+        }
+        if (tid < KEY_BLOCK) pvs = (j0 + tid < cap) ? v_scale[head_row0 + j0 + tid] : 0.0f;
+    };
+    auto put = [&]() {
+#pragma unroll
+        for (int i = 0; i < KITER; ++i) {
+            const int idx = tid + i * NTH;
+            const int key = idx / (HD / 16);
+            const int part = idx - key * (HD / 16);
+            if (idx < KEY_BLOCK * (HD / 16)) *reinterpret_cast<int4*>(sk + key * KW + part * 4) = pk[i];
+        }
+#pragma unroll
+        for (int i = 0; i < VITER; ++i) {
+            const int idx = tid + i * NTH;
+            const int slot = idx % (KEY_BLOCK / 4);
+            const int m = idx / (KEY_BLOCK / 4);
+            if (idx < (KEY_BLOCK / 4) * (HD / 4)) {
+                const unsigned lo01 = __byte_perm(pv[i][0], pv[i][1], 0x5140);
+                const unsigned hi01 = __byte_perm(pv[i][0], pv[i][1], 0x7362);
+                const unsigned lo23 = __byte_perm(pv[i][2], pv[i][3], 0x5140);
+                const unsigned hi23 = __byte_perm(pv[i][2], pv[i][3], 0x7362);
+                svt[(4 * m + 0) * VW + slot] = (int)__byte_perm(lo01, lo23, 0x5410);
+                svt[(4 * m + 1) * VW + slot] = (int)__byte_perm(lo01, lo23, 0x7632);
+                svt[(4 * m + 2) * VW + slot] = (int)__byte_perm(hi01, hi23, 0x5410);
+                svt[(4 * m + 3) * VW + slot] = (int)__byte_perm(hi01, hi23, 0x7632);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < SITER; ++i) {
+            const int idx = tid + i * NTH;
+            const int key = idx / NB;
+            const int b = idx - key * NB;
+            if (idx < KEY_BLOCK * NB) skd[b * KEY_BLOCK + key] = pks[i];
+        }
+        if (tid < KEY_BLOCK) svd[tid] = pvs;
+    };
+
+    if (n_blk > 0) fetch(0);
     for (int c = 0; c < n_blk; ++c) {
         const int j0 = c * KEY_BLOCK;
         __syncthreads();  // the previous block's shared data is no longer read
-        stage_k<HD, KW>(sk, kbase, j0, cap, tid, NTH);
-        for (int idx = tid; idx < KEY_BLOCK * NB; idx += NTH) {
-            const int key = idx / NB;
-            const int b = idx - key * NB;
-            skd[b * KEY_BLOCK + key] = (j0 + key < cap) ? k_scale[(head_row0 + j0 + key) * NB + b] : 0.0f;
-        }
-        stage_v<HD, true>(svt, VW, vbase, j0, cap, tid, NTH);
-        if (tid < KEY_BLOCK) svd[tid] = (j0 + tid < cap) ? v_scale[head_row0 + j0 + tid] : 0.0f;
+        put();
         __syncthreads();
+        if (c + 1 < n_blk) fetch(j0 + KEY_BLOCK);
         if (c > wlast) continue;  // warp-uniform: none of this warp's queries reaches block c
 
         // scores: accumulator (nt, e) is query row r0 (e < 2) or r1, key 8 nt + 2 tq + (e & 1)
@@ -343,7 +415,8 @@ __device__ __forceinline__ void attend_mma_body(
             for (int e = 0; e < 4; ++e) {
                 const int key = j0 + 8 * nt + 2 * tq + (e & 1);
                 const bool valid = key <= ((e < 2) ? pos0 : pos1);
-                s[nt][e] = valid ? __fmul_rn(s[nt][e], kq_scale) : NEG_INF;
+                const float sc = __fmul_rn(s[nt][e], kq_scale);
+                s[nt][e] = valid ? sc : NEG_INF;
             }
             mc0 = fmaxf(mc0, fmaxf(s[nt][0], s[nt][1]));
             mc1 = fmaxf(mc1, fmaxf(s[nt][2], s[nt][3]));
@@ -354,22 +427,16 @@ __device__ __forceinline__ void attend_mma_body(
         const float al0 = strata_exp_fast(__fsub_rn(M0, mn0));
         const float al1 = strata_exp_fast(__fsub_rn(M1, mn1));
 
-        // p (into s), the lsum tree, w = p * dv
-        float w[NT][4];
-        float amax0 = 0.0f, amax1 = 0.0f;
+        // p (into s), the lsum tree, then w = p * dv (into s)
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            const float dv0 = svd[8 * nt + 2 * tq], dv1 = svd[8 * nt + 2 * tq + 1];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = j0 + 8 * nt + 2 * tq + (e & 1);
                 const bool valid = key <= ((e < 2) ? pos0 : pos1);
-                const float p = valid ? strata_exp_fast(__fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1)) : 0.0f;
-                s[nt][e] = p;
-                w[nt][e] = valid ? __fmul_rn(p, (e & 1) ? dv1 : dv0) : 0.0f;
+                const float pe = strata_exp_fast(__fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1));
+                s[nt][e] = valid ? pe : 0.0f;
             }
-            amax0 = fmaxf(amax0, fmaxf(fabsf(w[nt][0]), fabsf(w[nt][1])));
-            amax1 = fmaxf(amax1, fmaxf(fabsf(w[nt][2]), fabsf(w[nt][3])));
         }
         float u[4];
 #pragma unroll
@@ -385,6 +452,21 @@ __device__ __forceinline__ void attend_mma_body(
         }
         const float ls0 = __fadd_rn(u[0], u[1]);                                         // j, j + 1
         const float ls1 = __fadd_rn(u[2], u[3]);
+        float amax0 = 0.0f, amax1 = 0.0f;
+        float (&w)[NT][4] = s;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float dv0 = svd[8 * nt + 2 * tq], dv1 = svd[8 * nt + 2 * tq + 1];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = j0 + 8 * nt + 2 * tq + (e & 1);
+                const bool valid = key <= ((e < 2) ? pos0 : pos1);
+                const float we = __fmul_rn(s[nt][e], (e & 1) ? dv1 : dv0);
+                w[nt][e] = valid ? we : 0.0f;
+            }
+            amax0 = fmaxf(amax0, fmaxf(fabsf(w[nt][0]), fabsf(w[nt][1])));
+            amax1 = fmaxf(amax1, fmaxf(fabsf(w[nt][2]), fabsf(w[nt][3])));
+        }
         amax0 = quad_max(amax0);
         amax1 = quad_max(amax1);
 
@@ -420,17 +502,20 @@ __device__ __forceinline__ void attend_mma_body(
             const int* vr = svt + (8 * nd + g) * VW;
 #pragma unroll
             for (int ks = 0; ks < 2; ++ks) mma_s8(acc, pa[ks], vr[8 * ks + tq], vr[8 * ks + 4 + tq]);
-            if (live0) {
-                O[nd][0] = __fadd_rn(__fmul_rn(O[nd][0], al0), __fmul_rn(wd0, magic_to_float(acc[0])));
-                O[nd][1] = __fadd_rn(__fmul_rn(O[nd][1], al0), __fmul_rn(wd0, magic_to_float(acc[1])));
-            }
-            if (live1) {
-                O[nd][2] = __fadd_rn(__fmul_rn(O[nd][2], al1), __fmul_rn(wd1, magic_to_float(acc[2])));
-                O[nd][3] = __fadd_rn(__fmul_rn(O[nd][3], al1), __fmul_rn(wd1, magic_to_float(acc[3])));
-            }
+            const float o0 = __fadd_rn(__fmul_rn(O[nd][0], al0), __fmul_rn(wd0, magic_to_float(acc[0])));
+            const float o1 = __fadd_rn(__fmul_rn(O[nd][1], al0), __fmul_rn(wd0, magic_to_float(acc[1])));
+            const float o2 = __fadd_rn(__fmul_rn(O[nd][2], al1), __fmul_rn(wd1, magic_to_float(acc[2])));
+            const float o3 = __fadd_rn(__fmul_rn(O[nd][3], al1), __fmul_rn(wd1, magic_to_float(acc[3])));
+            O[nd][0] = live0 ? o0 : O[nd][0];
+            O[nd][1] = live0 ? o1 : O[nd][1];
+            O[nd][2] = live1 ? o2 : O[nd][2];
+            O[nd][3] = live1 ? o3 : O[nd][3];
         }
-        if (live0) { L0 = __fadd_rn(__fmul_rn(L0, al0), ls0); M0 = mn0; }
-        if (live1) { L1 = __fadd_rn(__fmul_rn(L1, al1), ls1); M1 = mn1; }
+        const float l0 = __fadd_rn(__fmul_rn(L0, al0), ls0), l1 = __fadd_rn(__fmul_rn(L1, al1), ls1);
+        L0 = live0 ? l0 : L0;
+        M0 = live0 ? mn0 : M0;
+        L1 = live1 ? l1 : L1;
+        M1 = live1 ? mn1 : M1;
     }
 
     const long long ta = t0 + r0, tb = t0 + r1;
