@@ -288,7 +288,7 @@ def kv_write(k, v, positions, k_codes, k_scale, v_codes, v_scale, *, stream=None
 
 
 _ATT_TILE = 32  # ATT_WARPS * ATT_QPW in attention.cu
-_SPLIT_WARPS = 8  # SPL_WARPS in attention_mma.cu
+_SPLIT_WARPS = 8  # SPL_WARPS in attention_mma.cu (the merge runs MERGE_G = 4 threads per dim)
 
 #: attention kernels, all bit-exact to strata.attention.attend:
 #: "dp4a"  attention.cu: one CTA per (32 queries, head), dp4a, key blocks in sequence (the port);
@@ -303,9 +303,9 @@ ATTEND_VARIANT = "auto"
 ATTEND_SPLIT_MAX_T = 4
 #: head sizes the mma variant is instantiated for
 ATTEND_MMA_HEAD_DIMS = (64, 128)
-#: attention_mma.cu tile configuration: MMA_WARPS (warps of 16 queries per CTA, default 4),
+#: attention_mma.cu tile configuration: MMA_WARPS (warps of 16 queries per CTA; 4 when absent),
 #: MMA_MINB (__launch_bounds__ minimum CTAs per SM, default 1)
-ATTEND_MMA_CONFIG: dict = {}
+ATTEND_MMA_CONFIG: dict = {"MMA_WARPS": 8}
 
 
 def _mma_func(name: str, fmt: str):
@@ -407,7 +407,7 @@ def attend(q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, stream
         f2.prepared_async_call((nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), stream, _ptr(pos), T, H, H // n_kv,
                                _ptr(v_codes), _ptr(v_scale), cap, nblk, S, MC, OB, LS, AL)
         f3 = _mma_func(f"attend_split_merge_hd{hd}", "PiiPPPPq")
-        f3.prepared_async_call((T, H, 1), (hd, 1, 1), stream, _ptr(pos), H, nblk, OB, LS, AL, _ptr(out),
+        f3.prepared_async_call((T, H, 1), (4 * hd, 1, 1), stream, _ptr(pos), H, nblk, OB, LS, AL, _ptr(out),
                                H * hd)
         counters["launches"] += 2
     _count("attention")

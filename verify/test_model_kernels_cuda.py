@@ -261,6 +261,21 @@ def test_attention(ops, n_head, n_kv, hd, positions, start, scale, variant):
     assert_same(_get(out), want, f"attention[{variant}] H={n_head} KV={n_kv} hd={hd} T={positions.size}")
 
 
+@pytest.mark.parametrize("warps", [4, 8])
+@pytest.mark.parametrize("case", [1, 6, 7])  # gqa4-cross64-hd128, prefill-1000, chunk-1500
+def test_attention_mma_configs(ops, monkeypatch, case, warps):
+    """The mma kernel under each tile configuration (ATTEND_MMA_CONFIG MMA_WARPS)."""
+    n_head, n_kv, hd, positions, start = ATT_CASES[case].values
+    rng = np.random.default_rng(900 + case)
+    positions = positions.astype(np.int32)
+    cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, 4.0)
+    want = attention.attend(cache, 0, q, positions)
+    monkeypatch.setattr(ops, "ATTEND_MMA_CONFIG", {"MMA_WARPS": warps})
+    out = _poisoned(q.shape, F32)
+    ops.attend(_up(q), positions, *_device_cache_from(ops, cache, 0), out=out, variant="mma")
+    assert_same(_get(out), want, f"attention[mma, MMA_WARPS={warps}] case {case}")
+
+
 @pytest.mark.parametrize("variant", ["mma", "split"])
 def test_attention_positions_on_device(ops, variant):
     """Positions as a GPUArray (no host copy: the split grid spans the capacity)."""

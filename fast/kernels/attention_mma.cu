@@ -222,6 +222,11 @@ __device__ __forceinline__ void stage_k(int* sk, const int8_t* __restrict__ kbas
 
 // ============================================================================ tensor cores
 
+template <bool B>
+struct BoolTag {
+    static constexpr bool value = B;
+};
+
 template <int HD>
 __device__ __forceinline__ void attend_mma_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int group,
@@ -278,6 +283,7 @@ __device__ __forceinline__ void attend_mma_body(
     const int last0 = pos0 < 0 ? -1 : pos0 / KEY_BLOCK;
     const int last1 = pos1 < 0 ? -1 : pos1 / KEY_BLOCK;
     const int wlast = __reduce_max_sync(0xffffffffu, max(last0, last1));
+    const int wminpos = __reduce_min_sync(0xffffffffu, min(pos0, pos1));  // -1 with padding rows
 
     int qa[NB][4];
     float dq0[NB], dq1[NB];
@@ -387,135 +393,142 @@ __device__ __forceinline__ void attend_mma_body(
         if (c + 1 < n_blk) fetch(j0 + KEY_BLOCK);
         if (c > wlast) continue;  // warp-uniform: none of this warp's queries reaches block c
 
-        // scores: accumulator (nt, e) is query row r0 (e < 2) or r1, key 8 nt + 2 tq + (e & 1)
-        float s[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-#pragma unroll
+        // A block below every query of the warp (all but the diagonal ones) needs no masking:
+        // the body is instantiated twice, FULL = true without the key <= position tests.
+        auto block = [&](auto full_tag) {
+            constexpr bool FULL = decltype(full_tag)::value;
+            // scores: accumulator (nt, e) is query row r0 (e < 2) or r1, key 8 nt + 2 tq + (e & 1)
+            float s[NT][4];
+    #pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+    #pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    #pragma unroll
+            for (int b = 0; b < NB; ++b) {
+    #pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // sumi_b rides on MAGIC_I
+                    const int* kr = sk + (8 * nt + g) * KW + 8 * b;
+                    mma_s8(acc, qa[b], kr[tq], kr[4 + tq]);
+                    const float dk0 = skd[b * KEY_BLOCK + 8 * nt + 2 * tq];
+                    const float dk1 = skd[b * KEY_BLOCK + 8 * nt + 2 * tq + 1];
+                    s[nt][0] = __fadd_rn(s[nt][0], __fmul_rn(__fmul_rn(dq0[b], dk0), magic_to_float(acc[0])));
+                    s[nt][1] = __fadd_rn(s[nt][1], __fmul_rn(__fmul_rn(dq0[b], dk1), magic_to_float(acc[1])));
+                    s[nt][2] = __fadd_rn(s[nt][2], __fmul_rn(__fmul_rn(dq1[b], dk0), magic_to_float(acc[2])));
+                    s[nt][3] = __fadd_rn(s[nt][3], __fmul_rn(__fmul_rn(dq1[b], dk1), magic_to_float(acc[3])));
+                }
+            }
+            float mc0 = NEG_INF, mc1 = NEG_INF;
+    #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // sumi_b rides on MAGIC_I
-                const int* kr = sk + (8 * nt + g) * KW + 8 * b;
-                mma_s8(acc, qa[b], kr[tq], kr[4 + tq]);
-                const float dk0 = skd[b * KEY_BLOCK + 8 * nt + 2 * tq];
-                const float dk1 = skd[b * KEY_BLOCK + 8 * nt + 2 * tq + 1];
-                s[nt][0] = __fadd_rn(s[nt][0], __fmul_rn(__fmul_rn(dq0[b], dk0), magic_to_float(acc[0])));
-                s[nt][1] = __fadd_rn(s[nt][1], __fmul_rn(__fmul_rn(dq0[b], dk1), magic_to_float(acc[1])));
-                s[nt][2] = __fadd_rn(s[nt][2], __fmul_rn(__fmul_rn(dq1[b], dk0), magic_to_float(acc[2])));
-                s[nt][3] = __fadd_rn(s[nt][3], __fmul_rn(__fmul_rn(dq1[b], dk1), magic_to_float(acc[3])));
+    #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = j0 + 8 * nt + 2 * tq + (e & 1);
+                    const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
+                    const float sc = __fmul_rn(s[nt][e], kq_scale);
+                    s[nt][e] = valid ? sc : NEG_INF;
+                }
+                mc0 = fmaxf(mc0, fmaxf(s[nt][0], s[nt][1]));
+                mc1 = fmaxf(mc1, fmaxf(s[nt][2], s[nt][3]));
             }
-        }
-        float mc0 = NEG_INF, mc1 = NEG_INF;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = j0 + 8 * nt + 2 * tq + (e & 1);
-                const bool valid = key <= ((e < 2) ? pos0 : pos1);
-                const float sc = __fmul_rn(s[nt][e], kq_scale);
-                s[nt][e] = valid ? sc : NEG_INF;
-            }
-            mc0 = fmaxf(mc0, fmaxf(s[nt][0], s[nt][1]));
-            mc1 = fmaxf(mc1, fmaxf(s[nt][2], s[nt][3]));
-        }
-        mc0 = quad_max(mc0);
-        mc1 = quad_max(mc1);
-        const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
-        const float al0 = strata_exp_fast(__fsub_rn(M0, mn0));
-        const float al1 = strata_exp_fast(__fsub_rn(M1, mn1));
+            mc0 = quad_max(mc0);
+            mc1 = quad_max(mc1);
+            const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
+            const float al0 = strata_exp_fast(__fsub_rn(M0, mn0));
+            const float al1 = strata_exp_fast(__fsub_rn(M1, mn1));
 
-        // p (into s), the lsum tree, then w = p * dv (into s)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = j0 + 8 * nt + 2 * tq + (e & 1);
-                const bool valid = key <= ((e < 2) ? pos0 : pos1);
-                const float pe = strata_exp_fast(__fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1));
-                s[nt][e] = valid ? pe : 0.0f;
+            // p (into s), the lsum tree, then w = p * dv (into s)
+    #pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+    #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = j0 + 8 * nt + 2 * tq + (e & 1);
+                    const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
+                    const float pe = strata_exp_fast(__fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1));
+                    s[nt][e] = valid ? pe : 0.0f;
+                }
             }
-        }
-        float u[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            float t4[4];
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) t4[nt] = __fadd_rn(s[nt][e], s[nt + 4][e]);  // j, j + 32
-            const float t2a = __fadd_rn(t4[0], t4[2]);                                   // j, j + 16
-            const float t2b = __fadd_rn(t4[1], t4[3]);
-            u[e] = __fadd_rn(t2a, t2b);                                                  // j, j + 8
-            u[e] = __fadd_rn(u[e], __shfl_xor_sync(0xffffffffu, u[e], 2));               // j, j + 4
-            u[e] = __fadd_rn(u[e], __shfl_xor_sync(0xffffffffu, u[e], 1));               // j, j + 2
-        }
-        const float ls0 = __fadd_rn(u[0], u[1]);                                         // j, j + 1
-        const float ls1 = __fadd_rn(u[2], u[3]);
-        float amax0 = 0.0f, amax1 = 0.0f;
-        float (&w)[NT][4] = s;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const float dv0 = svd[8 * nt + 2 * tq], dv1 = svd[8 * nt + 2 * tq + 1];
-#pragma unroll
+            float u[4];
+    #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int key = j0 + 8 * nt + 2 * tq + (e & 1);
-                const bool valid = key <= ((e < 2) ? pos0 : pos1);
-                const float we = __fmul_rn(s[nt][e], (e & 1) ? dv1 : dv0);
-                w[nt][e] = valid ? we : 0.0f;
+                float t4[4];
+    #pragma unroll
+                for (int nt = 0; nt < 4; ++nt) t4[nt] = __fadd_rn(s[nt][e], s[nt + 4][e]);  // j, j + 32
+                const float t2a = __fadd_rn(t4[0], t4[2]);                                   // j, j + 16
+                const float t2b = __fadd_rn(t4[1], t4[3]);
+                u[e] = __fadd_rn(t2a, t2b);                                                  // j, j + 8
+                u[e] = __fadd_rn(u[e], __shfl_xor_sync(0xffffffffu, u[e], 2));               // j, j + 4
+                u[e] = __fadd_rn(u[e], __shfl_xor_sync(0xffffffffu, u[e], 1));               // j, j + 2
             }
-            amax0 = fmaxf(amax0, fmaxf(fabsf(w[nt][0]), fabsf(w[nt][1])));
-            amax1 = fmaxf(amax1, fmaxf(fabsf(w[nt][2]), fabsf(w[nt][3])));
-        }
-        amax0 = quad_max(amax0);
-        amax1 = quad_max(amax1);
+            const float ls0 = __fadd_rn(u[0], u[1]);                                         // j, j + 1
+            const float ls1 = __fadd_rn(u[2], u[3]);
+            float amax0 = 0.0f, amax1 = 0.0f;
+            float (&w)[NT][4] = s;
+    #pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const float dv0 = svd[8 * nt + 2 * tq], dv1 = svd[8 * nt + 2 * tq + 1];
+    #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = j0 + 8 * nt + 2 * tq + (e & 1);
+                    const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
+                    const float we = __fmul_rn(s[nt][e], (e & 1) ? dv1 : dv0);
+                    w[nt][e] = valid ? we : 0.0f;
+                }
+                amax0 = fmaxf(amax0, fmaxf(fabsf(w[nt][0]), fabsf(w[nt][1])));
+                amax1 = fmaxf(amax1, fmaxf(fabsf(w[nt][2]), fabsf(w[nt][3])));
+            }
+            amax0 = quad_max(amax0);
+            amax1 = quad_max(amax1);
 
-        // int8 P per (query, block), straight into the A fragments of P.V (k-slot order matches
-        // the permuted V^T staging: slots 4tq+i <- keys 32ks + 8(i/2) + 2tq + (i%2), +16 for a2/a3)
-        // a block whose 127/amax is not finite (amax 0 or tiny): scale 0, codes 0 (as attention.cu,
-        // where such a block's codes come out 0 through to_i8 and 1/inf = 0)
-        const float d_inv0 = 127.0f / amax0, d_inv1 = 127.0f / amax1;
-        const bool ok0 = d_inv0 < __int_as_float(0x7f800000), ok1 = d_inv1 < __int_as_float(0x7f800000);
-        const float wd0 = ok0 ? 1.0f / d_inv0 : 0.0f, wd1 = ok1 ? 1.0f / d_inv1 : 0.0f;
-        int8_t code[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            code[nt][0] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][0], d_inv0)) : (int8_t)0;
-            code[nt][1] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][1], d_inv0)) : (int8_t)0;
-            code[nt][2] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][2], d_inv1)) : (int8_t)0;
-            code[nt][3] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][3], d_inv1)) : (int8_t)0;
-        }
-        int pa[2][4];
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-            const int n0 = 4 * ks;
-            pa[ks][0] = pack4(code[n0][0], code[n0][1], code[n0 + 1][0], code[n0 + 1][1]);
-            pa[ks][1] = pack4(code[n0][2], code[n0][3], code[n0 + 1][2], code[n0 + 1][3]);
-            pa[ks][2] = pack4(code[n0 + 2][0], code[n0 + 2][1], code[n0 + 3][0], code[n0 + 3][1]);
-            pa[ks][3] = pack4(code[n0 + 2][2], code[n0 + 2][3], code[n0 + 3][2], code[n0 + 3][3]);
-        }
+            // int8 P per (query, block), straight into the A fragments of P.V (k-slot order matches
+            // the permuted V^T staging: slots 4tq+i <- keys 32ks + 8(i/2) + 2tq + (i%2), +16 for a2/a3)
+            // a block whose 127/amax is not finite (amax 0 or tiny): scale 0, codes 0 (as attention.cu,
+            // where such a block's codes come out 0 through to_i8 and 1/inf = 0)
+            const float d_inv0 = 127.0f / amax0, d_inv1 = 127.0f / amax1;
+            const bool ok0 = d_inv0 < __int_as_float(0x7f800000), ok1 = d_inv1 < __int_as_float(0x7f800000);
+            const float wd0 = ok0 ? 1.0f / d_inv0 : 0.0f, wd1 = ok1 ? 1.0f / d_inv1 : 0.0f;
+            int8_t code[NT][4];
+    #pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                code[nt][0] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][0], d_inv0)) : (int8_t)0;
+                code[nt][1] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][1], d_inv0)) : (int8_t)0;
+                code[nt][2] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][2], d_inv1)) : (int8_t)0;
+                code[nt][3] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][3], d_inv1)) : (int8_t)0;
+            }
+            int pa[2][4];
+    #pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                const int n0 = 4 * ks;
+                pa[ks][0] = pack4(code[n0][0], code[n0][1], code[n0 + 1][0], code[n0 + 1][1]);
+                pa[ks][1] = pack4(code[n0][2], code[n0][3], code[n0 + 1][2], code[n0 + 1][3]);
+                pa[ks][2] = pack4(code[n0 + 2][0], code[n0 + 2][1], code[n0 + 3][0], code[n0 + 3][1]);
+                pa[ks][3] = pack4(code[n0 + 2][2], code[n0 + 2][3], code[n0 + 3][2], code[n0 + 3][3]);
+            }
 
-        const bool live0 = c <= last0, live1 = c <= last1;
-#pragma unroll
-        for (int nd = 0; nd < ND; ++nd) {
-            int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // |P.V| < 2^21
-            const int* vr = svt + (8 * nd + g) * VW;
-#pragma unroll
-            for (int ks = 0; ks < 2; ++ks) mma_s8(acc, pa[ks], vr[8 * ks + tq], vr[8 * ks + 4 + tq]);
-            const float o0 = __fadd_rn(__fmul_rn(O[nd][0], al0), __fmul_rn(wd0, magic_to_float(acc[0])));
-            const float o1 = __fadd_rn(__fmul_rn(O[nd][1], al0), __fmul_rn(wd0, magic_to_float(acc[1])));
-            const float o2 = __fadd_rn(__fmul_rn(O[nd][2], al1), __fmul_rn(wd1, magic_to_float(acc[2])));
-            const float o3 = __fadd_rn(__fmul_rn(O[nd][3], al1), __fmul_rn(wd1, magic_to_float(acc[3])));
-            O[nd][0] = live0 ? o0 : O[nd][0];
-            O[nd][1] = live0 ? o1 : O[nd][1];
-            O[nd][2] = live1 ? o2 : O[nd][2];
-            O[nd][3] = live1 ? o3 : O[nd][3];
-        }
-        const float l0 = __fadd_rn(__fmul_rn(L0, al0), ls0), l1 = __fadd_rn(__fmul_rn(L1, al1), ls1);
-        L0 = live0 ? l0 : L0;
-        M0 = live0 ? mn0 : M0;
-        L1 = live1 ? l1 : L1;
-        M1 = live1 ? mn1 : M1;
+            const bool live0 = FULL || c <= last0, live1 = FULL || c <= last1;
+    #pragma unroll
+            for (int nd = 0; nd < ND; ++nd) {
+                int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // |P.V| < 2^21
+                const int* vr = svt + (8 * nd + g) * VW;
+    #pragma unroll
+                for (int ks = 0; ks < 2; ++ks) mma_s8(acc, pa[ks], vr[8 * ks + tq], vr[8 * ks + 4 + tq]);
+                const float o0 = __fadd_rn(__fmul_rn(O[nd][0], al0), __fmul_rn(wd0, magic_to_float(acc[0])));
+                const float o1 = __fadd_rn(__fmul_rn(O[nd][1], al0), __fmul_rn(wd0, magic_to_float(acc[1])));
+                const float o2 = __fadd_rn(__fmul_rn(O[nd][2], al1), __fmul_rn(wd1, magic_to_float(acc[2])));
+                const float o3 = __fadd_rn(__fmul_rn(O[nd][3], al1), __fmul_rn(wd1, magic_to_float(acc[3])));
+                O[nd][0] = live0 ? o0 : O[nd][0];
+                O[nd][1] = live0 ? o1 : O[nd][1];
+                O[nd][2] = live1 ? o2 : O[nd][2];
+                O[nd][3] = live1 ? o3 : O[nd][3];
+            }
+            const float l0 = __fadd_rn(__fmul_rn(L0, al0), ls0), l1 = __fadd_rn(__fmul_rn(L1, al1), ls1);
+            L0 = live0 ? l0 : L0;
+            M0 = live0 ? mn0 : M0;
+            L1 = live1 ? l1 : L1;
+            M1 = live1 ? mn1 : M1;
+        };
+        if (j0 + KEY_BLOCK - 1 <= wminpos) block(BoolTag<true>{});
+        else block(BoolTag<false>{});
     }
 
     const long long ta = t0 + r0, tb = t0 + r1;
@@ -660,6 +673,7 @@ __device__ __forceinline__ void split_pv_body(
         // running max after block c (prefix max of m_0..m_c) and before it (m_0..m_{c-1})
         const float* mrow = MC + unit * nblk;
         float m_new = __int_as_float(0xff800000), m_old = __int_as_float(0xff800000);
+#pragma unroll 8
         for (int i = lane; i <= c; i += 32) {
             const float v = mrow[i];
             m_new = fmaxf(m_new, v);
@@ -712,14 +726,20 @@ __device__ __forceinline__ void split_pv_body(
     }
 }
 
-// Pass 3: grid (T, n_head), HD threads.
+// Pass 3: grid (T, n_head), MERGE_G * HD threads: per chunk of CH blocks all of them load the
+// block values into shared memory (many loads in flight), then the first HD threads (one per
+// output dim) run the ordered chain L = L*alpha + lsum, O = O*alpha + ob.
+#define MERGE_G 4
 template <int HD>
 __device__ __forceinline__ void split_merge_body(
     const int* __restrict__ positions, int n_head, int nblk, const float* __restrict__ OB,
     const float* __restrict__ LS, const float* __restrict__ AL, float* __restrict__ out, long long ldo)
 {
-    constexpr int CH = 8;
-    const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    constexpr int CH = 8192 / HD;  // 32 KB of ob per chunk
+    __shared__ float sob[CH * HD];
+    __shared__ float sa[CH], sl[CH];
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, d = tid % HD, g = tid / HD;
     const int last = positions[t] / KEY_BLOCK;
     const long long unit = (long long)t * n_head + h;
     const float* al = AL + unit * nblk;
@@ -727,23 +747,28 @@ __device__ __forceinline__ void split_merge_body(
     const float* ob = OB + unit * nblk * HD + d;
     float O = 0.0f, L = 0.0f;
     for (int c0 = 0; c0 <= last; c0 += CH) {
-        float a[CH], l[CH], o[CH];
+        __syncthreads();  // the previous chunk is no longer read
 #pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            const int c = c0 + i;
-            a[i] = (c <= last) ? al[c] : 0.0f;
-            l[i] = (c <= last) ? ls[c] : 0.0f;
-            o[i] = (c <= last) ? ob[(long long)c * HD] : 0.0f;
+        for (int k = 0; k < CH / MERGE_G; ++k) {
+            const int i = g + MERGE_G * k;
+            sob[i * HD + d] = ob[(long long)min(c0 + i, last) * HD];
         }
-#pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            if (c0 + i <= last) {
-                L = __fadd_rn(__fmul_rn(L, a[i]), l[i]);
-                O = __fadd_rn(__fmul_rn(O, a[i]), o[i]);
+        for (int i = tid; i < CH; i += MERGE_G * HD) {
+            const int c = min(c0 + i, last);
+            sa[i] = al[c];
+            sl[i] = ls[c];
+        }
+        __syncthreads();
+        if (g == 0) {
+            const int n = min(CH, last + 1 - c0);
+            for (int i = 0; i < n; ++i) {
+                const float a = sa[i];
+                L = __fadd_rn(__fmul_rn(L, a), sl[i]);
+                O = __fadd_rn(__fmul_rn(O, a), sob[i * HD + d]);
             }
         }
     }
-    out[(long long)t * ldo + (long long)h * HD + d] = O / L;
+    if (g == 0) out[(long long)t * ldo + (long long)h * HD + d] = O / L;
 }
 
 #define ATTEND_SPLIT_KERNELS(HD)                                                                   \
@@ -766,7 +791,7 @@ __device__ __forceinline__ void split_merge_body(
     {                                                                                              \
         split_pv_body<HD>(positions, T, n_head, group, v_codes, v_scale, cap, nblk, S, MC, OB, LS, AL);\
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(HD)                                               \
+    extern "C" __global__ void __launch_bounds__(MERGE_G * HD)                                     \
     attend_split_merge_hd##HD(const int* __restrict__ positions, int n_head, int nblk,             \
                               const float* __restrict__ OB, const float* __restrict__ LS,          \
                               const float* __restrict__ AL, float* __restrict__ out, long long ldo)\
