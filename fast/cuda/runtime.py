@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import threading
 
 from strata.errors import DeviceError
@@ -114,6 +115,19 @@ def multiprocessor_count() -> int:
     return int(_device().get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
 
 
+_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.M)
+
+
+def kernel_source(name: str) -> str:
+    """The text of fast/kernels/<name>.cu with the project's own headers (`#include "x.cuh"`)
+    inlined, so the compiled source, and PyCUDA's compile cache key, hold all of it."""
+    def read(fname: str) -> str:
+        with open(os.path.join(KERNEL_DIR, fname), encoding="utf-8") as f:
+            return f.read()
+
+    return _LOCAL_INCLUDE.sub(lambda m: read(m.group(1)), read(f"{name}.cu"))
+
+
 def load_module(name: str, defines: dict | None = None):
     """Compile fast/kernels/<name>.cu (cached per name and defines) and return the
     pycuda SourceModule. ``defines`` become ``-DKEY=VALUE`` options (tile configurations)."""
@@ -125,9 +139,7 @@ def load_module(name: str, defines: dict | None = None):
         context()
         from pycuda.compiler import SourceModule  # noqa: PLC0415
 
-        path = os.path.join(KERNEL_DIR, f"{name}.cu")
-        with open(path, encoding="utf-8") as f:
-            src = f.read()
+        src = kernel_source(name)
         options = list(NVCC_OPTIONS) + [f"-D{k}={v}" for k, v in key[1]]
         try:
             mod = SourceModule(src, options=options, arch=arch(), no_extern_c=True)

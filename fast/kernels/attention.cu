@@ -29,53 +29,21 @@
 // written with __fmul_rn / __fadd_rn where the order matters, so no contraction can happen anyway.
 
 #include <stdint.h>
+#include "strata_numerics.cuh"  // strata_exp, roundf_away, to_i8, warp_max
 
 #define ATT_WARPS 8
 #define ATT_QPW 4
 #define ATT_TILE (ATT_WARPS * ATT_QPW)
 #define KEY_BLOCK 64
 
-__device__ __forceinline__ float roundf_away(float x)
-{
-    const float t = truncf(x);
-    return (fabsf(x - t) >= 0.5f) ? t + copysignf(1.0f, x) : t;
-}
 
 // float -> int8 as NumPy's astype(np.int8) does on x86-64 (the reference's platform): a finite
 // value through int32 (codes are within [-127, 127] anyway); +-inf and NaN give 0. They occur
 // when a block's amax is below 127 / FLT_MAX: d_inv = 127 / amax overflows to inf, x * d_inv is
 // +-inf (or NaN for x == 0), and d = 1 / d_inv = 0, so such a block contributes nothing.
-__device__ __forceinline__ int8_t to_i8(float v)
-{
-    return (isfinite(v)) ? (int8_t)(int)v : (int8_t)0;
-}
 
 // strata.numerics.exp
-__device__ __forceinline__ float strata_exp(float x)
-{
-    if (x != x) return x;
-    if (x > 88.0f) return __int_as_float(0x7f800000);
-    if (x < -87.0f) return 0.0f;
-    const float n = rintf(__fmul_rn(x, 0x1.715476p+0f));
-    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
-    r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
-    float p = 0x1.a01a02p-13f;
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);
-    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
-}
 
-__device__ __forceinline__ float warp_max(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 template <int HD>
 __device__ __forceinline__ void attend_body(

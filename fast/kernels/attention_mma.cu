@@ -30,6 +30,7 @@
 // Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
 
 #include <stdint.h>
+#include "strata_numerics.cuh"  // strata_exp, roundf_away, to_i8, warp_max
 
 #define KEY_BLOCK 64
 #ifndef MMA_WARPS
@@ -48,36 +49,9 @@
 #define MAGIC_I 0x4B400000
 #define MAGIC_F 12582912.0f
 
-__device__ __forceinline__ float roundf_away(float x)
-{
-    const float t = truncf(x);
-    return (fabsf(x - t) >= 0.5f) ? t + copysignf(1.0f, x) : t;
-}
 
-__device__ __forceinline__ int8_t to_i8(float v)
-{
-    return (isfinite(v)) ? (int8_t)(int)v : (int8_t)0;
-}
 
 // strata.numerics.exp
-__device__ __forceinline__ float strata_exp(float x)
-{
-    if (x != x) return x;
-    if (x > 88.0f) return __int_as_float(0x7f800000);
-    if (x < -87.0f) return 0.0f;
-    const float n = rintf(__fmul_rn(x, 0x1.715476p+0f));
-    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
-    r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
-    float p = 0x1.a01a02p-13f;
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);
-    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
-}
 
 // strata.numerics.exp again, bit for bit (checked exhaustively on every float of |x| <= 100;
 // beyond +-87/88 both take the same early exits): rintf(y) and (int)n through MAGIC_F.
@@ -120,12 +94,6 @@ __device__ __forceinline__ float magic_to_float(int acc)  // acc = MAGIC_I + exa
     return __fsub_rn(__int_as_float(acc), MAGIC_F);
 }
 
-__device__ __forceinline__ float warp_max(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 __device__ __forceinline__ float quad_max(float v)
 {

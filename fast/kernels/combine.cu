@@ -11,25 +11,8 @@
 //   polynomial exp; x read with a stride (incx), y contiguous.
 
 #include <stdint.h>
+#include "strata_numerics.cuh"  // strata_exp
 
-__device__ __forceinline__ float strata_exp(float x)
-{
-    if (x != x) return x;
-    if (x > 88.0f) return __int_as_float(0x7f800000);
-    if (x < -87.0f) return 0.0f;
-    const float n = rintf(__fmul_rn(x, 0x1.715476p+0f));
-    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
-    r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
-    float p = 0x1.a01a02p-13f;
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);
-    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
-}
 
 extern "C" __global__ void __launch_bounds__(256)
 combine_rows(const float* x, long long ldx, const float* __restrict__ w, const int* __restrict__ slot,

@@ -14,32 +14,18 @@
 // One warp per (token, KV head); lane l holds values l + 32 b. --fmad=false, IEEE division.
 
 #include <stdint.h>
+#include "strata_numerics.cuh"  // roundf_away, to_i8, warp_max
 
 #define KV_WARPS 8
 #define KV_MAX_HD 256
 
 // C roundf exactly as strata.numerics.roundf writes it: half away from zero, x - trunc(x) exact.
-__device__ __forceinline__ float roundf_away(float x)
-{
-    const float t = truncf(x);
-    return (fabsf(x - t) >= 0.5f) ? t + copysignf(1.0f, x) : t;
-}
 
 // float -> int8 as NumPy's astype(np.int8) does on x86-64 (the reference's platform): a finite
 // value through int32 (codes are within [-127, 127] anyway); +-inf and NaN give 0. They occur
 // when a block's amax is below 127 / FLT_MAX: d_inv = 127 / amax overflows to inf, x * d_inv is
 // +-inf (or NaN for x == 0), and d = 1 / d_inv = 0, so such a block contributes nothing.
-__device__ __forceinline__ int8_t to_i8(float v)
-{
-    return (isfinite(v)) ? (int8_t)(int)v : (int8_t)0;
-}
 
-__device__ __forceinline__ float warp_max(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 extern "C" __global__ void __launch_bounds__(32 * KV_WARPS)
 kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v, long long ldv,

@@ -19,14 +19,10 @@
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include "strata_numerics.cuh"  // roundf_away
 
 #define Q8_WARPS 8
 
-__device__ __forceinline__ float roundf_away(float x) {
-    // trunc(x) + copysign(1, x) where |x - trunc(x)| >= 0.5 (x - trunc(x) is exact)
-    const float t = truncf(x);
-    return (fabsf(x - t) >= 0.5f) ? t + copysignf(1.0f, x) : t;
-}
 
 __device__ __forceinline__ uint32_t h16(float v) {
     return (uint32_t)__half_as_ushort(__float2half_rn(v));

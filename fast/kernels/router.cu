@@ -12,27 +12,10 @@
 // K <= 32 and K <= E (checked by the host).
 
 #include <stdint.h>
+#include "strata_numerics.cuh"  // strata_exp
 
 #define ROUTER_WARPS 4
 
-__device__ __forceinline__ float strata_exp(float x)
-{
-    if (x != x) return x;
-    if (x > 88.0f) return __int_as_float(0x7f800000);
-    if (x < -87.0f) return 0.0f;
-    const float n = rintf(__fmul_rn(x, 0x1.715476p+0f));
-    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
-    r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
-    float p = 0x1.a01a02p-13f;
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);
-    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    return __fmul_rn(p, __int_as_float(((int)n + 127) << 23));
-}
 
 extern "C" __global__ void __launch_bounds__(32 * ROUTER_WARPS)
 router_topk(const float* __restrict__ logits, long long ld, int T, int E, int K,
