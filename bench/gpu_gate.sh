@@ -27,6 +27,7 @@ if [[ $MODE == bench || $MODE == all ]]; then
   python3 bench/bench_mmq_cuda.py 2>&1 | tee "$LOG/mmq.log" | tail -n 16 >> "$SUMMARY"
   python3 bench/bench_prefill_cuda.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" 2>&1 \
       | tee "$LOG/prefill.log" | tail -n 5 >> "$SUMMARY"
+  python3 bench/plot_phases.py "$LOG/prefill.log" "$LOG/prefill-phases.svg"
   python3 bench/ab.py --pack "$PACK" --a group_gather=0 --b group_gather=1 --tokens "${TOKENS:-2048,8192,32768}" \
       --reps "${REPS:-3}" 2>&1 | tee "$LOG/ab_group.log" | tail -n 5 >> "$SUMMARY"
   python3 bench/ab.py --pack "$PACK" --a quant_gather=1 --b quant_gather=0 --tokens "${TOKENS:-2048,8192,32768}" --phases \
