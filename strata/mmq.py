@@ -107,13 +107,6 @@ def mmq(qtype, weight_raw: np.ndarray, act_rows: q8_1.Q8Rows) -> np.ndarray:
     return mmq_prepared(prepare(qtype, weight_raw), act_rows)
 
 
-def quantize_and_mmq(qtype, weight_raw: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Quantize float rows x [R, K] to q8_1 (the layout the weight type selects), then `mmq`."""
-    layout = q8_1.layout_for(qtype)
-    rows = q8_1.quantize_rows(np.ascontiguousarray(x, dtype=F32), layout)
-    return mmq(qtype, weight_raw, q8_1.decode_rows(rows, x.shape[0], layout))
-
-
 class PreparedCache:
     """Prepared weights by key, least recently used dropped past a byte budget. Decoding a
     matrix costs more than multiplying a short chunk by it, so keeping them pays."""

@@ -174,8 +174,7 @@ class CudaBackend(BackendBase):
 
     # ---- dense steps -----------------------------------------------------------------
     def embed(self, ids):
-        emb = self.pack.matrix("token_embd") if self.pack.tensor_type("token_embd") == quants.QT.Q8_0 else None
-        if emb is not None:
+        if self.pack.tensor_type("token_embd") == quants.QT.Q8_0:
             return ops.embed_q8_0(self.ga.to_gpu(np.asarray(ids, np.int32)), self.w("token_embd").data,
                                   self.config.n_embd)
         return self.ga.to_gpu(np.ascontiguousarray(self.pack.embedding_rows(ids), dtype=np.float32))
