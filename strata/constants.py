@@ -1,0 +1,30 @@
+"""The project's shared sizes, in one place: both implementations, the kernels' wrappers and
+the tests import them from here (a kernel receives them as compile-time defines)."""
+from __future__ import annotations
+
+# ---- the expert walk --------------------------------------------------------------------
+MMQ_GROUP = 16  # consecutive routed experts gathered and multiplied together (one launch)
+GROUP_TAIL_BYTES = 256  # zeroed bytes after a group buffer's last expert (MMQ reads past it)
+WEIGHT_TAIL_BYTES = 16  # readable bytes the MMQ kernel may touch past a dense weight's end
+
+# ---- streaming (docs/how-it-works.md, "Streaming") ---------------------------------------
+RING_SLOTS = 96  # STRATA_PREFILL_RING default
+RING_SLOTS_PINNED = 384  # the default where at least PINNED_SHARE of streamed bytes are pinned
+PINNED_SHARE = 0.90
+STAGING_SLOTS = 8  # the staged path's ring (chunks below STREAM_MIN)
+STREAM_MIN = 1024  # STRATA_PREFILL_STREAM_MIN default: chunks from here walk the stream
+VRAM_RESERVE_MIB = 2048  # --vram-reserve-mib default, kept free by --expert-cache auto
+
+# ---- q8_1 buffers (block_q8_1_mmq) --------------------------------------------------------
+QK8_1 = 32  # values per scale block
+Q8_1_BLOCK_VALUES = 128  # values per buffer block
+Q8_1_HEADER_BYTES = 16
+Q8_1_BLOCK_BYTES = Q8_1_HEADER_BYTES + Q8_1_BLOCK_VALUES  # 144
+Q8_1_ROW_ALIGN = 512  # rows are padded to a multiple of this many values
+
+# ---- attention ------------------------------------------------------------------------------
+KEY_BLOCK = 64  # keys merged per online-softmax step
+QK_BLOCK = 32  # values per int8 Q/K scale
+
+# ---- dumps ----------------------------------------------------------------------------------
+RESIDUAL_STRIDE = 64  # positions sampled by the residual dumps (pos % 64 == 0)
