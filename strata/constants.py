@@ -28,3 +28,6 @@ QK_BLOCK = 32  # values per int8 Q/K scale
 
 # ---- dumps ----------------------------------------------------------------------------------
 RESIDUAL_STRIDE = 64  # positions sampled by the residual dumps (pos % 64 == 0)
+
+# ---- packs ------------------------------------------------------------------------------------
+PACK_FORMAT = 2  # bumped when the pack layout changes: a cached default pack of another is remade
