@@ -8,11 +8,12 @@ from strata.errors import DeviceError, InputError
 BACKENDS = ("cuda", "sim")
 
 
-def make_backend(name: str = "cuda"):
+def make_backend(name: str = "cuda", **sim_options):
+    """The backend `name`; sim_options (schedule_seed, policy) reach the sim's scheduler."""
     if name == "sim":
         from fast.sim import SimBackend
 
-        return SimBackend()
+        return SimBackend(**sim_options)
     if name != "cuda":
         raise InputError(f"unknown backend {name!r} (backends: {', '.join(BACKENDS)})")
     try:
@@ -28,7 +29,8 @@ def make_backend(name: str = "cuda"):
     return CudaBackend()
 
 
-def make_fast_engine(pack, backend: str = "cuda", group_gather=None, quant_gather=None, **kw):
+def make_fast_engine(pack, backend: str = "cuda", sim_options: dict | None = None, **engine_options):
+    """A FastEngine on `backend`; engine_options are FastEngine's switches."""
     from fast.engine import FastEngine
 
-    return FastEngine(pack, make_backend(backend), group_gather=group_gather, quant_gather=quant_gather, **kw)
+    return FastEngine(pack, make_backend(backend, **(sim_options or {})), **engine_options)

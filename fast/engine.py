@@ -1,15 +1,24 @@
-"""The fast engine: the prompt path as a sequence of backend steps.
+"""The fast engine: the prompt path as a sequence of backend steps (fast/backend.py).
 
 The same code drives two backends: `cuda` (PyCUDA kernels, fast/cuda/backend.py) and `sim`
-(NumPy definitions of the same kernels, fast/sim.py), so the walk, the switches and the
-buffers are exercised on machines with no GPU. The engine plugs into
-`strata.session.Session` like the reference does.
+(NumPy definitions of the same kernels over simulated streams, fast/sim.py), so the walk, the
+switches, the rings and the buffers are exercised on machines with no GPU. The engine plugs
+into `strata.session.Session` like the reference does. The expert walk itself is
+fast/walk.py; where experts live and how rings are filled, fast/experts.py.
 
 Switches (each a Python argument, a CLI flag and an environment variable):
-  group_gather  STRATA_PREFILL_GROUP_GATHER  1: one gather launch per MMQ group (default)
-                                             0: one gather launch per expert
-  quant_gather  STRATA_QUANT_GATHER          1: per-row gather quantize of the MoE input
-                                             0: per-token scatter (default)
+  group_gather   STRATA_PREFILL_GROUP_GATHER   1: one wait, gather and event per MMQ group (default)
+                                               0: one wait, gather and event per expert
+  quant_gather   STRATA_QUANT_GATHER           1: per-row gather quantize of the MoE input
+                                               0: per-token scatter (default)
+  expert_cache   --expert-cache N|auto         VRAM slots for resident experts (auto: free
+                                               memory less vram_reserve_mib)
+  ring           STRATA_PREFILL_RING           ring slots of the streamed walk (default 96,
+                                               384 when >= 90% of streamed bytes are pinned)
+  stream_min     STRATA_PREFILL_STREAM_MIN     chunks from this many tokens stream every
+                                               streamed expert; smaller ones stage (1024)
+  copy_coalesce  STRATA_PREFILL_COPY_COALESCE  1: adjacent ring slots of adjacent host blobs in
+                                               one copy; 0: one copy per expert (default)
 """
 from __future__ import annotations
 
@@ -18,10 +27,12 @@ import os
 import numpy as np
 
 from strata import q8_1
+from strata.constants import (MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS,
+                              STREAM_MIN, VRAM_RESERVE_MIB)
 from strata.errors import InputError
-from strata.moe import MMQ_GROUP
 
-from fast.walk import plan_groups
+from fast.experts import Ring, RingStream, place_experts
+from fast.walk import LayerWalk, plan_groups
 
 F32 = np.float32
 
@@ -38,20 +49,55 @@ def switch(value, env: str, default: bool) -> bool:
     return bool(int(value))
 
 
+def count(value, env: str, default, what: str, minimum: int = 0) -> int | None:
+    """A count from its argument, else its environment variable, else its default."""
+    raw = value if value is not None else (os.environ.get(env) or None)
+    if raw is None:
+        return default
+    try:
+        n = int(raw)
+    except (TypeError, ValueError):
+        raise InputError(f"{what} must be an integer, got {raw!r}") from None
+    if n < minimum:
+        raise InputError(f"{what} must be >= {minimum}, got {n}")
+    return n
+
+
 class FastEngine:
     name = "fast"
 
-    def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP):
+    def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
+                 expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
+                 copy_coalesce=None):
         self.pack = pack
-        self.config = pack.config
+        cfg = self.config = pack.config
         self.be = backend
         self.group_gather = switch(group_gather, "STRATA_PREFILL_GROUP_GATHER", True)
         self.quant_gather = switch(quant_gather, "STRATA_QUANT_GATHER", False)
+        self.copy_coalesce = switch(copy_coalesce, "STRATA_PREFILL_COPY_COALESCE", False)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
         self.group_size = group_size
-        with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk)"):
-            self.be.load(pack)
+        self.stream_min = count(stream_min, "STRATA_PREFILL_STREAM_MIN", STREAM_MIN, "the stream threshold", 1)
+        ring_slots = count(ring, "STRATA_PREFILL_RING", None, "the ring size", 1)
+        if vram_reserve_mib is None or int(vram_reserve_mib) < 0:
+            raise InputError(f"--vram-reserve-mib must be >= 0, got {vram_reserve_mib}")
+        if ring_slots is None:  # Strata's rule: a deep ring only where the host side is pinned
+            pinned = backend.streamed_bytes_pinned() >= PINNED_SHARE
+            ring_slots = RING_SLOTS_PINNED if pinned else RING_SLOTS
+        if expert_cache is None or expert_cache == "auto":
+            n_cache = backend.expert_cache_capacity(pack, reserve_mib=int(vram_reserve_mib), ring_slots=ring_slots,
+                                                    staging_slots=STAGING_SLOTS)
+        else:
+            n_cache = count(expert_cache, "", None, "--expert-cache", 0)
+        self.placement = place_experts(cfg.n_layer, cfg.n_expert, n_cache)
+        self.ring = Ring("ring", ring_slots)
+        self.staging = Ring("stage", STAGING_SLOTS)
+        self._stream = None  # the chunk's streamed-walk pass, when the chunk streams
+        self._passes = 0
+        with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk) with "
+                               f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
+            self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=STAGING_SLOTS)
         self.name = f"fast/{backend.name}"
 
     @property
@@ -77,11 +123,30 @@ class FastEngine:
         return be.download(logits)
 
     def layer(self, layer: int, x, positions: np.ndarray, dump=None):
+        if layer == 0:
+            self._begin_chunk(len(positions))
         with self.be.oom_guard(f"the buffers of layer {layer} for a chunk of {len(positions)} tokens "
                                f"(a smaller --prefill chunk needs less)"):
             with self.be.phase("attention"):
                 x = self.attention_half(layer, x, positions)
             return self.moe_half(layer, x, dump)
+
+    def _begin_chunk(self, n_tok: int) -> None:
+        """A chunk from stream_min tokens streams every streamed expert of every layer in
+        (layer, id) order through the ring; its first copies start now, before layer 0's
+        attention. Smaller chunks stage each layer's routed streamed experts after routing."""
+        self._stream = None
+        if n_tok >= self.stream_min and self.placement.n_streamed:
+            p = self.placement
+            entries = [(l, int(e)) for l in range(self.config.n_layer) for e in p.streamed(l)]
+            self._stream = self._new_pass(self.ring, entries)
+
+    def _new_pass(self, ring: Ring, entries) -> RingStream:
+        self._passes += 1
+        stream = RingStream(self.be, ring, entries, self._passes, self.copy_coalesce)
+        with self.be.phase("copy"):
+            stream.copy_ahead()
+        return stream
 
     # ---- pieces -----------------------------------------------------------------------
     def _quantize(self, x, w):
@@ -133,11 +198,13 @@ class FastEngine:
         moe_in = be.alloc_q8(n_rows, cfg.n_embd)
         with be.phase("quantize"):
             if self.quant_gather:
-                be.quantize_gather(h, tab.src, n_rows, in_layout, moe_in, row0=0, n_rows_total=n_rows)
+                be.quantize_gather(x=h, src=tab.src, n_rows=n_rows, layout=in_layout, out=moe_in, row0=0,
+                                   n_rows_total=n_rows)
             else:
-                be.quantize_scatter(h, tab.slot, n_tok, k_used, in_layout, moe_in)
+                be.quantize_scatter(x=h, slot=tab.slot, n_tok=n_tok, k_used=k_used, layout=in_layout,
+                                    out=moe_in)
 
-        # 4. the walk: groups of MMQ_GROUP consecutive routed experts, in id order
+        # 4. the walk: groups of group_size consecutive routed experts, in id order
         down_layout = q8_1.layout_for(down_t)
         gate = be.alloc_f32((n_rows, cfg.n_ff_exp))
         up = be.alloc_f32((n_rows, cfg.n_ff_exp))
@@ -145,21 +212,27 @@ class FastEngine:
         y = be.alloc_f32((n_rows, cfg.n_embd))
         groups = plan_groups(tab.order, tab.cnt, tab.off, self.group_size)
         bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
-        for grp, gb in zip(groups, bounds):
-            with be.phase("gather"):
-                if self.group_gather:
-                    bufs = be.gather_group(layer, grp.experts)
-                else:
-                    bufs = be.gather_each(layer, grp.experts)
+
+        def products(grp, gb):
             with be.phase("products"):
-                be.mmq_group_gate_up(layer, bufs, grp, gb, moe_in, n_rows, gate, up)
+                be.mmq_group_gate_up(layer=layer, group=grp, bounds=gb, act=moe_in, n_rows=n_rows, gate=gate,
+                                     up=up)
             with be.phase("swiglu+quantize H"):
                 hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
-                be.quantize_gather(hh, None, grp.n_rows, down_layout, down_in, row0=grp.row_begin,
-                                   n_rows_total=n_rows)
+                be.quantize_gather(x=hh, src=None, n_rows=grp.n_rows, layout=down_layout, out=down_in,
+                                   row0=grp.row_begin, n_rows_total=n_rows)
             with be.phase("products"):
-                be.mmq_group_down(layer, bufs, grp, gb, down_in, n_rows, y)
-            be.release(bufs)
+                be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=down_in, n_rows=n_rows, y=y)
+
+        resident = self.placement.resident[layer]
+        routed = [int(e) for e in tab.order]
+        if self._stream is not None:  # streamed walk: this layer's entries, routed or not
+            stream = self._stream
+            visit = sorted(set(routed) | set(int(e) for e in self.placement.streamed(layer)))
+        else:  # staged: the routed streamed experts, through the staging ring
+            stream = self._new_pass(self.staging, [(layer, e) for e in routed if not resident[e]])
+            visit = routed
+        LayerWalk(be, layer, self.placement, stream, self.group_gather, products).run(groups, bounds, visit)
 
         # 5. the shared expert, 6. combine
         with be.phase("shared expert"):

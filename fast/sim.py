@@ -1,27 +1,35 @@
-"""The `sim` backend: every kernel of the fast path as its NumPy definition from strata/,
-on host arrays standing in for device buffers.
+"""The `sim` backend: every kernel of the fast path as its NumPy definition from strata/, on
+host arrays standing in for device buffers, over simulated streams (fast/sim_streams.py).
 
-It runs the fast engine's walk exactly as the GPU does (the same buffers, the same group
-buffers filled by the same gathers, the same row bounds), so on a machine with no GPU the
-walk, the switches and the buffer layouts are checked against the reference byte for byte.
-Launch counters count what the CUDA backend would launch.
+Nothing runs when the engine or the walk calls a step: the step is enqueued on the compute
+stream (copies on the copy stream) and a seeded scheduler runs the two streams in any order
+their events allow. Outputs are allocated at enqueue time and filled when their step runs, so
+a step that reads a buffer before the step writing it has run sees the poison (NaN, 0xA5).
+Ring slots carry versions; a gather of a slot refilled too early, a copy over a slot whose
+release nobody waited for, or a wait on an event nothing records raises ScheduleHazard.
+
+The expert cache and the host tier are the pack's own bytes (a memory map); the ring slots are
+host arrays. Launch counters count what the CUDA backend would launch.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from strata import attention, mmq, numerics, q8_1, quants
-from strata.moe import combine, group_buffers, swiglu
+from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
+from strata.moe import combine, swiglu
 from strata.routing import routing_tables, top_k
 
 from fast.backend_base import BackendBase
+from fast.experts import adjacent_runs
 from fast.phases import HostPhases, timing_enabled
+from fast.sim_streams import SimEvent, SimStreams
 
 F32 = np.float32
-GROUP_TAIL_BYTES = 256  # zeroed bytes after the last expert of a group buffer
 
 
 @dataclass
@@ -41,7 +49,6 @@ class Q8Buf:
     data: np.ndarray
     n_rows: int
     K: int
-    layout: q8_1.Layout
 
 
 @dataclass
@@ -55,22 +62,16 @@ class Tables:
     order: np.ndarray
 
 
-@dataclass
-class GroupBufs:
-    experts: tuple
-    gu: np.ndarray  # gate|up of expert q at q * 2*gu_bytes
-    dn: np.ndarray  # down of expert q at q * d_bytes
-    gu_bytes: int
-    d_bytes: int
-
-
 class SimBackend(BackendBase):
     name = "sim"
 
-    def __init__(self, timing=None):
+    def __init__(self, timing=None, schedule_seed: int | None = 0, policy: str = "random"):
         self.counters = collections.Counter()
+        self.streams = SimStreams(schedule_seed, policy)
         self._phases = HostPhases(timing_enabled(timing))
+        self._n_events = 0
 
+    # ---- timing -------------------------------------------------------------------------
     @property
     def timing(self) -> bool:
         return self._phases.enabled
@@ -83,59 +84,77 @@ class SimBackend(BackendBase):
         return self._phases.phase(name)
 
     def phase_table(self) -> dict:
-        """Seconds per phase since the last call."""
+        """Seconds of host time per phase since the last call (enqueueing, and whatever the
+        scheduler ran meanwhile: the sim is for schedules, not speed)."""
         table = self._phases.table()
         self._phases.reset()
         return table
 
-    def _launch(self, kernel: str, n: int = 1) -> None:
+    @staticmethod
+    def oom_guard(what: str):
+        return contextlib.nullcontext()
+
+    # ---- enqueueing ---------------------------------------------------------------------
+    def _launch(self, kernel: str, fn, n: int = 1) -> None:
         self.counters[kernel] += n
         self.counters["launches"] += n
+        self.streams.enqueue("compute", kernel, fn)
 
-    # ---- weights ------------------------------------------------------------------------
-    def load(self, pack) -> None:
+    def _step(self, kernel: str, out: np.ndarray, fn) -> np.ndarray:
+        """Enqueue `out[...] = fn()`; return out (filled when the step runs)."""
+        def run():
+            out[...] = fn()
+
+        self._launch(kernel, run)
+        return out
+
+    # ---- set-up -------------------------------------------------------------------------
+    def load(self, pack, *, placement, ring_slots: int, staging_slots: int) -> None:
         self.pack = pack
-        cfg = pack.config
-        self.config = cfg
+        cfg = self.config = pack.config
+        self.placement = placement
         self.kv = attention.KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self._weights: dict = {}
-        # the expert cache: every expert resident, one blob [gate | up | down] a slot
-        self._slots = {}
+        self._blob_bytes = [pack.expert_blob_bytes(l) for l in range(cfg.n_layer)]
+        slot_bytes = max(2 * gu + d for gu, d in self._blob_bytes)
+        self._rings = {"ring": np.full((ring_slots, slot_bytes), 0xA5, np.uint8),
+                       "stage": np.full((staging_slots, slot_bytes), 0xA5, np.uint8)}
+        max_gu = max(gu for gu, _ in self._blob_bytes)
+        max_d = max(d for _, d in self._blob_bytes)
+        self._gu_buf = np.full(MMQ_GROUP * 2 * max_gu + GROUP_TAIL_BYTES, 0xA5, np.uint8)
+        self._d_buf = np.full(MMQ_GROUP * max_d + GROUP_TAIL_BYTES, 0xA5, np.uint8)
+
+    @staticmethod
+    def expert_cache_capacity(pack, *, reserve_mib: int, ring_slots: int, staging_slots: int) -> int:
+        """The sim has no device memory to run out of: every expert fits."""
+        return pack.config.n_layer * pack.config.n_expert
+
+    @staticmethod
+    def streamed_bytes_pinned() -> float:
+        return 1.0  # the simulated host tier stands for page-locked memory
 
     def reset_cache(self) -> None:
-        """A fresh KV cache (a new prompt from position 0)."""
         cfg = self.config
+        self.streams.synchronize()
         self.kv = attention.KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
 
     def w(self, name: str):
         got = self._weights.get(name)
         if got is None:
-            if name == "output":
-                m = self.pack.output()
-            elif name.endswith("_norm"):
+            if name.endswith("_norm"):
                 got = self.pack.vector(name)
-                self._weights[name] = got
-                return got
             else:
-                m = self.pack.matrix(name)
-            got = Weight(m.qtype, m.n_rows, m.n_cols, np.asarray(m.data))
+                m = self.pack.output() if name == "output" else self.pack.matrix(name)
+                got = Weight(m.qtype, m.n_rows, m.n_cols, np.asarray(m.data))
             self._weights[name] = got
         return got
 
     def expert_types(self, layer: int):
         return self.pack.expert_types(layer)
 
-    def _slot(self, layer: int, e: int) -> np.ndarray:
-        key = (layer, e)
-        blob = self._slots.get(key)
-        if blob is None:
-            blob = self.pack.expert_blob(layer, e)
-            self._slots[key] = blob
-        return blob
-
     # ---- buffers ------------------------------------------------------------------------
-    @staticmethod
-    def download(a):
+    def download(self, a):
+        self.streams.synchronize("compute")
         return np.array(a.data if isinstance(a, Q8Buf) else a, copy=True)
 
     @staticmethod
@@ -143,131 +162,189 @@ class SimBackend(BackendBase):
         return np.full(shape, np.nan, dtype=F32)  # poisoned: an unwritten row shows
 
     @staticmethod
-    def alloc_q8(n_rows: int, K: int, layout=q8_1.Layout.D4):
-        buf = np.full(q8_1.buffer_nbytes(n_rows, K), 0xA5, np.uint8)
-        return Q8Buf(buf, n_rows, K, layout)
+    def alloc_q8(n_rows: int, K: int):
+        return Q8Buf(np.full(q8_1.buffer_nbytes(n_rows, K), 0xA5, np.uint8), n_rows, K)
 
     # ---- dense steps --------------------------------------------------------------------
     def embed(self, ids):
-        self._launch("embed")
-        return self.pack.embedding_rows(ids)
+        ids = np.array(ids, copy=True)
+        return self._step("embed", self.alloc_f32((len(ids), self.config.n_embd)),
+                          lambda: self.pack.embedding_rows(ids))
 
     def rmsnorm(self, x, w, eps):
-        self._launch("rmsnorm")
-        return numerics.rmsnorm(x, w, eps)
+        return self._step("rmsnorm", self.alloc_f32(x.shape), lambda: numerics.rmsnorm(x, w, eps))
 
     def quantize_rows(self, x, layout):
-        self._launch("q8_1_gather")
-        rows = q8_1.quantize_rows(x, layout)
-        return Q8Buf(q8_1.pack_rows(rows), x.shape[0], x.shape[1], layout)
+        out = self.alloc_q8(x.shape[0], x.shape[1])
+        self._step("q8_1_gather", out.data, lambda: q8_1.pack_rows(q8_1.quantize_rows(x, layout)))
+        return out
 
-    def _decode(self, buf: Q8Buf, r0: int, r1: int, layout) -> q8_1.Q8Rows:
+    @staticmethod
+    def _decode(buf: Q8Buf, r0: int, r1: int, layout) -> q8_1.Q8Rows:
         rows = q8_1.unpack_rows(buf.data, buf.n_rows)[r0:r1]
         return q8_1.decode_rows(np.ascontiguousarray(rows), r1 - r0, layout)
 
     def mmq_dense(self, w: Weight, act: Q8Buf):
-        self._launch("mmq")
-        rows = self._decode(act, 0, act.n_rows, q8_1.layout_for(w.qtype))
-        return mmq.mmq(w.qtype, w.data, rows)
+        layout = q8_1.layout_for(w.qtype)
+        return self._step("mmq", self.alloc_f32((act.n_rows, w.n_rows)),
+                          lambda: mmq.mmq(w.qtype, w.data, self._decode(act, 0, act.n_rows, layout)))
 
     def _make_rope(self, n_pos: int):
         return numerics.rope_table(n_pos, self.config.head_dim, self.config.rope_base)
 
     def rope(self, x, positions):
-        self._launch("rope")
-        return numerics.rope_neox(x, positions, *self.rope_table(int(positions.max()) + 1))
+        table = self.rope_table(int(positions.max()) + 1)
+        positions = np.array(positions, copy=True)
+        return self._step("rope", self.alloc_f32(x.shape), lambda: numerics.rope_neox(x, positions, *table))
 
     def kv_write(self, layer, positions, k, v):
-        self._launch("kv_write")
-        self.kv.write(layer, positions, k, v)
+        positions = np.array(positions, copy=True)
+        self._launch("kv_write", lambda: self.kv.write(layer, positions, k, v))
 
     def attend(self, layer, q, positions):
-        self._launch("attention")
-        return attention.attend(self.kv, layer, q, positions)
+        positions = np.array(positions, copy=True)
+        return self._step("attention", self.alloc_f32(q.shape),
+                          lambda: attention.attend(self.kv, layer, q, positions))
 
     def add(self, x, y):
-        self._launch("add")
-        return x + y
+        return self._step("add", self.alloc_f32(x.shape), lambda: x + y)
 
     def sigmoid(self, v):
-        self._launch("sigmoid")
-        return numerics.sigmoid(v.reshape(-1))
+        return self._step("sigmoid", self.alloc_f32((v.size,)), lambda: numerics.sigmoid(v.reshape(-1)))
 
-    # ---- the MoE steps ------------------------------------------------------------------
+    # ---- the MoE half -------------------------------------------------------------------
     def top_k(self, logits, k):
-        self._launch("router")
-        return top_k(logits, k)
+        n_tok = logits.shape[0]
+        ids = np.full((n_tok, k), -1, np.int32)
+        weights = self.alloc_f32((n_tok, k))
+
+        def run():
+            ids[...], weights[...] = top_k(logits, k)
+
+        self._launch("router", run)
+        return ids, weights
 
     def routing_tables(self, ids, n_expert):
-        self._launch("routing_tables")
-        tab = routing_tables(ids, n_expert)
-        return Tables(tab.slot, tab.src, tab.cnt, tab.off, tab.order)
+        n_rows = ids.size
+        t = Tables(np.full(n_rows, -1, np.int32), np.full(n_rows, -1, np.int32),
+                   np.zeros(n_expert, np.int32), np.zeros(n_expert, np.int32), None)
 
-    def quantize_gather(self, x, src, n_rows, layout, out: Q8Buf, row0: int, n_rows_total: int):
-        """Rows row0 .. row0+n_rows of `out` <- q8_1(x[src[r]]) (src None: x's rows in order)."""
-        self._launch("q8_1_gather")
-        out.layout = layout
-        rows_x = x if src is None else x[src]
-        view = q8_1.unpack_rows(out.data, n_rows_total)
-        view[row0:row0 + n_rows] = q8_1.quantize_rows(rows_x, layout)
+        def run():
+            tab = routing_tables(ids, n_expert)
+            t.slot[...], t.src[...], t.cnt[...], t.off[...] = tab.slot, tab.src, tab.cnt, tab.off
 
-    def quantize_scatter(self, x, slot, n_tok, k_used, layout, out: Q8Buf):
-        self._launch("q8_1_scatter")
-        out.layout = layout
-        q8_1.scatter_quantize(x, slot, k_used, layout, out.data)
+        self._launch("routing_tables", run)
+        self.streams.synchronize("compute")  # the walk plans on the host: the counts come back
+        t.order = np.nonzero(t.cnt)[0].astype(np.int32)
+        return t
 
-    def _group(self, layer, experts) -> GroupBufs:
-        gu_bytes, d_bytes = self.pack.expert_blob_bytes(layer)
-        gu, dn = group_buffers([self._slot(layer, e) for e in experts], gu_bytes, d_bytes,
-                               GROUP_TAIL_BYTES)
-        return GroupBufs(tuple(experts), gu, dn, gu_bytes, d_bytes)
+    def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Buf, row0, n_rows_total):
+        def run():
+            rows_x = x if src is None else x[src]
+            q8_1.unpack_rows(out.data, n_rows_total)[row0:row0 + n_rows] = q8_1.quantize_rows(rows_x, layout)
 
-    def gather_group(self, layer, experts):
-        """gather_native_group: one launch for the whole group."""
-        self._launch("gather_group")
-        return self._group(layer, experts)
+        self._launch("q8_1_gather", run)
 
-    def gather_each(self, layer, experts):
-        """One gather launch per expert (the opt-out path); the same buffers."""
-        self._launch("gather_one", len(experts))
-        return self._group(layer, experts)
-
-    def release(self, bufs) -> None:
-        """Nothing to release with every expert resident (the ring's event goes here)."""
-
-    def _mmq_group(self, qtype, wbuf, offset, stride, n_out, k_in, n_exp, act: Q8Buf, bounds, out):
-        self._launch("mmq")
-        rb = quants.row_bytes(qtype, k_in)
-        layout = q8_1.layout_for(qtype)
-        for q in range(n_exp):
-            b0, b1 = int(bounds[q, 0]), int(bounds[q, 1])
-            if b1 <= b0:
-                continue
-            w = wbuf[offset + q * stride: offset + q * stride + n_out * rb].reshape(n_out, rb)
-            out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, b0, b1, layout))
+    def quantize_scatter(self, *, x, slot, n_tok, k_used, layout, out: Q8Buf):
+        self._launch("q8_1_scatter", lambda: q8_1.scatter_quantize(x, slot, k_used, layout, out.data))
 
     @staticmethod
     def group_bounds(bounds_list):
         return bounds_list
 
-    def mmq_group_gate_up(self, layer, bufs: GroupBufs, grp, bounds, act, n_rows, gate, up):
-        n_exp = len(grp.experts)
-        gu_t, _ = self.expert_types(layer)
-        cfg = self.config
-        stride = 2 * bufs.gu_bytes
-        self._mmq_group(gu_t, bufs.gu, 0, stride, cfg.n_ff_exp, cfg.n_embd, n_exp, act, bounds, gate)
-        self._mmq_group(gu_t, bufs.gu, bufs.gu_bytes, stride, cfg.n_ff_exp, cfg.n_embd, n_exp, act, bounds, up)
+    def _mmq_group(self, qtype, wbuf, offset, stride, n_out, k_in, n_exp, act: Q8Buf, bounds, out):
+        rb = quants.row_bytes(qtype, k_in)
+        layout = q8_1.layout_for(qtype)
 
-    def mmq_group_down(self, layer, bufs: GroupBufs, grp, bounds, act, n_rows, y):
-        n_exp = len(grp.experts)
+        def run():
+            for q in range(n_exp):
+                b0, b1 = int(bounds[q, 0]), int(bounds[q, 1])
+                if b1 > b0:
+                    w = wbuf[offset + q * stride: offset + q * stride + n_out * rb].reshape(n_out, rb)
+                    out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, b0, b1, layout))
+
+        self._launch("mmq", run)
+
+    def mmq_group_gate_up(self, *, layer, group, bounds, act, n_rows, gate, up):
+        gu_t, _ = self.expert_types(layer)
+        gu_bytes, _ = self._blob_bytes[layer]
+        cfg, n = self.config, len(group.experts)
+        for offset, out in ((0, gate), (gu_bytes, up)):
+            self._mmq_group(gu_t, self._gu_buf, offset, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, n, act,
+                            bounds, out)
+
+    def mmq_group_down(self, *, layer, group, bounds, act, n_rows, y):
         _, d_t = self.expert_types(layer)
+        _, d_bytes = self._blob_bytes[layer]
         cfg = self.config
-        self._mmq_group(d_t, bufs.dn, 0, bufs.d_bytes, cfg.n_embd, cfg.n_ff_exp, n_exp, act, bounds, y)
+        self._mmq_group(d_t, self._d_buf, 0, d_bytes, cfg.n_embd, cfg.n_ff_exp, len(group.experts), act,
+                        bounds, y)
 
     def swiglu_rows(self, gate, up, r0, r1):
-        self._launch("swiglu")
-        return swiglu(gate[r0:r1], up[r0:r1])
+        return self._step("swiglu", self.alloc_f32((r1 - r0, gate.shape[1])),
+                          lambda: swiglu(gate[r0:r1], up[r0:r1]))
 
     def combine(self, x, weights, slot, y, shared):
-        self._launch("combine")
-        return combine(x, weights, slot, y, shared)
+        return self._step("combine", self.alloc_f32(x.shape), lambda: combine(x, weights, slot, y, shared))
+
+    # ---- streaming ----------------------------------------------------------------------
+    def _host_blob(self, layer: int, expert: int) -> np.ndarray:
+        return self.pack.expert_blob(layer, expert)
+
+    def copy_experts(self, *, ring, slots, experts, tags, wait_for):
+        streams = self.streams
+        for ev in wait_for:
+            streams.wait("copy", ev, f"the release of a {ring} slot")
+            self.counters["copy_waits"] += 1
+        runs = adjacent_runs(slots, experts, self.placement.host_index, self._blob_bytes,
+                             self._rings[ring].shape[1])
+        for s, (layer, expert), tag in zip(slots, experts, tags):
+            blob = self._host_blob(layer, expert)
+
+            def run(s=s, blob=blob):
+                self._rings[ring][s, :blob.nbytes] = blob
+
+            streams.copy_into(ring, s, tag, f"copy of expert {expert} of layer {layer} into {ring} slot {s}",
+                              run)
+            self.counters["copy_bytes"] += blob.nbytes
+        self.counters["copies"] += runs
+        self._n_events += 1
+        self.counters["copy_events"] += 1
+        return streams.record("copy", SimEvent(f"copied#{self._n_events} ({ring} slots {list(slots)})"))
+
+    def wait(self, *, event):
+        self.counters["waits"] += 1
+        self.streams.wait("compute", event, "a gather's copy")
+
+    def record(self):
+        self._n_events += 1
+        self.counters["events"] += 1
+        return self.streams.record("compute", SimEvent(f"used#{self._n_events}"))
+
+    def gather(self, *, layer, members, q0):
+        gu_bytes, d_bytes = self._blob_bytes[layer]
+        blob_bytes = 2 * gu_bytes + d_bytes
+        reads = [(where, slot, tag) for where, slot, tag in members if where != "cache"]
+        sources = []
+        for where, idx, _tag in members:
+            if where == "cache":
+                sources.append(lambda e=idx: self.pack.expert_blob(layer, e))
+            else:
+                sources.append(lambda r=where, s=idx: self._rings[r][s, :blob_bytes])
+
+        def run():
+            for q, src in enumerate(sources, start=q0):
+                blob = src()
+                self._gu_buf[q * 2 * gu_bytes:(q + 1) * 2 * gu_bytes] = blob[:2 * gu_bytes]
+                self._d_buf[q * d_bytes:(q + 1) * d_bytes] = blob[2 * gu_bytes:]
+            end = q0 + len(sources)
+            self._gu_buf[end * 2 * gu_bytes:end * 2 * gu_bytes + GROUP_TAIL_BYTES] = 0
+            self._d_buf[end * d_bytes:end * d_bytes + GROUP_TAIL_BYTES] = 0
+
+        kernel = "gather_group" if len(members) > 1 else "gather_one"
+        self.counters[kernel] += 1
+        self.counters["gathers"] += 1
+        self.counters["launches"] += 1
+        label = f"{kernel} of layer {layer}, experts at q {q0}..{q0 + len(members) - 1}"
+        self.streams.gather_from(reads, label, run)
+

@@ -52,7 +52,7 @@ def test_reference_vs_sim_small_pack_several_chunks(make_test_pack, reference_ru
     ids = prompt(pack, 600, seed=11)
     ref = reference_runs(pack, ids, 256)
     for gg, qg in [(1, 0), (0, 1)]:
-        got = run_engine(make_fast_engine(pack, "sim", gg, qg), ids, 256, tmp_path / f"g{gg}q{qg}")
+        got = run_engine(make_fast_engine(pack, "sim", group_gather=gg, quant_gather=qg), ids, 256, tmp_path / f"g{gg}q{qg}")
         assert_same_run(ref, got, pack, f"small {expert_type} T=600 group_gather={gg} quant_gather={qg}")
 
 

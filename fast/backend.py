@@ -1,0 +1,147 @@
+"""The steps a backend carries out for the fast engine (fast/engine.py) and the walk
+(fast/walk.py, fast/experts.py). Two backends implement it: `cuda` (fast/cuda/backend.py) and
+`sim` (fast/sim.py); tests/test_backend_protocol.py checks both against these signatures.
+
+Arrays are the backend's own (pycuda GPUArrays, NumPy arrays in the sim); `Q8` is a q8_1
+buffer (strata/q8_1.py); `Event` a stream event. Every step is enqueued on the compute stream
+and returns at once, except `download`, `routing_tables` (its counts come back to the host for
+the walk to plan) and the load/reset steps. Copies run on a second stream, the copy stream.
+"""
+from __future__ import annotations
+
+from typing import Any, ContextManager, Protocol, Sequence
+
+import numpy as np
+
+Array = Any
+Q8 = Any
+Event = Any
+Weight = Any
+
+
+class Backend(Protocol):
+    name: str
+    counters: Any  # collections.Counter: launches, per-kernel launches, waits, events, copies, bytes
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def load(self, pack, *, placement, ring_slots: int, staging_slots: int) -> None:
+        """Take the pack: dense weights, resident experts into the expert cache (placement),
+        streamed ones into the host tier, the rings' VRAM slots."""
+
+    def expert_cache_capacity(self, pack, *, reserve_mib: int, ring_slots: int, staging_slots: int) -> int:
+        """How many experts fit in the expert cache with reserve_mib MiB left free (--expert-cache auto)."""
+
+    def streamed_bytes_pinned(self) -> float:
+        """Share of the host tier's bytes in page-locked memory (the ring's default depends on it)."""
+
+    def reset_cache(self) -> None:
+        """A fresh KV cache: the next prompt starts at position 0."""
+
+    def oom_guard(self, what: str) -> ContextManager:
+        """Out of device memory inside: one-line error naming `what`."""
+
+    def phase(self, name: str) -> ContextManager:
+        """Time the enclosed steps as phase `name` (when timing is on)."""
+
+    def phase_table(self) -> dict:
+        """Seconds per phase since the last call."""
+
+    # ---- arrays ---------------------------------------------------------------------------
+    def w(self, name: str) -> Weight:
+        """The weight (or norm vector) `name` of the pack, uploaded on first use."""
+
+    def expert_types(self, layer: int) -> tuple:
+        """(gate/up type, down type) of the layer's experts."""
+
+    def download(self, a: Array) -> np.ndarray:
+        """A host copy of `a` (waits for the compute stream)."""
+
+    def view(self, a: Array, shape: tuple) -> Array:
+        """`a` with another shape, same memory."""
+
+    def shape(self, a: Array) -> tuple:
+        """The shape of `a`."""
+
+    def last_row(self, x: Array) -> Array:
+        """x[-1:] as a view."""
+
+    def alloc_f32(self, shape: tuple) -> Array:
+        """An uninitialized float32 array."""
+
+    def alloc_q8(self, n_rows: int, K: int) -> Q8:
+        """An uninitialized q8_1 buffer of n_rows rows of K values."""
+
+    # ---- dense steps ----------------------------------------------------------------------
+    def embed(self, ids: np.ndarray) -> Array:
+        """float32 [T, n_embd]: the embedding rows of token ids."""
+
+    def rmsnorm(self, x: Array, w: Array, eps: float) -> Array:
+        """strata.numerics.rmsnorm over x's rows."""
+
+    def quantize_rows(self, x: Array, layout) -> Q8:
+        """x's rows as a q8_1 buffer in `layout`."""
+
+    def mmq_dense(self, w: Weight, act: Q8) -> Array:
+        """float32 [rows of act, rows of w]: the MMQ product of a quantized weight."""
+
+    def rope(self, x: Array, positions: np.ndarray) -> Array:
+        """NeoX RoPE of x [T, heads, head_dim] at absolute positions."""
+
+    def kv_write(self, layer: int, positions: np.ndarray, k: Array, v: Array) -> None:
+        """Quantize k and v into the layer's int8 KV cache at positions."""
+
+    def attend(self, layer: int, q: Array, positions: np.ndarray) -> Array:
+        """Causal attention of q [T, heads, head_dim] over the layer's cache."""
+
+    def add(self, x: Array, y: Array) -> Array:
+        """x + y (may reuse x's memory)."""
+
+    def sigmoid(self, v: Array) -> Array:
+        """strata.numerics.sigmoid of v's values, flat."""
+
+    # ---- the MoE half ---------------------------------------------------------------------
+    def top_k(self, logits: Array, k: int) -> tuple:
+        """(ids int32 [T, k], weights float32 [T, k]): strata.routing.top_k."""
+
+    def routing_tables(self, ids: Array, n_expert: int) -> Any:
+        """Tables with device slot/src and host cnt/off/order (strata.routing.routing_tables)."""
+
+    def quantize_gather(self, *, x: Array, src: Array | None, n_rows: int, layout, out: Q8, row0: int,
+                        n_rows_total: int) -> None:
+        """Rows row0 .. row0+n_rows of out <- q8_1(x[src[r]]) (src None: x's rows in order)."""
+
+    def quantize_scatter(self, *, x: Array, slot: Array, n_tok: int, k_used: int, layout, out: Q8) -> None:
+        """Each token's row quantized once and written to its rows slot[t*k_used + k]."""
+
+    def group_bounds(self, bounds_list: list) -> list:
+        """The layer's group bounds uploaded at once; one handle per group."""
+
+    def mmq_group_gate_up(self, *, layer: int, group, bounds, act: Q8, n_rows: int, gate: Array,
+                          up: Array) -> None:
+        """Gate and up products of the group buffers' experts over their rows (bounds)."""
+
+    def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int) -> Array:
+        """H = silu(gate) * up over rows r0 .. r1."""
+
+    def mmq_group_down(self, *, layer: int, group, bounds, act: Q8, n_rows: int, y: Array) -> None:
+        """Down products of the group buffers' experts into their rows of y."""
+
+    def combine(self, x: Array, weights: Array, slot: Array, y: Array, shared) -> Array:
+        """strata.moe.combine: x + the rank-ordered weighted sum (+ the shared expert)."""
+
+    # ---- streaming ------------------------------------------------------------------------
+    def copy_experts(self, *, ring: str, slots: Sequence[int], experts: Sequence[tuple],
+                     tags: Sequence[tuple], wait_for: Sequence[Event]) -> Event:
+        """On the copy stream: wait for each event of wait_for, copy the host-tier blobs of
+        experts [(layer, id)] into the ring's slots (adjacent ones in one copy when the
+        run was handed over whole), record and return one event."""
+
+    def wait(self, *, event: Event) -> None:
+        """The compute stream waits for `event`."""
+
+    def record(self) -> Event:
+        """An event recorded on the compute stream now."""
+
+    def gather(self, *, layer: int, members: Sequence[tuple], q0: int) -> None:
+        """One launch: members' blobs (("cache", expert, None) or (ring, slot, tag)) into the
+        group buffers at positions q0, q0+1, ..., zeroed tail after the last."""

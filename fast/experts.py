@@ -1,0 +1,161 @@
+"""Where each expert lives, and the copy side of the rings that bring streamed experts in.
+
+Placement (the expert cache): `--expert-cache N` VRAM slots hold resident experts; every other
+expert lives in the host tier (page-locked host memory, blobs [gate | up | down] in (layer, id)
+order) and is copied into a ring slot when a walk needs it. The policy is deterministic and
+depends only on (n_layer, n_expert, N):
+
+  layer l gets q_l = N // n_layer slots, plus one for the first N % n_layer layers;
+  within a layer the q_l residents are spread evenly over the ids: expert e is resident
+  iff floor((e + 1) * q_l / n_expert) > floor(e * q_l / n_expert).
+
+Spreading them (rather than taking the lowest ids) makes every MMQ group mix resident and
+streamed experts, as a cache filled by use would.
+
+The copy side (`RingStream`): a ring of VRAM slots filled in entry order by the copy stream.
+Entry k goes to slot k % n_slots, after the release of entry k - n_slots (the event named by
+`used_of[slot]`), so copies run ahead of compute by at most the ring's depth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from strata.errors import InputError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which experts are resident. resident[l, e]; cache_slot[l, e] (-1: streamed);
+    host_index[l, e]: the blob's position in the host tier (-1: resident)."""
+
+    resident: np.ndarray
+    cache_slot: np.ndarray
+    host_index: np.ndarray
+
+    @property
+    def n_resident(self) -> int:
+        return int(self.resident.sum())
+
+    @property
+    def n_streamed(self) -> int:
+        return int(self.resident.size - self.resident.sum())
+
+    def streamed(self, layer: int) -> np.ndarray:
+        """The layer's streamed expert ids, ascending."""
+        return np.nonzero(~self.resident[layer])[0]
+
+
+def place_experts(n_layer: int, n_expert: int, cache_slots: int) -> Placement:
+    """The deterministic policy above for `cache_slots` VRAM slots (capped at every expert)."""
+    if cache_slots < 0:
+        raise InputError(f"--expert-cache must be >= 0, got {cache_slots}")
+    n = min(int(cache_slots), n_layer * n_expert)
+    quota = [n // n_layer + (1 if l < n % n_layer else 0) for l in range(n_layer)]
+    e = np.arange(n_expert)
+    resident = np.stack([(e + 1) * q // n_expert > e * q // n_expert for q in quota])
+    cache_slot = np.full((n_layer, n_expert), -1, np.int32)
+    cache_slot[resident] = np.arange(n, dtype=np.int32)
+    host_index = np.full((n_layer, n_expert), -1, np.int32)
+    host_index[~resident] = np.arange(resident.size - n, dtype=np.int32)
+    return Placement(resident, cache_slot, host_index)
+
+
+@dataclass
+class Ring:
+    """Host-side state of a ring of VRAM slots; it outlives chunks and layers.
+
+    used_of[s]    the compute-side event that releases slot s (None: nothing to wait for)
+    copied_of[s]  the copy-side event recorded after slot s's current copy (None: none pending)
+    tag_of[s]     what that copy brought: (ring, slot, layer, expert, entry)"""
+
+    name: str
+    n_slots: int
+    used_of: list = field(default_factory=list)
+    copied_of: list = field(default_factory=list)
+    tag_of: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.n_slots < 1:
+            raise InputError(f"a ring needs at least one slot, got {self.n_slots}")
+        self.used_of = [None] * self.n_slots
+        self.copied_of = [None] * self.n_slots
+        self.tag_of = [None] * self.n_slots
+
+
+class RingStream:
+    """One pass of entries (layer, expert) through a ring: a chunk's streamed walk (every
+    streamed expert of every layer) or a layer's staging (its routed streamed experts)."""
+
+    def __init__(self, be, ring: Ring, entries: list[tuple[int, int]], pass_id: int, coalesce: bool):
+        self.be, self.ring, self.entries = be, ring, entries
+        self.pass_id = pass_id  # tells apart the passes of one ring in hazard reports
+        self.coalesce = coalesce
+        self.index = {le: k for k, le in enumerate(entries)}
+        self.released = [False] * len(entries)
+        self.next_copy = 0
+
+    def slot_of(self, k: int) -> int:
+        return k % self.ring.n_slots
+
+    def tag(self, k: int):
+        layer, expert = self.entries[k]
+        return (self.ring.name, self.slot_of(k), layer, expert, f"{self.pass_id}:{k}")
+
+    def copy_ahead(self) -> None:
+        """Enqueue every copy the ring has room for: entry k once entry k - n_slots is released.
+        Coalescing hands the backend a run of entries in one call (it merges the ones whose host
+        blobs and slots are adjacent into one copy); otherwise one call per entry."""
+        n_slots, batch = self.ring.n_slots, []
+        while self.next_copy < len(self.entries):
+            k = self.next_copy
+            if k >= n_slots and not self.released[k - n_slots]:
+                break
+            batch.append(k)
+            self.next_copy += 1
+        runs = [batch] if self.coalesce else [[k] for k in batch]
+        for run in runs:
+            if run:
+                self._copy(run)
+
+    def _copy(self, run: list[int]) -> None:
+        ring = self.ring
+        slots = [self.slot_of(k) for k in run]
+        waits = []
+        for s in slots:  # each slot's release; one wait per distinct event
+            ev = ring.used_of[s]
+            if ev is not None and all(ev is not w for w in waits):
+                waits.append(ev)
+        tags = [self.tag(k) for k in run]
+        done = self.be.copy_experts(ring=ring.name, slots=slots, experts=[self.entries[k] for k in run],
+                                    tags=tags, wait_for=waits)
+        for s, t in zip(slots, tags):
+            ring.copied_of[s], ring.tag_of[s] = done, t
+
+    def release(self, ks: list[int], event) -> None:
+        """Entries ks were read by the gather before `event`: their slots may be refilled once
+        it has happened (event None: never read, nothing to wait for)."""
+        ring = self.ring
+        for k in ks:
+            s = self.slot_of(k)
+            ring.used_of[s] = event
+            ring.copied_of[s] = None
+            self.released[k] = True
+        self.copy_ahead()
+
+
+def adjacent_runs(slots, experts, host_index: np.ndarray, blob_bytes: list, slot_bytes: int) -> int:
+    """How many copies a run of entries takes when adjacent ones are merged: entry i joins
+    entry i-1's copy when its slot follows, its host blob follows in the host tier, and the
+    previous blob fills its slot to the brim (so the bytes are contiguous on both sides)."""
+    runs = 0
+    for i, (s, (l, e)) in enumerate(zip(slots, experts)):
+        if i > 0:
+            pl, pe = experts[i - 1]
+            gu, d = blob_bytes[pl]
+            if (s == slots[i - 1] + 1 and host_index[l, e] == host_index[pl, pe] + 1
+                    and 2 * gu + d == slot_bytes):
+                continue
+        runs += 1
+    return runs

@@ -1,0 +1,230 @@
+"""Simulated streams and events for the `sim` backend, and the ring-hazard detector.
+
+The host enqueues operations on two in-order streams, `compute` and `copy`, as it does on the
+GPU; nothing runs at enqueue time. A seeded scheduler then runs them in any order the streams
+and the recorded events allow:
+
+  random         after each enqueue, a few steps, each on a stream picked at random (seeded)
+  copy_first     the copy stream runs as early as its waits allow; compute only when forced
+  compute_first  compute runs as early as its waits allow; copies only when forced
+
+so the same walk is tried with copies far ahead of compute, far behind it, and interleaved.
+
+Ring slots carry versions. Two kinds of check report a hazard (ScheduleHazard, naming the ring,
+the slot, the expert and layer and the two operations):
+
+- happens-before, at enqueue time, independent of the order chosen: a gather of a ring slot
+  must follow (through a compute-side wait) the copy that filled it; a copy into a ring slot
+  must follow (through a copy-side wait) every gather enqueued on the slot's previous
+  contents; a wait must name an event the host has recorded ("a wait on an event nothing
+  will record");
+- on execution: a gather finds the slot holding another copy than the one it was promised
+  (refilled, or not yet landed).
+
+A stream that cannot move while the other cannot either is reported as a deadlock.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+POLICIES = ("random", "copy_first", "compute_first")
+STREAMS = ("compute", "copy")
+
+
+class ScheduleHazard(RuntimeError):
+    """The walk's schedule lets a copy and a gather of a ring slot race, or waits on nothing."""
+
+
+@dataclass(eq=False)
+class SimEvent:
+    """An event: each record() is a new version; a wait captures the version at enqueue time."""
+
+    label: str
+    stream: str = ""
+    version: int = 0  # records enqueued
+    done: int = 0  # records executed
+    seq: int = -1  # position of the latest record in its stream (for happens-before)
+
+    def __repr__(self) -> str:
+        return f"event({self.label})"
+
+
+@dataclass(eq=False)
+class _Op:
+    stream: str
+    seq: int
+    label: str
+    fn: object = None  # callable run on execution
+    wait: tuple | None = None  # (event, version) this op waits for
+
+
+@dataclass
+class SlotState:
+    """What the host has promised a ring slot holds, and what it really holds now."""
+
+    copy_label: str = ""  # the latest copy enqueued into the slot
+    copy_seq: int = -1  # its position in the copy stream
+    copy_tag: object = None  # (ring, slot, layer, expert, entry) of that copy
+    holds: object = None  # tag of the copy that last executed into the slot
+    version: int = 0  # copies executed into the slot
+    gathers_seq: int = -1  # latest gather of the current contents (compute stream position)
+    gather_label: str = ""
+
+
+@dataclass
+class SimStreams:
+    seed: int | None = None
+    policy: str = "random"
+    queues: dict = field(default_factory=lambda: {s: deque() for s in STREAMS})
+    # the latest position of the other stream this stream has waited for (host-time)
+    awaited: dict = field(default_factory=lambda: {s: -1 for s in STREAMS})
+    slots: dict = field(default_factory=dict)  # (ring, slot) -> SlotState
+    ops_run: int = 0
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"schedule policy must be one of {POLICIES}, got {self.policy!r}")
+        self.rng = random.Random(self.seed)
+        self._seq = {s: 0 for s in STREAMS}
+
+    # ---- enqueue ------------------------------------------------------------------------
+    def _push(self, stream: str, label: str, fn=None, wait=None) -> _Op:
+        op = _Op(stream, self._seq[stream], label, fn, wait)
+        self._seq[stream] += 1
+        self.queues[stream].append(op)
+        return op
+
+    def enqueue(self, stream: str, label: str, fn) -> None:
+        """An operation on `stream`; runs when the scheduler reaches it."""
+        self._push(stream, label, fn)
+        self._advance()
+
+    def record(self, stream: str, event: SimEvent) -> SimEvent:
+        """Record `event` on `stream` (a new version of it)."""
+        event.version += 1
+        version = event.version
+        op = self._push(stream, f"record {event.label}", lambda: _set_done(event, version))
+        event.stream, event.seq = stream, op.seq
+        self._advance()
+        return event
+
+    def wait(self, stream: str, event: SimEvent | None, why: str) -> None:
+        """`stream` waits for the latest record of `event` enqueued so far."""
+        if event is None or event.version == 0:
+            raise ScheduleHazard(f"{stream} stream waits on an event nothing will record: {why}")
+        if event.stream != stream:
+            self.awaited[stream] = max(self.awaited[stream], event.seq)
+        self._push(stream, f"wait {event.label}", wait=(event, event.version))
+        self._advance()
+
+    # ---- ring slots: the happens-before checks --------------------------------------------
+    def slot(self, ring: str, slot: int) -> SlotState:
+        return self.slots.setdefault((ring, slot), SlotState())
+
+    def copy_into(self, ring: str, slot: int, tag, label: str, fn) -> None:
+        """A copy on the copy stream into ring slot `slot`; `fn` writes the bytes."""
+        st = self.slot(ring, slot)
+        if st.gathers_seq > self.awaited["copy"]:
+            raise ScheduleHazard(
+                f"{ring} slot {slot}: {label} is enqueued without waiting for the release of "
+                f"the slot's previous contents ({_tag_text(st.copy_tag)}), which "
+                f"{st.gather_label} (compute op #{st.gathers_seq}) still reads")
+        op = self._push("copy", label)
+        st.copy_label, st.copy_seq, st.copy_tag, st.gathers_seq = label, op.seq, tag, -1
+
+        def run(st=st, tag=tag):
+            fn()
+            st.holds = tag
+            st.version += 1
+
+        op.fn = run
+        self._advance()
+
+    def gather_from(self, reads: list, label: str, fn) -> None:
+        """A gather on the compute stream reading ring slots; reads: [(ring, slot, tag)] with the
+        tag of the copy the walk expects each slot to hold."""
+        checks = []
+        for ring, slot, tag in reads:
+            st = self.slot(ring, slot)
+            if st.copy_tag != tag:
+                raise ScheduleHazard(
+                    f"{ring} slot {slot}: {label} expects {_tag_text(tag)} but the slot's latest "
+                    f"copy is {st.copy_label or 'none'} ({_tag_text(st.copy_tag)}): refilled "
+                    "before this gather")
+            if st.copy_seq > self.awaited["compute"]:
+                raise ScheduleHazard(
+                    f"{ring} slot {slot}: {label} reads {_tag_text(tag)} without waiting for "
+                    f"{st.copy_label} (copy op #{st.copy_seq}) to land")
+            checks.append((ring, slot, tag, st))
+        op = self._push("compute", label)
+        for _ring, _slot, _tag, st in checks:
+            st.gathers_seq, st.gather_label = op.seq, label
+
+        def run():
+            for ring, slot, tag, st in checks:
+                if st.holds != tag:
+                    raise ScheduleHazard(
+                        f"{ring} slot {slot}: {label} ran while the slot held "
+                        f"{_tag_text(st.holds)} instead of {_tag_text(tag)} (version {st.version})")
+            fn()
+
+        op.fn = run
+        self._advance()
+
+    # ---- the scheduler --------------------------------------------------------------------
+    def _ready(self, stream: str) -> bool:
+        q = self.queues[stream]
+        if not q:
+            return False
+        w = q[0].wait
+        return w is None or w[0].done >= w[1]
+
+    def _step(self, stream: str) -> None:
+        op = self.queues[stream].popleft()
+        if op.fn is not None:
+            op.fn()
+        self.ops_run += 1
+
+    def _advance(self) -> None:
+        """Run what the policy wants run now (never more than the events allow)."""
+        if self.policy == "copy_first":
+            while self._ready("copy"):
+                self._step("copy")
+        elif self.policy == "compute_first":
+            while self._ready("compute"):
+                self._step("compute")
+        else:
+            for _ in range(self.rng.randint(0, 3)):
+                ready = [s for s in STREAMS if self._ready(s)]
+                if not ready:
+                    break
+                self._step(self.rng.choice(ready))
+
+    def synchronize(self, stream: str | None = None) -> None:
+        """Run until `stream` (or both) is empty, interleaving as the policy likes."""
+        targets = STREAMS if stream is None else (stream,)
+        while any(self.queues[s] for s in targets):
+            ready = [s for s in STREAMS if self._ready(s)]
+            if not ready:
+                heads = "; ".join(f"{s}: {self.queues[s][0].label}" for s in STREAMS if self.queues[s])
+                raise ScheduleHazard(f"deadlock: no stream can move ({heads})")
+            if self.policy == "copy_first" and "copy" in ready:
+                pick = "copy"
+            elif self.policy == "compute_first" and "compute" in ready:
+                pick = "compute"
+            else:
+                pick = self.rng.choice(ready)
+            self._step(pick)
+
+
+def _set_done(event: SimEvent, version: int) -> None:
+    event.done = max(event.done, version)
+
+
+def _tag_text(tag) -> str:
+    if tag is None:
+        return "nothing"
+    ring, slot, layer, expert, entry = tag
+    return f"expert {expert} of layer {layer} (entry {entry})"
