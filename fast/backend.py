@@ -136,8 +136,8 @@ class Backend(Protocol):
         experts [(layer, id)] into the ring's slots (adjacent ones in one copy when the
         run was handed over whole), record and return one event."""
 
-    def wait(self, *, event: Event) -> None:
-        """The compute stream waits for `event`."""
+    def wait(self, *, event: Event, what: str) -> None:
+        """The compute stream waits for `event` (what: the copy it stands for, for reports)."""
 
     def record(self) -> Event:
         """An event recorded on the compute stream now."""

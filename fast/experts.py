@@ -145,17 +145,17 @@ class RingStream:
         self.copy_ahead()
 
 
-def adjacent_runs(slots, experts, host_index: np.ndarray, blob_bytes: list, slot_bytes: int) -> int:
-    """How many copies a run of entries takes when adjacent ones are merged: entry i joins
-    entry i-1's copy when its slot follows, its host blob follows in the host tier, and the
-    previous blob fills its slot to the brim (so the bytes are contiguous on both sides)."""
-    runs = 0
+def adjacent_runs(slots, experts, host_index: np.ndarray, blob_bytes: list, slot_bytes: int) -> list[list[int]]:
+    """The copies a run of entries takes when adjacent ones are merged, as lists of positions:
+    entry i joins entry i-1's copy when its slot follows, its host blob follows in the host
+    tier, and the previous blob fills its slot to the brim (contiguous bytes on both sides)."""
+    runs: list[list[int]] = []
     for i, (s, (l, e)) in enumerate(zip(slots, experts)):
         if i > 0:
             pl, pe = experts[i - 1]
-            gu, d = blob_bytes[pl]
             if (s == slots[i - 1] + 1 and host_index[l, e] == host_index[pl, pe] + 1
-                    and 2 * gu + d == slot_bytes):
+                    and blob_bytes[pl] == slot_bytes):
+                runs[-1].append(i)
                 continue
-        runs += 1
+        runs.append([i])
     return runs

@@ -296,8 +296,8 @@ class SimBackend(BackendBase):
         for ev in wait_for:
             streams.wait("copy", ev, f"the release of a {ring} slot")
             self.counters["copy_waits"] += 1
-        runs = adjacent_runs(slots, experts, self.placement.host_index, self._blob_bytes,
-                             self._rings[ring].shape[1])
+        runs = adjacent_runs(slots, experts, self.placement.host_index,
+                             [2 * gu + d for gu, d in self._blob_bytes], self._rings[ring].shape[1])
         for s, (layer, expert), tag in zip(slots, experts, tags):
             blob = self._host_blob(layer, expert)
 
@@ -307,14 +307,14 @@ class SimBackend(BackendBase):
             streams.copy_into(ring, s, tag, f"copy of expert {expert} of layer {layer} into {ring} slot {s}",
                               run)
             self.counters["copy_bytes"] += blob.nbytes
-        self.counters["copies"] += runs
+        self.counters["copies"] += len(runs)
         self._n_events += 1
         self.counters["copy_events"] += 1
         return streams.record("copy", SimEvent(f"copied#{self._n_events} ({ring} slots {list(slots)})"))
 
-    def wait(self, *, event):
+    def wait(self, *, event, what):
         self.counters["waits"] += 1
-        self.streams.wait("compute", event, "a gather's copy")
+        self.streams.wait("compute", event, what)
 
     def record(self):
         self._n_events += 1

@@ -150,9 +150,9 @@ class SimStreams:
             st = self.slot(ring, slot)
             if st.copy_tag != tag:
                 raise ScheduleHazard(
-                    f"{ring} slot {slot}: {label} expects {_tag_text(tag)} but the slot's latest "
-                    f"copy is {st.copy_label or 'none'} ({_tag_text(st.copy_tag)}): refilled "
-                    "before this gather")
+                    f"{ring} slot {slot}: {label} expects {_tag_text(tag)} but the latest copy "
+                    f"enqueued into the slot is {st.copy_label or 'none'} ({_tag_text(st.copy_tag)}): "
+                    "the slot was refilled before this gather, or the expected copy was never enqueued")
             if st.copy_seq > self.awaited["compute"]:
                 raise ScheduleHazard(
                     f"{ring} slot {slot}: {label} reads {_tag_text(tag)} without waiting for "

@@ -125,8 +125,12 @@ class LayerWalk:
         be, stream = self.be, self.stream
         streamed = [m.entry for m in batch if m.entry is not None]
         if streamed:
+            last = streamed[-1]
+            slot = stream.slot_of(last)
             with be.phase("wait copy"):
-                be.wait(event=stream.ring.copied_of[stream.slot_of(streamed[-1])])
+                be.wait(event=stream.ring.copied_of[slot],
+                        what=f"the copy of expert {stream.entries[last][1]} of layer {self.layer} "
+                             f"into {stream.ring.name} slot {slot}")
         with be.phase("gather"):
             be.gather(layer=self.layer, members=self._places(batch), q0=batch[0].q)
         if streamed:

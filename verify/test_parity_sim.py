@@ -74,8 +74,8 @@ def test_chunk_size_does_not_change_a_bit_on_the_fast_path(make_test_pack, tmp_p
 
 
 def test_launch_counts_follow_the_switches(make_test_pack, tmp_path):
-    """Group gather: one gather launch per group of 16 routed experts; per-expert mode: one
-    per routed expert. Scatter quantize: one quantize launch for the MoE input per layer."""
+    """All resident: one gather launch per group of 16 routed experts, or one per routed expert;
+    nothing to wait for. Scatter quantize: one quantize launch for the MoE input per layer."""
     pack = make_test_pack("small", "Q8_0")  # 64 experts, top-8: 4 groups a layer when all are routed
     ids = prompt(pack, 200, seed=7)
     counts = {}
@@ -84,6 +84,63 @@ def test_launch_counts_follow_the_switches(make_test_pack, tmp_path):
         run_engine(eng, ids, "auto", tmp_path / f"g{gg}", greedy=0)
         counts[gg] = dict(eng.counters)
     n_layer = pack.config.n_layer
-    assert counts[1]["gather_group"] <= 4 * n_layer and "gather_one" not in counts[1]
+    assert counts[1]["gathers"] <= 4 * n_layer and "gather_one" not in counts[1]
     assert counts[0]["gather_one"] >= counts[1]["gather_group"] * 8
     assert counts[1]["q8_1_scatter"] == n_layer
+    for c in counts.values():
+        assert "waits" not in c and "events" not in c and "copies" not in c
+
+
+def test_streaming_counts_one_wait_and_event_per_group(make_test_pack, tmp_path):
+    """None resident, streamed walk, a ring deeper than a layer: group mode waits and records once
+    per group (every routed expert streamed, none skipped at 300 tokens on 64 experts);
+    per-expert mode once per routed expert; both copy every streamed expert once a chunk."""
+    pack = make_test_pack("small", "Q8_0")
+    ids = prompt(pack, 300, seed=8)
+    counts = {}
+    for gg in (1, 0):
+        eng = make_fast_engine(pack, "sim", group_gather=gg, expert_cache=0, stream_min=1, ring=128)
+        run_engine(eng, ids, "auto", tmp_path / f"g{gg}", greedy=0, layer_dumps=False)
+        counts[gg] = dict(eng.counters)
+    cfg = pack.config
+    n_experts = cfg.n_layer * cfg.n_expert
+    for c in counts.values():
+        assert c["copies"] == n_experts and c["copy_events"] == n_experts
+        assert c["copy_bytes"] == sum(pack.expert_blob(l, 0).nbytes * cfg.n_expert for l in range(cfg.n_layer))
+    assert counts[1]["waits"] == counts[1]["events"] == counts[1]["gather_group"] == 4 * cfg.n_layer
+    assert counts[0]["waits"] == counts[0]["events"] == counts[0]["gather_one"] == n_experts
+
+
+RINGS = [8, 16, 96, 128, 384]
+STREAM_SWITCHES = list(itertools.product([1, 0], [0, 1], [0, 1]))  # group, quant gather, coalesce
+
+
+@pytest.mark.parametrize("expert_type", ["Q8_0", "IQ2_XS", "Q2_K"])
+@pytest.mark.parametrize("ring", RINGS)
+def test_streaming_same_bytes_every_switch_cache_and_ring(make_test_pack, reference_runs, tmp_path,
+                                                          expert_type, ring):
+    """130 tokens in chunks of 64: two streamed chunks (stream_min 64), a staged one, and the
+    greedy tokens staged; caches of none, some and every expert (tiny: 2 x 16 experts)."""
+    pack = make_test_pack("tiny", expert_type)
+    ids = prompt(pack, 130, seed=ring)
+    ref = reference_runs(pack, ids, 64)
+    for i, (gg, qg, co) in enumerate(STREAM_SWITCHES):
+        cache = (0, 11, 32)[(i + ring) % 3]
+        eng = make_fast_engine(pack, "sim", sim_options=dict(schedule_seed=i), group_gather=gg, quant_gather=qg,
+                               copy_coalesce=co, expert_cache=cache, ring=ring, stream_min=64)
+        got = run_engine(eng, ids, 64, tmp_path / f"{i}")
+        assert_same_run(ref, got, pack, f"tiny {expert_type} ring {ring} cache {cache} group_gather={gg} "
+                                        f"quant_gather={qg} coalesce={co}")
+
+
+def test_streaming_small_pack_streamed_and_staged(make_test_pack, reference_runs, tmp_path):
+    """64 experts top-8, a third resident, a 600-token prompt: a streamed chunk of 512 and a
+    staged one of 88."""
+    pack = make_test_pack("small", "IQ3_S")
+    ids = prompt(pack, 600, seed=12)
+    ref = reference_runs(pack, ids, 512)
+    n_cache = pack.config.n_layer * pack.config.n_expert // 3
+    for gg in (1, 0):
+        eng = make_fast_engine(pack, "sim", group_gather=gg, expert_cache=n_cache, ring=16, stream_min=256)
+        got = run_engine(eng, ids, 512, tmp_path / f"g{gg}")
+        assert_same_run(ref, got, pack, f"small IQ3_S cache {n_cache} ring 16 group_gather={gg}")

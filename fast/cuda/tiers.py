@@ -1,0 +1,143 @@
+"""Where the cuda backend keeps experts: the expert cache (VRAM slots of resident experts), the
+host tier (page-locked host memory, streamed experts' blobs [gate | up | down] in (layer, id)
+order), the rings' VRAM slots, and the copy stream that fills them.
+
+The copy stream is created non-blocking, so it never waits for the legacy default stream; the
+compute stream waits for its copies through events only (fast/walk.py decides which). Reading
+the pack into page-locked memory happens once, at load; registering the pack's file mapping
+with cuMemHostRegister instead was tried on the H200 machine and failed with "invalid
+argument", so it is not attempted.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from strata.errors import DeviceError
+
+from fast.cuda import runtime
+from fast.experts import adjacent_runs
+
+NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
+
+
+class ExpertTiers:
+    def __init__(self, pack, placement, ring_slots: int, staging_slots: int, progress: bool | None = None):
+        import pycuda.driver as cuda
+
+        self.cuda = cuda
+        cfg = pack.config
+        self.placement = placement
+        self.blob_bytes = [2 * gu + d for gu, d in (pack.expert_blob_bytes(l) for l in range(cfg.n_layer))]
+        self.slot_bytes = max(self.blob_bytes)
+        self.copy_stream = cuda.Stream(flags=NON_BLOCKING)
+
+        # the expert cache: one allocation per layer, residents in id order
+        self._cache = []
+        for l in range(cfg.n_layer):
+            ids = np.nonzero(placement.resident[l])[0]
+            nbytes = max(1, len(ids)) * self.blob_bytes[l]
+            dev = runtime.alloc(nbytes, f"the expert cache of layer {l} ({len(ids)} experts, {nbytes >> 20} MiB)")
+            for i, e in enumerate(ids):
+                cuda.memcpy_htod(int(dev) + i * self.blob_bytes[l], np.ascontiguousarray(pack.expert_blob(l, int(e))))
+            rank = np.cumsum(placement.resident[l]) - 1
+            self._cache.append((dev, rank))
+
+        # the host tier: every streamed blob, page-locked, in (layer, id) order
+        sizes = np.array([self.blob_bytes[l] for l in range(cfg.n_layer) for _ in placement.streamed(l)], np.int64)
+        self.host_offset = np.zeros(placement.resident.shape, np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        self.host_offset[~placement.resident] = starts[:-1]
+        total = int(starts[-1])
+        self.host_bytes = total
+        try:
+            self.host = cuda.pagelocked_empty(max(total, 1), np.uint8)
+        except Exception as e:  # noqa: BLE001 - the driver's own error text goes into the line
+            raise DeviceError(f"could not page-lock {total / 1e9:.2f} GB for the host tier "
+                              f"({' '.join(str(e).split())}); a larger --expert-cache streams less") from e
+        self._fill_host(pack, progress)
+
+        # the rings' slots
+        self.rings = {name: (runtime.alloc(max(1, n) * self.slot_bytes, f"{n} {name} slots"), n)
+                      for name, n in (("ring", ring_slots), ("stage", staging_slots))}
+        self.copy_timing = False
+        self.copy_spans: list = []  # (start event, end event, bytes) when copy_timing is on
+
+    def _fill_host(self, pack, progress) -> None:
+        p = self.placement
+        todo = [(l, int(e)) for l in range(p.resident.shape[0]) for e in p.streamed(l)]
+        if not todo:
+            return
+        show = sys.stderr.isatty() if progress is None else progress
+        bar = None
+        if show:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.host_bytes, unit="B", unit_scale=True, desc="host tier", leave=False,
+                       file=sys.stderr)
+        t0 = time.perf_counter()
+        for l, e in todo:
+            off = int(self.host_offset[l, e])
+            blob = pack.expert_blob(l, e)
+            self.host[off:off + blob.nbytes] = blob
+            if bar is not None:
+                bar.update(blob.nbytes)
+        dt = time.perf_counter() - t0
+        if bar is not None:
+            bar.close()
+        print(f"host tier: {len(todo)} experts, {self.host_bytes / 1e9:.2f} GB read into page-locked memory "
+              f"in {dt:.2f} s ({self.host_bytes / 1e9 / max(dt, 1e-9):.2f} GB/s)", file=sys.stderr)
+
+    # ---- addresses --------------------------------------------------------------------
+    def cache_addr(self, layer: int, expert: int) -> int:
+        dev, rank = self._cache[layer]
+        return int(dev) + int(rank[expert]) * self.blob_bytes[layer]
+
+    def slot_addr(self, ring: str, slot: int) -> int:
+        dev, _ = self.rings[ring]
+        return int(dev) + int(slot) * self.slot_bytes
+
+    def addr(self, layer: int, where: str, index: int) -> int:
+        """A member's blob: ("cache", expert) or (ring, slot)."""
+        return self.cache_addr(layer, index) if where == "cache" else self.slot_addr(where, index)
+
+    # ---- the copy stream ----------------------------------------------------------------
+    def copy(self, ring: str, slots, experts, wait_for, counters):
+        """Wait for wait_for on the copy stream, copy experts' host blobs into slots (adjacent
+        ones merged), record and return an event."""
+        cuda, stream = self.cuda, self.copy_stream
+        for ev in wait_for:
+            stream.wait_for_event(ev)
+            counters["copy_waits"] += 1
+        start = None
+        if self.copy_timing:
+            start = cuda.Event()
+            start.record(stream)
+        runs = adjacent_runs(slots, experts, self.placement.host_index, self.blob_bytes, self.slot_bytes)
+        nbytes = 0
+        for run in runs:
+            l0, e0 = experts[run[0]]
+            off = int(self.host_offset[l0, e0])
+            n = sum(self.blob_bytes[experts[i][0]] for i in run)
+            cuda.memcpy_htod_async(self.slot_addr(ring, slots[run[0]]), self.host[off:off + n], stream)
+            nbytes += n
+        counters["copies"] += len(runs)
+        counters["copy_bytes"] += nbytes
+        counters["copy_events"] += 1
+        done = cuda.Event(cuda.event_flags.DISABLE_TIMING) if start is None else cuda.Event()
+        done.record(stream)
+        if start is not None:
+            self.copy_spans.append((start, done, nbytes))
+        return done
+
+    def copy_busy(self) -> tuple[float, int]:
+        """(seconds the copy stream spent copying, bytes) since the last call (timing on)."""
+        secs, nbytes = 0.0, 0
+        for start, end, n in self.copy_spans:
+            end.synchronize()
+            secs += start.time_till(end) / 1e3
+            nbytes += n
+        self.copy_spans.clear()
+        return secs, nbytes
