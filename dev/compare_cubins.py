@@ -6,7 +6,8 @@ kernels it keeps compile to the same instructions.
 
     python3 dev/compare_cubins.py 04719c8 HEAD [--keep DIR]
 
-Needs git and nvcc/cuobjdump on PATH; no GPU. The builds mirror fast/cuda/runtime.py:
+Needs git and nvcc on PATH and cuobjdump (on PATH, or named by $CUOBJDUMP; the pip package
+nvidia-cuda-cuobjdump has one); no GPU. The builds mirror fast/cuda/runtime.py:
 project headers (`#include "x.cuh"`) inlined into the source, `--fmad=false`, `-arch=sm_90`,
 and the defines each wrapper passes (BUILDS below: the MMQ tile configurations and the two
 attention warp counts). A build that does not exist in one revision (a removed file or
@@ -69,7 +70,8 @@ def build(kdir: str, name: str, defines: dict, out_dir: str) -> str | None:
 
 
 def sass_by_function(cubin: str) -> dict:
-    text = subprocess.run(["cuobjdump", "-sass", cubin], check=True, capture_output=True, text=True).stdout
+    tool = os.environ.get("CUOBJDUMP", "cuobjdump")
+    text = subprocess.run([tool, "-sass", cubin], check=True, capture_output=True, text=True).stdout
     funcs, cur = {}, None
     for line in text.splitlines():
         m = re.match(r"\s*Function : (\S+)", line)
