@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 
-KERNEL_DIRS = ("fast/cuda/kernels", "fast/kernels")  # after / before the move
 ARCH = "sm_90"
 NVCC_OPTIONS = ("--fmad=false",)
 MMQ_SMALL = {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2}
@@ -36,14 +35,16 @@ _LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.M)
 
 
 def export(rev: str, dest: str) -> str:
-    """The rev's kernel folder extracted under dest; returns its path."""
-    for kd in KERNEL_DIRS:
-        ok = subprocess.run(["git", "cat-file", "-e", f"{rev}:{kd}"], capture_output=True).returncode == 0
-        if ok:
-            archive = subprocess.run(["git", "archive", rev, kd], check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
-            return os.path.join(dest, kd)
-    sys.exit(f"compare_cubins: no kernel folder in {rev}")
+    """The rev's kernel folder (the one holding mmq.cu) extracted under dest; returns its path."""
+    names = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev], check=True, capture_output=True,
+                           text=True).stdout.splitlines()
+    found = [n for n in names if n.endswith("/mmq.cu")]
+    if len(found) != 1:
+        sys.exit(f"compare_cubins: {rev} has {len(found)} mmq.cu files, expected one")
+    kd = os.path.dirname(found[0])
+    archive = subprocess.run(["git", "archive", rev, kd], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    return os.path.join(dest, kd)
 
 
 def inlined(kdir: str, name: str) -> str:
@@ -79,7 +80,7 @@ def sass_by_function(cubin: str) -> dict:
             cur = m.group(1)
             funcs[cur] = []
         elif cur is not None and line.strip():
-            funcs[cur].append(line.strip())
+            funcs[cur].append(" ".join(line.split()))  # the listing's column widths vary per file
     return funcs
 
 
@@ -106,8 +107,7 @@ def main() -> int:
                 cub[side] = build(kd, name, defines, d) if has else None
             if cub["a"] is None or cub["b"] is None:
                 which = "both" if cub["a"] is cub["b"] is None else ("a" if cub["a"] is None else "b")
-                print(f"{label}: absent in {which} ({'no file or does not compile'})")
-                same_all = same_all and which == "both"
+                print(f"{label}: absent in {which} (no such file, or it does not build with these defines)")
                 continue
             with open(cub["a"], "rb") as fa, open(cub["b"], "rb") as fb:
                 if fa.read() == fb.read():
@@ -126,7 +126,8 @@ def main() -> int:
             kept_same = [fn for fn in sa if fn in sb and sa[fn] == sb[fn]]
             print(f"{label}: cubin differs; SASS equal for {len(kept_same)} kept function(s)"
                   + (f"; {'; '.join(parts)}" if parts else ""))
-    print("kernels kept: SASS identical" if same_all else "some kept kernel's SASS differs")
+    print("every kernel present in both: SASS identical" if same_all
+          else "some kernel present in both has different SASS (listed above)")
     return 0 if same_all else 1
 
 
