@@ -7,7 +7,7 @@ kernels it keeps compile to the same instructions.
     python3 dev/compare_cubins.py 04719c8 HEAD [--keep DIR]
 
 Needs git and nvcc on PATH and cuobjdump (on PATH, or named by $CUOBJDUMP; the pip package
-nvidia-cuda-cuobjdump has one); no GPU. The builds mirror fast/cuda/runtime.py:
+nvidia-cuda-cuobjdump has one, and it calls nvdisasm, from nvidia-cuda-nvdisasm); no GPU. The builds mirror fast/cuda/runtime.py:
 project headers (`#include "x.cuh"`) inlined into the source, `--fmad=false`, `-arch=sm_90`,
 and the defines each wrapper passes (BUILDS below: the MMQ tile configurations and the two
 attention warp counts). A build that does not exist in one revision (a removed file or
