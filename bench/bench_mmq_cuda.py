@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the grouped MMQ kernel (fast/kernels/mmq.cu) on the `strata` MoE shape.
+"""Benchmark of the grouped MMQ kernel (fast/cuda/kernels/mmq.cu) on the `strata` MoE shape.
 
     python3 bench/bench_mmq_cuda.py [--tokens 1024,8192,32768] [--repeats 7] [--out DIR]
 
@@ -32,9 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
-from fast import ops_cuda  # noqa: E402
-from fast.cuda import runtime  # noqa: E402
+from fast.cuda import products, runtime  # noqa: E402
 from strata import q8_1, quants  # noqa: E402
+from strata.constants import WEIGHT_TAIL_BYTES  # noqa: E402
 
 N_EXPERT, TOP_K, N_EMBD, N_FF, GROUP = 512, 10, 2560, 640, 16
 
@@ -152,6 +152,7 @@ def tables(ids: np.ndarray):
 def bench(args):
     cuda = runtime._driver()
     runtime.context()
+    dev = runtime.Device()  # counters, the default stream, the wrappers' memory pool
     from pycuda.compiler import SourceModule
 
     n_sm = runtime.multiprocessor_count()
@@ -187,7 +188,7 @@ def bench(args):
             bufs = []
             for _ in range(n_buf):
                 blk = quants.random_blocks(qt, GROUP * N * K // vpb, rng)
-                data = np.concatenate([blk.reshape(-1), np.zeros(ops_cuda.WEIGHT_TAIL_BYTES, np.uint8)])
+                data = np.concatenate([blk.reshape(-1), np.zeros(WEIGHT_TAIL_BYTES, np.uint8)])
                 bufs.append(runtime.to_device(data, f"{tname} group weights"))
             wcache[key] = (bufs, stride)
             log(f"weights {tname} {N}x{K}: {n_buf} group buffers of {GROUP * stride / 1e6:.1f} MB")
@@ -221,9 +222,9 @@ def bench(args):
                 # quantizer timings (both ways), then keep the buffer
                 for how in ("scatter", "gather"):
                     if how == "scatter":
-                        fn = lambda: ops_cuda.quantize_scatter(xd, slot_d, tokens, TOP_K, K, lay, ad)  # noqa: E731
+                        fn = lambda: products.quantize_scatter(dev, xd, slot_d, tokens, TOP_K, K, lay, ad)  # noqa: E731
                     else:
-                        fn = lambda: ops_cuda.quantize_gather(xd, src_d, rows, K, lay, ad)  # noqa: E731
+                        fn = lambda: products.quantize_gather(dev, xd, src_d, rows, K, lay, ad)  # noqa: E731
                     ms = timer.time(fn, args.repeats, queued=True)
                     gbs = (tokens * K * 4 + nbytes) / (ms * 1e-3) / 1e9
                     results["quant"].append({"tokens": tokens, "K": K, "layout": lay.name, "how": how,
@@ -239,17 +240,17 @@ def bench(args):
             out = runtime.alloc(rows * N * 4, "mmq out")
             ops = 2.0 * rows * N * K
             for cfg in configs:
-                geo = ops_cuda.mmq_geometry(cfg)
+                geo = products.mmq_geometry(cfg)
                 for tile_rows in sorted({min(geo["BN"], t) for t in (geo["BN"], 128, 64)}, reverse=True):
                     def layer():
                         for g in range(N_EXPERT // GROUP):
-                            ops_cuda.mmq_group(qt, bufs[g % len(bufs)], stride, N, K, ad, rows,
+                            products.mmq_group(dev, qt, bufs[g % len(bufs)], stride, N, K, ad, rows,
                                                int(bounds_dev) + g * GROUP * 8, GROUP, out,
                                                rows=groups[g], tile_rows=tile_rows, config=cfg)
                     t_q = timer.time(layer, args.repeats, queued=True, spin_ms=6.0)
                     t_p = timer.time(layer, args.repeats, queued=False)
                     r = {"proj": proj, "type": tname, "tokens": tokens, "rows": rows, "N": N, "K": K,
-                         "config": cfg or ops_cuda.default_config() or "auto", "tile_rows": tile_rows, "ms_queued": t_q,
+                         "config": cfg or products.default_config() or "auto", "tile_rows": tile_rows, "ms_queued": t_q,
                          "ms_paced": t_p, "tops": ops / (t_q * 1e-3) / 1e12,
                          "pct_peak": 100.0 * ops / (t_q * 1e-3) / 1e12 / peak32}
                     results["mmq"].append(r)

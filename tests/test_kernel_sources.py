@@ -48,10 +48,33 @@ def test_local_headers_inline(path):
         assert "float strata_exp(float x)" in src or "float roundf_away(float x)" in src
 
 
+SHARED = ("float strata_exp(float x)", "float roundf_away(float x)", "int roundf_away_int(float x)",
+          "int8_t to_i8(float v)", "float warp_max(float v)", "float quad_max(float v)",
+          "float warp_sum(float v)", "#define MAGIC_I", "#define MAGIC_F")
+
+
 def test_one_definition_of_the_shared_device_functions():
-    """strata_exp, roundf_away, to_i8 and warp_max live in strata_numerics.cuh only."""
+    """The exp, the roundings, the int8 code, the warp reductions and the magic-number
+    conversion constants live in strata_numerics.cuh only."""
+    header = (Path(KERNEL_DIR) / "strata_numerics.cuh").read_text()
+    for fn in SHARED:
+        assert header.count(fn) == 1, f"strata_numerics.cuh lacks {fn}"
     for path in KERNELS:
         text = path.read_text()
-        for fn in ("float strata_exp(float x)", "float roundf_away(float x)", "int8_t to_i8(float v)",
-                   "float warp_max(float v)"):
+        for fn in SHARED:
             assert fn not in text, f"{path.name} defines {fn} again"
+
+
+#: a one-value xor butterfly written out in a kernel (the header's warp_sum / warp_max do it)
+BUTTERFLY = re.compile(r"for \(int o = 16; o > 0; o >>= 1\) *\w+ = [^;{]*__shfl_xor_sync")
+
+
+@pytest.mark.parametrize("path", KERNELS, ids=lambda p: p.name)
+def test_block_quantize_exp_and_reductions_come_from_the_header(path):
+    """No kernel writes its own q8 block scale (127 / amax), exponential or full-warp
+    butterfly: the header's q8_inv_scale, strata_exp, warp_sum and warp_max are the one home."""
+    code = "\n".join(line.split("//")[0] for line in path.read_text().splitlines())  # comments out
+    assert "127.0f /" not in code, f"{path.name} computes a q8 scale inline"
+    assert not re.search(r"\b(__expf|expf|exp2f|__exp2f)\s*\(", code), f"{path.name} calls a libm exp"
+    assert "strata_exp_fast" not in code
+    assert not BUTTERFLY.search(code), f"{path.name} writes a warp butterfly inline"

@@ -1,8 +1,8 @@
 """CUDA kernels against their NumPy definitions, byte for byte.
 
-- fast/kernels/quantize_q8_1.cu against strata.q8_1.gather_quantize / scatter_quantize,
+- fast/cuda/kernels/quantize_q8_1.cu against strata.q8_1.gather_quantize / scatter_quantize,
   all three layouts (random x, random routings, one all-zero token);
-- fast/kernels/mmq.cu against strata.mmq.mmq (mmq_prepared), all six weight types (random valid
+- fast/cuda/kernels/mmq.cu against strata.mmq.mmq (mmq_prepared), all six weight types (random valid
   blocks, random activations, several experts with uneven row counts including 0 and 1,
   the tiny and strata shapes).
 
@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as QT
 
 from fast.cuda.runtime import cuda_available
 from strata import mmq, q8_1, quants
+from strata.constants import WEIGHT_TAIL_BYTES
 from strata.routing import routing_tables
 
 _OK, _WHY = cuda_available()
@@ -38,6 +39,14 @@ def cu():
     import pycuda.driver as cuda
 
     return cuda
+
+
+@pytest.fixture(scope="module")
+def dev(cu):
+    """The launch object the wrappers take (counters, default stream, memory pool)."""
+    from fast.cuda import runtime
+
+    return runtime.Device()
 
 
 def _dev(cu, arr, what="test buffer"):
@@ -125,8 +134,8 @@ def _routing(rng, T, E, k):
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: l.name)
 @pytest.mark.parametrize("T,K,E,k", [(37, 256, 16, 4), (23, 2560, 512, 10), (19, 640, 8, 3), (9, 200, 5, 2)])
-def test_quantize_gather_scatter(cu, layout, T, K, E, k):
-    from fast import ops_cuda
+def test_quantize_gather_scatter(cu, dev, layout, T, K, E, k):
+    from fast.cuda import products
 
     rng = np.random.default_rng(1000 * T + K + int(layout))
     x = _random_x(rng, T, K)
@@ -143,12 +152,12 @@ def test_quantize_gather_scatter(cu, layout, T, K, E, k):
     slotd = _dev(cu, rt.slot.astype(np.int32))
 
     out = _poisoned(cu, nbytes)
-    ops_cuda.quantize_gather(xd, srcd, R, K, layout, out)
+    products.quantize_gather(dev, xd, srcd, R, K, layout, out)
     got = _get(cu, out, nbytes)
     assert np.array_equal(got, want_g), "gather: " + _q8_report(got, want_g, R, K, layout)
 
     out2 = _poisoned(cu, nbytes)
-    ops_cuda.quantize_scatter(xd, slotd, T, k, K, layout, out2)
+    products.quantize_scatter(dev, xd, slotd, T, k, K, layout, out2)
     got2 = _get(cu, out2, nbytes)
     assert np.array_equal(got2, want_s), "scatter: " + _q8_report(got2, want_s, R, K, layout)
 
@@ -157,12 +166,12 @@ def test_quantize_gather_scatter(cu, layout, T, K, E, k):
 
 
 # MMQ tile configurations every mmq case runs (the reference computed once): the default
-# (None: automatic by rows per expert), each automatic choice, the first kernel, and more from
+# (None: automatic by rows per expert), each automatic choice, and more from
 # STRATA_MMQ_TEST_CONFIGS (JSON objects, ";"-separated).
 def _configs():
-    from fast import ops_cuda
+    from fast.cuda import products
 
-    return [None] + [c for _, c in ops_cuda.AUTO_CONFIGS] + [ops_cuda.LEGACY_CONFIG] + [
+    return [None] + [c for _, c in products.AUTO_CONFIGS] + [
         json.loads(c) for c in os.environ.get("STRATA_MMQ_TEST_CONFIGS", "").split(";") if c.strip()]
 
 
@@ -172,10 +181,10 @@ def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
     return q8_1.Q8Rows(**f)
 
 
-def _mmq_case(cu, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128,), seed=0):
+def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128,), seed=0):
     """Experts with `rows` activation rows each, laid out after `lead` unused rows with `gap`
     unused rows between experts; weights in one group buffer with odd-ish stride."""
-    from fast import ops_cuda
+    from fast.cuda import products
 
     rng = np.random.default_rng(seed)
     vpb, bpb = quants.block_size(qt)
@@ -213,10 +222,10 @@ def _mmq_case(cu, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128
     ad = _dev(cu, abuf)
     bd = _dev(cu, np.array(bounds, np.int32).reshape(-1))
     for cfg in _configs():
-        bn = ops_cuda.mmq_geometry(cfg)["BN"]
+        bn = products.mmq_geometry(cfg)["BN"]
         for tr in sorted({min(t, bn) for t in tile_rows}, reverse=True):
             out = _poisoned(cu, R_total * N * 4)
-            ops_cuda.mmq_group(qt, wd, stride, N, K, ad, R_total, bd, n_exp, out, tile_rows=tr, config=cfg)
+            products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, n_exp, out, tile_rows=tr, config=cfg)
             got = _get(cu, out, R_total * N * 4)
             assert np.array_equal(got, want), (
                 f"{qt.name} N={N} K={K} rows={rows} tile_rows={tr} config={cfg}: "
@@ -224,45 +233,45 @@ def _mmq_case(cu, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128
 
 
 @pytest.mark.parametrize("tname", TYPES)
-def test_mmq_tiny(cu, tname):
+def test_mmq_tiny(cu, dev, tname):
     qt = QT[tname]
     # tiny: gate/up 512 x 256, down 256 x 256
-    _mmq_case(cu, qt, 512, 256, [0, 1, 9, 130, 0, 40, 3], tile_rows=(128, 32, 8), seed=1)
-    _mmq_case(cu, qt, 256, 256, [5, 0, 1, 64], stride_pad=0, seed=2)
+    _mmq_case(cu, dev, qt, 512, 256, [0, 1, 9, 130, 0, 40, 3], tile_rows=(128, 32, 8), seed=1)
+    _mmq_case(cu, dev, qt, 256, 256, [5, 0, 1, 64], stride_pad=0, seed=2)
 
 
 @pytest.mark.parametrize("tname", TYPES)
-def test_mmq_strata_gate_up(cu, tname):
+def test_mmq_strata_gate_up(cu, dev, tname):
     qt = QT[tname]
-    _mmq_case(cu, qt, 1280, 2560, [0, 1, 37, 161, 0, 12], tile_rows=(128, 64), seed=3)
+    _mmq_case(cu, dev, qt, 1280, 2560, [0, 1, 37, 161, 0, 12], tile_rows=(128, 64), seed=3)
 
 
 @pytest.mark.parametrize("tname", ["Q8_0", "Q4_1"])
-def test_mmq_strata_down(cu, tname):
+def test_mmq_strata_down(cu, dev, tname):
     qt = QT[tname]
-    _mmq_case(cu, qt, 2560, 640, [1, 0, 50, 129, 7], seed=4)
+    _mmq_case(cu, dev, qt, 2560, 640, [1, 0, 50, 129, 7], seed=4)
 
 
 @pytest.mark.parametrize("tname", ["Q8_0", "Q4_1"])
-def test_mmq_odd_k(cu, tname):
+def test_mmq_odd_k(cu, dev, tname):
     # K a multiple of 32 but not of 128 (a partial last chunk), N not a multiple of 128
-    _mmq_case(cu, QT[tname], 200, 96, [3, 17, 0, 33], seed=5)
+    _mmq_case(cu, dev, QT[tname], 200, 96, [3, 17, 0, 33], seed=5)
 
 
 @pytest.mark.parametrize("tname", ["Q8_0", "IQ2_XS"])
-def test_mmq_many_rows(cu, tname):
+def test_mmq_many_rows(cu, dev, tname):
     # ~150 rows per expert (the default picks its large-tile configuration), 2 row tiles each
-    _mmq_case(cu, QT[tname], 320, 512, [200, 130, 0, 77, 193], tile_rows=(128, 96), seed=8)
+    _mmq_case(cu, dev, QT[tname], 320, 512, [200, 130, 0, 77, 193], tile_rows=(128, 96), seed=8)
 
 
-def test_mmq_sixteen_experts(cu):
+def test_mmq_sixteen_experts(cu, dev):
     rows = [0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 1, 0, 7, 160]
-    _mmq_case(cu, QT.IQ2_XS, 512, 256, rows, seed=6)
+    _mmq_case(cu, dev, QT.IQ2_XS, 512, 256, rows, seed=6)
 
 
 @pytest.mark.parametrize("tname", ["Q8_0", "IQ3_S"])
-def test_mmq_dense(cu, tname):
-    from fast import ops_cuda
+def test_mmq_dense(cu, dev, tname):
+    from fast.cuda import products
 
     qt = QT[tname]
     rng = np.random.default_rng(7)
@@ -274,17 +283,20 @@ def test_mmq_dense(cu, tname):
     act_rows = q8_1.quantize_rows(x, layout)
     want = mmq.mmq(qt, w, q8_1.decode_rows(act_rows, R, layout))
     want = want.astype("<f4").view(np.uint8).reshape(-1)
-    wpad = np.concatenate([w.reshape(-1), np.zeros(ops_cuda.WEIGHT_TAIL_BYTES, np.uint8)])
+    wpad = np.concatenate([w.reshape(-1), np.zeros(WEIGHT_TAIL_BYTES, np.uint8)])
     wd, ad = _dev(cu, wpad), _dev(cu, q8_1.pack_rows(act_rows))
     out = _poisoned(cu, R * N * 4)
-    ops_cuda.mmq_dense(qt, wd, N, K, ad, R, out)
+    products.mmq_dense(dev, qt, wd, N, K, ad, R, out)
     got = _get(cu, out, R * N * 4)
     assert np.array_equal(got, want), f"dense {qt.name}: " + _f32_report(got, want, N)
 
 
 def test_counters(cu):
-    from fast import ops_cuda
+    """Each Device counts its own launches: one dense product is one "mmq" launch there and
+    none on another Device."""
+    from fast.cuda import runtime
 
-    ops_cuda.reset_counters()
-    test_mmq_dense(cu, "Q8_0")
-    assert ops_cuda.counters["launches"] == 1 and ops_cuda.counters["mmq"] == 1
+    mine, other = runtime.Device(), runtime.Device()
+    test_mmq_dense(cu, mine, "Q8_0")
+    assert mine.counters["launches"] == 1 and mine.counters["mmq"] == 1
+    assert other.counters["launches"] == 0

@@ -1,14 +1,14 @@
-"""The model kernels of fast/kernels (through fast/ops_model_cuda.py) against their NumPy
-definitions, byte for byte:
+"""The model kernels of fast/cuda/kernels (through fast/cuda/elementwise.py, attention.py and
+products.py) against their NumPy definitions, byte for byte:
 
 rmsnorm.cu (strata.numerics.rmsnorm), rope.cu (rope_neox), kv_cache.cu (KVCache.write),
-attention.cu (strata.attention.attend), router.cu (strata.routing.top_k), routing_tables.cu,
+attention_mma.cu (strata.attention.attend), router.cu (strata.routing.top_k), routing_tables.cu,
 swiglu.cu (strata.moe.swiglu), combine.cu (strata.moe.combine, strata.numerics.sigmoid),
 embed.cu (Q8_0 strata.quants.dequantize), gather_group.cu (strata.moe.group_buffers), add.cu.
 
 Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
 probabilities, T=1, positions crossing 64-key blocks, GQA, head_dim 64 and 128, n_embd 256 and
-2560). Attention runs every kernel variant (dp4a, mma, split, auto and the default) on each case,
+2560). Attention runs every kernel variant (mma, split, auto and the default) on each case,
 with long prompts crossing many key blocks and T=1 decode at large positions. Outputs are poisoned before each launch and compared whole as bytes; a mismatch reports
 the first differing element, both values (float and hex) and the count. Without a GPU (or
 PyCUDA) every test skips with one line saying why.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fast.cuda import attention as cu_att, elementwise as cu_ew, products as cu_prod
 from strata import attention, moe, numerics, routing
 
 try:
@@ -34,12 +35,11 @@ F32 = np.float32
 
 
 @pytest.fixture(scope="module")
-def ops():
-    from fast import ops_model_cuda
+def dev():
+    """The launch object the wrappers take (counters, default stream, memory pool)."""
     from fast.cuda import runtime
 
-    runtime.context()
-    return ops_model_cuda
+    return runtime.Device()
 
 
 # ---------------------------------------------------------------- device helpers
@@ -108,30 +108,30 @@ def _randn(rng, shape, lo=-4.0, hi=4.0):
 
 
 @pytest.mark.parametrize("rows,n", [(1, 256), (7, 2560), (5, 256), (3 * 16, 64), (2 * 8, 128), (3, 100)])
-def test_rmsnorm(ops, rows, n):
+def test_rmsnorm(dev, rows, n):
     rng = np.random.default_rng(1000 + rows * 7 + n)
     x = _randn(rng, (rows, n))
     w = (rng.standard_normal(n) * 0.5 + 1.0).astype(F32)
     eps = 1e-6
     want = numerics.rmsnorm(x, w, eps)
     out = _poisoned((rows, n), F32)
-    ops.rmsnorm(_up(x), _up(w), eps, out=out)
+    cu_ew.rmsnorm(dev, _up(x), _up(w), eps, out=out)
     assert_same(_get(out), want, f"rmsnorm rows={rows} n={n}")
 
 
-def test_rmsnorm_heads_in_place(ops):
+def test_rmsnorm_heads_in_place(dev):
     rng = np.random.default_rng(7)
     T, H, hd = 5, 8, 128
     x = _randn(rng, (T, H, hd))
     w = rng.standard_normal(hd).astype(F32)
     want = numerics.rmsnorm(x, w, 1e-6)
     xd = _up(x)
-    ops.rmsnorm(xd, _up(w), 1e-6, out=xd)
+    cu_ew.rmsnorm(dev, xd, _up(w), 1e-6, out=xd)
     assert_same(_get(xd), want, "rmsnorm per head, in place")
 
 
 @pytest.mark.parametrize("T,H,hd", [(1, 4, 64), (9, 4, 128), (70, 2, 64)])
-def test_rope(ops, T, H, hd):
+def test_rope(dev, T, H, hd):
     rng = np.random.default_rng(T * 31 + hd)
     x = _randn(rng, (T, H, hd))
     positions = np.sort(rng.choice(4000, size=T, replace=False)).astype(np.int32)
@@ -139,28 +139,28 @@ def test_rope(ops, T, H, hd):
         positions[:2] = (63, 64)  # across a key block boundary
     cos, sin = numerics.rope_table(4096, hd, 1_000_000.0)
     want = numerics.rope_neox(x, positions, cos, sin)
-    dcos, dsin = ops.rope_table(4096, hd, 1_000_000.0)
+    dcos, dsin = cu_ew.rope_table(dev, 4096, hd, 1_000_000.0)
     out = _poisoned((T, H, hd), F32)
-    ops.rope_neox(_up(x), positions, dcos, dsin, out=out)
+    cu_ew.rope_neox(dev, _up(x), positions, dcos, dsin, out=out)
     assert_same(_get(out), want, f"rope T={T} H={H} hd={hd}")
     xd = _up(x)  # in place, device positions
-    ops.rope_neox(xd, _up(positions), dcos, dsin, out=xd)
+    cu_ew.rope_neox(dev, xd, _up(positions), dcos, dsin, out=xd)
     assert_same(_get(xd), want, f"rope in place T={T} H={H} hd={hd}")
 
 
 @pytest.mark.parametrize("n", [1, 2560, 3 * 2560 + 3])
-def test_add(ops, n):
+def test_add(dev, n):
     rng = np.random.default_rng(n)
     x, y = _randn(rng, (n,)), _randn(rng, (n,))
     want = x + y
     out = _poisoned((n,), F32)
-    ops.add(_up(x), _up(y), out=out)
+    cu_ew.add(dev, _up(x), _up(y), out=out)
     assert_same(_get(out), want, f"add n={n}")
     # unaligned views (the scalar path): offsets of one float
     if n > 2:
         xd, yd = _up(x), _up(y)
         o2 = _poisoned((n,), F32)
-        ops.add(xd[1:], yd[1:], out=o2[1:])
+        cu_ew.add(dev, xd[1:], yd[1:], out=o2[1:])
         assert_same(_get(o2)[1:], want[1:], f"add unaligned n={n}")
 
 
@@ -178,13 +178,13 @@ def _kv_inputs(rng, T, n_kv, hd, zero_rows=True):
     return k, v
 
 
-def _device_cache_from(ops, cache: attention.KVCache, layer: int):
+def _device_cache_from(cache: attention.KVCache, layer: int):
     return (_up(cache.k_codes[layer]), _up(cache.k_scale[layer]), _up(cache.v_codes[layer]),
             _up(cache.v_scale[layer]))
 
 
 @pytest.mark.parametrize("n_kv,hd", [(2, 64), (4, 128)])
-def test_kv_write(ops, n_kv, hd):
+def test_kv_write(dev, n_kv, hd):
     rng = np.random.default_rng(n_kv * 100 + hd)
     cap = 256
     positions = np.array([60, 61, 62, 63, 64, 65, 130, 7, 200], np.int32)
@@ -192,11 +192,11 @@ def test_kv_write(ops, n_kv, hd):
     k, v = _kv_inputs(rng, T, n_kv, hd)
     ref = attention.KVCache(1, n_kv, hd, capacity=cap)
     ref.write(0, positions, k, v)
-    dev = [_poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap, hd // 32), F32),
-           _poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap), F32)]
-    ops.kv_write(_up(k), _up(v), positions, *dev)
+    cache = [_poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap, hd // 32), F32),
+             _poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap), F32)]
+    cu_att.kv_write(dev, _up(k), _up(v), positions, *cache)
     names = ("k_codes", "k_scale", "v_codes", "v_scale")
-    for name, d in zip(names, dev):
+    for name, d in zip(names, cache):
         full = getattr(ref, name)[0]
         want = _poison_like(full)
         want[:, positions] = full[:, positions]  # written rows; the rest keeps its poison
@@ -220,8 +220,8 @@ ATT_CASES = [
     pytest.param(8, 1, 128, np.array([700, 5, 64, 1300, 63]), 1301, id="T5-scattered-mqa-hd128"),
 ]
 
-#: every attention kernel (fast.ops_model_cuda.ATTEND_VARIANTS) and the default (None)
-ATT_VARIANTS = ["dp4a", "mma", "split", "auto", None]
+#: every attention kernel (fast.cuda.attention.ATTEND_VARIANTS) and the default (None)
+ATT_VARIANTS = [*cu_att.ATTEND_VARIANTS, None]
 
 
 def _attention_case(rng, n_head, n_kv, hd, positions, start, scale):
@@ -247,7 +247,7 @@ _ATT_WANT: dict = {}
 @pytest.mark.parametrize("variant", ATT_VARIANTS)
 @pytest.mark.parametrize("n_head,n_kv,hd,positions,start", ATT_CASES)
 @pytest.mark.parametrize("scale", [1.0, 8.0])
-def test_attention(ops, n_head, n_kv, hd, positions, start, scale, variant):
+def test_attention(dev, n_head, n_kv, hd, positions, start, scale, variant):
     key = (n_head, n_kv, hd, tuple(positions.tolist()), start, scale)
     if key not in _ATT_WANT:  # the NumPy reference once per case, for every variant
         _ATT_WANT.clear()
@@ -257,61 +257,61 @@ def test_attention(ops, n_head, n_kv, hd, positions, start, scale, variant):
         _ATT_WANT[key] = (cache, q, pos, attention.attend(cache, 0, q, pos))
     cache, q, positions, want = _ATT_WANT[key]
     out = _poisoned(q.shape, F32)
-    ops.attend(_up(q), positions, *_device_cache_from(ops, cache, 0), out=out, variant=variant)
+    cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant=variant)
     assert_same(_get(out), want, f"attention[{variant}] H={n_head} KV={n_kv} hd={hd} T={positions.size}")
 
 
 @pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("case", [1, 6, 7])  # gqa4-cross64-hd128, prefill-1000, chunk-1500
-def test_attention_mma_configs(ops, monkeypatch, case, warps):
+def test_attention_mma_configs(dev, monkeypatch, case, warps):
     """The mma kernel under each tile configuration (ATTEND_MMA_CONFIG MMA_WARPS)."""
     n_head, n_kv, hd, positions, start = ATT_CASES[case].values
     rng = np.random.default_rng(900 + case)
     positions = positions.astype(np.int32)
     cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, 4.0)
     want = attention.attend(cache, 0, q, positions)
-    monkeypatch.setattr(ops, "ATTEND_MMA_CONFIG", {"MMA_WARPS": warps})
+    monkeypatch.setattr(cu_att, "ATTEND_MMA_CONFIG", {"MMA_WARPS": warps})
     out = _poisoned(q.shape, F32)
-    ops.attend(_up(q), positions, *_device_cache_from(ops, cache, 0), out=out, variant="mma")
+    cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="mma")
     assert_same(_get(out), want, f"attention[mma, MMA_WARPS={warps}] case {case}")
 
 
 @pytest.mark.parametrize("variant", ["mma", "split"])
-def test_attention_positions_on_device(ops, variant):
+def test_attention_positions_on_device(dev, variant):
     """Positions as a GPUArray (no host copy: the split grid spans the capacity)."""
     rng = np.random.default_rng(5)
     positions = np.array([200, 201], np.int32)
     cache, q, _, _ = _attention_case(rng, 8, 2, 128, positions, 200, 4.0)
     want = attention.attend(cache, 0, q, positions)
     out = _poisoned(q.shape, F32)
-    ops.attend(_up(q), _up(positions), *_device_cache_from(ops, cache, 0), out=out, variant=variant)
+    cu_att.attend(dev, _up(q), _up(positions), *_device_cache_from(cache, 0), out=out, variant=variant)
     assert_same(_get(out), want, f"attention[{variant}] device positions")
 
 
 @pytest.mark.parametrize("variant", ATT_VARIANTS)
-def test_attention_chunks_device_cache(ops, variant):
+def test_attention_chunks_device_cache(dev, variant):
     """Two chunks and a decode step through the device cache (kv_write + attend) against the
     NumPy cache: the cache bytes and every output."""
     rng = np.random.default_rng(77)
     n_layer, n_head, n_kv, hd = 2, 8, 2, 128
     ref = attention.KVCache(n_layer, n_kv, hd)
-    dev = ops.DeviceKVCache(n_layer, n_kv, hd, capacity=64)
+    kv = cu_att.DeviceKVCache(dev, n_layer, n_kv, hd, capacity=64)
     for chunk in (np.arange(0, 70), np.arange(70, 140), np.array([140])):
         chunk = chunk.astype(np.int32)
         for layer in range(n_layer):
             k, v = _kv_inputs(rng, chunk.size, n_kv, hd)
             q = _randn(rng, (chunk.size, n_head, hd), -1.0, 1.0)
             ref.write(layer, chunk, k, v)
-            dev.write(layer, chunk, _up(k), _up(v))
+            kv.write(layer, chunk, _up(k), _up(v))
             want = attention.attend(ref, layer, q, chunk)
             out = _poisoned(q.shape, F32)
-            dev.attend(layer, _up(q), chunk, out=out, variant=variant)
+            kv.attend(layer, _up(q), chunk, out=out, variant=variant)
             assert_same(_get(out), want, f"attention[{variant}] chunk {chunk[0]}.. layer {layer}")
-    cap = dev.capacity
+    cap = kv.capacity
     for layer in range(n_layer):
         for name in ("k_codes", "k_scale", "v_codes", "v_scale"):
             want = getattr(ref, name)[layer][:, :min(cap, ref.capacity)]
-            got = _get(getattr(dev, name)[layer])[:, :want.shape[1]]
+            got = _get(getattr(kv, name)[layer])[:, :want.shape[1]]
             assert_same(got, want, f"device cache {name} layer {layer}")
 
 
@@ -332,19 +332,19 @@ def _logits(rng, T, E, ties: bool):
 
 @pytest.mark.parametrize("T,E,K", [(1, 128, 8), (33, 128, 8), (37, 512, 10), (5, 64, 32)])
 @pytest.mark.parametrize("ties", [False, True])
-def test_top_k(ops, T, E, K, ties):
+def test_top_k(dev, T, E, K, ties):
     rng = np.random.default_rng(T * E + K + ties)
     x = _logits(rng, T, E, ties)
     want_ids, want_w = routing.top_k(x, K)
     ids, w = _poisoned((T, K), np.int32), _poisoned((T, K), F32)
-    ops.top_k(_up(x), K, ids=ids, weights=w)
+    cu_ew.top_k(dev, _up(x), K, ids=ids, weights=w)
     assert_same(_get(ids), want_ids, f"top_k ids T={T} E={E} K={K} ties={ties}")
     assert_same(_get(w), want_w, f"top_k weights T={T} E={E} K={K} ties={ties}")
 
 
 @pytest.mark.parametrize("T,E,K,skew", [(1, 128, 8, False), (37, 128, 8, False), (1000, 512, 10, False),
                                         (4096, 512, 10, True), (300, 64, 4, True)])
-def test_routing_tables(ops, T, E, K, skew):
+def test_routing_tables(dev, T, E, K, skew):
     rng = np.random.default_rng(T + E + K)
     if skew:  # a few popular experts and long runs of one expert
         pop = rng.choice(E, size=min(E, 3 * K), replace=False)
@@ -352,9 +352,9 @@ def test_routing_tables(ops, T, E, K, skew):
     else:
         ids = np.stack([rng.choice(E, size=K, replace=False) for _ in range(T)]).astype(np.int32)
     ref = routing.routing_tables(ids, E)
-    out = ops.DeviceRoutingTables(*(_poisoned(s, np.int32) for s in
+    out = cu_ew.DeviceRoutingTables(*(_poisoned(s, np.int32) for s in
                                     ((E,), (E,), (T * K,), (T * K,), (E,), (1,))))
-    ops.routing_tables(_up(ids), E, out=out)
+    cu_ew.routing_tables(dev, _up(ids), E, out=out)
     order = np.full(E, -1, np.int32)
     order[:ref.order.size] = ref.order
     want = {"cnt": ref.cnt, "off": ref.off, "slot": ref.slot, "src": ref.src, "order": order,
@@ -375,31 +375,31 @@ def _wide(rng, shape):
 
 
 @pytest.mark.parametrize("R,n", [(1, 640), (37, 768), (13, 100)])
-def test_swiglu(ops, R, n):
+def test_swiglu(dev, R, n):
     rng = np.random.default_rng(R * n)
     g, u = _wide(rng, (R, n)), _randn(rng, (R, n))
     want = moe.swiglu(g, u)
     out = _poisoned((R, n), F32)
-    ops.swiglu(_up(g), _up(u), out=out)
+    cu_ew.swiglu(dev, _up(g), _up(u), out=out)
     assert_same(_get(out), want, f"swiglu R={R} n={n}")
     if R > 4:  # a row range, as the MoE walk runs it per group
         out2 = _poisoned((R - 4, n), F32)
-        ops.swiglu(_up(g), _up(u), out=out2, r0=2, r1=R - 2)
+        cu_ew.swiglu(dev, _up(g), _up(u), out=out2, r0=2, r1=R - 2)
         assert_same(_get(out2), want[2:R - 2], f"swiglu rows 2..{R - 2}")
 
 
-def test_sigmoid(ops):
+def test_sigmoid(dev):
     rng = np.random.default_rng(5)
     x = _wide(rng, (1000, 1))
     want = numerics.sigmoid(x.reshape(-1))
     out = _poisoned((1000,), F32)
-    ops.sigmoid(_up(x), out=out)
+    cu_ew.sigmoid(dev, _up(x), out=out)
     assert_same(_get(out), want, "sigmoid")
 
 
 @pytest.mark.parametrize("T,K,D,E", [(1, 8, 256, 64), (9, 8, 256, 64), (17, 10, 2560, 512)])
 @pytest.mark.parametrize("shared", [False, True])
-def test_combine(ops, T, K, D, E, shared):
+def test_combine(dev, T, K, D, E, shared):
     rng = np.random.default_rng(T * K + D + shared)
     logits = _logits(rng, T, E, ties=False)
     ids, w = routing.top_k(logits, K)
@@ -413,10 +413,10 @@ def test_combine(ops, T, K, D, E, shared):
     want = moe.combine(x, w, tab.slot, y, sh)
     out = _poisoned((T, D), F32)
     dsh = None if sh is None else (_up(sh[0]), _up(sh[1]))
-    ops.combine(_up(x), _up(w), _up(tab.slot), _up(y), dsh, out=out)
+    cu_ew.combine(dev, _up(x), _up(w), _up(tab.slot), _up(y), dsh, out=out)
     assert_same(_get(out), want, f"combine T={T} K={K} D={D} shared={shared}")
     xd = _up(x)  # in place
-    ops.combine(xd, _up(w), _up(tab.slot), _up(y), dsh, out=xd)
+    cu_ew.combine(dev, xd, _up(w), _up(tab.slot), _up(y), dsh, out=xd)
     assert_same(_get(xd), want, f"combine in place T={T} K={K} D={D} shared={shared}")
 
 
@@ -424,7 +424,7 @@ def test_combine(ops, T, K, D, E, shared):
 
 
 @pytest.mark.parametrize("n_embd,T", [(256, 1), (256, 19), (2560, 7)])
-def test_embed_q8_0(ops, n_embd, T):
+def test_embed_q8_0(dev, n_embd, T):
     from gguf import GGMLQuantizationType as QT
 
     from strata import quants
@@ -443,7 +443,7 @@ def test_embed_q8_0(ops, n_embd, T):
     ids[0] = 0
     want = quants.dequantize(QT.Q8_0, table[ids]).astype(F32)
     out = _poisoned((T, n_embd), F32)
-    ops.embed_q8_0(ids, _up(table), n_embd, out=out)
+    cu_ew.embed_q8_0(dev, ids, _up(table), n_embd, out=out)
     assert_same(_get(out), want, f"embed n_embd={n_embd} T={T}")
 
 
@@ -453,7 +453,7 @@ def test_embed_q8_0(ops, n_embd, T):
     (16, 1000, 777, 513, "mixed"),
     (16, 34 * 64, 34 * 40, 2048, "mixed"),
 ])
-def test_gather(ops, n, gu_bytes, d_bytes, tail, offsets):
+def test_gather(dev, n, gu_bytes, d_bytes, tail, offsets):
     rng = np.random.default_rng(n * gu_bytes + d_bytes)
     blob_bytes = 2 * gu_bytes + d_bytes
     blobs = [rng.integers(0, 256, size=blob_bytes, dtype=np.uint8) for _ in range(n)]
@@ -469,31 +469,31 @@ def test_gather(ops, n, gu_bytes, d_bytes, tail, offsets):
     arena_d = _up(arena)
     ptrs = [int(arena_d.gpudata) + o for o in offs]
     want_gu, want_d = moe.group_buffers(blobs, gu_bytes, d_bytes, tail)
-    gu_n, d_n = ops.group_buffer_bytes(n, gu_bytes, d_bytes, tail)
+    gu_n, d_n = cu_prod.group_buffer_bytes(n, gu_bytes, d_bytes, tail)
     assert (gu_n, d_n) == (want_gu.size, want_d.size)
     guard = 256  # poisoned bytes past each buffer must stay poisoned
     for mode in ("group", "one"):
         gu = _poisoned((gu_n + guard,), np.uint8)
         dn = _poisoned((d_n + guard,), np.uint8)
         if mode == "group":
-            ops.gather_native_group(ptrs, gu_bytes, d_bytes, tail, gu, dn)
+            cu_prod.gather_native_group(dev, ptrs, gu_bytes, d_bytes, tail, gu, dn)
         else:
             for q in range(n):
-                ops.gather_native_one(ptrs[q], q, gu_bytes, d_bytes, gu, dn,
+                cu_prod.gather_native_one(dev, ptrs[q], q, gu_bytes, d_bytes, gu, dn,
                                       tail_bytes=tail if q == n - 1 else 0)
         poison = np.full(guard, POISON, np.uint8)
         assert_same(_get(gu), np.concatenate([want_gu, poison]), f"gather {mode} gate/up n={n} ({offsets})")
         assert_same(_get(dn), np.concatenate([want_d, poison]), f"gather {mode} down n={n} ({offsets})")
 
 
-def test_gather_counts_one_launch(ops):
+def test_gather_counts_one_launch(dev):
     rng = np.random.default_rng(3)
     blobs = [_up(rng.integers(0, 256, size=3 * 512, dtype=np.uint8)) for _ in range(16)]
     gu = _poisoned((16 * 1024 + 64,), np.uint8)
     dn = _poisoned((16 * 512 + 64,), np.uint8)
-    before = ops.counters["launches"]
-    ops.gather_native_group(blobs, 512, 512, 64, gu, dn)
-    assert ops.counters["launches"] - before == 1
+    before = dev.counters["launches"]
+    cu_prod.gather_native_group(dev, blobs, 512, 512, 64, gu, dn)
+    assert dev.counters["launches"] - before == 1
     want_gu, want_d = moe.group_buffers([b.get() for b in blobs], 512, 512, 64)
     assert_same(_get(gu), want_gu, "gather 16 GPUArray blobs gate/up")
     assert_same(_get(dn), want_d, "gather 16 GPUArray blobs down")

@@ -1,21 +1,26 @@
 """PyCUDA runtime for the `cuda` backend: availability, one lazily created context, kernel
-modules compiled from fast/kernels/<name>.cu, and device allocations that fail with a
-:class:`strata.errors.DeviceError` naming what did not fit.
+modules compiled from fast/cuda/kernels/<name>.cu, device allocations that fail with a
+:class:`strata.errors.DeviceError` naming what did not fit, the one device-address helper
+(:func:`ptr`), and :class:`Device`, the launch object each backend instance owns (counters,
+compute stream, memory pool).
 
 Nothing here imports PyCUDA at module import time: on machines without it (CI) importing
 this module is free and :func:`cuda_available` says why the backend is off, in one line.
 
-Kernels are compiled with ``--fmad=false`` (docs/numerics.md, section 4.5: no contraction,
-IEEE division and square root, never fast-math) for the device's own architecture.
+Kernels are compiled with ``--fmad=false`` (docs/numerics.md: no contraction, IEEE division
+and square root, never fast-math) for the device's own architecture.
 """
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import re
 import threading
 
-from strata.errors import DeviceError
+import numpy as np
+
+from strata.errors import DeviceError, InputError
 
 __all__ = [
     "DeviceError",
@@ -28,11 +33,15 @@ __all__ = [
     "alloc",
     "to_device",
     "synchronize",
+    "ptr",
+    "check",
+    "function",
+    "Device",
     "KERNEL_DIR",
     "NVCC_OPTIONS",
 ]
 
-KERNEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels")
+KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 NVCC_OPTIONS = ("--fmad=false",)
 
 _lock = threading.RLock()
@@ -119,7 +128,7 @@ _LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.M)
 
 
 def kernel_source(name: str) -> str:
-    """The text of fast/kernels/<name>.cu with the project's own headers (`#include "x.cuh"`)
+    """The text of fast/cuda/kernels/<name>.cu with the project's own headers (`#include "x.cuh"`)
     inlined, so the compiled source, and PyCUDA's compile cache key, hold all of it."""
     def read(fname: str) -> str:
         with open(os.path.join(KERNEL_DIR, fname), encoding="utf-8") as f:
@@ -129,7 +138,7 @@ def kernel_source(name: str) -> str:
 
 
 def load_module(name: str, defines: dict | None = None):
-    """Compile fast/kernels/<name>.cu (cached per name and defines) and return the
+    """Compile fast/cuda/kernels/<name>.cu (cached per name and defines) and return the
     pycuda SourceModule. ``defines`` become ``-DKEY=VALUE`` options (tile configurations)."""
     key = (name, tuple(sorted((defines or {}).items())))
     with _lock:
@@ -147,6 +156,22 @@ def load_module(name: str, defines: dict | None = None):
             raise DeviceError(f"compiling {name}.cu failed: {e}") from e
         _state["modules"][key] = mod
         return mod
+
+
+_functions: dict = {}
+
+
+def function(module: str, name: str, fmt: str, defines: dict | None = None):
+    """The kernel ``name`` of fast/cuda/kernels/<module>.cu (built with ``defines``), prepared
+    with the argument format ``fmt``; compiled and prepared once per process."""
+    key = (module, name, tuple(sorted((defines or {}).items())))
+    with _lock:
+        f = _functions.get(key)
+        if f is None:
+            f = load_module(module, defines).get_function(name)
+            f.prepare(fmt)
+            _functions[key] = f
+        return f
 
 
 def _free_total() -> str:
@@ -173,8 +198,6 @@ def alloc(nbytes: int, what: str):
 
 def to_device(arr, what: str):
     """Copy a host array to a new device allocation (synchronous); DeviceError on OOM."""
-    import numpy as np  # noqa: PLC0415
-
     a = np.ascontiguousarray(arr)
     buf = alloc(a.nbytes, what)
     if a.nbytes:
@@ -185,3 +208,107 @@ def to_device(arr, what: str):
 def synchronize() -> None:
     context()
     _driver().Context.synchronize()
+
+
+def ptr(buf) -> int:
+    """The device address of a GPUArray (its ``gpudata``), anything with
+    ``__cuda_array_interface__``, a ``DeviceAllocation`` or a plain int address (e.g.
+    ``int(buf) + offset``)."""
+    if buf is None:
+        raise InputError("a device buffer is None")
+    if isinstance(buf, (int, np.integer)):
+        return int(buf)
+    gpudata = getattr(buf, "gpudata", None)
+    if gpudata is not None:
+        return int(gpudata)
+    cai = getattr(buf, "__cuda_array_interface__", None)
+    if cai:
+        return int(cai["data"][0])
+    return int(buf)  # DeviceAllocation
+
+
+def check(a, what: str, dtype, shape=None, ndim=None):
+    """A GPUArray argument checked: dtype, C-contiguity, and shape (None entries are free)."""
+    if not hasattr(a, "gpudata") or not hasattr(a, "shape"):
+        raise InputError(f"{what} must be a pycuda GPUArray, got {type(a).__name__}")
+    if np.dtype(a.dtype) != np.dtype(dtype):
+        raise InputError(f"{what} must be {np.dtype(dtype).name}, got {np.dtype(a.dtype).name}")
+    if not a.flags.c_contiguous:
+        raise InputError(f"{what} must be C-contiguous")
+    if ndim is not None and len(a.shape) != ndim:
+        raise InputError(f"{what} must have {ndim} dimensions, got shape {tuple(a.shape)}")
+    if shape is not None:
+        if len(a.shape) != len(shape) or any(s is not None and int(s) != int(d) for s, d in zip(shape, a.shape)):
+            raise InputError(f"{what} has shape {tuple(a.shape)}, expected {tuple(shape)}")
+    return a
+
+
+class Device:
+    """What one backend instance launches through: its launch counters (``counters``:
+    "launches" and one entry per kernel), its compute ``stream`` (a ``pycuda.driver.Stream``;
+    None = the legacy default stream) and a device memory pool for every output and scratch
+    buffer the wrappers allocate. Every launch and every async copy goes to ``stream``, so a
+    non-blocking stream can be switched in here alone. The pool keeps freed blocks for reuse:
+    cuMemAlloc / cuMemFree synchronize the device (and would serialize a copy stream), and on one
+    stream a reused block is only written by work queued after the last reader of its old
+    contents."""
+
+    def __init__(self, stream=None):
+        context()
+        from pycuda import gpuarray  # noqa: PLC0415
+        from pycuda.tools import DeviceMemoryPool  # noqa: PLC0415
+
+        self._ga = gpuarray
+        self.stream = stream
+        self.pool = DeviceMemoryPool()
+        self.counters: collections.Counter = collections.Counter()
+        self.scratch: dict = {}  # named scratch buffers a wrapper grows on demand (split-K attention)
+
+    def launch(self, func, name: str | None, grid, block, *args, shared_size: int = 0) -> None:
+        """Queue the prepared kernel ``func`` on the stream and count it under ``name`` (and
+        "launches"; name None counts only "launches")."""
+        func.prepared_async_call(grid, block, self.stream, *args, shared_size=shared_size)
+        self.counters["launches"] += 1
+        if name is not None:
+            self.counters[name] += 1
+
+    def empty(self, shape, dtype):
+        """An uninitialized GPUArray from the pool."""
+        return self._ga.empty(shape, dtype, allocator=self.pool.allocate)
+
+    def upload(self, arr):
+        """A host array as a new GPUArray from the pool (async copy on the stream; the host
+        array may be dropped at once: a pageable source is staged before the call returns)."""
+        a = np.ascontiguousarray(arr)
+        out = self.empty(a.shape, a.dtype)
+        if a.nbytes:
+            _driver().memcpy_htod_async(out.gpudata, a, self.stream)
+        return out
+
+    def output(self, out, what: str, shape, dtype):
+        """``out`` checked against shape and dtype, or a new pool array when it is None."""
+        shape = tuple(int(s) for s in shape)
+        if out is None:
+            return self.empty(shape, dtype)
+        check(out, what, dtype)
+        if tuple(out.shape) != shape:
+            raise InputError(f"{what} has shape {tuple(out.shape)}, expected {shape}")
+        return out
+
+    def upload_i32(self, a, what: str):
+        """A host int array as an int32 GPUArray (uploaded on the stream), or a GPUArray as is."""
+        if hasattr(a, "gpudata"):
+            return check(a, what, np.int32)
+        return self.upload(np.ascontiguousarray(np.asarray(a), dtype=np.int32))
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the stream."""
+        if self.stream is None:
+            _driver().Context.synchronize()
+        else:
+            self.stream.synchronize()
+
+    def download(self, a) -> np.ndarray:
+        """A GPUArray back on the host, after the stream's work (synchronizes)."""
+        self.synchronize()
+        return a.get()

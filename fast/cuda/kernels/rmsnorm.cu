@@ -14,6 +14,7 @@
 // y may alias x (each lane reads and writes only its own elements).
 
 #include <stdint.h>
+#include "strata_numerics.cuh"  // warp_sum
 
 #define RMS_WARPS 8
 
@@ -34,8 +35,7 @@ rmsnorm_rows(const float* x, long long ldx, const float* __restrict__ w, float* 
         const float v = xr[i];
         acc = acc + v * v;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc = acc + __shfl_xor_sync(0xffffffffu, acc, o);
+    acc = warp_sum(acc);
 
     const float mean = acc / (float)n;
     const float r = 1.0f / sqrtf(mean + eps);

@@ -12,7 +12,7 @@
 // K <= 32 and K <= E (checked by the host).
 
 #include <stdint.h>
-#include "strata_numerics.cuh"  // strata_exp
+#include "strata_numerics.cuh"  // strata_exp, warp_max, warp_sum
 
 #define ROUTER_WARPS 4
 
@@ -31,8 +31,7 @@ router_topk(const float* __restrict__ logits, long long ld, int T, int E, int K,
 
     float m = __int_as_float(0xff800000);
     for (int i = lane; i < E; i += 32) m = fmaxf(m, v[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = warp_max(m);
 
     float acc = 0.0f;
     for (int i = lane; i < E; i += 32) {
@@ -40,8 +39,7 @@ router_topk(const float* __restrict__ logits, long long ld, int T, int E, int K,
         p[i] = e;
         acc = __fadd_rn(acc, e);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+    acc = warp_sum(acc);
     for (int i = lane; i < E; i += 32) p[i] = p[i] / acc;
     __syncwarp();
 

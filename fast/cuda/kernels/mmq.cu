@@ -1,7 +1,6 @@
 // Grouped MMQ products on int8 tensor cores.
 //
-// Definition: strata.mmq.mmq_prepared (strata.mmq.mmq for raw weight rows; the brief's
-// mmq_rows) (docs/numerics.md section 3). Every output element is
+// Definition: strata.mmq.mmq_prepared (strata.mmq.mmq for raw weight rows) (docs/numerics.md section 3). Every output element is
 //   acc = 0.0f; for each 32-value block b of the weight row, ascending:
 //     acc = acc + <the type's epilogue>(dw, da, sumi [, mw, sa, mi])
 // with sumi (and Q2_K's mi) exact integers from the tensor cores. Weight rows come in their
@@ -34,27 +33,21 @@
 // exact integers below 2^24 (u * S, u0 * S0 + u1 * S1): the same value as (float)sumi.
 
 //
-// Speed, MMQ_V2 and the automatic configurations of fast/ops_cuda.py (AUTO_CONFIGS), H200,
+// Speed, with the automatic configurations of fast/cuda/products.py (AUTO_CONFIGS), H200,
 // bench/bench_mmq_cuda.py, peak 1262 TOP/s: gate/up Q8_0 34 / 109 / 152 TOP/s at 1K / 8K / 32K
-// tokens (2.7 / 8.7 / 12.1%), IQ2_XS 30 / 80 / 107; down Q8_0 32 / 97 / 130 (first kernel:
-// Q8_0 gate/up 21 / 80 / 118). At 1K tokens (~20 rows per expert) a chunk costs ~1.5 us per
+// tokens (2.7 / 8.7 / 12.1%), IQ2_XS 30 / 80 / 107; down Q8_0 32 / 97 / 130. At 1K tokens (~20 rows per expert) a chunk costs ~1.5 us per
 // CTA of decode, staging and epilogue instructions against tiny products; at 8K tiles of 80
 // rows x 64 weight rows, two CTAs per SM, issue ~0.5 per cycle and the last of ~2.4 waves per
 // launch is partly empty.
 //
-// First kernel (MMQ_V2=0), 8K tokens: ~80 TOP/s for Q8_0 gate/up,
-// ~6% of the measured mma.sync m16n8k32 peak (~1250 TOP/s). What bounds it: the contract's
-// per-block float epilogue costs 4 FP32 instructions per output element per 32-block (convert,
-// dw*da, *sumi, +acc) = 16 issue slots per m16n8k32 against ~7 cycles of tensor work, so even
-// a kernel issuing nothing else at one instruction per cycle would stop near 42% of that peak.
-// Measured (ncu): ~47 instructions per mma (FMA pipe 22, ALU 10, LSU 4: decode, staging,
-// addressing), 0.59 issued per cycle per scheduler at 4 warps/scheduler (registers and shared
-// memory allow one 512-thread CTA per SM); stalls: fixed-latency dependencies, shared-memory
-// scoreboard, barriers. At 1K tokens (~20 rows/expert) the time is the per-chunk staging and
-// decode of every expert's weights (~4 us per 128-value chunk per CTA), not the products.
+// What bounds it: the contract's per-block float epilogue costs 4 FP32 instructions per
+// output element per 32-block (convert, dw*da, *sumi, +acc) = 16 issue slots per m16n8k32
+// against ~7 cycles of tensor work, so even a kernel issuing nothing else at one instruction
+// per cycle would stop near 42% of the mma.sync m16n8k32 peak.
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include "strata_numerics.cuh"  // MAGIC_I, MAGIC_F
 
 #define QT_Q4_1 3
 #define QT_Q8_0 8
@@ -75,29 +68,26 @@
 #ifndef MMQ_STAGES
 #define MMQ_STAGES 4
 #endif
-// MMQ_OVERLAP=1 (default): the decoded chunk (codes and scales) is double-buffered, so warps
-// decode chunk kc+1 while others still multiply chunk kc; one barrier per chunk instead of
-// two. MMQ_OVERLAP=0: a single decoded buffer, two barriers per chunk (1-4% slower).
-#ifndef MMQ_OVERLAP
-#define MMQ_OVERLAP 1
-#endif
-static_assert(!MMQ_OVERLAP || MMQ_STAGES >= 3, "MMQ_OVERLAP needs MMQ_STAGES >= 3");
-// MMQ_V2=1: the restructured kernel body (mmq_body2, below): same bits, faster; 2: the same,
-// a warp multiplying exactly its n8 tiles (1: whole pairs of them).
+// The decoded chunk (codes and scales) is double-buffered, so warps decode chunk kc+1 while
+// others still multiply chunk kc: one barrier per chunk; the staging ring needs 3 slots.
+static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
+// MMQ_V2=2 (default): a warp multiplies exactly its n8 tiles; 1: whole pairs of them (an odd
+// last tile multiplies stale shared rows it never stores). Same bits either way.
 #ifndef MMQ_V2
-#define MMQ_V2 0
+#define MMQ_V2 2
 #endif
+static_assert(MMQ_V2 == 1 || MMQ_V2 == 2, "MMQ_V2 is 1 or 2");
 // CTAs per SM asked of the compiler (__launch_bounds__ min blocks): caps registers per thread.
 #ifndef MMQ_MINB
 #define MMQ_MINB 1
 #endif
-#define MMQ_DBUF (MMQ_OVERLAP ? 2 : 1)
+#define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
 #define MMQ_BM (16 * MMQ_WM)
 #define MMQ_NT8 (MMQ_BN / (8 * MMQ_WN))
 #define MMQ_MAX_EXP 16
 
-// Table buffer (uploaded by fast/ops_cuda.py from strata.quants):
+// Table buffer (uploaded by fast/cuda/products.py from strata.quants):
 //   [0, 1024)     sign masks: 128 entries x 8 bytes, 0xFF where the sign table says -1
 //   [1024, 5120)  IQ2_XS grid 512 x 8 (int8)
 //   [5120, 6144)  IQ3_XXS grid 256 x 4
@@ -108,8 +98,6 @@ static_assert(!MMQ_OVERLAP || MMQ_STAGES >= 3, "MMQ_OVERLAP needs MMQ_STAGES >= 
 #define TAB_IQ3S 6144
 #define TAB_BYTES 8192
 
-#define MAGIC_I 0x4B400000
-#define MAGIC_F 12582912.0f
 
 static_assert(MMQ_NT8 % 2 == 0, "need an even number of n8 tiles per warp");
 
@@ -154,9 +142,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
@@ -340,282 +325,12 @@ __device__ __forceinline__ void epi_split(float (&ac)[4], const int (&d0)[4], co
 }
 
 // ------------------------------------------------------------------ the kernel body
-
-template <int QT>
-__device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long long w_stride, int N, int K,
-                                         const uint8_t* __restrict__ A, int R_total,
-                                         const int* __restrict__ bounds, int n_exp,
-                                         float* __restrict__ out, long long ldo,
-                                         const uint8_t* __restrict__ tabg, int tile_rows) {
-    using G = Geo<QT>;
-    constexpr int NBLK = G::NBLK, CB = G::CB, PMAX = G::PMAX, RAWB = G::RAWB, ASTR = G::ASTR, WSTR = G::WSTR;
-    constexpr int STAGES = MMQ_STAGES;
-    constexpr int NAUX = Tr<QT>::NAUX, LAY = Tr<QT>::LAY;
-    constexpr int BM = MMQ_BM, BN = MMQ_BN, NT = MMQ_NT, NT8 = MMQ_NT8, WN = MMQ_WN, WM = MMQ_WM;
-
-    extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ int s_pre[MMQ_MAX_EXP + 1], s_beg[MMQ_MAX_EXP], s_end[MMQ_MAX_EXP], s_rpt[MMQ_MAX_EXP],
-        s_nrt[MMQ_MAX_EXP];
-
-    uint8_t* tab = smem;
-    uint8_t* raw = smem + G::OFF_RAW;
-    uint8_t* act = smem + G::OFF_ACT;
-    uint8_t* wdec0 = smem + G::OFF_WDEC;
-    float* wsc0 = reinterpret_cast<float*>(smem + G::OFF_WSC);
-    float* asc0 = reinterpret_cast<float*>(smem + G::OFF_ASC);
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp % WM, wn = warp / WM;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int NTm = (N + BM - 1) / BM;
-    const int nb = K / 32;
-    const int nch = (K + 127) / 128;
-    const int row_bytes = (K / Tr<QT>::VPB) * Tr<QT>::BS;
-    if (n_exp > MMQ_MAX_EXP) n_exp = MMQ_MAX_EXP;
-
-    if (tid < MMQ_MAX_EXP) {
-        int b = 0, e = 0;
-        if (tid < n_exp) {
-            b = bounds[2 * tid];
-            e = bounds[2 * tid + 1];
-        }
-        const int rows = e > b ? e - b : 0;
-        const int nrt = (rows + tile_rows - 1) / tile_rows;
-        const int rpt = nrt ? (((rows + nrt - 1) / nrt + 7) & ~7) : 0;
-        s_beg[tid] = b;
-        s_end[tid] = b + rows;
-        s_nrt[tid] = nrt;
-        s_rpt[tid] = rpt;
-    }
-    if constexpr (Tr<QT>::TAB) {
-        for (int i = tid; i < TAB_BYTES / 16; i += NT)
-            reinterpret_cast<uint4*>(tab)[i] = reinterpret_cast<const uint4*>(tabg)[i];
-    }
-    __syncthreads();
-    if (tid == 0) {
-        int acc = 0;
-        for (int q = 0; q < MMQ_MAX_EXP; ++q) {
-            s_pre[q] = acc;
-            acc += s_nrt[q] * NTm;
-        }
-        s_pre[MMQ_MAX_EXP] = acc;
-    }
-    __syncthreads();
-    const int total = s_pre[MMQ_MAX_EXP];
-
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-        int q = 0;
-        while (q + 1 < MMQ_MAX_EXP && s_pre[q + 1] <= tile) ++q;
-        const int local = tile - s_pre[q];
-        const int rt = local / NTm, nt = local - rt * NTm;
-        const int rbase = s_beg[q] + rt * s_rpt[q];
-        const int rend = min(rbase + s_rpt[q], s_end[q]);
-        const int nvalid = rend - rbase;
-        const int n0 = nt * BM;
-        const uint8_t* wq = W + (long long)q * w_stride;
-
-        // ---- stage chunk kc (raw weight bytes + activation blocks) into ring slot kc % S ----
-        auto issue = [&](int kc) {
-            if (kc < nch) {
-                const int slot = kc % STAGES;
-                const long long coff = (Tr<QT>::VPB == 32) ? (long long)kc * CB : (long long)(kc >> 1) * CB;
-                const int cbytes = (Tr<QT>::VPB == 32) ? min(CB, row_bytes - kc * CB) : CB;
-                uint8_t* rawb = raw + slot * (BM * RAWB);
-                for (int idx = tid; idx < BM * PMAX; idx += NT) {
-                    const int i = idx / PMAX, pc = idx - i * PMAX;
-                    const int n = n0 + i;
-                    if (n >= N) continue;
-                    const uint8_t* p = wq + (long long)n * row_bytes + coff;
-                    const int o = (int)((uintptr_t)p & 15);
-                    if (pc * 16 < o + cbytes) cp_async16(smem_u32(rawb + i * RAWB + pc * 16), p - o + pc * 16);
-                }
-                uint8_t* actb = act + slot * (BN * ASTR);
-                for (int idx = tid; idx < BN * 9; idx += NT) {
-                    const int r = idx / 9, p16 = idx - r * 9;
-                    const int row = rbase + r;
-                    if (row >= rend) continue;
-                    const uint8_t* src = A + ((long long)kc * R_total + row) * 144 + p16 * 16;
-                    cp_async16(smem_u32(actb + r * ASTR + p16 * 16), src);
-                }
-            }
-            cp_async_commit();  // always: keeps the group count uniform
-        };
-
-        // ---- decode chunk kc from its ring slot into wdec / wsc / asc ----
-        auto prep = [&](int kc) {
-            const int slot = kc % STAGES;
-            const int db = MMQ_OVERLAP ? (kc & 1) : 0;
-            uint8_t* wdec = wdec0 + db * G::WDEC_B;
-            float* wsc = wsc0 + db * G::WSC_F;
-            float* asc = asc0 + db * G::ASC_F;
-            const long long coff = (Tr<QT>::VPB == 32) ? (long long)kc * CB : (long long)(kc >> 1) * CB;
-            const int jbase = (Tr<QT>::VPB == 32) ? 0 : (kc & 1) * 4;
-            const uint8_t* rawb = raw + slot * (BM * RAWB);
-            for (int u = tid; u < BM * NBLK; u += NT) {
-                const int i = u % BM, j = u / BM;
-                const int n = n0 + i;
-                if (n >= N || kc * NBLK + j >= nb) continue;
-                const uint8_t* p = wq + (long long)n * row_bytes + coff;
-                const int o = (int)((uintptr_t)p & 15);
-                uint32_t c[8];
-                float dw, aux[5];
-                decode_unit<QT>(rawb + i * RAWB, o, jbase + j, tab, c, dw, aux);
-                uint4* dst = reinterpret_cast<uint4*>(wdec + i * WSTR + j * 32);
-                dst[0] = make_uint4(c[0], c[1], c[2], c[3]);
-                dst[1] = make_uint4(c[4], c[5], c[6], c[7]);
-                wsc[j * BM + i] = dw;
-#pragma unroll
-                for (int a = 0; a < NAUX; ++a) wsc[((1 + a) * NBLK + j) * BM + i] = aux[a];
-            }
-            const uint8_t* actb = act + slot * (BN * ASTR);
-            for (int u = tid; u < BN * NBLK; u += NT) {
-                const int r = u % BN, j = u / BN;
-                if (r >= nvalid) continue;
-                const uint8_t* hb = actb + r * ASTR;
-                if constexpr (LAY == 0) {
-                    asc[j * BN + r] = *reinterpret_cast<const float*>(hb + 4 * j);
-                } else if constexpr (LAY == 1) {
-                    asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j));
-                    asc[(NBLK + j) * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j + 2));
-                } else {
-                    asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 2 * (j >> 1)));
-                    const uint4* cw = reinterpret_cast<const uint4*>(hb + 16 + 32 * j);
-                    const uint4 x0 = cw[0], x1 = cw[1];
-                    int s0 = 0, s1 = 0;
-                    s0 = __dp4a((int)x0.x, 0x01010101, s0);
-                    s0 = __dp4a((int)x0.y, 0x01010101, s0);
-                    s0 = __dp4a((int)x0.z, 0x01010101, s0);
-                    s0 = __dp4a((int)x0.w, 0x01010101, s0);
-                    s1 = __dp4a((int)x1.x, 0x01010101, s1);
-                    s1 = __dp4a((int)x1.y, 0x01010101, s1);
-                    s1 = __dp4a((int)x1.z, 0x01010101, s1);
-                    s1 = __dp4a((int)x1.w, 0x01010101, s1);
-                    asc[(NBLK + j) * BN + r] = (float)s0;
-                    asc[(2 * NBLK + j) * BN + r] = (float)s1;
-                }
-            }
-        };
-
-        float acc[NT8][4];
-#pragma unroll
-        for (int s = 0; s < NT8; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
-
-        // Ring of S slots: chunks kc+1 .. kc+S-1 are in flight while chunk kc is multiplied.
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) issue(s);
-        if constexpr (MMQ_OVERLAP) {
-            cp_async_wait<STAGES - 2>();  // chunks 0 and 1
-        } else {
-            cp_async_wait<STAGES - 1>();  // chunk 0
-        }
-        __syncthreads();
-        prep(0);
-        __syncthreads();
-
-        const uint32_t a_off = (uint32_t)((wm * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * WSTR + (lane >> 4) * 16);
-        const int rA = wm * 16 + g, rB = rA + 8;
-
-        for (int kc = 0; kc < nch; ++kc) {
-            if constexpr (MMQ_OVERLAP) {
-                if (kc + 1 < nch) prep(kc + 1);  // chunk kc+1 landed and visible (last barrier)
-            }
-            const int db = MMQ_OVERLAP ? (kc & 1) : 0;
-            const uint32_t wdec_s = smem_u32(wdec0 + db * G::WDEC_B);
-            const float* wsc = wsc0 + db * G::WSC_F;
-            const float* asc = asc0 + db * G::ASC_F;
-            const uint32_t act_s = smem_u32(act + (kc % STAGES) * (BN * ASTR));
-#pragma unroll
-            for (int j = 0; j < NBLK; ++j) {
-                if (kc * NBLK + j >= nb) break;
-                uint32_t a[4];
-                ldsm_x4(a, wdec_s + a_off + j * 32);
-                const float dwA = wsc[j * BM + rA], dwB = wsc[j * BM + rB];
-                float xA[NAUX > 0 ? NAUX : 1], xB[NAUX > 0 ? NAUX : 1];
-#pragma unroll
-                for (int x = 0; x < NAUX; ++x) {
-                    xA[x] = wsc[((1 + x) * NBLK + j) * BM + rA];
-                    xB[x] = wsc[((1 + x) * NBLK + j) * BM + rB];
-                }
-                const int acode = 16 + j * 32 + ((lane >> 3) & 1) * 16;
-#pragma unroll
-                for (int s2 = 0; s2 < NT8 / 2; ++s2) {
-                    const int i0 = wn + WN * (2 * s2), i1 = i0 + WN;
-                    if (i0 * 8 >= nvalid) break;
-                    uint32_t b[4];
-                    const int brow = ((lane >> 4) ? i1 : i0) * 8 + (lane & 7);
-                    ldsm_x4(b, act_s + brow * ASTR + acode);
-                    const bool two = i1 * 8 < nvalid;
-                    const int c0 = i0 * 8 + 2 * t4, c1 = i1 * 8 + 2 * t4;
-                    const float2 da0 = *reinterpret_cast<const float2*>(asc + j * BN + c0);
-                    const float2 da1 = *reinterpret_cast<const float2*>(asc + j * BN + c1);
-                    float(&ac0)[4] = acc[2 * s2];
-                    float(&ac1)[4] = acc[2 * s2 + 1];
-                    // both products first, then both epilogues (the second mma's latency hides
-                    // behind the first epilogue)
-                    if constexpr (QT == QT_IQ2_XS || QT == QT_Q2_K) {
-                        int d0[4], d1[4], e0[4], e1[4];
-                        mma_k16(d0, a[0], a[1], b[0]);
-                        mma_k16(d1, a[2], a[3], b[1]);
-                        if (two) {
-                            mma_k16(e0, a[0], a[1], b[2]);
-                            mma_k16(e1, a[2], a[3], b[3]);
-                        }
-                        epi_split<QT>(ac0, d0, d1, dwA, dwB, xA, xB, da0, asc, j, c0);
-                        if (two) epi_split<QT>(ac1, e0, e1, dwA, dwB, xA, xB, da1, asc, j, c1);
-                    } else {
-                        int d[4], e[4];
-                        mma_k32(d, a, b[0], b[1]);
-                        if (two) mma_k32(e, a, b[2], b[3]);
-                        epi_one<QT>(ac0, d, dwA, dwB, xA, xB, da0, asc, j, c0);
-                        if (two) epi_one<QT>(ac1, e, dwA, dwB, xA, xB, da1, asc, j, c1);
-                    }
-                }
-            }
-            if (kc + 1 < nch) {
-                if constexpr (MMQ_OVERLAP) {
-                    cp_async_wait<STAGES - 3>();  // chunk kc+2 (needed by the next prep)
-                    __syncthreads();              // decoded kc+1 complete; chunk kc's slot free
-                    issue(kc + STAGES);
-                } else {
-                    cp_async_wait<STAGES - 2>();  // chunk kc+1
-                    __syncthreads();
-                    issue(kc + STAGES);
-                    prep(kc + 1);
-                    __syncthreads();
-                }
-            }
-        }
-
-        // ---- store ----
-        const int nA = n0 + rA, nB = n0 + rB;
-#pragma unroll
-        for (int s = 0; s < NT8; ++s) {
-            const int i = wn + WN * s;
-            const int r0 = rbase + i * 8 + 2 * t4;
-            if (r0 < rend) {
-                float* o = out + (long long)r0 * ldo;
-                if (nA < N) o[nA] = acc[s][0];
-                if (nB < N) o[nB] = acc[s][2];
-            }
-            if (r0 + 1 < rend) {
-                float* o = out + (long long)(r0 + 1) * ldo;
-                if (nA < N) o[nA] = acc[s][1];
-                if (nB < N) o[nB] = acc[s][3];
-            }
-        }
-        __syncthreads();
-    }
-}
-
-// ------------------------------------------------------------------ version 2 (MMQ_V2=1)
-// Same tiling, staging ring, decode and epilogues (so the same bits), restructured for issue
-// rate and latency:
+// Built for issue rate and latency:
 // - the products of one chunk run in a branch-free unrolled body, templated on the warp's
 //   number of n8 tile pairs (P) and on whether the chunk holds all 4 blocks: every ldmatrix
 //   of a 32-block is issued up front, and pair p+1's mma is issued before pair p's epilogue,
-//   so tensor, shared-memory and FP32 latencies overlap within a warp. With MMQ_V2=1 a warp
-//   whose last pair is half outside the tile multiplies stale shared rows there and never
-//   stores them; MMQ_V2=2 dispatches on the warp's tile count and multiplies only its tiles;
+//   so tensor, shared-memory and FP32 latencies overlap within a warp; the warp's tile count
+//   (MMQ_V2 above) selects the unrolled body;
 // - activation staging is one linear copy (the chunk's rows are contiguous in the q8_1
 //   buffer and the shared row stride is the global one); weight staging uses per-thread piece
 //   offsets fixed for the whole launch;
@@ -701,7 +416,7 @@ __device__ __forceinline__ void mmq2_dispatch(int nt, float (&acc)[MMQ_NT8][4], 
 }
 
 template <int QT>
-__device__ __forceinline__ void mmq_body2(const uint8_t* __restrict__ W, long long w_stride, int N, int K,
+__device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long long w_stride, int N, int K,
                                           const uint8_t* __restrict__ A, int R_total,
                                           const int* __restrict__ bounds, int n_exp,
                                           float* __restrict__ out, long long ldo,
@@ -712,7 +427,6 @@ __device__ __forceinline__ void mmq_body2(const uint8_t* __restrict__ W, long lo
     constexpr int NAUX = Tr<QT>::NAUX, LAY = Tr<QT>::LAY;
     constexpr int BM = MMQ_BM, BN = MMQ_BN, NT = MMQ_NT, NT8 = MMQ_NT8, WN = MMQ_WN, WM = MMQ_WM;
     constexpr int WP = (BM * PMAX + NT - 1) / NT;  // weight pieces per thread per chunk
-    static_assert(MMQ_OVERLAP, "MMQ_V2 needs MMQ_OVERLAP");
 
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ int s_pre[MMQ_MAX_EXP + 1], s_beg[MMQ_MAX_EXP], s_end[MMQ_MAX_EXP], s_rpt[MMQ_MAX_EXP],
@@ -921,10 +635,7 @@ __device__ __forceinline__ void mmq_body2(const uint8_t* __restrict__ W, long lo
         NAME(const uint8_t* __restrict__ W, long long w_stride, int N, int K,                          \
              const uint8_t* __restrict__ A, int R_total, const int* __restrict__ bounds, int n_exp,     \
              float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows) { \
-        if constexpr (MMQ_V2)                                                                            \
-            mmq_body2<QT>(W, w_stride, N, K, A, R_total, bounds, n_exp, out, ldo, tab, tile_rows);      \
-        else                                                                                             \
-            mmq_body<QT>(W, w_stride, N, K, A, R_total, bounds, n_exp, out, ldo, tab, tile_rows);       \
+        mmq_body<QT>(W, w_stride, N, K, A, R_total, bounds, n_exp, out, ldo, tab, tile_rows);           \
     }                                                                                                    \
     extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
 

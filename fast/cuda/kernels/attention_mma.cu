@@ -1,14 +1,21 @@
-// Causal attention over the int8 KV cache of one layer: tensor-core and split-K variants.
+// Causal attention over the int8 KV cache of one layer: the tensor-core kernel (prefill) and
+// the split-K kernels (decode).
 //
-// Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit, exactly as
-// attention.cu (the reference port, whose header spells the arithmetic out):
-//   Q int8 per 32 values (amax, d_inv = 127/amax, roundf, d = 1/d_inv; non-finite -> 0);
-//   s = 0.0f; for b ascending: s = s + (dq_b * dk_jb) * (float)sumi_b; s = s * kq_scale;
-//   key blocks of 64 at absolute positions, c = 0 .. pos/64; m_new = max(M, m_c);
-//   alpha = exp(M - m_new); p_j = valid ? exp(s_j - m_new) : 0; lsum = halving tree over 64;
-//   w_j = p_j * dv_j, int8 per (query, block); ob_i = dw * (float)(exact int32 P.V);
-//   L = L * alpha + lsum; O_i = O_i * alpha + ob_i; out_i = O_i / L.
-//   exp is the shared polynomial of strata.numerics.exp.
+// Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit:
+//   Q quantized like K: int8 codes, one float32 scale per 32 values (the q8 block quantize of
+//     strata_numerics.cuh; an all-zero block: d = 0, codes 0).
+//   score of key j: s = 0.0f; for b ascending: s = s + (dq_b * dk_jb) * (float)sumi_b (sumi
+//     exact int32); s = s * kq_scale.
+//   keys in blocks of 64 at absolute positions, c = 0 .. pos/64 ascending; key j valid iff
+//     j <= pos. m_c = max valid s_j; m_new = max(M, m_c); alpha = exp(M - m_new) (exp(-inf) = 0);
+//   p_j = valid ? exp(s_j - m_new) : 0; lsum = tree_sum(p[0..63]) (p_l + p_{l+32}, then the
+//     halving tree 16..1); w_j = p_j * dv_j; (wq, dw) = int8 quantization of w[0..63] as one
+//     block; ob_i = dw * (float)(sum_j wq_j * vq_ji) (exact int32);
+//   L = L * alpha + lsum; O_i = O_i * alpha + ob_i; M = m_new; finally out_i = O_i / L.
+//   exp is the shared polynomial of strata.numerics.exp (strata_exp, never expf/__expf).
+// GQA: query head h reads KV head h / group (group = n_head / n_head_kv). Cache of one layer as
+// strata.attention.KVCache: k_codes [n_kv, cap, HD] int8, k_scale [n_kv, cap, HD/32] f32,
+// v_codes [n_kv, cap, HD] int8, v_scale [n_kv, cap] f32; keys at or past `cap` are never read.
 // Integer parts are exact int32 whatever the summation order (|sum| < 2^21), so they may run
 // on int8 tensor cores (mma.sync m16n8k32 s8) with any key order inside a block; every float
 // step keeps the definition's operations and order.
@@ -20,7 +27,7 @@
 //   a 16 x 8 tile), the float epilogue per (query, key) in the thread owning the accumulator,
 //   quad shuffles for the row max, the lsum tree (its last three levels: keys j / j+4, j / j+2,
 //   j / j+1 sit in lanes xor 2, xor 1 and in-thread) and amax; then P.V as 2 x 16 mma.
-// attend_split_{scores,pv,merge}_hd{64,128,256}: split-K for few queries (decode). Pass 1, one
+// attend_split_{scores,pv,merge}_hd{64,128}: split-K for few queries (decode). Pass 1, one
 //   CTA per (key block, KV head): scores and block maxima m_c of every (query, head of the
 //   group) into scratch. Pass 2, same grid: the running max after block c is the prefix max of
 //   m_0..m_c (max is exact in any order), before it the prefix max of m_0..m_{c-1}; hence
@@ -30,11 +37,11 @@
 // Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
 
 #include <stdint.h>
-#include "strata_numerics.cuh"  // strata_exp, roundf_away, to_i8, warp_max
+#include "strata_numerics.cuh"  // strata_exp, roundf_away_int, q8_*, warp_max, quad_max, warp_sum
 
 #define KEY_BLOCK 64
 #ifndef MMA_WARPS
-#define MMA_WARPS 4  // warps of 16 queries per CTA (STRATA config: fast.ops_model_cuda)
+#define MMA_WARPS 4  // warps of 16 queries per CTA (STRATA config: fast/cuda/attention.py)
 #endif
 #ifndef MMA_MINB
 #define MMA_MINB 1   // __launch_bounds__ minimum CTAs per SM
@@ -42,63 +49,9 @@
 #define MMA_TILE (16 * MMA_WARPS)
 #define SPL_WARPS 8
 
-// Exact integer <-> float without the (quarter-rate) conversion pipe, for |i| < 2^22:
-// the float with bits MAGIC_I + i is 1.5 * 2^23 + i, so subtracting MAGIC_F leaves (float)i
-// exactly; and y + MAGIC_F rounds y to the nearest integer, ties to even (= rintf), whose
-// bits minus MAGIC_I are that integer.
-#define MAGIC_I 0x4B400000
-#define MAGIC_F 12582912.0f
-
-
-
-// strata.numerics.exp
-
-// strata.numerics.exp again, bit for bit (checked exhaustively on every float of |x| <= 100;
-// beyond +-87/88 both take the same early exits): rintf(y) and (int)n through MAGIC_F.
-__device__ __forceinline__ float strata_exp_fast(float x)
-{
-    // the polynomial for every x, the special cases selected after (no branches, no divergence;
-    // out of range the polynomial's value is discarded)
-    const float tn = __fadd_rn(__fmul_rn(x, 0x1.715476p+0f), MAGIC_F);
-    const int ni = __float_as_int(tn) - MAGIC_I;
-    const float n = __fsub_rn(tn, MAGIC_F);
-    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
-    r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
-    float p = 0x1.a01a02p-13f;
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);
-    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);
-    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    float y = __fmul_rn(p, __int_as_float((ni + 127) << 23));
-    y = (x < -87.0f) ? 0.0f : y;
-    y = (x > 88.0f) ? __int_as_float(0x7f800000) : y;
-    return (x != x) ? x : y;
-}
-
-// (int)roundf(x) (half away from zero) for finite |x| < 2^22: rintf through MAGIC_F, then a tie
-// that went toward zero steps away (x - rn is exact). Checked exhaustively for |x| <= 128.
-__device__ __forceinline__ int roundf_away_int(float x)
-{
-    const float t = __fadd_rn(x, MAGIC_F);
-    int ri = __float_as_int(t) - MAGIC_I;
-    const float d = __fsub_rn(x, __fsub_rn(t, MAGIC_F));
-    const int away = (x > 0.0f) ? 1 : -1;
-    return (d == copysignf(0.5f, x)) ? ri + away : ri;
-}
-
 __device__ __forceinline__ float magic_to_float(int acc)  // acc = MAGIC_I + exact int
 {
     return __fsub_rn(__int_as_float(acc), MAGIC_F);
-}
-
-
-__device__ __forceinline__ float quad_max(float v)
-{
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
 // c += a.b: A 16x32 s8 (row), B 32x8 s8 (col), C 16x8 s32; exact.
@@ -127,9 +80,9 @@ __device__ __forceinline__ void quantize_row_warp(const float* __restrict__ qr, 
         int8_t c = 0;
         float d = 0.0f;
         if (amax > 0.0f) {
-            const float d_inv = 127.0f / amax;
-            c = to_i8(roundf_away(x * d_inv));
-            d = 1.0f / d_inv;
+            const float d_inv = q8_inv_scale(amax);
+            c = q8_code(x, d_inv);
+            d = q8_scale(d_inv);
         }
         qc[32 * b + lane] = c;
         if (lane == 0) qd[b] = d;
@@ -402,8 +355,8 @@ __device__ __forceinline__ void attend_mma_body(
             mc0 = quad_max(mc0);
             mc1 = quad_max(mc1);
             const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
-            const float al0 = strata_exp_fast(__fsub_rn(M0, mn0));
-            const float al1 = strata_exp_fast(__fsub_rn(M1, mn1));
+            const float al0 = strata_exp(__fsub_rn(M0, mn0));
+            const float al1 = strata_exp(__fsub_rn(M1, mn1));
 
             // p (into s), the lsum tree, then w = p * dv (into s)
     #pragma unroll
@@ -412,7 +365,7 @@ __device__ __forceinline__ void attend_mma_body(
                 for (int e = 0; e < 4; ++e) {
                     const int key = j0 + 8 * nt + 2 * tq + (e & 1);
                     const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
-                    const float pe = strata_exp_fast(__fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1));
+                    const float pe = strata_exp(__fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1));
                     s[nt][e] = valid ? pe : 0.0f;
                 }
             }
@@ -450,11 +403,11 @@ __device__ __forceinline__ void attend_mma_body(
 
             // int8 P per (query, block), straight into the A fragments of P.V (k-slot order matches
             // the permuted V^T staging: slots 4tq+i <- keys 32ks + 8(i/2) + 2tq + (i%2), +16 for a2/a3)
-            // a block whose 127/amax is not finite (amax 0 or tiny): scale 0, codes 0 (as attention.cu,
-            // where such a block's codes come out 0 through to_i8 and 1/inf = 0)
-            const float d_inv0 = 127.0f / amax0, d_inv1 = 127.0f / amax1;
+            // a block whose 127/amax is not finite (amax 0 or tiny): scale 0, codes 0 (the bytes
+            // q8_code and q8_scale give such a block in the split kernel)
+            const float d_inv0 = q8_inv_scale(amax0), d_inv1 = q8_inv_scale(amax1);
             const bool ok0 = d_inv0 < __int_as_float(0x7f800000), ok1 = d_inv1 < __int_as_float(0x7f800000);
-            const float wd0 = ok0 ? 1.0f / d_inv0 : 0.0f, wd1 = ok1 ? 1.0f / d_inv1 : 0.0f;
+            const float wd0 = ok0 ? q8_scale(d_inv0) : 0.0f, wd1 = ok1 ? q8_scale(d_inv1) : 0.0f;
             int8_t code[NT][4];
     #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
@@ -659,18 +612,17 @@ __device__ __forceinline__ void split_pv_body(
             p[u] = valid[u] ? strata_exp(__fsub_rn(srow[lane + 32 * u], m_new)) : 0.0f;
         }
         float lsum = __fadd_rn(p[0], p[1]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) lsum = __fadd_rn(lsum, __shfl_xor_sync(0xffffffffu, lsum, o));
+        lsum = warp_sum(lsum);
 #pragma unroll
         for (int u = 0; u < 2; ++u) w[u] = valid[u] ? __fmul_rn(p[u], svd[lane + 32 * u]) : 0.0f;
         const float amax = warp_max(fmaxf(fabsf(w[0]), fabsf(w[1])));
         int8_t wq0 = 0, wq1 = 0;
         float wd = 0.0f;
         if (amax > 0.0f) {
-            const float d_inv = 127.0f / amax;
-            wq0 = to_i8(roundf_away(__fmul_rn(w[0], d_inv)));
-            wq1 = to_i8(roundf_away(__fmul_rn(w[1], d_inv)));
-            wd = 1.0f / d_inv;
+            const float d_inv = q8_inv_scale(amax);
+            wq0 = q8_code(w[0], d_inv);
+            wq1 = q8_code(w[1], d_inv);
+            wd = q8_scale(d_inv);
         }
         int8_t* wqb = reinterpret_cast<int8_t*>(swq + warp * (KEY_BLOCK / 4));
         wqb[lane] = wq0;
@@ -769,6 +721,5 @@ __device__ __forceinline__ void split_merge_body(
 
 ATTEND_SPLIT_KERNELS(64)
 ATTEND_SPLIT_KERNELS(128)
-ATTEND_SPLIT_KERNELS(256)
 
 extern "C" __device__ int attend_mma_geometry[3] = {MMA_WARPS, MMA_TILE, SPL_WARPS};

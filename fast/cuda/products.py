@@ -1,19 +1,21 @@
-"""Thin wrappers over the CUDA kernels of fast/kernels: device buffers in, device buffers out.
+"""The products and what feeds them: q8_1 quantization of activation rows (gather and
+scatter), the grouped and dense MMQ launches with their tile configurations, and the
+expert-group gathers that build the group weight buffers. Device buffers in, device buffers
+out; every wrapper takes the backend's :class:`fast.cuda.runtime.Device` first and launches
+through it.
 
-Every launch is counted (:data:`counters`). Device buffers may be given as a
-``pycuda.driver.DeviceAllocation``, a ``GPUArray`` (its ``gpudata``), anything with
-``__cuda_array_interface__``, or a plain int device address (e.g. ``int(buf) + offset``).
-All launches go to ``stream`` (a ``pycuda.driver.Stream``; None = the default stream) and
-return at once.
+Device buffers may be given as a GPUArray, anything with ``__cuda_array_interface__``, a
+``DeviceAllocation`` or a plain int address (``int(buf) + offset``).
 
 Kernels and their NumPy definitions:
-- :func:`quantize_gather`  -> strata.q8_1.gather_quantize   (fast/kernels/quantize_q8_1.cu)
-- :func:`quantize_scatter` -> strata.q8_1.scatter_quantize  (fast/kernels/quantize_q8_1.cu)
-- :func:`mmq_group`, :func:`mmq_dense` -> strata.mmq.mmq_prepared (fast/kernels/mmq.cu)
+- :func:`quantize_gather`  -> strata.q8_1.gather_quantize   (kernels/quantize_q8_1.cu)
+- :func:`quantize_scatter` -> strata.q8_1.scatter_quantize  (kernels/quantize_q8_1.cu)
+- :func:`mmq_group`, :func:`mmq_dense` -> strata.mmq.mmq_prepared (kernels/mmq.cu)
+- :func:`gather_native_group`, :func:`gather_native_one` -> strata.moe.group_buffers
+  (kernels/gather_group.cu)
 """
 from __future__ import annotations
 
-import collections
 import json
 import os
 
@@ -21,47 +23,41 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from strata import q8_1, quants
+from strata.constants import MMQ_GROUP
 from strata.errors import DeviceError, InputError
 
 from fast.cuda import runtime
+from fast.cuda.runtime import ptr
 
 __all__ = [
-    "counters",
-    "reset_counters",
     "quantize_gather",
     "quantize_scatter",
     "mmq_group",
     "mmq_dense",
     "mmq_geometry",
     "default_config",
-    "upload_bounds",
-    "MMQ_GROUP_MAX",
-    "WEIGHT_TAIL_BYTES",
-    "DEFAULT_TILE_ROWS",
-    "AUTO_CONFIGS",
-    "LEGACY_CONFIG",
     "auto_config",
+    "AUTO_CONFIGS",
+    "DEFAULT_TILE_ROWS",
+    "gather_native_group",
+    "gather_native_one",
+    "group_buffer_bytes",
 ]
 
-#: experts one mmq launch can take
-MMQ_GROUP_MAX = 16
-#: bytes after a group weight buffer's data that the MMQ kernel may read (keep them allocated)
-WEIGHT_TAIL_BYTES = 16
 #: default cap on activation rows per CTA tile (an expert's rows are cut into equal tiles)
 DEFAULT_TILE_ROWS = 128
 #: the default MMQ tile configurations (mmq.cu defines), picked per launch by the mean number
-#: of activation rows per expert: (below this mean, config); the last one has no bound. All
-#: run the restructured kernel (MMQ_V2) with 8 warps and two CTAs per SM; each is checked byte
-#: for byte by verify/test_kernels_cuda.py. A configuration changes speed only, never a bit.
+#: of activation rows per expert: (below this mean, config); the last one has no bound. Both
+#: run 8 warps and two CTAs per SM; each is checked byte for byte by
+#: verify/test_kernels_cuda.py. A configuration changes speed only, never a bit.
 AUTO_CONFIGS = (
     (64, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2}),
     (None, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2}),
 )
-#: the first kernel (one 512-thread CTA per SM), kept for comparison: config=LEGACY_CONFIG
-LEGACY_CONFIG = {"MMQ_V2": 0}
 
 _Q8_THREADS = 256
 _Q8_WARPS = 8
+_GATHER_THREADS = 256
 
 _MMQ_KERNEL = {
     QT.Q8_0: "mmq_q8_0",
@@ -72,32 +68,6 @@ _MMQ_KERNEL = {
     QT.IQ3_S: "mmq_iq3_s",
 }
 _SUPER = {QT.Q2_K, QT.IQ2_XS, QT.IQ3_XXS, QT.IQ3_S}  # 256-value blocks
-
-#: launch counters: "launches" (all kernels) and one entry per kernel name
-counters: collections.Counter = collections.Counter()
-
-
-def reset_counters() -> None:
-    counters.clear()
-
-
-def _count(name: str) -> None:
-    counters["launches"] += 1
-    counters[name] += 1
-
-
-def _ptr(buf) -> int:
-    if buf is None:
-        raise InputError("a device buffer is None")
-    if isinstance(buf, (int, np.integer)):
-        return int(buf)
-    cai = getattr(buf, "__cuda_array_interface__", None)
-    if cai:
-        return int(cai["data"][0])
-    gpudata = getattr(buf, "gpudata", None)
-    if gpudata is not None:
-        return int(gpudata)
-    return int(buf)  # DeviceAllocation
 
 
 def _qtype(qtype) -> QT:
@@ -114,29 +84,14 @@ def _qtype(qtype) -> QT:
 
 # --------------------------------------------------------------------------- quantize
 
-_q8_funcs: dict = {}
-
-
-def _q8_func(name: str):
-    f = _q8_funcs.get(name)
-    if f is None:
-        mod = runtime.load_module("quantize_q8_1")
-        f = mod.get_function(name)
-        if name == "q8_1_gather":
-            f.prepare("PqPiiiPi")
-        else:
-            f.prepare("PqPiiiiPi")
-        _q8_funcs[name] = f
-    return f
-
 
 def _q8_grid(tasks: int) -> tuple[int, int, int]:
     blocks = max(1, min((tasks + _Q8_WARPS - 1) // _Q8_WARPS, 1 << 20))
     return (blocks, 1, 1)
 
 
-def quantize_gather(x, src, n_rows: int, K: int, layout, out, *, ldx: int | None = None,
-                    R_total: int | None = None, stream=None) -> None:
+def quantize_gather(dev, x, src, n_rows: int, K: int, layout, out, *, ldx: int | None = None,
+                    R_total: int | None = None) -> None:
     """Rows r < n_rows of the q8_1 buffer ``out`` (R_total rows, default n_rows) <- the
     quantized ``x[src[r]]``. x: float32 device rows of ``ldx`` floats (default K);
     src: int32 device [n_rows]. Same bytes as strata.q8_1.gather_quantize."""
@@ -146,14 +101,13 @@ def quantize_gather(x, src, n_rows: int, K: int, layout, out, *, ldx: int | None
     if n_rows <= 0:
         return
     nkb = q8_1.blocks_per_row(K)
-    f = _q8_func("q8_1_gather")
-    f.prepared_async_call(_q8_grid(n_rows * nkb), (_Q8_THREADS, 1, 1), stream,
-                          _ptr(x), ldx, _ptr(src), int(n_rows), int(K), lay, _ptr(out), R_total)
-    _count("q8_1_gather")
+    f = runtime.function("quantize_q8_1", "q8_1_gather", "PqPiiiPi")
+    dev.launch(f, "q8_1_gather", _q8_grid(n_rows * nkb), (_Q8_THREADS, 1, 1),
+               ptr(x), ldx, ptr(src), int(n_rows), int(K), lay, ptr(out), R_total)
 
 
-def quantize_scatter(x, slot, T: int, K_used: int, K: int, layout, out, *,
-                     ldx: int | None = None, stream=None) -> None:
+def quantize_scatter(dev, x, slot, T: int, K_used: int, K: int, layout, out, *,
+                     ldx: int | None = None) -> None:
     """Token t < T of x (float32 device rows of ``ldx`` floats, default K) quantized once and
     written to rows ``slot[t*K_used + k]`` (slot: int32 device [T*K_used]) of the q8_1 buffer
     ``out`` of T*K_used rows. Same bytes as strata.q8_1.scatter_quantize."""
@@ -162,11 +116,9 @@ def quantize_scatter(x, slot, T: int, K_used: int, K: int, layout, out, *,
     if T <= 0:
         return
     nkb = q8_1.blocks_per_row(K)
-    f = _q8_func("q8_1_scatter")
-    f.prepared_async_call(_q8_grid(T * nkb), (_Q8_THREADS, 1, 1), stream,
-                          _ptr(x), ldx, _ptr(slot), int(T), int(K_used), int(K), lay, _ptr(out),
-                          int(T) * int(K_used))
-    _count("q8_1_scatter")
+    f = runtime.function("quantize_q8_1", "q8_1_scatter", "PqPiiiiPi")
+    dev.launch(f, "q8_1_scatter", _q8_grid(T * nkb), (_Q8_THREADS, 1, 1),
+               ptr(x), ldx, ptr(slot), int(T), int(K_used), int(K), lay, ptr(out), int(T) * int(K_used))
 
 
 # --------------------------------------------------------------------------- mmq
@@ -190,10 +142,10 @@ def _tables_host() -> np.ndarray:
 
 def default_config() -> dict | None:
     """The MMQ tile configuration used when a call passes none: the compile-time defines in
-    the environment variable STRATA_MMQ_CONFIG (JSON, e.g. '{"MMQ_V2": 1, "MMQ_BN": 192,
-    "MMQ_STAGES": 3}'; '{}' is mmq.cu's own defaults), else None: per launch, by the mean rows
-    per expert, from AUTO_CONFIGS (:func:`auto_config`). A configuration changes speed only,
-    never a bit of the result."""
+    the environment variable STRATA_MMQ_CONFIG (JSON, e.g. '{"MMQ_BN": 192, "MMQ_STAGES": 3}';
+    '{}' is mmq.cu's own defaults), else None: per launch, by the mean rows per expert, from
+    AUTO_CONFIGS (:func:`auto_config`). A configuration changes speed only, never a bit of the
+    result."""
     raw = os.environ.get("STRATA_MMQ_CONFIG", "").strip()
     if not raw:
         return None
@@ -225,9 +177,9 @@ def _mmq_mod(config: dict | None):
         return st
     cuda = runtime._driver()
     mod = runtime.load_module("mmq", dict(key))
-    ptr, _ = mod.get_global("mmq_geometry")
+    gptr, _ = mod.get_global("mmq_geometry")
     geo = np.zeros(4, np.int32)
-    cuda.memcpy_dtoh(geo, ptr)
+    cuda.memcpy_dtoh(geo, gptr)
     tab = _mmq_state.get("tables")
     if tab is None:
         tab = runtime.to_device(_tables_host(), "MMQ tables")
@@ -244,9 +196,9 @@ def _mmq_func(st, qt: QT):
         cuda = runtime._driver()
         name = _MMQ_KERNEL[qt]
         f = st["mod"].get_function(name)
-        ptr, _ = st["mod"].get_global(name + "_smem")
+        gptr, _ = st["mod"].get_global(name + "_smem")
         sm = np.zeros(1, np.int32)
-        cuda.memcpy_dtoh(sm, ptr)
+        cuda.memcpy_dtoh(sm, gptr)
         smem = int(sm[0])
         f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
         f.prepare("PqiiPiPiPqPi")
@@ -262,28 +214,19 @@ def mmq_geometry(config: dict | None = None) -> dict:
     return {k: st[k] for k in ("BM", "BN", "threads", "max_exp")}
 
 
-_bounds_alive: collections.deque = collections.deque(maxlen=512)
-
-
-def upload_bounds(bounds) -> object:
-    """int32 [n_exp, 2] (row_begin, row_end) pairs -> a device array (synchronous copy)."""
-    b = np.ascontiguousarray(np.asarray(bounds, dtype=np.int32).reshape(-1, 2))
-    return runtime.to_device(b, "MMQ row bounds")
-
-
-def mmq_group(qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds, n_exp: int,
+def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds, n_exp: int,
               out, *, ldo: int | None = None, rows: int | None = None,
-              tile_rows: int = DEFAULT_TILE_ROWS, stream=None, config: dict | None = None) -> None:
-    """Grouped product: for q < n_exp (at most 16), out[r, n] (r in [row_begin_q, row_end_q),
-    n < N) = strata.mmq.mmq(weights of expert q, activation row r)[n].
+              tile_rows: int = DEFAULT_TILE_ROWS, config: dict | None = None) -> None:
+    """Grouped product: for q < n_exp (at most MMQ_GROUP), out[r, n] (r in [row_begin_q,
+    row_end_q), n < N) = strata.mmq.mmq(weights of expert q, activation row r)[n].
 
     w: the group weight buffer; expert q's N x K matrix (GGUF blocks, rows of
        quants.row_bytes(qtype, K) bytes) at byte offset q * w_stride (w_stride even).
        The kernel may read up to 15 bytes past the last expert's last row (and before the
-       first): keep WEIGHT_TAIL_BYTES allocated after the group buffer's data.
+       first): keep strata.constants.WEIGHT_TAIL_BYTES allocated after the group buffer's data.
     act: q8_1 buffer of R_total rows (layout strata.q8_1.layout_for(qtype), K values a row).
     bounds: int32 device array [n_exp, 2] of (row_begin, row_end) into act/out, or a host
-       array (then copied synchronously; prefer uploading a chunk's bounds once).
+       array (then uploaded on the stream; prefer uploading a chunk's bounds once).
     out: float32 device [R_total, ldo] (ldo default N); rows outside all bounds untouched.
     rows: total rows over the bounds if known (sizes the grid; default R_total).
     tile_rows: cap on activation rows per CTA tile (multiple of 8, at most BN; with the
@@ -293,19 +236,18 @@ def mmq_group(qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds
     """
     qt = _qtype(qtype)
     N, K, R_total, n_exp = int(N), int(K), int(R_total), int(n_exp)
-    if n_exp < 0 or n_exp > MMQ_GROUP_MAX:
-        raise InputError(f"an MMQ group holds 1..{MMQ_GROUP_MAX} experts, got {n_exp}")
+    if n_exp < 0 or n_exp > MMQ_GROUP:
+        raise InputError(f"an MMQ group holds 1..{MMQ_GROUP} experts, got {n_exp}")
     if K <= 0 or K % (256 if qt in _SUPER else 32):
         raise InputError(f"K={K} is not a multiple of the {qt.name} block")
-    if int(w_stride) % 2 or _ptr(w) % 2:
+    if int(w_stride) % 2 or ptr(w) % 2:
         raise InputError("weight buffer and stride must be 2-byte aligned")
     if n_exp == 0 or N <= 0:
         return
     if not hasattr(bounds, "gpudata") and isinstance(bounds, (np.ndarray, list, tuple)):
         hb = np.asarray(bounds, dtype=np.int32).reshape(-1, 2)[:n_exp]
         rows = int(np.maximum(hb[:, 1] - hb[:, 0], 0).sum())
-        bounds = upload_bounds(hb)
-        _bounds_alive.append(bounds)
+        bounds = dev.upload(hb)  # from the pool: reused only by work queued after this launch
     n_rows = R_total if rows is None else int(rows)
     tile_rows = int(tile_rows)
     if config is None:
@@ -322,25 +264,71 @@ def mmq_group(qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds
     if tiles <= 0:
         return
     grid = (min(tiles, 1 << 30), 1, 1)
-    f.prepared_async_call(grid, (st["threads"], 1, 1), stream,
-                          _ptr(w), int(w_stride), N, K, _ptr(act), R_total, _ptr(bounds), n_exp,
-                          _ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]),
-                          tile_rows, shared_size=f.smem)
-    _count("mmq")
+    dev.launch(f, "mmq", grid, (st["threads"], 1, 1),
+               ptr(w), int(w_stride), N, K, ptr(act), R_total, ptr(bounds), n_exp,
+               ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]), tile_rows,
+               shared_size=f.smem)
 
 
 _dense_bounds: dict = {}
 
 
-def mmq_dense(qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | None = None,
-              stream=None, config: dict | None = None) -> None:
+def mmq_dense(dev, qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | None = None,
+              config: dict | None = None) -> None:
     """Plain product of one matrix (N x K, GGUF blocks) with all R rows of a q8_1 buffer:
     out float32 [R, ldo] = strata.mmq.mmq. One "expert" covering rows [0, R)."""
     R = int(R)
     if R <= 0:
         return
     b = _dense_bounds.get(R)
-    if b is None:
+    if b is None:  # constant per R, kept for the process
         b = runtime.to_device(np.array([0, R], np.int32), "MMQ row bounds")
         _dense_bounds[R] = b
-    mmq_group(qtype, w, 0, N, K, act, R, b, 1, out, ldo=ldo, rows=R, stream=stream, config=config)
+    mmq_group(dev, qtype, w, 0, N, K, act, R, b, 1, out, ldo=ldo, rows=R, config=config)
+
+
+# --------------------------------------------------------------------------- group gathers
+
+
+def group_buffer_bytes(n_exp: int, gu_bytes: int, d_bytes: int, tail_bytes: int) -> tuple[int, int]:
+    """Bytes of the (gate/up, down) group buffers for n_exp experts (strata.moe.group_buffers)."""
+    return int(n_exp) * 2 * int(gu_bytes) + int(tail_bytes), int(n_exp) * int(d_bytes) + int(tail_bytes)
+
+
+def _gather_grid(nbytes: int) -> int:
+    # ~32 KiB per CTA per pass, at most 256 CTAs per expert
+    return max(1, min(256, -(-int(nbytes) // (_GATHER_THREADS * 16 * 8))))
+
+
+def gather_native_group(dev, blobs, gu_bytes: int, d_bytes: int, tail_bytes: int, gu_buf, d_buf) -> None:
+    """ONE launch gathering up to MMQ_GROUP experts (strata.moe.group_buffers): blobs is a
+    sequence of device addresses (ints, DeviceAllocations or GPUArrays) of each expert's
+    [gate | up | down] bytes (2*gu_bytes + d_bytes), passed by value in the kernel parameters.
+    Expert q's gate|up goes to gu_buf + q*2*gu_bytes, its down to d_buf + q*d_bytes; tail_bytes
+    zeros follow the last expert in each buffer (sizes: :func:`group_buffer_bytes`)."""
+    ptrs = [ptr(b) for b in blobs]
+    n = len(ptrs)
+    if n > MMQ_GROUP:
+        raise InputError(f"gather_native_group takes at most {MMQ_GROUP} experts, got {n}")
+    gu_bytes, d_bytes, tail_bytes = int(gu_bytes), int(d_bytes), int(tail_bytes)
+    if min(gu_bytes, d_bytes, tail_bytes) < 0:
+        raise InputError("gather: negative sizes")
+    ptrs += [0] * (MMQ_GROUP - n)
+    f = runtime.function("gather_group", "gather_native_group", "P" * MMQ_GROUP + "iqqqPP")
+    grid = (_gather_grid(max(2 * gu_bytes, d_bytes, tail_bytes)), n + 1, 1)
+    dev.launch(f, "gather_group", grid, (_GATHER_THREADS, 1, 1), *ptrs, n, gu_bytes, d_bytes, tail_bytes,
+               ptr(gu_buf), ptr(d_buf))
+
+
+def gather_native_one(dev, blob, q: int, gu_bytes: int, d_bytes: int, gu_buf, d_buf,
+                      tail_bytes: int = 0) -> None:
+    """One expert per launch (the opt-out path): blob (device address of [gate | up | down]) to
+    slot q of the group buffers, as :func:`gather_native_group` places it; when tail_bytes > 0,
+    also zero tail_bytes after slot q in both buffers (pass it for the group's last expert)."""
+    gu_bytes, d_bytes, tail_bytes = int(gu_bytes), int(d_bytes), int(tail_bytes)
+    if not 0 <= int(q) < MMQ_GROUP:
+        raise InputError(f"gather_native_one: slot {q} outside [0, {MMQ_GROUP})")
+    f = runtime.function("gather_group", "gather_native_one", "PiqqqPP")
+    grid = (_gather_grid(max(2 * gu_bytes, d_bytes, tail_bytes)), 2 if tail_bytes > 0 else 1, 1)
+    dev.launch(f, "gather_one", grid, (_GATHER_THREADS, 1, 1), ptr(blob), int(q), gu_bytes, d_bytes,
+               tail_bytes, ptr(gu_buf), ptr(d_buf))

@@ -3,7 +3,8 @@
 // Definition: strata.attention.KVCache.write, with the arithmetic of
 // strata.attention.quantize_int8 (docs/numerics.md sections 2 and 5):
 //   per block of g values: amax = max |x_i|; amax == 0 -> d = 0, codes 0;
-//   else d_inv = 127.0f / amax, q_i = (int8) roundf(x_i * d_inv), d = 1.0f / d_inv.
+//   else d_inv = 127.0f / amax, q_i = (int8) roundf(x_i * d_inv), d = 1.0f / d_inv (the q8 block
+//   quantize of strata_numerics.cuh, with its zero rule for a tiny amax).
 //   K: blocks of 32 values (g = 32), one float32 scale each.
 //   V: one block of head_dim values per (token, KV head), one float32 scale.
 // Cache layout of one layer (as the NumPy class):
@@ -14,18 +15,10 @@
 // One warp per (token, KV head); lane l holds values l + 32 b. --fmad=false, IEEE division.
 
 #include <stdint.h>
-#include "strata_numerics.cuh"  // roundf_away, to_i8, warp_max
+#include "strata_numerics.cuh"  // q8_inv_scale, q8_code, q8_scale, warp_max
 
 #define KV_WARPS 8
 #define KV_MAX_HD 256
-
-// C roundf exactly as strata.numerics.roundf writes it: half away from zero, x - trunc(x) exact.
-
-// float -> int8 as NumPy's astype(np.int8) does on x86-64 (the reference's platform): a finite
-// value through int32 (codes are within [-127, 127] anyway); +-inf and NaN give 0. They occur
-// when a block's amax is below 127 / FLT_MAX: d_inv = 127 / amax overflows to inf, x * d_inv is
-// +-inf (or NaN for x == 0), and d = 1 / d_inv = 0, so such a block contributes nothing.
-
 
 extern "C" __global__ void __launch_bounds__(32 * KV_WARPS)
 kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v, long long ldv,
@@ -51,9 +44,9 @@ kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v
         int8_t q = 0;
         float d = 0.0f;
         if (amax > 0.0f) {
-            const float d_inv = 127.0f / amax;
-            q = to_i8(roundf_away(x * d_inv));
-            d = 1.0f / d_inv;
+            const float d_inv = q8_inv_scale(amax);
+            q = q8_code(x, d_inv);
+            d = q8_scale(d_inv);
         }
         k_codes[cache_row * hd + 32 * b + lane] = q;
         if (lane == 0) k_scale[cache_row * nb + b] = d;
@@ -72,14 +65,14 @@ kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v
     const float amax = warp_max(m);
     float d_inv = 0.0f, d = 0.0f;
     if (amax > 0.0f) {
-        d_inv = 127.0f / amax;
-        d = 1.0f / d_inv;
+        d_inv = q8_inv_scale(amax);
+        d = q8_scale(d_inv);
     }
 #pragma unroll
     for (int b = 0; b < KV_MAX_HD / 32; ++b) {
         if (b < nb) {
             int8_t q = 0;
-            if (amax > 0.0f) q = to_i8(roundf_away(xv[b] * d_inv));
+            if (amax > 0.0f) q = q8_code(xv[b], d_inv);
             v_codes[cache_row * hd + 32 * b + lane] = q;
         }
     }

@@ -19,7 +19,7 @@
 
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include "strata_numerics.cuh"  // roundf_away
+#include "strata_numerics.cuh"  // q8_inv_scale, q8_round, q8_scale
 
 #define Q8_WARPS 8
 
@@ -52,14 +52,14 @@ __device__ __forceinline__ uint32_t quant_block(const float* __restrict__ xr, in
     float d = 0.0f;
     uint32_t codes = 0;
     if (amax != 0.0f) {
-        const float d_inv = 127.0f / amax;
-        const int q0 = (int)roundf_away(v0 * d_inv);
-        const int q1 = (int)roundf_away(v1 * d_inv);
-        const int q2 = (int)roundf_away(v2 * d_inv);
-        const int q3 = (int)roundf_away(v3 * d_inv);
+        const float d_inv = q8_inv_scale(amax);
+        const int q0 = (int)q8_round(v0, d_inv);
+        const int q1 = (int)q8_round(v1, d_inv);
+        const int q2 = (int)q8_round(v2, d_inv);
+        const int q3 = (int)q8_round(v3, d_inv);
         codes = (uint32_t)(q0 & 0xFF) | ((uint32_t)(q1 & 0xFF) << 8) | ((uint32_t)(q2 & 0xFF) << 16) |
                 ((uint32_t)(q3 & 0xFF) << 24);
-        d = 1.0f / d_inv;
+        d = q8_scale(d_inv);
     }
 
     // sums: run of 4, then the halving tree over 8 (DS4) or 4 (D2S6) runs

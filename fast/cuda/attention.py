@@ -1,0 +1,245 @@
+"""Attention on the device: the int8 KV cache (:class:`DeviceKVCache`, :func:`kv_write`) and
+causal attention over it (:func:`attend`). GPUArrays in, GPUArrays out; every wrapper takes
+the backend's :class:`fast.cuda.runtime.Device` first, allocates outputs and scratch from its
+pool and launches on its stream.
+
+Kernels and the NumPy functions they match bit for bit (docs/numerics.md):
+- :func:`kv_write` -> strata.attention.KVCache.write (kernels/kv_cache.cu)
+- :func:`attend`   -> strata.attention.attend        (kernels/attention_mma.cu)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from strata import attention as _attention
+from strata.constants import KEY_BLOCK
+from strata.errors import InputError
+
+from fast.cuda import runtime
+from fast.cuda.runtime import check, ptr
+
+__all__ = [
+    "kv_write",
+    "attend",
+    "DeviceKVCache",
+    "ATTEND_HEAD_DIMS",
+    "ATTEND_VARIANTS",
+]
+
+#: head sizes attention_mma.cu is instantiated for (the tensor-core and the split-K kernels)
+ATTEND_HEAD_DIMS = (64, 128)
+
+_SPLIT_WARPS = 8  # SPL_WARPS in attention_mma.cu (the merge runs MERGE_G = 4 threads per dim)
+
+#: attention kernels (attention_mma.cu), both bit-exact to strata.attention.attend:
+#: "mma"   one CTA per (16 * MMA_WARPS queries, head), int8 tensor cores;
+#: "split" split-K over key blocks in three launches (scores and block maxima, per-block P.V,
+#:         the ordered merge), for few queries (decode);
+#: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else mma.
+ATTEND_VARIANTS = ("mma", "split", "auto")
+#: the variant attend() runs when none is asked for
+ATTEND_VARIANT = "auto"
+#: the most queries "auto" sends to the split-K kernels
+ATTEND_SPLIT_MAX_T = 4
+#: attention_mma.cu tile configuration: MMA_WARPS (warps of 16 queries per CTA; 4 when absent),
+#: MMA_MINB (__launch_bounds__ minimum CTAs per SM, default 1)
+ATTEND_MMA_CONFIG: dict = {"MMA_WARPS": 8}
+
+
+def _cache_shapes(k_codes, k_scale, v_codes, v_scale):
+    check(k_codes, "k_codes", np.int8, ndim=3)
+    n_kv, cap, hd = (int(s) for s in k_codes.shape)
+    if hd % 32:
+        raise InputError(f"head_dim {hd} is not a multiple of 32")
+    check(k_scale, "k_scale", np.float32, shape=(n_kv, cap, hd // 32))
+    check(v_codes, "v_codes", np.int8, shape=(n_kv, cap, hd))
+    check(v_scale, "v_scale", np.float32, shape=(n_kv, cap))
+    for a, what in ((k_codes, "k_codes"), (v_codes, "v_codes")):
+        if ptr(a) % 16:
+            raise InputError(f"{what} must be 16-byte aligned")
+    return n_kv, cap, hd
+
+
+def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale) -> None:
+    """Quantize and store k, v float32 [T, n_kv, hd] at absolute positions (int32 GPUArray [T],
+    or a host int array: checked against the capacity and uploaded) into one layer's cache:
+    k_codes int8 [n_kv, cap, hd], k_scale float32 [n_kv, cap, hd/32], v_codes int8
+    [n_kv, cap, hd], v_scale float32 [n_kv, cap] (strata.attention.KVCache.write).
+    Positions must be distinct and < cap."""
+    n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
+    check(k, "kv_write k", np.float32, shape=(None, n_kv, hd))
+    T = int(k.shape[0])
+    check(v, "kv_write v", np.float32, shape=(T, n_kv, hd))
+    if hd > 256:
+        raise InputError(f"kv_write supports head_dim up to 256, got {hd}")
+    if not hasattr(positions, "gpudata"):
+        p = np.asarray(positions)
+        if p.size and (p.min() < 0 or p.max() >= cap):
+            raise InputError(f"kv_write: positions outside the cache capacity {cap}")
+    pos = dev.upload_i32(positions, "kv_write positions")
+    if tuple(pos.shape) != (T,):
+        raise InputError(f"kv_write: {tuple(pos.shape)} positions for {T} tokens")
+    if T == 0:
+        return
+    f = runtime.function("kv_cache", "kv_write", "PqPqPiiiiPPPP")
+    grid = (-(-(T * n_kv) // 8), 1, 1)
+    dev.launch(f, "kv_write", grid, (256, 1, 1), ptr(k), n_kv * hd, ptr(v), n_kv * hd, ptr(pos),
+               T, n_kv, hd, cap, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale))
+
+
+def _mma_func(name: str, fmt: str):
+    """The prepared kernel `name` of attention_mma.cu under ATTEND_MMA_CONFIG."""
+    return runtime.function("attention_mma", name, fmt, dict(ATTEND_MMA_CONFIG))
+
+
+def _split_buffer(dev, nbytes: int):
+    """The split-K scratch of this Device, grown on demand; kernels on one stream use it in
+    turn."""
+    have = dev.scratch.get("attend_split")
+    if have is None or have.nbytes < nbytes:
+        dev.scratch["attend_split"] = None
+        dev.synchronize()  # an earlier launch may still read the old buffer
+        n = max(int(nbytes), 2 * (0 if have is None else int(have.nbytes)))
+        dev.scratch["attend_split"] = dev.empty((n,), np.uint8)
+    return dev.scratch["attend_split"]
+
+
+def _attend_variant(variant, T: int) -> str:
+    v = ATTEND_VARIANT if variant is None else variant
+    if v not in ATTEND_VARIANTS:
+        raise InputError(f"attend: unknown variant {v!r} (one of {ATTEND_VARIANTS})")
+    if v == "auto":
+        return "split" if T <= ATTEND_SPLIT_MAX_T else "mma"
+    return v
+
+
+def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, variant=None,
+           max_pos=None):
+    """Causal attention (strata.attention.attend) of q float32 [T, n_head, hd] (after norm and
+    RoPE) at absolute positions (int32 GPUArray [T], or a host int array: checked and uploaded)
+    over one layer's cache (see :func:`kv_write`; keys 0..position of each query must be
+    written, and position < cap). GQA: head h reads KV head h // (n_head // n_kv).
+    hd in ATTEND_HEAD_DIMS. ``variant`` picks the kernel (:data:`ATTEND_VARIANTS`; None =
+    :data:`ATTEND_VARIANT`); ``max_pos`` (the largest position) sizes the split-K grid when the
+    positions are a GPUArray (else the capacity does). Returns out, float32 [T, n_head, hd]."""
+    n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
+    check(q, "attend q", np.float32, shape=(None, None, hd))
+    T, H = int(q.shape[0]), int(q.shape[1])
+    if hd not in ATTEND_HEAD_DIMS:
+        raise InputError(f"attention_mma.cu is built for head_dim in {ATTEND_HEAD_DIMS}, got {hd}")
+    if H % n_kv:
+        raise InputError(f"n_head {H} is not a multiple of n_head_kv {n_kv}")
+    if not hasattr(positions, "gpudata"):
+        p = np.asarray(positions)
+        if p.size and (p.min() < 0 or p.max() >= cap):
+            raise InputError(f"attend: positions outside the cache capacity {cap}")
+        if p.size:
+            max_pos = int(p.max())
+    pos = dev.upload_i32(positions, "attend positions")
+    if tuple(pos.shape) != (T,):
+        raise InputError(f"attend: {tuple(pos.shape)} positions for {T} tokens")
+    out = dev.output(out, "attend out", (T, H, hd), np.float32)
+    if T == 0 or H == 0:
+        return out
+    v = _attend_variant(variant, T)
+    kq = np.float32(_attention.kq_scale(hd))
+    if v == "mma":
+        f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPifPq")
+        warps = int(ATTEND_MMA_CONFIG.get("MMA_WARPS", 4))
+        grid = (-(-T // (16 * warps)), H, 1)
+        dev.launch(f, "attention", grid, (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos), T,
+                   H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), cap,
+                   kq, ptr(out), H * hd)
+    else:  # split: three launches, counted as one "attention"
+        top = cap - 1 if max_pos is None else min(int(max_pos), cap - 1)
+        nblk = top // KEY_BLOCK + 1
+        U = T * H
+        sizes = (U * nblk * KEY_BLOCK, U * nblk, U * nblk * hd, U * nblk, U * nblk)  # S MC OB LS AL
+        buf = _split_buffer(dev, 4 * sum(sizes))
+        S = ptr(buf)
+        MC = S + 4 * sizes[0]
+        OB = MC + 4 * sizes[1]
+        LS = OB + 4 * sizes[2]
+        AL = LS + 4 * sizes[3]
+        f1 = _mma_func(f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
+        dev.launch(f1, None, (nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), ptr(q), H * hd, ptr(pos),
+                   T, H, H // n_kv, ptr(k_codes), ptr(k_scale), cap, kq, nblk, S, MC)
+        f2 = _mma_func(f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPP")
+        dev.launch(f2, None, (nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), ptr(pos), T, H, H // n_kv,
+                   ptr(v_codes), ptr(v_scale), cap, nblk, S, MC, OB, LS, AL)
+        f3 = _mma_func(f"attend_split_merge_hd{hd}", "PiiPPPPq")
+        dev.launch(f3, "attention", (T, H, 1), (4 * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL, ptr(out),
+                   H * hd)
+    return out
+
+
+class DeviceKVCache:
+    """The int8 KV cache on the device, laid out as strata.attention.KVCache: per layer
+    ``k_codes[l]`` int8 [n_kv, capacity, hd], ``k_scale[l]`` float32 [n_kv, capacity, hd/32],
+    ``v_codes[l]`` int8 [n_kv, capacity, hd], ``v_scale[l]`` float32 [n_kv, capacity].
+    Zero-initialized (plain allocations, not from the pool: the cache lives as long as the
+    engine); the capacity is a whole number of 64-key blocks and grows (doubling, with a
+    device copy of what is there) when a write needs more. Writes and attention launch
+    through ``dev``."""
+
+    def __init__(self, dev, n_layer: int, n_head_kv: int, head_dim: int, capacity: int = 4 * KEY_BLOCK):
+        self.dev = dev
+        self.n_layer, self.n_head_kv, self.head_dim = int(n_layer), int(n_head_kv), int(head_dim)
+        self.capacity = 0
+        self.k_codes: list = []
+        self.k_scale: list = []
+        self.v_codes: list = []
+        self.v_scale: list = []
+        self._grow(-(-int(capacity) // KEY_BLOCK) * KEY_BLOCK)
+
+    def _grow(self, capacity: int) -> None:
+        runtime.context()
+        from pycuda import gpuarray as ga  # noqa: PLC0415
+        import pycuda.driver as cuda  # noqa: PLC0415
+
+        hkv, hd, old = self.n_head_kv, self.head_dim, self.capacity
+        spec = ((np.int8, hd), (np.float32, hd // 32), (np.int8, hd), (np.float32, None))
+        names = ("k_codes", "k_scale", "v_codes", "v_scale")
+        for name, (dt, last) in zip(names, spec):
+            arrs = getattr(self, name)
+            new_list = []
+            for layer in range(self.n_layer):
+                shape = (hkv, capacity) if last is None else (hkv, capacity, last)
+                new = ga.zeros(shape, dt)
+                if old:
+                    src = arrs[layer]
+                    row = np.dtype(dt).itemsize * (1 if last is None else last)
+                    runtime.synchronize()
+                    for h in range(hkv):
+                        cuda.memcpy_dtod(int(new.gpudata) + h * capacity * row,
+                                         int(src.gpudata) + h * old * row, old * row)
+                new_list.append(new)
+            setattr(self, name, new_list)
+        runtime.synchronize()
+        self.capacity = capacity
+
+    def ensure(self, n_keys: int) -> None:
+        """Capacity for keys 0 .. n_keys-1, in whole key blocks (synchronous when it grows)."""
+        need = -(-int(n_keys) // KEY_BLOCK) * KEY_BLOCK
+        if need > self.capacity:
+            self._grow(max(need, 2 * self.capacity))
+
+    def layer(self, layer: int):
+        """(k_codes, k_scale, v_codes, v_scale) of one layer."""
+        return self.k_codes[layer], self.k_scale[layer], self.v_codes[layer], self.v_scale[layer]
+
+    def write(self, layer: int, positions, k, v, *, positions_dev=None) -> None:
+        """Store k, v float32 [T, n_kv, hd] at positions (host int array; ``positions_dev`` an
+        int32 GPUArray copy of it to skip the upload)."""
+        p = np.asarray(positions)
+        if p.size:
+            self.ensure(int(p.max()) + 1)
+        kv_write(self.dev, k, v, p if positions_dev is None else positions_dev, *self.layer(layer))
+
+    def attend(self, layer: int, q, positions, *, positions_dev=None, out=None, variant=None):
+        """Causal attention of q float32 [T, n_head, hd] at positions (host int array)."""
+        p = np.asarray(positions)
+        if p.size and int(p.max()) >= self.capacity:
+            raise InputError(f"attend: position {int(p.max())} past the cache capacity {self.capacity}")
+        return attend(self.dev, q, p if positions_dev is None else positions_dev, *self.layer(layer),
+                      out=out, variant=variant, max_pos=int(p.max()) if p.size else None)

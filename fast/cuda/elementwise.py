@@ -1,0 +1,295 @@
+"""The model's elementwise and per-row kernels: norms, RoPE, add, the router (top-K and the
+routing tables), SwiGLU, the combine, the shared-expert sigmoid and the Q8_0 embedding.
+GPUArrays in, GPUArrays out; every wrapper takes the backend's
+:class:`fast.cuda.runtime.Device` first, checks shapes and dtypes on the host, allocates its
+output from the device's pool when ``out`` is None, launches one kernel on its stream and
+returns at once. Arrays must be C-contiguous float32 / int32 / uint8 as documented.
+
+Kernels and the NumPy functions they match bit for bit (docs/numerics.md):
+
+=====================  =====================================  ===========================
+wrapper                NumPy definition                       fast/cuda/kernels/
+=====================  =====================================  ===========================
+rmsnorm                strata.numerics.rmsnorm                rmsnorm.cu
+rope_neox              strata.numerics.rope_neox              rope.cu
+add                    x + y (float32)                        add.cu
+top_k                  strata.routing.top_k                   router.cu
+routing_tables         strata.routing.routing_tables          routing_tables.cu
+swiglu                 strata.moe.swiglu                      swiglu.cu
+combine                strata.moe.combine                     combine.cu
+sigmoid                strata.numerics.sigmoid                combine.cu
+embed_q8_0             strata.quants.dequantize (Q8_0 rows)   embed.cu
+=====================  =====================================  ===========================
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from strata import numerics
+from strata.errors import InputError
+
+from fast.cuda import runtime
+from fast.cuda.runtime import check, ptr
+
+__all__ = [
+    "rmsnorm",
+    "rope_table",
+    "rope_neox",
+    "add",
+    "top_k",
+    "DeviceRoutingTables",
+    "routing_tables",
+    "swiglu",
+    "combine",
+    "sigmoid",
+    "embed_q8_0",
+]
+
+_THREADS = 256
+_MAX_GRID = 1 << 20
+
+
+def _grid1(total: int, threads: int = _THREADS) -> tuple[int, int, int]:
+    return (max(1, min(-(-int(total) // threads), _MAX_GRID)), 1, 1)
+
+
+# --------------------------------------------------------------------------- norms, rope, add
+
+
+def rmsnorm(dev, x, w, eps: float, out=None):
+    """RMSNorm of every row of x along its last axis (strata.numerics.rmsnorm).
+
+    x: float32 [..., n] (rows = x.size / n: [T, n_embd] for the layer norms, [T*n_head, head_dim]
+    or [T, n_head, head_dim] for the per-head Q/K norms); w: float32 [n]; eps rounded to float32
+    once. Returns out, float32 with x's shape (out may be x)."""
+    check(x, "rmsnorm x", np.float32)
+    n = int(x.shape[-1])
+    check(w, "rmsnorm w", np.float32, shape=(n,))
+    out = dev.output(out, "rmsnorm out", x.shape, np.float32)
+    rows = int(x.size) // n if n else 0
+    if rows == 0:
+        return out
+    f = runtime.function("rmsnorm", "rmsnorm_rows", "PqPPqiiif")
+    grid = (-(-rows // 8), 1, 1)
+    dev.launch(f, "rmsnorm", grid, (256, 1, 1), ptr(x), n, ptr(w), ptr(out), n, rows, 1, n, np.float32(eps))
+    return out
+
+
+def rope_table(dev, n_pos: int, head_dim: int, base: float):
+    """(cos, sin): float32 GPUArrays [n_pos, head_dim/2] of strata.numerics.rope_table
+    (computed on the host in float64, rounded once, uploaded on the stream)."""
+    cos, sin = numerics.rope_table(int(n_pos), int(head_dim), base)
+    return dev.upload(cos), dev.upload(sin)
+
+
+def rope_neox(dev, x, positions, cos, sin, out=None):
+    """NEOX RoPE (strata.numerics.rope_neox) of x float32 [T, n_heads, hd] at positions
+    (int32 GPUArray [T], or a host int array: uploaded) with the table (cos, sin) float32
+    [n_pos, hd/2] from :func:`rope_table` (positions < n_pos, not checked on the device).
+    Returns out, float32 [T, n_heads, hd] (out may be x)."""
+    check(x, "rope x", np.float32, ndim=3)
+    T, H, hd = (int(s) for s in x.shape)
+    if hd % 2:
+        raise InputError(f"rope: head_dim must be even, got {hd}")
+    check(cos, "rope cos", np.float32, shape=(None, hd // 2))
+    check(sin, "rope sin", np.float32, shape=tuple(cos.shape))
+    if not hasattr(positions, "gpudata"):
+        p = np.asarray(positions)
+        if p.size and (p.min() < 0 or p.max() >= cos.shape[0]):
+            raise InputError(f"rope: positions outside the table's {cos.shape[0]} rows")
+    pos = dev.upload_i32(positions, "rope positions")
+    if tuple(pos.shape) != (T,):
+        raise InputError(f"rope: {tuple(pos.shape)} positions for {T} tokens")
+    out = dev.output(out, "rope out", x.shape, np.float32)
+    total = T * H * (hd // 2)
+    if total == 0:
+        return out
+    f = runtime.function("rope", "rope_neox", "PqPqPPPiii")
+    dev.launch(f, "rope", _grid1(total), (_THREADS, 1, 1), ptr(x), H * hd, ptr(out), H * hd,
+               ptr(pos), ptr(cos), ptr(sin), T, H, hd)
+    return out
+
+
+def add(dev, x, y, out=None):
+    """out = x + y elementwise, float32 arrays of one shape (out may be x or y)."""
+    check(x, "add x", np.float32)
+    check(y, "add y", np.float32, shape=x.shape)
+    out = dev.output(out, "add out", x.shape, np.float32)
+    n = int(x.size)
+    if n == 0:
+        return out
+    px, py, po = ptr(x), ptr(y), ptr(out)
+    vec4 = int((px | py | po) % 16 == 0)
+    f = runtime.function("add", "add_f32", "PPPqi")
+    dev.launch(f, "add", _grid1(-(-n // 4) if vec4 else n), (_THREADS, 1, 1), px, py, po, n, vec4)
+    return out
+
+
+# --------------------------------------------------------------------------- routing
+
+
+def top_k(dev, logits, k: int, ids=None, weights=None):
+    """Router top-K (strata.routing.top_k) of logits float32 [T, E]: softmax over E, the k
+    largest probabilities (ties to the lower id), renormalized. k <= 32.
+    Returns (ids int32 [T, k] in rank order, weights float32 [T, k])."""
+    check(logits, "top_k logits", np.float32, ndim=2)
+    T, E = (int(s) for s in logits.shape)
+    k = int(k)
+    if not 1 <= k <= min(32, E):
+        raise InputError(f"top_k: k must be in [1, min(32, E={E})], got {k}")
+    smem = 4 * 4 * E  # ROUTER_WARPS rows of E floats
+    if smem > 48 * 1024:
+        raise InputError(f"top_k: E={E} experts is more than router.cu's shared memory holds")
+    ids = dev.output(ids, "top_k ids", (T, k), np.int32)
+    weights = dev.output(weights, "top_k weights", (T, k), np.float32)
+    if T == 0:
+        return ids, weights
+    f = runtime.function("router", "router_topk", "PqiiiPP")
+    dev.launch(f, "router", (-(-T // 4), 1, 1), (128, 1, 1), ptr(logits), E, T, E, k,
+               ptr(ids), ptr(weights), shared_size=smem)
+    return ids, weights
+
+
+class DeviceRoutingTables(NamedTuple):
+    """strata.routing.RoutingTables on the device (all int32 GPUArrays):
+    cnt [E], off [E], slot [T*K], src [T*K], order [E] (experts with cnt > 0 in id order, then -1),
+    n_order [1] (how many of order are experts)."""
+
+    cnt: object
+    off: object
+    slot: object
+    src: object
+    order: object
+    n_order: object
+
+
+_rt_smem_set: dict = {}  # the dynamic shared memory the routing kernel is allowed (per process)
+
+
+def routing_tables(dev, ids, n_expert: int, out: DeviceRoutingTables | None = None):
+    """Routing tables (strata.routing.routing_tables) of ids int32 [T, K] (expert ids in
+    [0, n_expert)). One single-block launch. Returns a :class:`DeviceRoutingTables`."""
+    check(ids, "routing ids", np.int32, ndim=2)
+    T, K = (int(s) for s in ids.shape)
+    E = int(n_expert)
+    if E <= 0:
+        raise InputError(f"routing_tables: n_expert must be positive, got {E}")
+    shapes = ((E,), (E,), (T * K,), (T * K,), (E,), (1,))
+    if out is None:
+        out = DeviceRoutingTables(*(dev.empty(s, np.int32) for s in shapes))
+    else:
+        for a, s, name in zip(out, shapes, DeviceRoutingTables._fields):
+            dev.output(a, f"routing {name}", s, np.int32)
+    budget = 96 * 1024
+    nw = max(1, min(32, budget // (4 * E) - 2))
+    smem = (nw + 2) * E * 4
+    if smem > 200 * 1024:
+        raise InputError(f"routing_tables: E={E} experts is more than one block's shared memory holds")
+    f = runtime.function("routing_tables", "routing_tables", "PiiiPPPPPP")
+    if smem > 48 * 1024 and _rt_smem_set.get("bytes", 0) < smem:
+        import pycuda.driver as cuda  # noqa: PLC0415
+
+        f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        _rt_smem_set["bytes"] = smem
+    dev.launch(f, "routing_tables", (1, 1, 1), (32 * nw, 1, 1), ptr(ids), T, K, E,
+               *(ptr(a) for a in out), shared_size=smem)
+    return out
+
+
+# --------------------------------------------------------------------------- MoE elementwise
+
+
+def swiglu(dev, g, u, out=None, *, r0: int = 0, r1: int | None = None):
+    """H = silu(g) * u (strata.moe.swiglu) over rows r0 .. r1 (default all) of g, u float32
+    [R, n]. Returns out float32 [r1 - r0, n] (out may be a GPUArray view of a larger buffer)."""
+    check(g, "swiglu gate", np.float32, ndim=2)
+    R, n = (int(s) for s in g.shape)
+    check(u, "swiglu up", np.float32, shape=(R, n))
+    r1 = R if r1 is None else int(r1)
+    r0 = int(r0)
+    if not 0 <= r0 <= r1 <= R:
+        raise InputError(f"swiglu: rows {r0}..{r1} outside [0, {R}]")
+    rows = r1 - r0
+    out = dev.output(out, "swiglu out", (rows, n), np.float32)
+    if rows * n == 0:
+        return out
+    f = runtime.function("swiglu", "swiglu_rows", "PqPqPqii")
+    dev.launch(f, "swiglu", _grid1(rows * n), (_THREADS, 1, 1), ptr(g) + 4 * r0 * n, n,
+               ptr(u) + 4 * r0 * n, n, ptr(out), n, rows, n)
+    return out
+
+
+def combine(dev, x, weights, slot, y, shared=None, out=None):
+    """x + (sum_k w[t,k] * y[slot[t*K+k]] in rank order, then + g_t * ysh[t]) (strata.moe.combine).
+
+    x float32 [T, D]; weights float32 [T, K]; slot int32 [T*K]; y float32 [R, D] expert-sorted
+    rows; shared None or (g float32 [T] (the sigmoid, see :func:`sigmoid`), ysh float32 [T, D]).
+    Returns out float32 [T, D] (out may be x)."""
+    check(x, "combine x", np.float32, ndim=2)
+    T, D = (int(s) for s in x.shape)
+    check(weights, "combine weights", np.float32, shape=(T, None))
+    K = int(weights.shape[1])
+    check(slot, "combine slot", np.int32, shape=(T * K,))
+    check(y, "combine y", np.float32, shape=(None, D))
+    g_ptr, ysh_ptr = 0, 0
+    if shared is not None:
+        g, ysh = shared
+        if int(g.size) != T or np.dtype(g.dtype) != np.float32:
+            raise InputError(f"combine: shared gate must be float32 with {T} values")
+        check(ysh, "combine ysh", np.float32, shape=(T, D))
+        g_ptr, ysh_ptr = ptr(g), ptr(ysh)
+    out = dev.output(out, "combine out", (T, D), np.float32)
+    if T * D == 0:
+        return out
+    f = runtime.function("combine", "combine_rows", "PqPPiPqPPqPqii")
+    dev.launch(f, "combine", _grid1(T * D), (_THREADS, 1, 1), ptr(x), D, ptr(weights), ptr(slot),
+               K, ptr(y), D, g_ptr, ysh_ptr, D, ptr(out), D, T, D)
+    return out
+
+
+def sigmoid(dev, x, out=None):
+    """strata.numerics.sigmoid of every value of x (float32, any shape, e.g. the [T, 1] shared
+    expert gate logits). Returns out float32 [x.size]."""
+    check(x, "sigmoid x", np.float32)
+    n = int(x.size)
+    out = dev.output(out, "sigmoid out", (n,), np.float32)
+    if n == 0:
+        return out
+    f = runtime.function("combine", "sigmoid_vec", "PqPq")
+    dev.launch(f, "sigmoid", _grid1(n), (_THREADS, 1, 1), ptr(x), 1, ptr(out), n)
+    return out
+
+
+# --------------------------------------------------------------------------- embedding
+
+
+def embed_q8_0(dev, ids, table, n_embd: int, out=None):
+    """Rows ``ids`` (int32 GPUArray [T], or a host int array: uploaded) of a Q8_0 token_embd
+    matrix dequantized (strata.quants.dequantize): table is a device buffer (GPUArray or
+    address, 2-byte aligned) of rows of n_embd/32 * 34 bytes; ids in range (not checked on the
+    device). Returns out float32 [T, n_embd]."""
+    n = int(n_embd)
+    if n <= 0 or n % 32:
+        raise InputError(f"embed: n_embd {n} is not a multiple of 32")
+    if ptr(table) % 2:
+        raise InputError("embed: the table must be 2-byte aligned")
+    if hasattr(table, "gpudata"):
+        check(table, "embed table", np.uint8)
+        if int(table.size) % (n // 32 * 34):
+            raise InputError(f"embed: table of {table.size} bytes is not whole rows of {n // 32 * 34}")
+    if not hasattr(ids, "gpudata") and hasattr(table, "gpudata"):
+        i = np.asarray(ids)
+        n_vocab = int(table.size) // (n // 32 * 34)
+        if i.size and (i.min() < 0 or i.max() >= n_vocab):
+            raise InputError(f"token id outside [0, {n_vocab})")
+    idv = dev.upload_i32(ids, "embed ids")
+    T = int(idv.size)
+    out = dev.output(out, "embed out", (T, n), np.float32)
+    if T == 0:
+        return out
+    f = runtime.function("embed", "embed_q8_0", "PiPqiPq")
+    dev.launch(f, "embed", _grid1(T * n), (_THREADS, 1, 1), ptr(idv), T, ptr(table),
+               n // 32 * 34, n, ptr(out), n)
+    return out

@@ -1,0 +1,107 @@
+// Numerics primitives shared by the kernels, each the CUDA form of a NumPy definition
+// (strata/numerics.py, strata/q8_1.py, strata/attention.py; docs/numerics.md section 1).
+// Compiled with --fmad=false: every * and + below is its own IEEE rounding. fast/cuda/runtime.py
+// inlines this file where a kernel includes it. One home for: the exponential, round half away
+// from zero, the q8-style block quantize (scale, codes, zero rules), warp reductions.
+#ifndef STRATA_NUMERICS_CUH
+#define STRATA_NUMERICS_CUH
+#include <stdint.h>
+
+// Exact integer <-> float without the (quarter-rate) conversion pipe, for |i| < 2^22: the float
+// with bits MAGIC_I + i is 1.5 * 2^23 + i, so subtracting MAGIC_F leaves (float)i exactly; and
+// y + MAGIC_F rounds y to the nearest integer, ties to even (= rintf), whose bits minus MAGIC_I
+// are that integer.
+#define MAGIC_I 0x4B400000
+#define MAGIC_F 12582912.0f
+
+// strata.numerics.exp: the shared polynomial exponential (NaN passes, > 88 -> inf, < -87 -> 0,
+// 2^n from exponent bits). rintf(y) and (int)n go through MAGIC_F; the polynomial runs for every
+// x and the special cases are selected after (no branches; out of range its value is dropped).
+__device__ __forceinline__ float strata_exp(float x)
+{
+    const float tn = __fadd_rn(__fmul_rn(x, 0x1.715476p+0f), MAGIC_F);
+    const int ni = __float_as_int(tn) - MAGIC_I;
+    const float n = __fsub_rn(tn, MAGIC_F);
+    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
+    r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
+    float p = 0x1.a01a02p-13f;
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.111112p-7f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-5f);
+    p = __fadd_rn(__fmul_rn(p, r), 0x1.555556p-3f);
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    float y = __fmul_rn(p, __int_as_float((ni + 127) << 23));
+    y = (x < -87.0f) ? 0.0f : y;
+    y = (x > 88.0f) ? __int_as_float(0x7f800000) : y;
+    return (x != x) ? x : y;
+}
+
+// strata.numerics.roundf: round half away from zero (C roundf), exact for every float.
+__device__ __forceinline__ float roundf_away(float x)
+{
+    const float t = truncf(x);
+    return (fabsf(x - t) >= 0.5f) ? t + copysignf(1.0f, x) : t;
+}
+
+// (int)roundf_away(x) for finite |x| < 2^22 without the conversion pipe: rintf through MAGIC_F,
+// then a tie that went toward zero steps away (x - rn is exact). Checked exhaustively for
+// |x| <= 128.
+__device__ __forceinline__ int roundf_away_int(float x)
+{
+    const float t = __fadd_rn(x, MAGIC_F);
+    int ri = __float_as_int(t) - MAGIC_I;
+    const float d = __fsub_rn(x, __fsub_rn(t, MAGIC_F));
+    const int away = (x > 0.0f) ? 1 : -1;
+    return (d == copysignf(0.5f, x)) ? ri + away : ri;
+}
+
+// An int8 code from an already rounded value, as NumPy's astype(np.int8) on x86-64 (the
+// reference's platform): finite through int32 (codes lie in [-127, 127]); +-inf and NaN -> 0.
+__device__ __forceinline__ int8_t to_i8(float v)
+{
+    return (isfinite(v)) ? (int8_t)(int)v : (int8_t)0;
+}
+
+// ---- the q8-style block quantize: d_inv = 127 / amax, code = roundf_away(x * d_inv),
+// d = 1 / d_inv. The zero rules differ by block kind and each caller keeps its own (its NumPy
+// definition's):
+// - q8_1 activation blocks (quantize_q8_1.cu, strata.q8_1): amax == 0 -> d = 0, codes 0; codes
+//   are (int)q8_round(x, d_inv) truncated to a byte.
+// - int8 KV cache and attention Q / P blocks (kv_cache.cu, attention_mma.cu, strata.attention):
+//   amax == 0 -> d = 0, codes 0; a tiny amax (below 127 / FLT_MAX) makes d_inv = inf, then every
+//   code is 0 through q8_code (x * inf is +-inf or NaN) and d = 1 / inf = 0. The mma kernel's P
+//   blocks test d_inv < inf instead (scale 0, codes 0): the same bytes for every amax.
+__device__ __forceinline__ float q8_inv_scale(float amax) { return 127.0f / amax; }
+__device__ __forceinline__ float q8_scale(float d_inv) { return 1.0f / d_inv; }
+__device__ __forceinline__ float q8_round(float x, float d_inv) { return roundf_away(__fmul_rn(x, d_inv)); }
+__device__ __forceinline__ int8_t q8_code(float x, float d_inv) { return to_i8(q8_round(x, d_inv)); }
+
+// ---- warp reductions (xor butterflies: every lane ends with the result)
+
+// Max over the warp (exact in any order).
+__device__ __forceinline__ float warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Max over each group of 4 lanes.
+__device__ __forceinline__ float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// Sum over the warp: the halving tree of strata.numerics (offsets 16, 8, 4, 2, 1; float
+// addition is commutative, so every lane holds the tree's bits).
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+#endif  // STRATA_NUMERICS_CUH
