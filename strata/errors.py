@@ -16,3 +16,7 @@ class InputError(StrataError):
 
 class DeviceError(StrataError):
     """The GPU is absent, unusable, or out of memory."""
+
+
+class InternalError(RuntimeError):
+    """A broken invariant of the project's own code (not the user's input): a bug to report."""

@@ -1,9 +1,12 @@
-"""The `cuda` backend: each step of the fast engine as a PyCUDA kernel launch.
+"""The `cuda` backend: each step of the fast engine (fast/backend.py) as a PyCUDA kernel launch.
 
-Buffers are pycuda GPUArrays; every expert is resident (one VRAM slot per expert holding its
-blob [gate | up | down]); everything runs on one stream (the Device's), so a group buffer can
-be reused by the next group without a wait. Launches go through this instance's
-:class:`fast.cuda.runtime.Device`, which counts them and allocates every output from its pool.
+Buffers are pycuda GPUArrays. Launches go through this instance's
+:class:`fast.cuda.runtime.Device`, which counts them and allocates every output from its pool,
+on the compute stream: an explicit blocking stream, so it stays ordered with the few
+legacy-stream operations PyCUDA issues itself (uploads at load, zero fills). Experts live in
+the expert cache, the page-locked host tier and the rings' slots (fast/cuda/tiers.py), which
+the non-blocking copy stream fills; the compute stream waits for a copy, and the copy stream
+for a slot's release, through events only (the walk, fast/walk.py, says which).
 """
 from __future__ import annotations
 
@@ -14,13 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata import q8_1, quants
-from strata.errors import DeviceError
+from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
+from strata.errors import DeviceError, InternalError
 
 from fast.backend_base import BackendBase
 from fast.cuda import attention, elementwise as ops, products, runtime
+from fast.cuda.tiers import ExpertTiers
 from fast.phases import timing_enabled
 
-GROUP_TAIL_BYTES = 256  # zeroed bytes after the last expert of a group buffer
 
 
 @dataclass
@@ -47,18 +51,15 @@ class DevTables:
     order: np.ndarray
 
 
-@dataclass
-class DevGroup:
-    experts: tuple
-    gu_bytes: int
-    d_bytes: int
-
-
 class CudaBackend(BackendBase):
     name = "cuda"
 
     def __init__(self, timing=None):
-        self.dev = runtime.Device()
+        runtime.context()
+        import pycuda.driver as cuda
+
+        self.dev = runtime.Device(stream=cuda.Stream())
+        self.tiers = None
         from pycuda import gpuarray
 
         self.ga = gpuarray
@@ -108,32 +109,49 @@ class CudaBackend(BackendBase):
     def counters(self) -> collections.Counter:
         return self.dev.counters
 
-    # ---- weights ---------------------------------------------------------------------
-    def load(self, pack) -> None:
-        """Upload the pack: dense weights on first use, every layer's experts now (all
-        resident: one slot per expert, blob [gate | up | down])."""
+    # ---- set-up ---------------------------------------------------------------------
+    def load(self, pack, *, placement, ring_slots, staging_slots) -> None:
+        """Dense weights on first use; resident experts into the expert cache, streamed ones into
+        the page-locked host tier, the rings' slots and the group buffers now."""
         self.pack = pack
         cfg = self.config = pack.config
         self.kv = attention.DeviceKVCache(self.dev, cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
-        self._slots = []
-        self._blob = []
-        max_gu = max_d = 0
-        for layer in range(cfg.n_layer):
-            gu, d = pack.expert_blob_bytes(layer)
-            L = pack.layer(layer)
-            E = cfg.n_expert
-            host = np.concatenate([L.ffn_gate_exps.data.reshape(E, -1), L.ffn_up_exps.data.reshape(E, -1),
-                                   L.ffn_down_exps.data.reshape(E, -1)], axis=1)
-            dev = runtime.alloc(host.nbytes, f"expert slots of layer {layer} ({host.nbytes >> 20} MiB)")
-            import pycuda.driver as cuda
-
-            cuda.memcpy_htod(dev, np.ascontiguousarray(host))
-            self._slots.append(dev)
-            self._blob.append(host.shape[1])
-            max_gu, max_d = max(max_gu, gu), max(max_d, d)
-        gu_n, d_n = products.group_buffer_bytes(16, max_gu, max_d, GROUP_TAIL_BYTES)
+        self.tiers = ExpertTiers(pack, placement, ring_slots, staging_slots)
+        self._blob_bytes = [pack.expert_blob_bytes(l) for l in range(cfg.n_layer)]
+        max_gu = max(gu for gu, _ in self._blob_bytes)
+        max_d = max(d for _, d in self._blob_bytes)
+        gu_n, d_n = products.group_buffer_bytes(MMQ_GROUP, max_gu, max_d, GROUP_TAIL_BYTES)
         self._gu_buf = self.ga.empty(gu_n, np.uint8)
         self._d_buf = self.ga.empty(d_n, np.uint8)
+
+    @staticmethod
+    def expert_cache_capacity(pack, *, reserve_mib, ring_slots, staging_slots) -> int:
+        """Experts that fit in the free device memory less reserve_mib, the rings' slots and the
+        dense weights (every tensor of the pack that is not an expert)."""
+        cfg = pack.config
+        blobs = [2 * gu + d for gu, d in (pack.expert_blob_bytes(l) for l in range(cfg.n_layer))]
+        free, _total = runtime.mem_info()
+        dense = pack.file_size - cfg.n_expert * sum(blobs)
+        left = free - (reserve_mib << 20) - (ring_slots + staging_slots) * max(blobs) - dense
+        return max(0, int(left // max(blobs)))
+
+    @staticmethod
+    def streamed_bytes_pinned() -> float:
+        """The host tier is page-locked whole, or the load fails with one line saying so."""
+        return 1.0
+
+    def copy_busy(self) -> tuple[float, int]:
+        """(seconds the copy stream spent copying, bytes) since the last call; needs
+        copy_timing on (an event pair around each copy)."""
+        return self.tiers.copy_busy() if self.tiers else (0.0, 0)
+
+    @property
+    def copy_timing(self) -> bool:
+        return bool(self.tiers and self.tiers.copy_timing)
+
+    @copy_timing.setter
+    def copy_timing(self, on: bool) -> None:
+        self.tiers.copy_timing = bool(on)
 
     def reset_cache(self) -> None:
         cfg = self.config
@@ -222,14 +240,13 @@ class CudaBackend(BackendBase):
         off = self.dev.download(t.off)
         return DevTables(t.slot, t.src, cnt, off, np.nonzero(cnt)[0].astype(np.int32))
 
-    def quantize_gather(self, x, src, n_rows, layout, out: Q8Dev, row0: int, n_rows_total: int):
-        """Rows row0 .. row0+n_rows of `out` <- q8_1(x[src[r]]) (src None: x's rows in order)."""
+    def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Dev, row0, n_rows_total):
         K = int(x.shape[1])
         src = self._iota(n_rows) if src is None else src
         products.quantize_gather(self.dev, x, src, n_rows, K, layout,
                                  int(out.buf.gpudata) + row0 * q8_1.BLOCK_BYTES, R_total=n_rows_total)
 
-    def quantize_scatter(self, x, slot, n_tok, k_used, layout, out: Q8Dev):
+    def quantize_scatter(self, *, x, slot, n_tok, k_used, layout, out: Q8Dev):
         products.quantize_scatter(self.dev, x, slot, n_tok, k_used, int(x.shape[1]), layout, out.buf)
 
     def group_bounds(self, bounds_list):
@@ -245,41 +262,53 @@ class CudaBackend(BackendBase):
             at += len(b)
         return addrs
 
-    def _blob_addr(self, layer, e):
-        return int(self._slots[layer]) + int(e) * self._blob[layer]
-
-    def gather_group(self, layer, experts):
-        gu, d = self.pack.expert_blob_bytes(layer)
-        products.gather_native_group(self.dev, [self._blob_addr(layer, e) for e in experts], gu, d,
-                                     GROUP_TAIL_BYTES, self._gu_buf, self._d_buf)
-        return DevGroup(tuple(experts), gu, d)
-
-    def gather_each(self, layer, experts):
-        gu, d = self.pack.expert_blob_bytes(layer)
-        last = len(experts) - 1
-        for q, e in enumerate(experts):
-            products.gather_native_one(self.dev, self._blob_addr(layer, e), q, gu, d, self._gu_buf, self._d_buf,
-                                       tail_bytes=GROUP_TAIL_BYTES if q == last else 0)
-        return DevGroup(tuple(experts), gu, d)
-
-    def release(self, bufs) -> None:
-        """Nothing to release with every expert resident (the ring's event goes here)."""
-
-    def mmq_group_gate_up(self, layer, g: DevGroup, grp, bounds, act: Q8Dev, n_rows, gate, up):
+    def mmq_group_gate_up(self, *, layer, group, bounds, act: Q8Dev, n_rows, gate, up):
         gu_t, _ = self.expert_types(layer)
+        gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
         base = int(self._gu_buf.gpudata)
-        for w, out in ((base, gate), (base + g.gu_bytes, up)):
-            products.mmq_group(self.dev, gu_t, w, 2 * g.gu_bytes, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows,
-                               bounds, len(grp.experts), out, rows=grp.n_rows)
+        for w, out in ((base, gate), (base + gu_bytes, up)):
+            products.mmq_group(self.dev, gu_t, w, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows,
+                               bounds, len(group.experts), out, rows=group.n_rows)
 
-    def mmq_group_down(self, layer, g: DevGroup, grp, bounds, act: Q8Dev, n_rows, y):
+    def mmq_group_down(self, *, layer, group, bounds, act: Q8Dev, n_rows, y):
         _, d_t = self.expert_types(layer)
+        _, d_bytes = self._blob_bytes[layer]
         cfg = self.config
-        products.mmq_group(self.dev, d_t, self._d_buf, g.d_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows,
-                           bounds, len(grp.experts), y, rows=grp.n_rows)
+        products.mmq_group(self.dev, d_t, self._d_buf, d_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows,
+                           bounds, len(group.experts), y, rows=group.n_rows)
 
+    # ---- streaming -------------------------------------------------------------------
+    def copy_experts(self, *, ring, slots, experts, tags, wait_for):
+        return self.tiers.copy(ring, slots, experts, wait_for, self.counters)
 
+    def wait(self, *, event, what):
+        if event is None:
+            raise InternalError(f"the walk waits on no event: {what} was never enqueued")
+        self.dev.stream.wait_for_event(event)
+        self.counters["waits"] += 1
+
+    def record(self):
+        import pycuda.driver as cuda
+
+        ev = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+        ev.record(self.dev.stream)
+        self.counters["events"] += 1
+        return ev
+
+    def gather(self, *, layer, members, q0):
+        """gather_native_group for several members, gather_native_one for one (the per-expert
+        mode); both write the zeroed tail after the last."""
+        gu, d = self._blob_bytes[layer]
+        addrs = [self.tiers.addr(layer, where, index) for where, index, _tag in members]
+        self.counters["gathers"] += 1
+        if len(addrs) == 1:
+            products.gather_native_one(self.dev, addrs[0], q0, gu, d, self._gu_buf, self._d_buf,
+                                       tail_bytes=GROUP_TAIL_BYTES)
+        else:
+            products.gather_native_group(self.dev, addrs, gu, d, GROUP_TAIL_BYTES,
+                                         int(self._gu_buf.gpudata) + q0 * 2 * gu,
+                                         int(self._d_buf.gpudata) + q0 * d)
 
     def swiglu_rows(self, gate, up, r0, r1):
         return ops.swiglu(self.dev, gate, up, r0=r0, r1=r1)

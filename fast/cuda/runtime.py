@@ -174,6 +174,12 @@ def function(module: str, name: str, fmt: str, defines: dict | None = None):
         return f
 
 
+def mem_info() -> tuple[int, int]:
+    """(free, total) bytes of device memory."""
+    context()
+    return _driver().mem_get_info()
+
+
 def _free_total() -> str:
     try:
         free, total = _driver().mem_get_info()
