@@ -22,7 +22,7 @@ fi
 
 if [[ $MODE == bench || $MODE == all ]]; then
   PACK=/tmp/strata8.gguf
-  [[ -f $PACK ]] || python3 -m strata.cli make-pack --preset strata --layers "${LAYERS:-8}" \
+  [[ -f $PACK ]] || python3 -m strata_prefill make-pack --preset strata --layers "${LAYERS:-8}" \
       --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
   python3 bench/bench_mmq_cuda.py 2>&1 | tee "$LOG/mmq.log" | tail -n 16 >> "$SUMMARY"
   python3 bench/bench_prefill_cuda.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" 2>&1 \

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from strata.cli import main
+from strata_prefill.cli import main
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf import quants as gq
 
 from strata import quants
-from strata.cli import main as cli
+from strata_prefill.cli import main as cli
 from strata.config import PRESETS, ModelConfig
 from strata.errors import InputError, PackError
 from strata.make_pack import FALLBACK_TYPE, make_pack

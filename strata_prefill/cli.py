@@ -1,5 +1,5 @@
 """The `strata-prefill` command. Each subcommand lives in its own module under
-strata/commands/ with `add_parser(subparsers)` and `main(args) -> int`."""
+strata_prefill/commands/ with `add_parser(subparsers, name)` and `main(args) -> int`."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ import sys
 
 from strata.errors import StrataError
 
-# subcommand name -> module under strata.commands
+# subcommand name -> module under strata_prefill.commands
 COMMANDS = {
     "run": "run",
     "make-pack": "make_pack",
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
-        mod = importlib.import_module(f"strata.commands.{module}")
+        mod = importlib.import_module(f"strata_prefill.commands.{module}")
         mod.add_parser(sub, name)
     return parser
 
