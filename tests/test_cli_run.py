@@ -68,9 +68,9 @@ def test_bad_prompts_give_one_line(make_test_pack, tmp_path, capsys, content, me
 @pytest.mark.parametrize("args, message", [
     (["--pack", "/nonexistent/x.gguf"], "x.gguf"),
     (["--prompt-tokens", "/nonexistent/prompt.txt"], "prompt file not found"),
-    (["--prompt-tokens", "0"], "the prompt is empty"),
-    (["--prefill", "-3"], "--prefill must be positive"),
-    (["--prefill", "lots"], "--prefill must be 'auto' or a positive integer"),
+    (["--prompt-tokens", "0"], "'0' is not a token count"),
+    (["--prefill", "-3"], "--prefill: must be 'auto' or a positive integer, got '-3'"),
+    (["--prefill", "lots"], "--prefill: must be 'auto' or a positive integer, got 'lots'"),
 ])
 def test_bad_options_give_one_line(make_test_pack, capsys, args, message):
     pack = make_test_pack("tiny", "Q8_0")
