@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from strata.constants import PACK_FORMAT
 from strata_prefill.cli import main
 
 
@@ -21,6 +22,17 @@ def test_default_run_makes_and_caches_the_tiny_pack(cache_home, capsys):
     stamp = cached[0].stat().st_mtime_ns
     assert main(["run", "--prompt-tokens", "10", "--greedy", "0", "--no-progress"]) == 0
     assert cached[0].stat().st_mtime_ns == stamp  # reused, not rewritten
+
+
+def test_a_cached_default_pack_of_another_format_is_remade(cache_home, capsys):
+    cache = cache_home / "strata-prefill"
+    cache.mkdir(parents=True)
+    stale = [cache / "tiny-seed0.gguf", cache / f"tiny-seed0-f{PACK_FORMAT - 1}.gguf"]
+    for path in stale:
+        path.write_bytes(b"GGUF" + bytes(96))  # would fail to open if it were reused
+    assert main(["run", "--prompt-tokens", "5", "--greedy", "0", "--no-progress"]) == 0
+    assert f"tiny-seed0-f{PACK_FORMAT}.gguf" in capsys.readouterr().out
+    assert sorted(p.name for p in cache.iterdir()) == [f"tiny-seed0-f{PACK_FORMAT}.gguf"]
 
 
 def test_run_on_a_pack_with_a_prompt_file_and_dumps(make_test_pack, tmp_path, capsys):
