@@ -1,28 +1,49 @@
 #!/usr/bin/env bash
-# The GPU part of the gate and the benchmarks, in one call on the H200 (device tool):
+# The GPU part of the gate and the benchmarks, in one call on a GPU machine:
 #   bash bench/gpu_gate.sh verify   # pytest verify/ (kernels, reference vs cuda, long-prompt arms)
 #   bash bench/gpu_gate.sh bench    # MMQ TOP/s, whole prefill on a strata pack, A/B of the switches
 #   bash bench/gpu_gate.sh all
-# Carry .whl (PyCUDA, gguf wheels). Logs go to $OUT (or ./gpu-logs); a short table prints last.
+# Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
+# installs it from the package index, and only where no index answers from the wheels in
+# ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). Parallel pytest workers
+# (WORKERS, default 8) only where pytest-xdist is installed. Logs go to $OUT (or ./gpu-logs);
+# a short table prints last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
 LOG=${OUT:-gpu-logs}
 mkdir -p "$LOG"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=2
+if ! python3 -c "import pycuda" 2>/dev/null; then
+  if ! python3 -m pip install -q --retries 0 --timeout 15 'pycuda>=2026.1' 2>/dev/null; then
+    WHEELS=""
+    for d in ../shared/wheels shared/wheels .whl; do
+      if compgen -G "$d/*.whl" > /dev/null; then WHEELS=$d; break; fi
+    done
+    if [[ -z $WHEELS ]]; then
+      echo "gpu_gate: PyCUDA is not installed, no package index answers, and there are no wheels" \
+           "in ../shared/wheels/, shared/wheels/ or .whl/" >&2
+      exit 1
+    fi
+    echo "gpu_gate: installing PyCUDA from $WHEELS (no package index answers)"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site "$WHEELS"/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+  fi
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=2
+PARALLEL=()
+if python3 -c "import xdist" 2>/dev/null; then PARALLEL=(-n "${WORKERS:-8}"); fi
 SUMMARY="$LOG/summary.txt"
 : > "$SUMMARY"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$SUMMARY"
 
 if [[ $MODE == verify || $MODE == all ]]; then
-  python3 -m pytest verify/ -q -p no:cacheprovider -n 8 -k "not sim" 2>&1 | tee "$LOG/verify.log"
+  python3 -m pytest verify/ -q -p no:cacheprovider "${PARALLEL[@]}" -k "not sim" 2>&1 | tee "$LOG/verify.log"
   echo "verify: $(tail -n 1 "$LOG/verify.log")" >> "$SUMMARY"
 fi
 
 if [[ $MODE == bench || $MODE == all ]]; then
   PACK=/tmp/strata8.gguf
-  [[ -f $PACK ]] || python3 -m strata.cli make-pack --preset strata --layers "${LAYERS:-8}" \
+  [[ -f $PACK ]] || python3 -m strata_prefill make-pack --preset strata --layers "${LAYERS:-8}" \
       --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
   python3 bench/bench_mmq_cuda.py 2>&1 | tee "$LOG/mmq.log" | tail -n 16 >> "$SUMMARY"
   python3 bench/bench_prefill_cuda.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" 2>&1 \

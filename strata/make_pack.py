@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import os
+import shutil
 import sys
 import time
 from collections import deque
@@ -42,6 +44,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter
+from gguf.gguf_writer import WriterState
 
 from strata import quants
 from strata.config import ARCH, PRESETS, ModelConfig
@@ -51,7 +54,8 @@ from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_P
 
 FALLBACK_TYPE = QT.Q8_0
 DENSE_TYPES: tuple[QT, ...] = (QT.Q8_0, QT.F16, QT.BF16, QT.F32)
-PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar for packs larger than this
+PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar (on a terminal) from this size
+DISK_MARGIN_BYTES = 64 * 1024 * 1024  # left free on the disk after a pack (or 2%, the larger)
 SLAB_VALUES = 1 << 22  # values per generated slab of a non-expert tensor (fixed: part of the seed)
 EMBD_STD = 0.5
 NORM_STD = 0.1
@@ -250,6 +254,41 @@ def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, exper
         w.add_array(KEY_FALLBACK, list(fallbacks))
 
 
+class _HeaderSizer(GGUFWriter):
+    """A GGUFWriter that writes its header into memory: the header's exact size, measured by
+    the code that writes the real one."""
+
+    def open_output_file(self, path: Path | None = None) -> None:
+        self.fout = [io.BytesIO()]
+        self.state = WriterState.EMPTY
+
+
+def _file_size(w: GGUFWriter, plans: list[_Plan]) -> int:
+    """Bytes of the pack `w` (metadata and tensor infos added) describes: the header, then
+    each tensor's data at its aligned offset, the last one padded too."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    align = w.data_alignment
+    pos = w.fout[0].tell()
+    for p in plans:
+        pos += -pos % align + p.nbytes
+    return pos + -pos % align
+
+
+def check_free_disk(path: Path, size: int) -> None:
+    """Refuse (one line) a pack of `size` bytes the disk under `path` cannot hold with room to
+    spare (the file is written beside its target first, so a replaced pack frees nothing)."""
+    folder = path.parent
+    free = shutil.disk_usage(folder).free
+    margin = max(DISK_MARGIN_BYTES, size // 50)
+    if free < size + margin:
+        raise InputError(
+            f"not enough free disk for {path}: the pack takes {size:,} bytes "
+            f"({size / 2**30:.2f} GiB) and {margin / 2**20:.0f} MiB should stay free, but "
+            f"{folder} has {free:,} bytes ({free / 2**30:.2f} GiB) free")
+
+
 def _ahead(pool: ThreadPoolExecutor, makers: Iterator[Callable[[], np.ndarray]],
            depth: int) -> Iterator[np.ndarray]:
     """Run chunk makers on the pool, at most `depth` ahead of the consumer, in order."""
@@ -265,13 +304,16 @@ def _ahead(pool: ThreadPoolExecutor, makers: Iterator[Callable[[], np.ndarray]],
 def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | None = None,
               expert_type: Any = "Q8_0", seed: int = 0, dense_type: Any = "Q8_0",
               tie_embeddings: bool = False, progress: bool | None = None,
-              config: ModelConfig | None = None, workers: int | None = None) -> Path:
+              config: ModelConfig | None = None, workers: int | None = None,
+              on_size: Callable[[int], None] | None = None) -> Path:
     """Write a synthetic pack of `preset` (or of `config`, named `preset`) to `path`.
 
     layers: override the preset's layer count; expert_type: one of quants.SUPPORTED_TYPES
     (by name or enum); dense_type: Q8_0, F16, BF16 or F32; progress: a tqdm bar on stderr
-    (None: only for packs over 50 MB); workers: threads generating chunks ahead of the
-    writer (default: the CPU count, at most 4; the bytes do not depend on it).
+    (None: only where stderr is a terminal, for packs over 50 MB); workers: threads
+    generating chunks ahead of the writer (default: the CPU count, at most 4; the bytes do
+    not depend on it); on_size: called with the file's exact size before anything is written.
+    A pack the disk cannot hold (check_free_disk) is refused before anything is written.
     Written to `path`.tmp then renamed, so a failed write leaves no half pack behind.
     Returns the path."""
     if config is None:
@@ -295,20 +337,29 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     total = sum(p.nbytes for p in plans)
-    show = (total > PROGRESS_MIN_BYTES) if progress is None else bool(progress)
-    w = GGUFWriter(tmp, ARCH)
-    try:
+    if progress is None:
+        progress = sys.stderr.isatty() and total > PROGRESS_MIN_BYTES
+
+    def described(w: GGUFWriter) -> GGUFWriter:
         _add_metadata(w, config, preset, int(seed), xt, dt, fallbacks)
         for p in plans:
             # dtype float32 with raw_dtype set: the writer takes the shape as element counts
             w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=p.qtype)
+        return w
+
+    size = _file_size(described(_HeaderSizer(None, ARCH)), plans)
+    if on_size is not None:
+        on_size(size)
+    check_free_disk(path, size)
+    w = described(GGUFWriter(tmp, ARCH))
+    try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         fout = w.fout[0]
         align = w.data_alignment
         bar = None
-        if show:
+        if progress:
             from tqdm import tqdm
 
             bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,

@@ -167,8 +167,8 @@ def _gguf_sizes(qt: QT) -> tuple[int, int]:
     return int(vals), int(nbytes)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
+_GGUF_HEADER_BYTES = 24  # magic, version, tensor count, metadata count
+_GGUF_VERSIONS = (2, 3)  # the versions gguf-py's reader accepts
 
 
 def _open_reader(path: Path) -> GGUFReader:
@@ -184,6 +184,15 @@ def _open_reader(path: Path) -> GGUFReader:
         raise PackError(f"cannot read pack {path}: {exc.strerror or exc}") from None
     if magic != b"GGUF":
         raise PackError(f"not a GGUF file (bad magic {magic!r}, {size} bytes): {path}")
+    if size < _GGUF_HEADER_BYTES:
+        raise PackError(f"truncated GGUF file {path}: {size} bytes, the fixed header alone "
+                        f"takes {_GGUF_HEADER_BYTES}")
+    with open(path, "rb") as f:
+        f.seek(4)
+        version = int.from_bytes(f.read(4), "little")
+    if version not in _GGUF_VERSIONS:
+        raise PackError(f"unsupported GGUF version {version} (this reads versions "
+                        f"{', '.join(map(str, _GGUF_VERSIONS))}): {path}")
     try:
         return _CheckedReader(path, "r")
     except _Truncated as t:
@@ -194,10 +203,11 @@ def _open_reader(path: Path) -> GGUFReader:
         raise
     except MemoryError:
         raise PackError(f"corrupt GGUF header (implausible sizes): {path}") from None
-    except Exception as exc:  # gguf raises ValueError, IndexError, KeyError, ... on corrupt files
+    except Exception:  # gguf raises ValueError, IndexError, KeyError, ... on corrupt files,
+        # with messages about numpy views rather than about the file: say what is wrong instead
         raise PackError(
-            f"corrupt or truncated GGUF file {path}: {_one_line(f'{type(exc).__name__}: {exc}')}"
-        ) from None
+            f"corrupt or truncated GGUF file {path} ({size:,} bytes): its metadata and tensor "
+            "list do not parse") from None
 
 
 def _ne(t) -> list[int]:

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from strata.cli import main
+from strata.constants import PACK_FORMAT
+from strata_prefill.cli import main
 
 
 @pytest.fixture
@@ -21,6 +22,17 @@ def test_default_run_makes_and_caches_the_tiny_pack(cache_home, capsys):
     stamp = cached[0].stat().st_mtime_ns
     assert main(["run", "--prompt-tokens", "10", "--greedy", "0", "--no-progress"]) == 0
     assert cached[0].stat().st_mtime_ns == stamp  # reused, not rewritten
+
+
+def test_a_cached_default_pack_of_another_format_is_remade(cache_home, capsys):
+    cache = cache_home / "strata-prefill"
+    cache.mkdir(parents=True)
+    stale = [cache / "tiny-seed0.gguf", cache / f"tiny-seed0-f{PACK_FORMAT - 1}.gguf"]
+    for path in stale:
+        path.write_bytes(b"GGUF" + bytes(96))  # would fail to open if it were reused
+    assert main(["run", "--prompt-tokens", "5", "--greedy", "0", "--no-progress"]) == 0
+    assert f"tiny-seed0-f{PACK_FORMAT}.gguf" in capsys.readouterr().out
+    assert sorted(p.name for p in cache.iterdir()) == [f"tiny-seed0-f{PACK_FORMAT}.gguf"]
 
 
 def test_run_on_a_pack_with_a_prompt_file_and_dumps(make_test_pack, tmp_path, capsys):
@@ -68,9 +80,9 @@ def test_bad_prompts_give_one_line(make_test_pack, tmp_path, capsys, content, me
 @pytest.mark.parametrize("args, message", [
     (["--pack", "/nonexistent/x.gguf"], "x.gguf"),
     (["--prompt-tokens", "/nonexistent/prompt.txt"], "prompt file not found"),
-    (["--prompt-tokens", "0"], "the prompt is empty"),
-    (["--prefill", "-3"], "--prefill must be positive"),
-    (["--prefill", "lots"], "--prefill must be 'auto' or a positive integer"),
+    (["--prompt-tokens", "0"], "'0' is not a token count"),
+    (["--prefill", "-3"], "--prefill: must be 'auto' or a positive integer, got '-3'"),
+    (["--prefill", "lots"], "--prefill: must be 'auto' or a positive integer, got 'lots'"),
 ])
 def test_bad_options_give_one_line(make_test_pack, capsys, args, message):
     pack = make_test_pack("tiny", "Q8_0")

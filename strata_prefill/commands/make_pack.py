@@ -8,6 +8,7 @@ import time
 
 from strata import quants
 from strata.config import PRESETS
+from strata_prefill import checks
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
@@ -22,10 +23,11 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
             f"type's block (256 for Q2_K and the IQ types) fall back to {FALLBACK_TYPE.name}; "
             "`info` lists them."),
     )
-    p.add_argument("out", metavar="OUT.gguf", help="pack to write (replaced if it exists)")
+    p.add_argument("out", metavar="OUT.gguf", type=checks.output_file,
+                   help="pack to write (replaced if it exists)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny",
                    help="model shape (default: tiny)")
-    p.add_argument("--layers", type=int, default=None, metavar="N",
+    p.add_argument("--layers", type=checks.positive_int, default=None, metavar="N",
                    help="number of layers (default: the preset's)")
     p.add_argument("--expert-type", default="Q8_0", metavar="T",
                    choices=[t.name for t in quants.SUPPORTED_TYPES],
@@ -33,11 +35,12 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    + " (default: Q8_0)")
     p.add_argument("--dense-type", default="Q8_0", choices=[t.name for t in DENSE_TYPES],
                    help="attention, shared expert, token_embd and output (default: Q8_0)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--seed", type=checks.non_negative_int, default=0,
+                   help="random seed (default: 0)")
     p.add_argument("--tie-embeddings", action="store_true",
                    help="write no `output` tensor: the lm_head is token_embd")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="always show a progress bar (default: for packs over 50 MB)")
+                   help="always show a progress bar (default: on a terminal, for packs over 50 MB)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="never show a progress bar")
     p.set_defaults(func=main)
@@ -47,10 +50,14 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     from strata.make_pack import make_pack
 
+    def announce(size: int) -> None:
+        print(f"writing {args.out}: {size:,} bytes ({size / 2**30:.2f} GiB)", flush=True)
+
     t0 = time.perf_counter()
     path = make_pack(args.out, preset=args.preset, layers=args.layers,
                      expert_type=args.expert_type, seed=args.seed, dense_type=args.dense_type,
-                     tie_embeddings=args.tie_embeddings, progress=args.progress)
+                     tie_embeddings=args.tie_embeddings, progress=args.progress,
+                     on_size=announce)
     dt = time.perf_counter() - t0
     size = os.path.getsize(path)
     print(f"wrote {path}: preset {args.preset}, expert type {args.expert_type}, "

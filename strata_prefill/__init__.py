@@ -1,0 +1,2 @@
+"""The `strata-prefill` command: the layer above `strata/`, `reference/` and `fast/`, the one
+place that picks an implementation."""

@@ -1,0 +1,193 @@
+"""`strata-prefill run`: the prompt path on a pack, with either implementation.
+
+With no arguments it runs the built-in default: a `tiny` pack made on first use and cached,
+and a seeded prompt. Every argument is checked before the pack is opened or made: paths the
+run will write are tried while the command line is read, the prompt is read and checked
+before the prefill.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from strata.constants import PACK_FORMAT
+from strata.errors import InputError
+from strata_prefill import checks
+
+DEFAULT_PROMPT_TOKENS = 200
+DEFAULT_GREEDY = 8
+DEFAULT_PRESET = "tiny"
+DEFAULT_SEED = 0
+
+# the dump switches Strata reads from the environment: argparse dest -> variable
+DUMP_ENV = {
+    "dump_first_logits": "STRATA_DUMP_FIRST_LOGITS",
+    "dump_r": "STRATA_PREFILL_DUMP_R",
+}
+
+# the fast path's switches: argparse dest -> FastEngine keyword argument (None: the engine's
+# default or its environment variable). A new switch is added here and in add_fast_switches.
+FAST_ENGINE_KEYWORDS = {
+    "group_gather": "group_gather",
+    "quant_gather": "quant_gather",
+}
+
+
+def add_parser(sub, name: str) -> None:
+    p = sub.add_parser(name, help="prefill a prompt (default: built-in tiny pack and prompt)",
+                       description="Run the prompt path: prefill, first-token logits, greedy tokens.")
+    p.add_argument("--pack", help="GGUF pack (default: a tiny pack, made on first use and cached)")
+    p.add_argument("--prompt-tokens", type=checks.prompt_source, default=str(DEFAULT_PROMPT_TOKENS),
+                   metavar="FILE|N",
+                   help="a file of token ids (whitespace/comma separated, or a 1-D integer .npy), "
+                        f"or N for a seeded random prompt of N tokens (default {DEFAULT_PROMPT_TOKENS})")
+    p.add_argument("--seed", type=checks.non_negative_int, default=0,
+                   help="seed of the random prompt (default 0)")
+    p.add_argument("--prefill", type=checks.chunk_size, default="auto", metavar="auto|N",
+                   help="chunk size (auto = 8192)")
+    p.add_argument("--greedy", type=checks.non_negative_int, default=DEFAULT_GREEDY, metavar="N",
+                   help=f"greedy tokens after the prompt (default {DEFAULT_GREEDY})")
+    p.add_argument("--impl", choices=["reference", "fast"], default="reference",
+                   help="which implementation runs (default reference)")
+    p.add_argument("--dump-dir", type=checks.output_dir,
+                   help="write the project's per-layer dumps (layers.spd) here")
+    p.add_argument("--dump-first-logits", type=checks.output_file, metavar="FILE",
+                   help="raw float32 first-token logits (env STRATA_DUMP_FIRST_LOGITS)")
+    p.add_argument("--dump-r", type=checks.output_file, metavar="FILE",
+                   help="Strata residual dump, pos %% 64 == 0 (env STRATA_PREFILL_DUMP_R)")
+    p.add_argument("--top", type=checks.positive_int, default=5,
+                   help="how many top next tokens to print (default 5)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_fast_switches(p)
+    p.set_defaults(func=main)
+
+
+def add_fast_switches(p) -> None:
+    """The fast path's switches; each also has an environment variable."""
+    g = p.add_argument_group("fast path switches (--impl fast)")
+    g.add_argument("--backend", choices=["cuda", "sim"], default="cuda",
+                   help="cuda (PyCUDA, default) or sim (the same walk with NumPy kernels, no GPU)")
+    g.add_argument("--group-gather", type=int, choices=[0, 1], default=None,
+                   help="1: one gather launch per MMQ group (default); 0: one per expert "
+                        "(env STRATA_PREFILL_GROUP_GATHER)")
+    g.add_argument("--quant-gather", type=int, choices=[0, 1], default=None,
+                   help="1: per-row gather quantize; 0: per-token scatter (default) "
+                        "(env STRATA_QUANT_GATHER)")
+
+
+def fast_engine_kwargs(args) -> dict:
+    """The fast path's switches in `args` as FastEngine keyword arguments."""
+    return {kw: getattr(args, dest, None) for dest, kw in FAST_ENGINE_KEYWORDS.items()}
+
+
+def make_engine(impl: str, pack, args=None):
+    if impl == "reference":
+        from reference import ReferenceEngine
+
+        return ReferenceEngine(pack)
+    from fast import make_fast_engine  # says in one line why it cannot run here
+
+    return make_fast_engine(pack, getattr(args, "backend", "cuda"), **fast_engine_kwargs(args))
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "strata-prefill"
+
+
+def default_pack() -> Path:
+    """The built-in tiny pack, written once and reused. Its name carries the pack format, so
+    a cached pack of another format is never opened: it is removed and the pack remade.
+    Written to a temporary name first, so an interrupted write never leaves a broken pack."""
+    from strata.make_pack import make_pack
+
+    stem = f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
+    path = cache_dir() / f"{stem}-f{PACK_FORMAT}.gguf"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in [*path.parent.glob(f"{stem}.gguf"), *path.parent.glob(f"{stem}-f*.gguf")]:
+            stale.unlink()  # an older format's pack, never to be opened again
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        make_pack(tmp, DEFAULT_PRESET, seed=DEFAULT_SEED)
+        os.replace(tmp, path)
+    return path
+
+
+def read_prompt_file(path: Path) -> np.ndarray:
+    """The token ids of a prompt file: a 1-D integer .npy, or ids separated by whitespace or
+    commas. The range check against the vocabulary is the session's."""
+    if path.suffix == ".npy":
+        try:
+            ids = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise InputError(f"{path}: not a readable .npy file ({' '.join(str(exc).split())})") from None
+        if not isinstance(ids, np.ndarray):
+            raise InputError(f"{path}: holds several arrays; a prompt is one 1-D array of ids")
+        if ids.ndim != 1:
+            raise InputError(f"{path}: a prompt is a 1-D array of token ids, this one has shape "
+                             f"{ids.shape}")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"{path}: token ids must be integers, got {ids.dtype}")
+    else:
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not a text file of token ids (or a .npy file)") from None
+        words = [w for w in re.split(r"[\s,]+", text) if w]
+        bad = next((w for w in words if not re.fullmatch(r"[+-]?\d{1,18}", w)), None)
+        if bad is not None:
+            raise InputError(f"{path}: not a token id: {bad!r}")
+        ids = np.array([int(w) for w in words], dtype=np.int64)
+    if ids.size == 0:
+        raise InputError(f"{path}: the prompt is empty")
+    return ids
+
+
+def check_env_dumps(args) -> None:
+    """The dump files named by Strata's environment variables, checked as their switches are."""
+    for dest, var in DUMP_ENV.items():
+        value = os.environ.get(var)
+        if getattr(args, dest) is None and value:
+            try:
+                setattr(args, dest, checks.output_file(value))
+            except argparse.ArgumentTypeError as exc:
+                raise InputError(f"{var}: {exc}") from None
+
+
+def main(args) -> int:
+    from strata.pack import Pack
+    from strata.session import Session
+
+    check_env_dumps(args)
+    file_ids = None if isinstance(args.prompt_tokens, int) else read_prompt_file(args.prompt_tokens)
+    pack_path = Path(args.pack) if args.pack else default_pack()
+    pack = Pack.open(pack_path)
+    cfg = pack.config
+    if file_ids is None:
+        prompt = np.random.default_rng(args.seed).integers(0, cfg.n_vocab, size=args.prompt_tokens,
+                                                           dtype=np.int32)
+    else:
+        prompt = file_ids
+    engine = make_engine(args.impl, pack, args)
+    session = Session(engine, chunk=args.prefill, dump_dir=args.dump_dir,
+                      dump_first_logits=args.dump_first_logits, dump_r=args.dump_r,
+                      progress=None if not args.no_progress else False)
+    res = session.run(prompt, greedy=args.greedy)
+
+    print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
+    print(f"impl      {engine.name}")
+    print(f"prompt    {res.prompt_tokens} tokens in {res.n_chunks} chunk(s) of up to {res.chunk}")
+    top = np.argsort(-res.logits, kind="stable")[: args.top]
+    print("next      " + "  ".join(f"{int(t)} ({res.logits[t]:+.4f})" for t in top))
+    if res.greedy:
+        print(f"greedy    {' '.join(str(t) for t in res.greedy)}")
+    rate = res.prompt_tokens / res.prefill_seconds if res.prefill_seconds > 0 else float("inf")
+    line = f"speed     prefill {rate:,.1f} tokens/s ({res.prefill_seconds:.3f} s)"
+    if len(res.greedy) > 1:
+        line += f", decode {(len(res.greedy) - 1) / res.decode_seconds:,.1f} tokens/s"
+    print(line)
+    return 0
