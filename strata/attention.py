@@ -12,31 +12,10 @@ import math
 import numpy as np
 
 from strata import numerics
+from strata.blockquant import quantize_blocks
+from strata.constants import KEY_BLOCK, QK_BLOCK
 
 F32 = np.float32
-KEY_BLOCK = 64  # keys merged per online-softmax step
-QK_BLOCK = 32  # values per Q/K scale
-
-
-def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """q8_1 arithmetic over blocks of `block` values along the last axis (no sums).
-
-    Returns (codes int8 [..., n], scales float32 [..., n/block]). An all-zero block, or one
-    whose 127/amax is not finite (amax below about 3.7e-37), gives scale 0 and codes 0.
-    """
-    x = np.asarray(x, dtype=F32)
-    shape = x.shape
-    xb = x.reshape(*shape[:-1], shape[-1] // block, block)
-    amax = np.max(np.abs(xb), axis=-1)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        d_inv = F32(127.0) / amax
-        # A zero block, or one so small that 127/amax overflows (P of a key block far below
-        # the running maximum does this), stores scale 0 and codes 0.
-        ok = np.isfinite(d_inv)
-        d_inv = np.where(ok, d_inv, F32(0.0)).astype(F32)
-        q = np.where(ok[..., None], numerics.roundf(xb * d_inv[..., None]), F32(0.0)).astype(np.int8)
-        d = np.where(ok, F32(1.0) / np.where(ok, d_inv, F32(1.0)), F32(0.0)).astype(F32)
-    return q.reshape(shape), d
 
 
 def kq_scale(head_dim: int) -> np.float32:
@@ -79,8 +58,8 @@ class KVCache:
         need = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK
         if need > self.capacity:
             self._grow(max(need, 2 * self.capacity))
-        kq, kd = quantize_int8(k, QK_BLOCK)
-        vq, vd = quantize_int8(v, self.head_dim)
+        kq, kd = quantize_blocks(np.asarray(k, F32), QK_BLOCK)
+        vq, vd = quantize_blocks(np.asarray(v, F32), self.head_dim)
         self.k_codes[layer][:, positions] = kq.transpose(1, 0, 2)
         self.k_scale[layer][:, positions] = kd.transpose(1, 0, 2)
         self.v_codes[layer][:, positions] = vq.transpose(1, 0, 2)
@@ -120,7 +99,7 @@ def _attend_tile(cache: KVCache, layer: int, q: np.ndarray, pos: np.ndarray, n_b
     vd = cache.v_scale[layer][kv_of_head, :n_k]  # [H, n_k]
 
     # Scores: per 32-value block an exact integer dot, then the float epilogue in block order.
-    qc, qd = quantize_int8(q, QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
+    qc, qd = quantize_blocks(np.asarray(q, F32), QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
     qc = qc.astype(F32).transpose(1, 0, 2)  # [H, T, hd]
     qd = qd.transpose(1, 0, 2)  # [H, T, nb]
     s = np.zeros((n_head, n_tok, n_k), dtype=F32)
@@ -144,9 +123,10 @@ def _attend_tile(cache: KVCache, layer: int, q: np.ndarray, pos: np.ndarray, n_b
     p = np.where(valid[None], numerics.exp(s - m_run[..., None]), F32(0.0))
     lsum = numerics.tree_sum(p, axis=-1)  # [H, T, n_blk]
 
-    # P folded with V's per-token scale, quantized to int8 per (query, key block).
+    # P folded with V's per-token scale, quantized to int8 per (query, key block). A key block
+    # far below the running maximum can have amax under 127/FLT_MAX: scale 0, codes 0.
     w = p * vd.reshape(n_head, 1, n_blk, KEY_BLOCK)
-    wq, wd = quantize_int8(w, KEY_BLOCK)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
+    wq, wd = quantize_blocks(w, KEY_BLOCK)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
     vc_blk = vc.reshape(n_head, n_blk, KEY_BLOCK, hd)
     pv = np.matmul(wq.astype(F32).transpose(0, 2, 1, 3), vc_blk)  # [H, n_blk, T, hd], exact ints
     ob = wd.transpose(0, 2, 1, 3) * pv  # [H, n_blk, T, hd]
