@@ -50,7 +50,7 @@ def quantize_blocks(x: np.ndarray, block: int, rule: str = INVERSE) -> tuple[np.
         raise ValueError(f"a row of {n} values is not a whole number of {block}-value blocks")
     xb = x.reshape(*x.shape[:-1], n // block, block)
     amax = np.max(np.abs(xb), axis=-1)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", over="ignore", under="ignore", invalid="ignore"):
         if rule == INVERSE:
             m = _127 / amax
             d = _ONE / m
