@@ -18,6 +18,14 @@ from strata.constants import KEY_BLOCK, QK_BLOCK
 F32 = np.float32
 
 
+def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 blocks of K, V, Q and the folded P: (codes int8 [..., n], scales float32
+    [..., n/block]) by the shared loop, rule INVERSE (docs/numerics.md sections 2 and 5);
+    a block whose 127/amax is not finite stores scale 0 and codes 0. The KV-cache and
+    attention kernels name this function."""
+    return quantize_blocks(np.asarray(x, dtype=F32), block)
+
+
 def kq_scale(head_dim: int) -> np.float32:
     """1/sqrt(head_dim), computed in float64 and rounded once to float32."""
     return F32(1.0 / math.sqrt(head_dim))
@@ -58,8 +66,8 @@ class KVCache:
         need = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK
         if need > self.capacity:
             self._grow(max(need, 2 * self.capacity))
-        kq, kd = quantize_blocks(np.asarray(k, F32), QK_BLOCK)
-        vq, vd = quantize_blocks(np.asarray(v, F32), self.head_dim)
+        kq, kd = quantize_int8(k, QK_BLOCK)
+        vq, vd = quantize_int8(v, self.head_dim)
         self.k_codes[layer][:, positions] = kq.transpose(1, 0, 2)
         self.k_scale[layer][:, positions] = kd.transpose(1, 0, 2)
         self.v_codes[layer][:, positions] = vq.transpose(1, 0, 2)
@@ -99,7 +107,7 @@ def _attend_tile(cache: KVCache, layer: int, q: np.ndarray, pos: np.ndarray, n_b
     vd = cache.v_scale[layer][kv_of_head, :n_k]  # [H, n_k]
 
     # Scores: per 32-value block an exact integer dot, then the float epilogue in block order.
-    qc, qd = quantize_blocks(np.asarray(q, F32), QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
+    qc, qd = quantize_int8(q, QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
     qc = qc.astype(F32).transpose(1, 0, 2)  # [H, T, hd]
     qd = qd.transpose(1, 0, 2)  # [H, T, nb]
     s = np.zeros((n_head, n_tok, n_k), dtype=F32)
@@ -126,7 +134,7 @@ def _attend_tile(cache: KVCache, layer: int, q: np.ndarray, pos: np.ndarray, n_b
     # P folded with V's per-token scale, quantized to int8 per (query, key block). A key block
     # far below the running maximum can have amax under 127/FLT_MAX: scale 0, codes 0.
     w = p * vd.reshape(n_head, 1, n_blk, KEY_BLOCK)
-    wq, wd = quantize_blocks(w, KEY_BLOCK)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
+    wq, wd = quantize_int8(w, KEY_BLOCK)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
     vc_blk = vc.reshape(n_head, n_blk, KEY_BLOCK, hd)
     pv = np.matmul(wq.astype(F32).transpose(0, 2, 1, 3), vc_blk)  # [H, n_blk, T, hd], exact ints
     ob = wd.transpose(0, 2, 1, 3) * pv  # [H, n_blk, T, hd]
