@@ -24,7 +24,7 @@ class ReferenceEngine:
         self.config = pack.config
         cfg = self.config
         self.kv = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
-        self._rope = (np.zeros((0, cfg.head_dim // 2), np.float32),) * 2
+        self._rope = numerics.RopeTable(cfg.head_dim, cfg.rope_base)
         self._weights = mmq.PreparedCache()
 
     def product(self, key, matrix, act) -> np.ndarray:
@@ -32,13 +32,8 @@ class ReferenceEngine:
         return mmq.mmq_prepared(self._weights.get(key, matrix.qtype, matrix.data), act)
 
     def rope(self, n_pos: int):
-        """The RoPE table for positions 0..n_pos-1 (each entry depends on its position only,
-        so growing the table never changes an entry)."""
-        if self._rope[0].shape[0] < n_pos:
-            cfg = self.config
-            size = max(n_pos, 2 * self._rope[0].shape[0], 256)
-            self._rope = numerics.rope_table(size, cfg.head_dim, cfg.rope_base)
-        return self._rope
+        """The RoPE (cos, sin) covering positions 0..n_pos-1."""
+        return self._rope.covering(n_pos)
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         return self.pack.embedding_rows(ids)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata import numerics, q8_1
+from strata.constants import Q8_1_BLOCK_BYTES
 from strata.mmq import row_slice
 from strata.moe import combine, swiglu
 from strata.routing import routing_tables, top_k
@@ -55,7 +56,7 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
 
     # 4. The per-expert walk, in expert id order.
     down_layout = q8_1.layout_for(down_exps.qtype)
-    down_in = np.zeros((tab.n_rows, q8_1.blocks_per_row(cfg.n_ff_exp), q8_1.BLOCK_BYTES), np.uint8)
+    down_in = np.zeros((tab.n_rows, q8_1.blocks_per_row(cfg.n_ff_exp), Q8_1_BLOCK_BYTES), np.uint8)
     y = np.zeros((tab.n_rows, cfg.n_embd), dtype=F32)
     for e in tab.order:
         rows = tab.rows_of(e)

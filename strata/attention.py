@@ -12,31 +12,18 @@ import math
 import numpy as np
 
 from strata import numerics
+from strata.blockquant import quantize_blocks
+from strata.constants import KEY_BLOCK, QK_BLOCK
 
 F32 = np.float32
-KEY_BLOCK = 64  # keys merged per online-softmax step
-QK_BLOCK = 32  # values per Q/K scale
 
 
 def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """q8_1 arithmetic over blocks of `block` values along the last axis (no sums).
-
-    Returns (codes int8 [..., n], scales float32 [..., n/block]). An all-zero block, or one
-    whose 127/amax is not finite (amax below about 3.7e-37), gives scale 0 and codes 0.
-    """
-    x = np.asarray(x, dtype=F32)
-    shape = x.shape
-    xb = x.reshape(*shape[:-1], shape[-1] // block, block)
-    amax = np.max(np.abs(xb), axis=-1)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        d_inv = F32(127.0) / amax
-        # A zero block, or one so small that 127/amax overflows (P of a key block far below
-        # the running maximum does this), stores scale 0 and codes 0.
-        ok = np.isfinite(d_inv)
-        d_inv = np.where(ok, d_inv, F32(0.0)).astype(F32)
-        q = np.where(ok[..., None], numerics.roundf(xb * d_inv[..., None]), F32(0.0)).astype(np.int8)
-        d = np.where(ok, F32(1.0) / np.where(ok, d_inv, F32(1.0)), F32(0.0)).astype(F32)
-    return q.reshape(shape), d
+    """The int8 blocks of K, V, Q and the folded P: (codes int8 [..., n], scales float32
+    [..., n/block]) by the shared loop, rule INVERSE (docs/numerics.md sections 2 and 5);
+    a block whose 127/amax is not finite stores scale 0 and codes 0. The KV-cache and
+    attention kernels name this function."""
+    return quantize_blocks(np.asarray(x, dtype=F32), block)
 
 
 def kq_scale(head_dim: int) -> np.float32:
@@ -144,7 +131,8 @@ def _attend_tile(cache: KVCache, layer: int, q: np.ndarray, pos: np.ndarray, n_b
     p = np.where(valid[None], numerics.exp(s - m_run[..., None]), F32(0.0))
     lsum = numerics.tree_sum(p, axis=-1)  # [H, T, n_blk]
 
-    # P folded with V's per-token scale, quantized to int8 per (query, key block).
+    # P folded with V's per-token scale, quantized to int8 per (query, key block). A key block
+    # far below the running maximum can have amax under 127/FLT_MAX: scale 0, codes 0.
     w = p * vd.reshape(n_head, 1, n_blk, KEY_BLOCK)
     wq, wd = quantize_int8(w, KEY_BLOCK)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
     vc_blk = vc.reshape(n_head, n_blk, KEY_BLOCK, hd)

@@ -25,6 +25,7 @@ Q8_1_ROW_ALIGN = 512  # rows are padded to a multiple of this many values
 # ---- attention ------------------------------------------------------------------------------
 KEY_BLOCK = 64  # keys merged per online-softmax step
 QK_BLOCK = 32  # values per int8 Q/K scale
+ROPE_MIN_ROWS = 256  # positions of the first RoPE table; it then grows by doubling
 
 # ---- dumps ----------------------------------------------------------------------------------
 RESIDUAL_STRIDE = 64  # positions sampled by the residual dumps (pos % 64 == 0)

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.constants import RESIDUAL_STRIDE
 from strata.errors import InputError
 
 MAGIC = b"SPDUMP01"
-RESIDUAL_STRIDE = 64  # positions sampled by the residual dumps
 
 
 class RecordWriter:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from strata import numerics
+from strata.constants import MMQ_GROUP  # noqa: F401  (fast/ imports it from here)
 
 F32 = np.float32
-MMQ_GROUP = 16  # consecutive routed experts gathered and multiplied together
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from strata.constants import ROPE_MIN_ROWS
+
 __all__ = [
     "f32",
     "roundf",
@@ -27,6 +29,7 @@ __all__ = [
     "to_half",
     "from_half",
     "rope_table",
+    "RopeTable",
     "rope_neox",
     "LANES",
     "EXP_LOG2E",
@@ -275,6 +278,27 @@ def rope_table(n_pos: int, head_dim: int, base: float) -> tuple[np.ndarray, np.n
     i = np.arange(half, dtype=np.float64)[None, :]
     theta = p * float(base) ** (-2.0 * i / float(head_dim))
     return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+class RopeTable:
+    """A :func:`rope_table` that grows on demand, by doubling: ``covering(n)`` returns the
+    (cos, sin) of at least positions 0..n-1, rebuilt with ``max(n, 2 * rows, ROPE_MIN_ROWS)``
+    rows when it holds fewer than n. An entry depends only on its position, so growing never
+    changes one. ``build(n_pos, head_dim, base)`` makes the table (default :func:`rope_table`; a
+    device backend passes one that also uploads it)."""
+
+    def __init__(self, head_dim: int, base: float, build=rope_table):
+        self.head_dim, self.base, self._build = int(head_dim), base, build
+        self._table = None
+        self.rows = 0  # positions the current table covers
+
+    def covering(self, n: int):
+        """(cos, sin) covering positions 0..n-1 (possibly more)."""
+        if self.rows < n:
+            size = max(int(n), 2 * self.rows, ROPE_MIN_ROWS)
+            self._table = self._build(size, self.head_dim, self.base)
+            self.rows = size
+        return self._table
 
 
 def rope_neox(x, positions, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

@@ -12,6 +12,7 @@ Header by layout:
 - ``D2S6``: ``half[8]``: d0 d1 (one scale per 64 values), s0..s5 (sums of the 16-value groups
   of values 0..95) (Q2_K)
 
+A scale group is quantized by :func:`strata.blockquant.quantize_blocks` (rule INVERSE).
 CUDA kernels that write these buffers name :func:`quantize_rows` (and :func:`gather_quantize`
 or :func:`scatter_quantize`) as their definition.
 """
@@ -24,8 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from strata.blockquant import quantize_blocks
+
+# The buffer's sizes (strata/constants.py) under the short names that fast/ and verify/ use.
+from strata.constants import QK8_1 as QK
+from strata.constants import Q8_1_BLOCK_BYTES as BLOCK_BYTES
+from strata.constants import Q8_1_BLOCK_VALUES as BLOCK_VALUES
+from strata.constants import Q8_1_HEADER_BYTES as HEADER_BYTES
+from strata.constants import Q8_1_ROW_ALIGN as ROW_ALIGN
 from strata.errors import PackError
-from strata.numerics import f32, roundf, to_half, tree_sum
+from strata.numerics import f32, to_half, tree_sum
 
 __all__ = [
     "Layout",
@@ -65,12 +74,6 @@ LAYOUT_D4 = Layout.D4
 LAYOUT_DS4 = Layout.DS4
 LAYOUT_D2S6 = Layout.D2S6
 
-QK = 32  #: values per scale block
-BLOCK_VALUES = 128  #: values per buffer block
-HEADER_BYTES = 16
-BLOCK_BYTES = HEADER_BYTES + BLOCK_VALUES  # 144
-ROW_ALIGN = 512  #: rows are padded to a multiple of this many values
-
 _LAYOUT_OF = {
     QT.Q8_0: Layout.D4,
     QT.IQ2_XS: Layout.D4,
@@ -79,10 +82,6 @@ _LAYOUT_OF = {
     QT.Q4_1: Layout.DS4,
     QT.Q2_K: Layout.D2S6,
 }
-
-_F32_127 = np.float32(127.0)
-_F32_1 = np.float32(1.0)
-_F32_0 = np.float32(0.0)
 
 
 def layout_for(qtype) -> Layout:
@@ -145,24 +144,6 @@ def _sums(g: np.ndarray) -> np.ndarray:
     return tree_sum(s4, axis=-1)
 
 
-def _quantize_groups(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Quantize groups along the last axis with one scale each.
-
-    v: float32 [..., G] -> (codes int8 [..., G], d float32 [...]).
-    amax = max|v|; d_inv = 127 / amax; q = roundf(v * d_inv); d = 1 / d_inv; amax == 0
-    gives d = 0, q = 0.
-    """
-    amax = np.max(np.abs(v), axis=-1)
-    zero = amax == _F32_0
-    safe = np.where(zero, _F32_1, amax)
-    d_inv = _F32_127 / safe
-    q = roundf(v * d_inv[..., None])
-    q = np.where(zero[..., None], _F32_0, q)
-    d = np.where(zero, _F32_0, _F32_1 / d_inv)
-    assert d.dtype == np.float32 and q.dtype == np.float32
-    return q.astype(np.int8), d
-
-
 def quantize_rows(x, layout) -> np.ndarray:
     """Quantize float32 rows [R, K] into their blocks: uint8 [R, Kp/128, 144].
 
@@ -184,18 +165,16 @@ def quantize_rows(x, layout) -> np.ndarray:
     out = np.empty((R, nb, BLOCK_BYTES), dtype=np.uint8)
 
     if layout == Layout.D2S6:
-        g64 = xp.reshape(R, nb, 2, 64)
-        q, d = _quantize_groups(g64)  # q [R, nb, 2, 64], d [R, nb, 2]
+        q, d = quantize_blocks(xp.reshape(R, nb, BLOCK_VALUES), 2 * QK)  # d [R, nb, 2]
         s = _sums(xp.reshape(R, nb, BLOCK_VALUES)[..., :96].reshape(R, nb, 6, 16))
         header = np.concatenate([to_half(d), to_half(s)], axis=-1)  # [R, nb, 8] half
         header = header.astype("<f2", copy=False)
     else:
-        g32 = xp.reshape(R, nb, 4, QK)
-        q, d = _quantize_groups(g32)  # q [R, nb, 4, 32], d [R, nb, 4]
+        q, d = quantize_blocks(xp.reshape(R, nb, BLOCK_VALUES), QK)  # d [R, nb, 4]
         if layout == Layout.D4:
             header = d.astype("<f4", copy=False)
         else:
-            s = _sums(g32)  # [R, nb, 4]
+            s = _sums(xp.reshape(R, nb, 4, QK))  # [R, nb, 4]
             header = np.stack([to_half(d), to_half(s)], axis=-1).reshape(R, nb, 8)
             header = header.astype("<f2", copy=False)
     out[..., :HEADER_BYTES] = np.ascontiguousarray(header).view(np.uint8).reshape(

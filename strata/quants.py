@@ -39,6 +39,7 @@ from functools import lru_cache
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from strata.blockquant import SCALE, quantize_blocks
 from strata.errors import PackError
 
 QT = GGMLQuantizationType
@@ -312,28 +313,19 @@ def dequantize(qtype, raw) -> np.ndarray:
 # Q8_0 quantization (the loader's conversion of float matrices)
 
 
-def _roundf(v: np.ndarray) -> np.ndarray:
-    """C roundf (half away from zero), exact for every float32."""
-    t = np.trunc(v)
-    return t + np.sign(v) * (np.abs(v - t) >= np.float32(0.5)).astype(v.dtype)
-
-
 def quantize_q8_0(x) -> np.ndarray:
     """float rows [..., K] (K a multiple of 32) -> Q8_0 bytes uint8 [..., K/32*34].
 
-    Per 32-block: amax = max|x|, d = amax / 127, id = 1/d (0 if d == 0),
-    q = roundf(x * id), all float32; d stored as half (round to nearest even).
-    Same as ggml's reference quantize_row_q8_0 (and gguf.quants for Q8_0)."""
+    Per 32-block, :func:`strata.blockquant.quantize_blocks` with the SCALE rule:
+    amax = max|x|, d = amax / 127, id = 1/d, q = roundf(x * id), all float32; an all-zero
+    block gives d = 0, q = 0. d stored as half (round to nearest even). Same bytes as ggml's
+    reference quantize_row_q8_0 (and gguf.quants for Q8_0) on finite input."""
     x = np.asarray(x, dtype=np.float32)
     if x.ndim < 1 or x.shape[-1] % 32 != 0:
         raise PackError(f"Q8_0 row of {x.shape[-1] if x.ndim else 0} values is not a multiple of 32")
     lead = x.shape[:-1]
-    b = x.reshape(-1, 32)
-    d = np.abs(b).max(axis=1, keepdims=True) / np.float32(127)
-    with np.errstate(divide="ignore"):
-        idv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    q = _roundf(b * idv).astype(np.int8)
-    out = np.empty((b.shape[0], 34), np.uint8)
+    q, d = quantize_blocks(x.reshape(-1, 32), 32, SCALE)
+    out = np.empty((q.shape[0], 34), np.uint8)
     out[:, 0:2] = d.astype("<f2").view(np.uint8)
     out[:, 2:] = q.view(np.uint8)
     return out.reshape(*lead, x.shape[-1] // 32 * 34)
