@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata import attention, mmq, numerics, q8_1, quants
+from strata import attention, dense, mmq, numerics, q8_1, quants
 from strata.moe import combine, group_buffers, swiglu
 from strata.routing import routing_tables, top_k
 
@@ -169,6 +169,11 @@ class SimBackend(BackendBase):
         self._launch("mmq")
         rows = self._decode(act, 0, act.n_rows, q8_1.layout_for(w.qtype))
         return mmq.mmq(w.qtype, w.data, rows)
+
+    def float_dense(self, w: Weight, x):
+        """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata.dense.float_matmul)."""
+        self._launch("float_dense")
+        return dense.float_matmul(dense.decode_float(w.qtype, w.data), x)
 
     def _make_rope(self, n_pos: int):
         return numerics.rope_table(n_pos, self.config.head_dim, self.config.rope_base)
