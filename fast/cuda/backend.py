@@ -17,6 +17,7 @@ from strata.errors import DeviceError
 
 from fast import ops_cuda, ops_model_cuda as ops
 from fast.backend_base import BackendBase
+from fast.cuda import dense as cuda_dense
 from fast.cuda import runtime
 from fast.phases import timing_enabled
 
@@ -106,7 +107,7 @@ class CudaBackend(BackendBase):
     # ---- counters --------------------------------------------------------------------
     @property
     def counters(self) -> collections.Counter:
-        return ops_cuda.counters + ops.counters
+        return ops_cuda.counters + ops.counters + cuda_dense.counters
 
     # ---- weights ---------------------------------------------------------------------
     def load(self, pack) -> None:
@@ -191,6 +192,12 @@ class CudaBackend(BackendBase):
     def mmq_dense(self, w: DevWeight, act: Q8Dev):
         out = self.ga.empty((act.n_rows, w.n_rows), np.float32)
         ops_cuda.mmq_dense(w.qtype, w.data, w.n_rows, w.n_cols, act.buf, act.n_rows, out)
+        return out
+
+    def float_dense(self, w: DevWeight, x):
+        """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata.dense.float_matmul)."""
+        out = self.ga.empty((int(x.shape[0]), w.n_rows), np.float32)
+        cuda_dense.float_dense(w.qtype, w.data, w.n_rows, w.n_cols, x, int(x.shape[0]), out)
         return out
 
     def _make_rope(self, n_pos: int):
