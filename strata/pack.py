@@ -29,7 +29,6 @@ from gguf import GGUFReader
 from strata import dense, quants
 from strata import tensor_names as tn
 from strata.config import ARCH, ModelConfig
-from strata.constants import PACK_FORMAT
 from strata.dense import FLOAT_TYPES
 from strata.errors import InputError, PackError
 
