@@ -84,6 +84,9 @@ class Backend(Protocol):
     def mmq_dense(self, w: Weight, act: Q8) -> Array:
         """float32 [rows of act, rows of w]: the MMQ product of a quantized weight."""
 
+    def float_dense(self, w: Weight, x: Array) -> Array:
+        """float32 [T, rows of w]: x times an F32/F16/BF16 weight (strata.dense.float_matmul)."""
+
     def rope(self, x: Array, positions: np.ndarray) -> Array:
         """NeoX RoPE of x [T, heads, head_dim] at absolute positions."""
 

@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from strata import q8_1
+from strata import dense, q8_1
 from strata.constants import (MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS,
                               STREAM_MIN, VRAM_RESERVE_MIB)
 from strata.errors import InputError
@@ -118,8 +118,7 @@ class FastEngine:
     def head(self, x_last):
         be = self.be
         h = be.rmsnorm(x_last, be.w("output_norm"), self.config.rms_eps)
-        out = be.w("output")
-        logits = be.mmq_dense(out, self._quantize(h, out))
+        logits = self._dense(be.w("output"), h)
         return be.download(logits)
 
     def layer(self, layer: int, x, positions: np.ndarray, dump=None):
@@ -153,6 +152,12 @@ class FastEngine:
         """x's rows as a q8_1 buffer in the layout the weight w multiplies."""
         return self.be.quantize_rows(x, q8_1.layout_for(w.qtype))
 
+    def _dense(self, w, x):
+        """w . x: float32 products of x itself for a float w (no q8_1 quantize), else MMQ."""
+        if dense.is_float(w.qtype):
+            return self.be.float_dense(w, x)
+        return self.be.mmq_dense(w, self._quantize(x, w))
+
     def attention_half(self, layer: int, x, positions: np.ndarray):
         be, cfg = self.be, self.config
         n_tok = len(positions)
@@ -162,6 +167,8 @@ class FastEngine:
 
         def product(name):
             w = be.w(p + name)
+            if dense.is_float(w.qtype):
+                return be.float_dense(w, h)
             layout = q8_1.layout_for(w.qtype)
             if layout not in acts:
                 acts[layout] = be.quantize_rows(h, layout)
@@ -175,7 +182,7 @@ class FastEngine:
         be.kv_write(layer, positions, k, be.view(v, (n_tok, cfg.n_head_kv, cfg.head_dim)))
         o = be.attend(layer, q, positions)
         wo = be.w(p + "attn_output")
-        out = be.mmq_dense(wo, self._quantize(be.view(o, (n_tok, cfg.n_q)), wo))
+        out = self._dense(wo, be.view(o, (n_tok, cfg.n_q)))
         return be.add(x, out)
 
     def moe_half(self, layer: int, x, dump=None):
@@ -186,8 +193,7 @@ class FastEngine:
         # 1. norm, router, top-K; 2. routing tables (device), their counts on the host
         with be.phase("router"):
             h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
-            router = be.w(p + "ffn_gate_inp")
-            logits = be.mmq_dense(router, self._quantize(h, router))
+            logits = self._dense(be.w(p + "ffn_gate_inp"), h)
             ids, weights = be.top_k(logits, k_used)
             tab = be.routing_tables(ids, cfg.n_expert)
         n_rows = n_tok * k_used
@@ -251,11 +257,13 @@ class FastEngine:
 
     def shared_expert(self, p: str, h):
         be = self.be
-        gate_in = be.w(p + "ffn_gate_inp_shexp")
-        g = be.sigmoid(be.mmq_dense(gate_in, self._quantize(h, gate_in)))
+        g = be.sigmoid(self._dense(be.w(p + "ffn_gate_inp_shexp"), h))
         wg, wu, wd = be.w(p + "ffn_gate_shexp"), be.w(p + "ffn_up_shexp"), be.w(p + "ffn_down_shexp")
-        act = self._quantize(h, wg)
-        gate, up = be.mmq_dense(wg, act), be.mmq_dense(wu, act)
+        if dense.is_float(wg.qtype):
+            gate, up = be.float_dense(wg, h), be.float_dense(wu, h)
+        else:
+            act = self._quantize(h, wg)
+            gate, up = be.mmq_dense(wg, act), be.mmq_dense(wu, act)
         n_tok = be.shape(h)[0]
         hh = be.swiglu_rows(gate, up, 0, n_tok)
-        return g, be.mmq_dense(wd, self._quantize(hh, wd))
+        return g, self._dense(wd, hh)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata import attention, mmq, numerics, q8_1, quants
+from strata import attention, dense, mmq, numerics, q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
 from strata.moe import combine, swiglu
 from strata.routing import routing_tables, top_k
@@ -188,6 +188,11 @@ class SimBackend(BackendBase):
         layout = q8_1.layout_for(w.qtype)
         return self._step("mmq", self.alloc_f32((act.n_rows, w.n_rows)),
                           lambda: mmq.mmq(w.qtype, w.data, self._decode(act, 0, act.n_rows, layout)))
+
+    def float_dense(self, w: Weight, x):
+        """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata.dense.float_matmul)."""
+        return self._step("float_dense", self.alloc_f32((x.shape[0], w.n_rows)),
+                          lambda: dense.float_matmul(dense.decode_float(w.qtype, w.data), x))
 
     def _make_rope(self, n_pos: int):
         return numerics.rope_table(n_pos, self.config.head_dim, self.config.rope_base)

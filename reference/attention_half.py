@@ -1,7 +1,8 @@
 """The attention half of a layer, as the reference computes it.
 
     h = RMSNorm(x)                              attn_norm
-    q, k, v = h . W_q, h . W_k, h . W_v         MMQ products on q8_1 rows
+    q, k, v = h . W_q, h . W_k, h . W_v         MMQ products on q8_1 rows (float weights:
+                                                float32 products of h, strata.dense)
     q, k = RMSNorm per head                     attn_q_norm, attn_k_norm
     q, k = NEOX RoPE at absolute positions      the shared float64-built table
     KV cache <- int8 k, v                        (strata/attention.py)
@@ -14,7 +15,7 @@ import numpy as np
 
 from strata import attention, numerics
 
-from reference.moe_half import quantize
+from reference.moe_half import dense_product, quantize
 
 F32 = np.float32
 
@@ -28,6 +29,8 @@ def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray) -> n
     acts: dict = {}  # one quantization of h per q8_1 layout
 
     def product(name, w):
+        if w.is_float:
+            return model.float_product((layer, name), w, h)
         if w.qtype not in acts:
             acts[w.qtype] = quantize(h, w.qtype)
         return model.product((layer, name), w, acts[w.qtype])
@@ -44,5 +47,5 @@ def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray) -> n
 
     model.kv.write(layer, positions, k, v)
     o = attention.attend(model.kv, layer, q, positions).reshape(n_tok, cfg.n_q)
-    out = model.product((layer, "attn_output"), L.attn_output, quantize(o, L.attn_output.qtype))
+    out = dense_product(model, (layer, "attn_output"), L.attn_output, o)
     return x + out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import mmq, numerics
+from strata import dense, mmq, numerics
 from strata.attention import KVCache
 from strata.pack import Pack
 
@@ -26,10 +26,20 @@ class ReferenceEngine:
         self.kv = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self._rope = numerics.RopeTable(cfg.head_dim, cfg.rope_base)
         self._weights = mmq.PreparedCache()
+        self._floats: dict = {}  # float matrices decoded to float32, by key
 
     def product(self, key, matrix, act) -> np.ndarray:
-        """matrix (a QMatrix) times decoded q8_1 rows, its decoded form cached under key."""
+        """matrix (a quantized QMatrix) times decoded q8_1 rows, its decoded form cached
+        under key."""
         return mmq.mmq_prepared(self._weights.get(key, matrix.qtype, matrix.data), act)
+
+    def float_product(self, key, matrix, x: np.ndarray) -> np.ndarray:
+        """matrix (an F32/F16/BF16 QMatrix) times float32 rows x, in float32
+        (strata.dense.float_matmul); x is not quantized."""
+        w = self._floats.get(key)
+        if w is None:
+            w = self._floats[key] = matrix.dequantize()
+        return dense.float_matmul(w, x)
 
     def rope(self, n_pos: int):
         """The RoPE (cos, sin) covering positions 0..n_pos-1."""
@@ -53,4 +63,6 @@ class ReferenceEngine:
         """Output norm and lm_head on the given rows: logits [rows, vocab]."""
         out = self.pack.output()
         h = numerics.rmsnorm(x_last, self.pack.output_norm(), self.config.rms_eps)
+        if out.is_float:
+            return self.float_product(("output",), out, h)
         return self.product(("output",), out, quantize(h, out.qtype))

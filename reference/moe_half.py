@@ -2,6 +2,7 @@
 
     h = RMSNorm(x)                                   ffn_norm
     router: logits = h . ffn_gate_inp; softmax; top-K; renormalize
+            (a float router: float32 products of h itself, strata.dense; never quantized)
     routing tables: cnt, off, slot, src, order       (strata/routing.py)
     per-row GATHER quantize: row r of the MoE input buffer is q8_1(h[src[r]])
     per-expert walk, experts in id order, one at a time:
@@ -33,6 +34,14 @@ def quantize(x: np.ndarray, qtype) -> q8_1.Q8Rows:
     return q8_1.decode_rows(q8_1.quantize_rows(x, layout), x.shape[0], layout)
 
 
+def dense_product(model, key, w, x: np.ndarray) -> np.ndarray:
+    """w . x for a dense matrix w: float32 products of x itself for a float w
+    (strata.dense.float_matmul), else MMQ on x quantized to q8_1."""
+    if w.is_float:
+        return model.float_product(key, w, x)
+    return model.product(key, w, quantize(x, w.qtype))
+
+
 def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     """x [T, n_embd] residual in, residual out."""
     cfg = model.config
@@ -41,7 +50,7 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
 
     # 1. Norm and router.
     h = numerics.rmsnorm(x, L.ffn_norm, cfg.rms_eps)
-    logits = model.product((layer, "ffn_gate_inp"), L.ffn_gate_inp, quantize(h, L.ffn_gate_inp.qtype))
+    logits = dense_product(model, (layer, "ffn_gate_inp"), L.ffn_gate_inp, h)
     ids, weights = top_k(logits, k_used)
 
     # 2. Routing tables.
@@ -86,10 +95,7 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
 
 def shared_expert(model, layer: int, L, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(gate g [T], output [T, n_embd]) of the shared expert on the normed input h."""
-    gate_in = L.ffn_gate_inp_shexp
-    g = numerics.sigmoid(model.product((layer, "shexp_gate_inp"), gate_in, quantize(h, gate_in.qtype))[:, 0])
-    act = quantize(h, L.ffn_gate_shexp.qtype)
-    gate = model.product((layer, "shexp_gate"), L.ffn_gate_shexp, act)
-    up = model.product((layer, "shexp_up"), L.ffn_up_shexp, act)
-    hq = quantize(swiglu(gate, up), L.ffn_down_shexp.qtype)
-    return g, model.product((layer, "shexp_down"), L.ffn_down_shexp, hq)
+    g = numerics.sigmoid(dense_product(model, (layer, "shexp_gate_inp"), L.ffn_gate_inp_shexp, h)[:, 0])
+    gate = dense_product(model, (layer, "shexp_gate"), L.ffn_gate_shexp, h)
+    up = dense_product(model, (layer, "shexp_up"), L.ffn_up_shexp, h)
+    return g, dense_product(model, (layer, "shexp_down"), L.ffn_down_shexp, swiglu(gate, up))

@@ -1,7 +1,9 @@
 """Synthetic packs: real qwen3moe GGUF files with random but valid blocks.
 
-`make_pack(path, preset, ...)` writes a file that gguf-py opens (and whose names, shapes and
-metadata are those llama.cpp's qwen3moe loader reads), deterministic for a seed:
+`make_pack(path, preset, ...)` writes a file that gguf-py opens, with the tensor names
+llama.cpp's converters write (gguf-py's own tables, strata.tensor_names: `token_embd.weight`,
+`blk.0.ffn_gate_exps.weight`, ...) and the shapes and metadata keys its qwen3moe loader reads,
+deterministic for a seed:
 
 - every tensor's values come from its own generators, derived from (seed, tensor name, chunk)
   where a chunk is one expert of a stacked expert tensor or a fixed slab of rows of another
@@ -18,8 +20,12 @@ every implementation decodes exactly (llama.cpp's quantizer falls back the same 
 IQ4_NL/Q5_x, which strata does not support). The fallback is recorded in the pack
 (`strata.fallback`: the tensor names; `strata.fallback_type`) and `info` shows it.
 Attention matrices, shared-expert matrices, token_embd and output are in the dense type
-(Q8_0, F16, BF16 or F32); norms are F32 around 1.0; routers (`ffn_gate_inp`,
-`ffn_gate_inp_shexp`) are F32 (the loader converts the router to Q8_0).
+(Q8_0, F16, BF16 or F32); norms are F32 around 1.0. The router (`ffn_gate_inp`) is in the
+router type: F32 by default, as llama.cpp's converters keep it, BF16 for the `strata` preset
+(Strata keeps its router in BF16), or Q8_0; the shared expert's gate vector
+(`ffn_gate_inp_shexp`, a norm-like vector that must be float) follows a float router type and
+is F32 beside a Q8_0 router. Float matrices are multiplied in their own precision
+(strata.dense). The pack records `strata.pack_format` (strata.constants.PACK_FORMAT).
 
 Scales, chosen so a forward pass stays well-scaled over 48 layers: input projections have
 std clip(1/sqrt(n_cols), 0.02, 0.05), output projections (attn_output, ffn_down*) half of
@@ -47,13 +53,18 @@ from gguf import GGUFWriter
 from gguf.gguf_writer import WriterState
 
 from strata import quants
+from strata import tensor_names as tn
 from strata.config import ARCH, PRESETS, ModelConfig
+from strata.constants import PACK_FORMAT
 from strata.errors import InputError
-from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_PRESET,
-                         KEY_SEED)
+from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_PACK_FORMAT,
+                         KEY_PRESET, KEY_ROUTER_TYPE, KEY_SEED)
 
 FALLBACK_TYPE = QT.Q8_0
 DENSE_TYPES: tuple[QT, ...] = (QT.Q8_0, QT.F16, QT.BF16, QT.F32)
+ROUTER_TYPES: tuple[QT, ...] = (QT.F32, QT.BF16, QT.Q8_0)
+ROUTER_TYPE_DEFAULT = QT.F32
+PRESET_ROUTER_TYPE = {"strata": QT.BF16}  # presets whose router is not ROUTER_TYPE_DEFAULT
 PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar (on a terminal) from this size
 DISK_MARGIN_BYTES = 64 * 1024 * 1024  # left free on the disk after a pack (or 2%, the larger)
 SLAB_VALUES = 1 << 22  # values per generated slab of a non-expert tensor (fixed: part of the seed)
@@ -182,38 +193,39 @@ def _out_std(n_cols: int) -> float:
 
 
 def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
-                 tie_embeddings: bool = False) -> list[_Plan]:
-    """Every tensor of a pack, in file order."""
+                 tie_embeddings: bool = False, router_type: QT = ROUTER_TYPE_DEFAULT) -> list[_Plan]:
+    """Every tensor of a pack, in file order, by logical name (tensor_names.name)."""
     D, E, F, V = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp, cfg.n_vocab
+    T, n = tn.T, tn.name
+    shexp_gate_type = router_type if router_type in (QT.F32, QT.BF16) else QT.F32
     plans = [
-        _Plan("token_embd", dense_type, (V, D), "blocks", EMBD_STD),
-        _Plan("output_norm", QT.F32, (D,), "normal", NORM_STD, 1.0),
+        _Plan(n(T.TOKEN_EMBD), dense_type, (V, D), "blocks", EMBD_STD),
+        _Plan(n(T.OUTPUT_NORM), QT.F32, (D,), "normal", NORM_STD, 1.0),
     ]
     if not tie_embeddings:
-        plans.append(_Plan("output", dense_type, (V, D), "blocks", _in_std(D)))
+        plans.append(_Plan(n(T.OUTPUT), dense_type, (V, D), "blocks", _in_std(D)))
     for l in range(cfg.n_layer):
-        p = f"blk.{l}."
         plans += [
-            _Plan(p + "attn_norm", QT.F32, (D,), "normal", NORM_STD, 1.0),
-            _Plan(p + "attn_q", dense_type, (cfg.n_q, D), "blocks", _in_std(D)),
-            _Plan(p + "attn_k", dense_type, (cfg.n_kv, D), "blocks", _in_std(D)),
-            _Plan(p + "attn_v", dense_type, (cfg.n_kv, D), "blocks", _in_std(D)),
-            _Plan(p + "attn_output", dense_type, (D, cfg.n_q), "blocks", _out_std(cfg.n_q)),
-            _Plan(p + "attn_q_norm", QT.F32, (cfg.head_dim,), "normal", NORM_STD, 1.0),
-            _Plan(p + "attn_k_norm", QT.F32, (cfg.head_dim,), "normal", NORM_STD, 1.0),
-            _Plan(p + "ffn_norm", QT.F32, (D,), "normal", NORM_STD, 1.0),
-            _Plan(p + "ffn_gate_inp", QT.F32, (E, D), "normal", 2.0 / np.sqrt(D)),
-            _Plan(p + "ffn_gate_exps", gu_type, (E, F, D), "blocks", _in_std(D)),
-            _Plan(p + "ffn_up_exps", gu_type, (E, F, D), "blocks", _in_std(D)),
-            _Plan(p + "ffn_down_exps", down_type, (E, D, F), "blocks", _out_std(F)),
+            _Plan(n(T.ATTN_NORM, l), QT.F32, (D,), "normal", NORM_STD, 1.0),
+            _Plan(n(T.ATTN_Q, l), dense_type, (cfg.n_q, D), "blocks", _in_std(D)),
+            _Plan(n(T.ATTN_K, l), dense_type, (cfg.n_kv, D), "blocks", _in_std(D)),
+            _Plan(n(T.ATTN_V, l), dense_type, (cfg.n_kv, D), "blocks", _in_std(D)),
+            _Plan(n(T.ATTN_OUT, l), dense_type, (D, cfg.n_q), "blocks", _out_std(cfg.n_q)),
+            _Plan(n(T.ATTN_Q_NORM, l), QT.F32, (cfg.head_dim,), "normal", NORM_STD, 1.0),
+            _Plan(n(T.ATTN_K_NORM, l), QT.F32, (cfg.head_dim,), "normal", NORM_STD, 1.0),
+            _Plan(n(T.FFN_NORM, l), QT.F32, (D,), "normal", NORM_STD, 1.0),
+            _Plan(n(T.FFN_GATE_INP, l), router_type, (E, D), "normal", 2.0 / np.sqrt(D)),
+            _Plan(n(T.FFN_GATE_EXP, l), gu_type, (E, F, D), "blocks", _in_std(D)),
+            _Plan(n(T.FFN_UP_EXP, l), gu_type, (E, F, D), "blocks", _in_std(D)),
+            _Plan(n(T.FFN_DOWN_EXP, l), down_type, (E, D, F), "blocks", _out_std(F)),
         ]
         if cfg.has_shexp:
             S = cfg.n_ff_shexp
             plans += [
-                _Plan(p + "ffn_gate_inp_shexp", QT.F32, (D,), "normal", 2.0 / np.sqrt(D)),
-                _Plan(p + "ffn_gate_shexp", dense_type, (S, D), "blocks", _in_std(D)),
-                _Plan(p + "ffn_up_shexp", dense_type, (S, D), "blocks", _in_std(D)),
-                _Plan(p + "ffn_down_shexp", dense_type, (D, S), "blocks", _out_std(S)),
+                _Plan(n(T.FFN_GATE_INP_SHEXP, l), shexp_gate_type, (D,), "normal", 2.0 / np.sqrt(D)),
+                _Plan(n(T.FFN_GATE_SHEXP, l), dense_type, (S, D), "blocks", _in_std(D)),
+                _Plan(n(T.FFN_UP_SHEXP, l), dense_type, (S, D), "blocks", _in_std(D)),
+                _Plan(n(T.FFN_DOWN_SHEXP, l), dense_type, (D, S), "blocks", _out_std(S)),
             ]
     return plans
 
@@ -223,7 +235,7 @@ def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
 
 
 def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, expert_type: QT,
-                  dense_type: QT, fallbacks: list[str]) -> None:
+                  dense_type: QT, router_type: QT, fallbacks: list[str]) -> None:
     a = ARCH + "."
     w.add_name(f"strata synthetic {preset}")
     w.add_type("model")
@@ -249,6 +261,8 @@ def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, exper
     w.add_uint64(KEY_SEED, int(seed))
     w.add_string(KEY_EXPERT_TYPE, expert_type.name)
     w.add_string("strata.dense_type", dense_type.name)
+    w.add_string(KEY_ROUTER_TYPE, router_type.name)
+    w.add_uint32(KEY_PACK_FORMAT, PACK_FORMAT)
     if fallbacks:
         w.add_string(KEY_FALLBACK_TYPE, FALLBACK_TYPE.name)
         w.add_array(KEY_FALLBACK, list(fallbacks))
@@ -305,11 +319,12 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
               expert_type: Any = "Q8_0", seed: int = 0, dense_type: Any = "Q8_0",
               tie_embeddings: bool = False, progress: bool | None = None,
               config: ModelConfig | None = None, workers: int | None = None,
-              on_size: Callable[[int], None] | None = None) -> Path:
+              on_size: Callable[[int], None] | None = None, router_type: Any = None) -> Path:
     """Write a synthetic pack of `preset` (or of `config`, named `preset`) to `path`.
 
     layers: override the preset's layer count; expert_type: one of quants.SUPPORTED_TYPES
-    (by name or enum); dense_type: Q8_0, F16, BF16 or F32; progress: a tqdm bar on stderr
+    (by name or enum); dense_type: Q8_0, F16, BF16 or F32; router_type: F32, BF16 or Q8_0
+    (None: BF16 for the `strata` preset, else F32); progress: a tqdm bar on stderr
     (None: only where stderr is a terminal, for packs over 50 MB); workers: threads
     generating chunks ahead of the writer (default: the CPU count, at most 4; the bytes do
     not depend on it); on_size: called with the file's exact size before anything is written.
@@ -328,10 +343,12 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
         raise InputError(f"--seed must be non-negative, got {seed}")
     xt = parse_qtype(expert_type, tuple(quants.SUPPORTED_TYPES), "expert type")
     dt = parse_qtype(dense_type, DENSE_TYPES, "dense type")
+    rt = parse_qtype(PRESET_ROUTER_TYPE.get(preset, ROUTER_TYPE_DEFAULT) if router_type is None
+                     else router_type, ROUTER_TYPES, "router type")
     gu, down, fell = expert_types(config, xt)
     config = config.replace(expert_gu_type=gu, expert_down_type=down, dense_type=dt)
     fallbacks = [f"blk.{l}.{n}" for l in range(config.n_layer) for n in fell]
-    plans = plan_tensors(config, gu, down, dt, tie_embeddings)
+    plans = plan_tensors(config, gu, down, dt, tie_embeddings, rt)
 
     workers = max(1, int(workers or min(4, os.cpu_count() or 1)))
     path = Path(path)
@@ -341,10 +358,10 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
         progress = sys.stderr.isatty() and total > PROGRESS_MIN_BYTES
 
     def described(w: GGUFWriter) -> GGUFWriter:
-        _add_metadata(w, config, preset, int(seed), xt, dt, fallbacks)
+        _add_metadata(w, config, preset, int(seed), xt, dt, rt, fallbacks)
         for p in plans:
             # dtype float32 with raw_dtype set: the writer takes the shape as element counts
-            w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=p.qtype)
+            w.add_tensor_info(tn.file_name(p.name), p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=p.qtype)
         return w
 
     size = _file_size(described(_HeaderSizer(None, ARCH)), plans)

@@ -2,10 +2,13 @@
 
 `Pack.open(path)` memory-maps the file with `gguf.GGUFReader`, validates it (architecture,
 every tensor present with the shape and a type the project supports, every tensor's data
-inside the file) and exposes it as `QMatrix` views into the map: quantized tensors are never
-copied. Float matrices (F32/F16/BF16) are converted once to Q8_0 with
-`strata.quants.quantize_q8_0`, the same way for both implementations, and cached; norms stay
-float32.
+inside the file) and exposes it as `QMatrix` views into the map: tensors are never copied.
+Float matrices (F32/F16/BF16) keep their type (`strata.dense` multiplies them in float32);
+norms are read as float32 vectors.
+
+Names: the file holds llama.cpp's names (`blk.0.attn_q.weight`, strata.tensor_names); callers
+ask for logical names without the suffix (`pack.matrix("blk.0.attn_q")`). A pack of the old
+spelling (no `.weight`) is refused with a line saying to remake it.
 
 Shapes follow ggml: a tensor with ne = [n_cols, n_rows(, E)] holds rows of n_cols values;
 its `QMatrix.data` is uint8 [n_rows, row_bytes] ([E, n_rows, row_bytes] for stacked experts).
@@ -23,11 +26,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 
-from strata import quants
+from strata import dense, quants
+from strata import tensor_names as tn
 from strata.config import ARCH, ModelConfig
+from strata.dense import FLOAT_TYPES
 from strata.errors import InputError, PackError
-
-FLOAT_TYPES: tuple[QT, ...] = (QT.F32, QT.F16, QT.BF16)
 
 # metadata keys of strata's own (written by make-pack)
 KEY_FALLBACK = "strata.fallback"            # [str]: tensors written in the fallback type
@@ -35,8 +38,8 @@ KEY_FALLBACK_TYPE = "strata.fallback_type"  # str: that type
 KEY_EXPERT_TYPE = "strata.expert_type"      # str: the expert type asked for
 KEY_PRESET = "strata.preset"
 KEY_SEED = "strata.seed"
-
-_CONVERT_ROWS = 4096  # rows converted per slab (float -> Q8_0)
+KEY_PACK_FORMAT = "strata.pack_format"  # uint32: strata.constants.PACK_FORMAT when written
+KEY_ROUTER_TYPE = "strata.router_type"  # str: the router type asked for
 
 
 def _type_name(t: Any) -> str:
@@ -48,10 +51,10 @@ def _type_name(t: Any) -> str:
 
 @dataclass(frozen=True)
 class QMatrix:
-    """A quantized matrix: `n_rows` rows of `n_cols` values in `qtype`.
+    """A matrix: `n_rows` rows of `n_cols` values in `qtype` (a quantized or a float type).
 
-    `data` is uint8 [n_rows, row_bytes], or [E, n_rows, row_bytes] for stacked experts; for
-    quantized tensors it is a read-only view into the pack's memory map."""
+    `data` is uint8 [n_rows, row_bytes], or [E, n_rows, row_bytes] for stacked experts: a
+    read-only view into the pack's memory map."""
 
     qtype: QT
     n_rows: int
@@ -78,8 +81,16 @@ class QMatrix:
             raise ValueError("not a stacked expert tensor")
         return QMatrix(self.qtype, self.n_rows, self.n_cols, self.data[e])
 
+    @property
+    def is_float(self) -> bool:
+        """F32, F16 or BF16: multiplied in float32 (strata.dense), never quantized."""
+        return self.qtype in FLOAT_TYPES
+
     def dequantize(self) -> np.ndarray:
-        """float32 [(E,) n_rows, n_cols]: codes times scales (strata.quants.dequantize)."""
+        """float32 [(E,) n_rows, n_cols]: codes times scales (strata.quants.dequantize), or
+        the float values widened exactly (strata.dense.decode_float)."""
+        if self.is_float:
+            return dense.decode_float(self.qtype, self.data)
         return quants.dequantize(self.qtype, self.data)
 
 
@@ -215,19 +226,36 @@ def _ne(t) -> list[int]:
     return [int(d) for d in t.shape]
 
 
+def _raw_rows(t) -> np.ndarray:
+    """A reader tensor's bytes as uint8 [(outer dims...,) n_rows, row_bytes] (a view)."""
+    ne = _ne(t)
+    n_cols = ne[0]
+    qt = QT(t.tensor_type)
+    rb = dense.row_bytes(qt, n_cols) if qt in FLOAT_TYPES else quants.row_bytes(qt, n_cols)
+    data = np.asarray(t.data).view(np.ndarray).reshape(-1).view(np.uint8)
+    return data.reshape((*tuple(reversed(ne[2:])), ne[1] if len(ne) > 1 else 1, rb))
+
+
 def _float_values(t) -> np.ndarray:
     """float32 values of an F32/F16/BF16 reader tensor, numpy shape (outer first)."""
-    ne = _ne(t)
-    shape = tuple(reversed(ne))
-    qt = QT(t.tensor_type)
-    if qt == QT.F32:
-        return np.asarray(t.data, dtype=np.float32).reshape(shape)
-    if qt == QT.F16:
-        return np.asarray(t.data).view(np.float16).astype(np.float32).reshape(shape)
-    if qt == QT.BF16:
-        u16 = np.ascontiguousarray(t.data).view("<u2").astype(np.uint32)
-        return (u16 << np.uint32(16)).view(np.float32).reshape(shape)
-    raise AssertionError(qt)
+    return dense.decode_float(QT(t.tensor_type), _raw_rows(t)).reshape(tuple(reversed(_ne(t))))
+
+
+def _logical_tensors(path: Path, reader: GGUFReader) -> dict[str, Any]:
+    """The file's tensors by logical name (llama.cpp's names without `.weight`); a pack of
+    the old spelling is refused."""
+    by_file = {t.name: t for t in reader.tensors}
+    embd = tn.name(tn.T.TOKEN_EMBD)
+    if embd in by_file and tn.file_name(embd) not in by_file:
+        raise PackError(
+            f"{path} names its tensors without llama.cpp's .weight suffix ({embd}, not "
+            f"{tn.file_name(embd)}): an old pack; remake it with `strata-prefill make-pack`")
+    out = {}
+    for fname, t in by_file.items():
+        logical = tn.logical_name(fname)
+        if logical is not None:
+            out[logical] = t
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -254,13 +282,13 @@ class Pack:
         path = Path(path)
         reader = _open_reader(path)
         file_size = int(reader.data.shape[0])
-        tensors = {t.name: t for t in reader.tensors}
         for t in reader.tensors:  # belt and braces: every tensor's data inside the file
             if t.data_offset + t.n_bytes > file_size:
                 raise PackError(
                     f"truncated pack {path}: tensor {t.name} ends at byte "
                     f"{t.data_offset + t.n_bytes} but the file has {file_size} bytes")
         config = ModelConfig.from_metadata(reader.fields)
+        tensors = _logical_tensors(path, reader)
         config = _validate(config, tensors)
         return cls(path, reader, config, tensors, file_size)
 
@@ -294,10 +322,17 @@ class Pack:
         return self.field(KEY_FALLBACK_TYPE)
 
     @property
+    def pack_format(self) -> int | None:
+        """`strata.pack_format` of a pack make-pack wrote, else None."""
+        v = self.field(KEY_PACK_FORMAT)
+        return None if v is None else int(v)
+
+    @property
     def tied_embeddings(self) -> bool:
         return "output" not in self._tensors
 
     def tensor_names(self) -> list[str]:
+        """Logical names (without `.weight`) of the file's weights."""
         return list(self._tensors)
 
     def tensor_type(self, name: str) -> QT:
@@ -308,41 +343,28 @@ class Pack:
         return int(self._tensor(name).data_offset)
 
     def tensor(self, name: str):
-        """The gguf ReaderTensor of `name` (its `.data` is the raw map view)."""
+        """The gguf ReaderTensor of logical `name` (its `.data` is the raw map view, its
+        `.name` the file's name)."""
         return self._tensor(name)
 
     def _tensor(self, name: str):
         try:
             return self._tensors[name]
         except KeyError:
-            raise PackError(f"missing tensor {name} in {self.path}") from None
+            raise PackError(f"missing tensor {tn.file_name(name)} in {self.path}") from None
 
     # ---- tensors -------------------------------------------------------------------
     def matrix(self, name: str) -> QMatrix:
-        """A matrix (or stacked expert tensor) as QMatrix: a view into the map for
-        quantized tensors; F32/F16/BF16 converted once to Q8_0 (quants.quantize_q8_0) and
-        cached. A 1-D tensor is a 1-row matrix."""
+        """A matrix (or stacked expert tensor) as QMatrix, in its own type: a view into the
+        map (F32/F16/BF16 included: `QMatrix.dequantize` widens them exactly). A 1-D tensor
+        is a 1-row matrix. Cached."""
         m = self._matrices.get(name)
         if m is not None:
             return m
         t = self._tensor(name)
         ne = _ne(t)
-        n_cols = ne[0]
-        n_rows = ne[1] if len(ne) > 1 else 1
-        qt = QT(t.tensor_type)
-        if qt in FLOAT_TYPES:
-            vals = _float_values(t).reshape(-1, n_cols)
-            out = np.empty((vals.shape[0], quants.row_bytes(QT.Q8_0, n_cols)), np.uint8)
-            for r in range(0, vals.shape[0], _CONVERT_ROWS):
-                out[r:r + _CONVERT_ROWS] = quants.quantize_q8_0(vals[r:r + _CONVERT_ROWS])
-            out.flags.writeable = False
-            shape = (*tuple(reversed(ne[2:])), n_rows, out.shape[-1])
-            m = QMatrix(QT.Q8_0, n_rows, n_cols, out.reshape(shape))
-        else:
-            rb = quants.row_bytes(qt, n_cols)
-            data = np.asarray(t.data).view(np.ndarray)
-            shape = (*tuple(reversed(ne[2:])), n_rows, rb)
-            m = QMatrix(qt, n_rows, n_cols, data.reshape(shape))
+        data = _raw_rows(t)
+        m = QMatrix(QT(t.tensor_type), data.shape[-2], ne[0], data)
         self._matrices[name] = m
         return m
 
@@ -358,8 +380,8 @@ class Pack:
 
     def embedding_rows(self, ids) -> np.ndarray:
         """float32 [T, n_embd]: rows `ids` of token_embd, dequantized exactly (codes times
-        scales, strata.quants.dequantize); float embeddings are returned as stored (F16/BF16
-        widened to float32), without the Q8_0 conversion `matrix` applies."""
+        scales, strata.quants.dequantize); float embeddings as stored (F16/BF16 widened to
+        float32 exactly)."""
         ids = np.asarray(ids)
         if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
             raise InputError(f"token ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
@@ -368,12 +390,10 @@ class Pack:
         bad = (ids < 0) | (ids >= n_vocab)
         if bad.any():
             raise InputError(f"token id {int(ids[bad][0])} out of range [0, {n_vocab})")
-        t = self._tensor("token_embd")
-        qt = QT(t.tensor_type)
-        if qt in FLOAT_TYPES:
-            return np.ascontiguousarray(_float_values(t)[ids], dtype=np.float32)
         m = self.matrix("token_embd")
-        return quants.dequantize(qt, m.data[ids]).astype(np.float32, copy=False)
+        if m.is_float:
+            return np.ascontiguousarray(dense.decode_float(m.qtype, m.data[ids]), dtype=np.float32)
+        return quants.dequantize(m.qtype, m.data[ids]).astype(np.float32, copy=False)
 
     def output(self) -> QMatrix:
         """The lm_head: `output`, or `token_embd` when tied (no `output` tensor)."""
@@ -471,77 +491,71 @@ class Pack:
 # Validation
 
 
-def _expected_shapes(cfg: ModelConfig, has_output: bool, shexp_layers: set[int]) -> dict[str, list[int]]:
-    """name -> ggml ne of every tensor a pack of this config must hold."""
-    E, D, F = cfg.n_expert, cfg.n_embd, cfg.n_ff_exp
-    ex: dict[str, list[int]] = {
-        "token_embd": [D, cfg.n_vocab],
-        "output_norm": [D],
+def block_shapes(cfg: ModelConfig) -> dict:
+    """MODEL_TENSOR -> ggml ne (fastest dimension first) of a block's tensors, the shared
+    expert's included."""
+    T, E, D, F, S = tn.T, cfg.n_expert, cfg.n_embd, cfg.n_ff_exp, cfg.n_ff_shexp
+    return {
+        T.ATTN_NORM: [D], T.ATTN_Q: [D, cfg.n_q], T.ATTN_K: [D, cfg.n_kv],
+        T.ATTN_V: [D, cfg.n_kv], T.ATTN_OUT: [cfg.n_q, D], T.ATTN_Q_NORM: [cfg.head_dim],
+        T.ATTN_K_NORM: [cfg.head_dim], T.FFN_NORM: [D], T.FFN_GATE_INP: [D, E],
+        T.FFN_GATE_EXP: [D, F, E], T.FFN_UP_EXP: [D, F, E], T.FFN_DOWN_EXP: [F, D, E],
+        T.FFN_GATE_INP_SHEXP: [D], T.FFN_GATE_SHEXP: [D, S], T.FFN_UP_SHEXP: [D, S],
+        T.FFN_DOWN_SHEXP: [S, D],
     }
+
+
+def _expected_shapes(cfg: ModelConfig, has_output: bool, shexp_layers: set[int]) -> dict[str, list[int]]:
+    """logical name -> ggml ne of every tensor a pack of this config must hold."""
+    T, D = tn.T, cfg.n_embd
+    ex: dict[str, list[int]] = {tn.name(T.TOKEN_EMBD): [D, cfg.n_vocab], tn.name(T.OUTPUT_NORM): [D]}
     if has_output:
-        ex["output"] = [D, cfg.n_vocab]
+        ex[tn.name(T.OUTPUT)] = [D, cfg.n_vocab]
+    shapes = block_shapes(cfg)
     for l in range(cfg.n_layer):
-        p = f"blk.{l}."
-        ex.update({
-            p + "attn_norm": [D],
-            p + "attn_q": [D, cfg.n_q],
-            p + "attn_k": [D, cfg.n_kv],
-            p + "attn_v": [D, cfg.n_kv],
-            p + "attn_output": [cfg.n_q, D],
-            p + "attn_q_norm": [cfg.head_dim],
-            p + "attn_k_norm": [cfg.head_dim],
-            p + "ffn_norm": [D],
-            p + "ffn_gate_inp": [D, E],
-            p + "ffn_gate_exps": [D, F, E],
-            p + "ffn_up_exps": [D, F, E],
-            p + "ffn_down_exps": [F, D, E],
-        })
-        if l in shexp_layers:
-            S = cfg.n_ff_shexp
-            ex.update({
-                p + "ffn_gate_inp_shexp": [D],
-                p + "ffn_gate_shexp": [D, S],
-                p + "ffn_up_shexp": [D, S],
-                p + "ffn_down_shexp": [S, D],
-            })
+        for t in tn.BLOCK + (tn.SHEXP if l in shexp_layers else ()):
+            ex[tn.name(t, l)] = shapes[t]
     return ex
 
 
-_VECTOR_SUFFIXES = ("_norm", "ffn_gate_inp_shexp")
-_EXPERT_SUFFIXES = ("_exps",)
-
-
 def _validate(cfg: ModelConfig, tensors: dict[str, Any]) -> ModelConfig:
-    """Check names, shapes and types; return the config completed from the tensors."""
-    if "token_embd" not in tensors:
-        raise PackError("missing tensor token_embd")
-    n_vocab = cfg.n_vocab or _ne(tensors["token_embd"])[-1]
+    """Check names, shapes and types; return the config completed from the tensors.
+    Messages name tensors as the file does (with `.weight`)."""
+    T, f = tn.T, tn.file_name
+    embd = tn.name(T.TOKEN_EMBD)
+    if embd not in tensors:
+        raise PackError(f"missing tensor {f(embd)}")
+    n_vocab = cfg.n_vocab or _ne(tensors[embd])[-1]
     shexp_layers = {l for l in range(cfg.n_layer)
-                    if any(f"blk.{l}.{n}" in tensors for n in
-                           ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"))}
+                    if any(tn.name(t, l) in tensors for t in tn.SHEXP)}
     n_ff_shexp = cfg.n_ff_shexp
     if shexp_layers and n_ff_shexp == 0:
-        t = tensors.get(f"blk.{min(shexp_layers)}.ffn_gate_shexp")
-        if t is None:
-            raise PackError(f"missing tensor blk.{min(shexp_layers)}.ffn_gate_shexp")
-        n_ff_shexp = _ne(t)[-1]
+        gate = tn.name(T.FFN_GATE_SHEXP, min(shexp_layers))
+        if gate not in tensors:
+            raise PackError(f"missing tensor {f(gate)}")
+        n_ff_shexp = _ne(tensors[gate])[-1]
     cfg = cfg.replace(n_vocab=n_vocab, n_ff_shexp=n_ff_shexp if shexp_layers else 0)
-    expected = _expected_shapes(cfg, "output" in tensors, shexp_layers)
+    expected = _expected_shapes(cfg, tn.name(T.OUTPUT) in tensors, shexp_layers)
     quant_ok = tuple(quants.SUPPORTED_TYPES)
+    vectors = {T.ATTN_NORM, T.ATTN_Q_NORM, T.ATTN_K_NORM, T.FFN_NORM, T.OUTPUT_NORM,
+               T.FFN_GATE_INP_SHEXP}
+    experts = {T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP}
+    kind_of = {tn.name(t, l): t for l in range(cfg.n_layer) for t in tn.BLOCK + tn.SHEXP}
+    kind_of.update({tn.name(t): t for t in tn.MODEL})
 
     for name, ne in expected.items():
         t = tensors.get(name)
         if t is None:
-            raise PackError(f"missing tensor {name}")
+            raise PackError(f"missing tensor {f(name)}")
         got = _ne(t)
         if got != ne:
-            raise PackError(f"tensor {name} has the wrong shape: expected {ne}, got {got}")
+            raise PackError(f"tensor {f(name)} has the wrong shape: expected {ne}, got {got}")
         try:
             qt = QT(int(t.tensor_type))
         except ValueError:
             qt = None
-        is_vector = name.endswith(_VECTOR_SUFFIXES)
-        is_expert = name.endswith(_EXPERT_SUFFIXES)
+        is_vector = kind_of[name] in vectors
+        is_expert = kind_of[name] in experts
         if is_vector:
             allowed = FLOAT_TYPES
         elif is_expert:
@@ -551,26 +565,23 @@ def _validate(cfg: ModelConfig, tensors: dict[str, Any]) -> ModelConfig:
         if qt not in allowed:
             what = ("norms/vectors" if is_vector else "expert tensors" if is_expert else "matrices")
             raise PackError(
-                f"tensor {name} has unsupported type {_type_name(t.tensor_type)} "
+                f"tensor {f(name)} has unsupported type {_type_name(t.tensor_type)} "
                 f"(supported for {what}: {', '.join(a.name for a in allowed)})")
         if qt in quant_ok:
             vals, _ = quants.block_size(qt)
             if ne[0] % vals:
                 raise PackError(
-                    f"tensor {name}: rows of {ne[0]} values are not a multiple of the "
+                    f"tensor {f(name)}: rows of {ne[0]} values are not a multiple of the "
                     f"{qt.name} block size ({vals})")
-        elif not is_vector and ne[0] % 32:
-            raise PackError(
-                f"tensor {name}: rows of {ne[0]} values cannot be converted to Q8_0 "
-                f"(not a multiple of 32)")
+    first = {t: tensors[tn.name(t, 0)] for t in (T.FFN_GATE_EXP, T.FFN_DOWN_EXP, T.ATTN_Q)}
     for l in range(cfg.n_layer):
-        g, u = tensors[f"blk.{l}.ffn_gate_exps"], tensors[f"blk.{l}.ffn_up_exps"]
+        g, u = tensors[tn.name(T.FFN_GATE_EXP, l)], tensors[tn.name(T.FFN_UP_EXP, l)]
         if int(g.tensor_type) != int(u.tensor_type):
             raise PackError(
-                f"blk.{l}: ffn_gate_exps ({_type_name(g.tensor_type)}) and ffn_up_exps "
+                f"blk.{l}: {g.name} ({_type_name(g.tensor_type)}) and {u.name} "
                 f"({_type_name(u.tensor_type)}) must have the same type")
     return cfg.replace(
-        expert_gu_type=QT(int(tensors["blk.0.ffn_gate_exps"].tensor_type)),
-        expert_down_type=QT(int(tensors["blk.0.ffn_down_exps"].tensor_type)),
-        dense_type=QT(int(tensors["blk.0.attn_q"].tensor_type)),
+        expert_gu_type=QT(int(first[T.FFN_GATE_EXP].tensor_type)),
+        expert_down_type=QT(int(first[T.FFN_DOWN_EXP].tensor_type)),
+        dense_type=QT(int(first[T.ATTN_Q].tensor_type)),
     )

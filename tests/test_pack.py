@@ -15,9 +15,12 @@ from gguf import quants as gq
 from strata import quants
 from strata_prefill.cli import main as cli
 from strata.config import PRESETS, ModelConfig
+from strata.constants import PACK_FORMAT
 from strata.errors import InputError, PackError
 from strata.make_pack import FALLBACK_TYPE, make_pack
 from strata.pack import Pack, QMatrix
+
+W = ".weight"  # llama.cpp's converters name every weight <logical name>.weight
 
 EXPERT_TYPES = [t.name for t in quants.SUPPORTED_TYPES]
 assert set(EXPERT_TYPES) == {"Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S"}
@@ -28,6 +31,7 @@ assert set(EXPERT_TYPES) == {"Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S
 
 
 def expected_ne(cfg: ModelConfig, tied: bool = False) -> dict[str, list[int]]:
+    """file name -> ggml ne."""
     D, E, F, V = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp, cfg.n_vocab
     q, kv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
     ne = {"token_embd": [D, V], "output_norm": [D]}
@@ -46,12 +50,17 @@ def expected_ne(cfg: ModelConfig, tied: bool = False) -> dict[str, list[int]]:
             S = cfg.n_ff_shexp
             ne.update({p + "ffn_gate_inp_shexp": [D], p + "ffn_gate_shexp": [D, S],
                        p + "ffn_up_shexp": [D, S], p + "ffn_down_shexp": [S, D]})
-    return ne
+    return {name + W: v for name, v in ne.items()}
 
 
-def expected_type(name: str, expert: QT, down: QT, dense: QT) -> QT:
-    if name.endswith(("_norm", "ffn_gate_inp", "ffn_gate_inp_shexp")):
+def expected_type(name: str, expert: QT, down: QT, dense: QT, router: QT = QT.F32) -> QT:
+    name = name.removesuffix(W)
+    if name.endswith("_norm"):
         return QT.F32
+    if name.endswith("ffn_gate_inp"):
+        return router
+    if name.endswith("ffn_gate_inp_shexp"):
+        return router if router in (QT.F32, QT.BF16) else QT.F32
     if name.endswith(("ffn_gate_exps", "ffn_up_exps")):
         return expert
     if name.endswith("ffn_down_exps"):
@@ -64,7 +73,7 @@ def fields_of(r: GGUFReader) -> dict:
 
 
 def check_reader(path: Path, cfg: ModelConfig, expert: str, dense: str = "Q8_0",
-                 tied: bool = False) -> GGUFReader:
+                 tied: bool = False, router: str = "F32") -> GGUFReader:
     """Plain gguf-py view of a pack: names, shapes, types, llama.cpp's metadata."""
     r = GGUFReader(path)
     f = fields_of(r)
@@ -98,13 +107,15 @@ def check_reader(path: Path, cfg: ModelConfig, expert: str, dense: str = "Q8_0",
     assert set(got) == set(ne)
     for name, t in got.items():
         assert [int(d) for d in t.shape] == ne[name], name
-        assert t.tensor_type == expected_type(name, gu, down, QT[dense]), name
+        assert t.tensor_type == expected_type(name, gu, down, QT[dense], QT[router]), name
         assert t.data_offset % 32 == 0
     fallbacks = [f"blk.{l}.{n}" for l in range(cfg.n_layer)
                  for n, t in (("ffn_gate_exps", gu), ("ffn_up_exps", gu), ("ffn_down_exps", down))
                  if t != et]
     assert f.get("strata.fallback", []) == fallbacks
     assert f["strata.expert_type"] == expert
+    assert f["strata.router_type"] == router
+    assert f["strata.pack_format"] == PACK_FORMAT
     return r
 
 
@@ -114,7 +125,7 @@ def check_experts(pack: Pack, reader: GGUFReader, raw: np.memmap, l: int, expert
     p = f"blk.{l}."
     gu_bytes, d_bytes = pack.expert_blob_bytes(l)
     for e in experts:
-        slices = [np.asarray(t[p + n].data[e]).reshape(-1)
+        slices = [np.asarray(t[p + n + W].data[e]).reshape(-1)
                   for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
         assert [s.size for s in slices] == [gu_bytes, gu_bytes, d_bytes]
         blob = pack.expert_blob(l, e)
@@ -196,7 +207,7 @@ def test_tiny_every_expert_type(tmp_path, expert):
     # dequantized experts: the gguf oracle, and a sane spread
     t = {x.name: x for x in r.tensors}
     w = quants.dequantize(g.qtype, g.data[3])
-    assert np.array_equal(w, gq.dequantize(np.asarray(t["blk.1.ffn_gate_exps"].data[3]), QT[expert]))
+    assert np.array_equal(w, gq.dequantize(np.asarray(t["blk.1.ffn_gate_exps" + W].data[3]), QT[expert]))
     assert np.isfinite(w).all() and 0.01 < w.std() < 0.2
 
 
@@ -209,34 +220,35 @@ def test_tiny_layer_api(tiny_path):
     assert (lay.attn_q.n_rows, lay.attn_q.n_cols) == (cfg.n_head * cfg.head_dim, cfg.n_embd)
     assert (lay.attn_k.n_rows, lay.attn_v.n_rows) == (cfg.n_head_kv * cfg.head_dim,) * 2
     assert (lay.attn_output.n_rows, lay.attn_output.n_cols) == (cfg.n_embd, cfg.n_head * cfg.head_dim)
-    assert np.array_equal(lay.attn_q.data, t["blk.0.attn_q"].data)
+    assert np.array_equal(lay.attn_q.data, t["blk.0.attn_q" + W].data)
     for v, n in ((lay.attn_norm, cfg.n_embd), (lay.ffn_norm, cfg.n_embd),
                  (lay.attn_q_norm, cfg.head_dim), (lay.attn_k_norm, cfg.head_dim)):
         assert v.dtype == np.float32 and v.shape == (n,)
         assert 0.5 < v.mean() < 1.5 and 0.02 < v.std() < 0.3
-    # router: stored F32, converted to Q8_0 with quantize_q8_0
-    router = np.asarray(t["blk.0.ffn_gate_inp"].data, np.float32)
-    assert lay.ffn_gate_inp.qtype == QT.Q8_0
+    # router: stored F32 and kept so (a view of the file's bytes)
+    router = np.asarray(t["blk.0.ffn_gate_inp" + W].data, np.float32)
+    assert lay.ffn_gate_inp.qtype == QT.F32 and lay.ffn_gate_inp.is_float
     assert (lay.ffn_gate_inp.n_rows, lay.ffn_gate_inp.n_cols) == (cfg.n_expert, cfg.n_embd)
-    assert np.array_equal(lay.ffn_gate_inp.data, quants.quantize_q8_0(router))
+    assert not lay.ffn_gate_inp.data.flags.owndata
+    assert np.array_equal(lay.ffn_gate_inp.dequantize().view(np.uint32), router.view(np.uint32))
     assert 0.03 < router.std() < 0.2
     # shared expert
     assert lay.has_shexp and lay.shexp is not None
     gi = lay.ffn_gate_inp_shexp
-    assert gi.qtype == QT.Q8_0 and (gi.n_rows, gi.n_cols) == (1, cfg.n_embd)
-    assert np.array_equal(gi.data, quants.quantize_q8_0(np.asarray(t["blk.0.ffn_gate_inp_shexp"].data)[None]))
+    assert gi.qtype == QT.F32 and (gi.n_rows, gi.n_cols) == (1, cfg.n_embd)
+    assert np.array_equal(gi.dequantize(), np.asarray(t["blk.0.ffn_gate_inp_shexp" + W].data)[None])
     assert (lay.ffn_down_shexp.n_rows, lay.ffn_down_shexp.n_cols) == (cfg.n_embd, cfg.n_ff_shexp)
     assert lay.shexp.up is lay.ffn_up_shexp
     # embeddings: exact dequantized rows
     ids = np.array([0, 5, 511, 5])
     emb = pack.embedding_rows(ids)
     assert emb.shape == (4, cfg.n_embd) and emb.dtype == np.float32
-    assert np.array_equal(emb, gq.dequantize(np.asarray(t["token_embd"].data)[ids], QT.Q8_0))
+    assert np.array_equal(emb, gq.dequantize(np.asarray(t["token_embd" + W].data)[ids], QT.Q8_0))
     assert 0.3 < emb.std() < 0.8
     with pytest.raises(InputError):
         pack.embedding_rows([512])
     # output
-    assert np.array_equal(pack.output().data, t["output"].data)
+    assert np.array_equal(pack.output().data, t["output" + W].data)
     assert pack.matrix("blk.0.attn_q") is lay.attn_q  # cached
     with pytest.raises(PackError, match="missing tensor blk.9.attn_q"):
         pack.matrix("blk.9.attn_q")
@@ -261,6 +273,20 @@ def test_small_falls_back(tmp_path):
     assert Pack.open(path2).fallbacks == []
 
 
+@pytest.mark.parametrize("router", ["BF16", "Q8_0"])
+def test_router_types(tmp_path, router):
+    cfg = PRESETS["tiny"].replace(n_layer=1)
+    path = make_pack(tmp_path / f"r-{router}.gguf", "tiny", layers=1, router_type=router)
+    r = check_reader(path, cfg, "Q8_0", router=router)
+    t = {x.name: x for x in r.tensors}
+    m = Pack.open(path).layer(0).ffn_gate_inp
+    assert m.qtype == QT[router]
+    want = gq.dequantize(np.asarray(t["blk.0.ffn_gate_inp" + W].data), QT[router])
+    assert np.array_equal(m.dequantize(), want.reshape(cfg.n_expert, cfg.n_embd))
+    with pytest.raises(InputError, match="unsupported router type F16"):
+        make_pack(tmp_path / "bad.gguf", "tiny", router_type="F16")
+
+
 @pytest.mark.parametrize("preset,expert", [("qwen3-30b-a3b", "IQ3_XXS"), ("strata", "IQ2_XS")])
 def test_big_presets_one_layer(tmp_path, preset, expert):
     """The real shapes with one layer (tied embeddings keep the files at 0.6 and 1.4 GB)."""
@@ -268,7 +294,7 @@ def test_big_presets_one_layer(tmp_path, preset, expert):
     path = make_pack(tmp_path / f"{preset}.gguf", preset, layers=1, expert_type=expert,
                      tie_embeddings=True, progress=False)
     try:
-        r = check_reader(path, cfg, expert, tied=True)
+        r = check_reader(path, cfg, expert, tied=True, router="BF16" if preset == "strata" else "F32")
         pack = Pack.open(path)
         c = pack.config
         assert (c.n_layer, c.n_embd, c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_ff_shexp,
@@ -330,7 +356,9 @@ def test_tensor_bytes_independent_of_file(tmp_path, tiny_path):
 
 
 @pytest.mark.parametrize("dense", ["F16", "BF16", "F32"])
-def test_float_dense_converted_to_q8_0(tmp_path, dense):
+def test_float_dense_kept_in_their_type(tmp_path, dense):
+    """Float matrices are views of the file in their own type; decoded exactly (gguf's
+    dequantize as the oracle)."""
     cfg = PRESETS["tiny"]
     path = make_pack(tmp_path / f"d-{dense}.gguf", "tiny", dense_type=dense, layers=1)
     r = check_reader(path, cfg.replace(n_layer=1), "Q8_0", dense=dense)
@@ -338,14 +366,16 @@ def test_float_dense_converted_to_q8_0(tmp_path, dense):
     pack = Pack.open(path)
     assert pack.config.dense_type == QT[dense]
     for name in ("blk.0.attn_q", "blk.0.attn_output", "blk.0.ffn_down_shexp", "output", "token_embd"):
-        vals = gq.dequantize(np.asarray(t[name].data), QT[dense]).reshape(-1, t[name].shape[0])
+        vals = gq.dequantize(np.asarray(t[name + W].data), QT[dense]).reshape(-1, t[name + W].shape[0])
         m = pack.matrix(name)
-        assert m.qtype == QT.Q8_0
-        assert np.array_equal(m.data, quants.quantize_q8_0(vals)), name
-    emb = gq.dequantize(np.asarray(t["token_embd"].data), QT[dense]).reshape(cfg.n_vocab, -1)
+        assert m.qtype == QT[dense] and m.is_float and (m.n_rows, m.n_cols) == vals.shape
+        assert not m.data.flags.owndata, name
+        got = m.dequantize()
+        assert got.dtype == np.float32 and np.array_equal(got, vals), name
+    emb = gq.dequantize(np.asarray(t["token_embd" + W].data), QT[dense]).reshape(cfg.n_vocab, -1)
     assert np.array_equal(pack.embedding_rows([3, 9]), emb[[3, 9]])
     lay = pack.layer(0)
-    assert lay.attn_q.qtype == QT.Q8_0
+    assert lay.attn_q.qtype == QT[dense]
     assert 0.02 < emb.std() and 0.3 < emb.std() < 0.8
 
 
@@ -359,8 +389,9 @@ MICRO = ModelConfig(n_layer=1, n_embd=256, n_head=2, n_head_kv=1, head_dim=128, 
 
 def write_micro(path: Path, arch: str = "qwen3moe", drop: tuple[str, ...] = (),
                 ne: dict[str, list[int]] | None = None, types: dict[str, QT] | None = None,
-                drop_keys: tuple[str, ...] = ()) -> Path:
-    """A small hand-made GGUF (tensor bytes are random: validation does not decode them)."""
+                drop_keys: tuple[str, ...] = (), old_names: bool = False) -> Path:
+    """A small hand-made GGUF (tensor bytes are random: validation does not decode them).
+    drop, ne and types take names without `.weight`; old_names writes them so."""
     cfg = MICRO
     rng = np.random.default_rng(0)
     w = GGUFWriter(path, arch)
@@ -374,11 +405,13 @@ def write_micro(path: Path, arch: str = "qwen3moe", drop: tuple[str, ...] = (),
             w.add_uint32(a + k, v)
     w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
     w.add_float32(a + "rope.freq_base", 1e6)
-    shapes = {**expected_ne(cfg), **(ne or {})}
-    for name, shape in shapes.items():
+    shapes = {**expected_ne(cfg), **{k + W: v for k, v in (ne or {}).items()}}
+    for fname, shape in shapes.items():
+        name = fname.removesuffix(W)
         if name in drop:
             continue
         qt = (types or {}).get(name, expected_type(name, QT.Q8_0, QT.Q8_0, QT.Q8_0))
+        name = name if old_names else fname
         n = int(np.prod(shape))
         if qt == QT.F32:
             w.add_tensor(name, rng.standard_normal(tuple(reversed(shape))).astype(np.float32))
@@ -410,6 +443,17 @@ def test_micro_pack_is_valid(tmp_path):
     pack = Pack.open(write_micro(tmp_path / "ok.gguf"))
     assert pack.config.n_vocab == MICRO.n_vocab and pack.tied_embeddings is False
     pack.layer(0)
+
+
+def test_old_spelling_refused(tmp_path, capsys):
+    """A pack written before the names carried `.weight` is refused with one line."""
+    path = write_micro(tmp_path / "old.gguf", old_names=True)
+    with pytest.raises(PackError) as ei:
+        Pack.open(path)
+    msg = str(ei.value)
+    assert "\n" not in msg and "token_embd.weight" in msg
+    assert "remake it with `strata-prefill make-pack`" in msg
+    assert_cli_error(path, capsys, "old pack", "remake it with `strata-prefill make-pack`")
 
 
 def test_missing_file(tmp_path, capsys):
@@ -527,7 +571,7 @@ def test_cli_make_pack_and_info(tmp_path, capsys):
     pack = Pack.open(out)
     gu, d = pack.expert_blob_bytes(0)
     for needle in ("qwen3moe", "layers:         2", "hidden:         512", "64, top-8",
-                   "expert ff 384", "gate/up Q2_K", "down Q8_0", "dense Q8_0",
+                   "expert ff 384", "gate/up Q2_K", "down Q8_0", "dense Q8_0", "router F32",
                    f"gate {gu:,} + up {gu:,} + down {d:,} = {2 * gu + d:,} bytes",
                    f"{out.stat().st_size:,} bytes", "shared expert:  no",
                    "fallbacks:      Q2_K -> Q8_0: ffn_down_exps in 2 layers", "384 values"):

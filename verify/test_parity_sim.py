@@ -45,6 +45,23 @@ def test_reference_vs_sim_every_type_and_switch(make_test_pack, reference_runs, 
         assert_same_run(ref, got, pack, f"tiny {expert_type} T={n_tokens} group_gather={gg} quant_gather={qg}")
 
 
+@pytest.mark.parametrize("router_type", ["F32", "BF16", "Q8_0"])
+@pytest.mark.parametrize("dense_type", ["Q8_0", "F16"])
+def test_reference_vs_sim_router_and_dense_types(make_test_pack, reference_runs, tmp_path,
+                                                 router_type, dense_type):
+    """Float routers (F32, BF16) and float attention/shared-expert/head matrices (F16) take
+    the float path (strata.dense) on both sides; a Q8_0 router the MMQ path."""
+    pack = make_test_pack("tiny", "Q4_1", router_type=router_type, dense_type=dense_type)
+    assert pack.layer(0).ffn_gate_inp.qtype.name == router_type
+    ids = prompt(pack, 70, seed=3)
+    ref = reference_runs(pack, ids, 64)
+    eng = make_fast_engine(pack, "sim")
+    got = run_engine(eng, ids, 64, tmp_path)
+    assert_same_run(ref, got, pack, f"tiny router {router_type} dense {dense_type}")
+    floats = (router_type != "Q8_0") + 4 * (dense_type != "Q8_0")  # router; q, k, v, o
+    assert eng.counters["float_dense"] >= floats * pack.config.n_layer
+
+
 @pytest.mark.parametrize("expert_type", ["Q2_K", "IQ3_XXS"])
 def test_reference_vs_sim_small_pack_several_chunks(make_test_pack, reference_runs, tmp_path, expert_type):
     """64 experts, top-8, a fallback down type, a 600-token prompt in three chunks."""

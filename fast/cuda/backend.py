@@ -21,7 +21,7 @@ from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
 from strata.errors import DeviceError, InternalError
 
 from fast.backend_base import BackendBase
-from fast.cuda import attention, elementwise as ops, products, runtime
+from fast.cuda import attention, dense as cuda_dense, elementwise as ops, products, runtime
 from fast.cuda.tiers import ExpertTiers
 from fast.phases import timing_enabled
 
@@ -209,6 +209,12 @@ class CudaBackend(BackendBase):
     def mmq_dense(self, w: DevWeight, act: Q8Dev):
         out = self.dev.empty((act.n_rows, w.n_rows), np.float32)
         products.mmq_dense(self.dev, w.qtype, w.data, w.n_rows, w.n_cols, act.buf, act.n_rows, out)
+        return out
+
+    def float_dense(self, w: DevWeight, x):
+        """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata.dense.float_matmul)."""
+        out = self.dev.empty((int(x.shape[0]), w.n_rows), np.float32)
+        cuda_dense.float_dense(self.dev, w.qtype, w.data, w.n_rows, w.n_cols, x, int(x.shape[0]), out)
         return out
 
     def _make_rope(self, n_pos: int):

@@ -1,0 +1,76 @@
+"""fast/cuda/kernels/float_dense.cu against strata.dense.float_matmul, byte for byte: F32, F16
+and BF16 weights, several token counts, output rows and row widths (K not a multiple of 32
+among them), strided input and output rows. The output buffer is poisoned before each launch
+and compared whole. Without a GPU (or without PyCUDA) every test skips with the backend's
+one-line reason.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from fast.cuda.runtime import cuda_available
+from strata import dense
+
+_OK, _WHY = cuda_available()
+pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
+
+POISON = 0xA5
+
+
+def _weights(rng, qtype: QT, N: int, K: int) -> np.ndarray:
+    """Raw rows uint8 [N, row_bytes] of random values, with a spread of magnitudes."""
+    v = rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)
+    v *= np.exp2(rng.integers(-6, 7, (N, 1))).astype(np.float32)
+    if qtype == QT.F32:
+        return v.view(np.uint8).reshape(N, -1)
+    if qtype == QT.F16:
+        return v.astype("<f2").view(np.uint8).reshape(N, -1)
+    return (v.view("<u4") >> np.uint32(16)).astype("<u2").view(np.uint8).reshape(N, -1)
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16], ids=lambda q: q.name)
+@pytest.mark.parametrize("T,N,K", [(1, 16, 256), (3, 1, 256), (7, 5, 77), (130, 64, 512),
+                                   (33, 128, 2048), (5, 3, 1), (70, 17, 300)])
+def test_float_dense_bytes(qtype, T, N, K):
+    import pycuda.driver as cuda
+    from pycuda import gpuarray
+
+    from fast.cuda import dense as cuda_dense
+
+    rng = np.random.default_rng(T * 1000 + N * 10 + K)
+    raw = _weights(rng, qtype, N, K)
+    x = rng.standard_normal((T, K), dtype=np.float32)
+    want = dense.float_matmul(dense.decode_float(qtype, raw), x)
+
+    w_d = gpuarray.to_gpu(np.ascontiguousarray(raw).reshape(-1))
+    x_d = gpuarray.to_gpu(x)
+    out = gpuarray.empty((T, N), np.float32)
+    cuda.memset_d8(out.gpudata, POISON, out.nbytes)
+    cuda_dense.float_dense(qtype, w_d, N, K, x_d, T, out)
+    got = out.get()
+    assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), \
+        f"{qtype.name} T={T} N={N} K={K}: first differing (t, n) {np.argwhere(got != want)[:1].tolist()}"
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.BF16], ids=lambda q: q.name)
+def test_float_dense_strided_rows(qtype):
+    """x rows read at a stride ldx > K, outputs written at ldo > N; the rest is untouched."""
+    import pycuda.driver as cuda
+    from pycuda import gpuarray
+
+    from fast.cuda import dense as cuda_dense
+
+    rng = np.random.default_rng(7)
+    T, N, K, ldx, ldo = 9, 6, 96, 100, 11
+    raw = _weights(rng, qtype, N, K)
+    xw = rng.standard_normal((T, ldx), dtype=np.float32)
+    want = dense.float_matmul(dense.decode_float(qtype, raw), np.ascontiguousarray(xw[:, :K]))
+    out = gpuarray.empty((T, ldo), np.float32)
+    cuda.memset_d8(out.gpudata, POISON, out.nbytes)
+    cuda_dense.float_dense(qtype, gpuarray.to_gpu(raw.reshape(-1)), N, K, gpuarray.to_gpu(xw), T, out,
+                           ldx=ldx, ldo=ldo)
+    got = out.get()
+    assert np.array_equal(got[:, :N].view(np.uint8), want.view(np.uint8))
+    assert (got[:, N:].view(np.uint8) == POISON).all()
