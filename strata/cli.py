@@ -13,6 +13,7 @@ COMMANDS = {
     "run": "run",
     "make-pack": "make_pack",
     "info": "info",
+    "diff": "diff",
 }
 
 

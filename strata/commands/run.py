@@ -31,7 +31,10 @@ def add_parser(sub, name: str) -> None:
                    help=f"greedy tokens after the prompt (default {DEFAULT_GREEDY})")
     p.add_argument("--impl", choices=["reference", "fast"], default="reference",
                    help="which implementation runs (default reference)")
-    p.add_argument("--dump-dir", help="write the project's per-layer dumps (layers.spd) here")
+    p.add_argument("--dump-dir", help="write the project's record file (layers.spd) here")
+    p.add_argument("--dump-level", choices=["layer", "ops"], default=None,
+                   help="layer: router, q8_1 buffers, sampled residual (default); ops: every op's "
+                        "output too (env STRATA_PREFILL_DUMP_LEVEL)")
     p.add_argument("--dump-first-logits", metavar="FILE",
                    help="raw float32 first-token logits (env STRATA_DUMP_FIRST_LOGITS)")
     p.add_argument("--dump-r", metavar="FILE",
@@ -122,7 +125,7 @@ def main(args) -> int:
     engine = make_engine(args.impl, pack, args)
     session = Session(engine, chunk=args.prefill, dump_dir=args.dump_dir,
                       dump_first_logits=args.dump_first_logits, dump_r=args.dump_r,
-                      progress=None if not args.no_progress else False)
+                      progress=None if not args.no_progress else False, dump_level=args.dump_level)
     res = session.run(prompt, greedy=args.greedy)
 
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
