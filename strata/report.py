@@ -245,7 +245,8 @@ def _describe(name, op, layer, chunk, a, b, pos, k_used, layouts, group) -> Mism
             shape = _pair_shape(rows, cols, ids, groups, width, col_word, fa.shape[0])
         if slot is not None:
             where += f", expert-sorted row {int(slot[i])}"
-        return Mismatch(name, got.message.replace(f"pair row {i} (token {t}, rank {k}), ", ""), where, shape, kernel)
+        message = got.message.replace(f"pair row {i} (token {t}, rank {k}), ", "").replace(f"row {i}, ", "")
+        return Mismatch(name, message, where, shape, kernel)
     if op is not None and op.kind == "global":
         got = diff_array(name, a.reshape(1, -1), b.reshape(1, -1))
         return Mismatch(name, got.message.replace("row 0, ", ""), f"{op.name}, after {chunk_txt}", "", kernel)
