@@ -1,7 +1,6 @@
 """docs/debugging.md's transcript is what the report prints for the bug the doc plants: the
 first group's last bound one row short, in the sim. Regenerated here, compared line by line."""
 import re
-
 from pathlib import Path
 
 import numpy as np

@@ -1,11 +1,16 @@
 """Bugs planted in the sim backend are reported at the op, layer and chunk where they start,
 with the expert and its group for expert-sorted buffers."""
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from fast import make_fast_engine
 from fast.sim import SimBackend
-from strata.records import read_timeline, routed_groups
+from reference import ReferenceEngine
+from strata.dumps import iter_records
+from strata.records import GLOBALS, HEADERS, OPS, read_timeline, routed_groups
 from strata.report import compare_timelines
 from strata.session import Session
 
@@ -104,3 +109,20 @@ def test_the_same_run_cut_into_other_chunks_agrees(make_test_pack, tmp_path):
     b = run(pack, ids, tmp_path / "b", chunk="auto")
     assert [c.index for c in a] == [0, 1, 2] and [len(c.positions) for c in b] == [70]
     assert compare_timelines(a, b) is None and compare_timelines(b, a) is None
+
+
+def test_both_engines_write_every_op_of_the_table_and_the_kernels_exist(make_test_pack, tmp_path):
+    """The names both engines write at the op level are the table's, and each kernel file it
+    names is a kernel of the fast path (fast/cuda/kernels/, or fast/kernels/ until it moves)."""
+    pack = make_test_pack("tiny", "Q8_0")
+    ids = np.random.default_rng(4).integers(0, pack.config.n_vocab, 20)
+    want = {f"L{l:02d}.{op.name}" for l in range(pack.config.n_layer) for op in OPS} | set(GLOBALS) | set(HEADERS)
+    for eng in (ReferenceEngine(pack), make_fast_engine(pack, "sim")):
+        Session(eng, dump_dir=tmp_path / eng.name.replace("/", "-"), dump_level="ops", progress=False).run(ids)
+        got = {name for name, _ in iter_records(tmp_path / eng.name.replace("/", "-") / "layers.spd")}
+        assert got == want, eng.name
+    root = Path(__file__).resolve().parent.parent
+    for op in (*OPS, *GLOBALS.values()):
+        for kernel in re.findall(r"(\w+\.cu)\b", op.kernel):
+            assert (root / "fast/cuda/kernels" / kernel).exists() or (root / "fast/kernels" / kernel).exists(), op
+
