@@ -95,6 +95,7 @@ class FastEngine:
         self.staging = Ring("stage", STAGING_SLOTS)
         self._stream = None  # the chunk's streamed-walk pass, when the chunk streams
         self._passes = 0
+        self._held = {}  # op records of buffers that live one group at a time (_rec_rows)
         with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk) with "
                                f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
             self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=STAGING_SLOTS)
@@ -127,7 +128,7 @@ class FastEngine:
         with self.be.oom_guard(f"the buffers of layer {layer} for a chunk of {len(positions)} tokens "
                                f"(a smaller --prefill chunk needs less)"):
             with self.be.phase("attention"):
-                x = self.attention_half(layer, x, positions)
+                x = self.attention_half(layer, x, positions, dump)
             return self.moe_half(layer, x, dump)
 
     def _begin_chunk(self, n_tok: int) -> None:
@@ -147,6 +148,21 @@ class FastEngine:
             stream.copy_ahead()
         return stream
 
+    # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
+    def _rec(self, dump, layer: int, op: str, array, slot=None) -> None:
+        """Record op's output (strata/records.py); slot: the rows are expert-sorted."""
+        if dump is not None and dump.ops:
+            host = [a if a is None or isinstance(a, np.ndarray) else self.be.download(a) for a in (array, slot)]
+            dump.op(layer, op, *host)
+
+    def _rec_rows(self, dump, op: str, array, row0: int, n_rows: int) -> None:
+        """Keep rows row0.. of an expert-sorted buffer that lives one group at a time (H);
+        `self._held.pop(op)` is then recorded whole."""
+        if dump is not None and dump.ops:
+            part = self.be.download(array)
+            held = self._held.setdefault(op, np.full((n_rows, *part.shape[1:]), np.nan, part.dtype))
+            held[row0:row0 + part.shape[0]] = part
+
     # ---- pieces -----------------------------------------------------------------------
     def _quantize(self, x, w):
         """x's rows as a q8_1 buffer in the layout the weight w multiplies."""
@@ -158,11 +174,12 @@ class FastEngine:
             return self.be.float_dense(w, x)
         return self.be.mmq_dense(w, self._quantize(x, w))
 
-    def attention_half(self, layer: int, x, positions: np.ndarray):
+    def attention_half(self, layer: int, x, positions: np.ndarray, dump=None):
         be, cfg = self.be, self.config
         n_tok = len(positions)
         p = f"blk.{layer}."
         h = be.rmsnorm(x, be.w(p + "attn_norm"), cfg.rms_eps)
+        self._rec(dump, layer, "attn_norm", h)
         acts = {}
 
         def product(name):
@@ -179,11 +196,18 @@ class FastEngine:
         k = be.rmsnorm(be.view(k, (n_tok * cfg.n_head_kv, cfg.head_dim)), be.w(p + "attn_k_norm"), cfg.rms_eps)
         q = be.rope(be.view(q, (n_tok, cfg.n_head, cfg.head_dim)), positions)
         k = be.rope(be.view(k, (n_tok, cfg.n_head_kv, cfg.head_dim)), positions)
-        be.kv_write(layer, positions, k, be.view(v, (n_tok, cfg.n_head_kv, cfg.head_dim)))
-        o = be.attend(layer, q, positions)
+        v = be.view(v, (n_tok, cfg.n_head_kv, cfg.head_dim))
+        for name, a in (("q", q), ("k", k), ("v", v)):
+            self._rec(dump, layer, name, a)
+        be.kv_write(layer, positions, k, v)
+        o = be.view(be.attend(layer, q, positions), (n_tok, cfg.n_q))
+        self._rec(dump, layer, "attn_out", o)
         wo = be.w(p + "attn_output")
-        out = self._dense(wo, be.view(o, (n_tok, cfg.n_q)))
-        return be.add(x, out)
+        out = self._dense(wo, o)
+        self._rec(dump, layer, "attn_proj", out)
+        x = be.add(x, out)
+        self._rec(dump, layer, "attn_resid", x)
+        return x
 
     def moe_half(self, layer: int, x, dump=None):
         be, cfg = self.be, self.config
@@ -194,6 +218,8 @@ class FastEngine:
         with be.phase("router"):
             h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
             logits = self._dense(be.w(p + "ffn_gate_inp"), h)
+            self._rec(dump, layer, "ffn_norm", h)
+            self._rec(dump, layer, "router_logits", logits)
             ids, weights = be.top_k(logits, k_used)
             tab = be.routing_tables(ids, cfg.n_expert)
         n_rows = n_tok * k_used
@@ -225,6 +251,7 @@ class FastEngine:
                                      up=up)
             with be.phase("swiglu+quantize H"):
                 hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
+                self._rec_rows(dump, "swiglu_h", hh, grp.row_begin, n_rows)
                 be.quantize_gather(x=hh, src=None, n_rows=grp.n_rows, layout=down_layout, out=down_in,
                                    row0=grp.row_begin, n_rows_total=n_rows)
             with be.phase("products"):
@@ -252,7 +279,15 @@ class FastEngine:
             dump.layer(layer, "topk_w", be.download(weights))
             dump.layer(layer, "slot", slot)
             dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(be.download(moe_in), n_rows)[slot])
+            self._rec(dump, layer, "gate", gate, slot)
+            self._rec(dump, layer, "up", up, slot)
+            self._rec(dump, layer, "swiglu_h", self._held.pop("swiglu_h", None), slot)
             dump.layer(layer, "down_in_q8_1", q8_1.unpack_rows(be.download(down_in), n_rows)[slot])
+            self._rec(dump, layer, "y", y, slot)
+            if shared is not None:
+                self._rec(dump, layer, "shexp_g", shared[0])
+                self._rec(dump, layer, "shexp", shared[1])
+            self._rec(dump, layer, "moe_out", out)
         return out
 
     def shared_expert(self, p: str, h):

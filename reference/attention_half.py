@@ -20,7 +20,7 @@ from reference.moe_half import dense_product, quantize
 F32 = np.float32
 
 
-def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray, dump=None) -> np.ndarray:
     cfg = model.config
     L = model.pack.layer(layer)
     n_tok = x.shape[0]
@@ -48,4 +48,9 @@ def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray) -> n
     model.kv.write(layer, positions, k, v)
     o = attention.attend(model.kv, layer, q, positions).reshape(n_tok, cfg.n_q)
     out = dense_product(model, (layer, "attn_output"), L.attn_output, o)
-    return x + out
+    x = x + out
+    if dump is not None:  # the op records, in the order computed (strata/records.py)
+        for name, a in (("attn_norm", h), ("q", q), ("k", k), ("v", v), ("attn_out", o),
+                        ("attn_proj", out), ("attn_resid", x)):
+            dump.op(layer, name, a)
+    return x

@@ -49,7 +49,7 @@ class ReferenceEngine:
         return self.pack.embedding_rows(ids)
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, dump=None) -> np.ndarray:
-        x = attention_half(self, layer, x, positions)
+        x = attention_half(self, layer, x, positions, dump)
         return moe_half(self, layer, x, dump)
 
     @staticmethod

@@ -67,12 +67,14 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     down_layout = q8_1.layout_for(down_exps.qtype)
     down_in = np.zeros((tab.n_rows, q8_1.blocks_per_row(cfg.n_ff_exp), Q8_1_BLOCK_BYTES), np.uint8)
     y = np.zeros((tab.n_rows, cfg.n_embd), dtype=F32)
+    gate_all, up_all, h_all = (np.zeros((tab.n_rows, cfg.n_ff_exp), F32) for _ in range(3))  # op records
     for e in tab.order:
         rows = tab.rows_of(e)
         act = row_slice(moe_in_rows, rows.start, rows.stop)
         gate = model.product((layer, "gate", e), gate_exps.expert(e), act)
         up = model.product((layer, "up", e), up_exps.expert(e), act)
-        down_in[rows] = q8_1.quantize_rows(swiglu(gate, up), down_layout)
+        gate_all[rows], up_all[rows], h_all[rows] = gate, up, swiglu(gate, up)
+        down_in[rows] = q8_1.quantize_rows(h_all[rows], down_layout)
         act_h = q8_1.decode_rows(down_in[rows], rows.stop - rows.start, down_layout)
         y[rows] = model.product((layer, "down", e), down_exps.expert(e), act_h)
 
@@ -84,12 +86,22 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     # 6. Combine in rank order, then the shared expert, then the residual.
     out = combine(x, weights, tab.slot, y, shared)
 
-    if dump is not None:
+    if dump is not None:  # in the order computed (strata/records.py)
+        dump.op(layer, "ffn_norm", h)
+        dump.op(layer, "router_logits", logits)
         dump.layer(layer, "topk_ids", ids)
         dump.layer(layer, "topk_w", weights)
         dump.layer(layer, "slot", tab.slot)
         dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(moe_in, tab.n_rows)[tab.slot])
+        dump.op(layer, "gate", gate_all, slot=tab.slot)
+        dump.op(layer, "up", up_all, slot=tab.slot)
+        dump.op(layer, "swiglu_h", h_all, slot=tab.slot)
         dump.layer(layer, "down_in_q8_1", down_in[tab.slot])
+        dump.op(layer, "y", y, slot=tab.slot)
+        if shared is not None:
+            dump.op(layer, "shexp_g", shared[0])
+            dump.op(layer, "shexp", shared[1])
+        dump.op(layer, "moe_out", out)
     return out
 
 

@@ -48,12 +48,11 @@ class RecordWriter:
             f.write(a.tobytes())
 
 
-def read_records(path: str | Path) -> dict[str, np.ndarray]:
-    """All records of a file, same-named ones concatenated along axis 0, in file order."""
+def iter_records(path: str | Path):
+    """(name, array) of every record of a file, in file order (the order they were written)."""
     data = Path(path).read_bytes()
     if not data.startswith(MAGIC):
         raise InputError(f"{path}: not a strata-prefill dump (bad magic)")
-    parts: dict[str, list[np.ndarray]] = defaultdict(list)
     pos = len(MAGIC)
     try:
         while pos < len(data):
@@ -69,10 +68,17 @@ def read_records(path: str | Path) -> dict[str, np.ndarray]:
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             if pos + nbytes > len(data):
                 raise InputError(f"{path}: truncated record {name!r}")
-            parts[name].append(np.frombuffer(data, dtype, int(np.prod(shape)), pos).reshape(shape))
+            yield name, np.frombuffer(data, dtype, int(np.prod(shape)), pos).reshape(shape)
             pos += nbytes
-    except struct.error as exc:
-        raise InputError(f"{path}: truncated record header") from exc
+    except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
+        raise InputError(f"{path}: truncated or damaged record header") from exc
+
+
+def read_records(path: str | Path) -> dict[str, np.ndarray]:
+    """All records of a file, same-named ones concatenated along axis 0, in file order."""
+    parts: dict[str, list[np.ndarray]] = defaultdict(list)
+    for name, array in iter_records(path):
+        parts[name].append(array)
     return {k: (v[0] if len(v) == 1 else np.concatenate(v, axis=0)) for k, v in parts.items()}
 
 

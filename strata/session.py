@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata import dumps
+from strata import dumps, records
 from strata.errors import InputError
 
 AUTO_CHUNK = 8192  # `--prefill auto`
@@ -36,17 +36,45 @@ def parse_chunk(value) -> int:
 
 
 class LayerDump:
-    """The project's per-layer dump: records `L{layer:02d}.{name}` in `DIR/layers.spd`."""
+    """The project's record file `DIR/layers.spd` (docs/dumps.md): a header per chunk, then
+    records `L{layer:02d}.{name}`.
 
-    def __init__(self, directory: str | Path):
+    level "layer" writes the router, the q8_1 buffers and the sampled residual; level "ops"
+    adds every op's output (strata/records.py). Engines ask `dump.ops` before downloading
+    what only the op level records."""
+
+    def __init__(self, directory: str | Path, level: str = "layer"):
+        if level not in records.LEVELS:
+            raise InputError(f"dump level must be one of {', '.join(records.LEVELS)}, got {level!r}")
         self.dir = Path(directory)
+        self.level = level
         self.records = dumps.RecordWriter(self.dir / "layers.spd")
+
+    @property
+    def ops(self) -> bool:
+        return self.level == "ops"
+
+    def begin_chunk(self, index: int, positions: np.ndarray) -> None:
+        """Every record up to the next header belongs to chunk `index` at these positions."""
+        self.records.write("chunk", np.array([index], np.int64))
+        self.records.write("positions", np.asarray(positions, np.int64))
 
     def layer(self, layer: int, name: str, array: np.ndarray) -> None:
         self.records.write(f"L{layer:02d}.{name}", array)
 
+    def op(self, layer: int, name: str, array: np.ndarray, slot: np.ndarray | None = None) -> None:
+        """An op's output (host array), at the op level only. slot: the array's rows are
+        expert-sorted; they are written in pair order (row i <- row slot[i])."""
+        if self.ops:
+            self.layer(layer, name, array if slot is None else np.asarray(array)[slot])
+
     def global_(self, name: str, array: np.ndarray) -> None:
         self.records.write(name, array)
+
+
+def parse_dump_level(value) -> str:
+    """The dump level from its argument, else STRATA_PREFILL_DUMP_LEVEL, else "layer"."""
+    return value or os.environ.get("STRATA_PREFILL_DUMP_LEVEL") or "layer"
 
 
 @dataclass
@@ -64,14 +92,14 @@ class Session:
     """A prompt and its continuation on one engine; the KV cache carries across calls."""
 
     def __init__(self, engine, chunk="auto", dump_dir=None, dump_first_logits=None, dump_r=None,
-                 progress: bool | None = None):
+                 progress: bool | None = None, dump_level: str | None = None):
         self.engine = engine
         self.config = engine.config
         self.chunk = parse_chunk(chunk)
         env = os.environ
         self.dump_first_logits = dump_first_logits or env.get("STRATA_DUMP_FIRST_LOGITS") or None
         self.dump_r = dump_r or env.get("STRATA_PREFILL_DUMP_R") or None
-        self.layer_dump = LayerDump(dump_dir) if dump_dir else None
+        self.layer_dump = LayerDump(dump_dir, parse_dump_level(dump_level)) if dump_dir else None
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.n_past = 0
         self._chunks_done = 0  # the residual dump is truncated on a run's first chunk
@@ -105,6 +133,10 @@ class Session:
             chunk_ids = ids[c0:c0 + self.chunk]
             positions = np.arange(self.n_past, self.n_past + chunk_ids.size, dtype=np.int64)
             x = self.engine.embed(chunk_ids)
+            if self.layer_dump is not None:
+                self.layer_dump.begin_chunk(self._chunks_done, positions)
+                if self.layer_dump.ops:
+                    self.layer_dump.global_("embed", self.engine.to_host(x))
             for layer in range(n_layer):
                 x = self.engine.layer(layer, x, positions, self.layer_dump)
                 if self.layer_dump is not None:

@@ -41,6 +41,16 @@ def chunk_size(text: str) -> str | int:
             f"must be 'auto' or a positive integer, got {text!r}") from None
 
 
+def cache_size(text: str) -> str | int:
+    """`auto` or an integer >= 0 (expert-cache slots)."""
+    if text == "auto":
+        return text
+    try:
+        return non_negative_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 0, got {text!r}") from None
+
+
 def prompt_source(text: str) -> int | Path:
     """A token count (a positive integer) or an existing prompt file."""
     if re.fullmatch(r"[+-]?\d+", text.strip()):

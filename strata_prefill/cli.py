@@ -18,6 +18,7 @@ COMMANDS = {
     "run": "run",
     "make-pack": "make_pack",
     "info": "info",
+    "diff": "diff",
 }
 
 

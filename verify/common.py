@@ -7,32 +7,38 @@ from pathlib import Path
 import numpy as np
 
 from strata import q8_1
-from strata.dumps import read_records
+from strata.records import read_timeline
+from strata.report import compare_timelines, diff_array
 from strata.session import Session
-
-from verify.report import compare_records, diff_array
 
 # (buffer name in the dumps, which expert matrix selects its layout)
 Q8_RECORDS = {"moe_in_q8_1": 0, "down_in_q8_1": 1}
+
+
+# Prompts up to this many tokens record every op (--dump-level ops), so that a failure names
+# the first op that went wrong; longer ones record the layer level only (their per-pair
+# products run to hundreds of megabytes a run).
+OPS_DUMP_MAX_TOKENS = 256
 
 
 @dataclass
 class Run:
     logits: np.ndarray
     greedy: list
-    records: dict
+    timeline: list  # strata.records.Chunk, in the order they ran
     residuals: bytes
 
 
 def run_engine(engine, ids, chunk, out_dir: Path, greedy: int = 2, layer_dumps: bool = True) -> Run:
-    """Run with the Strata dumps, and the per-layer record file unless `layer_dumps` is off
-    (long prompts: their q8_1 buffers run to gigabytes)."""
+    """Run with the Strata dumps, and the record file unless `layer_dumps` is off (long
+    prompts: their q8_1 buffers run to gigabytes)."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    level = "ops" if len(ids) <= OPS_DUMP_MAX_TOKENS else "layer"
     s = Session(engine, chunk=chunk, dump_dir=out_dir if layer_dumps else None, dump_r=out_dir / "r.bin",
-                progress=False)
+                progress=False, dump_level=level)
     res = s.run(ids, greedy=greedy)
-    records = read_records(out_dir / "layers.spd") if layer_dumps else {}
-    return Run(res.logits, res.greedy, records, (out_dir / "r.bin").read_bytes())
+    timeline = read_timeline(out_dir / "layers.spd") if layer_dumps else []
+    return Run(res.logits, res.greedy, timeline, (out_dir / "r.bin").read_bytes())
 
 
 def layouts_of(pack) -> dict:
@@ -46,10 +52,10 @@ def layouts_of(pack) -> dict:
 
 def assert_same_run(a: Run, b: Run, pack, what: str) -> None:
     """Byte for byte: every dump record, the residual dump, the first-token logits, the
-    greedy tokens. A failure names the first differing byte."""
+    greedy tokens. A failure names the first op that differs (strata/report.py)."""
     k = pack.config.n_expert_used
-    miss = compare_records(a.records, b.records, k, layouts_of(pack))
-    assert miss is None, f"{what}: {miss}"
+    miss = compare_timelines(a.timeline, b.timeline, layouts_of(pack), k)
+    assert miss is None, f"{what}:\n{miss}"
     logits = diff_array("first-token logits", a.logits[None], b.logits[None])
     assert logits is None, f"{what}: {logits}"
     assert a.residuals == b.residuals, f"{what}: STRATA_PREFILL_DUMP_R files differ"

@@ -7,7 +7,7 @@ from collections import Counter
 from gguf import GGMLQuantizationType as QT
 
 from strata import quants
-from strata.pack import FLOAT_TYPES, Pack
+from strata.pack import Pack
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
@@ -47,7 +47,6 @@ def describe(pack: Pack) -> list[str]:
         "shared expert:  " + (f"yes (ff {c.n_ff_shexp})" if c.has_shexp else "no"),
         f"types:          expert gate/up {c.expert_gu_type.name}, down {c.expert_down_type.name}, "
         f"dense {c.dense_type.name}"
-        + (" (converted to Q8_0 on load)" if c.dense_type in FLOAT_TYPES else "")
         + f", router {router}"
         + (" (expert types vary by layer)" if mixed else ""),
         f"expert blob:    gate {gu_bytes:,} + up {gu_bytes:,} + down {d_bytes:,} = "

@@ -12,7 +12,7 @@ from strata_prefill import checks
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
-    from strata.make_pack import DENSE_TYPES, FALLBACK_TYPE
+    from strata.make_pack import DENSE_TYPES, FALLBACK_TYPE, ROUTER_TYPES
 
     p = subparsers.add_parser(
         name,
@@ -35,6 +35,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    + " (default: Q8_0)")
     p.add_argument("--dense-type", default="Q8_0", choices=[t.name for t in DENSE_TYPES],
                    help="attention, shared expert, token_embd and output (default: Q8_0)")
+    p.add_argument("--router-type", default=None, choices=[t.name for t in ROUTER_TYPES],
+                   help="ffn_gate_inp (and the shared-expert gate): F32 as llama.cpp's converters "
+                        "keep it, BF16 for the strata preset as Strata does (default by preset)")
     p.add_argument("--seed", type=checks.non_negative_int, default=0,
                    help="random seed (default: 0)")
     p.add_argument("--tie-embeddings", action="store_true",
@@ -57,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     path = make_pack(args.out, preset=args.preset, layers=args.layers,
                      expert_type=args.expert_type, seed=args.seed, dense_type=args.dense_type,
                      tie_embeddings=args.tie_embeddings, progress=args.progress,
-                     on_size=announce)
+                     on_size=announce, router_type=args.router_type)
     dt = time.perf_counter() - t0
     size = os.path.getsize(path)
     print(f"wrote {path}: preset {args.preset}, expert type {args.expert_type}, "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.constants import PACK_FORMAT
+from strata.constants import PACK_FORMAT, VRAM_RESERVE_MIB
 from strata.errors import InputError
 from strata_prefill import checks
 
@@ -34,6 +34,11 @@ DUMP_ENV = {
 FAST_ENGINE_KEYWORDS = {
     "group_gather": "group_gather",
     "quant_gather": "quant_gather",
+    "expert_cache": "expert_cache",
+    "vram_reserve_mib": "vram_reserve_mib",
+    "ring": "ring",
+    "stream_min": "stream_min",
+    "copy_coalesce": "copy_coalesce",
 }
 
 
@@ -54,7 +59,10 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--impl", choices=["reference", "fast"], default="reference",
                    help="which implementation runs (default reference)")
     p.add_argument("--dump-dir", type=checks.output_dir,
-                   help="write the project's per-layer dumps (layers.spd) here")
+                   help="write the project's record file (layers.spd) here")
+    p.add_argument("--dump-level", choices=["layer", "ops"], default=None,
+                   help="layer: router, q8_1 buffers, sampled residual (default); ops: every op's "
+                        "output too (env STRATA_PREFILL_DUMP_LEVEL)")
     p.add_argument("--dump-first-logits", type=checks.output_file, metavar="FILE",
                    help="raw float32 first-token logits (env STRATA_DUMP_FIRST_LOGITS)")
     p.add_argument("--dump-r", type=checks.output_file, metavar="FILE",
@@ -77,6 +85,20 @@ def add_fast_switches(p) -> None:
     g.add_argument("--quant-gather", type=int, choices=[0, 1], default=None,
                    help="1: per-row gather quantize; 0: per-token scatter (default) "
                         "(env STRATA_QUANT_GATHER)")
+    g.add_argument("--expert-cache", type=checks.cache_size, default="auto", metavar="N|auto",
+                   help="VRAM slots for resident experts; the rest stream from page-locked host "
+                        "memory (auto: what free memory less --vram-reserve-mib holds; sim: all)")
+    g.add_argument("--vram-reserve-mib", type=checks.non_negative_int, default=VRAM_RESERVE_MIB,
+                   metavar="MIB", help=f"device memory --expert-cache auto leaves free (default {VRAM_RESERVE_MIB})")
+    g.add_argument("--ring", type=checks.positive_int, default=None, metavar="N",
+                   help="ring slots of the streamed walk (default 96, 384 when the host tier is "
+                        "page-locked) (env STRATA_PREFILL_RING)")
+    g.add_argument("--stream-min", type=checks.positive_int, default=None, metavar="N",
+                   help="chunks of at least N tokens stream every streamed expert; smaller ones "
+                        "stage the routed ones (default 1024) (env STRATA_PREFILL_STREAM_MIN)")
+    g.add_argument("--copy-coalesce", type=int, choices=[0, 1], default=None,
+                   help="1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy "
+                        "per expert (default) (env STRATA_PREFILL_COPY_COALESCE)")
 
 
 def fast_engine_kwargs(args) -> dict:
@@ -175,7 +197,7 @@ def main(args) -> int:
     engine = make_engine(args.impl, pack, args)
     session = Session(engine, chunk=args.prefill, dump_dir=args.dump_dir,
                       dump_first_logits=args.dump_first_logits, dump_r=args.dump_r,
-                      progress=None if not args.no_progress else False)
+                      progress=None if not args.no_progress else False, dump_level=args.dump_level)
     res = session.run(prompt, greedy=args.greedy)
 
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
@@ -190,4 +212,11 @@ def main(args) -> int:
     if len(res.greedy) > 1:
         line += f", decode {(len(res.greedy) - 1) / res.decode_seconds:,.1f} tokens/s"
     print(line)
+    counters = getattr(engine, "counters", None)
+    if counters is not None:  # the fast path: what it launched, copied, waited for
+        c = counters
+        print(f"counters  launches {c['launches']:,}, gathers {c['gathers']:,}, copies {c['copies']:,} "
+              f"({c['copy_bytes'] / 1e6:,.1f} MB), waits {c['waits']:,}, events {c['events']:,} "
+              f"(resident experts {engine.placement.n_resident:,} of {engine.placement.resident.size:,}, "
+              f"ring {engine.ring.n_slots} slots)")
     return 0

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from strata import q8_1
-from verify.report import compare_records, describe_q8_byte, diff_array, diff_q8_buffer
+from strata.report import compare_records, describe_q8_byte, diff_array, diff_q8_buffer
 
 
 def q8_pairs(rng, rows=24, K=256, layout=q8_1.Layout.D4):

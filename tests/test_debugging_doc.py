@@ -1,0 +1,44 @@
+"""docs/debugging.md's transcript is what the report prints for the bug the doc plants: the
+first group's last bound one row short, in the sim. Regenerated here, compared line by line."""
+import re
+from pathlib import Path
+
+import numpy as np
+
+from fast.sim import SimBackend
+from strata_prefill.cli import main
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "debugging.md"
+
+
+def doc_transcript() -> str:
+    text = DOC.read_text()
+    m = re.search(r"<!-- transcript: tests/test_debugging_doc.py -->\n```\n(.*?)```\n<!-- end transcript -->",
+                  text, re.S)
+    assert m, "the marked transcript block is missing from docs/debugging.md"
+    return m.group(1)
+
+
+def test_the_doc_transcript_is_what_the_report_prints(make_test_pack, tmp_path, monkeypatch, capsys):
+    pack = make_test_pack("small", "Q8_0")  # = strata-prefill make-pack small.gguf --preset small
+    monkeypatch.chdir(tmp_path)
+    common = ["--pack", str(pack.path), "--prompt-tokens", "48", "--prefill", "32", "--greedy", "1",
+              "--dump-level", "ops", "--no-progress"]
+    assert main(["run", "--impl", "reference", "--dump-dir", "A", *common]) == 0
+    orig = SimBackend.group_bounds
+
+    def group_bounds(bounds_list):
+        out = [np.asarray(b).copy() for b in bounds_list]
+        out[0][-1, 1] -= 1  # the first group's last expert loses its last row
+        return orig(out)
+
+    monkeypatch.setattr(SimBackend, "group_bounds", staticmethod(group_bounds))
+    assert main(["run", "--impl", "fast", "--backend", "sim", "--dump-dir", "B", *common]) == 0
+    capsys.readouterr()
+    assert main(["diff", "A", "B"]) == 1
+    assert capsys.readouterr().out == doc_transcript()
+    monkeypatch.setattr(SimBackend, "group_bounds", staticmethod(orig))
+    assert main(["run", "--impl", "fast", "--backend", "sim", "--dump-dir", "C", *common]) == 0
+    capsys.readouterr()
+    assert main(["diff", "A", "C"]) == 0  # step 4: the fix
+    assert capsys.readouterr().out == "layers.spd: identical records\n"
