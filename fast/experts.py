@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from strata.constants import COALESCE_MAX
 from strata.errors import InputError
 
 
@@ -105,8 +106,9 @@ class RingStream:
 
     def copy_ahead(self) -> None:
         """Enqueue every copy the ring has room for: entry k once entry k - n_slots is released.
-        Coalescing hands the backend a run of entries in one call (it merges the ones whose host
-        blobs and slots are adjacent into one copy); otherwise one call per entry."""
+        Coalescing hands the backend up to COALESCE_MAX entries a call (it merges the ones whose
+        host blobs and slots are adjacent into one copy, with one event for them); otherwise one
+        call, one copy and one event per entry."""
         n_slots, batch = self.ring.n_slots, []
         while self.next_copy < len(self.entries):
             k = self.next_copy
@@ -114,10 +116,9 @@ class RingStream:
                 break
             batch.append(k)
             self.next_copy += 1
-        runs = [batch] if self.coalesce else [[k] for k in batch]
-        for run in runs:
-            if run:
-                self._copy(run)
+        step = COALESCE_MAX if self.coalesce else 1
+        for i in range(0, len(batch), step):
+            self._copy(batch[i:i + step])
 
     def _copy(self, run: list[int]) -> None:
         ring = self.ring
