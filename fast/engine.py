@@ -149,11 +149,13 @@ class FastEngine:
         return stream
 
     # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
-    def _rec(self, dump, layer: int, op: str, array, slot=None) -> None:
-        """Record op's output (strata/records.py); slot: the rows are expert-sorted."""
+    def _rec(self, dump, layer: int, op: str, array, slot=None, on_host: bool = False) -> None:
+        """Record op's output (strata/records.py): a device array, downloaded (the sim's arrays
+        are NumPy too, filled only once their step has run), or a host one (on_host); slot: the
+        host copy of the routing slots, when the rows are expert-sorted."""
         if dump is not None and dump.ops:
-            host = [a if a is None or isinstance(a, np.ndarray) else self.be.download(a) for a in (array, slot)]
-            dump.op(layer, op, *host)
+            host = array if array is None or on_host else self.be.download(array)
+            dump.op(layer, op, host, slot)
 
     def _rec_rows(self, dump, op: str, array, row0: int, n_rows: int) -> None:
         """Keep rows row0.. of an expert-sorted buffer that lives one group at a time (H);
@@ -281,7 +283,7 @@ class FastEngine:
             dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(be.download(moe_in), n_rows)[slot])
             self._rec(dump, layer, "gate", gate, slot)
             self._rec(dump, layer, "up", up, slot)
-            self._rec(dump, layer, "swiglu_h", self._held.pop("swiglu_h", None), slot)
+            self._rec(dump, layer, "swiglu_h", self._held.pop("swiglu_h", None), slot, on_host=True)
             dump.layer(layer, "down_in_q8_1", q8_1.unpack_rows(be.download(down_in), n_rows)[slot])
             self._rec(dump, layer, "y", y, slot)
             if shared is not None:

@@ -37,7 +37,7 @@ def test_float_dense_bytes(qtype, T, N, K):
     import pycuda.driver as cuda
     from pycuda import gpuarray
 
-    from fast.cuda import dense as cuda_dense
+    from fast.cuda import dense as cuda_dense, runtime
 
     rng = np.random.default_rng(T * 1000 + N * 10 + K)
     raw = _weights(rng, qtype, N, K)
@@ -48,7 +48,7 @@ def test_float_dense_bytes(qtype, T, N, K):
     x_d = gpuarray.to_gpu(x)
     out = gpuarray.empty((T, N), np.float32)
     cuda.memset_d8(out.gpudata, POISON, out.nbytes)
-    cuda_dense.float_dense(qtype, w_d, N, K, x_d, T, out)
+    cuda_dense.float_dense(runtime.Device(), qtype, w_d, N, K, x_d, T, out)
     got = out.get()
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), \
         f"{qtype.name} T={T} N={N} K={K}: first differing (t, n) {np.argwhere(got != want)[:1].tolist()}"
@@ -60,7 +60,7 @@ def test_float_dense_strided_rows(qtype):
     import pycuda.driver as cuda
     from pycuda import gpuarray
 
-    from fast.cuda import dense as cuda_dense
+    from fast.cuda import dense as cuda_dense, runtime
 
     rng = np.random.default_rng(7)
     T, N, K, ldx, ldo = 9, 6, 96, 100, 11
@@ -69,7 +69,7 @@ def test_float_dense_strided_rows(qtype):
     want = dense.float_matmul(dense.decode_float(qtype, raw), np.ascontiguousarray(xw[:, :K]))
     out = gpuarray.empty((T, ldo), np.float32)
     cuda.memset_d8(out.gpudata, POISON, out.nbytes)
-    cuda_dense.float_dense(qtype, gpuarray.to_gpu(raw.reshape(-1)), N, K, gpuarray.to_gpu(xw), T, out,
+    cuda_dense.float_dense(runtime.Device(), qtype, gpuarray.to_gpu(raw.reshape(-1)), N, K, gpuarray.to_gpu(xw), T, out,
                            ldx=ldx, ldo=ldo)
     got = out.get()
     assert np.array_equal(got[:, :N].view(np.uint8), want.view(np.uint8))
