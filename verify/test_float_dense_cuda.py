@@ -39,6 +39,8 @@ def test_float_dense_bytes(qtype, T, N, K):
 
     from fast.cuda import dense as cuda_dense, runtime
 
+    runtime.context()
+
     rng = np.random.default_rng(T * 1000 + N * 10 + K)
     raw = _weights(rng, qtype, N, K)
     x = rng.standard_normal((T, K), dtype=np.float32)
@@ -61,6 +63,8 @@ def test_float_dense_strided_rows(qtype):
     from pycuda import gpuarray
 
     from fast.cuda import dense as cuda_dense, runtime
+
+    runtime.context()
 
     rng = np.random.default_rng(7)
     T, N, K, ldx, ldo = 9, 6, 96, 100, 11
