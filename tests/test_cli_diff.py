@@ -8,6 +8,7 @@ from strata.dumps import write_first_logits, write_residuals
 
 
 def run(pack, out, prompt, extra=()):
+    out.mkdir(parents=True, exist_ok=True)  # dump files go into an existing folder
     args = ["run", "--pack", str(pack.path), "--prompt-tokens", str(prompt), "--prefill", "32", "--greedy", "1",
             "--dump-dir", str(out), "--dump-level", "ops", "--dump-first-logits", str(out / "logits.f32"),
             "--dump-r", str(out / "r.bin"), "--no-progress", *extra]

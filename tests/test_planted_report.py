@@ -89,9 +89,10 @@ def test_wrong_scatter_slot_order_is_named_at_the_moe_input(runs):
     clean, planted = runs
 
     def swapped(orig):
-        def quantize_scatter(self, x, slot, n_tok, k_used, layout, out):
+        def quantize_scatter(self, *, x, slot, n_tok, k_used, layout, out):
             s = np.asarray(slot).reshape(n_tok, k_used)[[1, 0, *range(2, n_tok)]]  # tokens 0, 1 swap
-            return orig(self, x, np.ascontiguousarray(s.reshape(-1)), n_tok, k_used, layout, out)
+            return orig(self, x=x, slot=np.ascontiguousarray(s.reshape(-1)), n_tok=n_tok, k_used=k_used,
+                        layout=layout, out=out)
         return quantize_scatter
 
     miss = compare_timelines(clean, planted("quantize_scatter", swapped))
