@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 
+from strata.numerics import RopeTable
+
 
 class BackendBase:
-    _rope = None  # (cos, sin) of the positions covered so far
+    _rope = None  # a strata.numerics.RopeTable, made on first use
 
     @staticmethod
     def oom_guard(what: str):
@@ -27,9 +29,9 @@ class BackendBase:
         return x[n - 1:n]
 
     def rope_table(self, need: int):
-        """The RoPE table covering positions 0..need-1, grown by doubling (an entry depends
-        only on its position, so growing never changes one). `_make_rope(n)` builds it."""
-        have = 0 if self._rope is None else int(self._rope[0].shape[0])
-        if have < need:
-            self._rope = self._make_rope(max(need, 2 * have, 256))
-        return self._rope
+        """The RoPE table covering positions 0..need-1: strata.numerics.RopeTable's growth, with
+        the backend's `_make_rope(n)` building (and, on the GPU, uploading) each size."""
+        if self._rope is None:
+            cfg = self.config
+            self._rope = RopeTable(cfg.head_dim, cfg.rope_base, build=lambda n, _hd, _base: self._make_rope(n))
+        return self._rope.covering(need)
