@@ -58,16 +58,10 @@ LONG = [int(t) for t in os.environ.get("STRATA_VERIFY_LONG", "8192,32768").split
 
 
 @pytest.mark.parametrize("n_tokens", LONG)
-def test_long_prompt_switch_arms_agree(tmp_path_factory, n_tokens):
+def test_long_prompt_switch_arms_agree(tmp_path_factory, make_test_pack, n_tokens):
     """A `strata` pack of 2 layers (512 experts, top-10, a shared expert): every switch
     combination gives the bytes of the default arm."""
-    from strata.make_pack import make_pack
-    from strata.pack import Pack
-
-    path = tmp_path_factory.getbasetemp() / "strata-2.gguf"
-    if not path.exists():
-        make_pack(path, "strata", layers=2, expert_type="IQ2_XS", progress=False)
-    pack = Pack.open(path)
+    pack = make_test_pack("strata", "IQ2_XS", layers=2)
     ids = prompt(pack, n_tokens, seed=n_tokens)
     base = None
     for gg, qg in SWITCHES:

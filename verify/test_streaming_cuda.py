@@ -62,16 +62,10 @@ LONG = [int(t) for t in os.environ.get("STRATA_VERIFY_LONG", "8192,32768").split
 
 
 @pytest.mark.parametrize("n_tokens", LONG)
-def test_long_prompts_streamed_arms_agree(tmp_path_factory, n_tokens):
+def test_long_prompts_streamed_arms_agree(tmp_path_factory, make_test_pack, n_tokens):
     """A 2-layer `strata` pack, a cache of a third of its experts: every streamed arm (and the
     default ring, 96 and 8 slots) gives the all-resident run's bytes."""
-    from strata.make_pack import make_pack
-    from strata.pack import Pack
-
-    path = tmp_path_factory.getbasetemp() / "strata-2-stream.gguf"
-    if not path.exists():
-        make_pack(path, "strata", layers=2, expert_type="IQ2_XS", progress=False)
-    pack = Pack.open(path)
+    pack = make_test_pack("strata", "IQ2_XS", layers=2)
     cfg = pack.config
     ids = prompt(pack, n_tokens, seed=n_tokens)
     base = run_engine(_engine(pack, expert_cache=cfg.n_layer * cfg.n_expert), ids, "auto",
