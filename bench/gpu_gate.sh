@@ -3,6 +3,8 @@
 #   bash bench/gpu_gate.sh verify   # pytest verify/ (kernels, reference vs cuda, long-prompt arms)
 #   bash bench/gpu_gate.sh bench    # MMQ TOP/s, whole prefill on a strata pack, A/B of the switches
 #   bash bench/gpu_gate.sh all
+#   bash bench/gpu_gate.sh suites   # the pytest-benchmark GPU suites (bench/test_bench_*_cuda.py), saved
+#                                   # under $LOG/benchmarks; not part of `all`
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
 # installs it from the package index, and only where no index answers from the wheels in
 # ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). Parallel pytest workers
@@ -53,5 +55,10 @@ if [[ $MODE == bench || $MODE == all ]]; then
       --reps "${REPS:-3}" 2>&1 | tee "$LOG/ab_group.log" | tail -n 5 >> "$SUMMARY"
   python3 bench/ab.py --pack "$PACK" --a quant_gather=1 --b quant_gather=0 --tokens "${TOKENS:-2048,8192,32768}" --phases \
       --reps "${REPS:-3}" 2>&1 | tee "$LOG/ab_quant.log" | tail -n 8 >> "$SUMMARY"
+fi
+if [[ $MODE == suites ]]; then
+  python3 -m pytest bench/ -q -p no:cacheprovider -k "not reference" --benchmark-storage "file://$PWD/$LOG/benchmarks" \
+      --benchmark-autosave --benchmark-columns=median,rounds 2>&1 | tee "$LOG/suites.log"
+  echo "suites: $(tail -n 1 "$LOG/suites.log")" >> "$SUMMARY"
 fi
 echo; echo "==== summary ===="; cat "$SUMMARY"

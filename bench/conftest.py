@@ -1,0 +1,146 @@
+"""Fixtures and hooks of the benchmark suites (`pytest bench/`; the repo's default testpaths
+leave bench/ out, so a plain `pytest` never runs them).
+
+GPU suites carry `pytestmark = pytest.mark.gpu`; without a usable GPU every such test is
+skipped with "cuda backend unavailable: <reason>" (fast.cuda.runtime.cuda_available()), and
+nothing touches PyCUDA. With one, the GPU's name, SM count and clocks go into the machine info
+pytest-benchmark saves (`--benchmark-autosave`) and compares (`--benchmark-compare` warns when
+they differ).
+
+How GPU time is measured. pytest-benchmark 5.2 times a round by calling its timer before and
+after the function and keeping the difference; pedantic mode does no calibration, runs
+`warmup_rounds` untimed rounds first, and calls `setup` outside the timed span. The
+`gpu_benchmark` fixture runs pedantic mode with an `EventTimer` (bench/gpu_timing.py) installed
+as that timer: the call before a round waits for the device to be idle and records a CUDA event
+on the stream the work goes to, the call after records a second event there and waits for it,
+and the round's time is the GPU's elapsed time between the two. This is the honest choice over
+timing with the host clock around a synchronizing function: no host synchronization latency
+is counted, while the host's launch time still is wherever the GPU waits for the next launch
+(a walk pays that too). The timer is installed by setting the fixture's `_timer` attribute,
+the one place pytest-benchmark reads it from (its --benchmark-timer option is one timer for
+the whole session); it is saved under the name "cuda_events". Stats are per call, in seconds.
+
+extra_info of every GPU benchmark: its shape (tokens, rows, chunk, ...), the launches, gathers,
+waits, events and copies one call makes (counters of the Device or engine), bytes moved, and
+TOP/s or GB/s from the median.
+"""
+from __future__ import annotations
+
+import pytest
+
+from gpu_timing import EventTimer, PycudaClock, per_call
+
+_RATIOS = pytest.StashKey[list]()
+_cuda = {}
+
+
+def cuda_state() -> tuple[bool, str]:
+    """fast.cuda.runtime.cuda_available(), asked once."""
+    if not _cuda:
+        from fast.cuda.runtime import cuda_available
+
+        _cuda["state"] = cuda_available()
+    return _cuda["state"]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: a benchmark that needs the cuda backend")
+    config.stash[_RATIOS] = []
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [it for it in items if it.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    ok, why = cuda_state()
+    if not ok:
+        skip = pytest.mark.skip(reason=f"cuda backend unavailable: {why}")
+        for it in gpu_items:
+            it.add_marker(skip)
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    ok, _ = cuda_state()
+    if not ok:
+        return
+    from fast.cuda import runtime
+
+    cuda = runtime._driver()
+    dev = runtime.context().get_device()
+    attr = cuda.device_attribute
+
+    def get(name):  # some attributes are deprecated in newer drivers: leave them out then
+        try:
+            return int(dev.get_attribute(getattr(attr, name)))
+        except Exception:  # noqa: BLE001
+            return None
+
+    info = {"name": dev.name(), "arch": runtime.arch(), "sm_count": get("MULTIPROCESSOR_COUNT"),
+            "clock_rate_khz": get("CLOCK_RATE"), "memory_clock_khz": get("MEMORY_CLOCK_RATE"),
+            "memory_bus_bits": get("GLOBAL_MEMORY_BUS_WIDTH"), "total_memory": dev.total_memory(),
+            "driver": cuda.get_driver_version()}
+    machine_info["gpu"] = {k: v for k, v in info.items() if v is not None}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    rows = config.stash.get(_RATIOS, [])
+    if rows:
+        terminalreporter.section("ours vs torch (median seconds; ratio = ours / torch)")
+        for name, ours, theirs in rows:
+            terminalreporter.write_line(f"{name:60s} ours {ours * 1e3:9.3f} ms  torch {theirs * 1e3:9.3f} ms"
+                                        f"  ratio {ours / theirs:6.2f}")
+
+
+@pytest.fixture(scope="session")
+def cuda_device():
+    """A fast.cuda.runtime.Device on its own stream (launch counters, memory pool)."""
+    from fast.cuda import runtime
+
+    runtime.context()
+    import pycuda.driver as cuda
+
+    return runtime.Device(stream=cuda.Stream())
+
+
+@pytest.fixture
+def gpu_benchmark(benchmark):
+    """run(fn, stream=..., counters=..., rounds=5, warmup_rounds=1, setup=None, ops=None,
+    nbytes=None, **info) -> median seconds (None under --benchmark-disable): fn timed with CUDA
+    events on `stream` in pedantic mode; `counters` (a Counter the work increments) gives the
+    per-call launches etc.; ops gives TOP/s, nbytes GB/s; info goes into extra_info."""
+
+    def run(fn, *, stream, counters=None, rounds=5, warmup_rounds=1, setup=None, ops=None, nbytes=None, **info):
+        benchmark._timer = EventTimer(PycudaClock(stream))
+        before = dict(counters or {})
+        benchmark.pedantic(fn, setup=setup, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1)
+        extra = benchmark.extra_info
+        extra.update(info)
+        if counters is not None:
+            extra.update(per_call(counters, before, rounds + warmup_rounds))
+        if benchmark.stats is None:
+            return None
+        median = benchmark.stats.stats.median
+        if ops:
+            extra["ops"] = ops
+            extra["TOP/s"] = ops / median / 1e12
+        if nbytes:
+            extra["bytes"] = nbytes
+            extra["GB/s"] = nbytes / median / 1e9
+        return median
+
+    return run
+
+
+@pytest.fixture
+def torch_ratio(request, benchmark):
+    """record(ours_s, torch_s, **info): torch's median, the ratio and info into extra_info, and a
+    line in the table printed at the end of the run."""
+
+    def record(ours, theirs, **info):
+        benchmark.extra_info.update(info)
+        benchmark.extra_info["torch_median_s"] = theirs
+        if ours is not None:
+            benchmark.extra_info["ratio_vs_torch"] = ours / theirs
+            request.config.stash[_RATIOS].append((request.node.name, ours, theirs))
+
+    return record

@@ -1,0 +1,97 @@
+"""CUDA-event clocks for the GPU benchmarks (why events, and how pytest-benchmark is made to use
+them: bench/conftest.py).
+
+A clock's start() waits for the device to be idle and records an event on its stream; stop()
+records a second event on the same stream, waits for it and returns the seconds between the
+two as the GPU measured them. `EventTimer` turns a clock into the zero-argument timer
+pytest-benchmark calls once before and once after each round; `measure` runs a function the
+same way outside pytest-benchmark (the torch side of bench/test_bench_torch_side_cuda.py).
+"""
+from __future__ import annotations
+
+import statistics
+
+#: the counters of fast.cuda.runtime.Device / the backends worth reporting per call
+COUNTED = ("launches", "gathers", "waits", "events", "copies", "copy_bytes")
+
+
+class PycudaClock:
+    """Events on a pycuda stream (None: the legacy default stream)."""
+
+    def __init__(self, stream=None):
+        import pycuda.driver as cuda
+
+        self.cuda, self.stream, self._start = cuda, stream, None
+
+    def start(self) -> None:
+        self.cuda.Context.synchronize()  # setup's uploads and earlier rounds are done
+        self._start = self.cuda.Event()
+        self._start.record(self.stream)
+
+    def stop(self) -> float:
+        end = self.cuda.Event()
+        end.record(self.stream)
+        end.synchronize()
+        return self._start.time_till(end) / 1e3
+
+
+class TorchClock:
+    """Events on torch's current CUDA stream."""
+
+    def __init__(self):
+        import torch
+
+        self.torch, self._start = torch, None
+
+    def start(self) -> None:
+        self.torch.cuda.synchronize()
+        self._start = self.torch.cuda.Event(enable_timing=True)
+        self._start.record()
+
+    def stop(self) -> float:
+        end = self.torch.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        return self._start.elapsed_time(end) / 1e3
+
+
+class EventTimer:
+    """pytest-benchmark's timer backed by a clock: it is called in pairs around each round and
+    uses the difference, so the first call of a pair starts the clock and returns 0.0 and the
+    second returns the GPU's elapsed seconds. (A timer returning seconds since one fixed base
+    event would lose precision: event times are single-precision milliseconds.)"""
+
+    __name__ = "cuda_events"  # what pytest-benchmark saves as the timer's name
+
+    def __init__(self, clock):
+        self.clock, self._running = clock, False
+
+    def __call__(self) -> float:
+        if not self._running:
+            self._running = True
+            self.clock.start()
+            return 0.0
+        self._running = False
+        return self.clock.stop()
+
+
+def measure(clock, fn, rounds: int, warmup_rounds: int) -> float:
+    """Median seconds of fn() over `rounds` after `warmup_rounds` untimed calls."""
+    for _ in range(warmup_rounds):
+        fn()
+    times = []
+    for _ in range(rounds):
+        clock.start()
+        fn()
+        times.append(clock.stop())
+    return statistics.median(times)
+
+
+def per_call(counters, before: dict, calls: int) -> dict:
+    """The counters' growth since `before`, per call (an int where it divides evenly)."""
+    out = {}
+    for k in COUNTED:
+        d = counters.get(k, 0) - before.get(k, 0)
+        if d:
+            out[k] = d // calls if d % calls == 0 else round(d / calls, 2)
+    return out

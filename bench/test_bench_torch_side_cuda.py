@@ -1,0 +1,152 @@
+"""Ours beside torch on the same shapes, in one run: the grouped MMQ against torch._int_mm and
+the int8 attention against torch's SDPA (bf16). Skipped where torch or the GPU is missing.
+
+    pytest bench/test_bench_torch_side_cuda.py        (or: python3 bench/test_bench_torch_side_cuda.py)
+
+Each benchmark times ours with pytest-benchmark (CUDA events, bench/conftest.py) and torch's
+with the same events, warm-up and rounds on torch's stream; extra_info holds torch's median and
+ratio_vs_torch = ours / torch (below 1: ours is faster), and a table of the ratios prints last.
+Shapes (strata preset):
+- grouped gate/up at 8K tokens: 81,920 rows over 512 experts; ours: one launch per group of 16
+  experts and matrix (Q8_0 and IQ2_XS weights); torch: one _int_mm per expert of its rows
+  (int8 codes of the same routing) by an int8 2560 x 1280 matrix (gate | up).
+- dense 1,600 and 6,400 rows by 2560 -> 1280: ours mmq_dense (Q8_0), torch one _int_mm.
+- attention, 32 heads over 4 KV heads, head_dim 128, causal, 4K and 32K tokens; ours over the
+  int8 cache, torch scaled_dot_product_attention in bf16 (enable_gqa where torch has it, else
+  the KV heads repeated once, untimed).
+torch's int8 products stop at int32 sums and its SDPA computes in bf16: the comparison is of
+time on equal shapes, not of equal work per value.
+"""
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fast.cuda import products, runtime  # noqa: E402
+from fast.cuda.attention import DeviceKVCache  # noqa: E402
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+from gpu_shapes import N_EMBD, N_EXPERT, N_FF, N_GROUPS, STRATA, Routing  # noqa: E402
+from gpu_timing import TorchClock, measure  # noqa: E402
+from strata import q8_1, quants  # noqa: E402
+from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+ROUNDS, WARMUP = 5, 1
+INT_MM_MIN_ROWS = 17  # torch._int_mm wants more than 16 rows: fewer are padded (and counted)
+
+
+def q8_act(dev, rows_src, tokens, K, qt):
+    """A q8_1 buffer of len(rows_src) rows of random tokens in qt's layout."""
+    x = dev.upload(np.random.default_rng(tokens).standard_normal((tokens, K), dtype=np.float32))
+    act = dev.empty((q8_1.buffer_nbytes(len(rows_src), K),), np.uint8)
+    products.quantize_gather(dev, x, dev.upload(rows_src), len(rows_src), K, q8_1.layout_for(qt), act)
+    return act
+
+
+def weights(qt, n_mat, N, K, what):
+    vals, _ = quants.block_size(qt)
+    blocks = quants.random_blocks(qt, n_mat * N * K // vals, np.random.default_rng(int(qt))).reshape(-1)
+    return runtime.to_device(np.concatenate([blocks, np.zeros(GROUP_TAIL_BYTES, np.uint8)]), what)
+
+
+@pytest.mark.parametrize("tname", ["Q8_0", "IQ2_XS"])
+def test_grouped_gate_up(gpu_benchmark, torch_ratio, cuda_device, tname):
+    dev, qt, tokens, K, N = cuda_device, QT[tname], 8192, N_EMBD, N_FF
+    r = Routing(tokens)
+    mat = quants.row_bytes(qt, K) * N
+    w = weights(qt, 2 * MMQ_GROUP, N, K, "group weights")  # one group's buffer, reused by every group
+    act = q8_act(dev, r.src, tokens, K, qt)
+    bounds = dev.upload(r.bounds.reshape(-1))
+    outs = [dev.empty((r.rows, N), np.float32) for _ in range(2)]
+
+    def ours():
+        for g in range(N_GROUPS):
+            b = int(bounds.gpudata) + g * MMQ_GROUP * 8
+            for j, out in enumerate(outs):
+                products.mmq_group(dev, qt, int(w) + j * mat, 2 * mat, N, K, act, r.rows, b, MMQ_GROUP, out,
+                                   rows=int(r.group_rows[g]))
+
+    t_ours = gpu_benchmark(ours, stream=dev.stream, counters=dev.counters, rounds=ROUNDS, warmup_rounds=WARMUP,
+                           ops=4 * r.rows * N * K, tokens=tokens, rows=r.rows, type=tname)
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randint(-127, 128, (r.rows, K), dtype=torch.int8, device="cuda", generator=gen)
+    wt = torch.randint(-127, 128, (N_EXPERT, 2 * N, K), dtype=torch.int8, device="cuda", generator=gen)
+    spans, padded = [], 0
+    for e in range(N_EXPERT):
+        lo, hi = r.expert_rows(e)
+        if hi - lo < INT_MM_MIN_ROWS:
+            padded += 1
+            lo = min(lo, r.rows - INT_MM_MIN_ROWS)
+            hi = lo + INT_MM_MIN_ROWS
+        spans.append((lo, hi))
+
+    def theirs():
+        for e, (lo, hi) in enumerate(spans):
+            torch._int_mm(a[lo:hi], wt[e].t())
+
+    torch_ratio(t_ours, measure(TorchClock(), theirs, ROUNDS, WARMUP), torch_launches=N_EXPERT,
+                torch_padded_experts=padded)
+
+
+@pytest.mark.parametrize("rows", [1600, 6400])
+def test_dense(gpu_benchmark, torch_ratio, cuda_device, rows):
+    dev, qt, K, N = cuda_device, QT.Q8_0, N_EMBD, 2 * N_FF
+    w = weights(qt, 1, N, K, "dense weight")
+    act = q8_act(dev, np.arange(rows, dtype=np.int32), rows, K, qt)
+    out = dev.empty((rows, N), np.float32)
+
+    def ours():
+        products.mmq_dense(dev, qt, w, N, K, act, rows, out)
+
+    t_ours = gpu_benchmark(ours, stream=dev.stream, counters=dev.counters, rounds=ROUNDS, warmup_rounds=WARMUP,
+                           ops=2 * rows * N * K, rows=rows, N=N, K=K, type=qt.name)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randint(-127, 128, (rows, K), dtype=torch.int8, device="cuda", generator=gen)
+    wt = torch.randint(-127, 128, (N, K), dtype=torch.int8, device="cuda", generator=gen)
+    torch_ratio(t_ours, measure(TorchClock(), lambda: torch._int_mm(a, wt.t()), ROUNDS, WARMUP))
+
+
+def sdpa_call(q, k, v):
+    """torch's causal SDPA over grouped KV heads: enable_gqa where this torch has it, else the
+    KV heads repeated here (outside the timed call)."""
+    F = torch.nn.functional
+    try:
+        F.scaled_dot_product_attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], is_causal=True, enable_gqa=True)
+    except TypeError:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)), False
+    return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)), True
+
+
+@pytest.mark.parametrize("tokens", [4096, 32768])
+def test_attention(gpu_benchmark, torch_ratio, cuda_device, tokens):
+    dev = cuda_device
+    H, HKV, HD = STRATA.n_head, STRATA.n_head_kv, STRATA.head_dim
+    rng = np.random.default_rng(tokens)
+    kv = DeviceKVCache(dev, 1, HKV, HD, capacity=tokens)
+    positions = np.arange(tokens, dtype=np.int32)
+    kv.write(0, positions, dev.upload(rng.standard_normal((tokens, HKV, HD), dtype=np.float32)),
+             dev.upload(rng.standard_normal((tokens, HKV, HD), dtype=np.float32)))
+    q = dev.upload(rng.standard_normal((tokens, H, HD), dtype=np.float32))
+    pos_dev, out = dev.upload(positions), dev.empty((tokens, H, HD), np.float32)
+
+    def ours():
+        kv.attend(0, q, positions, positions_dev=pos_dev, out=out)
+
+    t_ours = gpu_benchmark(ours, stream=dev.stream, counters=dev.counters, rounds=ROUNDS, warmup_rounds=WARMUP,
+                           ops=4 * H * HD * tokens * (tokens + 1) // 2, tokens=tokens, heads=H, kv_heads=HKV)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    tq, tk, tv = (torch.randn((1, h, tokens, HD), dtype=torch.bfloat16, device="cuda", generator=gen)
+                  for h in (H, HKV, HKV))
+    theirs, gqa = sdpa_call(tq, tk, tv)
+    torch_ratio(t_ours, measure(TorchClock(), theirs, ROUNDS, WARMUP), torch_enable_gqa=gqa)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider", "--benchmark-columns=median,rounds",
+                          *sys.argv[1:]]))

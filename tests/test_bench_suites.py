@@ -1,0 +1,59 @@
+"""The benchmark suites in bench/ as their users run them, on a machine without a GPU: `pytest
+bench/` collects every suite, the GPU suites skip with the backend's one-line reason, and
+`--benchmark-autosave` then `--benchmark-compare` work (on the reference's smallest case, in a
+temporary storage)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fast.cuda.runtime import cuda_available
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_SUITES = ["q8_1", "gather", "mmq", "attention", "copy", "prefill"]
+SMALLEST_REFERENCE = ["bench/test_bench_reference.py", "-k", "128 and tiny"]
+
+
+def bench_pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_collects_every_suite():
+    res = bench_pytest("bench/", "--collect-only", "-q", "-rs")
+    assert res.returncode == 0, res.stdout + res.stderr
+    for name in GPU_SUITES:
+        assert f"bench/test_bench_{name}_cuda.py::" in res.stdout, name
+    assert "bench/test_bench_reference.py::test_reference_prefill[128-tiny]" in res.stdout
+    torch_file = "bench/test_bench_torch_side_cuda.py"
+    assert f"{torch_file}::" in res.stdout or "could not import 'torch'" in res.stdout
+
+
+def test_gpu_suites_skip_with_the_reason():
+    ok, why = cuda_available()
+    if ok:
+        pytest.skip("a GPU is here: the suites run rather than skip")
+    res = bench_pytest("bench/test_bench_gather_cuda.py", "bench/test_bench_copy_cuda.py", "-q", "-rs")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"cuda backend unavailable: {why}" in res.stdout
+    assert "6 skipped" in res.stdout and "passed" not in res.stdout
+
+
+def test_autosave_then_compare(tmp_path):
+    storage = f"--benchmark-storage=file://{tmp_path}"
+    saved = bench_pytest(*SMALLEST_REFERENCE, storage, "--benchmark-autosave", "-q")
+    assert saved.returncode == 0, saved.stdout + saved.stderr
+    files = list(tmp_path.rglob("0001_*.json"))
+    assert len(files) == 1, saved.stdout
+    data = json.loads(files[0].read_text())
+    (bench,) = data["benchmarks"]
+    assert bench["extra_info"]["tokens"] == 128 and bench["extra_info"]["tokens_per_s"] > 0
+    assert data["machine_info"]["cpu"] and ("gpu" in data["machine_info"]) == cuda_available()[0]
+    compared = bench_pytest(*SMALLEST_REFERENCE, storage, "--benchmark-compare", "-q")
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    assert "test_reference_prefill[128-tiny] (NOW)" in compared.stdout
+    assert "test_reference_prefill[128-tiny] (0001_" in compared.stdout
