@@ -176,3 +176,18 @@ def test_prompts_longer_than_the_context_are_refused_before_the_engines(make_tes
     err = capsys.readouterr().err
     assert err.startswith("strata-prefill: error: --tokens: ") and "context length" in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_phases_add_their_table_and_the_json_defaults_to_a_dated_file_here(make_test_pack, tmp_path, capsys,
+                                                                          monkeypatch):
+    pack = make_test_pack("tiny", "Q8_0")
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--pack", str(pack.path), "--backend", "sim", "--tokens", "40", "--reps", "1",
+                 "--a", "default", "--b", "STRATA_QUANT_GATHER=1", "--phases"]) == 0
+    out = capsys.readouterr().out
+    assert "phase medians, ms, A / B:" in out and "attention" in out
+    saved = list(tmp_path.glob("bench-*.json"))
+    assert len(saved) == 1 and f"json: {saved[0].name}" in out
+    rep = json.loads(saved[0].read_text())["lengths"][0]["reps"][0]
+    for arm in "AB":
+        assert rep[arm]["phases_ms"]["attention"] > 0
