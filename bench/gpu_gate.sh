@@ -51,10 +51,12 @@ if [[ $MODE == bench || $MODE == all ]]; then
   python3 bench/bench_prefill_cuda.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" 2>&1 \
       | tee "$LOG/prefill.log" | tail -n 5 >> "$SUMMARY"
   python3 bench/plot_phases.py "$LOG/prefill.log" "$LOG/prefill-phases.svg"
-  python3 bench/ab.py --pack "$PACK" --a group_gather=0 --b group_gather=1 --tokens "${TOKENS:-2048,8192,32768}" \
-      --reps "${REPS:-3}" 2>&1 | tee "$LOG/ab_group.log" | tail -n 5 >> "$SUMMARY"
-  python3 bench/ab.py --pack "$PACK" --a quant_gather=1 --b quant_gather=0 --tokens "${TOKENS:-2048,8192,32768}" --phases \
-      --reps "${REPS:-3}" 2>&1 | tee "$LOG/ab_quant.log" | tail -n 8 >> "$SUMMARY"
+  python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_GROUP_GATHER=0 --b default \
+      --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-3}" --markdown "$LOG/ab_group.md" 2>&1 \
+      | tee "$LOG/ab_group.log"; cat "$LOG/ab_group.md" >> "$SUMMARY"
+  python3 -m strata_prefill bench --pack "$PACK" --a STRATA_QUANT_GATHER=1 --b STRATA_QUANT_GATHER=0 \
+      --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-3}" --phases --markdown "$LOG/ab_quant.md" 2>&1 \
+      | tee "$LOG/ab_quant.log"; cat "$LOG/ab_quant.md" >> "$SUMMARY"
 fi
 if [[ $MODE == suites ]]; then
   python3 -m pytest bench/ -q -p no:cacheprovider -k "not reference" --benchmark-storage "file://$PWD/$LOG/benchmarks" \

@@ -1,0 +1,250 @@
+"""`strata-prefill bench`: two arms of the fast path, A/B, interleaved on fresh prompts.
+
+    strata-prefill bench --pack P --a STRATA_PREFILL_GROUP_GATHER=0 --b default --tokens 1024,8192
+
+Each arm is its own engine on the same pack, its switches given as arguments (strata_prefill/
+arms.py). Per prompt length: one untimed warm-up prefill per arm, then `--reps` fresh seeded
+prompts, each run by both arms (A B, then B A, alternating), each prefill on a fresh KV cache.
+A prefill is timed with CUDA events on the compute stream (cuda) or host perf_counter (sim).
+The switches promise not to change a bit, so the arms' first-token logits are compared byte
+for byte: a difference is reported (and the exit status is 1), never a reason to stop.
+
+Output: a Markdown table of medians and per-prefill counts on stdout (and in `--markdown`),
+a line saying whether the logits were the same bytes, and JSON with the setup and every rep
+(`--json`; default: beside `--markdown` with the suffix .json, else bench-DATE.json here).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from strata.errors import InputError
+from strata_prefill import arms, checks
+
+# what a prefill adds to the engine's counters (fast/sim.py, fast/cuda/backend.py and tiers.py)
+COUNTED = ("launches", "gathers", "waits", "events", "copies", "copy_bytes")
+TIMERS = {"cuda": "CUDA events on the compute stream", "sim": "host perf_counter"}
+
+
+def add_parser(sub, name: str) -> None:
+    p = sub.add_parser(name, help="A/B two sets of fast-path switches on fresh prompts",
+                       description="A/B the fast path: two arms of switches, interleaved on fresh "
+                                   "prompts, medians, counts, and whether the logits match.")
+    p.add_argument("--pack", help="GGUF pack (default: run's tiny pack, made on first use and cached)")
+    p.add_argument("--backend", choices=["cuda", "sim"], default="cuda",
+                   help="cuda (PyCUDA, default) or sim (NumPy kernels, host timing)")
+    p.add_argument("--a", required=True, metavar="SPEC",
+                   help="arm A: 'default' or NAME=VALUE,... (NAME: a switch's environment variable, "
+                        f"keyword or run flag: {arms.switch_names()})")
+    p.add_argument("--b", required=True, metavar="SPEC", help="arm B, as --a")
+    p.add_argument("--tokens", type=token_counts, default="1024,8192", metavar="N,N,...",
+                   help="prompt lengths (default 1024,8192)")
+    p.add_argument("--reps", type=checks.positive_int, default=5, help="prompts per length (default 5)")
+    p.add_argument("--prefill", type=checks.chunk_size, default="auto", metavar="auto|N",
+                   help="chunk size (auto = 8192)")
+    p.add_argument("--seed", type=checks.non_negative_int, default=0, help="seed of the prompts (default 0)")
+    p.add_argument("--markdown", type=checks.output_file, metavar="FILE", help="also write the table here")
+    p.add_argument("--json", type=checks.output_file, metavar="FILE",
+                   help="every rep's times and counts (default: --markdown's name with .json, "
+                        "else bench-YYYYmmdd-HHMMSS.json in the current folder)")
+    p.add_argument("--phases", action="store_true",
+                   help="also time each phase (both arms) and add a table of their medians")
+    p.set_defaults(func=main)
+
+
+def token_counts(text: str) -> list[int]:
+    """'1024,8192' -> [1024, 8192]: positive integers."""
+    words = [w for w in text.replace(" ", ",").split(",") if w]
+    if not words:
+        raise argparse.ArgumentTypeError("needs at least one prompt length")
+    return [checks.positive_int(w) for w in words]
+
+
+def default_json(markdown: Path | None, now: datetime) -> Path:
+    if markdown is not None:
+        path = markdown.with_suffix(".json")
+        return path if path != markdown else markdown.with_name(markdown.name + ".json")
+    return Path(f"bench-{now:%Y%m%d-%H%M%S}.json")
+
+
+def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
+    """The first element index where a and b differ in their bytes (-1: their shapes or dtypes
+    differ), or None when they are the same bytes."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return -1
+    if a.tobytes() == b.tobytes():
+        return None
+    bytes_a = a.reshape(-1).view(np.uint8).reshape(a.size, a.itemsize)
+    bytes_b = b.reshape(-1).view(np.uint8).reshape(b.size, b.itemsize)
+    return int(np.flatnonzero((bytes_a != bytes_b).any(axis=1))[0])
+
+
+def timed_prefill(engine, ids: np.ndarray, chunk, backend: str) -> tuple[float, np.ndarray, dict, dict]:
+    """Seconds, first-token logits, counts and phase seconds of one prefill on a fresh KV cache."""
+    from strata.session import Session
+
+    be = engine.be
+    be.reset_cache()
+    be.phase_table()  # drop what an earlier prefill recorded
+    before = dict(engine.counters)
+    session = Session(engine, chunk=chunk, progress=False)
+    if backend == "cuda":
+        import pycuda.driver as cuda
+
+        start, end = cuda.Event(), cuda.Event()
+        start.record(be.dev.stream)
+        logits = session.prefill(ids)
+        end.record(be.dev.stream)
+        end.synchronize()
+        seconds = start.time_till(end) / 1e3
+    else:
+        t0 = time.perf_counter()
+        logits = session.prefill(ids)  # host logits: every step has run
+        seconds = time.perf_counter() - t0
+    counts = {k: int(engine.counters.get(k, 0) - before.get(k, 0)) for k in COUNTED}
+    return seconds, logits, counts, be.phase_table()
+
+
+def run_bench(engines: dict, sizes, reps: int, chunk, seed: int, backend: str, n_vocab: int) -> list[dict]:
+    """Every length's reps: per rep the order, each arm's ms, counts and phases, and where the
+    logits first differ (None: the same bytes)."""
+    rng = np.random.default_rng(seed)
+    results = []
+    for n in sizes:
+        warm = rng.integers(0, n_vocab, n, dtype=np.int32)
+        for engine in engines.values():  # module loads, first allocations at this size
+            timed_prefill(engine, warm, chunk, backend)
+        rows = []
+        for rep in range(reps):
+            ids = rng.integers(0, n_vocab, n, dtype=np.int32)
+            order = "AB" if rep % 2 == 0 else "BA"
+            row, logits = {"rep": rep + 1, "order": order}, {}
+            for arm in order:
+                seconds, logits[arm], counts, phases = timed_prefill(engines[arm], ids, chunk, backend)
+                row[arm] = {"ms": 1e3 * seconds, **counts,
+                            **({"phases_ms": {k: 1e3 * v for k, v in phases.items()}} if phases else {})}
+            diff = first_difference(logits["A"], logits["B"])
+            row["logits_identical"] = diff is None
+            if diff is not None:
+                row["first_difference"] = {"index": diff}
+                if diff >= 0:
+                    row["first_difference"].update(A=float(logits["A"][diff]), B=float(logits["B"][diff]))
+            rows.append(row)
+        result = {"tokens": n, "reps": rows, "median": {arm: medians(rows, arm) for arm in "AB"}}
+        results.append(result)
+        a, b = result["median"]["A"]["ms"], result["median"]["B"]["ms"]
+        print(f"bench: {n} tokens: A {a:.2f} ms, B {b:.2f} ms ({change(a, b)})", file=sys.stderr, flush=True)
+    return results
+
+
+def medians(rows: list[dict], arm: str) -> dict:
+    """The median time and phase times, and the low median of each count (a count that occurred)."""
+    out = {"ms": statistics.median(r[arm]["ms"] for r in rows)}
+    out.update({k: statistics.median_low(r[arm][k] for r in rows) for k in COUNTED})
+    names = sorted({k for r in rows for k in r[arm].get("phases_ms", {})})
+    if names:
+        out["phases_ms"] = {k: statistics.median(r[arm].get("phases_ms", {}).get(k, 0.0) for r in rows)
+                            for k in names}
+    return out
+
+
+def change(a: float, b: float) -> str:
+    return f"{100 * (b - a) / a:+.1f}%" if a > 0 else "-"
+
+
+def settings_line(a: dict, b: dict) -> str:
+    """The resolved settings in which the arms' engines differ (the environment reaches both)."""
+    differ = [f"{k} {a[k]}/{b[k]}" for k in a if a[k] != b[k]]
+    return "settings A/B: " + (", ".join(differ) if differ else "the same in both arms")
+
+
+def format_table(results: list[dict], spec_a: str, spec_b: str, backend: str, reps: int, settings: str) -> str:
+    lines = [f"A: {spec_a}; B: {spec_b}; {settings}",
+             f"{backend}, {TIMERS[backend]}, medians of {reps} reps; counts per prefill (low median)", "",
+             "| prompt tokens | arm A ms | arm B ms | change | launches A/B | waits A/B | events A/B | bytes A/B |",
+             "|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        a, b = res["median"]["A"], res["median"]["B"]
+        pair = {k: f"{a[k]:,} / {b[k]:,}" for k in ("launches", "waits", "events", "copy_bytes")}
+        lines.append(f"| {res['tokens']:,} | {a['ms']:.2f} | {b['ms']:.2f} | {change(a['ms'], b['ms'])} | "
+                     f"{pair['launches']} | {pair['waits']} | {pair['events']} | {pair['copy_bytes']} |")
+    names = sorted({k for res in results for arm in "AB" for k in res["median"][arm].get("phases_ms", {})})
+    if names:
+        lines += ["", "phase medians, ms, A / B:", "",
+                  "| prompt tokens | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for res in results:
+            pa, pb = (res["median"][arm].get("phases_ms", {}) for arm in "AB")
+            lines.append(f"| {res['tokens']:,} | "
+                         + " | ".join(f"{pa.get(k, 0.0):.2f} / {pb.get(k, 0.0):.2f}" for k in names) + " |")
+    return "\n".join(lines)
+
+
+def logits_line(results: list[dict]) -> tuple[bool, str]:
+    """Whether every prompt pair gave the same logits bytes, and the line that says so."""
+    pairs = [(res["tokens"], row) for res in results for row in res["reps"]]
+    differ = [(n, row) for n, row in pairs if not row["logits_identical"]]
+    if not differ:
+        return True, f"logits: identical bytes in all {len(pairs)} prompt pairs"
+    n, row = differ[0]
+    d = row["first_difference"]
+    where = ("shapes or dtypes differ" if d["index"] < 0
+             else f"first differing index {d['index']:,}: A {d['A']!r}, B {d['B']!r}")
+    return False, (f"logits DIFFER in {len(differ)} of {len(pairs)} prompt pairs, first at {n:,} tokens "
+                   f"rep {row['rep']} ({where})")
+
+
+def main(args) -> int:
+    from fast import make_fast_engine
+    from strata.pack import Pack
+    from strata_prefill.commands.run import default_pack
+
+    keywords = {"A": arms.parse_arm(args.a, "--a"), "B": arms.parse_arm(args.b, "--b")}
+    now = datetime.now(timezone.utc)
+    json_path = args.json
+    if json_path is None:
+        try:
+            json_path = checks.output_file(str(default_json(args.markdown, now)))
+        except argparse.ArgumentTypeError as exc:
+            raise InputError(f"--json: {exc}") from None
+    pack_path = Path(args.pack) if args.pack else default_pack()
+    pack = Pack.open(pack_path)
+    cfg = pack.config
+    longest = max(args.tokens)
+    if longest > cfg.context_length:
+        raise InputError(f"--tokens: {longest} tokens exceed the pack's context length ({cfg.context_length})")
+    engines = {arm: make_fast_engine(pack, args.backend, **kw) for arm, kw in keywords.items()}
+    for engine in engines.values():
+        engine.be.timing = args.phases
+    results = run_bench(engines, args.tokens, args.reps, args.prefill, args.seed, args.backend, cfg.n_vocab)
+
+    specs = {arm: arms.describe(kw) for arm, kw in keywords.items()}
+    settings = {arm: arms.engine_settings(engines[arm]) for arm in "AB"}
+    table = format_table(results, specs["A"], specs["B"], args.backend, args.reps,
+                         settings_line(settings["A"], settings["B"]))
+    same, line = logits_line(results)
+    setup = {"pack": str(pack_path.resolve()), "backend": args.backend, "timer": TIMERS[args.backend],
+             "date": now.isoformat(timespec="seconds"), "reps": args.reps, "seed": args.seed,
+             "prefill": args.prefill, "tokens": args.tokens,
+             "arms": {arm: {"spec": specs[arm], "keywords": keywords[arm],
+                            "settings": settings[arm]} for arm in "AB"}}
+    if args.backend == "cuda":
+        from fast.cuda.runtime import device_name
+
+        setup["gpu"] = device_name()
+    json_path.write_text(json.dumps({"setup": setup, "logits_identical": same, "lengths": results},
+                                    indent=1) + "\n")
+    if args.markdown is not None:
+        args.markdown.write_text(f"{table}\n\n{line}\n")
+    print(table)
+    print()
+    print(line)
+    print(f"json: {json_path}")
+    return 0 if same else 1
