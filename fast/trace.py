@@ -75,3 +75,25 @@ def read_trace(path) -> list[Span]:
             except (KeyError, TypeError, ValueError):
                 raise InputError(f"{path}: a trace event without a name, ts or dur: {e}") from None
     return spans
+
+
+def chunks_of(spans: list[Span]) -> list[int]:
+    """The chunk indices the spans name, ascending."""
+    return sorted({int(s.args["chunk"]) for s in spans if "chunk" in s.args})
+
+
+def chunk_spans(spans: list[Span], chunk: int) -> dict[str, list[Span]]:
+    """{track: its spans of chunk `chunk`, by start}."""
+    return {t: sorted((s for s in spans if s.track == t and s.args.get("chunk") == chunk), key=lambda s: s.start)
+            for t in TRACKS}
+
+
+def idle_gaps(lane: list[Span], min_gap: float) -> list[tuple[float, float]]:
+    """(start, length) of each stretch longer than min_gap seconds between consecutive spans of
+    one lane (sorted by start) where none of them runs."""
+    gaps, busy_until = [], None
+    for s in lane:
+        if busy_until is not None and s.start - busy_until > min_gap:
+            gaps.append((busy_until, s.start - busy_until))
+        busy_until = s.end if busy_until is None else max(busy_until, s.end)
+    return gaps

@@ -19,6 +19,7 @@ COMMANDS = {
     "make-pack": "make_pack",
     "info": "info",
     "diff": "diff",
+    "plot": "plot",
 }
 
 
