@@ -102,6 +102,8 @@ class ModelClock:
             event, version = op.records
             event.times[version] = start
             dur = 0.0
+        elif op.wait is not None:  # a wait takes no time once its event is there
+            dur = 0.0
         elif op.stream == "copy":
             dur = op.nbytes / COPY_BYTES_PER_S
         else:
