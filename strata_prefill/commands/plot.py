@@ -6,7 +6,6 @@ where nothing runs, and waits for copies). matplotlib is the optional extra `plo
 """
 from __future__ import annotations
 
-import argparse
 import collections
 
 from strata.errors import InputError
