@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU part of the gate and the benchmarks, in one call on a GPU machine:
 #   bash bench/gpu_gate.sh verify   # pytest verify/ (kernels, reference vs cuda, long-prompt arms)
-#   bash bench/gpu_gate.sh bench    # MMQ TOP/s, whole prefill on a strata pack, A/B of the switches
+#   bash bench/gpu_gate.sh bench    # MMQ TOP/s, whole prefill on a strata pack, its phases and trace
+#                                   # (timing.log, trace.json, trace-chunk0.png), A/B of the switches
 #   bash bench/gpu_gate.sh all
 #   bash bench/gpu_gate.sh suites   # the pytest-benchmark GPU suites (bench/test_bench_*_cuda.py), saved
 #                                   # under $LOG/benchmarks; not part of `all`
@@ -50,7 +51,11 @@ if [[ $MODE == bench || $MODE == all ]]; then
   python3 bench/bench_mmq_cuda.py 2>&1 | tee "$LOG/mmq.log" | tail -n 16 >> "$SUMMARY"
   python3 bench/bench_prefill_cuda.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" 2>&1 \
       | tee "$LOG/prefill.log" | tail -n 5 >> "$SUMMARY"
-  python3 bench/plot_phases.py "$LOG/prefill.log" "$LOG/prefill-phases.svg"
+  python3 -m strata_prefill run --pack "$PACK" --impl fast --prompt-tokens "${TRACE_TOKENS:-8192}" --greedy 0 \
+      --no-progress --timing --trace "$LOG/trace.json" 2>&1 | tee "$LOG/timing.log" | tail -n 3 >> "$SUMMARY"
+  if python3 -c "import matplotlib" 2>/dev/null; then
+    python3 -m strata_prefill plot "$LOG/trace.json" "$LOG/trace-chunk0.png" | tee -a "$SUMMARY"
+  fi
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_GROUP_GATHER=0 --b default \
       --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-3}" --markdown "$LOG/ab_group.md" 2>&1 \
       | tee "$LOG/ab_group.log"; cat "$LOG/ab_group.md" >> "$SUMMARY"

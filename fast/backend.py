@@ -40,11 +40,31 @@ class Backend(Protocol):
     def oom_guard(self, what: str) -> ContextManager:
         """Out of device memory inside: one-line error naming `what`."""
 
-    def phase(self, name: str) -> ContextManager:
-        """Time the enclosed steps as phase `name` (when timing is on)."""
+    # ---- timing and traces (fast/phases.py, fast/trace.py) -------------------------------------
+    def phase(self, name: str, **args) -> ContextManager:
+        """Time the enclosed steps as phase `name` (when timing is on); a span named `name`
+        with args (layer, experts, ...) in a trace."""
+
+    def host_phase(self, name: str) -> ContextManager:
+        """Time the enclosed host work as phase `name` (host perf_counter, when timing is on)."""
+
+    def chunk_begin(self) -> None:
+        """A chunk starts: later phases count to it (a marker when phases.chunk_timing is on)."""
+
+    def chunk_end(self) -> None:
+        """The chunk's work is enqueued (its end marker when phases.chunk_timing is on)."""
 
     def phase_table(self) -> dict:
         """Seconds per phase since the last call."""
+
+    def chunk_tables(self) -> list:
+        """fast.phases.ChunkTimes per chunk since the last call."""
+
+    def trace_begin(self) -> None:
+        """Start a trace: the streams drained, time 0 now."""
+
+    def trace_end(self) -> list:
+        """The compute and copy streams' spans since trace_begin (fast.trace.Span)."""
 
     # ---- arrays ---------------------------------------------------------------------------
     def w(self, name: str) -> Weight:

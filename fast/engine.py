@@ -106,6 +106,14 @@ class FastEngine:
         return self.be.counters
 
     # ---- the engine protocol of strata.session ----------------------------------------
+    def chunk_begin(self) -> None:
+        """A chunk starts (before its embedding): phase tables and traces are kept per chunk."""
+        self.be.chunk_begin()
+
+    def chunk_end(self) -> None:
+        """The chunk's last layer is enqueued."""
+        self.be.chunk_end()
+
     def embed(self, ids: np.ndarray):
         return self.be.embed(ids)
 
@@ -127,7 +135,7 @@ class FastEngine:
             self._begin_chunk(len(positions))
         with self.be.oom_guard(f"the buffers of layer {layer} for a chunk of {len(positions)} tokens "
                                f"(a smaller --prefill chunk needs less)"):
-            with self.be.phase("attention"):
+            with self.be.phase("attention", layer=layer):
                 x = self.attention_half(layer, x, positions, dump)
             return self.moe_half(layer, x, dump)
 
@@ -144,7 +152,7 @@ class FastEngine:
     def _new_pass(self, ring: Ring, entries) -> RingStream:
         self._passes += 1
         stream = RingStream(self.be, ring, entries, self._passes, self.copy_coalesce)
-        with self.be.phase("copy"):
+        with self.be.host_phase("host planning"):  # enqueueing the first copies is host work
             stream.copy_ahead()
         return stream
 
@@ -217,7 +225,7 @@ class FastEngine:
         n_tok, k_used = be.shape(x)[0], cfg.n_expert_used
 
         # 1. norm, router, top-K; 2. routing tables (device), their counts on the host
-        with be.phase("router"):
+        with be.phase("router", layer=layer):
             h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
             logits = self._dense(be.w(p + "ffn_gate_inp"), h)
             self._rec(dump, layer, "ffn_norm", h)
@@ -230,7 +238,7 @@ class FastEngine:
         gu_t, down_t = be.expert_types(layer)
         in_layout = q8_1.layout_for(gu_t)
         moe_in = be.alloc_q8(n_rows, cfg.n_embd)
-        with be.phase("quantize"):
+        with be.phase("quantize", layer=layer):
             if self.quant_gather:
                 be.quantize_gather(x=h, src=tab.src, n_rows=n_rows, layout=in_layout, out=moe_in, row0=0,
                                    n_rows_total=n_rows)
@@ -244,35 +252,38 @@ class FastEngine:
         up = be.alloc_f32((n_rows, cfg.n_ff_exp))
         down_in = be.alloc_q8(n_rows, cfg.n_ff_exp)
         y = be.alloc_f32((n_rows, cfg.n_embd))
-        groups = plan_groups(tab.order, tab.cnt, tab.off, self.group_size)
-        bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
+        with be.host_phase("host planning"):
+            groups = plan_groups(tab.order, tab.cnt, tab.off, self.group_size)
+            bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
 
         def products(grp, gb):
-            with be.phase("products"):
+            args = dict(layer=layer, experts=len(grp.experts), rows=grp.n_rows)
+            with be.phase("gate/up", **args):
                 be.mmq_group_gate_up(layer=layer, group=grp, bounds=gb, act=moe_in, n_rows=n_rows, gate=gate,
                                      up=up)
-            with be.phase("swiglu+quantize H"):
+            with be.phase("swiglu+quantize H", **args):
                 hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
                 self._rec_rows(dump, "swiglu_h", hh, grp.row_begin, n_rows)
                 be.quantize_gather(x=hh, src=None, n_rows=grp.n_rows, layout=down_layout, out=down_in,
                                    row0=grp.row_begin, n_rows_total=n_rows)
-            with be.phase("products"):
+            with be.phase("down", **args):
                 be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=down_in, n_rows=n_rows, y=y)
 
         resident = self.placement.resident[layer]
         routed = [int(e) for e in tab.order]
         if self._stream is not None:  # streamed walk: this layer's entries, routed or not
             stream = self._stream
-            visit = sorted(set(routed) | set(int(e) for e in self.placement.streamed(layer)))
+            with be.host_phase("host planning"):
+                visit = sorted(set(routed) | set(int(e) for e in self.placement.streamed(layer)))
         else:  # staged: the routed streamed experts, through the staging ring
             stream = self._new_pass(self.staging, [(layer, e) for e in routed if not resident[e]])
             visit = routed
         LayerWalk(be, layer, self.placement, stream, self.group_gather, products).run(groups, bounds, visit)
 
         # 5. the shared expert, 6. combine
-        with be.phase("shared expert"):
+        with be.phase("shared expert", layer=layer):
             shared = self.shared_expert(p, h) if self.config.has_shexp else None
-        with be.phase("combine"):
+        with be.phase("combine", layer=layer):
             out = be.combine(x, weights, tab.slot, y, shared)
 
         if dump is not None:

@@ -1,10 +1,18 @@
-"""Phase timing (STRATA_PREFILL_TIMING=1): time spent per phase of the walk.
+"""Phase timing (STRATA_PREFILL_TIMING=1, `strata-prefill run --timing`): time per phase of the
+walk, per chunk, and one uninstrumented total per chunk beside it.
 
-A backend's `phase(name)` is a context manager around the launches of one phase. With timing
-off it does nothing. With it on, the cuda backend records a CUDA event pair around the phase
-on its stream and sums the elapsed times when asked (`phase_table()`); the sim backend sums
-host time. Launch counts are always kept; timing costs two events a phase and is off by
-default.
+A backend's `phase(name, **args)` is a context manager around the launches of one phase. With
+timing off it does nothing. With it on, a marker pair goes around the phase on the backend's
+clock: CUDA events on the compute stream (cuda), host perf_counter (sim, where every time is a
+host time). Markers are only read when a table is asked for, so a prefill is not synchronized
+while it runs. Host phases (HOST_PHASES) are host perf_counter time on both backends: the
+walk's planning and the wait for the routing counts; on the GPU they overlap the device phases,
+so they are listed apart and left out of the instrumented sum.
+
+Per-op markers inflate what they time (each pair is two more stream operations, and a phase's
+end cannot be recorded before the host reaches it). So the honest number for a chunk is the
+`chunk_timing` one: a single marker pair around the whole chunk with phase timing off, measured
+by a second prefill of the same prompt (strata_prefill/commands/run.py).
 """
 from __future__ import annotations
 
@@ -12,6 +20,17 @@ import collections
 import contextlib
 import os
 import time
+from dataclasses import dataclass, field
+
+# host-side phases: perf_counter time on the host, never a device marker
+HOST_PHASES = ("host planning", "router sync")
+
+# how the printed tables were measured (printed under them)
+HOW_MEASURED = ("phases: CUDA events around each phase on the compute stream; per-op events inflate "
+                "what they time; uninstrumented: the same prompt again with one event pair per chunk")
+HOW_MEASURED_SIM = ("phases: host time around each phase (sim backend: host times, not device times); "
+                    "per-op timing inflates what it times; uninstrumented: the same prompt again with "
+                    "one host-time pair per chunk")
 
 
 def timing_enabled(value=None) -> bool:
@@ -20,35 +39,147 @@ def timing_enabled(value=None) -> bool:
     return os.environ.get("STRATA_PREFILL_TIMING", "0") == "1"
 
 
-class HostPhases:
-    """Host wall time per phase (for the sim backend)."""
+@dataclass
+class ChunkTimes:
+    """One chunk's seconds: device phases, host phases, and its whole span (None: not timed)."""
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.seconds: collections.Counter = collections.Counter()
+    phases: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)
+    total: float | None = None
+
+
+class PhaseRecorder:
+    """Phase and chunk markers on a backend's clock: mark() returns a marker, seconds(a, b) the
+    time from marker a to marker b (it may wait for b to complete)."""
+
+    def __init__(self, mark, seconds, timing: bool):
+        self.mark, self.seconds = mark, seconds
+        self.timing = timing  # a marker pair around each phase
+        self.chunk_timing = False  # a marker pair around each chunk
+        self.tracing = False  # keep each phase's markers for a trace (fast/trace.py)
+        self._spans: list = []  # (chunk, name, a, b)
+        self._host: list = []  # (chunk, name, seconds)
+        self._chunks: list = []  # [a, b] per chunk begun
+        self.trace_spans: list = []  # (chunk, name, a, b, args), read by the backend's trace()
+
+    @property
+    def chunk(self) -> int:
+        """The index of the chunk running now (-1 before the first)."""
+        return len(self._chunks) - 1
 
     @contextlib.contextmanager
-    def phase(self, name: str):
-        if not self.enabled:
+    def phase(self, name: str, **args):
+        if not (self.timing or self.tracing):
+            yield
+            return
+        a = self.mark()
+        try:
+            yield
+        finally:
+            b = self.mark()
+            if self.timing:
+                self._spans.append((self.chunk, name, a, b))
+            if self.tracing:
+                self.trace_spans.append((self.chunk, name, a, b, args))
+
+    @contextlib.contextmanager
+    def host_phase(self, name: str):
+        if not self.timing:
             yield
             return
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds[name] += time.perf_counter() - t0
+            self._host.append((self.chunk, name, time.perf_counter() - t0))
 
-    def table(self) -> dict:
-        return dict(self.seconds)
+    def chunk_begin(self) -> None:
+        # counted always, so spans and trace args name their chunk; marked only when asked
+        self._chunks.append([self.mark() if self.chunk_timing else None, None])
+
+    def chunk_end(self) -> None:
+        if self._chunks and self.chunk_timing and self._chunks[-1][0] is not None:
+            self._chunks[-1][1] = self.mark()
+
+    def phase_table(self) -> dict:
+        """Seconds per phase (device and host) since the last call, over all chunks."""
+        out = collections.Counter()
+        for _chunk, name, a, b in self._spans:
+            out[name] += self.seconds(a, b)
+        for _chunk, name, s in self._host:
+            out[name] += s
+        self._clear()
+        return dict(out)
+
+    def chunk_tables(self) -> list[ChunkTimes]:
+        """One ChunkTimes per chunk begun since the last call (a table also clears them)."""
+        # anything recorded before the first chunk began counts to chunk 0
+        n = max(len(self._chunks), 1 + max((c for c, *_ in self._spans + self._host), default=-1))
+        out = [ChunkTimes() for _ in range(n)]
+        for chunk, name, a, b in self._spans:
+            phases = out[max(chunk, 0)].phases
+            phases[name] = phases.get(name, 0.0) + self.seconds(a, b)
+        for chunk, name, s in self._host:
+            host = out[max(chunk, 0)].host
+            host[name] = host.get(name, 0.0) + s
+        for times, (a, b) in zip(out, self._chunks):
+            if a is not None and b is not None:
+                times.total = self.seconds(a, b)
+        self._clear()
+        return out
 
     def reset(self) -> None:
-        self.seconds.clear()
+        """Drop every marker, chunk count and trace span (a trace starts from here)."""
+        self._clear()
+        self.trace_spans.clear()
+
+    def _clear(self) -> None:
+        self._spans.clear()
+        self._host.clear()
+        self._chunks.clear()
+
+
+class HostClock:
+    """The sim's clock: host perf_counter seconds."""
+
+    @staticmethod
+    def mark() -> float:
+        return time.perf_counter()
+
+    @staticmethod
+    def seconds(a: float, b: float) -> float:
+        return b - a
 
 
 def format_phase_table(seconds: dict) -> str:
-    total = sum(seconds.values()) or 1.0
+    """A phase table: device phases by time with their share of the instrumented sum, then the
+    host phases (which overlap them on the GPU) apart."""
+    device = {k: v for k, v in seconds.items() if k not in HOST_PHASES}
+    host = {k: v for k, v in seconds.items() if k in HOST_PHASES}
+    total = sum(device.values())
     lines = [f"{'phase':<20} {'ms':>10} {'share':>7}"]
-    for name, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        lines.append(f"{name:<20} {s * 1e3:>10.2f} {100 * s / total:>6.1f}%")
-    lines.append(f"{'total':<20} {total * 1e3:>10.2f}")
+    for name, s in sorted(device.items(), key=lambda kv: -kv[1]):
+        lines.append(f"{name:<20} {s * 1e3:>10.2f} {100 * s / (total or 1.0):>6.1f}%")
+    lines.append(f"{'instrumented sum':<20} {total * 1e3:>10.2f}")
+    for name, s in sorted(host.items(), key=lambda kv: -kv[1]):
+        lines.append(f"{name + ' (host)':<20} {s * 1e3:>10.2f}")
     return "\n".join(lines)
+
+
+def format_chunk_tables(instrumented: list[ChunkTimes], plain: list[ChunkTimes], sim: bool) -> str:
+    """Per chunk: the phase table, then the uninstrumented total of the same chunk; last, how
+    both were measured."""
+    blocks = []
+    for i, times in enumerate(instrumented):
+        total = plain[i].total if i < len(plain) else None
+        inst = sum(times.phases.values())
+        head = f"chunk {i}"
+        text = format_phase_table({**times.phases, **times.host})
+        if total is None:
+            tail = f"{'uninstrumented':<20} {'-':>10}"
+        else:
+            tail = (f"{'uninstrumented':<20} {total * 1e3:>10.2f}  "
+                    f"(instrumented sum is {100 * inst / total if total > 0 else float('inf'):.0f}% of it)")
+        blocks.append(f"{head}\n{text}\n{tail}")
+    blocks.append(HOW_MEASURED_SIM if sim else HOW_MEASURED)
+    return "\n\n".join(blocks)

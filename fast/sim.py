@@ -9,7 +9,9 @@ Ring slots carry versions; a gather of a slot refilled too early, a copy over a 
 release nobody waited for, or a wait on an event nothing records raises ScheduleHazard.
 
 The expert cache and the host tier are the pack's own bytes (a memory map); the ring slots are
-host arrays. Launch counters count what the CUDA backend would launch.
+host arrays. Launch counters count what the CUDA backend would launch. Phase timing is host
+time (fast/phases.py); a trace (fast/trace.py) is the streams' modelled time
+(fast/sim_streams.ModelClock), each operation named by the phase that enqueued it.
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ from strata.routing import routing_tables, top_k
 
 from fast.backend_base import BackendBase
 from fast.experts import adjacent_runs
-from fast.phases import HostPhases, timing_enabled
-from fast.sim_streams import SimEvent, SimStreams
+from fast.phases import HostClock, PhaseRecorder, timing_enabled
+from fast.sim_streams import ModelClock, SimEvent, SimStreams
 
 F32 = np.float32
 
@@ -68,27 +70,67 @@ class SimBackend(BackendBase):
     def __init__(self, timing=None, schedule_seed: int | None = 0, policy: str = "random"):
         self.counters = collections.Counter()
         self.streams = SimStreams(schedule_seed, policy)
-        self._phases = HostPhases(timing_enabled(timing))
+        self.phases = PhaseRecorder(HostClock.mark, HostClock.seconds, timing_enabled(timing))
+        self._phase_now: tuple = ("", {})  # the phase enqueueing now: names ops in a trace
         self._n_events = 0
 
-    # ---- timing -------------------------------------------------------------------------
+    # ---- timing and traces ----------------------------------------------------------------
     @property
     def timing(self) -> bool:
-        return self._phases.enabled
+        return self.phases.timing
 
     @timing.setter
     def timing(self, on: bool) -> None:
-        self._phases.enabled = bool(on)
+        self.phases.timing = bool(on)
 
-    def phase(self, name: str):
-        return self._phases.phase(name)
+    @contextlib.contextmanager
+    def phase(self, name: str, **args):
+        outer, self._phase_now = self._phase_now, (name, args)
+        try:
+            with self.phases.phase(name, **args):
+                yield
+        finally:
+            self._phase_now = outer
+
+    def host_phase(self, name: str):
+        return self.phases.host_phase(name)
+
+    def chunk_begin(self) -> None:
+        self.phases.chunk_begin()
+
+    def chunk_end(self) -> None:
+        if self.phases.chunk_timing:  # the chunk's total: its queued work run, not only enqueued
+            self.streams.synchronize()
+        self.phases.chunk_end()
 
     def phase_table(self) -> dict:
         """Seconds of host time per phase since the last call (enqueueing, and whatever the
         scheduler ran meanwhile: the sim is for schedules, not speed)."""
-        table = self._phases.table()
-        self._phases.reset()
-        return table
+        return self.phases.phase_table()
+
+    def chunk_tables(self) -> list:
+        """Host seconds per phase and per chunk since the last call (fast.phases.ChunkTimes)."""
+        self.streams.synchronize()  # a chunk's total ends when its queued work has run
+        return self.phases.chunk_tables()
+
+    def trace_begin(self) -> None:
+        """Start the modelled clock at 0 with both streams empty."""
+        self.streams.synchronize()
+        self.phases.reset()
+        self.streams.clock = ModelClock()
+
+    def trace_end(self) -> list:
+        """Run what is queued; the spans since trace_begin (fast.trace.Span)."""
+        self.streams.synchronize()
+        clock, self.streams.clock = self.streams.clock, None
+        return clock.spans if clock is not None else []
+
+    def _span(self, kernel: str) -> tuple[str, dict | None]:
+        """(name, args) of a compute op's span: its phase's name (the kernel's outside phases)."""
+        if self.streams.clock is None:
+            return "", None
+        name, args = self._phase_now
+        return name or kernel, {"chunk": self.phases.chunk, "kernel": kernel, **args}
 
     @staticmethod
     def oom_guard(what: str):
@@ -98,7 +140,7 @@ class SimBackend(BackendBase):
     def _launch(self, kernel: str, fn, n: int = 1) -> None:
         self.counters[kernel] += n
         self.counters["launches"] += n
-        self.streams.enqueue("compute", kernel, fn)
+        self.streams.enqueue("compute", kernel, fn, *self._span(kernel))
 
     def _step(self, kernel: str, out: np.ndarray, fn) -> np.ndarray:
         """Enqueue `out[...] = fn()`; return out (filled when the step runs)."""
@@ -239,7 +281,8 @@ class SimBackend(BackendBase):
             t.slot[...], t.src[...], t.cnt[...], t.off[...] = tab.slot, tab.src, tab.cnt, tab.off
 
         self._launch("routing_tables", run)
-        self.streams.synchronize("compute")  # the walk plans on the host: the counts come back
+        with self.host_phase("router sync"):
+            self.streams.synchronize("compute")  # the walk plans on the host: the counts come back
         t.order = np.nonzero(t.cnt)[0].astype(np.int32)
         return t
 
@@ -298,8 +341,9 @@ class SimBackend(BackendBase):
 
     def copy_experts(self, *, ring, slots, experts, tags, wait_for):
         streams = self.streams
+        chunk = {"chunk": self.phases.chunk}
         for ev in wait_for:
-            streams.wait("copy", ev, f"the release of a {ring} slot")
+            streams.wait("copy", ev, f"the release of a {ring} slot", chunk)
             self.counters["copy_waits"] += 1
         runs = adjacent_runs(slots, experts, self.placement.host_index,
                              [2 * gu + d for gu, d in self._blob_bytes], self._rings[ring].shape[1])
@@ -310,7 +354,8 @@ class SimBackend(BackendBase):
                 self._rings[ring][s, :blob.nbytes] = blob
 
             streams.copy_into(ring, s, tag, f"copy of expert {expert} of layer {layer} into {ring} slot {s}",
-                              run)
+                              run, blob.nbytes, {**chunk, "layer": layer, "expert": expert, "ring": ring,
+                                                 "slot": s, "bytes": blob.nbytes})
             self.counters["copy_bytes"] += blob.nbytes
         self.counters["copies"] += len(runs)
         self._n_events += 1
@@ -319,7 +364,7 @@ class SimBackend(BackendBase):
 
     def wait(self, *, event, what):
         self.counters["waits"] += 1
-        self.streams.wait("compute", event, what)
+        self.streams.wait("compute", event, what, {"chunk": self.phases.chunk, **self._phase_now[1]})
 
     def record(self):
         self._n_events += 1
@@ -351,5 +396,5 @@ class SimBackend(BackendBase):
         self.counters["gathers"] += 1
         self.counters["launches"] += 1
         label = f"{kernel} of layer {layer}, experts at q {q0}..{q0 + len(members) - 1}"
-        self.streams.gather_from(reads, label, run)
+        self.streams.gather_from(reads, label, run, *self._span(kernel))
 

@@ -22,12 +22,20 @@ the slot, the expert and layer and the two operations):
   (refilled, or not yet landed).
 
 A stream that cannot move while the other cannot either is reported as a deadlock.
+
+For traces (`--trace`), a ModelClock gives the operations a modelled time as they execute;
+the order the scheduler picks does not change it.
 """
 from __future__ import annotations
 
 import random
+import time
 from collections import deque
 from dataclasses import dataclass, field
+
+from strata.constants import COPY_BYTES_PER_S
+
+from fast.trace import Span
 
 POLICIES = ("random", "copy_first", "compute_first")
 STREAMS = ("compute", "copy")
@@ -46,6 +54,7 @@ class SimEvent:
     version: int = 0  # records enqueued
     done: int = 0  # records executed
     seq: int = -1  # position of the latest record in its stream (for happens-before)
+    times: dict = field(default_factory=dict)  # version -> modelled time of its record (ModelClock)
 
     def __repr__(self) -> str:
         return f"event({self.label})"
@@ -58,6 +67,50 @@ class _Op:
     label: str
     fn: object = None  # callable run on execution
     wait: tuple | None = None  # (event, version) this op waits for
+    records: tuple | None = None  # (event, version) this op records
+    name: str = ""  # its span's name in a trace ("": no span)
+    args: dict | None = None  # its span's args
+    nbytes: int = 0  # bytes a copy moves
+
+
+class ModelClock:
+    """Modelled time of the simulated streams, for traces. An operation starts when its stream
+    is free and the event it waits for has been recorded (a record takes no time, at its
+    stream's time then); a copy lasts its bytes / COPY_BYTES_PER_S (the host-to-device rate
+    measured on the H200), a compute operation its measured host time (the NumPy kernel's).
+    The host is taken as always ahead of both streams (launch costs are not modelled), so idle
+    time on the compute stream is time spent waiting for copies. A wait that stalls its stream
+    becomes a span of its own."""
+
+    def __init__(self):
+        self.free = {s: 0.0 for s in STREAMS}
+        self.spans: list[Span] = []
+
+    def run(self, op: "_Op") -> None:
+        start = self.free[op.stream]
+        if op.wait is not None:
+            event, version = op.wait
+            ready = event.times.get(version, 0.0)  # recorded before the clock started: at 0
+            if ready > start:
+                self.spans.append(Span(op.stream, op.name, start, ready - start, dict(op.args or {})))
+                start = ready
+        t0 = time.perf_counter()
+        if op.fn is not None:
+            op.fn()
+        host = time.perf_counter() - t0
+        if op.records is not None:
+            event, version = op.records
+            event.times[version] = start
+            dur = 0.0
+        elif op.wait is not None:  # a wait takes no time once its event is there
+            dur = 0.0
+        elif op.stream == "copy":
+            dur = op.nbytes / COPY_BYTES_PER_S
+        else:
+            dur = host
+        if op.name and op.wait is None and op.records is None:
+            self.spans.append(Span(op.stream, op.name, start, dur, dict(op.args or {})))
+        self.free[op.stream] = start + dur
 
 
 @dataclass
@@ -82,6 +135,7 @@ class SimStreams:
     awaited: dict = field(default_factory=lambda: {s: -1 for s in STREAMS})
     slots: dict = field(default_factory=dict)  # (ring, slot) -> SlotState
     ops_run: int = 0
+    clock: ModelClock | None = None  # set while a trace is taken
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -90,15 +144,16 @@ class SimStreams:
         self._seq = {s: 0 for s in STREAMS}
 
     # ---- enqueue ------------------------------------------------------------------------
-    def _push(self, stream: str, label: str, fn=None, wait=None) -> _Op:
-        op = _Op(stream, self._seq[stream], label, fn, wait)
+    def _push(self, stream: str, label: str, fn=None, wait=None, name: str = "", args=None) -> _Op:
+        op = _Op(stream, self._seq[stream], label, fn, wait, name=name, args=args)
         self._seq[stream] += 1
         self.queues[stream].append(op)
         return op
 
-    def enqueue(self, stream: str, label: str, fn) -> None:
-        """An operation on `stream`; runs when the scheduler reaches it."""
-        self._push(stream, label, fn)
+    def enqueue(self, stream: str, label: str, fn, name: str = "", args=None) -> None:
+        """An operation on `stream`; runs when the scheduler reaches it. name and args: its
+        span in a trace."""
+        self._push(stream, label, fn, name=name, args=args)
         self._advance()
 
     def record(self, stream: str, event: SimEvent) -> SimEvent:
@@ -106,32 +161,38 @@ class SimStreams:
         event.version += 1
         version = event.version
         op = self._push(stream, f"record {event.label}", lambda: _set_done(event, version))
+        op.records = (event, version)
         event.stream, event.seq = stream, op.seq
         self._advance()
         return event
 
-    def wait(self, stream: str, event: SimEvent | None, why: str) -> None:
-        """`stream` waits for the latest record of `event` enqueued so far."""
+    def wait(self, stream: str, event: SimEvent | None, why: str, args=None) -> None:
+        """`stream` waits for the latest record of `event` enqueued so far (args: its span's,
+        should the wait stall the stream in a trace)."""
         if event is None or event.version == 0:
             raise ScheduleHazard(f"{stream} stream waits on an event nothing will record: {why}")
         if event.stream != stream:
             self.awaited[stream] = max(self.awaited[stream], event.seq)
-        self._push(stream, f"wait {event.label}", wait=(event, event.version))
+        name = "wait copy" if stream == "compute" else "wait release"
+        self._push(stream, f"wait {event.label}", wait=(event, event.version), name=name,
+                   args={"what": why, **(args or {})})
         self._advance()
 
     # ---- ring slots: the happens-before checks --------------------------------------------
     def slot(self, ring: str, slot: int) -> SlotState:
         return self.slots.setdefault((ring, slot), SlotState())
 
-    def copy_into(self, ring: str, slot: int, tag, label: str, fn) -> None:
-        """A copy on the copy stream into ring slot `slot`; `fn` writes the bytes."""
+    def copy_into(self, ring: str, slot: int, tag, label: str, fn, nbytes: int = 0, args=None) -> None:
+        """A copy on the copy stream into ring slot `slot`; `fn` writes the bytes (nbytes of
+        them: its modelled time; args: its span's)."""
         st = self.slot(ring, slot)
         if st.gathers_seq > self.awaited["copy"]:
             raise ScheduleHazard(
                 f"{ring} slot {slot}: {label} is enqueued without waiting for the release of "
                 f"the slot's previous contents ({_tag_text(st.copy_tag)}), which "
                 f"{st.gather_label} (compute op #{st.gathers_seq}) still reads")
-        op = self._push("copy", label)
+        op = self._push("copy", label, name="copy", args=args)
+        op.nbytes = nbytes
         st.copy_label, st.copy_seq, st.copy_tag, st.gathers_seq = label, op.seq, tag, -1
 
         def run(st=st, tag=tag):
@@ -142,9 +203,9 @@ class SimStreams:
         op.fn = run
         self._advance()
 
-    def gather_from(self, reads: list, label: str, fn) -> None:
+    def gather_from(self, reads: list, label: str, fn, name: str = "", args=None) -> None:
         """A gather on the compute stream reading ring slots; reads: [(ring, slot, tag)] with the
-        tag of the copy the walk expects each slot to hold."""
+        tag of the copy the walk expects each slot to hold (name, args: its span's)."""
         checks = []
         for ring, slot, tag in reads:
             st = self.slot(ring, slot)
@@ -158,7 +219,7 @@ class SimStreams:
                     f"{ring} slot {slot}: {label} reads {_tag_text(tag)} without waiting for "
                     f"{st.copy_label} (copy op #{st.copy_seq}) to land")
             checks.append((ring, slot, tag, st))
-        op = self._push("compute", label)
+        op = self._push("compute", label, name=name, args=args)
         for _ring, _slot, _tag, st in checks:
             st.gathers_seq, st.gather_label = op.seq, label
 
@@ -183,7 +244,9 @@ class SimStreams:
 
     def _step(self, stream: str) -> None:
         op = self.queues[stream].popleft()
-        if op.fn is not None:
+        if self.clock is not None:
+            self.clock.run(op)
+        elif op.fn is not None:
             op.fn()
         self.ops_run += 1
 

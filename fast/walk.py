@@ -127,11 +127,11 @@ class LayerWalk:
         if streamed:
             last = streamed[-1]
             slot = stream.slot_of(last)
-            with be.phase("wait copy"):
+            with be.phase("wait copy", layer=self.layer, experts=len(streamed)):
                 be.wait(event=stream.ring.copied_of[slot],
                         what=f"the copy of expert {stream.entries[last][1]} of layer {self.layer} "
                              f"into {stream.ring.name} slot {slot}")
-        with be.phase("gather"):
+        with be.phase("gather", layer=self.layer, experts=len(batch), streamed=len(streamed)):
             be.gather(layer=self.layer, members=self._places(batch), q0=batch[0].q)
         if streamed:
             stream.release(streamed, be.record())

@@ -3,8 +3,10 @@ greedy continuation, dumps and the progress bar.
 
 An engine (reference or fast) supplies four things: `embed(ids)`, `layer(l, x, positions,
 dump)` (attention half then MoE half; it owns its KV cache), `last_logits(x)` (output norm and
-lm_head on the chunk's last position: host float32 logits), `to_host(x)` and `config`. Everything else, including every dump switch, is here,
-so the two implementations cannot drift in how a run is cut or recorded.
+lm_head on the chunk's last position: host float32 logits), `to_host(x)` and `config`. An
+engine that times or traces per chunk (the fast one) also has `chunk_begin()`, called before a
+chunk's embedding, and `chunk_end()`, after its last layer. Everything else, including every
+dump switch, is here, so the two implementations cannot drift in how a run is cut or recorded.
 """
 from __future__ import annotations
 
@@ -129,9 +131,13 @@ class Session:
         starts = list(range(0, ids.size, self.chunk))
         bar = _Bar(len(starts) * n_layer, "prefill", self.progress)
         logits = None
+        begin = getattr(self.engine, "chunk_begin", None)
+        end = getattr(self.engine, "chunk_end", None)
         for c0 in starts:
             chunk_ids = ids[c0:c0 + self.chunk]
             positions = np.arange(self.n_past, self.n_past + chunk_ids.size, dtype=np.int64)
+            if begin is not None:
+                begin()
             x = self.engine.embed(chunk_ids)
             if self.layer_dump is not None:
                 self.layer_dump.begin_chunk(self._chunks_done, positions)
@@ -144,6 +150,8 @@ class Session:
                     self.layer_dump.layer(layer, "resid_pos", positions[keep])
                     self.layer_dump.layer(layer, "resid", self.engine.to_host(x)[keep])
                 bar.step()
+            if end is not None:
+                end()
             if self.dump_r:
                 dumps.write_residuals(self.dump_r, positions, self.engine.to_host(x),
                                       first_chunk=self._chunks_done == 0)

@@ -20,6 +20,7 @@ COMMANDS = {
     "info": "info",
     "diff": "diff",
     "bench": "bench",
+    "plot": "plot",
 }
 
 

@@ -7,6 +7,11 @@ legacy-stream operations PyCUDA issues itself (uploads at load, zero fills). Exp
 the expert cache, the page-locked host tier and the rings' slots (fast/cuda/tiers.py), which
 the non-blocking copy stream fills; the compute stream waits for a copy, and the copy stream
 for a slot's release, through events only (the walk, fast/walk.py, says which).
+
+Timing and traces use CUDA events with timing on: a pair around each phase on the compute
+stream (fast/phases.py), around each copy on the copy stream when tracing (fast/cuda/tiers.py),
+and one base event recorded at the trace's start, against which every span is placed
+(cuEventElapsedTime works across streams of one context).
 """
 from __future__ import annotations
 
@@ -23,8 +28,8 @@ from strata.errors import DeviceError, InternalError
 from fast.backend_base import BackendBase
 from fast.cuda import attention, dense as cuda_dense, elementwise as ops, products, runtime
 from fast.cuda.tiers import ExpertTiers
-from fast.phases import timing_enabled
-
+from fast.phases import PhaseRecorder, timing_enabled
+from fast.trace import Span
 
 
 @dataclass
@@ -65,8 +70,8 @@ class CudaBackend(BackendBase):
         self.ga = gpuarray
         self._weights: dict = {}
         self._iota_dev = None
-        self.timing = timing_enabled(timing)
-        self._events: list = []  # (phase, start event, end event), summed by phase_table()
+        self.phases = PhaseRecorder(self._mark, self._seconds, timing_enabled(timing))
+        self._trace_base = None  # the event every traced span is timed from
 
     @contextlib.contextmanager
     def oom_guard(self, what: str):
@@ -79,30 +84,82 @@ class CudaBackend(BackendBase):
             raise DeviceError(f"out of GPU memory: {what} did not fit ({runtime._free_total()}): "
                               f"{' '.join(str(e).split())}") from e
 
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        """CUDA events around a phase's launches (on the Device's stream), when timing is on."""
-        if not self.timing:
-            yield
-            return
+    # ---- timing and traces -----------------------------------------------------------
+    def _mark(self):
+        """A timing event recorded on the compute stream now."""
         import pycuda.driver as cuda
 
-        start, end = cuda.Event(), cuda.Event()
-        start.record(self.dev.stream)
-        try:
-            yield
-        finally:
-            end.record(self.dev.stream)
-            self._events.append((name, start, end))
+        ev = cuda.Event()
+        ev.record(self.dev.stream)
+        return ev
+
+    @staticmethod
+    def _seconds(start, end) -> float:
+        end.synchronize()
+        return start.time_till(end) / 1e3  # time_till: milliseconds from start to end
+
+    @property
+    def timing(self) -> bool:
+        return self.phases.timing
+
+    @timing.setter
+    def timing(self, on: bool) -> None:
+        self.phases.timing = bool(on)
+
+    def phase(self, name: str, **args):
+        """CUDA events around a phase's launches (on the Device's stream), when timing or
+        tracing is on."""
+        return self.phases.phase(name, **args)
+
+    def host_phase(self, name: str):
+        return self.phases.host_phase(name)
+
+    def chunk_begin(self) -> None:
+        self.phases.chunk_begin()
+
+    def chunk_end(self) -> None:
+        self.phases.chunk_end()
 
     def phase_table(self) -> dict:
         """Seconds per phase since the last call (synchronizes)."""
-        out = collections.Counter()
-        for name, start, end in self._events:
-            end.synchronize()
-            out[name] += start.time_till(end) / 1e3
-        self._events.clear()
-        return dict(out)
+        return self.phases.phase_table()
+
+    def chunk_tables(self) -> list:
+        """Seconds per phase and per chunk since the last call (fast.phases.ChunkTimes;
+        synchronizes)."""
+        return self.phases.chunk_tables()
+
+    def trace_begin(self) -> None:
+        """Both streams drained, then the base event: no traced event can complete before it."""
+        self.dev.stream.synchronize()
+        if self.tiers is not None:
+            self.tiers.copy_stream.synchronize()
+            self.tiers.copy_spans.clear()
+            self.tiers.copy_timing = True
+        self.phases.reset()
+        self.phases.tracing = True
+        self._trace_base = self._mark()
+
+    def trace_end(self) -> list:
+        """The spans since trace_begin (fast.trace.Span), seconds from the base event;
+        synchronizes, then stops tracing."""
+        self.dev.stream.synchronize()
+        base = self._trace_base
+        spans = []
+        for chunk, name, a, b, args in self.phases.trace_spans:
+            spans.append(Span("compute", name, base.time_till(a) / 1e3, a.time_till(b) / 1e3,
+                              {"chunk": chunk, **args}))
+        if self.tiers is not None:
+            self.tiers.copy_stream.synchronize()
+            for a, b, nbytes, note in self.tiers.copy_spans:
+                spans.append(Span("copy", "copy", base.time_till(a) / 1e3, a.time_till(b) / 1e3,
+                                  {**note, "bytes": nbytes}))
+            self.tiers.copy_spans.clear()
+            self.tiers.copy_timing = False
+        self.phases.tracing = False
+        self.phases.reset()
+        self._trace_base = None
+        return spans
 
     # ---- counters --------------------------------------------------------------------
     @property
@@ -242,8 +299,9 @@ class CudaBackend(BackendBase):
 
     def routing_tables(self, ids, n_expert):
         t = ops.routing_tables(self.dev, ids, n_expert)
-        cnt = self.dev.download(t.cnt)  # the walk plans on the host: one small copy per layer
-        off = self.dev.download(t.off)
+        with self.phases.host_phase("router sync"):  # the host waits for the router's launches
+            cnt = self.dev.download(t.cnt)  # the walk plans on the host: one small copy per layer
+            off = self.dev.download(t.off)
         return DevTables(t.slot, t.src, cnt, off, np.nonzero(cnt)[0].astype(np.int32))
 
     def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Dev, row0, n_rows_total):
@@ -286,7 +344,9 @@ class CudaBackend(BackendBase):
 
     # ---- streaming -------------------------------------------------------------------
     def copy_experts(self, *, ring, slots, experts, tags, wait_for):
-        return self.tiers.copy(ring, slots, experts, wait_for, self.counters)
+        note = {"chunk": self.phases.chunk, "ring": ring, "slots": list(slots),
+                "experts": [list(le) for le in experts]} if self.phases.tracing else None
+        return self.tiers.copy(ring, slots, experts, wait_for, self.counters, note)
 
     def wait(self, *, event, what):
         if event is None:

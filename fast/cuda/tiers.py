@@ -63,7 +63,7 @@ class ExpertTiers:
         self.rings = {name: (runtime.alloc(max(1, n) * self.slot_bytes, f"{n} {name} slots"), n)
                       for name, n in (("ring", ring_slots), ("stage", staging_slots))}
         self.copy_timing = False
-        self.copy_spans: list = []  # (start event, end event, bytes) when copy_timing is on
+        self.copy_spans: list = []  # (start event, end event, bytes, note) when copy_timing is on
 
     def _fill_host(self, pack, progress) -> None:
         p = self.placement
@@ -104,9 +104,10 @@ class ExpertTiers:
         return self.cache_addr(layer, index) if where == "cache" else self.slot_addr(where, index)
 
     # ---- the copy stream ----------------------------------------------------------------
-    def copy(self, ring: str, slots, experts, wait_for, counters):
+    def copy(self, ring: str, slots, experts, wait_for, counters, note: dict | None = None):
         """Wait for wait_for on the copy stream, copy experts' host blobs into slots (adjacent
-        ones merged), record and return an event."""
+        ones merged), record and return an event. With copy_timing, an event pair goes around
+        the copies (after the waits: the span is the copy's own time) and note is kept with it."""
         cuda, stream = self.cuda, self.copy_stream
         for ev in wait_for:
             stream.wait_for_event(ev)
@@ -129,13 +130,13 @@ class ExpertTiers:
         done = cuda.Event(cuda.event_flags.DISABLE_TIMING) if start is None else cuda.Event()
         done.record(stream)
         if start is not None:
-            self.copy_spans.append((start, done, nbytes))
+            self.copy_spans.append((start, done, nbytes, note or {}))
         return done
 
     def copy_busy(self) -> tuple[float, int]:
         """(seconds the copy stream spent copying, bytes) since the last call (timing on)."""
         secs, nbytes = 0.0, 0
-        for start, end, n in self.copy_spans:
+        for start, end, n, _note in self.copy_spans:
             end.synchronize()
             secs += start.time_till(end) / 1e3
             nbytes += n

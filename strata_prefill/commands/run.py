@@ -70,6 +70,14 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--top", type=checks.positive_int, default=5,
                    help="how many top next tokens to print (default 5)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("timing and traces (--impl fast)")
+    g.add_argument("--timing", action="store_true",
+                   help="after the run, per chunk: ms and share of each phase (event pairs around each "
+                        "phase) beside the chunk's uninstrumented total (a further prefill with one event "
+                        "pair per chunk) (env STRATA_PREFILL_TIMING=1)")
+    g.add_argument("--trace", type=checks.output_file, metavar="FILE",
+                   help="after the run, write the compute and copy streams of one more prefill as "
+                        "Chrome trace / Perfetto JSON (strata-prefill plot draws it)")
     add_fast_switches(p)
     p.set_defaults(func=main)
 
@@ -180,11 +188,24 @@ def check_env_dumps(args) -> None:
                 raise InputError(f"{var}: {exc}") from None
 
 
+def timing_asked(args) -> bool:
+    """--timing, or STRATA_PREFILL_TIMING=1 with the fast path (the reference has no phases)."""
+    from fast.phases import timing_enabled
+
+    if args.timing:
+        return True
+    return args.impl == "fast" and timing_enabled()
+
+
 def main(args) -> int:
     from strata.pack import Pack
     from strata.session import Session
 
     check_env_dumps(args)
+    for flag, on in (("--timing", args.timing), ("--trace", args.trace is not None)):
+        if on and args.impl != "fast":
+            raise InputError(f"{flag} times the fast path's streams: it needs --impl fast")
+    timing = timing_asked(args)
     file_ids = None if isinstance(args.prompt_tokens, int) else read_prompt_file(args.prompt_tokens)
     pack_path = Path(args.pack) if args.pack else default_pack()
     pack = Pack.open(pack_path)
@@ -195,6 +216,8 @@ def main(args) -> int:
     else:
         prompt = file_ids
     engine = make_engine(args.impl, pack, args)
+    if args.impl == "fast":
+        engine.be.timing = False  # the run's own speed is uninstrumented; timing has its own prefills
     session = Session(engine, chunk=args.prefill, dump_dir=args.dump_dir,
                       dump_first_logits=args.dump_first_logits, dump_r=args.dump_r,
                       progress=None if not args.no_progress else False, dump_level=args.dump_level)
@@ -219,4 +242,8 @@ def main(args) -> int:
               f"({c['copy_bytes'] / 1e6:,.1f} MB), waits {c['waits']:,}, events {c['events']:,} "
               f"(resident experts {engine.placement.n_resident:,} of {engine.placement.resident.size:,}, "
               f"ring {engine.ring.n_slots} slots)")
+    if timing or args.trace is not None:
+        from strata_prefill.observe import observe
+
+        observe(engine, prompt, args.prefill, timing, args.trace)
     return 0

@@ -1,0 +1,113 @@
+"""`strata-prefill plot TRACE.json OUT.png [--chunk N]`: one chunk of a trace written by
+`strata-prefill run --trace` as a picture: two lanes, the compute stream's spans over the copy
+stream's, with the compute stream's idle stretches shaded and its idle time in the title (gaps
+where nothing runs, and waits for copies). matplotlib is the optional extra `plot`
+(`pip install 'strata-prefill[plot]'`), imported only here, on its Agg (file) backend.
+"""
+from __future__ import annotations
+
+import collections
+
+from strata.errors import InputError
+from strata_prefill import checks
+
+DEFAULT_MIN_GAP_US = 5.0
+WAITS = ("wait copy", "wait release")  # spans that are a stream stalled on the other
+LANES = (("compute", 10.0), ("copy", 0.0))  # track, y of its lane
+LANE_HEIGHT = 8.0
+MAX_LEGEND = 12  # compute span names in the legend (the rest: "other")
+# tab20 without its reds (red marks waits): dark shades first, then their light pairs
+PALETTE = (0, 2, 4, 8, 10, 12, 16, 18, 1, 3, 5, 9, 11, 13, 17, 19)
+COPY_COLOUR, WAIT_COLOUR, OTHER_COLOUR, GAP_COLOUR = "#37474f", "#d62728", "#9e9e9e", "#ffb74d"
+
+
+def add_parser(sub, name: str) -> None:
+    p = sub.add_parser(name, help="draw one chunk of a --trace file as a PNG (needs matplotlib)",
+                       description="Draw one chunk of a trace from `strata-prefill run --trace`: the "
+                                   "compute and copy streams' spans in two lanes, idle stretches of "
+                                   "the compute stream shaded, the idle time in the title.")
+    p.add_argument("trace", metavar="TRACE.json", help="a trace written by strata-prefill run --trace")
+    p.add_argument("out", metavar="OUT.png", type=checks.output_file, help="the PNG to write")
+    p.add_argument("--chunk", type=checks.non_negative_int, default=0, metavar="N",
+                   help="which chunk of the prompt (default 0)")
+    p.add_argument("--min-gap-us", type=float, default=DEFAULT_MIN_GAP_US, metavar="US",
+                   help=f"compute-stream gaps longer than this are shaded (default {DEFAULT_MIN_GAP_US:g} us)")
+    p.set_defaults(func=main)
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or a one-line error naming the extra."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise InputError("plot needs matplotlib: pip install 'strata-prefill[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def main(args) -> int:
+    from fast.trace import chunk_spans, chunks_of, idle_gaps, read_trace
+
+    if not args.min_gap_us >= 0:
+        raise InputError(f"--min-gap-us must be >= 0, got {args.min_gap_us}")
+    spans = read_trace(args.trace)
+    lanes = chunk_spans(spans, args.chunk)
+    if not lanes["compute"]:
+        have = chunks_of(spans)
+        raise InputError(f"{args.trace}: no compute spans in chunk {args.chunk} "
+                         f"(chunks in the trace: {', '.join(map(str, have)) or 'none'})")
+    # the chunk starts with its first compute operation: a copy-side wait enqueued with the
+    # chunk may have begun long before (the copy stream idle since the last chunk's copies)
+    t0 = lanes["compute"][0].start
+    t1 = max(s.end for lane in lanes.values() for s in lane)
+    gaps = idle_gaps(lanes["compute"], args.min_gap_us * 1e-6)
+    waited = sum(s.dur for s in lanes["compute"] if s.name in WAITS)
+    gap_s = sum(g for _, g in gaps)
+    draw(pyplot(), lanes, gaps, t0, t1, args.out,
+         f"chunk {args.chunk}: compute stream idle {(gap_s + waited) * 1e3:.3f} ms of {(t1 - t0) * 1e3:.3f} ms "
+         f"({100 * (gap_s + waited) / max(t1 - t0, 1e-12):.1f}%): {len(gaps)} gaps over "
+         f"{args.min_gap_us:g} us, {gap_s * 1e3:.3f} ms; waits for copies {waited * 1e3:.3f} ms")
+    print(f"plot      {args.out} (chunk {args.chunk}: {len(lanes['compute'])} compute spans, "
+          f"{len(lanes['copy'])} copy spans, {len(gaps)} idle gaps)")
+    return 0
+
+
+def draw(plt, lanes: dict, gaps: list, t0: float, t1: float, out, title: str) -> None:
+    """The two lanes (ms from the chunk's start), the shaded gaps, a legend of compute names."""
+    ms = lambda t: (max(t, t0) - t0) * 1e3  # noqa: E731 - the one conversion every bar takes
+    fig, ax = plt.subplots(figsize=(14, 4.2), dpi=120)
+    by_time = collections.Counter()
+    for s in lanes["compute"]:
+        by_time[s.name] += s.dur
+    named = [n for n, _ in by_time.most_common(MAX_LEGEND)]
+    cmap = plt.get_cmap("tab20")
+    colour = {n: cmap(PALETTE[i % len(PALETTE)]) for i, n in enumerate(n for n in named if n not in WAITS)}
+    colour.update({w: WAIT_COLOUR for w in WAITS}, copy=COPY_COLOUR)
+    y_of = dict(LANES)
+    groups = collections.defaultdict(list)
+    for track, lane in lanes.items():
+        for s in lane:
+            name = s.name if s.name in colour and (track == "compute" or s.name in WAITS + ("copy",)) else "other"
+            start, end = ms(s.start), ms(s.end)  # clipped to the chunk's start
+            groups[(track, name)].append((start, max(end - start, 1e-6)))
+    for (track, name), bars in sorted(groups.items()):
+        ax.broken_barh(bars, (y_of[track], LANE_HEIGHT), facecolors=colour.get(name, OTHER_COLOUR),
+                       edgecolor="none", alpha=0.45 if name in WAITS else 1.0, label=name)
+    for start, length in gaps:  # idle on the compute lane: shaded over the lane
+        ax.axvspan(ms(start), ms(start + length), ymin=0.5, ymax=1.0, color=GAP_COLOUR, alpha=0.45, lw=0)
+    if gaps:
+        ax.plot([], [], color=GAP_COLOUR, alpha=0.45, lw=8, label="idle gap")
+    ax.set_ylim(-1, 2 * LANE_HEIGHT + 4)
+    ax.set_yticks([y + LANE_HEIGHT / 2 for _, y in LANES], [t for t, _ in LANES])
+    ax.set_xlim(0, max(ms(t1), 1e-6))
+    ax.set_xlabel("ms from the chunk's first operation")
+    ax.set_title(title, fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    seen = dict(zip(labels, handles))  # one entry a name
+    ax.legend(seen.values(), seen.keys(), loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
+              frameon=False)
+    fig.tight_layout()
+    fig.savefig(out, format="png")
+    plt.close(fig)
