@@ -18,8 +18,11 @@ SMALLEST_REFERENCE = ["bench/test_bench_reference.py", "-k", "128 and tiny"]
 
 
 def bench_pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd, env=env,
+    # a run under pytest-xdist leaves its worker variables behind; pytest-benchmark, seeing
+    # them, would disable itself in the child
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
