@@ -224,7 +224,8 @@ class FastEngine:
         p = f"blk.{layer}."
         n_tok, k_used = be.shape(x)[0], cfg.n_expert_used
 
-        # 1. norm, router, top-K; 2. routing tables (device), their counts on the host
+        # 1. norm, router, top-K; 2. routing tables (device), their counts on the host when the walk
+        # first reads them
         with be.phase("router", layer=layer):
             h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
             logits = self._dense(be.w(p + "ffn_gate_inp"), h)
@@ -246,7 +247,12 @@ class FastEngine:
                 be.quantize_scatter(x=h, slot=tab.slot, n_tok=n_tok, k_used=k_used, layout=in_layout,
                                     out=moe_in)
 
-        # 4. the walk: groups of group_size consecutive routed experts, in id order
+        # 4. the shared expert needs no routing: queued here, the device runs it while the host
+        # waits for the routing counts and plans the walk (no idle gap before the first gather)
+        with be.phase("shared expert", layer=layer):
+            shared = self.shared_expert(p, h) if self.config.has_shexp else None
+
+        # 5. the walk: groups of group_size consecutive routed experts, in id order
         down_layout = q8_1.layout_for(down_t)
         gate = be.alloc_f32((n_rows, cfg.n_ff_exp))
         up = be.alloc_f32((n_rows, cfg.n_ff_exp))
@@ -280,9 +286,7 @@ class FastEngine:
             visit = routed
         LayerWalk(be, layer, self.placement, stream, self.group_gather, products).run(groups, bounds, visit)
 
-        # 5. the shared expert, 6. combine
-        with be.phase("shared expert", layer=layer):
-            shared = self.shared_expert(p, h) if self.config.has_shexp else None
+        # 6. combine
         with be.phase("combine", layer=layer):
             out = be.combine(x, weights, tab.slot, y, shared)
 

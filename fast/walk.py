@@ -49,12 +49,17 @@ class Group:
 
 
 def plan_groups(order: np.ndarray, cnt: np.ndarray, off: np.ndarray, group: int = MMQ_GROUP) -> list[Group]:
-    """Cut the routed experts (ascending id) into groups of `group` consecutive ones."""
+    """Cut the routed experts (ascending id) into groups of `group` consecutive ones. Vectorized:
+    on a 1K-token chunk of 512 experts a per-expert Python loop here cost the GPU ~0.5 ms of idle
+    time per layer, since the host plans while the device waits for the first gather."""
+    order = np.asarray(order, dtype=np.int64)
+    begin = np.asarray(off)[order].astype(np.int32)
+    bounds = np.stack([begin, begin + np.asarray(cnt)[order].astype(np.int32)], axis=1)
+    experts = order.tolist()
     out = []
-    for g0 in range(0, len(order), group):
-        experts = tuple(int(e) for e in order[g0:g0 + group])
-        b = np.array([(off[e], off[e] + cnt[e]) for e in experts], dtype=np.int32)
-        out.append(Group(experts, b, int(b[0, 0]), int(b[-1, 1])))
+    for g0 in range(0, len(experts), group):
+        b = bounds[g0:g0 + group]
+        out.append(Group(tuple(experts[g0:g0 + group]), b, int(b[0, 0]), int(b[-1, 1])))
     return out
 
 

@@ -66,3 +66,24 @@ def test_top_k_by_definition(seed, n_tok, n_expert, k):
             total = np.float32(total + p[t, e])
         expect = (p[t, want] / max(total, RENORM_FLOOR)).astype(np.float32)
         assert w[t].view(np.uint32).tolist() == expect.view(np.uint32).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 40), st.integers(1, 16), st.integers(0, 2**31 - 1))
+def test_plan_groups_cuts_the_routed_experts_in_id_order(n_expert, n_tok, group, seed):
+    """Every routed expert once, in ascending id, `group` a group, each with its own rows."""
+    from fast.walk import plan_groups
+
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, n_expert + 1))
+    ids = np.stack([rng.choice(n_expert, k, replace=False) for _ in range(n_tok)]).astype(np.int32)
+    tab = routing_tables(ids, n_expert)
+    order = np.nonzero(tab.cnt)[0]
+    groups = plan_groups(order, tab.cnt, tab.off, group)
+    assert [e for g in groups for e in g.experts] == order.tolist()
+    assert all(len(g.experts) == group for g in groups[:-1]) and 1 <= len(groups[-1].experts) <= group
+    for g in groups:
+        assert g.bounds.dtype == np.int32 and g.bounds.shape == (len(g.experts), 2)
+        for e, (b, end) in zip(g.experts, g.bounds):
+            assert (b, end) == (tab.off[e], tab.off[e] + tab.cnt[e])
+        assert (g.row_begin, g.row_end) == (g.bounds[0, 0], g.bounds[-1, 1])

@@ -47,13 +47,39 @@ class Q8Dev:
     K: int
 
 
-@dataclass
 class DevTables:
-    slot: object
-    src: object
-    cnt: np.ndarray  # host copies for the walk
-    off: np.ndarray
-    order: np.ndarray
+    """Routing tables: slot and src on the device; cnt, off and order on the host for the walk,
+    copied into page-locked memory behind the router's launches and read on first use. Between
+    the copy and that first use the engine queues work that needs no routing (the quantize, the
+    shared expert), so the device runs it while the host waits for the counts and plans."""
+
+    def __init__(self, slot, src, ready, host_counts, phases):
+        self.slot, self.src = slot, src
+        self._ready, self._host, self._phases = ready, host_counts, phases
+        self._cnt = self._off = self._order = None
+
+    def resolve(self) -> None:
+        """Wait for the counts (once) and keep host copies (the page-locked buffer is reused)."""
+        if self._cnt is None:
+            with self._phases.host_phase("router sync"):
+                self._ready.synchronize()
+            self._cnt, self._off = self._host[0].copy(), self._host[1].copy()
+            self._order = np.nonzero(self._cnt)[0].astype(np.int32)
+
+    @property
+    def cnt(self) -> np.ndarray:
+        self.resolve()
+        return self._cnt
+
+    @property
+    def off(self) -> np.ndarray:
+        self.resolve()
+        return self._off
+
+    @property
+    def order(self) -> np.ndarray:
+        self.resolve()
+        return self._order
 
 
 class CudaBackend(BackendBase):
@@ -70,6 +96,8 @@ class CudaBackend(BackendBase):
         self.ga = gpuarray
         self._weights: dict = {}
         self._iota_dev = None
+        self._counts_host = None  # page-locked [2, n_expert] int32: a layer's routing cnt and off
+        self._pending_tables = None  # the last DevTables, whose counts may not be read yet
         self.phases = PhaseRecorder(self._mark, self._seconds, timing_enabled(timing))
         self._trace_base = None  # the event every traced span is timed from
 
@@ -298,11 +326,22 @@ class CudaBackend(BackendBase):
         return ops.top_k(self.dev, logits, k)
 
     def routing_tables(self, ids, n_expert):
+        """The tables on the device; their counts and offsets copied to page-locked host memory
+        on the compute stream, behind the launch, with an event the host waits on when the walk
+        first reads them (DevTables)."""
+        import pycuda.driver as cuda
+
         t = ops.routing_tables(self.dev, ids, n_expert)
-        with self.phases.host_phase("router sync"):  # the host waits for the router's launches
-            cnt = self.dev.download(t.cnt)  # the walk plans on the host: one small copy per layer
-            off = self.dev.download(t.off)
-        return DevTables(t.slot, t.src, cnt, off, np.nonzero(cnt)[0].astype(np.int32))
+        if self._pending_tables is not None:  # the page-locked buffer is about to be rewritten
+            self._pending_tables.resolve()
+        if self._counts_host is None or self._counts_host.shape[1] != n_expert:
+            self._counts_host = cuda.pagelocked_empty((2, n_expert), np.int32)
+        cuda.memcpy_dtoh_async(self._counts_host[0], t.cnt.gpudata, self.dev.stream)
+        cuda.memcpy_dtoh_async(self._counts_host[1], t.off.gpudata, self.dev.stream)
+        ready = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+        ready.record(self.dev.stream)
+        self._pending_tables = DevTables(t.slot, t.src, ready, self._counts_host, self.phases)
+        return self._pending_tables
 
     def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Dev, row0, n_rows_total):
         K = int(x.shape[1])
