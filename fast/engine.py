@@ -19,6 +19,12 @@ Switches (each a Python argument, a CLI flag and an environment variable):
                                                streamed expert; smaller ones stage (1024)
   copy_coalesce  STRATA_PREFILL_COPY_COALESCE  1: adjacent ring slots of adjacent host blobs in
                                                one copy; 0: one copy per expert (default)
+  overlap_plan   STRATA_PREFILL_OVERLAP_PLAN   1: the MoE-input quantize and the shared expert
+                                               are queued before the host reads the routing
+                                               counts back, so the device runs them while the
+                                               host plans the walk (default); 0: the host waits
+                                               for the counts right after the router and the
+                                               shared expert runs after the walk
 """
 from __future__ import annotations
 
@@ -68,13 +74,14 @@ class FastEngine:
 
     def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
                  expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
-                 copy_coalesce=None):
+                 copy_coalesce=None, overlap_plan=None):
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
         self.group_gather = switch(group_gather, "STRATA_PREFILL_GROUP_GATHER", True)
         self.quant_gather = switch(quant_gather, "STRATA_QUANT_GATHER", False)
         self.copy_coalesce = switch(copy_coalesce, "STRATA_PREFILL_COPY_COALESCE", False)
+        self.overlap_plan = switch(overlap_plan, "STRATA_PREFILL_OVERLAP_PLAN", True)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
         self.group_size = group_size
@@ -233,6 +240,8 @@ class FastEngine:
             self._rec(dump, layer, "router_logits", logits)
             ids, weights = be.top_k(logits, k_used)
             tab = be.routing_tables(ids, cfg.n_expert)
+            if not self.overlap_plan:
+                tab.order  # noqa: B018 - reading the counts makes the host wait for them here
         n_rows = n_tok * k_used
 
         # 3. the MoE input, quantized once per token (scatter) or once per row (gather)
@@ -249,8 +258,7 @@ class FastEngine:
 
         # 4. the shared expert needs no routing: queued here, the device runs it while the host
         # waits for the routing counts and plans the walk (no idle gap before the first gather)
-        with be.phase("shared expert", layer=layer):
-            shared = self.shared_expert(p, h) if self.config.has_shexp else None
+        shared = self._shared_phase(layer, p, h) if self.overlap_plan else None
 
         # 5. the walk: groups of group_size consecutive routed experts, in id order
         down_layout = q8_1.layout_for(down_t)
@@ -286,7 +294,9 @@ class FastEngine:
             visit = routed
         LayerWalk(be, layer, self.placement, stream, self.group_gather, products).run(groups, bounds, visit)
 
-        # 6. combine
+        # 6. combine (the shared expert here when it was not queued early)
+        if not self.overlap_plan:
+            shared = self._shared_phase(layer, p, h)
         with be.phase("combine", layer=layer):
             out = be.combine(x, weights, tab.slot, y, shared)
 
@@ -306,6 +316,10 @@ class FastEngine:
                 self._rec(dump, layer, "shexp", shared[1])
             self._rec(dump, layer, "moe_out", out)
         return out
+
+    def _shared_phase(self, layer: int, p: str, h):
+        with self.be.phase("shared expert", layer=layer):
+            return self.shared_expert(p, h) if self.config.has_shexp else None
 
     def shared_expert(self, p: str, h):
         be = self.be

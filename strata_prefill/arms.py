@@ -31,6 +31,7 @@ SWITCHES = {
     "ring": ("STRATA_PREFILL_RING", checks.positive_int),
     "stream_min": ("STRATA_PREFILL_STREAM_MIN", checks.positive_int),
     "copy_coalesce": ("STRATA_PREFILL_COPY_COALESCE", zero_one),
+    "overlap_plan": ("STRATA_PREFILL_OVERLAP_PLAN", zero_one),
 }
 
 DEFAULT = "default"
@@ -88,6 +89,7 @@ def engine_settings(engine) -> dict:
     """What an arm's engine runs with, its switches resolved (argument, environment, default)."""
     p = engine.placement
     return {"group_gather": int(engine.group_gather), "quant_gather": int(engine.quant_gather),
-            "copy_coalesce": int(engine.copy_coalesce), "stream_min": engine.stream_min,
+            "copy_coalesce": int(engine.copy_coalesce), "overlap_plan": int(engine.overlap_plan),
+            "stream_min": engine.stream_min,
             "ring": engine.ring.n_slots, "resident_experts": int(p.n_resident),
             "experts": int(p.resident.size)}

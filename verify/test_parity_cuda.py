@@ -2,7 +2,6 @@
 every weight type, both switches and a spread of prompt lengths (one chunk, several chunks),
 on `tiny` and `small` packs; and at long prompts (8K, 32K tokens, where NumPy is too slow)
 the fast path's switch arms against each other. Skips, with the reason, without a GPU."""
-import itertools
 import os
 
 import numpy as np
@@ -21,16 +20,17 @@ except ImportError as exc:  # pragma: no cover - the runtime module itself is mi
 
 pytestmark = pytest.mark.skipif(not _OK, reason=f"cuda backend unavailable: {_WHY}")
 
-SWITCHES = list(itertools.product([1, 0], [0, 1]))  # (group_gather, quant_gather)
+# (group_gather, quant_gather, overlap_plan): every pair of switches takes all four value pairs
+SWITCHES = [(1, 0, 1), (1, 1, 0), (0, 0, 0), (0, 1, 1)]
 # (prompt tokens, chunk): one chunk at several sizes, and prompts cut into several chunks
 LENGTHS = [(1, "auto"), (63, "auto"), (128, "auto"), (600, "auto"), (1030, "auto"), (2099, "auto"),
            (2099, 700)]
 
 
-def _engine(pack, gg, qg):
+def _engine(pack, gg, qg, op):
     from fast import make_fast_engine
 
-    return make_fast_engine(pack, "cuda", group_gather=gg, quant_gather=qg)
+    return make_fast_engine(pack, "cuda", group_gather=gg, quant_gather=qg, overlap_plan=op)
 
 
 def prompt(pack, n, seed):
@@ -47,11 +47,11 @@ def test_reference_vs_cuda(make_test_pack, tmp_path, preset, expert_type):
             continue  # the small pack's reference is slower: a shorter spread
         ids = prompt(pack, n, seed=n)
         ref = run_engine(ReferenceEngine(pack), ids, chunk, tmp_path / f"ref-{n}-{chunk}")
-        for (gg, qg), eng in engines.items():
+        for (gg, qg, op), eng in engines.items():
             eng.be.reset_cache()
-            got = run_engine(eng, ids, chunk, tmp_path / f"cuda-{n}-{chunk}-{gg}{qg}")
+            got = run_engine(eng, ids, chunk, tmp_path / f"cuda-{n}-{chunk}-{gg}{qg}{op}")
             assert_same_run(ref, got, pack, f"{preset} {expert_type} T={n} chunk={chunk} "
-                                            f"group_gather={gg} quant_gather={qg}")
+                                            f"group_gather={gg} quant_gather={qg} overlap_plan={op}")
 
 
 LONG = [int(t) for t in os.environ.get("STRATA_VERIFY_LONG", "8192,32768").split(",") if t]
@@ -64,12 +64,13 @@ def test_long_prompt_switch_arms_agree(tmp_path_factory, make_test_pack, n_token
     pack = make_test_pack("strata", "IQ2_XS", layers=2)
     ids = prompt(pack, n_tokens, seed=n_tokens)
     base = None
-    for gg, qg in SWITCHES:
-        eng = _engine(pack, gg, qg)
-        got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"long{gg}{qg}"), greedy=1,
+    for gg, qg, op in SWITCHES:
+        eng = _engine(pack, gg, qg, op)
+        got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"long{gg}{qg}{op}"), greedy=1,
                          layer_dumps=False)
         if base is None:
             base = got
         else:
-            assert_same_run(base, got, pack, f"strata T={n_tokens} group_gather={gg} quant_gather={qg}")
+            assert_same_run(base, got, pack,
+                            f"strata T={n_tokens} group_gather={gg} quant_gather={qg} overlap_plan={op}")
         del eng

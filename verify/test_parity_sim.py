@@ -11,7 +11,8 @@ from fast import make_fast_engine
 from reference import ReferenceEngine
 from verify.common import assert_same_run, run_engine
 
-SWITCHES = list(itertools.product([1, 0], [0, 1]))  # (group_gather, quant_gather)
+# (group_gather, quant_gather, overlap_plan): every pair of switches takes all four value pairs
+SWITCHES = [(1, 0, 1), (1, 1, 0), (0, 0, 0), (0, 1, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +40,11 @@ def test_reference_vs_sim_every_type_and_switch(make_test_pack, reference_runs, 
     pack = make_test_pack("tiny", expert_type)
     ids = prompt(pack, n_tokens, seed=n_tokens)
     ref = reference_runs(pack, ids, 64)
-    for gg, qg in SWITCHES:
-        eng = make_fast_engine(pack, "sim", group_gather=gg, quant_gather=qg)
-        got = run_engine(eng, ids, 64, tmp_path / f"g{gg}q{qg}")
-        assert_same_run(ref, got, pack, f"tiny {expert_type} T={n_tokens} group_gather={gg} quant_gather={qg}")
+    for gg, qg, op in SWITCHES:
+        eng = make_fast_engine(pack, "sim", group_gather=gg, quant_gather=qg, overlap_plan=op)
+        got = run_engine(eng, ids, 64, tmp_path / f"g{gg}q{qg}o{op}")
+        assert_same_run(ref, got, pack,
+                        f"tiny {expert_type} T={n_tokens} group_gather={gg} quant_gather={qg} overlap_plan={op}")
 
 
 @pytest.mark.parametrize("router_type", ["F32", "BF16", "Q8_0"])

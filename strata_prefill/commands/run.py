@@ -39,6 +39,7 @@ FAST_ENGINE_KEYWORDS = {
     "ring": "ring",
     "stream_min": "stream_min",
     "copy_coalesce": "copy_coalesce",
+    "overlap_plan": "overlap_plan",
 }
 
 
@@ -107,6 +108,10 @@ def add_fast_switches(p) -> None:
     g.add_argument("--copy-coalesce", type=int, choices=[0, 1], default=None,
                    help="1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy "
                         "per expert (default) (env STRATA_PREFILL_COPY_COALESCE)")
+    g.add_argument("--overlap-plan", type=int, choices=[0, 1], default=None,
+                   help="1: the device runs the MoE-input quantize and the shared expert while the "
+                        "host waits for the routing counts and plans (default); 0: the host waits "
+                        "right after the router (env STRATA_PREFILL_OVERLAP_PLAN)")
 
 
 def fast_engine_kwargs(args) -> dict:
