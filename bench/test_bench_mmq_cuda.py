@@ -4,9 +4,9 @@
     pytest bench/test_bench_mmq_cuda.py
 
 As the walk launches them on the strata shape: 2K, 8K and 32K tokens routed top-10 over 512
-experts (bench/gpu_shapes.py), one launch per group of 16 consecutive experts and matrix:
-gate/up (two launches a group, 640 x 2560 each, every type with an MMQ kernel) and down (one,
-2560 x 640, the 32-value types a pack falls back to there). Group weight buffers hold random
+experts (bench/gpu_shapes.py), one launch per group of 16 consecutive experts: gate/up (both
+matrices in one launch, 640 x 2560 each, every type with an MMQ kernel) and down (2560 x 640,
+the 32-value types a pack falls back to there). Group weight buffers hold random
 valid blocks and rotate over enough buffers to exceed L2; the q8_1 activations are random rows
 quantized in the type's layout. TOP/s = 2 * rows * N * K * matrices / median. The automatic tile
 configuration (products.AUTO_CONFIGS) is used; bench/bench_mmq_cuda.py sweeps others.
@@ -72,9 +72,9 @@ def test_mmq_layer(gpu_benchmark, cuda_device, group_weights, proj, tname, token
         for g in range(N_GROUPS):
             w = int(bufs[g % len(bufs)])
             b = int(bounds.gpudata) + g * MMQ_GROUP * 8
-            for j, out in enumerate(outs):  # gate and up sit side by side in each expert's slot
-                products.mmq_group(dev, qt, w + j * mat, mats * mat, N, K, act, r.rows, b, MMQ_GROUP, out,
-                                   rows=int(r.group_rows[g]))
+            pair = (mat, outs[1]) if mats == 2 else None  # up sits after gate in each expert's slot
+            products.mmq_group(dev, qt, w, mats * mat, N, K, act, r.rows, b, MMQ_GROUP, outs[0],
+                               rows=int(r.group_rows[g]), pair=pair)
 
     gpu_benchmark(layer, stream=dev.stream, counters=dev.counters, rounds=5, ops=2 * r.rows * N * K * mats,
                   tokens=tokens, rows=r.rows, N=N, K=K, matrices=mats, type=tname, proj=proj,

@@ -146,6 +146,11 @@ class Backend(Protocol):
     def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int) -> Array:
         """H = silu(gate) * up over rows r0 .. r1."""
 
+    def swiglu_quantize(self, *, gate: Array, up: Array, r0: int, r1: int, layout, out: Q8, row0: int,
+                        n_rows_total: int) -> None:
+        """One launch: H = silu(gate) * up over rows r0 .. r1, quantized into rows row0 .. of out
+        (n_rows_total rows): swiglu_rows then quantize_gather (src None), the same bytes."""
+
     def mmq_group_down(self, *, layer: int, group, bounds, act: Q8, n_rows: int, y: Array) -> None:
         """Down products of the group buffers' experts into their rows of y."""
 

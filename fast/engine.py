@@ -276,10 +276,14 @@ class FastEngine:
                 be.mmq_group_gate_up(layer=layer, group=grp, bounds=gb, act=moe_in, n_rows=n_rows, gate=gate,
                                      up=up)
             with be.phase("swiglu+quantize H", **args):
-                hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
-                self._rec_rows(dump, "swiglu_h", hh, grp.row_begin, n_rows)
-                be.quantize_gather(x=hh, src=None, n_rows=grp.n_rows, layout=down_layout, out=down_in,
-                                   row0=grp.row_begin, n_rows_total=n_rows)
+                if dump is not None and dump.ops:  # op records keep H itself: two launches
+                    hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
+                    self._rec_rows(dump, "swiglu_h", hh, grp.row_begin, n_rows)
+                    be.quantize_gather(x=hh, src=None, n_rows=grp.n_rows, layout=down_layout, out=down_in,
+                                       row0=grp.row_begin, n_rows_total=n_rows)
+                else:  # one launch, H never written
+                    be.swiglu_quantize(gate=gate, up=up, r0=grp.row_begin, r1=grp.row_end, layout=down_layout,
+                                       out=down_in, row0=grp.row_begin, n_rows_total=n_rows)
             with be.phase("down", **args):
                 be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=down_in, n_rows=n_rows, y=y)
 

@@ -300,16 +300,19 @@ class SimBackend(BackendBase):
     def group_bounds(bounds_list):
         return bounds_list
 
-    def _mmq_group(self, qtype, wbuf, offset, stride, n_out, k_in, n_exp, act: Q8Buf, bounds, out):
+    def _mmq_group(self, qtype, wbuf, stride, n_out, k_in, n_exp, act: Q8Buf, bounds, outs):
+        """One launch (as mmq.cu's): for each (offset, out) of outs, expert q's matrix at
+        wbuf[offset + q * stride] times its rows of act into out."""
         rb = quants.row_bytes(qtype, k_in)
         layout = q8_1.layout_for(qtype)
 
         def run():
-            for q in range(n_exp):
-                b0, b1 = int(bounds[q, 0]), int(bounds[q, 1])
-                if b1 > b0:
-                    w = wbuf[offset + q * stride: offset + q * stride + n_out * rb].reshape(n_out, rb)
-                    out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, b0, b1, layout))
+            for offset, out in outs:
+                for q in range(n_exp):
+                    b0, b1 = int(bounds[q, 0]), int(bounds[q, 1])
+                    if b1 > b0:
+                        w = wbuf[offset + q * stride: offset + q * stride + n_out * rb].reshape(n_out, rb)
+                        out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, b0, b1, layout))
 
         self._launch("mmq", run)
 
@@ -317,20 +320,26 @@ class SimBackend(BackendBase):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg, n = self.config, len(group.experts)
-        for offset, out in ((0, gate), (gu_bytes, up)):
-            self._mmq_group(gu_t, self._gu_buf, offset, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, n, act,
-                            bounds, out)
+        self._mmq_group(gu_t, self._gu_buf, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, n, act, bounds,
+                        ((0, gate), (gu_bytes, up)))
 
     def mmq_group_down(self, *, layer, group, bounds, act, n_rows, y):
         _, d_t = self.expert_types(layer)
         _, d_bytes = self._blob_bytes[layer]
         cfg = self.config
-        self._mmq_group(d_t, self._d_buf, 0, d_bytes, cfg.n_embd, cfg.n_ff_exp, len(group.experts), act,
-                        bounds, y)
+        self._mmq_group(d_t, self._d_buf, d_bytes, cfg.n_embd, cfg.n_ff_exp, len(group.experts), act, bounds,
+                        ((0, y),))
 
     def swiglu_rows(self, gate, up, r0, r1):
         return self._step("swiglu", self.alloc_f32((r1 - r0, gate.shape[1])),
                           lambda: swiglu(gate[r0:r1], up[r0:r1]))
+
+    def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Buf, row0, n_rows_total):
+        def run():
+            h = swiglu(gate[r0:r1], up[r0:r1])
+            q8_1.unpack_rows(out.data, n_rows_total)[row0:row0 + (r1 - r0)] = q8_1.quantize_rows(h, layout)
+
+        self._launch("swiglu_q8_1", run)
 
     def combine(self, x, weights, slot, y, shared):
         return self._step("combine", self.alloc_f32(x.shape), lambda: combine(x, weights, slot, y, shared))

@@ -29,11 +29,13 @@ class Run:
     residuals: bytes
 
 
-def run_engine(engine, ids, chunk, out_dir: Path, greedy: int = 2, layer_dumps: bool = True) -> Run:
+def run_engine(engine, ids, chunk, out_dir: Path, greedy: int = 2, layer_dumps: bool = True,
+               dump_level: str | None = None) -> Run:
     """Run with the Strata dumps, and the record file unless `layer_dumps` is off (long
-    prompts: their q8_1 buffers run to gigabytes)."""
+    prompts: their q8_1 buffers run to gigabytes). dump_level None: "ops" up to
+    OPS_DUMP_MAX_TOKENS tokens, else "layer"."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    level = "ops" if len(ids) <= OPS_DUMP_MAX_TOKENS else "layer"
+    level = dump_level or ("ops" if len(ids) <= OPS_DUMP_MAX_TOKENS else "layer")
     s = Session(engine, chunk=chunk, dump_dir=out_dir if layer_dumps else None, dump_r=out_dir / "r.bin",
                 progress=False, dump_level=level)
     res = s.run(ids, greedy=greedy)

@@ -4,7 +4,10 @@
   all three layouts (random x, random routings, one all-zero token);
 - fast/cuda/kernels/mmq.cu against strata.mmq.mmq (mmq_prepared), all six weight types (random valid
   blocks, random activations, several experts with uneven row counts including 0 and 1,
-  the tiny and strata shapes).
+  the tiny and strata shapes); its pair launch (gate and up, gridDim.y = 2) against two
+  single launches;
+- fast/cuda/kernels/swiglu_q8_1.cu against swiglu.cu then quantize_q8_1.cu (the two-step
+  path) and against strata.moe.swiglu + strata.q8_1.quantize_rows, every down layout.
 
 Output buffers are poisoned before each launch and compared whole, as uint8. Without a GPU
 (or without PyCUDA) every test here skips with the backend's one-line reason.
@@ -19,7 +22,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from fast.cuda.runtime import cuda_available
-from strata import mmq, q8_1, quants
+from strata import moe, mmq, q8_1, quants
 from strata.constants import WEIGHT_TAIL_BYTES
 from strata.routing import routing_tables
 
@@ -300,3 +303,110 @@ def test_counters(cu):
     test_mmq_dense(cu, mine, "Q8_0")
     assert mine.counters["launches"] == 1 and mine.counters["mmq"] == 1
     assert other.counters["launches"] == 0
+
+
+# ---------------------------------------------------------------- the walk's fused launches
+
+
+def _gpu(a):
+    from pycuda import gpuarray
+
+    return gpuarray.to_gpu(np.ascontiguousarray(a))
+
+
+@pytest.mark.parametrize("tname", ["Q8_0", "IQ2_XS", "Q2_K"])
+def test_mmq_pair_is_two_launches_in_one(cu, dev, tname):
+    """gate and up of each expert ([gate | up] per expert, as the group buffers hold them) in
+    one launch: the same bytes as two single launches, every tile configuration, uneven
+    bounds (empty, one row, more than a tile); counted as one "mmq" launch."""
+    from fast.cuda import products
+
+    qt = QT[tname]
+    rng = np.random.default_rng(40 + int(qt))
+    N, K = 384, 512
+    vpb, _ = quants.block_size(qt)
+    rb = quants.row_bytes(qt, K)
+    mat = N * rb
+    rows = [7, 0, 1, 150, 33]
+    stride = 2 * mat + 2
+    wbuf = np.zeros(len(rows) * stride + WEIGHT_TAIL_BYTES, np.uint8)
+    for q in range(len(rows)):
+        wbuf[q * stride: q * stride + 2 * mat] = quants.random_blocks(qt, 2 * N * K // vpb, rng).reshape(-1)
+    bounds, r = [], 2
+    for n in rows:
+        bounds.append((r, r + n))
+        r += n + 3
+    R_total = r
+    layout = q8_1.layout_for(qt)
+    x = rng.standard_normal((R_total, K)).astype(np.float32)
+    x *= np.exp(rng.uniform(-3, 3, size=(R_total, 1))).astype(np.float32)
+    act_rows = q8_1.quantize_rows(x, layout)
+    wd, ad = _dev(cu, wbuf), _dev(cu, q8_1.pack_rows(act_rows))
+    bd = _dev(cu, np.array(bounds, np.int32).reshape(-1))
+    dec = q8_1.decode_rows(act_rows, R_total, layout)
+    b0, b1 = bounds[3]  # the definition, for one expert's rows: the pair is not merely self-consistent
+    want_up = mmq.mmq(qt, wbuf[3 * stride + mat: 3 * stride + 2 * mat].reshape(N, rb), _slice_rows(dec, b0, b1))
+    nbytes = R_total * N * 4
+    for cfg in _configs():
+        one_g, one_u, pair_g, pair_u = (_poisoned(cu, nbytes) for _ in range(4))
+        products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, len(rows), one_g, config=cfg)
+        products.mmq_group(dev, qt, int(wd) + mat, stride, N, K, ad, R_total, bd, len(rows), one_u, config=cfg)
+        before = dict(dev.counters)
+        products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, len(rows), pair_g, config=cfg,
+                           pair=(mat, pair_u))
+        assert dev.counters["launches"] - before.get("launches", 0) == 1
+        assert dev.counters["mmq"] - before.get("mmq", 0) == 1
+        for what, got, want in (("gate", pair_g, one_g), ("up", pair_u, one_u)):
+            g, w = _get(cu, got, nbytes), _get(cu, want, nbytes)
+            assert np.array_equal(g, w), f"{tname} pair {what} config={cfg}: " + _f32_report(g, w, N)
+        up = _get(cu, pair_u, nbytes).view("<f4").reshape(R_total, N)[b0:b1]
+        assert np.array_equal(up.view(np.uint32), want_up.astype("<f4").view(np.uint32)), f"{tname} up vs strata.mmq"
+
+
+def _gate_up(rng, R, n):
+    """Random float32 gate and up rows: magnitudes from 1e-3 to 1e4, gate values below -88
+    (silu -0.0) and above 88, an all-zero 32-block in a gate row and in an up row, exact zeros."""
+    g = rng.standard_normal((R, n)).astype(np.float32) * np.exp(rng.uniform(-7, 9, (R, 1))).astype(np.float32)
+    u = rng.standard_normal((R, n)).astype(np.float32) * np.exp(rng.uniform(-7, 9, (R, 1))).astype(np.float32)
+    g[0, : min(n, 40)] = rng.uniform(-300.0, -88.5, min(n, 40)).astype(np.float32)
+    g[1, 5] = np.float32(-1e30)
+    g[1, 6] = np.float32(90.0)
+    g[2 % R, 32:64] = 0.0
+    u[3 % R, 64:96] = 0.0
+    g[4 % R, ::7] = 0.0
+    return g, u
+
+
+@pytest.mark.parametrize("layout", sorted({q8_1.layout_for(QT[t]) for t in TYPES}), ids=lambda l: l.name)
+@pytest.mark.parametrize("n,R,r0,r1,row0,R_total", [
+    (256, 40, 0, 40, 0, 40),        # the whole buffer
+    (640, 57, 9, 50, 9, 57),        # a group's rows, in place (as the walk calls it)
+    (200, 33, 3, 30, 11, 45),       # n not a multiple of 128 (padded blocks), rows moved
+    (1280, 21, 20, 21, 0, 1),       # one row
+    (96, 18, 5, 17, 2, 30),         # n below one block; float4 loads off 16-byte alignment
+])
+def test_swiglu_quantize_is_the_two_steps(cu, dev, layout, n, R, r0, r1, row0, R_total):
+    """swiglu_q8_1.cu writes the same bytes as swiglu.cu followed by quantize_q8_1.cu's
+    gather over H's rows in order, and as strata.moe.swiglu + strata.q8_1.quantize_rows; the
+    rest of the buffer stays untouched (poison)."""
+    from fast.cuda import elementwise, products
+
+    rng = np.random.default_rng(n * 1000 + R + int(layout))
+    g, u = _gate_up(rng, R, n)
+    gd, ud = _gpu(g), _gpu(u)
+    rows = r1 - r0
+    nbytes = q8_1.buffer_nbytes(R_total, n)
+    two, one = _poisoned(cu, nbytes), _poisoned(cu, nbytes)
+    h = elementwise.swiglu(dev, gd, ud, r0=r0, r1=r1)
+    products.quantize_gather(dev, h, _gpu(np.arange(rows, dtype=np.int32)), rows, n, layout,
+                             int(two) + row0 * q8_1.BLOCK_BYTES, R_total=R_total)
+    before = dev.counters["launches"]
+    products.swiglu_quantize(dev, gd, ud, r0, r1, layout, one, row0=row0, R_total=R_total)
+    assert dev.counters["launches"] - before == 1
+    got, want = _get(cu, one, nbytes), _get(cu, two, nbytes)
+    assert np.array_equal(got, want), f"fused vs two steps, {layout.name}: " + _q8_report(got, want, R_total, n, layout)
+    with np.errstate(over="ignore"):
+        h_np = moe.swiglu(g[r0:r1], u[r0:r1])
+    want_np = np.full(nbytes, POISON, np.uint8)
+    q8_1.unpack_rows(want_np, R_total)[row0:row0 + rows] = q8_1.quantize_rows(h_np, layout)
+    assert np.array_equal(got, want_np), f"fused vs NumPy, {layout.name}: " + _q8_report(got, want_np, R_total, n, layout)

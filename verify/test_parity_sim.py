@@ -1,6 +1,8 @@
 """The parity gate on a machine with no GPU: the reference against the fast path's walk on
 the `sim` backend (NumPy kernels), byte for byte, for every weight type and switch
 combination, plus the invariance promises (chunk size, group size, backend)."""
+import collections
+import contextlib
 import itertools
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from conftest import EXPERT_TYPES
 from fast import make_fast_engine
 from reference import ReferenceEngine
+from strata import q8_1
 from verify.common import assert_same_run, run_engine
 
 # (group_gather, quant_gather, overlap_plan): every pair of switches takes all four value pairs
@@ -108,6 +111,58 @@ def test_launch_counts_follow_the_switches(make_test_pack, tmp_path):
     assert counts[1]["q8_1_scatter"] == n_layer
     for c in counts.values():
         assert "waits" not in c and "events" not in c and "copies" not in c
+
+
+def launches_by_phase(eng) -> collections.Counter:
+    """Launches enqueued inside each phase of the engine's sim backend, and (under
+    (name, "entries")) how often each phase was entered."""
+    be, got = eng.be, collections.Counter()
+    phase = be.phase
+
+    @contextlib.contextmanager
+    def counted(name, **args):
+        before = be.counters["launches"]
+        with phase(name, **args):
+            yield
+        got[name] += be.counters["launches"] - before
+        got[(name, "entries")] += 1
+
+    be.phase = counted
+    return got
+
+
+@pytest.mark.parametrize("level", ["layer", "ops"])
+def test_a_group_makes_four_launches(make_test_pack, tmp_path, level):
+    """All resident, group mode: a group is one gather, one gate/up launch (both matrices), one
+    SwiGLU + quantize of H and one down. Op records need H itself: SwiGLU and the quantize of H
+    are then two launches (five a group)."""
+    pack = make_test_pack("small", "Q8_0")
+    eng = make_fast_engine(pack, "sim")
+    by_phase = launches_by_phase(eng)
+    run_engine(eng, prompt(pack, 200, seed=7), "auto", tmp_path, greedy=0, dump_level=level)
+    groups = by_phase[("gate/up", "entries")]
+    assert groups >= 4 * pack.config.n_layer  # 200 tokens x top-8 route every one of 64 experts
+    assert by_phase[("gather", "entries")] == by_phase["gather"] == groups
+    assert by_phase["gate/up"] == by_phase["down"] == groups
+    assert eng.counters["swiglu_q8_1"] == (groups if level == "layer" else 0)
+    assert by_phase["swiglu+quantize H"] == (1 if level == "layer" else 2) * groups
+    walk = sum(by_phase[p] for p in ("gather", "gate/up", "swiglu+quantize H", "down"))
+    assert walk == (4 if level == "layer" else 5) * groups
+
+
+@pytest.mark.parametrize("expert_type", ["Q8_0", "Q4_1", "Q2_K"])
+def test_reference_vs_sim_fused_swiglu_quantize(make_test_pack, reference_runs, tmp_path, expert_type):
+    """At the layer dump level H is never recorded, so the walk's SwiGLU and quantize of H run
+    as one step (swiglu_quantize): byte for byte the reference's down input and everything after,
+    in every q8_1 layout a down type selects (D4, DS4, D2S6)."""
+    pack = make_test_pack("tiny", expert_type)
+    layouts = {q8_1.layout_for(pack.expert_types(l)[1]) for l in range(pack.config.n_layer)}
+    ids = prompt(pack, 90, seed=12)
+    ref = run_engine(ReferenceEngine(pack), ids, 64, tmp_path / "ref", dump_level="layer")
+    eng = make_fast_engine(pack, "sim")
+    got = run_engine(eng, ids, 64, tmp_path / "fast", dump_level="layer")
+    assert eng.counters["swiglu_q8_1"] > 0 and layouts
+    assert_same_run(ref, got, pack, f"tiny {expert_type} fused SwiGLU + quantize, down layouts {layouts}")
 
 
 def test_streaming_counts_one_wait_and_event_per_group(make_test_pack, tmp_path):

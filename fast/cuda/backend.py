@@ -369,10 +369,9 @@ class CudaBackend(BackendBase):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
-        base = int(self._gu_buf.gpudata)
-        for w, out in ((base, gate), (base + gu_bytes, up)):
-            products.mmq_group(self.dev, gu_t, w, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows,
-                               bounds, len(group.experts), out, rows=group.n_rows)
+        # one launch: gate at the buffer's base, up gu_bytes after it (expert q's [gate | up])
+        products.mmq_group(self.dev, gu_t, self._gu_buf, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows,
+                           bounds, len(group.experts), gate, rows=group.n_rows, pair=(gu_bytes, up))
 
     def mmq_group_down(self, *, layer, group, bounds, act: Q8Dev, n_rows, y):
         _, d_t = self.expert_types(layer)
@@ -417,6 +416,9 @@ class CudaBackend(BackendBase):
 
     def swiglu_rows(self, gate, up, r0, r1):
         return ops.swiglu(self.dev, gate, up, r0=r0, r1=r1)
+
+    def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Dev, row0, n_rows_total):
+        products.swiglu_quantize(self.dev, gate, up, r0, r1, layout, out.buf, row0=row0, R_total=n_rows_total)
 
     def combine(self, x, weights, slot, y, shared):
         return ops.combine(self.dev, x, weights, slot, y, shared, out=x)

@@ -10,6 +10,8 @@ Device buffers may be given as a GPUArray, anything with ``__cuda_array_interfac
 Kernels and their NumPy definitions:
 - :func:`quantize_gather`  -> strata.q8_1.gather_quantize   (kernels/quantize_q8_1.cu)
 - :func:`quantize_scatter` -> strata.q8_1.scatter_quantize  (kernels/quantize_q8_1.cu)
+- :func:`swiglu_quantize`  -> strata.moe.swiglu, then strata.q8_1.quantize_rows
+  (kernels/swiglu_q8_1.cu)
 - :func:`mmq_group`, :func:`mmq_dense` -> strata.mmq.mmq_prepared (kernels/mmq.cu)
 - :func:`gather_native_group`, :func:`gather_native_one` -> strata.moe.group_buffers
   (kernels/gather_group.cu)
@@ -27,11 +29,12 @@ from strata.constants import MMQ_GROUP
 from strata.errors import DeviceError, InputError
 
 from fast.cuda import runtime
-from fast.cuda.runtime import ptr
+from fast.cuda.runtime import check, ptr
 
 __all__ = [
     "quantize_gather",
     "quantize_scatter",
+    "swiglu_quantize",
     "mmq_group",
     "mmq_dense",
     "mmq_geometry",
@@ -121,6 +124,29 @@ def quantize_scatter(dev, x, slot, T: int, K_used: int, K: int, layout, out, *,
                ptr(x), ldx, ptr(slot), int(T), int(K_used), int(K), lay, ptr(out), int(T) * int(K_used))
 
 
+def swiglu_quantize(dev, g, u, r0: int, r1: int, layout, out, *, row0: int, R_total: int) -> None:
+    """H = silu(g) * u over rows r0 .. r1 of g, u (float32 device [R, n]), quantized into rows
+    row0 .. row0 + (r1 - r0) of the q8_1 buffer ``out`` (R_total rows of n values) in one
+    launch. The same bytes as elementwise.swiglu then :func:`quantize_gather` of H's rows in
+    order at ``out`` offset by row0 rows (strata.moe.swiglu, strata.q8_1.quantize_rows)."""
+    lay = int(q8_1.Layout(int(layout)))
+    check(g, "swiglu_quantize gate", np.float32, ndim=2)
+    R, n = (int(s) for s in g.shape)
+    check(u, "swiglu_quantize up", np.float32, shape=(R, n))
+    r0, r1, row0, R_total = int(r0), int(r1), int(row0), int(R_total)
+    if not 0 <= r0 <= r1 <= R:
+        raise InputError(f"swiglu_quantize: rows {r0}..{r1} outside [0, {R}]")
+    if not 0 <= row0 <= row0 + (r1 - r0) <= R_total:
+        raise InputError(f"swiglu_quantize: output rows {row0}..{row0 + r1 - r0} outside [0, {R_total}]")
+    rows = r1 - r0
+    if rows == 0 or n == 0:
+        return
+    f = runtime.function("swiglu_q8_1", "swiglu_q8_1", "PqPqiiiPi")
+    dev.launch(f, "swiglu_q8_1", _q8_grid(rows * q8_1.blocks_per_row(n)), (_Q8_THREADS, 1, 1),
+               ptr(g) + 4 * r0 * n, n, ptr(u) + 4 * r0 * n, n, rows, n, lay,
+               ptr(out) + row0 * q8_1.BLOCK_BYTES, R_total)
+
+
 # --------------------------------------------------------------------------- mmq
 
 _mmq_state: dict = {}
@@ -201,7 +227,7 @@ def _mmq_func(st, qt: QT):
         cuda.memcpy_dtoh(sm, gptr)
         smem = int(sm[0])
         f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        f.prepare("PqiiPiPiPqPi")
+        f.prepare("PqiiPiPiPqPiqP")
         f.smem = smem
         st["funcs"][qt] = f
     return f
@@ -216,7 +242,7 @@ def mmq_geometry(config: dict | None = None) -> dict:
 
 def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds, n_exp: int,
               out, *, ldo: int | None = None, rows: int | None = None,
-              tile_rows: int = DEFAULT_TILE_ROWS, config: dict | None = None) -> None:
+              tile_rows: int = DEFAULT_TILE_ROWS, config: dict | None = None, pair=None) -> None:
     """Grouped product: for q < n_exp (at most MMQ_GROUP), out[r, n] (r in [row_begin_q,
     row_end_q), n < N) = strata.mmq.mmq(weights of expert q, activation row r)[n].
 
@@ -233,6 +259,10 @@ def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, b
        automatic default configuration, capped at its BN); does not change a bit of the result.
     config: mmq.cu defines (a tile configuration); None: default_config(), automatic by the
        mean rows per expert (rows / n_exp) unless STRATA_MMQ_CONFIG is set.
+    pair: (w_pair, out2) to multiply a second matrix per expert in the same launch (gate and
+       up): expert q's second matrix at byte offset w_pair + q * w_stride (w_pair even), its
+       products into out2 (float32 [R_total, ldo]), the same bounds and activation rows; the
+       same bytes as a second call with w + w_pair and out2. None: one matrix.
     """
     qt = _qtype(qtype)
     N, K, R_total, n_exp = int(N), int(K), int(R_total), int(n_exp)
@@ -242,6 +272,9 @@ def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, b
         raise InputError(f"K={K} is not a multiple of the {qt.name} block")
     if int(w_stride) % 2 or ptr(w) % 2:
         raise InputError("weight buffer and stride must be 2-byte aligned")
+    w_pair, out2 = (0, out) if pair is None else (int(pair[0]), pair[1])
+    if w_pair % 2:
+        raise InputError("the second matrix's offset must be 2-byte aligned")
     if n_exp == 0 or N <= 0:
         return
     if not hasattr(bounds, "gpudata") and isinstance(bounds, (np.ndarray, list, tuple)):
@@ -263,11 +296,11 @@ def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, b
     tiles = ntm * (-(-n_rows // tile_rows) + n_exp)
     if tiles <= 0:
         return
-    grid = (min(tiles, 1 << 30), 1, 1)
+    grid = (min(tiles, 1 << 30), 1 if pair is None else 2, 1)  # blockIdx.y 1: the second matrix
     dev.launch(f, "mmq", grid, (st["threads"], 1, 1),
                ptr(w), int(w_stride), N, K, ptr(act), R_total, ptr(bounds), n_exp,
                ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]), tile_rows,
-               shared_size=f.smem)
+               w_pair, ptr(out2), shared_size=f.smem)
 
 
 _dense_bounds: dict = {}

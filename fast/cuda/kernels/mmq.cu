@@ -14,6 +14,11 @@
 // [bounds[2q], bounds[2q+1]) of the q8_1 buffer A (R_total rows, column-block-major,
 // block_q8_1_mmq, the layout the weight type selects). out is float32 [R_total, ldo];
 // out[r, n] is written for rows inside a bound and n < N only.
+// A pair of matrices per expert (gate and up) in one launch: gridDim.y = 2, and the CTAs with
+// blockIdx.y == 1 multiply the matrix at W + w_pair + q * w_stride into out2 (same bounds,
+// same activation rows, same tiles). gridDim.y = 1 multiplies W into out only (w_pair and
+// out2 unused). Each output element's arithmetic is the same either way: one launch saves
+// the host a launch per group, not a bit of the result.
 //
 // Tiling: a CTA computes MMQ_BM weight rows x (up to) MMQ_BN activation rows of one expert.
 // An expert's rows are cut into ceil(rows / tile_rows) tiles of equal size (a multiple of 8).
@@ -630,12 +635,16 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
     }
 }
 
+// out2 carries no __restrict__: a single-matrix launch passes out again (and never writes it).
 #define MMQ_ENTRY(NAME, QT)                                                                              \
     extern "C" __global__ void __launch_bounds__(MMQ_NT, MMQ_MINB)                                      \
         NAME(const uint8_t* __restrict__ W, long long w_stride, int N, int K,                          \
              const uint8_t* __restrict__ A, int R_total, const int* __restrict__ bounds, int n_exp,     \
-             float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows) { \
-        mmq_body<QT>(W, w_stride, N, K, A, R_total, bounds, n_exp, out, ldo, tab, tile_rows);           \
+             float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows,   \
+             long long w_pair, float* out2) {                                                          \
+        const bool second = blockIdx.y != 0;                                                             \
+        mmq_body<QT>(second ? W + w_pair : W, w_stride, N, K, A, R_total, bounds, n_exp,               \
+                     second ? out2 : out, ldo, tab, tile_rows);                                         \
     }                                                                                                    \
     extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
 

@@ -20,13 +20,10 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "strata_numerics.cuh"  // q8_inv_scale, q8_round, q8_scale
+#include "q8_1_block.cuh"       // q8_1_block, store_block
 
 #define Q8_WARPS 8
 
-
-__device__ __forceinline__ uint32_t h16(float v) {
-    return (uint32_t)__half_as_ushort(__float2half_rn(v));
-}
 
 // Quantize the kb-th 128-value block of row xr (K values). Returns this lane's 4 codes;
 // hdr receives header word `lane` in lanes 0..3.
@@ -43,56 +40,7 @@ __device__ __forceinline__ uint32_t quant_block(const float* __restrict__ xr, in
         if (c0 + 2 < K) v2 = xr[c0 + 2];
         if (c0 + 3 < K) v3 = xr[c0 + 3];
     }
-    float amax = fmaxf(fmaxf(fabsf(v0), fabsf(v1)), fmaxf(fabsf(v2), fabsf(v3)));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-    if (layout == 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 8));
-
-    float d = 0.0f;
-    uint32_t codes = 0;
-    if (amax != 0.0f) {
-        const float d_inv = q8_inv_scale(amax);
-        const int q0 = (int)q8_round(v0, d_inv);
-        const int q1 = (int)q8_round(v1, d_inv);
-        const int q2 = (int)q8_round(v2, d_inv);
-        const int q3 = (int)q8_round(v3, d_inv);
-        codes = (uint32_t)(q0 & 0xFF) | ((uint32_t)(q1 & 0xFF) << 8) | ((uint32_t)(q2 & 0xFF) << 16) |
-                ((uint32_t)(q3 & 0xFF) << 24);
-        d = q8_scale(d_inv);
-    }
-
-    // sums: run of 4, then the halving tree over 8 (DS4) or 4 (D2S6) runs
-    float s = ((v0 + v1) + v2) + v3;
-    if (layout == 1) s = s + __shfl_xor_sync(0xffffffffu, s, 4);
-    s = s + __shfl_xor_sync(0xffffffffu, s, 2);
-    s = s + __shfl_xor_sync(0xffffffffu, s, 1);
-
-    const int w = lane & 3;
-    if (layout == 0) {
-        const float dw = __shfl_sync(0xffffffffu, d, 8 * w);
-        hdr = __float_as_uint(dw);
-    } else if (layout == 1) {
-        const float dw = __shfl_sync(0xffffffffu, d, 8 * w);
-        const float sw = __shfl_sync(0xffffffffu, s, 8 * w);
-        hdr = h16(dw) | (h16(sw) << 16);
-    } else {
-        // word 0: d0 d1; word 1: s0 s1; word 2: s2 s3; word 3: s4 s5
-        const float d0 = __shfl_sync(0xffffffffu, d, 0);
-        const float d1 = __shfl_sync(0xffffffffu, d, 16);
-        const int ga = (w == 0) ? 0 : 2 * w - 2;  // 16-value group of the low half
-        const float sa = __shfl_sync(0xffffffffu, s, 4 * ga);
-        const float sb = __shfl_sync(0xffffffffu, s, 4 * ga + 4);
-        hdr = (w == 0) ? (h16(d0) | (h16(d1) << 16)) : (h16(sa) | (h16(sb) << 16));
-    }
-    return codes;
-}
-
-__device__ __forceinline__ void store_block(uint8_t* __restrict__ out, long long blk, int lane, uint32_t hdr,
-                                            uint32_t codes) {
-    uint32_t* b = reinterpret_cast<uint32_t*>(out + blk * 144);
-    if (lane < 4) b[lane] = hdr;
-    b[4 + lane] = codes;
+    return q8_1_block(v0, v1, v2, v3, layout, lane, hdr);
 }
 
 // Row r (r < n_rows) of the buffer <- x[src[r]]. x: float32 rows of stride ldx; out: R_total rows.

@@ -1,8 +1,8 @@
 // Numerics primitives shared by the kernels, each the CUDA form of a NumPy definition
 // (strata/numerics.py, strata/q8_1.py, strata/attention.py; docs/numerics.md section 1).
 // Compiled with --fmad=false: every * and + below is its own IEEE rounding. fast/cuda/runtime.py
-// inlines this file where a kernel includes it. One home for: the exponential, round half away
-// from zero, the q8-style block quantize (scale, codes, zero rules), warp reductions.
+// inlines this file where a kernel includes it. One home for: the exponential, SwiGLU, round
+// half away from zero, the q8-style block quantize (scale, codes, zero rules), warp reductions.
 #ifndef STRATA_NUMERICS_CUH
 #define STRATA_NUMERICS_CUH
 #include <stdint.h>
@@ -36,6 +36,15 @@ __device__ __forceinline__ float strata_exp(float x)
     y = (x < -87.0f) ? 0.0f : y;
     y = (x > 88.0f) ? __int_as_float(0x7f800000) : y;
     return (x != x) ? x : y;
+}
+
+// strata.moe.swiglu of one value: silu(g) * u with silu(x) = x / (1.0f + exp(-x)) (IEEE
+// division; x < -88 gives -0.0, as in NumPy). The one home of the formula: swiglu.cu and
+// swiglu_q8_1.cu must give the same bits.
+__device__ __forceinline__ float strata_swiglu(float g, float u)
+{
+    const float silu = g / __fadd_rn(1.0f, strata_exp(-g));
+    return __fmul_rn(silu, u);
 }
 
 // strata.numerics.roundf: round half away from zero (C roundf), exact for every float.

@@ -7,7 +7,7 @@
 // offset to the first row of the range). h may alias g or u.
 
 #include <stdint.h>
-#include "strata_numerics.cuh"  // strata_exp
+#include "strata_numerics.cuh"  // strata_swiglu
 
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -19,8 +19,6 @@ swiglu_rows(const float* g, long long ldg, const float* u, long long ldu, float*
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
         const long long r = idx / n;
         const long long i = idx - r * n;
-        const float x = g[r * ldg + i];
-        const float silu = x / __fadd_rn(1.0f, strata_exp(-x));
-        h[r * ldh + i] = __fmul_rn(silu, u[r * ldu + i]);
+        h[r * ldh + i] = strata_swiglu(g[r * ldg + i], u[r * ldu + i]);
     }
 }

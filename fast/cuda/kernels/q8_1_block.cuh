@@ -1,0 +1,69 @@
+// The warp's quantize of one 128-value block of a q8_1 row into its 144 bytes
+// (block_q8_1_mmq), shared by quantize_q8_1.cu and swiglu_q8_1.cu so that both write the
+// same bytes from the same floats: strata.q8_1.quantize_rows, docs/numerics.md section 2.
+// Include strata_numerics.cuh (q8_inv_scale, q8_round, q8_scale) and cuda_fp16.h first:
+// fast/cuda/runtime.py inlines one level of local headers, so this file includes none.
+#ifndef STRATA_Q8_1_BLOCK_CUH
+#define STRATA_Q8_1_BLOCK_CUH
+
+__device__ __forceinline__ uint32_t h16(float v) {
+    return (uint32_t)__half_as_ushort(__float2half_rn(v));
+}
+
+// Lane l holds values 4l..4l+3 of the block (0.0f past the row's end). Returns this lane's 4
+// codes; hdr receives header word `lane` in lanes 0..3. layout: 0 D4, 1 DS4, 2 D2S6.
+__device__ __forceinline__ uint32_t q8_1_block(float v0, float v1, float v2, float v3, int layout, int lane,
+                                               uint32_t& hdr) {
+    float amax = fmaxf(fmaxf(fabsf(v0), fabsf(v1)), fmaxf(fabsf(v2), fabsf(v3)));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+    if (layout == 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 8));
+
+    float d = 0.0f;
+    uint32_t codes = 0;
+    if (amax != 0.0f) {
+        const float d_inv = q8_inv_scale(amax);
+        const int q0 = (int)q8_round(v0, d_inv);
+        const int q1 = (int)q8_round(v1, d_inv);
+        const int q2 = (int)q8_round(v2, d_inv);
+        const int q3 = (int)q8_round(v3, d_inv);
+        codes = (uint32_t)(q0 & 0xFF) | ((uint32_t)(q1 & 0xFF) << 8) | ((uint32_t)(q2 & 0xFF) << 16) |
+                ((uint32_t)(q3 & 0xFF) << 24);
+        d = q8_scale(d_inv);
+    }
+
+    // sums: run of 4, then the halving tree over 8 (DS4) or 4 (D2S6) runs
+    float s = ((v0 + v1) + v2) + v3;
+    if (layout == 1) s = s + __shfl_xor_sync(0xffffffffu, s, 4);
+    s = s + __shfl_xor_sync(0xffffffffu, s, 2);
+    s = s + __shfl_xor_sync(0xffffffffu, s, 1);
+
+    const int w = lane & 3;
+    if (layout == 0) {
+        const float dw = __shfl_sync(0xffffffffu, d, 8 * w);
+        hdr = __float_as_uint(dw);
+    } else if (layout == 1) {
+        const float dw = __shfl_sync(0xffffffffu, d, 8 * w);
+        const float sw = __shfl_sync(0xffffffffu, s, 8 * w);
+        hdr = h16(dw) | (h16(sw) << 16);
+    } else {
+        // word 0: d0 d1; word 1: s0 s1; word 2: s2 s3; word 3: s4 s5
+        const float d0 = __shfl_sync(0xffffffffu, d, 0);
+        const float d1 = __shfl_sync(0xffffffffu, d, 16);
+        const int ga = (w == 0) ? 0 : 2 * w - 2;  // 16-value group of the low half
+        const float sa = __shfl_sync(0xffffffffu, s, 4 * ga);
+        const float sb = __shfl_sync(0xffffffffu, s, 4 * ga + 4);
+        hdr = (w == 0) ? (h16(d0) | (h16(d1) << 16)) : (h16(sa) | (h16(sb) << 16));
+    }
+    return codes;
+}
+
+__device__ __forceinline__ void store_block(uint8_t* __restrict__ out, long long blk, int lane, uint32_t hdr,
+                                            uint32_t codes) {
+    uint32_t* b = reinterpret_cast<uint32_t*>(out + blk * 144);
+    if (lane < 4) b[lane] = hdr;
+    b[4 + lane] = codes;
+}
+
+#endif  // STRATA_Q8_1_BLOCK_CUH

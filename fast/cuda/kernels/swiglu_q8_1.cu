@@ -1,0 +1,53 @@
+// SwiGLU of a group's gate and up rows and the q8_1 quantize of the result (H) in one launch:
+// the down product's input written straight from the two products.
+//
+// Definition: strata.moe.swiglu (H = silu(gate) * up), then strata.q8_1.quantize_rows of H's
+// rows (the quantize that strata.q8_1.gather_quantize applies row by row) in the layout the
+// down type selects. The same bytes as swiglu.cu followed by quantize_q8_1.cu's q8_1_gather
+// over H's rows in order: both take each value from strata_swiglu (strata_numerics.cuh) and
+// each block from q8_1_block (q8_1_block.cuh); H never leaves registers, and with
+// --fmad=false a float32 value kept in a register is the float32 value stored and reloaded.
+//
+// Rows r < rows of n values: g at + r * ldg, u at + r * ldu (pointers already offset to the
+// first row of the range); row r of H goes to row r of the q8_1 buffer out (R_total rows,
+// block (kb, r) at index kb * R_total + r; out already offset to the range's first row).
+// One warp per (row, 128-value block), lane l computes values 4l..4l+3; values past n are
+// the row's zero padding (0.0f, not SwiGLU of anything).
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include "strata_numerics.cuh"  // strata_swiglu, q8_inv_scale, q8_round, q8_scale
+#include "q8_1_block.cuh"       // q8_1_block, store_block
+
+#define SQ_WARPS 8
+
+
+extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
+    swiglu_q8_1(const float* __restrict__ g, long long ldg, const float* __restrict__ u, long long ldu,
+                int rows, int n, int layout, uint8_t* __restrict__ out, int R_total) {
+    const int lane = threadIdx.x & 31;
+    const int nkb = ((n + 511) / 512) * 4;
+    const long long tasks = (long long)rows * nkb;
+    for (long long task = (long long)blockIdx.x * SQ_WARPS + (threadIdx.x >> 5); task < tasks;
+         task += (long long)gridDim.x * SQ_WARPS) {
+        const int r = (int)(task / nkb), kb = (int)(task - (long long)r * nkb);
+        const float* gr = g + (long long)r * ldg;
+        const float* ur = u + (long long)r * ldu;
+        const int c0 = kb * 128 + 4 * lane;
+        float v[4];
+        if (c0 + 3 < n && ((((uintptr_t)(gr + c0)) | ((uintptr_t)(ur + c0))) & 15) == 0) {
+            const float4 a = *reinterpret_cast<const float4*>(gr + c0);
+            const float4 b = *reinterpret_cast<const float4*>(ur + c0);
+            v[0] = strata_swiglu(a.x, b.x);
+            v[1] = strata_swiglu(a.y, b.y);
+            v[2] = strata_swiglu(a.z, b.z);
+            v[3] = strata_swiglu(a.w, b.w);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = (c0 + i < n) ? strata_swiglu(gr[c0 + i], ur[c0 + i]) : 0.0f;
+        }
+        uint32_t hdr = 0;
+        const uint32_t codes = q8_1_block(v[0], v[1], v[2], v[3], layout, lane, hdr);
+        store_block(out, (long long)kb * R_total + r, lane, hdr, codes);
+    }
+}
