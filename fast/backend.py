@@ -140,8 +140,9 @@ class Backend(Protocol):
         """The layer's group bounds uploaded at once; one handle per group."""
 
     def mmq_group_gate_up(self, *, layer: int, group, bounds, act: Q8, n_rows: int, gate: Array,
-                          up: Array) -> None:
-        """Gate and up products of the group buffers' experts over their rows (bounds)."""
+                          up: Array, one_launch: bool = True) -> None:
+        """Gate and up products of the group buffers' experts over their rows (bounds), in one
+        launch (or one each: one_launch False)."""
 
     def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int) -> Array:
         """H = silu(gate) * up over rows r0 .. r1."""

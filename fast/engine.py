@@ -19,6 +19,9 @@ Switches (each a Python argument, a CLI flag and an environment variable):
                                                streamed expert; smaller ones stage (1024)
   copy_coalesce  STRATA_PREFILL_COPY_COALESCE  1: adjacent ring slots of adjacent host blobs in
                                                one copy; 0: one copy per expert (default)
+  fuse_group     STRATA_PREFILL_FUSE_GROUP     1: a group's gate and up products in one launch,
+                                               SwiGLU and the quantize of H in one (4 launches
+                                               a group, default); 0: one launch each (6)
   overlap_plan   STRATA_PREFILL_OVERLAP_PLAN   1: the MoE-input quantize and the shared expert
                                                are queued before the host reads the routing
                                                counts back, so the device runs them while the
@@ -74,7 +77,7 @@ class FastEngine:
 
     def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
                  expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
-                 copy_coalesce=None, overlap_plan=None):
+                 copy_coalesce=None, overlap_plan=None, fuse_group=None):
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
@@ -82,6 +85,7 @@ class FastEngine:
         self.quant_gather = switch(quant_gather, "STRATA_QUANT_GATHER", False)
         self.copy_coalesce = switch(copy_coalesce, "STRATA_PREFILL_COPY_COALESCE", False)
         self.overlap_plan = switch(overlap_plan, "STRATA_PREFILL_OVERLAP_PLAN", True)
+        self.fuse_group = switch(fuse_group, "STRATA_PREFILL_FUSE_GROUP", True)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
         self.group_size = group_size
@@ -274,9 +278,9 @@ class FastEngine:
             args = dict(layer=layer, experts=len(grp.experts), rows=grp.n_rows)
             with be.phase("gate/up", **args):
                 be.mmq_group_gate_up(layer=layer, group=grp, bounds=gb, act=moe_in, n_rows=n_rows, gate=gate,
-                                     up=up)
+                                     up=up, one_launch=self.fuse_group)
             with be.phase("swiglu+quantize H", **args):
-                if dump is not None and dump.ops:  # op records keep H itself: two launches
+                if not self.fuse_group or (dump is not None and dump.ops):  # op records keep H: two launches
                     hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
                     self._rec_rows(dump, "swiglu_h", hh, grp.row_begin, n_rows)
                     be.quantize_gather(x=hh, src=None, n_rows=grp.n_rows, layout=down_layout, out=down_in,

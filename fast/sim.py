@@ -316,12 +316,13 @@ class SimBackend(BackendBase):
 
         self._launch("mmq", run)
 
-    def mmq_group_gate_up(self, *, layer, group, bounds, act, n_rows, gate, up):
+    def mmq_group_gate_up(self, *, layer, group, bounds, act, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg, n = self.config, len(group.experts)
-        self._mmq_group(gu_t, self._gu_buf, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, n, act, bounds,
-                        ((0, gate), (gu_bytes, up)))
+        pairs = ((0, gate), (gu_bytes, up))
+        for outs in ((pairs,) if one_launch else ((p,) for p in pairs)):
+            self._mmq_group(gu_t, self._gu_buf, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, n, act, bounds, outs)
 
     def mmq_group_down(self, *, layer, group, bounds, act, n_rows, y):
         _, d_t = self.expert_types(layer)

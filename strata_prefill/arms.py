@@ -32,6 +32,7 @@ SWITCHES = {
     "stream_min": ("STRATA_PREFILL_STREAM_MIN", checks.positive_int),
     "copy_coalesce": ("STRATA_PREFILL_COPY_COALESCE", zero_one),
     "overlap_plan": ("STRATA_PREFILL_OVERLAP_PLAN", zero_one),
+    "fuse_group": ("STRATA_PREFILL_FUSE_GROUP", zero_one),
 }
 
 DEFAULT = "default"
@@ -90,6 +91,7 @@ def engine_settings(engine) -> dict:
     p = engine.placement
     return {"group_gather": int(engine.group_gather), "quant_gather": int(engine.quant_gather),
             "copy_coalesce": int(engine.copy_coalesce), "overlap_plan": int(engine.overlap_plan),
+            "fuse_group": int(engine.fuse_group),
             "stream_min": engine.stream_min,
             "ring": engine.ring.n_slots, "resident_experts": int(p.n_resident),
             "experts": int(p.resident.size)}

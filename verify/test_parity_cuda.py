@@ -20,17 +20,18 @@ except ImportError as exc:  # pragma: no cover - the runtime module itself is mi
 
 pytestmark = pytest.mark.skipif(not _OK, reason=f"cuda backend unavailable: {_WHY}")
 
-# (group_gather, quant_gather, overlap_plan): every pair of switches takes all four value pairs
-SWITCHES = [(1, 0, 1), (1, 1, 0), (0, 0, 0), (0, 1, 1)]
+# (group_gather, quant_gather, overlap_plan, fuse_group): the defaults first, then every pair of
+# switches takes all four value pairs
+SWITCHES = [(1, 0, 1, 1), (0, 0, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (1, 1, 0, 0)]
 # (prompt tokens, chunk): one chunk at several sizes, and prompts cut into several chunks
 LENGTHS = [(1, "auto"), (63, "auto"), (128, "auto"), (600, "auto"), (1030, "auto"), (2099, "auto"),
            (2099, 700)]
 
 
-def _engine(pack, gg, qg, op):
+def _engine(pack, gg, qg, op, fg):
     from fast import make_fast_engine
 
-    return make_fast_engine(pack, "cuda", group_gather=gg, quant_gather=qg, overlap_plan=op)
+    return make_fast_engine(pack, "cuda", group_gather=gg, quant_gather=qg, overlap_plan=op, fuse_group=fg)
 
 
 def prompt(pack, n, seed):
@@ -47,11 +48,12 @@ def test_reference_vs_cuda(make_test_pack, tmp_path, preset, expert_type):
             continue  # the small pack's reference is slower: a shorter spread
         ids = prompt(pack, n, seed=n)
         ref = run_engine(ReferenceEngine(pack), ids, chunk, tmp_path / f"ref-{n}-{chunk}")
-        for (gg, qg, op), eng in engines.items():
+        for (gg, qg, op, fg), eng in engines.items():
             eng.be.reset_cache()
-            got = run_engine(eng, ids, chunk, tmp_path / f"cuda-{n}-{chunk}-{gg}{qg}{op}")
+            got = run_engine(eng, ids, chunk, tmp_path / f"cuda-{n}-{chunk}-{gg}{qg}{op}{fg}")
             assert_same_run(ref, got, pack, f"{preset} {expert_type} T={n} chunk={chunk} "
-                                            f"group_gather={gg} quant_gather={qg} overlap_plan={op}")
+                                            f"group_gather={gg} quant_gather={qg} overlap_plan={op} "
+                                            f"fuse_group={fg}")
 
 
 LONG = [int(t) for t in os.environ.get("STRATA_VERIFY_LONG", "8192,32768").split(",") if t]
@@ -59,18 +61,19 @@ LONG = [int(t) for t in os.environ.get("STRATA_VERIFY_LONG", "8192,32768").split
 
 @pytest.mark.parametrize("n_tokens", LONG)
 def test_long_prompt_switch_arms_agree(tmp_path_factory, make_test_pack, n_tokens):
-    """A `strata` pack of 2 layers (512 experts, top-10, a shared expert): every switch
-    combination gives the bytes of the default arm."""
+    """A `strata` pack of 2 layers (512 experts, top-10, a shared expert): every arm of the
+    switch design gives the bytes of the default arm."""
     pack = make_test_pack("strata", "IQ2_XS", layers=2)
     ids = prompt(pack, n_tokens, seed=n_tokens)
     base = None
-    for gg, qg, op in SWITCHES:
-        eng = _engine(pack, gg, qg, op)
-        got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"long{gg}{qg}{op}"), greedy=1,
+    for gg, qg, op, fg in SWITCHES:
+        eng = _engine(pack, gg, qg, op, fg)
+        got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"long{gg}{qg}{op}{fg}"), greedy=1,
                          layer_dumps=False)
         if base is None:
             base = got
         else:
             assert_same_run(base, got, pack,
-                            f"strata T={n_tokens} group_gather={gg} quant_gather={qg} overlap_plan={op}")
+                            f"strata T={n_tokens} group_gather={gg} quant_gather={qg} overlap_plan={op} "
+                            f"fuse_group={fg}")
         del eng

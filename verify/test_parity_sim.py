@@ -14,8 +14,9 @@ from reference import ReferenceEngine
 from strata import q8_1
 from verify.common import assert_same_run, run_engine
 
-# (group_gather, quant_gather, overlap_plan): every pair of switches takes all four value pairs
-SWITCHES = [(1, 0, 1), (1, 1, 0), (0, 0, 0), (0, 1, 1)]
+# (group_gather, quant_gather, overlap_plan, fuse_group): the defaults first, then every pair of
+# switches takes all four value pairs
+SWITCHES = [(1, 0, 1, 1), (0, 0, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (1, 1, 0, 0)]
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +44,12 @@ def test_reference_vs_sim_every_type_and_switch(make_test_pack, reference_runs, 
     pack = make_test_pack("tiny", expert_type)
     ids = prompt(pack, n_tokens, seed=n_tokens)
     ref = reference_runs(pack, ids, 64)
-    for gg, qg, op in SWITCHES:
-        eng = make_fast_engine(pack, "sim", group_gather=gg, quant_gather=qg, overlap_plan=op)
-        got = run_engine(eng, ids, 64, tmp_path / f"g{gg}q{qg}o{op}")
+    for gg, qg, op, fg in SWITCHES:
+        eng = make_fast_engine(pack, "sim", group_gather=gg, quant_gather=qg, overlap_plan=op, fuse_group=fg)
+        got = run_engine(eng, ids, 64, tmp_path / f"g{gg}q{qg}o{op}f{fg}")
         assert_same_run(ref, got, pack,
-                        f"tiny {expert_type} T={n_tokens} group_gather={gg} quant_gather={qg} overlap_plan={op}")
+                        f"tiny {expert_type} T={n_tokens} group_gather={gg} quant_gather={qg} overlap_plan={op} "
+                        f"fuse_group={fg}")
 
 
 @pytest.mark.parametrize("router_type", ["F32", "BF16", "Q8_0"])
@@ -132,22 +134,24 @@ def launches_by_phase(eng) -> collections.Counter:
 
 
 @pytest.mark.parametrize("level", ["layer", "ops"])
-def test_a_group_makes_four_launches(make_test_pack, tmp_path, level):
+@pytest.mark.parametrize("fuse", [1, 0])
+def test_a_group_makes_four_launches(make_test_pack, tmp_path, level, fuse):
     """All resident, group mode: a group is one gather, one gate/up launch (both matrices), one
     SwiGLU + quantize of H and one down. Op records need H itself: SwiGLU and the quantize of H
-    are then two launches (five a group)."""
+    are then two launches (five a group). fuse_group=0: six a group, at either level."""
     pack = make_test_pack("small", "Q8_0")
-    eng = make_fast_engine(pack, "sim")
+    eng = make_fast_engine(pack, "sim", fuse_group=fuse)
     by_phase = launches_by_phase(eng)
     run_engine(eng, prompt(pack, 200, seed=7), "auto", tmp_path, greedy=0, dump_level=level)
     groups = by_phase[("gate/up", "entries")]
     assert groups >= 4 * pack.config.n_layer  # 200 tokens x top-8 route every one of 64 experts
     assert by_phase[("gather", "entries")] == by_phase["gather"] == groups
-    assert by_phase["gate/up"] == by_phase["down"] == groups
-    assert eng.counters["swiglu_q8_1"] == (groups if level == "layer" else 0)
-    assert by_phase["swiglu+quantize H"] == (1 if level == "layer" else 2) * groups
+    assert by_phase["down"] == groups and by_phase["gate/up"] == (1 if fuse else 2) * groups
+    fused = fuse and level == "layer"
+    assert eng.counters["swiglu_q8_1"] == (groups if fused else 0)
+    assert by_phase["swiglu+quantize H"] == (1 if fused else 2) * groups
     walk = sum(by_phase[p] for p in ("gather", "gate/up", "swiglu+quantize H", "down"))
-    assert walk == (4 if level == "layer" else 5) * groups
+    assert walk == (6 if not fuse else 4 if level == "layer" else 5) * groups
 
 
 @pytest.mark.parametrize("expert_type", ["Q8_0", "Q4_1", "Q2_K"])

@@ -365,13 +365,17 @@ class CudaBackend(BackendBase):
             at += len(b)
         return addrs
 
-    def mmq_group_gate_up(self, *, layer, group, bounds, act: Q8Dev, n_rows, gate, up):
+    def mmq_group_gate_up(self, *, layer, group, bounds, act: Q8Dev, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
-        # one launch: gate at the buffer's base, up gu_bytes after it (expert q's [gate | up])
-        products.mmq_group(self.dev, gu_t, self._gu_buf, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows,
-                           bounds, len(group.experts), gate, rows=group.n_rows, pair=(gu_bytes, up))
+        # expert q's blob is [gate | up | down]: gate at the buffer's base, up gu_bytes after it;
+        # one launch multiplies both (blockIdx.y picks the matrix), or one launch each
+        base = int(self._gu_buf.gpudata)
+        launches = [(base, gate, (gu_bytes, up))] if one_launch else [(base, gate, None), (base + gu_bytes, up, None)]
+        for w, out, pair in launches:
+            products.mmq_group(self.dev, gu_t, w, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows,
+                               bounds, len(group.experts), out, rows=group.n_rows, pair=pair)
 
     def mmq_group_down(self, *, layer, group, bounds, act: Q8Dev, n_rows, y):
         _, d_t = self.expert_types(layer)

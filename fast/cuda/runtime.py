@@ -152,8 +152,14 @@ def load_module(name: str, defines: dict | None = None):
         options = list(NVCC_OPTIONS) + [f"-D{k}={v}" for k, v in key[1]]
         try:
             mod = SourceModule(src, options=options, arch=arch(), no_extern_c=True)
-        except Exception as e:
-            raise DeviceError(f"compiling {name}.cu failed: {e}") from e
+        except Exception as first:
+            # PyCUDA's on-disk compile cache is shared by processes (pytest-xdist workers); one
+            # that reads a cubin another is still writing gets "device kernel image is invalid".
+            # Compiling again without the cache is the cure; a real compile error fails again.
+            try:
+                mod = SourceModule(src, options=options, arch=arch(), no_extern_c=True, cache_dir=False)
+            except Exception as e:
+                raise DeviceError(f"compiling {name}.cu failed: {e}") from first
         _state["modules"][key] = mod
         return mod
 

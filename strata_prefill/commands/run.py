@@ -40,6 +40,7 @@ FAST_ENGINE_KEYWORDS = {
     "stream_min": "stream_min",
     "copy_coalesce": "copy_coalesce",
     "overlap_plan": "overlap_plan",
+    "fuse_group": "fuse_group",
 }
 
 
@@ -112,6 +113,9 @@ def add_fast_switches(p) -> None:
                    help="1: the device runs the MoE-input quantize and the shared expert while the "
                         "host waits for the routing counts and plans (default); 0: the host waits "
                         "right after the router (env STRATA_PREFILL_OVERLAP_PLAN)")
+    g.add_argument("--fuse-group", type=int, choices=[0, 1], default=None,
+                   help="1: a group's gate and up in one launch, SwiGLU and the quantize of H in one "
+                        "(default); 0: one launch each (env STRATA_PREFILL_FUSE_GROUP)")
 
 
 def fast_engine_kwargs(args) -> dict:
