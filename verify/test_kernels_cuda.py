@@ -348,11 +348,13 @@ def test_mmq_pair_is_two_launches_in_one(cu, dev, tname):
     want_up = mmq.mmq(qt, wbuf[3 * stride + mat: 3 * stride + 2 * mat].reshape(N, rb), _slice_rows(dec, b0, b1))
     nbytes = R_total * N * 4
     for cfg in _configs():
+        tr = products.mmq_geometry(cfg)["BN"]  # a configuration's tiles hold at most BN rows
         one_g, one_u, pair_g, pair_u = (_poisoned(cu, nbytes) for _ in range(4))
-        products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, len(rows), one_g, config=cfg)
-        products.mmq_group(dev, qt, int(wd) + mat, stride, N, K, ad, R_total, bd, len(rows), one_u, config=cfg)
+        products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, len(rows), one_g, config=cfg, tile_rows=tr)
+        products.mmq_group(dev, qt, int(wd) + mat, stride, N, K, ad, R_total, bd, len(rows), one_u, config=cfg,
+                           tile_rows=tr)
         before = dict(dev.counters)
-        products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, len(rows), pair_g, config=cfg,
+        products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, len(rows), pair_g, config=cfg, tile_rows=tr,
                            pair=(mat, pair_u))
         assert dev.counters["launches"] - before.get("launches", 0) == 1
         assert dev.counters["mmq"] - before.get("mmq", 0) == 1
