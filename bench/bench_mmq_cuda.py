@@ -140,7 +140,6 @@ def routing(tokens: int, rng) -> np.ndarray:
 
 
 def tables(ids: np.ndarray):
-    T = ids.shape[0]
     flat = ids.reshape(-1)
     by = np.argsort(flat, kind="stable")
     slot = np.empty(flat.size, np.int32)

@@ -103,6 +103,37 @@ def cuda_device():
 
 
 @pytest.fixture
+def attention_case(cuda_device):
+    """attention_case(tokens) -> (attend, ops): one layer's int8 KV cache holding `tokens` random
+    keys and values of the strata heads (written now, untimed), and attend() running every
+    position's causal attention over it; ops counts the two products over the causal triangle,
+    4 * heads * head_dim * T * (T + 1) / 2."""
+    import numpy as np
+
+    from fast.cuda.attention import DeviceKVCache
+    from gpu_shapes import STRATA
+
+    dev = cuda_device
+
+    def make(tokens: int):
+        H, HKV, HD = STRATA.n_head, STRATA.n_head_kv, STRATA.head_dim
+        rng = np.random.default_rng(tokens)
+        kv = DeviceKVCache(dev, 1, HKV, HD, capacity=tokens)
+        positions = np.arange(tokens, dtype=np.int32)
+        kv.write(0, positions, dev.upload(rng.standard_normal((tokens, HKV, HD), dtype=np.float32)),
+                 dev.upload(rng.standard_normal((tokens, HKV, HD), dtype=np.float32)))
+        q = dev.upload(rng.standard_normal((tokens, H, HD), dtype=np.float32))
+        pos_dev, out = dev.upload(positions), dev.empty((tokens, H, HD), np.float32)
+
+        def attend():
+            kv.attend(0, q, positions, positions_dev=pos_dev, out=out)
+
+        return attend, 4 * H * HD * tokens * (tokens + 1) // 2
+
+    return make
+
+
+@pytest.fixture
 def gpu_benchmark(benchmark):
     """run(fn, stream=..., counters=..., rounds=5, warmup_rounds=1, setup=None, ops=None,
     nbytes=None, **info) -> median seconds (None under --benchmark-disable): fn timed with CUDA

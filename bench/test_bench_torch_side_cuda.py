@@ -25,7 +25,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fast.cuda import products, runtime  # noqa: E402
-from fast.cuda.attention import DeviceKVCache  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gpu_shapes import N_EMBD, N_EXPERT, N_FF, N_GROUPS, STRATA, Routing  # noqa: E402
 from gpu_timing import TorchClock, measure  # noqa: E402
@@ -124,22 +123,11 @@ def sdpa_call(q, k, v):
 
 
 @pytest.mark.parametrize("tokens", [4096, 32768])
-def test_attention(gpu_benchmark, torch_ratio, cuda_device, tokens):
-    dev = cuda_device
+def test_attention(gpu_benchmark, torch_ratio, attention_case, cuda_device, tokens):
     H, HKV, HD = STRATA.n_head, STRATA.n_head_kv, STRATA.head_dim
-    rng = np.random.default_rng(tokens)
-    kv = DeviceKVCache(dev, 1, HKV, HD, capacity=tokens)
-    positions = np.arange(tokens, dtype=np.int32)
-    kv.write(0, positions, dev.upload(rng.standard_normal((tokens, HKV, HD), dtype=np.float32)),
-             dev.upload(rng.standard_normal((tokens, HKV, HD), dtype=np.float32)))
-    q = dev.upload(rng.standard_normal((tokens, H, HD), dtype=np.float32))
-    pos_dev, out = dev.upload(positions), dev.empty((tokens, H, HD), np.float32)
-
-    def ours():
-        kv.attend(0, q, positions, positions_dev=pos_dev, out=out)
-
-    t_ours = gpu_benchmark(ours, stream=dev.stream, counters=dev.counters, rounds=ROUNDS, warmup_rounds=WARMUP,
-                           ops=4 * H * HD * tokens * (tokens + 1) // 2, tokens=tokens, heads=H, kv_heads=HKV)
+    ours, ops = attention_case(tokens)
+    t_ours = gpu_benchmark(ours, stream=cuda_device.stream, counters=cuda_device.counters, rounds=ROUNDS,
+                           warmup_rounds=WARMUP, ops=ops, tokens=tokens, heads=H, kv_heads=HKV)
     gen = torch.Generator(device="cuda").manual_seed(2)
     tq, tk, tv = (torch.randn((1, h, tokens, HD), dtype=torch.bfloat16, device="cuda", generator=gen)
                   for h in (H, HKV, HKV))

@@ -1,5 +1,6 @@
 """What the two backends share: array plumbing that is the same for NumPy arrays and
-pycuda GPUArrays, and the RoPE table's growth."""
+pycuda GPUArrays, the phase-timing switch over their PhaseRecorder (fast/phases.py), and the
+RoPE table's growth."""
 from __future__ import annotations
 
 import contextlib
@@ -14,6 +15,15 @@ class BackendBase:
     def oom_guard(what: str):
         """Where the device can run out of memory, an error that names `what` (cuda)."""
         return contextlib.nullcontext()
+
+    @property
+    def timing(self) -> bool:
+        """Phase timing on or off (each backend's `phases`, a fast.phases.PhaseRecorder)."""
+        return self.phases.timing
+
+    @timing.setter
+    def timing(self, on: bool) -> None:
+        self.phases.timing = bool(on)
 
     @staticmethod
     def view(a, shape):

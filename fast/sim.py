@@ -75,14 +75,6 @@ class SimBackend(BackendBase):
         self._n_events = 0
 
     # ---- timing and traces ----------------------------------------------------------------
-    @property
-    def timing(self) -> bool:
-        return self.phases.timing
-
-    @timing.setter
-    def timing(self, on: bool) -> None:
-        self.phases.timing = bool(on)
-
     @contextlib.contextmanager
     def phase(self, name: str, **args):
         outer, self._phase_now = self._phase_now, (name, args)

@@ -126,14 +126,6 @@ class CudaBackend(BackendBase):
         end.synchronize()
         return start.time_till(end) / 1e3  # time_till: milliseconds from start to end
 
-    @property
-    def timing(self) -> bool:
-        return self.phases.timing
-
-    @timing.setter
-    def timing(self, on: bool) -> None:
-        self.phases.timing = bool(on)
-
     def phase(self, name: str, **args):
         """CUDA events around a phase's launches (on the Device's stream), when timing or
         tracing is on."""
