@@ -88,10 +88,10 @@ def measure(clock, fn, rounds: int, warmup_rounds: int) -> float:
 
 
 def per_call(counters, before: dict, calls: int) -> dict:
-    """The counters' growth since `before`, per call (an int where it divides evenly)."""
+    """Every COUNTED counter's growth since `before`, per call (an int where it divides evenly;
+    zeros kept, so a run that waited on nothing says so)."""
     out = {}
     for k in COUNTED:
         d = counters.get(k, 0) - before.get(k, 0)
-        if d:
-            out[k] = d // calls if d % calls == 0 else round(d / calls, 2)
+        out[k] = d // calls if d % calls == 0 else round(d / calls, 2)
     return out

@@ -60,3 +60,18 @@ def test_autosave_then_compare(tmp_path):
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "test_reference_prefill[128-tiny] (NOW)" in compared.stdout
     assert "test_reference_prefill[128-tiny] (0001_" in compared.stdout
+
+
+def test_per_call_counts_keep_every_counter():
+    """extra_info's counts: every counter the suites report, per call, zeros included."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from gpu_timing import COUNTED, per_call
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    before = {"launches": 5, "waits": 1}
+    after = {"launches": 5 + 12, "waits": 1, "gathers": 7}
+    got = per_call(after, before, 4)
+    assert set(got) == set(COUNTED)
+    assert got["launches"] == 3 and isinstance(got["launches"], int)
+    assert got["gathers"] == 1.75 and got["waits"] == 0 and got["events"] == 0
