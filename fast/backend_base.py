@@ -1,6 +1,7 @@
 """What the two backends share: array plumbing that is the same for NumPy arrays and
-pycuda GPUArrays, the phase-timing switch over their PhaseRecorder (fast/phases.py), and the
-RoPE table's growth."""
+pycuda GPUArrays, phase timing over each backend's `phases` (a fast.phases.PhaseRecorder on the
+backend's clock: CUDA events on the compute stream, or host time on the sim), and the RoPE
+table's growth."""
 from __future__ import annotations
 
 import contextlib
@@ -16,14 +17,38 @@ class BackendBase:
         """Where the device can run out of memory, an error that names `what` (cuda)."""
         return contextlib.nullcontext()
 
+    # ---- phase timing (fast/phases.py); the sim adds its trace naming and stream syncs ----
     @property
     def timing(self) -> bool:
-        """Phase timing on or off (each backend's `phases`, a fast.phases.PhaseRecorder)."""
+        """Phase timing on or off."""
         return self.phases.timing
 
     @timing.setter
     def timing(self, on: bool) -> None:
         self.phases.timing = bool(on)
+
+    def phase(self, name: str, **args):
+        """Markers around a phase's launches, when timing or tracing is on."""
+        return self.phases.phase(name, **args)
+
+    def host_phase(self, name: str):
+        return self.phases.host_phase(name)
+
+    def chunk_begin(self) -> None:
+        self.phases.chunk_begin()
+
+    def chunk_end(self) -> None:
+        self.phases.chunk_end()
+
+    def phase_table(self) -> dict:
+        """Seconds per phase since the last call (waits for the markers; on the sim, host time of
+        enqueueing and whatever the scheduler ran meanwhile: the sim is for schedules, not
+        speed)."""
+        return self.phases.phase_table()
+
+    def chunk_tables(self) -> list:
+        """Seconds per phase and per chunk since the last call (fast.phases.ChunkTimes)."""
+        return self.phases.chunk_tables()
 
     @staticmethod
     def view(a, shape):

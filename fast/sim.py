@@ -84,21 +84,10 @@ class SimBackend(BackendBase):
         finally:
             self._phase_now = outer
 
-    def host_phase(self, name: str):
-        return self.phases.host_phase(name)
-
-    def chunk_begin(self) -> None:
-        self.phases.chunk_begin()
-
     def chunk_end(self) -> None:
         if self.phases.chunk_timing:  # the chunk's total: its queued work run, not only enqueued
             self.streams.synchronize()
         self.phases.chunk_end()
-
-    def phase_table(self) -> dict:
-        """Seconds of host time per phase since the last call (enqueueing, and whatever the
-        scheduler ran meanwhile: the sim is for schedules, not speed)."""
-        return self.phases.phase_table()
 
     def chunk_tables(self) -> list:
         """Host seconds per phase and per chunk since the last call (fast.phases.ChunkTimes)."""

@@ -126,29 +126,6 @@ class CudaBackend(BackendBase):
         end.synchronize()
         return start.time_till(end) / 1e3  # time_till: milliseconds from start to end
 
-    def phase(self, name: str, **args):
-        """CUDA events around a phase's launches (on the Device's stream), when timing or
-        tracing is on."""
-        return self.phases.phase(name, **args)
-
-    def host_phase(self, name: str):
-        return self.phases.host_phase(name)
-
-    def chunk_begin(self) -> None:
-        self.phases.chunk_begin()
-
-    def chunk_end(self) -> None:
-        self.phases.chunk_end()
-
-    def phase_table(self) -> dict:
-        """Seconds per phase since the last call (synchronizes)."""
-        return self.phases.phase_table()
-
-    def chunk_tables(self) -> list:
-        """Seconds per phase and per chunk since the last call (fast.phases.ChunkTimes;
-        synchronizes)."""
-        return self.phases.chunk_tables()
-
     def trace_begin(self) -> None:
         """Both streams drained, then the base event: no traced event can complete before it."""
         self.dev.stream.synchronize()
