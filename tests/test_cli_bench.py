@@ -77,8 +77,8 @@ def test_a_planted_logits_difference_is_reported_and_the_run_finishes(make_test_
     pack = make_test_pack("tiny", "Q8_0")
     real = bench.timed_prefill
 
-    def flip_in_arm_a(engine, ids, chunk, backend):
-        seconds, logits, counts, phases = real(engine, ids, chunk, backend)
+    def flip_in_arm_a(engine, ids, chunk):
+        seconds, logits, counts, phases = real(engine, ids, chunk)
         if not engine.group_gather and len(ids) == 70:
             logits = logits.copy()
             logits.view(np.uint32)[7] ^= 1  # one bit of one logit

@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -87,8 +86,10 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
     return int(np.flatnonzero((bytes_a != bytes_b).any(axis=1))[0])
 
 
-def timed_prefill(engine, ids: np.ndarray, chunk, backend: str) -> tuple[float, np.ndarray, dict, dict]:
-    """Seconds, first-token logits, counts and phase seconds of one prefill on a fresh KV cache."""
+def timed_prefill(engine, ids: np.ndarray, chunk) -> tuple[float, np.ndarray, dict, dict]:
+    """Seconds, first-token logits, counts and phase seconds of one prefill on a fresh KV cache,
+    timed on the backend's phase clock (fast/phases.py): CUDA events on the compute stream, host
+    perf_counter on the sim (prefill returns host logits: every step has run)."""
     from strata.session import Session
 
     be = engine.be
@@ -96,24 +97,14 @@ def timed_prefill(engine, ids: np.ndarray, chunk, backend: str) -> tuple[float, 
     be.phase_table()  # drop what an earlier prefill recorded
     before = dict(engine.counters)
     session = Session(engine, chunk=chunk, progress=False)
-    if backend == "cuda":
-        import pycuda.driver as cuda
-
-        start, end = cuda.Event(), cuda.Event()
-        start.record(be.dev.stream)
-        logits = session.prefill(ids)
-        end.record(be.dev.stream)
-        end.synchronize()
-        seconds = start.time_till(end) / 1e3
-    else:
-        t0 = time.perf_counter()
-        logits = session.prefill(ids)  # host logits: every step has run
-        seconds = time.perf_counter() - t0
+    start = be.phases.mark()
+    logits = session.prefill(ids)
+    seconds = be.phases.seconds(start, be.phases.mark())
     counts = {k: int(engine.counters.get(k, 0) - before.get(k, 0)) for k in COUNTED}
     return seconds, logits, counts, be.phase_table()
 
 
-def run_bench(engines: dict, sizes, reps: int, chunk, seed: int, backend: str, n_vocab: int) -> list[dict]:
+def run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int) -> list[dict]:
     """Every length's reps: per rep the order, each arm's ms, counts and phases, and where the
     logits first differ (None: the same bytes)."""
     rng = np.random.default_rng(seed)
@@ -121,14 +112,14 @@ def run_bench(engines: dict, sizes, reps: int, chunk, seed: int, backend: str, n
     for n in sizes:
         warm = rng.integers(0, n_vocab, n, dtype=np.int32)
         for engine in engines.values():  # module loads, first allocations at this size
-            timed_prefill(engine, warm, chunk, backend)
+            timed_prefill(engine, warm, chunk)
         rows = []
         for rep in range(reps):
             ids = rng.integers(0, n_vocab, n, dtype=np.int32)
             order = "AB" if rep % 2 == 0 else "BA"
             row, logits = {"rep": rep + 1, "order": order}, {}
             for arm in order:
-                seconds, logits[arm], counts, phases = timed_prefill(engines[arm], ids, chunk, backend)
+                seconds, logits[arm], counts, phases = timed_prefill(engines[arm], ids, chunk)
                 row[arm] = {"ms": 1e3 * seconds, **counts,
                             **({"phases_ms": {k: 1e3 * v for k, v in phases.items()}} if phases else {})}
             diff = first_difference(logits["A"], logits["B"])
@@ -223,7 +214,7 @@ def main(args) -> int:
     engines = {arm: make_fast_engine(pack, args.backend, **kw) for arm, kw in keywords.items()}
     for engine in engines.values():
         engine.be.timing = args.phases
-    results = run_bench(engines, args.tokens, args.reps, args.prefill, args.seed, args.backend, cfg.n_vocab)
+    results = run_bench(engines, args.tokens, args.reps, args.prefill, args.seed, cfg.n_vocab)
 
     specs = {arm: arms.describe(kw) for arm, kw in keywords.items()}
     settings = {arm: arms.engine_settings(engines[arm]) for arm in "AB"}
