@@ -412,3 +412,59 @@ def test_swiglu_quantize_is_the_two_steps(cu, dev, layout, n, R, r0, r1, row0, R
     want_np = np.full(nbytes, POISON, np.uint8)
     q8_1.unpack_rows(want_np, R_total)[row0:row0 + rows] = q8_1.quantize_rows(h_np, layout)
     assert np.array_equal(got, want_np), f"fused vs NumPy, {layout.name}: " + _q8_report(got, want_np, R_total, n, layout)
+
+
+# ---------------------------------------------------------------- special-domain numerics
+
+
+def _probe(cu, kernel: str, lo: int, hi: int) -> tuple[int, int]:
+    """Run numerics_probe.cu's `kernel` over the float bit patterns lo .. hi (inclusive):
+    (mismatches, first mismatching bit pattern or 0xFFFFFFFF)."""
+    from fast.cuda import runtime
+
+    f = runtime.function("numerics_probe", kernel, "IIPP")
+    bad = _dev(cu, np.zeros(1, np.uint64))
+    first = _dev(cu, np.full(1, 0xFFFFFFFF, np.uint32))
+    f.prepared_call((132 * 8, 1, 1), (256, 1, 1), lo, hi - lo + 1, bad, first)
+    return int(_get(cu, bad, 8).view(np.uint64)[0]), int(_get(cu, first, 4).view(np.uint32)[0])
+
+
+def test_round_nonneg_magic_every_float(cu):
+    """round_nonneg_magic (attention's P codes) equals roundf_away on every float in [0, 256]."""
+    bad, first = _probe(cu, "probe_round_nonneg", 0x00000000, 0x43800000)
+    assert bad == 0, f"{bad} floats differ; first {np.uint32(first).view(np.float32)!r} (0x{first:08x})"
+
+
+def test_exp_nonpos_every_float(cu):
+    """strata_exp_nonpos (attention's p) equals strata_exp bit for bit on every float in
+    [-88, -0.0]."""
+    bad, first = _probe(cu, "probe_exp_nonpos", 0x80000000, 0xC2B00000)
+    assert bad == 0, f"{bad} floats differ; first {np.uint32(first).view(np.float32)!r} (0x{first:08x})"
+
+
+def test_special_forms_against_numpy(cu):
+    """Both fast forms against the NumPy definitions (strata.numerics.exp, roundf) on random
+    non-positive inputs and the edges: +-0, -inf, -87 and its neighbours, halves."""
+    from fast.cuda import runtime
+    from strata import numerics
+
+    rng = np.random.default_rng(12)
+    edges = np.array([0.0, -0.0, -np.inf, -87.0, np.nextafter(np.float32(-87.0), np.float32(0)),
+                      np.nextafter(np.float32(-87.0), np.float32(-100)), -88.0, -0.5, -1.5, -2.5,
+                      -126.5, -127.0, -0.49999997, -1e-45], np.float32)
+    x = np.concatenate([edges, -rng.exponential(3.0, 4096).astype(np.float32),
+                        -rng.uniform(0, 127.5, 4096).astype(np.float32)]).astype(np.float32)
+    n = x.size
+    y_exp, y_round = runtime.alloc(4 * n, "probe out"), runtime.alloc(4 * n, "probe out")
+    f = runtime.function("numerics_probe", "probe_values", "PiPP")
+    f.prepared_call(((n + 255) // 256, 1, 1), (256, 1, 1), _dev(cu, x), n, y_exp, y_round)
+    got_exp = _get(cu, y_exp, 4 * n).view(np.float32)
+    got_round = _get(cu, y_round, 4 * n).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_exp = numerics.exp(x)
+        want_round = numerics.roundf(-x)
+    assert np.array_equal(got_exp.view(np.uint32), want_exp.view(np.uint32)), \
+        f"exp differs at x = {x[np.flatnonzero(got_exp.view(np.uint32) != want_exp.view(np.uint32))[:4]]}"
+    fin = np.isfinite(x)
+    assert np.array_equal(got_round[fin], want_round[fin]), \
+        f"round differs at y = {-x[fin][got_round[fin] != want_round[fin]][:4]}"

@@ -261,19 +261,27 @@ def test_attention(dev, n_head, n_kv, hd, positions, start, scale, variant):
     assert_same(_get(out), want, f"attention[{variant}] H={n_head} KV={n_kv} hd={hd} T={positions.size}")
 
 
-@pytest.mark.parametrize("warps", [4, 8])
+_ATT_CONFIG_WANT: dict = {}
+
+
+@pytest.mark.parametrize("warps,epi", [(4, 1), (4, 2), (8, 1), (8, 2)])
 @pytest.mark.parametrize("case", [1, 6, 7])  # gqa4-cross64-hd128, prefill-1000, chunk-1500
-def test_attention_mma_configs(dev, monkeypatch, case, warps):
-    """The mma kernel under each tile configuration (ATTEND_MMA_CONFIG MMA_WARPS)."""
-    n_head, n_kv, hd, positions, start = ATT_CASES[case].values
-    rng = np.random.default_rng(900 + case)
-    positions = positions.astype(np.int32)
-    cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, 4.0)
-    want = attention.attend(cache, 0, q, positions)
-    monkeypatch.setattr(cu_att, "ATTEND_MMA_CONFIG", {"MMA_WARPS": warps})
+@pytest.mark.parametrize("scale", [4.0, 16.0])  # 16: key blocks far below the running maximum
+def test_attention_mma_configs(dev, monkeypatch, case, warps, epi, scale):
+    """The mma kernel under each configuration (ATTEND_MMA_CONFIG: MMA_WARPS, and MMA_EPI, the
+    old (1) and the default (2) per-(query, key) float work)."""
+    if (case, scale) not in _ATT_CONFIG_WANT:  # the NumPy reference once per case
+        _ATT_CONFIG_WANT.clear()
+        n_head, n_kv, hd, positions, start = ATT_CASES[case].values
+        rng = np.random.default_rng(900 + case)
+        positions = positions.astype(np.int32)
+        cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, scale)
+        _ATT_CONFIG_WANT[case, scale] = (cache, q, positions, attention.attend(cache, 0, q, positions))
+    cache, q, positions, want = _ATT_CONFIG_WANT[case, scale]
+    monkeypatch.setattr(cu_att, "ATTEND_MMA_CONFIG", {"MMA_WARPS": warps, "MMA_EPI": epi})
     out = _poisoned(q.shape, F32)
     cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="mma")
-    assert_same(_get(out), want, f"attention[mma, MMA_WARPS={warps}] case {case}")
+    assert_same(_get(out), want, f"attention[mma, MMA_WARPS={warps}, MMA_EPI={epi}] case {case} scale {scale}")
 
 
 @pytest.mark.parametrize("variant", ["mma", "split"])

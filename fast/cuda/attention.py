@@ -42,7 +42,8 @@ ATTEND_VARIANT = "auto"
 #: the most queries "auto" sends to the split-K kernels
 ATTEND_SPLIT_MAX_T = 4
 #: attention_mma.cu tile configuration: MMA_WARPS (warps of 16 queries per CTA; 4 when absent),
-#: MMA_MINB (__launch_bounds__ minimum CTAs per SM, default 1)
+#: MMA_MINB (__launch_bounds__ minimum CTAs per SM, default 1), MMA_EPI (the per-(query, key)
+#: float work: 2, the default, or 1, the earlier form kept for A/B; the same bits)
 ATTEND_MMA_CONFIG: dict = {"MMA_WARPS": 8}
 
 

@@ -46,6 +46,16 @@
 #ifndef MMA_MINB
 #define MMA_MINB 1   // __launch_bounds__ minimum CTAs per SM
 #endif
+// MMA_EPI: the per-(query, key) float work of the prefill kernel; both give the same bits.
+//   1: p from strata_exp, P codes by roundf_away_int and byte packing, O = O * alpha + ob always.
+//   2 (default): p from strata_exp_nonpos (p's argument is never above 0), P codes as the low
+//      byte of round_nonneg_magic (w = p * dv >= 0: two rounded-down additions, no compare),
+//      and a warp whose 16 queries all keep their maximum (alpha == 1 exactly, and
+//      O * 1.0f == O) skips the 64 rescaling products of O and L.
+#ifndef MMA_EPI
+#define MMA_EPI 2
+#endif
+static_assert(MMA_EPI == 1 || MMA_EPI == 2, "MMA_EPI is 1 or 2");
 #define MMA_TILE (16 * MMA_WARPS)
 #define SPL_WARPS 8
 
@@ -365,7 +375,8 @@ __device__ __forceinline__ void attend_mma_body(
                 for (int e = 0; e < 4; ++e) {
                     const int key = j0 + 8 * nt + 2 * tq + (e & 1);
                     const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
-                    const float pe = strata_exp(__fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1));
+                    const float x = __fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1);
+                    const float pe = (MMA_EPI >= 2) ? strata_exp_nonpos(x) : strata_exp(x);
                     s[nt][e] = valid ? pe : 0.0f;
                 }
             }
@@ -408,44 +419,81 @@ __device__ __forceinline__ void attend_mma_body(
             const float d_inv0 = q8_inv_scale(amax0), d_inv1 = q8_inv_scale(amax1);
             const bool ok0 = d_inv0 < __int_as_float(0x7f800000), ok1 = d_inv1 < __int_as_float(0x7f800000);
             const float wd0 = ok0 ? q8_scale(d_inv0) : 0.0f, wd1 = ok1 ? q8_scale(d_inv1) : 0.0f;
-            int8_t code[NT][4];
-    #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                code[nt][0] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][0], d_inv0)) : (int8_t)0;
-                code[nt][1] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][1], d_inv0)) : (int8_t)0;
-                code[nt][2] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][2], d_inv1)) : (int8_t)0;
-                code[nt][3] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][3], d_inv1)) : (int8_t)0;
-            }
             int pa[2][4];
+            if constexpr (MMA_EPI >= 2) {
+                // w >= 0, so roundf_away(w * d_inv) is round_nonneg_magic; a block that is not ok
+                // multiplies by 0 (codes 0). Byte 0 of each float's bits is its code.
+                const float di0 = ok0 ? d_inv0 : 0.0f, di1 = ok1 ? d_inv1 : 0.0f;
+                unsigned cb[NT][4];
     #pragma unroll
-            for (int ks = 0; ks < 2; ++ks) {
-                const int n0 = 4 * ks;
-                pa[ks][0] = pack4(code[n0][0], code[n0][1], code[n0 + 1][0], code[n0 + 1][1]);
-                pa[ks][1] = pack4(code[n0][2], code[n0][3], code[n0 + 1][2], code[n0 + 1][3]);
-                pa[ks][2] = pack4(code[n0 + 2][0], code[n0 + 2][1], code[n0 + 3][0], code[n0 + 3][1]);
-                pa[ks][3] = pack4(code[n0 + 2][2], code[n0 + 2][3], code[n0 + 3][2], code[n0 + 3][3]);
+                for (int nt = 0; nt < NT; ++nt) {
+                    cb[nt][0] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][0], di0)));
+                    cb[nt][1] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][1], di0)));
+                    cb[nt][2] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][2], di1)));
+                    cb[nt][3] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][3], di1)));
+                }
+                // bytes 0 of a, b, c, d -> one word a | b << 8 | c << 16 | d << 24
+                auto pack_lo = [](unsigned a, unsigned b, unsigned c, unsigned d) {
+                    return (int)__byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+                };
+    #pragma unroll
+                for (int ks = 0; ks < 2; ++ks) {
+                    const int n0 = 4 * ks;
+                    pa[ks][0] = pack_lo(cb[n0][0], cb[n0][1], cb[n0 + 1][0], cb[n0 + 1][1]);
+                    pa[ks][1] = pack_lo(cb[n0][2], cb[n0][3], cb[n0 + 1][2], cb[n0 + 1][3]);
+                    pa[ks][2] = pack_lo(cb[n0 + 2][0], cb[n0 + 2][1], cb[n0 + 3][0], cb[n0 + 3][1]);
+                    pa[ks][3] = pack_lo(cb[n0 + 2][2], cb[n0 + 2][3], cb[n0 + 3][2], cb[n0 + 3][3]);
+                }
+            } else {
+                int8_t code[NT][4];
+    #pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    code[nt][0] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][0], d_inv0)) : (int8_t)0;
+                    code[nt][1] = ok0 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][1], d_inv0)) : (int8_t)0;
+                    code[nt][2] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][2], d_inv1)) : (int8_t)0;
+                    code[nt][3] = ok1 ? (int8_t)roundf_away_int(__fmul_rn(w[nt][3], d_inv1)) : (int8_t)0;
+                }
+    #pragma unroll
+                for (int ks = 0; ks < 2; ++ks) {
+                    const int n0 = 4 * ks;
+                    pa[ks][0] = pack4(code[n0][0], code[n0][1], code[n0 + 1][0], code[n0 + 1][1]);
+                    pa[ks][1] = pack4(code[n0][2], code[n0][3], code[n0 + 1][2], code[n0 + 1][3]);
+                    pa[ks][2] = pack4(code[n0 + 2][0], code[n0 + 2][1], code[n0 + 3][0], code[n0 + 3][1]);
+                    pa[ks][3] = pack4(code[n0 + 2][2], code[n0 + 2][3], code[n0 + 3][2], code[n0 + 3][3]);
+                }
             }
 
             const bool live0 = FULL || c <= last0, live1 = FULL || c <= last1;
+            // O = O * alpha + ob; KEEP (alpha == 1 in every row of the warp): O + ob, the same bits
+            auto pv = [&](auto keep_tag) {
+                constexpr bool KEEP = decltype(keep_tag)::value;
     #pragma unroll
-            for (int nd = 0; nd < ND; ++nd) {
-                int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // |P.V| < 2^21
-                const int* vr = svt + (8 * nd + g) * VW;
+                for (int nd = 0; nd < ND; ++nd) {
+                    int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // |P.V| < 2^21
+                    const int* vr = svt + (8 * nd + g) * VW;
     #pragma unroll
-                for (int ks = 0; ks < 2; ++ks) mma_s8(acc, pa[ks], vr[8 * ks + tq], vr[8 * ks + 4 + tq]);
-                const float o0 = __fadd_rn(__fmul_rn(O[nd][0], al0), __fmul_rn(wd0, magic_to_float(acc[0])));
-                const float o1 = __fadd_rn(__fmul_rn(O[nd][1], al0), __fmul_rn(wd0, magic_to_float(acc[1])));
-                const float o2 = __fadd_rn(__fmul_rn(O[nd][2], al1), __fmul_rn(wd1, magic_to_float(acc[2])));
-                const float o3 = __fadd_rn(__fmul_rn(O[nd][3], al1), __fmul_rn(wd1, magic_to_float(acc[3])));
-                O[nd][0] = live0 ? o0 : O[nd][0];
-                O[nd][1] = live0 ? o1 : O[nd][1];
-                O[nd][2] = live1 ? o2 : O[nd][2];
-                O[nd][3] = live1 ? o3 : O[nd][3];
-            }
-            const float l0 = __fadd_rn(__fmul_rn(L0, al0), ls0), l1 = __fadd_rn(__fmul_rn(L1, al1), ls1);
-            L0 = live0 ? l0 : L0;
+                    for (int ks = 0; ks < 2; ++ks) mma_s8(acc, pa[ks], vr[8 * ks + tq], vr[8 * ks + 4 + tq]);
+                    const float s0 = KEEP ? O[nd][0] : __fmul_rn(O[nd][0], al0);
+                    const float s1 = KEEP ? O[nd][1] : __fmul_rn(O[nd][1], al0);
+                    const float s2 = KEEP ? O[nd][2] : __fmul_rn(O[nd][2], al1);
+                    const float s3 = KEEP ? O[nd][3] : __fmul_rn(O[nd][3], al1);
+                    const float o0 = __fadd_rn(s0, __fmul_rn(wd0, magic_to_float(acc[0])));
+                    const float o1 = __fadd_rn(s1, __fmul_rn(wd0, magic_to_float(acc[1])));
+                    const float o2 = __fadd_rn(s2, __fmul_rn(wd1, magic_to_float(acc[2])));
+                    const float o3 = __fadd_rn(s3, __fmul_rn(wd1, magic_to_float(acc[3])));
+                    O[nd][0] = live0 ? o0 : O[nd][0];
+                    O[nd][1] = live0 ? o1 : O[nd][1];
+                    O[nd][2] = live1 ? o2 : O[nd][2];
+                    O[nd][3] = live1 ? o3 : O[nd][3];
+                }
+                const float l0 = __fadd_rn(KEEP ? L0 : __fmul_rn(L0, al0), ls0);
+                const float l1 = __fadd_rn(KEEP ? L1 : __fmul_rn(L1, al1), ls1);
+                L0 = live0 ? l0 : L0;
+                L1 = live1 ? l1 : L1;
+            };
+            if (MMA_EPI >= 2 && __all_sync(0xffffffffu, al0 == 1.0f && al1 == 1.0f)) pv(BoolTag<true>{});
+            else pv(BoolTag<false>{});
             M0 = live0 ? mn0 : M0;
-            L1 = live1 ? l1 : L1;
             M1 = live1 ? mn1 : M1;
         };
         if (j0 + KEY_BLOCK - 1 <= wminpos) block(BoolTag<true>{});

@@ -14,10 +14,10 @@
 #define MAGIC_I 0x4B400000
 #define MAGIC_F 12582912.0f
 
-// strata.numerics.exp: the shared polynomial exponential (NaN passes, > 88 -> inf, < -87 -> 0,
-// 2^n from exponent bits). rintf(y) and (int)n go through MAGIC_F; the polynomial runs for every
-// x and the special cases are selected after (no branches; out of range its value is dropped).
-__device__ __forceinline__ float strata_exp(float x)
+// strata.numerics.exp's arithmetic for x in [-87, 88]: n = rintf(x * log2e) through MAGIC_F,
+// the two-part ln 2 reduction, the polynomial, 2^n from exponent bits. Out of that range its
+// value is not the definition's (the callers below select theirs).
+__device__ __forceinline__ float strata_exp_core(float x)
 {
     const float tn = __fadd_rn(__fmul_rn(x, 0x1.715476p+0f), MAGIC_F);
     const int ni = __float_as_int(tn) - MAGIC_I;
@@ -32,10 +32,29 @@ __device__ __forceinline__ float strata_exp(float x)
     p = __fadd_rn(__fmul_rn(p, r), 0.5f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-    float y = __fmul_rn(p, __int_as_float((ni + 127) << 23));
+    return __fmul_rn(p, __int_as_float((ni + 127) << 23));
+}
+
+// strata.numerics.exp: the shared polynomial exponential (NaN passes, > 88 -> inf, < -87 -> 0).
+// The polynomial runs for every x and the special cases are selected after (no branches; out
+// of range its value is dropped).
+__device__ __forceinline__ float strata_exp(float x)
+{
+    float y = strata_exp_core(x);
     y = (x < -87.0f) ? 0.0f : y;
     y = (x > 88.0f) ? __int_as_float(0x7f800000) : y;
     return (x != x) ? x : y;
+}
+
+// strata_exp for x <= 0 (and -inf): the same bits there, without the NaN and x > 88 cases
+// (two compares and selects fewer). For attention's p = exp(s - m_new): every valid score is
+// at most the running maximum, so x <= 0; an invalid key's value (x = -inf or NaN) is
+// replaced by 0 by the caller. Checked against strata_exp on every float in [-88, 0]
+// (verify/test_kernels_cuda.py).
+__device__ __forceinline__ float strata_exp_nonpos(float x)
+{
+    const float y = strata_exp_core(x);
+    return (x < -87.0f) ? 0.0f : y;
 }
 
 // strata.moe.swiglu of one value: silu(g) * u with silu(x) = x / (1.0f + exp(-x)) (IEEE
@@ -64,6 +83,19 @@ __device__ __forceinline__ int roundf_away_int(float x)
     const float d = __fsub_rn(x, __fsub_rn(t, MAGIC_F));
     const int away = (x > 0.0f) ? 1 : -1;
     return (d == copysignf(0.5f, x)) ? ri + away : ri;
+}
+
+// roundf_away(y) for 0 <= y < 2^22, as the float MAGIC_F + roundf_away(y): its bits are
+// MAGIC_I + the integer, so for a code below 256 the low byte of the bits is the code itself.
+// Two additions rounded down: rd(y + 0.5) has the floor of the exact y + 0.5 (an integer
+// below 2^24 is a float, so rounding down never steps under it), and rd(z + MAGIC_F) is
+// MAGIC_F + floor(z) (floats in [2^23, 2^24) are the integers). floor(y + 0.5) is round half
+// away from zero for y >= 0. Checked against roundf_away on every float in [0, 256)
+// (verify/test_kernels_cuda.py). For attention's P codes (w >= 0): 2 instructions instead of
+// roundf_away_int's 8, and no byte extraction.
+__device__ __forceinline__ float round_nonneg_magic(float y)
+{
+    return __fadd_rd(__fadd_rd(y, 0.5f), MAGIC_F);
 }
 
 // An int8 code from an already rounded value, as NumPy's astype(np.int8) on x86-64 (the

@@ -1,0 +1,52 @@
+// Exhaustive checks of the special-domain forms in strata_numerics.cuh against the general ones.
+//
+// Definition: strata.numerics.roundf and strata.numerics.exp (docs/numerics.md section 1). The
+// general device forms (roundf_away, strata_exp) are checked against NumPy by the kernel tests;
+// the fast forms that attention_mma.cu uses where its inputs allow (round_nonneg_magic for
+// y >= 0, strata_exp_nonpos for x <= 0) are checked here against them on every float of their
+// domain, bit for bit. Used by verify/test_kernels_cuda.py only.
+#include <stdint.h>
+#include "strata_numerics.cuh"
+
+// Floats with bits lo .. lo + n - 1 (all >= 0): count where round_nonneg_magic's code differs
+// from (int)roundf_away; first[0] = the smallest such bit pattern (0xFFFFFFFF if none).
+extern "C" __global__ void probe_round_nonneg(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
+{
+    unsigned long long mine = 0;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float y = __uint_as_float(lo + i);
+        const int got = __float_as_int(round_nonneg_magic(y)) - MAGIC_I;
+        const int want = (int)roundf_away(y);
+        if (got != want) {
+            ++mine;
+            atomicMin(first, lo + i);
+        }
+    }
+    if (mine) atomicAdd(bad, mine);
+}
+
+// Floats with bits lo .. lo + n - 1 (negative: x <= -0.0): count where strata_exp_nonpos and
+// strata_exp give different bits.
+extern "C" __global__ void probe_exp_nonpos(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
+{
+    unsigned long long mine = 0;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float x = __uint_as_float(lo + i);
+        if (__float_as_uint(strata_exp_nonpos(x)) != __float_as_uint(strata_exp(x))) {
+            ++mine;
+            atomicMin(first, lo + i);
+        }
+    }
+    if (mine) atomicAdd(bad, mine);
+}
+
+// Both fast forms of given inputs, for the NumPy oracle: y_exp[i] = strata_exp_nonpos(x[i]),
+// y_round[i] = round_nonneg_magic(-x[i]) - MAGIC_F (as a float; for -x[i] < 2^22).
+extern "C" __global__ void probe_values(const float* x, int n, float* y_exp, float* y_round)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        y_exp[i] = strata_exp_nonpos(x[i]);
+        y_round[i] = __fsub_rn(round_nonneg_magic(-x[i]), MAGIC_F);
+    }
+}
