@@ -11,6 +11,14 @@ from strata.numerics import RopeTable
 
 class BackendBase:
     _rope = None  # a strata.numerics.RopeTable, made on first use
+    #: kernel forms that change speed, never bits (the engine's lean_attention and tiled_dense
+    #: switches); the sim runs the NumPy definitions whatever they say
+    lean_attention = True
+    tiled_dense = True
+
+    def kernel_forms(self, *, lean_attention: bool, tiled_dense: bool) -> None:
+        """Which kernel forms the backend launches (FastEngine's switches)."""
+        self.lean_attention, self.tiled_dense = bool(lean_attention), bool(tiled_dense)
 
     @staticmethod
     def oom_guard(what: str):

@@ -22,6 +22,11 @@ Switches (each a Python argument, a CLI flag and an environment variable):
   fuse_group     STRATA_PREFILL_FUSE_GROUP     1: a group's gate and up products in one launch,
                                                SwiGLU and the quantize of H in one (4 launches
                                                a group, default); 0: one launch each (6)
+  lean_attention STRATA_PREFILL_LEAN_ATTENTION 1: attention_mma.cu's lean per-(query, key) float
+                                               work (MMA_EPI=2, default); 0: the earlier form
+  tiled_dense    STRATA_PREFILL_TILED_DENSE    1: float products of 8+ tokens by the tiled
+                                               float_dense.cu kernel (default); 0: one warp per
+                                               row and 4 tokens
   overlap_plan   STRATA_PREFILL_OVERLAP_PLAN   1: the MoE-input quantize and the shared expert
                                                are queued before the host reads the routing
                                                counts back, so the device runs them while the
@@ -77,7 +82,7 @@ class FastEngine:
 
     def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
                  expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
-                 copy_coalesce=None, overlap_plan=None, fuse_group=None):
+                 copy_coalesce=None, overlap_plan=None, fuse_group=None, lean_attention=None, tiled_dense=None):
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
@@ -86,6 +91,9 @@ class FastEngine:
         self.copy_coalesce = switch(copy_coalesce, "STRATA_PREFILL_COPY_COALESCE", False)
         self.overlap_plan = switch(overlap_plan, "STRATA_PREFILL_OVERLAP_PLAN", True)
         self.fuse_group = switch(fuse_group, "STRATA_PREFILL_FUSE_GROUP", True)
+        self.lean_attention = switch(lean_attention, "STRATA_PREFILL_LEAN_ATTENTION", True)
+        self.tiled_dense = switch(tiled_dense, "STRATA_PREFILL_TILED_DENSE", True)
+        backend.kernel_forms(lean_attention=self.lean_attention, tiled_dense=self.tiled_dense)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
         self.group_size = group_size

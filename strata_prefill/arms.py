@@ -33,6 +33,8 @@ SWITCHES = {
     "copy_coalesce": ("STRATA_PREFILL_COPY_COALESCE", zero_one),
     "overlap_plan": ("STRATA_PREFILL_OVERLAP_PLAN", zero_one),
     "fuse_group": ("STRATA_PREFILL_FUSE_GROUP", zero_one),
+    "lean_attention": ("STRATA_PREFILL_LEAN_ATTENTION", zero_one),
+    "tiled_dense": ("STRATA_PREFILL_TILED_DENSE", zero_one),
 }
 
 DEFAULT = "default"
@@ -91,7 +93,8 @@ def engine_settings(engine) -> dict:
     p = engine.placement
     return {"group_gather": int(engine.group_gather), "quant_gather": int(engine.quant_gather),
             "copy_coalesce": int(engine.copy_coalesce), "overlap_plan": int(engine.overlap_plan),
-            "fuse_group": int(engine.fuse_group),
+            "fuse_group": int(engine.fuse_group), "lean_attention": int(engine.lean_attention),
+            "tiled_dense": int(engine.tiled_dense),
             "stream_min": engine.stream_min,
             "ring": engine.ring.n_slots, "resident_experts": int(p.n_resident),
             "experts": int(p.resident.size)}

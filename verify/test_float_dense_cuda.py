@@ -30,10 +30,12 @@ def _weights(rng, qtype: QT, N: int, K: int) -> np.ndarray:
     return (v.view("<u4") >> np.uint32(16)).astype("<u2").view(np.uint8).reshape(N, -1)
 
 
+@pytest.mark.parametrize("variant", ["auto", "warp", "tile"])
 @pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16], ids=lambda q: q.name)
 @pytest.mark.parametrize("T,N,K", [(1, 16, 256), (3, 1, 256), (7, 5, 77), (130, 64, 512),
-                                   (33, 128, 2048), (5, 3, 1), (70, 17, 300)])
-def test_float_dense_bytes(qtype, T, N, K):
+                                   (33, 128, 2048), (5, 3, 1), (70, 17, 300), (301, 512, 2560),
+                                   (64, 1, 640), (40, 33, 31)])
+def test_float_dense_bytes(qtype, T, N, K, variant):
     import pycuda.driver as cuda
     from pycuda import gpuarray
 
@@ -50,14 +52,15 @@ def test_float_dense_bytes(qtype, T, N, K):
     x_d = gpuarray.to_gpu(x)
     out = gpuarray.empty((T, N), np.float32)
     cuda.memset_d8(out.gpudata, POISON, out.nbytes)
-    cuda_dense.float_dense(runtime.Device(), qtype, w_d, N, K, x_d, T, out)
+    cuda_dense.float_dense(runtime.Device(), qtype, w_d, N, K, x_d, T, out, variant=variant)
     got = out.get()
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), \
-        f"{qtype.name} T={T} N={N} K={K}: first differing (t, n) {np.argwhere(got != want)[:1].tolist()}"
+        f"{qtype.name} {variant} T={T} N={N} K={K}: first differing (t, n) {np.argwhere(got != want)[:1].tolist()}"
 
 
+@pytest.mark.parametrize("variant", ["warp", "tile"])
 @pytest.mark.parametrize("qtype", [QT.F32, QT.BF16], ids=lambda q: q.name)
-def test_float_dense_strided_rows(qtype):
+def test_float_dense_strided_rows(qtype, variant):
     """x rows read at a stride ldx > K, outputs written at ldo > N; the rest is untouched."""
     import pycuda.driver as cuda
     from pycuda import gpuarray
@@ -67,14 +70,14 @@ def test_float_dense_strided_rows(qtype):
     runtime.context()
 
     rng = np.random.default_rng(7)
-    T, N, K, ldx, ldo = 9, 6, 96, 100, 11
+    T, N, K, ldx, ldo = 19, 10, 96, 100, 13
     raw = _weights(rng, qtype, N, K)
     xw = rng.standard_normal((T, ldx), dtype=np.float32)
     want = dense.float_matmul(dense.decode_float(qtype, raw), np.ascontiguousarray(xw[:, :K]))
     out = gpuarray.empty((T, ldo), np.float32)
     cuda.memset_d8(out.gpudata, POISON, out.nbytes)
     cuda_dense.float_dense(runtime.Device(), qtype, gpuarray.to_gpu(raw.reshape(-1)), N, K, gpuarray.to_gpu(xw), T, out,
-                           ldx=ldx, ldo=ldo)
+                           ldx=ldx, ldo=ldo, variant=variant)
     got = out.get()
     assert np.array_equal(got[:, :N].view(np.uint8), want.view(np.uint8))
     assert (got[:, N:].view(np.uint8) == POISON).all()

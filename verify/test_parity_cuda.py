@@ -20,18 +20,25 @@ except ImportError as exc:  # pragma: no cover - the runtime module itself is mi
 
 pytestmark = pytest.mark.skipif(not _OK, reason=f"cuda backend unavailable: {_WHY}")
 
-# (group_gather, quant_gather, overlap_plan, fuse_group): the defaults first, then every pair of
-# switches takes all four value pairs
-SWITCHES = [(1, 0, 1, 1), (0, 0, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (1, 1, 0, 0)]
+# (group_gather, quant_gather, overlap_plan, fuse_group, lean_attention, tiled_dense): the
+# defaults first, then every pair of switches takes all four value pairs
+SWITCHES = [(1, 0, 1, 1, 1, 1), (0, 0, 0, 0, 0, 1), (0, 1, 0, 1, 1, 0), (0, 1, 1, 0, 1, 1), (1, 1, 0, 0, 0, 0),
+            (0, 0, 1, 1, 0, 0)]
 # (prompt tokens, chunk): one chunk at several sizes, and prompts cut into several chunks
 LENGTHS = [(1, "auto"), (63, "auto"), (128, "auto"), (600, "auto"), (1030, "auto"), (2099, "auto"),
            (2099, 700)]
 
 
-def _engine(pack, gg, qg, op, fg):
+def _engine(pack, gg, qg, op, fg, la, td):
     from fast import make_fast_engine
 
-    return make_fast_engine(pack, "cuda", group_gather=gg, quant_gather=qg, overlap_plan=op, fuse_group=fg)
+    return make_fast_engine(pack, "cuda", group_gather=gg, quant_gather=qg, overlap_plan=op, fuse_group=fg,
+                            lean_attention=la, tiled_dense=td)
+
+
+def _arm(sw) -> str:
+    return " ".join(f"{k}={v}" for k, v in zip(("group_gather", "quant_gather", "overlap_plan", "fuse_group",
+                                                "lean_attention", "tiled_dense"), sw))
 
 
 def prompt(pack, n, seed):
@@ -48,12 +55,10 @@ def test_reference_vs_cuda(make_test_pack, tmp_path, preset, expert_type):
             continue  # the small pack's reference is slower: a shorter spread
         ids = prompt(pack, n, seed=n)
         ref = run_engine(ReferenceEngine(pack), ids, chunk, tmp_path / f"ref-{n}-{chunk}")
-        for (gg, qg, op, fg), eng in engines.items():
+        for sw, eng in engines.items():
             eng.be.reset_cache()
-            got = run_engine(eng, ids, chunk, tmp_path / f"cuda-{n}-{chunk}-{gg}{qg}{op}{fg}")
-            assert_same_run(ref, got, pack, f"{preset} {expert_type} T={n} chunk={chunk} "
-                                            f"group_gather={gg} quant_gather={qg} overlap_plan={op} "
-                                            f"fuse_group={fg}")
+            got = run_engine(eng, ids, chunk, tmp_path / f"cuda-{n}-{chunk}-{''.join(map(str, sw))}")
+            assert_same_run(ref, got, pack, f"{preset} {expert_type} T={n} chunk={chunk} {_arm(sw)}")
 
 
 LONG = [int(t) for t in os.environ.get("STRATA_VERIFY_LONG", "8192,32768").split(",") if t]
@@ -66,14 +71,12 @@ def test_long_prompt_switch_arms_agree(tmp_path_factory, make_test_pack, n_token
     pack = make_test_pack("strata", "IQ2_XS", layers=2)
     ids = prompt(pack, n_tokens, seed=n_tokens)
     base = None
-    for gg, qg, op, fg in SWITCHES:
-        eng = _engine(pack, gg, qg, op, fg)
-        got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"long{gg}{qg}{op}{fg}"), greedy=1,
+    for sw in SWITCHES:
+        eng = _engine(pack, *sw)
+        got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"long{''.join(map(str, sw))}"), greedy=1,
                          layer_dumps=False)
         if base is None:
             base = got
         else:
-            assert_same_run(base, got, pack,
-                            f"strata T={n_tokens} group_gather={gg} quant_gather={qg} overlap_plan={op} "
-                            f"fuse_group={fg}")
+            assert_same_run(base, got, pack, f"strata T={n_tokens} {_arm(sw)}")
         del eng

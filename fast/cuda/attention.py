@@ -88,9 +88,10 @@ def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale) -> None:
                T, n_kv, hd, cap, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale))
 
 
-def _mma_func(name: str, fmt: str):
-    """The prepared kernel `name` of attention_mma.cu under ATTEND_MMA_CONFIG."""
-    return runtime.function("attention_mma", name, fmt, dict(ATTEND_MMA_CONFIG))
+def _mma_func(name: str, fmt: str, config: dict | None = None):
+    """The prepared kernel `name` of attention_mma.cu under ATTEND_MMA_CONFIG, with `config`'s
+    defines over it."""
+    return runtime.function("attention_mma", name, fmt, {**ATTEND_MMA_CONFIG, **(config or {})})
 
 
 def _split_buffer(dev, nbytes: int):
@@ -115,14 +116,15 @@ def _attend_variant(variant, T: int) -> str:
 
 
 def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, variant=None,
-           max_pos=None):
+           max_pos=None, config=None):
     """Causal attention (strata.attention.attend) of q float32 [T, n_head, hd] (after norm and
     RoPE) at absolute positions (int32 GPUArray [T], or a host int array: checked and uploaded)
     over one layer's cache (see :func:`kv_write`; keys 0..position of each query must be
     written, and position < cap). GQA: head h reads KV head h // (n_head // n_kv).
     hd in ATTEND_HEAD_DIMS. ``variant`` picks the kernel (:data:`ATTEND_VARIANTS`; None =
     :data:`ATTEND_VARIANT`); ``max_pos`` (the largest position) sizes the split-K grid when the
-    positions are a GPUArray (else the capacity does). Returns out, float32 [T, n_head, hd]."""
+    positions are a GPUArray (else the capacity does); ``config``: attention_mma.cu defines over
+    ATTEND_MMA_CONFIG for the mma kernel. Returns out, float32 [T, n_head, hd]."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
     check(q, "attend q", np.float32, shape=(None, None, hd))
     T, H = int(q.shape[0]), int(q.shape[1])
@@ -145,8 +147,8 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     v = _attend_variant(variant, T)
     kq = np.float32(_attention.kq_scale(hd))
     if v == "mma":
-        f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPifPq")
-        warps = int(ATTEND_MMA_CONFIG.get("MMA_WARPS", 4))
+        f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPifPq", config)
+        warps = int({**ATTEND_MMA_CONFIG, **(config or {})}.get("MMA_WARPS", 4))
         grid = (-(-T // (16 * warps)), H, 1)
         dev.launch(f, "attention", grid, (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos), T,
                    H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), cap,
@@ -237,10 +239,10 @@ class DeviceKVCache:
             self.ensure(int(p.max()) + 1)
         kv_write(self.dev, k, v, p if positions_dev is None else positions_dev, *self.layer(layer))
 
-    def attend(self, layer: int, q, positions, *, positions_dev=None, out=None, variant=None):
+    def attend(self, layer: int, q, positions, *, positions_dev=None, out=None, variant=None, config=None):
         """Causal attention of q float32 [T, n_head, hd] at positions (host int array)."""
         p = np.asarray(positions)
         if p.size and int(p.max()) >= self.capacity:
             raise InputError(f"attend: position {int(p.max())} past the cache capacity {self.capacity}")
         return attend(self.dev, q, p if positions_dev is None else positions_dev, *self.layer(layer),
-                      out=out, variant=variant, max_pos=int(p.max()) if p.size else None)
+                      out=out, variant=variant, max_pos=int(p.max()) if p.size else None, config=config)

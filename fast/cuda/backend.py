@@ -268,7 +268,8 @@ class CudaBackend(BackendBase):
     def float_dense(self, w: DevWeight, x):
         """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata.dense.float_matmul)."""
         out = self.dev.empty((int(x.shape[0]), w.n_rows), np.float32)
-        cuda_dense.float_dense(self.dev, w.qtype, w.data, w.n_rows, w.n_cols, x, int(x.shape[0]), out)
+        cuda_dense.float_dense(self.dev, w.qtype, w.data, w.n_rows, w.n_cols, x, int(x.shape[0]), out,
+                               variant="auto" if self.tiled_dense else "warp")
         return out
 
     def _make_rope(self, n_pos: int):
@@ -282,7 +283,8 @@ class CudaBackend(BackendBase):
         self.kv.write(layer, np.asarray(positions, np.int32), k, v)
 
     def attend(self, layer, q, positions):
-        return self.kv.attend(layer, q, np.asarray(positions, np.int32))
+        return self.kv.attend(layer, q, np.asarray(positions, np.int32),
+                              config=None if self.lean_attention else {"MMA_EPI": 1})
 
     def add(self, x, y):
         return ops.add(self.dev, x, y, out=x)

@@ -13,25 +13,41 @@ from fast.cuda.runtime import ptr
 
 __all__ = ["float_dense"]
 
-_KERNEL = {QT.F32: "float_dense_f32", QT.F16: "float_dense_f16", QT.BF16: "float_dense_bf16"}
+_KERNEL = {QT.F32: "f32", QT.F16: "f16", QT.BF16: "bf16"}
 _WARPS = 8  # FD_WARPS in the kernel
 _TOK = 4  # FD_TOK in the kernel
+#: float_dense.cu's forms: "warp" (one warp per weight row and 4 tokens) and "tile" (a warp per
+#: 8 rows x 8 tokens, a CTA per 16 rows x 32 tokens); the same bits. "auto": tile from
+#: TILE_MIN tokens and rows, where its 64 partials per lane are not mostly padding.
+VARIANTS = ("auto", "warp", "tile")
+TILE_MIN = 8
+_TILE = (16, 32, 256)  # float_dense_tile_geometry: rows, tokens, threads per CTA
 
 
 def float_dense(dev, qtype, w, N: int, K: int, x, T: int, out, *, ldx: int | None = None,
-                ldo: int | None = None) -> None:
+                ldo: int | None = None, variant: str = "auto") -> None:
     """out float32 [T, ldo] <- x [T, ldx] float32 times weight rows w [N, K] of `qtype`
-    (F32, F16 or BF16, contiguous rows) = strata.dense.float_matmul; ldx, ldo default K, N."""
+    (F32, F16 or BF16, contiguous rows) = strata.dense.float_matmul; ldx, ldo default K, N.
+    ``variant`` picks the kernel form (:data:`VARIANTS`)."""
     try:
         qtype = QT(qtype)
-        name = _KERNEL[qtype]
+        suffix = _KERNEL[qtype]
     except (ValueError, KeyError):
         raise InputError(f"float_dense: not a float type: {getattr(qtype, 'name', qtype)}") from None
+    if variant not in VARIANTS:
+        raise InputError(f"float_dense: unknown variant {variant!r} (one of {VARIANTS})")
     N, K, T = int(N), int(K), int(T)
     if N <= 0 or T <= 0:
         return
+    if variant == "auto":
+        variant = "tile" if min(N, T) >= TILE_MIN else "warp"
+    args = (ptr(w), ptr(x), np.int64(K if ldx is None else ldx), ptr(out), np.int64(N if ldo is None else ldo),
+            N, K, T)
+    if variant == "tile":
+        rows, toks, threads = _TILE
+        f = runtime.function("float_dense", f"float_dense_tile_{suffix}", "PPqPqiii")
+        dev.launch(f, "float_dense", (-(-N // rows), -(-T // toks), 1), (threads, 1, 1), *args)
+        return
     warps = N * -(-T // _TOK)
-    grid = (-(-warps // _WARPS), 1, 1)
-    f = runtime.function("float_dense", name, "PPqPqiii")
-    dev.launch(f, "float_dense", grid, (32 * _WARPS, 1, 1), ptr(w), ptr(x), np.int64(K if ldx is None else ldx),
-               ptr(out), np.int64(N if ldo is None else ldo), N, K, T)
+    f = runtime.function("float_dense", f"float_dense_{suffix}", "PPqPqiii")
+    dev.launch(f, "float_dense", (-(-warps // _WARPS), 1, 1), (32 * _WARPS, 1, 1), *args)

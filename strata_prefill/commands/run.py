@@ -41,6 +41,8 @@ FAST_ENGINE_KEYWORDS = {
     "copy_coalesce": "copy_coalesce",
     "overlap_plan": "overlap_plan",
     "fuse_group": "fuse_group",
+    "lean_attention": "lean_attention",
+    "tiled_dense": "tiled_dense",
 }
 
 
@@ -116,6 +118,12 @@ def add_fast_switches(p) -> None:
     g.add_argument("--fuse-group", type=int, choices=[0, 1], default=None,
                    help="1: a group's gate and up in one launch, SwiGLU and the quantize of H in one "
                         "(default); 0: one launch each (env STRATA_PREFILL_FUSE_GROUP)")
+    g.add_argument("--lean-attention", type=int, choices=[0, 1], default=None,
+                   help="1: the attention kernel's lean per-(query, key) float work (default); 0: "
+                        "the earlier form, same bits (env STRATA_PREFILL_LEAN_ATTENTION)")
+    g.add_argument("--tiled-dense", type=int, choices=[0, 1], default=None,
+                   help="1: float products of 8 or more tokens by the tiled kernel (default); 0: "
+                        "one warp per row and 4 tokens, same bits (env STRATA_PREFILL_TILED_DENSE)")
 
 
 def fast_engine_kwargs(args) -> dict:

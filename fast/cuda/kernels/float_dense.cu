@@ -62,20 +62,102 @@ __device__ __forceinline__ void float_dense_rows(const W* __restrict__ w, const 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * FD_WARPS)
-float_dense_f32(const float* w, const float* x, long long ldx, float* y, long long ldy, int N, int K, int T)
+// ---- the tiled form (many tokens): the same per-output arithmetic, laid out for throughput.
+// The definition fixes, for each output, 32 lane partials (partial j adds w*x over k = j,
+// j+32, ... ascending) and the halving tree over them; it does not fix which thread holds
+// which partial. Here lane j of a warp holds partial j of FT_R x FT_C outputs (FT_R weight
+// rows x FT_C tokens): per k step it loads FT_R weights and FT_C activations (each load
+// coalesced over the 32 lanes) for FT_R * FT_C products, where the one-warp kernel above
+// loads 1 + FD_TOK values for FD_TOK products. The tree is then a transposing butterfly: at
+// offset o each lane keeps half of its values (the half its lane bit o selects), sends the
+// other half to lane ^ o and adds what it receives: p[j] + p[j ^ o] of the same output, the
+// tree's level (IEEE addition is commutative). After offsets 16, 8, 4, 2, 1 lane j holds
+// outputs 2j and 2j + 1 (output index r * FT_C + c), each the full tree's bits.
+// A CTA of FT_WN x FT_WT warps covers FT_WN * FT_R rows x FT_WT * FT_C tokens; blockIdx.x
+// walks the rows, blockIdx.y the tokens (the CTAs sharing a token tile run together, so its
+// activations are read from HBM about once). Rows past N and tokens past T load row N-1 /
+// token T-1 and are not stored.
+#define FT_R 8
+#define FT_C 8
+#define FT_WN 2
+#define FT_WT 4
+static_assert(FT_R * FT_C == 64, "the butterfly below halves 64 values per lane down to 2");
+
+// One level of the transposing butterfly at offset O over the lane's first 2M values: keep
+// the half lane bit O selects, send the other, add the partner's (constant indices only, so
+// the values stay in registers).
+template <int O, int M>
+__device__ __forceinline__ void tree_level(float (&v)[FT_R * FT_C], int lane)
 {
-    float_dense_rows<float>(w, x, ldx, y, ldy, N, K, T);
+    const bool up = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+        const float keep = up ? v[M + i] : v[i];
+        const float send = up ? v[i] : v[M + i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * FD_WARPS)
-float_dense_f16(const __half* w, const float* x, long long ldx, float* y, long long ldy, int N, int K, int T)
+template <typename W>
+__device__ __forceinline__ void float_dense_tile(const W* __restrict__ w, const float* __restrict__ x,
+                                                 long long ldx, float* __restrict__ y, long long ldy,
+                                                 int N, int K, int T)
 {
-    float_dense_rows<__half>(w, x, ldx, y, ldy, N, K, T);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n0 = (blockIdx.x * FT_WN + warp % FT_WN) * FT_R;
+    const long long t0 = ((long long)blockIdx.y * FT_WT + warp / FT_WN) * FT_C;
+    if (n0 >= N || t0 >= T) return;  // whole warps leave: the shuffles stay full
+    const W* wr[FT_R];
+    const float* xr[FT_C];
+#pragma unroll
+    for (int r = 0; r < FT_R; ++r) wr[r] = w + (long long)min(n0 + r, N - 1) * K;
+#pragma unroll
+    for (int c = 0; c < FT_C; ++c) xr[c] = x + min(t0 + c, (long long)T - 1) * ldx;
+
+    float v[FT_R * FT_C];
+#pragma unroll
+    for (int i = 0; i < FT_R * FT_C; ++i) v[i] = 0.0f;
+    for (int k = lane; k < K; k += 32) {
+        float wv[FT_R], xv[FT_C];
+#pragma unroll
+        for (int r = 0; r < FT_R; ++r) wv[r] = widen(wr[r][k]);
+#pragma unroll
+        for (int c = 0; c < FT_C; ++c) xv[c] = xr[c][k];
+#pragma unroll
+        for (int r = 0; r < FT_R; ++r)
+#pragma unroll
+            for (int c = 0; c < FT_C; ++c) v[r * FT_C + c] = v[r * FT_C + c] + wv[r] * xv[c];
+    }
+    // the transposing butterfly: 64 -> 32 -> 16 -> 8 -> 4 -> 2 values per lane
+    tree_level<16, 32>(v, lane);
+    tree_level<8, 16>(v, lane);
+    tree_level<4, 8>(v, lane);
+    tree_level<2, 4>(v, lane);
+    tree_level<1, 2>(v, lane);
+    const int r = (2 * lane) / FT_C, c = (2 * lane) % FT_C;  // outputs 2 lane, 2 lane + 1
+    if (n0 + r < N) {
+        if (t0 + c < T) y[(t0 + c) * ldy + n0 + r] = v[0];
+        if (t0 + c + 1 < T) y[(t0 + c + 1) * ldy + n0 + r] = v[1];
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * FD_WARPS)
-float_dense_bf16(const uint16_t* w, const float* x, long long ldx, float* y, long long ldy, int N, int K, int T)
-{
-    float_dense_rows<uint16_t>(w, x, ldx, y, ldy, N, K, T);
-}
+#define FLOAT_DENSE_ENTRIES(SUFFIX, W)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * FD_WARPS)                                          \
+    float_dense_##SUFFIX(const W* w, const float* x, long long ldx, float* y, long long ldy, int N, int K,  \
+                         int T)                                                                          \
+    {                                                                                                    \
+        float_dense_rows<W>(w, x, ldx, y, ldy, N, K, T);                                                 \
+    }                                                                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * FT_WN * FT_WT)                                     \
+    float_dense_tile_##SUFFIX(const W* w, const float* x, long long ldx, float* y, long long ldy, int N,  \
+                              int K, int T)                                                              \
+    {                                                                                                    \
+        float_dense_tile<W>(w, x, ldx, y, ldy, N, K, T);                                                 \
+    }
+
+FLOAT_DENSE_ENTRIES(f32, float)
+FLOAT_DENSE_ENTRIES(f16, __half)
+FLOAT_DENSE_ENTRIES(bf16, uint16_t)
+
+// Tile geometry for the host (read with get_global): {rows per CTA, tokens per CTA, threads}.
+extern "C" __device__ int float_dense_tile_geometry[3] = {FT_WN * FT_R, FT_WT * FT_C, 32 * FT_WN * FT_WT};

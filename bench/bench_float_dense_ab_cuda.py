@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""A/B of float_dense.cu's two forms ("warp" and "tile"), interleaved in one run, on the
+strata router shape (512 x 2560 F32 weights) and the shared expert's gate vector (1 x 2560).
+
+    python3 bench/bench_float_dense_ab_cuda.py [--tokens 1024,8192,32768] [--reps 7]
+
+Per (shape, tokens): one untimed call per form, then `reps` rounds in alternating order, each
+timed with CUDA events; medians. The forms' outputs must be the same bytes (exit 1 if not).
+GFLOP/s counts 2 * N * K * T (a product and an addition per weight and token).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import os
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from fast.cuda import dense, runtime  # noqa: E402
+
+SHAPES = (("router", 512, 2560), ("shexp gate", 1, 2560))
+FORMS = ("warp", "tile")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", default="1024,8192,32768")
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    cuda = runtime._driver()
+    runtime.context()
+    dev = runtime.Device()
+    print(f"device: {runtime.device_name()} ({runtime.arch()})", flush=True)
+    rng = np.random.default_rng(3)
+    rows, failed = [], False
+    for name, N, K in SHAPES:
+        w = dev.upload(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05))
+        for T in [int(t) for t in args.tokens.split(",")]:
+            x = dev.upload(rng.standard_normal((T, K), dtype=np.float32))
+            outs = {f: dev.empty((T, N), np.float32) for f in FORMS}
+            times = {f: [] for f in FORMS}
+
+            def run(f):
+                dense.float_dense(dev, QT.F32, w, N, K, x, T, outs[f], variant=f)
+
+            for f in FORMS:
+                run(f)
+            for rep in range(args.reps):
+                for f in (FORMS if rep % 2 == 0 else FORMS[::-1]):
+                    cuda.Context.synchronize()
+                    a, b = cuda.Event(), cuda.Event()
+                    a.record(dev.stream)
+                    run(f)
+                    b.record(dev.stream)
+                    b.synchronize()
+                    times[f].append(b.time_since(a))
+            same = np.array_equal(outs["warp"].get().view(np.uint32), outs["tile"].get().view(np.uint32))
+            failed |= not same
+            med = {f: statistics.median(times[f]) for f in FORMS}
+            rows.append((name, N, K, T, med, same))
+    print(f"\n{args.reps} interleaved reps, medians (CUDA events)")
+    print("| shape | N x K | tokens | warp ms | tile ms | change | tile GFLOP/s | identical bytes |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, N, K, T, med, same in rows:
+        ch = 100.0 * (med["tile"] / med["warp"] - 1.0)
+        gf = 2.0 * N * K * T / (med["tile"] * 1e6)
+        print(f"| {name} | {N} x {K} | {T} | {med['warp']:.3f} | {med['tile']:.3f} | {ch:+.1f}% | {gf:.0f} | "
+              f"{'yes' if same else 'NO'} |")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
