@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A/B of float_dense.cu's two forms ("warp" and "tile"), interleaved in one run, on the
-strata router shape (512 x 2560 F32 weights) and the shared expert's gate vector (1 x 2560).
+strata router shape (512 x 2560 weights, BF16 as in the strata pack, and F32) and the shared expert's gate vector (1 x 2560).
 
     python3 bench/bench_float_dense_ab_cuda.py [--tokens 1024,8192,32768] [--reps 7]
 
@@ -23,8 +23,9 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from fast.cuda import dense, runtime  # noqa: E402
 
-SHAPES = (("router", 512, 2560), ("shexp gate", 1, 2560))
-FORMS = ("warp", "tile")
+SHAPES = (("router", 512, 2560, "BF16"), ("router", 512, 2560, "F32"), ("shexp gate", 1, 2560, "F32"))
+#: form -> (variant, float_dense.cu defines of the tiled form)
+FORMS = {"warp": ("warp", {}), "tile": ("tile", {}), "tile minb1": ("tile", {"FT_MINB": 1})}
 
 
 def main() -> int:
@@ -38,20 +39,22 @@ def main() -> int:
     print(f"device: {runtime.device_name()} ({runtime.arch()})", flush=True)
     rng = np.random.default_rng(3)
     rows, failed = [], False
-    for name, N, K in SHAPES:
-        w = dev.upload(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05))
+    for name, N, K, wtype in SHAPES:
+        wf = rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)
+        w = dev.upload(wf if wtype == "F32" else (wf.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
         for T in [int(t) for t in args.tokens.split(",")]:
             x = dev.upload(rng.standard_normal((T, K), dtype=np.float32))
             outs = {f: dev.empty((T, N), np.float32) for f in FORMS}
             times = {f: [] for f in FORMS}
 
             def run(f):
-                dense.float_dense(dev, QT.F32, w, N, K, x, T, outs[f], variant=f)
+                variant, dense.TILE_CONFIG = FORMS[f]
+                dense.float_dense(dev, QT[wtype], w, N, K, x, T, outs[f], variant=variant)
 
             for f in FORMS:
                 run(f)
             for rep in range(args.reps):
-                for f in (FORMS if rep % 2 == 0 else FORMS[::-1]):
+                for f in (list(FORMS) if rep % 2 == 0 else list(FORMS)[::-1]):
                     cuda.Context.synchronize()
                     a, b = cuda.Event(), cuda.Event()
                     a.record(dev.stream)
@@ -59,18 +62,20 @@ def main() -> int:
                     b.record(dev.stream)
                     b.synchronize()
                     times[f].append(b.time_since(a))
-            same = np.array_equal(outs["warp"].get().view(np.uint32), outs["tile"].get().view(np.uint32))
+            first = outs["warp"].get().view(np.uint32)
+            same = all(np.array_equal(o.get().view(np.uint32), first) for o in outs.values())
             failed |= not same
             med = {f: statistics.median(times[f]) for f in FORMS}
-            rows.append((name, N, K, T, med, same))
+            rows.append((name, wtype, N, K, T, med, same))
     print(f"\n{args.reps} interleaved reps, medians (CUDA events)")
-    print("| shape | N x K | tokens | warp ms | tile ms | change | tile GFLOP/s | identical bytes |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, N, K, T, med, same in rows:
+    print("| shape | weights | N x K | tokens | " + " | ".join(f"{f} ms" for f in FORMS)
+          + " | tile vs warp | tile GFLOP/s | identical bytes |")
+    print("|---|---|---|---|" + "---|" * len(FORMS) + "---|---|---|")
+    for name, wtype, N, K, T, med, same in rows:
         ch = 100.0 * (med["tile"] / med["warp"] - 1.0)
         gf = 2.0 * N * K * T / (med["tile"] * 1e6)
-        print(f"| {name} | {N} x {K} | {T} | {med['warp']:.3f} | {med['tile']:.3f} | {ch:+.1f}% | {gf:.0f} | "
-              f"{'yes' if same else 'NO'} |")
+        print(f"| {name} | {wtype} | {N} x {K} | {T} | " + " | ".join(f"{med[f]:.3f}" for f in FORMS)
+              + f" | {ch:+.1f}% | {gf:.0f} | {'yes' if same else 'NO'} |")
     return 1 if failed else 0
 
 

@@ -22,6 +22,8 @@ _TOK = 4  # FD_TOK in the kernel
 VARIANTS = ("auto", "warp", "tile")
 TILE_MIN = 8
 _TILE = (16, 32, 256)  # float_dense_tile_geometry: rows, tokens, threads per CTA
+#: float_dense.cu defines for the tiled form (FT_MINB: CTAs per SM asked of the compiler)
+TILE_CONFIG: dict = {}
 
 
 def float_dense(dev, qtype, w, N: int, K: int, x, T: int, out, *, ldx: int | None = None,
@@ -45,7 +47,7 @@ def float_dense(dev, qtype, w, N: int, K: int, x, T: int, out, *, ldx: int | Non
             N, K, T)
     if variant == "tile":
         rows, toks, threads = _TILE
-        f = runtime.function("float_dense", f"float_dense_tile_{suffix}", "PPqPqiii")
+        f = runtime.function("float_dense", f"float_dense_tile_{suffix}", "PPqPqiii", dict(TILE_CONFIG))
         dev.launch(f, "float_dense", (-(-N // rows), -(-T // toks), 1), (threads, 1, 1), *args)
         return
     warps = N * -(-T // _TOK)

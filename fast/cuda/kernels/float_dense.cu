@@ -66,22 +66,34 @@ __device__ __forceinline__ void float_dense_rows(const W* __restrict__ w, const 
 // The definition fixes, for each output, 32 lane partials (partial j adds w*x over k = j,
 // j+32, ... ascending) and the halving tree over them; it does not fix which thread holds
 // which partial. Here lane j of a warp holds partial j of FT_R x FT_C outputs (FT_R weight
-// rows x FT_C tokens): per k step it loads FT_R weights and FT_C activations (each load
-// coalesced over the 32 lanes) for FT_R * FT_C products, where the one-warp kernel above
-// loads 1 + FD_TOK values for FD_TOK products. The tree is then a transposing butterfly: at
-// offset o each lane keeps half of its values (the half its lane bit o selects), sends the
-// other half to lane ^ o and adds what it receives: p[j] + p[j ^ o] of the same output, the
-// tree's level (IEEE addition is commutative). After offsets 16, 8, 4, 2, 1 lane j holds
-// outputs 2j and 2j + 1 (output index r * FT_C + c), each the full tree's bits.
-// A CTA of FT_WN x FT_WT warps covers FT_WN * FT_R rows x FT_WT * FT_C tokens; blockIdx.x
-// walks the rows, blockIdx.y the tokens (the CTAs sharing a token tile run together, so its
-// activations are read from HBM about once). Rows past N and tokens past T load row N-1 /
-// token T-1 and are not stored.
+// rows x FT_C tokens): per k step it reads FT_R weights and FT_C activations for FT_R * FT_C
+// products, where the one-warp kernel above loads 1 + FD_TOK values for FD_TOK products.
+// A CTA of FT_WN x FT_WT warps covers FT_WN * FT_R rows x FT_WT * FT_C tokens. K is walked in
+// chunks of FT_KC values: the CTA copies a chunk of its rows (widened to float) and of its
+// tokens into shared memory with coalesced loads, one chunk ahead in registers, and every
+// warp reads its 8 + 8 values per k step from there (lane j: k = chunk + 32 s + j, so the
+// lane keeps partial j's ascending order). Values past K, rows past N and tokens past T are
+// staged as zeros: a partial starts at +0.0 and so is never -0.0, and adding 0 * 0 = +0.0
+// leaves it unchanged (the definition's own zero padding of K), and padded outputs are not
+// stored. The tree is then a transposing butterfly: at offset o each lane keeps half of its
+// values (the half its lane bit o selects), sends the other half to lane ^ o and adds what it
+// receives: p[j] + p[j ^ o] of the same output, the tree's level (IEEE addition is
+// commutative). After offsets 16, 8, 4, 2, 1 lane j holds outputs 2j and 2j + 1 (output index
+// r * FT_C + c), each the full tree's bits. blockIdx.x walks the rows, blockIdx.y the tokens
+// (the CTAs sharing a token tile run together, so its activations come from HBM about once).
 #define FT_R 8
 #define FT_C 8
 #define FT_WN 2
 #define FT_WT 4
+#define FT_KC 64
+#define FT_THREADS (32 * FT_WN * FT_WT)
+#ifndef FT_MINB
+#define FT_MINB 2  // CTAs per SM asked of the compiler: 128 registers a thread
+#endif
+#define FT_ROWS (FT_WN * FT_R)
+#define FT_TOKS (FT_WT * FT_C)
 static_assert(FT_R * FT_C == 64, "the butterfly below halves 64 values per lane down to 2");
+static_assert((FT_ROWS * FT_KC) % FT_THREADS == 0 && (FT_TOKS * FT_KC) % FT_THREADS == 0, "whole staging loads");
 
 // One level of the transposing butterfly at offset O over the lane's first 2M values: keep
 // the half lane bit O selects, send the other, add the partner's (constant indices only, so
@@ -103,30 +115,62 @@ __device__ __forceinline__ void float_dense_tile(const W* __restrict__ w, const 
                                                  long long ldx, float* __restrict__ y, long long ldy,
                                                  int N, int K, int T)
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n0 = (blockIdx.x * FT_WN + warp % FT_WN) * FT_R;
-    const long long t0 = ((long long)blockIdx.y * FT_WT + warp / FT_WN) * FT_C;
-    if (n0 >= N || t0 >= T) return;  // whole warps leave: the shuffles stay full
-    const W* wr[FT_R];
-    const float* xr[FT_C];
+    constexpr int PW = FT_ROWS * FT_KC / FT_THREADS, PX = FT_TOKS * FT_KC / FT_THREADS;
+    __shared__ float sw[2][FT_ROWS * FT_KC];
+    __shared__ float sx[2][FT_TOKS * FT_KC];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n_cta = blockIdx.x * FT_ROWS;
+    const long long t_cta = (long long)blockIdx.y * FT_TOKS;
+    const int wr0 = (warp % FT_WN) * FT_R, wt0 = (warp / FT_WN) * FT_C;  // the warp's rows, tokens in the tile
+
+    float pw[PW], px[PX];
+    auto fetch = [&](int k0) {  // element i = tid + FT_THREADS * m of the chunk: row i / FT_KC, k0 + i % FT_KC
 #pragma unroll
-    for (int r = 0; r < FT_R; ++r) wr[r] = w + (long long)min(n0 + r, N - 1) * K;
+        for (int m = 0; m < PW; ++m) {
+            const int i = tid + FT_THREADS * m, n = n_cta + i / FT_KC, k = k0 + i % FT_KC;
+            pw[m] = (n < N && k < K) ? widen(w[(long long)n * K + k]) : 0.0f;
+        }
 #pragma unroll
-    for (int c = 0; c < FT_C; ++c) xr[c] = x + min(t0 + c, (long long)T - 1) * ldx;
+        for (int m = 0; m < PX; ++m) {
+            const int i = tid + FT_THREADS * m, k = k0 + i % FT_KC;
+            const long long t = t_cta + i / FT_KC;
+            px[m] = (t < T && k < K) ? x[t * ldx + k] : 0.0f;
+        }
+    };
+    auto put = [&](int b) {
+#pragma unroll
+        for (int m = 0; m < PW; ++m) sw[b][tid + FT_THREADS * m] = pw[m];
+#pragma unroll
+        for (int m = 0; m < PX; ++m) sx[b][tid + FT_THREADS * m] = px[m];
+    };
 
     float v[FT_R * FT_C];
 #pragma unroll
     for (int i = 0; i < FT_R * FT_C; ++i) v[i] = 0.0f;
-    for (int k = lane; k < K; k += 32) {
-        float wv[FT_R], xv[FT_C];
+    const int n_chunks = (K + FT_KC - 1) / FT_KC;
+    fetch(0);
+    put(0);
+    __syncthreads();
+    for (int kc = 0; kc < n_chunks; ++kc) {
+        if (kc + 1 < n_chunks) fetch((kc + 1) * FT_KC);
+        const float* bw = sw[kc & 1] + wr0 * FT_KC + lane;
+        const float* bx = sx[kc & 1] + wt0 * FT_KC + lane;
 #pragma unroll
-        for (int r = 0; r < FT_R; ++r) wv[r] = widen(wr[r][k]);
+        for (int s = 0; s < FT_KC / 32; ++s) {
+            float wv[FT_R], xv[FT_C];
 #pragma unroll
-        for (int c = 0; c < FT_C; ++c) xv[c] = xr[c][k];
+            for (int r = 0; r < FT_R; ++r) wv[r] = bw[r * FT_KC + 32 * s];
 #pragma unroll
-        for (int r = 0; r < FT_R; ++r)
+            for (int c = 0; c < FT_C; ++c) xv[c] = bx[c * FT_KC + 32 * s];
 #pragma unroll
-            for (int c = 0; c < FT_C; ++c) v[r * FT_C + c] = v[r * FT_C + c] + wv[r] * xv[c];
+            for (int r = 0; r < FT_R; ++r)
+#pragma unroll
+                for (int c = 0; c < FT_C; ++c) v[r * FT_C + c] = v[r * FT_C + c] + wv[r] * xv[c];
+        }
+        if (kc + 1 < n_chunks) {
+            put((kc + 1) & 1);  // that buffer was last read before the previous barrier
+            __syncthreads();
+        }
     }
     // the transposing butterfly: 64 -> 32 -> 16 -> 8 -> 4 -> 2 values per lane
     tree_level<16, 32>(v, lane);
@@ -135,9 +179,11 @@ __device__ __forceinline__ void float_dense_tile(const W* __restrict__ w, const 
     tree_level<2, 4>(v, lane);
     tree_level<1, 2>(v, lane);
     const int r = (2 * lane) / FT_C, c = (2 * lane) % FT_C;  // outputs 2 lane, 2 lane + 1
-    if (n0 + r < N) {
-        if (t0 + c < T) y[(t0 + c) * ldy + n0 + r] = v[0];
-        if (t0 + c + 1 < T) y[(t0 + c + 1) * ldy + n0 + r] = v[1];
+    const int n = n_cta + wr0 + r;
+    const long long t = t_cta + wt0 + c;
+    if (n < N) {
+        if (t < T) y[t * ldy + n] = v[0];
+        if (t + 1 < T) y[(t + 1) * ldy + n] = v[1];
     }
 }
 
@@ -148,7 +194,7 @@ __device__ __forceinline__ void float_dense_tile(const W* __restrict__ w, const 
     {                                                                                                    \
         float_dense_rows<W>(w, x, ldx, y, ldy, N, K, T);                                                 \
     }                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(32 * FT_WN * FT_WT)                                     \
+    extern "C" __global__ void __launch_bounds__(FT_THREADS, FT_MINB)                                    \
     float_dense_tile_##SUFFIX(const W* w, const float* x, long long ldx, float* y, long long ldy, int N,  \
                               int K, int T)                                                              \
     {                                                                                                    \
@@ -160,4 +206,4 @@ FLOAT_DENSE_ENTRIES(f16, __half)
 FLOAT_DENSE_ENTRIES(bf16, uint16_t)
 
 // Tile geometry for the host (read with get_global): {rows per CTA, tokens per CTA, threads}.
-extern "C" __device__ int float_dense_tile_geometry[3] = {FT_WN * FT_R, FT_WT * FT_C, 32 * FT_WN * FT_WT};
+extern "C" __device__ int float_dense_tile_geometry[3] = {FT_ROWS, FT_TOKS, FT_THREADS};
