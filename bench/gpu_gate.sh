@@ -6,6 +6,8 @@
 #   bash bench/gpu_gate.sh all
 #   bash bench/gpu_gate.sh suites   # the pytest-benchmark GPU suites (bench/test_bench_*_cuda.py), saved
 #                                   # under $LOG/benchmarks; not part of `all`
+#   bash bench/gpu_gate.sh kernels  # kernel forms A/B, interleaved (attention MMA_EPI, float_dense
+#                                   # warp/tile) and the whole prefill with both earlier forms vs default
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
 # installs it from the package index, and only where no index answers from the wheels in
 # ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). Parallel pytest workers
@@ -62,6 +64,16 @@ if [[ $MODE == bench || $MODE == all ]]; then
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_QUANT_GATHER=1 --b STRATA_QUANT_GATHER=0 \
       --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-3}" --phases --markdown "$LOG/ab_quant.md" 2>&1 \
       | tee "$LOG/ab_quant.log"; cat "$LOG/ab_quant.md" >> "$SUMMARY"
+fi
+if [[ $MODE == kernels ]]; then
+  PACK=/tmp/strata8.gguf
+  [[ -f $PACK ]] || python3 -m strata_prefill make-pack --preset strata --layers "${LAYERS:-8}" \
+      --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
+  python3 bench/bench_attention_ab_cuda.py --sass "$LOG/sass" 2>&1 | tee "$LOG/attention_ab.log" | tail -n 6 >> "$SUMMARY"
+  python3 bench/bench_float_dense_ab_cuda.py 2>&1 | tee "$LOG/float_dense_ab.log" | tail -n 12 >> "$SUMMARY"
+  python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_LEAN_ATTENTION=0,STRATA_PREFILL_TILED_DENSE=0 \
+      --b default --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_kernels.md" 2>&1 \
+      | tee "$LOG/ab_kernels.log"; cat "$LOG/ab_kernels.md" >> "$SUMMARY"
 fi
 if [[ $MODE == suites ]]; then
   python3 -m pytest bench/ -q -p no:cacheprovider -k "not reference" --benchmark-storage "file://$PWD/$LOG/benchmarks" \

@@ -13,7 +13,7 @@ import pytest
 from fast.cuda.runtime import cuda_available
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_SUITES = ["q8_1", "gather", "mmq", "attention", "copy", "prefill"]
+GPU_SUITES = ["q8_1", "gather", "mmq", "attention", "copy", "prefill", "router"]
 SMALLEST_REFERENCE = ["bench/test_bench_reference.py", "-k", "128 and tiny"]
 
 
@@ -75,3 +75,16 @@ def test_per_call_counts_keep_every_counter():
     assert set(got) == set(COUNTED)
     assert got["launches"] == 3 and isinstance(got["launches"], int)
     assert got["gathers"] == 1.75 and got["waits"] == 0 and got["events"] == 0
+
+
+def test_contract_cost_prints_its_table():
+    """bench/contract_cost.py (NumPy only) prints the three error rows, each a coarser block
+    costing more error than the contract's 32-value blocks."""
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "contract_cost.py"), "--tokens", "64", "--seed", "3"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "x |" in line]
+    assert len(rows) == 3, res.stdout
+    for row in rows:
+        ratio = float(row.rstrip(" |").rsplit("|", 1)[1].strip().rstrip("x"))
+        assert ratio > 1.0, row

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""What the numerics contract's per-32 scale blocks cost in speed, and what a coarser block
+would cost in accuracy: the measurement behind the contract change proposed in
+docs/performance.md ("What limits each kernel"). NumPy only; runs anywhere.
+
+    python3 bench/contract_cost.py [--tokens 256] [--seed 0]
+
+1. The MoE product: IQ2_XS expert weights (strata gate shape, 640 x 2560) times activations
+   quantized to int8 with one scale per 32 values (the contract's q8_1 D4 layout) or per 128
+   values (the proposal: one scale per q8_1 block). Error = relative RMS of the product
+   against the same weights times the float activations (float64), so only the activation
+   quantization differs.
+2. Attention scores: Q and K quantized with one scale per 32 values (the contract) or one per
+   head row of 128 (the proposal), scores against float64 q.k / sqrt(128); and the attention
+   output against float64 attention over 1,024 keys.
+
+Activations are random normal with a few outlier channels (x12), as an RMSNorm output of a
+real model has; keys and queries the same. Prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from strata import quants  # noqa: E402
+from strata.blockquant import quantize_blocks  # noqa: E402
+
+
+def outlier_rows(rng, rows: int, n: int) -> np.ndarray:
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    cols = rng.choice(n, max(1, n // 256), replace=False)
+    x[:, cols] *= np.float32(12.0)
+    return x
+
+
+def dequant(x: np.ndarray, block: int) -> np.ndarray:
+    q, d = quantize_blocks(x, block)
+    return (q.astype(np.float64).reshape(*x.shape[:-1], -1, block) * d[..., None].astype(np.float64)).reshape(x.shape)
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b ** 2)))
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    s = q @ k.T / np.sqrt(q.shape[-1])
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    return (p / p.sum(axis=-1, keepdims=True)) @ v
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = np.random.default_rng(args.seed)
+    N, K = 640, 2560
+    raw = quants.random_blocks(QT.IQ2_XS, N * K // 256, rng).reshape(N, -1)
+    w = quants.dequantize(QT.IQ2_XS, raw).reshape(N, K).astype(np.float64)
+    x = outlier_rows(rng, args.tokens, K)
+    exact = x.astype(np.float64) @ w.T
+    moe = {b: rel(dequant(x, b) @ w.T, exact) for b in (32, 128)}
+
+    hd, n_keys = 128, 1024
+    q = outlier_rows(rng, args.tokens, hd)
+    k = outlier_rows(rng, n_keys, hd)
+    v = rng.standard_normal((n_keys, hd)).astype(np.float32)
+    s_exact = q.astype(np.float64) @ k.T.astype(np.float64) / np.sqrt(hd)
+    o_exact = attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    att = {}
+    for b in (32, 128):
+        qd, kd = dequant(q, b), dequant(k, b)
+        att[b] = (rel(qd @ kd.T / np.sqrt(hd), s_exact), rel(attention(qd, kd, v.astype(np.float64)), o_exact))
+
+    print(f"{args.tokens} tokens, seed {args.seed}; relative RMS error against float64")
+    print("| what | scale per 32 values (contract) | per 128 values (proposal) | ratio |")
+    print("|---|---|---|---|")
+    print(f"| MoE product, IQ2_XS 640 x 2560, activation quantization | {moe[32]:.2e} | {moe[128]:.2e} | "
+          f"{moe[128] / moe[32]:.2f}x |")
+    print(f"| attention scores, Q and K quantization | {att[32][0]:.2e} | {att[128][0]:.2e} | "
+          f"{att[128][0] / att[32][0]:.2f}x |")
+    print(f"| attention output (1,024 keys) | {att[32][1]:.2e} | {att[128][1]:.2e} | "
+          f"{att[128][1] / att[32][1]:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
