@@ -82,8 +82,14 @@ __device__ __forceinline__ void float_dense_rows(const W* __restrict__ w, const 
 #define FT_WT 4
 #define FT_KC 64
 #define FT_THREADS (32 * FT_WN * FT_WT)
+// CTAs per SM asked of the compiler (__launch_bounds__): the staged form runs best at 2 (128
+// registers a thread), the direct one at 1 (its 16 loads in flight need the registers; H200,
+// 8K tokens x 512 x 2560 F32: 1.34 ms at 1 against 1.62 at 2)
 #ifndef FT_MINB
-#define FT_MINB 2  // CTAs per SM asked of the compiler: 128 registers a thread
+#define FT_MINB 2
+#endif
+#ifndef FT_MINB_DIRECT
+#define FT_MINB_DIRECT 1
 #endif
 #define FT_ROWS (FT_WN * FT_R)
 #define FT_TOKS (FT_WT * FT_C)
@@ -233,14 +239,14 @@ __device__ __forceinline__ void float_dense_tile(const W* __restrict__ w, const 
     tree_store(v, lane, y, ldy, n_cta + wr0, t_cta + wt0, N, T);
 }
 
-#define FLOAT_DENSE_ENTRIES(SUFFIX, W)                                                                   \
+#define FLOAT_DENSE_ENTRIES(SUFFIX, W, MINB)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * FD_WARPS)                                          \
     float_dense_##SUFFIX(const W* w, const float* x, long long ldx, float* y, long long ldy, int N, int K,  \
                          int T)                                                                          \
     {                                                                                                    \
         float_dense_rows<W>(w, x, ldx, y, ldy, N, K, T);                                                 \
     }                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(FT_THREADS, FT_MINB)                                    \
+    extern "C" __global__ void __launch_bounds__(FT_THREADS, MINB)                                       \
     float_dense_tile_##SUFFIX(const W* w, const float* x, long long ldx, float* y, long long ldy, int N,  \
                               int K, int T)                                                              \
     {                                                                                                    \
@@ -248,9 +254,9 @@ __device__ __forceinline__ void float_dense_tile(const W* __restrict__ w, const 
         else float_dense_tile<W>(w, x, ldx, y, ldy, N, K, T);                                            \
     }
 
-FLOAT_DENSE_ENTRIES(f32, float)
-FLOAT_DENSE_ENTRIES(f16, __half)
-FLOAT_DENSE_ENTRIES(bf16, uint16_t)
+FLOAT_DENSE_ENTRIES(f32, float, FT_MINB_DIRECT)
+FLOAT_DENSE_ENTRIES(f16, __half, FT_MINB)
+FLOAT_DENSE_ENTRIES(bf16, uint16_t, FT_MINB)
 
 // Tile geometry for the host (read with get_global): {rows per CTA, tokens per CTA, threads}.
 extern "C" __device__ int float_dense_tile_geometry[3] = {FT_ROWS, FT_TOKS, FT_THREADS};
