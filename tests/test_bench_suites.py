@@ -79,12 +79,17 @@ def test_per_call_counts_keep_every_counter():
 
 def test_contract_cost_prints_its_table():
     """bench/contract_cost.py (NumPy only) prints the three error rows, each a coarser block
-    costing more error than the contract's 32-value blocks."""
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "contract_cost.py"), "--tokens", "64", "--seed", "3"],
-                         capture_output=True, text=True, timeout=120)
+    costing more error than the contract's 32-value blocks, and the two exponentials' ulps."""
+    res = subprocess.run([sys.executable, str(ROOT / "bench" / "contract_cost.py"), "--tokens", "64", "--seed", "3",
+                          "--exp-step", "4999"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "x |" in line]
     assert len(rows) == 3, res.stdout
     for row in rows:
         ratio = float(row.rstrip(" |").rsplit("|", 1)[1].strip().rstrip("x"))
         assert ratio > 1.0, row
+    exp_rows = [line for line in res.stdout.splitlines() if "polynomial" in line]
+    assert len(exp_rows) == 2, res.stdout
+    for row in exp_rows:  # both exponentials within 2 ulps of float64, the contract's one within 1.25
+        worst = float(row.split("|")[2])
+        assert 0.0 < worst < (1.25 if "contract" in row else 2.0), row
