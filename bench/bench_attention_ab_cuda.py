@@ -31,9 +31,11 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fast.cuda import attention as cu_att  # noqa: E402
 from fast.cuda import runtime  # noqa: E402
+from gpu_timing import PycudaClock, interleaved  # noqa: E402
 
 H, HKV, HD = 32, 4, 128
 DEFAULT_ARMS = '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2}'
@@ -73,9 +75,9 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write every timing here")
     args = ap.parse_args()
     arms = [json.loads(a) for a in args.arms.split(";")]
-    cuda = runtime._driver()
     runtime.context()
     dev = runtime.Device()
+    clock = PycudaClock(dev.stream)
     print(f"device: {runtime.device_name()} ({runtime.arch()}, {runtime.multiprocessor_count()} SMs)", flush=True)
     result = {"arms": arms, "lengths": []}
     if args.sass:
@@ -97,22 +99,8 @@ def main() -> int:
             cu_att.ATTEND_MMA_CONFIG = arms[i]
             kv.attend(0, q, positions, positions_dev=pos_dev, out=outs[i], variant="mma")
 
-        times = [[] for _ in arms]
-        for i in range(len(arms)):  # compile and warm up
-            run(i)
-        cuda.Context.synchronize()
-        for rep in range(args.reps):
-            order = list(range(len(arms)))
-            if rep % 2:
-                order.reverse()
-            for i in order:
-                cuda.Context.synchronize()
-                a, b = cuda.Event(), cuda.Event()
-                a.record(dev.stream)
-                run(i)
-                b.record(dev.stream)
-                b.synchronize()
-                times[i].append(b.time_since(a))
+        times = [[1e3 * t for t in ts] for ts in interleaved(clock, [lambda i=i: run(i) for i in range(len(arms))],
+                                                          args.reps)]
         first = outs[0].get().view(np.uint32)
         same = [bool(np.array_equal(o.get().view(np.uint32), first)) for o in outs]
         failed |= not all(same)

@@ -18,10 +18,12 @@ import os
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from fast.cuda import dense, runtime  # noqa: E402
+from gpu_timing import PycudaClock, interleaved  # noqa: E402
 
 SHAPES = (("router", 512, 2560, "BF16"), ("router", 512, 2560, "F32"), ("shexp gate", 1, 2560, "F32"))
 #: form -> (variant, float_dense.cu defines of the tiled form)
@@ -33,9 +35,9 @@ def main() -> int:
     ap.add_argument("--tokens", default="1024,8192,32768")
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
-    cuda = runtime._driver()
     runtime.context()
     dev = runtime.Device()
+    clock = PycudaClock(dev.stream)
     print(f"device: {runtime.device_name()} ({runtime.arch()})", flush=True)
     rng = np.random.default_rng(3)
     rows, failed = [], False
@@ -45,23 +47,13 @@ def main() -> int:
         for T in [int(t) for t in args.tokens.split(",")]:
             x = dev.upload(rng.standard_normal((T, K), dtype=np.float32))
             outs = {f: dev.empty((T, N), np.float32) for f in FORMS}
-            times = {f: [] for f in FORMS}
 
             def run(f):
                 variant, dense.TILE_CONFIG = FORMS[f]
                 dense.float_dense(dev, QT[wtype], w, N, K, x, T, outs[f], variant=variant)
 
-            for f in FORMS:
-                run(f)
-            for rep in range(args.reps):
-                for f in (list(FORMS) if rep % 2 == 0 else list(FORMS)[::-1]):
-                    cuda.Context.synchronize()
-                    a, b = cuda.Event(), cuda.Event()
-                    a.record(dev.stream)
-                    run(f)
-                    b.record(dev.stream)
-                    b.synchronize()
-                    times[f].append(b.time_since(a))
+            per_arm = interleaved(clock, [lambda f=f: run(f) for f in FORMS], args.reps)
+            times = {f: [1e3 * t for t in ts] for f, ts in zip(FORMS, per_arm)}
             first = outs["warp"].get().view(np.uint32)
             same = all(np.array_equal(o.get().view(np.uint32), first) for o in outs.values())
             failed |= not same

@@ -87,6 +87,22 @@ def measure(clock, fn, rounds: int, warmup_rounds: int) -> float:
     return statistics.median(times)
 
 
+def interleaved(clock, fns: list, reps: int) -> list:
+    """Seconds of each fn() per rep, the arms interleaved: one untimed call of each first, then
+    `reps` rounds in alternating order (0 1 .. n-1, then n-1 .. 0, ...), each call timed alone
+    on `clock`. Returns times[arm][rep]."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for rep in range(reps):
+        order = list(range(len(fns)))
+        for i in (order if rep % 2 == 0 else order[::-1]):
+            clock.start()
+            fns[i]()
+            times[i].append(clock.stop())
+    return times
+
+
 def per_call(counters, before: dict, calls: int) -> dict:
     """Every COUNTED counter's growth since `before`, per call (an int where it divides evenly;
     zeros kept, so a run that waited on nothing says so)."""

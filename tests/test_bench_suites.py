@@ -77,6 +77,33 @@ def test_per_call_counts_keep_every_counter():
     assert got["gathers"] == 1.75 and got["waits"] == 0 and got["events"] == 0
 
 
+def test_interleaved_alternates_the_arms():
+    """bench/gpu_timing.interleaved: one untimed call per arm, then rounds in alternating order,
+    each call between its own start and stop of the clock."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from gpu_timing import interleaved
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    log = []
+
+    class Clock:
+        def start(self):
+            log.append("start")
+
+        def stop(self):
+            log.append("stop")
+            return float(len(log))
+
+    fns = [lambda a=a: log.append(a) for a in "ABC"]
+    times = interleaved(Clock(), fns, 3)
+    calls = [x for x in log if x not in ("start", "stop")]
+    assert calls == list("ABC") + list("ABC") + list("CBA") + list("ABC")
+    assert log[3:6] == ["start", "A", "stop"]
+    assert [len(t) for t in times] == [3, 3, 3]
+    assert times[0][1] > times[2][1]  # in the second round C ran first
+
+
 def test_contract_cost_prints_its_table():
     """bench/contract_cost.py (NumPy only) prints the three error rows, each a coarser block
     costing more error than the contract's 32-value blocks, and the two exponentials' ulps."""
