@@ -22,6 +22,7 @@ _TOK = 4  # FD_TOK in the kernel
 VARIANTS = ("auto", "warp", "tile")
 TILE_MIN = 8
 _TILE = (16, 32, 256)  # float_dense_tile_geometry: rows, tokens, threads per CTA
+_GRID_Y_MAX = 65535  # CUDA's limit on gridDim.y, which walks the tiled form's token tiles
 #: float_dense.cu defines for the tiled form (FT_MINB: CTAs per SM asked of the compiler)
 TILE_CONFIG: dict = {}
 
@@ -41,8 +42,12 @@ def float_dense(dev, qtype, w, N: int, K: int, x, T: int, out, *, ldx: int | Non
     N, K, T = int(N), int(K), int(T)
     if N <= 0 or T <= 0:
         return
+    tile_grid_y = -(-T // _TILE[1])
     if variant == "auto":
-        variant = "tile" if min(N, T) >= TILE_MIN else "warp"
+        variant = "tile" if min(N, T) >= TILE_MIN and tile_grid_y <= _GRID_Y_MAX else "warp"
+    elif variant == "tile" and tile_grid_y > _GRID_Y_MAX:
+        raise InputError(f"float_dense: the tiled form covers at most {_GRID_Y_MAX * _TILE[1]} tokens a launch, "
+                         f"got {T}")
     args = (ptr(w), ptr(x), np.int64(K if ldx is None else ldx), ptr(out), np.int64(N if ldo is None else ldo),
             N, K, T)
     if variant == "tile":
