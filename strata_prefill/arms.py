@@ -21,8 +21,8 @@ def zero_one(text: str) -> int:
     return int(text)
 
 
-# FastEngine keyword -> (environment variable or None, value check); the same keywords as
-# run.FAST_ENGINE_KEYWORDS (a test holds them equal)
+# FastEngine keyword -> (environment variable or None, value check); each is also a `run` flag
+# (run.add_fast_switches, whose dests are these keywords: a test holds the two sets equal)
 SWITCHES = {
     "group_gather": ("STRATA_PREFILL_GROUP_GATHER", zero_one),
     "quant_gather": ("STRATA_QUANT_GATHER", zero_one),

@@ -17,6 +17,7 @@ import numpy as np
 from strata.constants import PACK_FORMAT, VRAM_RESERVE_MIB
 from strata.errors import InputError
 from strata_prefill import checks
+from strata_prefill.arms import SWITCHES
 
 DEFAULT_PROMPT_TOKENS = 200
 DEFAULT_GREEDY = 8
@@ -27,22 +28,6 @@ DEFAULT_SEED = 0
 DUMP_ENV = {
     "dump_first_logits": "STRATA_DUMP_FIRST_LOGITS",
     "dump_r": "STRATA_PREFILL_DUMP_R",
-}
-
-# the fast path's switches: argparse dest -> FastEngine keyword argument (None: the engine's
-# default or its environment variable). A new switch is added here and in add_fast_switches.
-FAST_ENGINE_KEYWORDS = {
-    "group_gather": "group_gather",
-    "quant_gather": "quant_gather",
-    "expert_cache": "expert_cache",
-    "vram_reserve_mib": "vram_reserve_mib",
-    "ring": "ring",
-    "stream_min": "stream_min",
-    "copy_coalesce": "copy_coalesce",
-    "overlap_plan": "overlap_plan",
-    "fuse_group": "fuse_group",
-    "lean_attention": "lean_attention",
-    "tiled_dense": "tiled_dense",
 }
 
 
@@ -127,8 +112,9 @@ def add_fast_switches(p) -> None:
 
 
 def fast_engine_kwargs(args) -> dict:
-    """The fast path's switches in `args` as FastEngine keyword arguments."""
-    return {kw: getattr(args, dest, None) for dest, kw in FAST_ENGINE_KEYWORDS.items()}
+    """The fast path's switches in `args` as FastEngine keyword arguments (each flag's dest is
+    its keyword; None: the engine's default or its environment variable)."""
+    return {kw: getattr(args, kw, None) for kw in SWITCHES}
 
 
 def make_engine(impl: str, pack, args=None):
