@@ -88,10 +88,15 @@ def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale) -> None:
                T, n_kv, hd, cap, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale))
 
 
-def _mma_func(name: str, fmt: str, config: dict | None = None):
-    """The prepared kernel `name` of attention_mma.cu under ATTEND_MMA_CONFIG, with `config`'s
-    defines over it."""
-    return runtime.function("attention_mma", name, fmt, {**ATTEND_MMA_CONFIG, **(config or {})})
+def _mma_config(config: dict | None = None) -> dict:
+    """attention_mma.cu's defines: ATTEND_MMA_CONFIG with `config`'s over it."""
+    return {**ATTEND_MMA_CONFIG, **(config or {})}
+
+
+def _mma_func(name: str, fmt: str, defines: dict | None = None):
+    """The prepared kernel `name` of attention_mma.cu built with `defines` (default
+    ATTEND_MMA_CONFIG)."""
+    return runtime.function("attention_mma", name, fmt, _mma_config() if defines is None else dict(defines))
 
 
 def _split_buffer(dev, nbytes: int):
@@ -147,8 +152,9 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     v = _attend_variant(variant, T)
     kq = np.float32(_attention.kq_scale(hd))
     if v == "mma":
-        f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPifPq", config)
-        warps = int({**ATTEND_MMA_CONFIG, **(config or {})}.get("MMA_WARPS", 4))
+        defines = _mma_config(config)
+        f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPifPq", defines)
+        warps = int(defines.get("MMA_WARPS", 4))
         grid = (-(-T // (16 * warps)), H, 1)
         dev.launch(f, "attention", grid, (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos), T,
                    H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), cap,
