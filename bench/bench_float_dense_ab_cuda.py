@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from fast.cuda import dense, runtime  # noqa: E402
 from gpu_timing import PycudaClock, interleaved  # noqa: E402
+from strata.dense import encode_float  # noqa: E402
 
 SHAPES = (("router", 512, 2560, "BF16"), ("router", 512, 2560, "F32"), ("shexp gate", 1, 2560, "F32"))
 #: form -> (variant, float_dense.cu defines of the tiled form)
@@ -43,7 +44,7 @@ def main() -> int:
     rows, failed = [], False
     for name, N, K, wtype in SHAPES:
         wf = rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)
-        w = dev.upload(wf if wtype == "F32" else (wf.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
+        w = dev.upload(encode_float(wf, QT[wtype]))
         for T in [int(t) for t in args.tokens.split(",")]:
             x = dev.upload(rng.standard_normal((T, K), dtype=np.float32))
             outs = {f: dev.empty((T, N), np.float32) for f in FORMS}

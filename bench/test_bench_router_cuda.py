@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as QT
 
 from fast.cuda import dense, elementwise as ops
 from gpu_shapes import N_EMBD, N_EXPERT, TOP_K, Routing
+from strata.dense import encode_float
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +37,7 @@ def test_router_product(gpu_benchmark, cuda_device, tokens, form, wtype):
     dev, rng = cuda_device, np.random.default_rng(tokens)
     x = dev.upload(rng.standard_normal((tokens, N_EMBD), dtype=np.float32))
     wf = rng.standard_normal((N_EXPERT, N_EMBD), dtype=np.float32) * np.float32(0.05)
-    w = dev.upload(wf if wtype == "F32" else (wf.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
+    w = dev.upload(encode_float(wf, QT[wtype]))
     out = dev.empty((tokens, N_EXPERT), np.float32)
     gpu_benchmark(lambda: dense.float_dense(dev, QT[wtype], w, N_EXPERT, N_EMBD, x, tokens, out, variant=form),
                   stream=dev.stream, counters=dev.counters, rounds=10, ops=2 * tokens * N_EXPERT * N_EMBD,

@@ -46,6 +46,22 @@ def decode_float(qtype, raw: np.ndarray) -> np.ndarray:
     raise ValueError(f"not a float type: {qtype.name}")
 
 
+def encode_float(x: np.ndarray, qtype) -> np.ndarray:
+    """Little-endian bytes uint8 [..., row_bytes] of float32 x in a float type, the inverse
+    of :func:`decode_float` where x is representable: F16 by NumPy's round to nearest even,
+    BF16 by rounding float32 to its upper 16 bits, to nearest even."""
+    qtype = QT(qtype)
+    if qtype == QT.F32:
+        return np.ascontiguousarray(x, dtype="<f4").view(np.uint8)
+    if qtype == QT.F16:
+        return x.astype("<f2").view(np.uint8)
+    if qtype == QT.BF16:
+        u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+        r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        return r.astype("<u2").view(np.uint8)
+    raise ValueError(f"not a float type: {qtype.name}")
+
+
 def float_matmul(w, x) -> np.ndarray:
     """y[t, n] = sum_k w[n, k] * x[t, k]: float32 [T, N] from w [N, K] and x [T, K] (float32).
 

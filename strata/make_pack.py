@@ -52,7 +52,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter
 from gguf.gguf_writer import WriterState
 
-from strata import quants
+from strata import dense, quants
 from strata import tensor_names as tn
 from strata.config import ARCH, PRESETS, ModelConfig
 from strata.constants import PACK_FORMAT
@@ -110,22 +110,6 @@ def tensor_rng(seed: int, name: str, chunk: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), *words, int(chunk)]))
 
 
-def _f32_to_bf16_bytes(x: np.ndarray) -> np.ndarray:
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    return r.astype("<u2").view(np.uint8)
-
-
-def _encode_float(x: np.ndarray, qt: QT) -> np.ndarray:
-    if qt == QT.F32:
-        return np.ascontiguousarray(x, dtype="<f4").view(np.uint8)
-    if qt == QT.F16:
-        return x.astype("<f2").view(np.uint8)
-    if qt == QT.BF16:
-        return _f32_to_bf16_bytes(x)
-    raise AssertionError(qt)
-
-
 def _nbytes(qt: QT, n_values: int, n_cols: int) -> int:
     if qt in (QT.F32,):
         return 4 * n_values
@@ -179,7 +163,7 @@ class _Plan:
             x += np.float32(self.mean)
             if self.qtype == QT.Q8_0:
                 return quants.quantize_q8_0(x.reshape(rows, self.n_cols)).reshape(-1)
-            return _encode_float(x, self.qtype)
+            return dense.encode_float(x, self.qtype)
         vals, _ = quants.block_size(self.qtype)
         return quants.random_blocks(self.qtype, n // vals, rng, std=self.std).reshape(-1)
 

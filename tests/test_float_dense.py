@@ -140,3 +140,16 @@ def test_kernel_names_its_definition():
     assert callable(dense.float_matmul)
     # the butterfly's offsets descend from 16: the halving tree's order
     assert re.search(r"for \(int o = 16; o > 0; o >>= 1\)", src)
+
+
+@given(st.integers(0, 2**32 - 1), st.sampled_from([QT.F32, QT.F16, QT.BF16]))
+@settings(max_examples=30, deadline=None)
+def test_encode_float_is_ggufs_bytes(seed, qtype):
+    """strata.dense.encode_float (the packs' float tensors) writes gguf.quants.quantize's bytes,
+    and decode_float reads them back to gguf.quants.dequantize's values."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((3, 64)) * np.exp2(rng.integers(-20, 10, (3, 1)))).astype(F32)
+    got = dense.encode_float(x, qtype)
+    want = np.ascontiguousarray(gq.quantize(x, qtype)).view(np.uint8).reshape(3, -1)
+    assert np.array_equal(got, want)
+    assert np.array_equal(dense.decode_float(qtype, got), gq.dequantize(want, qtype).astype(F32))
