@@ -147,6 +147,14 @@ class Backend(Protocol):
         """Gate and up products of the group buffers' experts over their rows (bounds), in one
         launch (or one each: one_launch False)."""
 
+    def mmq_batch_gate_up(self, *, layer: int, batch, act: Q8, n_rows: int, gate: Array, up: Array,
+                          one_launch: bool = True) -> None:
+        """Gate and up products of a batch of resident experts (fast.walk.Batch), each read where
+        it lies in the expert cache, over their rows, in one launch (or one each)."""
+
+    def mmq_batch_down(self, *, layer: int, batch, act: Q8, n_rows: int, y: Array) -> None:
+        """Down products of a batch of resident experts, read in place, into their rows of y."""
+
     def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int) -> Array:
         """H = silu(gate) * up over rows r0 .. r1."""
 

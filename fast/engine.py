@@ -27,6 +27,12 @@ Switches (each a Python argument, a CLI flag and an environment variable):
   tiled_dense    STRATA_PREFILL_TILED_DENSE    1: float products of 8+ tokens by the tiled
                                                float_dense.cu kernel (default); 0: one warp per
                                                row and 4 tokens
+  in_place       STRATA_PREFILL_IN_PLACE       1: a layer's routed resident experts are multiplied
+                                               where they lie in the expert cache, one launch for
+                                               all their gate/up products, one SwiGLU+quantize H,
+                                               one down; only streamed experts are gathered, in
+                                               groups (default); 0: every routed expert goes
+                                               through the group buffers
   overlap_plan   STRATA_PREFILL_OVERLAP_PLAN   1: the MoE-input quantize and the shared expert
                                                are queued before the host reads the routing
                                                counts back, so the device runs them while the
@@ -46,7 +52,7 @@ from strata.constants import (MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PI
 from strata.errors import InputError
 
 from fast.experts import Ring, RingStream, place_experts
-from fast.walk import LayerWalk, plan_groups
+from fast.walk import LayerWalk, plan_groups, split_resident
 
 F32 = np.float32
 
@@ -82,7 +88,8 @@ class FastEngine:
 
     def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
                  expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
-                 copy_coalesce=None, overlap_plan=None, fuse_group=None, lean_attention=None, tiled_dense=None):
+                 copy_coalesce=None, overlap_plan=None, fuse_group=None, lean_attention=None, tiled_dense=None,
+                 in_place=None):
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
@@ -93,6 +100,7 @@ class FastEngine:
         self.fuse_group = switch(fuse_group, "STRATA_PREFILL_FUSE_GROUP", True)
         self.lean_attention = switch(lean_attention, "STRATA_PREFILL_LEAN_ATTENTION", True)
         self.tiled_dense = switch(tiled_dense, "STRATA_PREFILL_TILED_DENSE", True)
+        self.in_place = switch(in_place, "STRATA_PREFILL_IN_PLACE", True)
         backend.kernel_forms(lean_attention=self.lean_attention, tiled_dense=self.tiled_dense)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
@@ -278,37 +286,57 @@ class FastEngine:
         up = be.alloc_f32((n_rows, cfg.n_ff_exp))
         down_in = be.alloc_q8(n_rows, cfg.n_ff_exp)
         y = be.alloc_f32((n_rows, cfg.n_embd))
+        resident = self.placement.resident[layer]
         with be.host_phase("host planning"):
-            groups = plan_groups(tab.order, tab.cnt, tab.off, self.group_size)
+            if self.in_place:  # the routed resident experts are one batch; groups hold streamed ones
+                batch, walked = split_resident(tab.order, tab.cnt, tab.off, resident)
+            else:
+                batch, walked = None, tab.order
+            groups = plan_groups(walked, tab.cnt, tab.off, self.group_size)
             bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
+
+        def swiglu_h(r0: int, r1: int, args: dict) -> None:
+            with be.phase("swiglu+quantize H", **args):
+                if not self.fuse_group or (dump is not None and dump.ops):  # op records keep H: two launches
+                    hh = be.swiglu_rows(gate, up, r0, r1)
+                    self._rec_rows(dump, "swiglu_h", hh, r0, n_rows)
+                    be.quantize_gather(x=hh, src=None, n_rows=r1 - r0, layout=down_layout, out=down_in,
+                                       row0=r0, n_rows_total=n_rows)
+                else:  # one launch, H never written
+                    be.swiglu_quantize(gate=gate, up=up, r0=r0, r1=r1, layout=down_layout, out=down_in, row0=r0,
+                                       n_rows_total=n_rows)
 
         def products(grp, gb):
             args = dict(layer=layer, experts=len(grp.experts), rows=grp.n_rows)
             with be.phase("gate/up", **args):
                 be.mmq_group_gate_up(layer=layer, group=grp, bounds=gb, act=moe_in, n_rows=n_rows, gate=gate,
                                      up=up, one_launch=self.fuse_group)
-            with be.phase("swiglu+quantize H", **args):
-                if not self.fuse_group or (dump is not None and dump.ops):  # op records keep H: two launches
-                    hh = be.swiglu_rows(gate, up, grp.row_begin, grp.row_end)
-                    self._rec_rows(dump, "swiglu_h", hh, grp.row_begin, n_rows)
-                    be.quantize_gather(x=hh, src=None, n_rows=grp.n_rows, layout=down_layout, out=down_in,
-                                       row0=grp.row_begin, n_rows_total=n_rows)
-                else:  # one launch, H never written
-                    be.swiglu_quantize(gate=gate, up=up, r0=grp.row_begin, r1=grp.row_end, layout=down_layout,
-                                       out=down_in, row0=grp.row_begin, n_rows_total=n_rows)
+            swiglu_h(grp.row_begin, grp.row_end, args)
             with be.phase("down", **args):
                 be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=down_in, n_rows=n_rows, y=y)
 
-        resident = self.placement.resident[layer]
-        routed = [int(e) for e in tab.order]
+        walked = [int(e) for e in walked]
         if self._stream is not None:  # streamed walk: this layer's entries, routed or not
             stream = self._stream
             with be.host_phase("host planning"):
-                visit = sorted(set(routed) | set(int(e) for e in self.placement.streamed(layer)))
+                visit = sorted(set(walked) | set(int(e) for e in self.placement.streamed(layer)))
         else:  # staged: the routed streamed experts, through the staging ring
-            stream = self._new_pass(self.staging, [(layer, e) for e in routed if not resident[e]])
-            visit = routed
+            stream = self._new_pass(self.staging, [(layer, e) for e in walked if not resident[e]])
+            visit = walked
+        # the resident batch's gate/up first: the device multiplies while the copies land
+        in_batch = batch is not None and len(batch.experts) > 0
+        if in_batch:
+            bargs = dict(layer=layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
+            with be.phase("gate/up", **bargs):
+                be.mmq_batch_gate_up(layer=layer, batch=batch, act=moe_in, n_rows=n_rows, gate=gate, up=up,
+                                     one_launch=self.fuse_group)
         LayerWalk(be, layer, self.placement, stream, self.group_gather, products).run(groups, bounds, visit)
+        if in_batch:
+            # SwiGLU over the rows from the batch's first to its last: when streamed experts'
+            # rows lie between, they are computed again from the same gate and up, the same bytes
+            swiglu_h(int(batch.bounds[:, 0].min()), int(batch.bounds[:, 1].max()), bargs)
+            with be.phase("down", **bargs):
+                be.mmq_batch_down(layer=layer, batch=batch, act=down_in, n_rows=n_rows, y=y)
 
         # 6. combine (the shared expert here when it was not queued early)
         if not self.overlap_plan:

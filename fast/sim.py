@@ -312,6 +312,37 @@ class SimBackend(BackendBase):
         self._mmq_group(d_t, self._d_buf, d_bytes, cfg.n_embd, cfg.n_ff_exp, len(group.experts), act, bounds,
                         ((0, y),))
 
+    def _mmq_batch(self, layer, qtype, n_out, k_in, batch, act: Q8Buf, outs):
+        """One launch (as mmq.cu's tile-list form): each expert's matrix at `offset` in its blob,
+        read where it lies (the pack's bytes stand for the expert cache), times its rows."""
+        rb = quants.row_bytes(qtype, k_in)
+        layout = q8_1.layout_for(qtype)
+        experts, bounds = list(batch.experts), np.array(batch.bounds)
+
+        def run():
+            for offset, out in outs:
+                for e, (b0, b1) in zip(experts, bounds):
+                    if b1 > b0:
+                        blob = self.pack.expert_blob(layer, e)
+                        w = blob[offset:offset + n_out * rb].reshape(n_out, rb)
+                        out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, int(b0), int(b1), layout))
+
+        self._launch("mmq", run)
+
+    def mmq_batch_gate_up(self, *, layer, batch, act, n_rows, gate, up, one_launch=True):
+        gu_t, _ = self.expert_types(layer)
+        gu_bytes, _ = self._blob_bytes[layer]
+        cfg = self.config
+        pairs = ((0, gate), (gu_bytes, up))
+        for outs in ((pairs,) if one_launch else ((p,) for p in pairs)):
+            self._mmq_batch(layer, gu_t, cfg.n_ff_exp, cfg.n_embd, batch, act, outs)
+
+    def mmq_batch_down(self, *, layer, batch, act, n_rows, y):
+        _, d_t = self.expert_types(layer)
+        gu_bytes, _ = self._blob_bytes[layer]
+        cfg = self.config
+        self._mmq_batch(layer, d_t, cfg.n_embd, cfg.n_ff_exp, batch, act, ((2 * gu_bytes, y),))
+
     def swiglu_rows(self, gate, up, r0, r1):
         return self._step("swiglu", self.alloc_f32((r1 - r0, gate.shape[1])),
                           lambda: swiglu(gate[r0:r1], up[r0:r1]))

@@ -24,6 +24,10 @@ A group is flushed when it is complete, and earlier when
   - the group holds as many streamed members as the ring has slots (the 8-slot staging ring,
     or any ring smaller than a group): the next copy needs one of them released.
 Then the group's products run: gate/up over its rows, SwiGLU, the quantize of H, down.
+
+With in_place (the default) only streamed experts make groups: the layer's routed resident
+experts are one Batch, multiplied where they lie in the expert cache (fast/engine.py runs its
+gate/up before the walk and its SwiGLU and down after it), so the walk never meets them.
 """
 from __future__ import annotations
 
@@ -61,6 +65,30 @@ def plan_groups(order: np.ndarray, cnt: np.ndarray, off: np.ndarray, group: int 
         b = bounds[g0:g0 + group]
         out.append(Group(tuple(experts[g0:g0 + group]), b, int(b[0, 0]), int(b[-1, 1])))
     return out
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A layer's routed resident experts, multiplied where they lie in the expert cache (the
+    in_place switch): one launch for all of their gate/up products and one for their down
+    products, no gather, no wait, no event. Their rows need not be contiguous."""
+
+    experts: tuple[int, ...]
+    bounds: np.ndarray  # int32 [n, 2]: (row_begin, row_end) of each expert
+
+    @property
+    def n_rows(self) -> int:
+        return int((self.bounds[:, 1] - self.bounds[:, 0]).sum()) if len(self.experts) else 0
+
+
+def split_resident(order: np.ndarray, cnt: np.ndarray, off: np.ndarray, resident: np.ndarray):
+    """(the Batch of the routed resident experts, the routed streamed ones in id order)."""
+    order = np.asarray(order, dtype=np.int64)
+    mine = np.asarray(resident, dtype=bool)[order]
+    res = order[mine]
+    begin = np.asarray(off)[res].astype(np.int32)
+    bounds = np.stack([begin, begin + np.asarray(cnt)[res].astype(np.int32)], axis=1).reshape(-1, 2)
+    return Batch(tuple(res.tolist()), bounds), order[~mine]
 
 
 @dataclass(frozen=True)

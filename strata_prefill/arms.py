@@ -35,6 +35,7 @@ SWITCHES = {
     "fuse_group": ("STRATA_PREFILL_FUSE_GROUP", zero_one),
     "lean_attention": ("STRATA_PREFILL_LEAN_ATTENTION", zero_one),
     "tiled_dense": ("STRATA_PREFILL_TILED_DENSE", zero_one),
+    "in_place": ("STRATA_PREFILL_IN_PLACE", zero_one),
 }
 
 DEFAULT = "default"
@@ -94,7 +95,7 @@ def engine_settings(engine) -> dict:
     return {"group_gather": int(engine.group_gather), "quant_gather": int(engine.quant_gather),
             "copy_coalesce": int(engine.copy_coalesce), "overlap_plan": int(engine.overlap_plan),
             "fuse_group": int(engine.fuse_group), "lean_attention": int(engine.lean_attention),
-            "tiled_dense": int(engine.tiled_dense),
+            "tiled_dense": int(engine.tiled_dense), "in_place": int(engine.in_place),
             "stream_min": engine.stream_min,
             "ring": engine.ring.n_slots, "resident_experts": int(p.n_resident),
             "experts": int(p.resident.size)}

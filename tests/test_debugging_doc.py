@@ -1,11 +1,9 @@
 """docs/debugging.md's transcript is what the report prints for the bug the doc plants: the
-first group's last bound one row short, in the sim. Regenerated here, compared line by line."""
+16th routed expert's bound one row short, in the sim. Regenerated here, compared line by line."""
 import re
 from pathlib import Path
 
-import numpy as np
-
-from fast.sim import SimBackend
+from fast import engine, walk
 from strata_prefill.cli import main
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "debugging.md"
@@ -25,19 +23,20 @@ def test_the_doc_transcript_is_what_the_report_prints(make_test_pack, tmp_path, 
     common = ["--pack", str(pack.path), "--prompt-tokens", "48", "--prefill", "32", "--greedy", "1",
               "--dump-level", "ops", "--no-progress"]
     assert main(["run", "--impl", "reference", "--dump-dir", "A", *common]) == 0
-    orig = SimBackend.group_bounds
+    orig = walk.split_resident
 
-    def group_bounds(bounds_list):
-        out = [np.asarray(b).copy() for b in bounds_list]
-        out[0][-1, 1] -= 1  # the first group's last expert loses its last row
-        return orig(out)
+    def split_resident(*args):
+        batch, streamed = orig(*args)
+        bounds = batch.bounds.copy()
+        bounds[15, 1] -= 1  # the 16th routed expert loses its last row
+        return walk.Batch(batch.experts, bounds), streamed
 
-    monkeypatch.setattr(SimBackend, "group_bounds", staticmethod(group_bounds))
+    monkeypatch.setattr(engine, "split_resident", split_resident)
     assert main(["run", "--impl", "fast", "--backend", "sim", "--dump-dir", "B", *common]) == 0
     capsys.readouterr()
     assert main(["diff", "A", "B"]) == 1
     assert capsys.readouterr().out == doc_transcript()
-    monkeypatch.setattr(SimBackend, "group_bounds", staticmethod(orig))
+    monkeypatch.setattr(engine, "split_resident", orig)
     assert main(["run", "--impl", "fast", "--backend", "sim", "--dump-dir", "C", *common]) == 0
     capsys.readouterr()
     assert main(["diff", "A", "C"]) == 0  # step 4: the fix

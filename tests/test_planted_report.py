@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fast import make_fast_engine
+from fast import make_fast_engine, walk
 from fast.sim import SimBackend
 from reference import ReferenceEngine
 from strata.dumps import iter_records
@@ -28,14 +28,38 @@ def runs(make_test_pack, tmp_path, monkeypatch):
     ids = np.random.default_rng(9).integers(0, pack.config.n_vocab, 48)
     clean = run(pack, ids, tmp_path / "clean")
 
-    def planted(attr, wrapper):
-        monkeypatch.setattr(SimBackend, attr, wrapper(getattr(SimBackend, attr)))
+    def planted(attr, wrapper, owner=SimBackend):
+        monkeypatch.setattr(owner, attr, wrapper(getattr(owner, attr)))
         try:
             return run(pack, ids, tmp_path / attr)
         finally:
             monkeypatch.undo()
 
     return clean, planted
+
+
+def test_wrong_resident_bound_is_named_at_the_gate_product(runs):
+    """The in-place batch's bound of one resident expert one row short (fast.walk.split_resident)."""
+    from fast import engine
+
+    clean, planted = runs
+
+    def off_by_one(orig):
+        def split_resident(*args):
+            batch, streamed = orig(*args)
+            bounds = batch.bounds.copy()
+            bounds[20, 1] -= 1  # the 21st routed expert loses its last row
+            return walk.Batch(batch.experts, bounds), streamed
+        return split_resident
+
+    miss = compare_timelines(clean, planted("split_resident", off_by_one, owner=engine))
+    text = str(miss)
+    assert miss.record == "L00.gate", text
+    ids = clean[0].records["L00.topk_ids"]
+    e = int(np.unique(ids)[20])
+    assert f"expert {e}," in text
+    assert f"shape: one expert ({e}, group 1): 1 of its" in text
+    assert "resident experts in place" in miss.kernel
 
 
 def test_attention_error_is_named_at_attention_of_layer_0(runs):
@@ -57,8 +81,11 @@ def test_attention_error_is_named_at_attention_of_layer_0(runs):
     assert "attention" in miss.kernel
 
 
-def test_wrong_group_bound_is_named_at_the_gate_product_with_expert_and_group(runs):
+def test_wrong_group_bound_is_named_at_the_gate_product_with_expert_and_group(runs, monkeypatch):
+    """A gathered group's bound (every expert gathered: in_place 0; the clean run multiplies
+    them in place, the same bytes)."""
     clean, planted = runs
+    monkeypatch.setenv("STRATA_PREFILL_IN_PLACE", "0")
 
     def off_by_one(orig):
         def group_bounds(bounds_list):

@@ -365,6 +365,71 @@ def test_mmq_pair_is_two_launches_in_one(cu, dev, tname):
         assert np.array_equal(up.view(np.uint32), want_up.astype("<f4").view(np.uint32)), f"{tname} up vs strata.mmq"
 
 
+def _tile_list_case(cu, dev, qt, N, K, rows, seed):
+    """mmq.cu's tile-list form (products.mmq_tiles): experts lying at scattered even offsets in
+    one buffer (as in the expert cache: blobs of [gate | up | down]), their rows scattered and
+    in shuffled order, more experts than a group holds; gate and up in one launch. Every
+    written row against strata.mmq.mmq, every other byte still poison."""
+    from fast.cuda import products
+
+    rng = np.random.default_rng(seed)
+    vpb, _ = quants.block_size(qt)
+    rb = quants.row_bytes(qt, K)
+    mat = N * rb
+    n_exp = len(rows)
+    slots = rng.permutation(n_exp)  # expert i's blob at slot slots[i], not in id order
+    blob = 2 * mat + 2 * int(rng.integers(0, 9))  # an even blob size, rarely 16-aligned
+    cache = np.zeros(n_exp * blob + 16, np.uint8)  # 16 readable bytes after the last blob
+    for i in range(n_exp):
+        cache[slots[i] * blob: slots[i] * blob + 2 * mat] = quants.random_blocks(qt, 2 * N * K // vpb, rng).reshape(-1)
+    starts, r, order = {}, 1, rng.permutation(n_exp)  # row ranges in another order, with gaps
+    for i in order:
+        starts[i] = r
+        r += rows[i] + int(rng.integers(0, 3))
+    R_total = r
+    bounds = np.array([(starts[i], starts[i] + rows[i]) for i in range(n_exp)], np.int32)
+    layout = q8_1.layout_for(qt)
+    x = rng.standard_normal((R_total, K)).astype(np.float32) * np.exp(rng.uniform(-3, 3, (R_total, 1))).astype(np.float32)
+    act_rows = q8_1.quantize_rows(x, layout)
+    dec = q8_1.decode_rows(act_rows, R_total, layout)
+    want = [np.full(R_total * N * 4, POISON, np.uint8) for _ in range(2)]
+    for m in range(2):
+        wf = want[m].view("<f4").reshape(R_total, N)
+        for i, (b, e) in enumerate(bounds):
+            if e > b:
+                w = cache[slots[i] * blob + m * mat: slots[i] * blob + (m + 1) * mat].reshape(N, rb)
+                wf[b:e] = mmq.mmq(qt, w, _slice_rows(dec, int(b), int(e)))
+    cd, ad = _dev(cu, cache), _dev(cu, q8_1.pack_rows(act_rows))
+    mean = float(np.mean(rows))
+    for cfg in _configs():
+        c = products.tile_config(mean) if cfg is None else cfg
+        tiles = products.row_tiles(bounds, slots.astype(np.int64) * blob, products.tile_rows_for(c))
+        td = _dev(cu, tiles)
+        g, u = _poisoned(cu, R_total * N * 4), _poisoned(cu, R_total * N * 4)
+        before = dev.counters["launches"]
+        products.mmq_tiles(dev, qt, cd, N, K, ad, R_total, td, len(tiles), g, tile_rows_mean=mean, config=cfg,
+                           pair=(mat, u))
+        assert dev.counters["launches"] - before == 1
+        for what, got, w in (("gate", g, want[0]), ("up", u, want[1])):
+            gb = _get(cu, got, R_total * N * 4)
+            assert np.array_equal(gb, w), f"{qt.name} tile list {what} N={N} K={K} config={cfg}: " + _f32_report(gb, w, N)
+
+
+@pytest.mark.parametrize("tname", TYPES)
+def test_mmq_tile_list_in_place(cu, dev, tname):
+    qt = QT[tname]
+    rng = np.random.default_rng(11)
+    few = [int(v) for v in rng.integers(0, 30, 40)]  # 40 experts, ~15 rows each (the small-rows config)
+    many = [0, 1, 200, 129, 64, 7, 300, 0, 90]  # the large-rows config, several row tiles an expert
+    _tile_list_case(cu, dev, qt, 320, 512, few, seed=12)
+    _tile_list_case(cu, dev, qt, 200, 256, many, seed=13)
+
+
+def test_mmq_tile_list_strata_gate_up(cu, dev):
+    rng = np.random.default_rng(14)
+    _tile_list_case(cu, dev, QT.IQ2_XS, 640, 2560, [int(v) for v in rng.integers(0, 40, 24)], seed=15)
+
+
 def _gate_up(rng, R, n):
     """Random float32 gate and up rows: magnitudes from 1e-3 to 1e4, gate values below -88
     (silu -0.0) and above 88, an all-zero 32-block in a gate row and in an up row, exact zeros."""

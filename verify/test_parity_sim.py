@@ -14,9 +14,9 @@ from reference import ReferenceEngine
 from strata import q8_1
 from verify.common import assert_same_run, run_engine
 
-# (group_gather, quant_gather, overlap_plan, fuse_group): the defaults first, then every pair of
-# switches takes all four value pairs
-SWITCHES = [(1, 0, 1, 1), (0, 0, 0, 0), (0, 1, 0, 1), (0, 1, 1, 0), (1, 1, 0, 0)]
+# (group_gather, quant_gather, overlap_plan, fuse_group, in_place): the defaults first, then every
+# pair of switches takes all four value pairs
+SWITCHES = [(1, 0, 1, 1, 1), (0, 0, 0, 0, 0), (0, 1, 0, 1, 0), (0, 1, 1, 0, 0), (1, 1, 0, 0, 0), (0, 1, 0, 0, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +44,13 @@ def test_reference_vs_sim_every_type_and_switch(make_test_pack, reference_runs, 
     pack = make_test_pack("tiny", expert_type)
     ids = prompt(pack, n_tokens, seed=n_tokens)
     ref = reference_runs(pack, ids, 64)
-    for gg, qg, op, fg in SWITCHES:
-        eng = make_fast_engine(pack, "sim", group_gather=gg, quant_gather=qg, overlap_plan=op, fuse_group=fg)
-        got = run_engine(eng, ids, 64, tmp_path / f"g{gg}q{qg}o{op}f{fg}")
+    for gg, qg, op, fg, ip in SWITCHES:
+        eng = make_fast_engine(pack, "sim", group_gather=gg, quant_gather=qg, overlap_plan=op, fuse_group=fg,
+                               in_place=ip)
+        got = run_engine(eng, ids, 64, tmp_path / f"g{gg}q{qg}o{op}f{fg}i{ip}")
         assert_same_run(ref, got, pack,
                         f"tiny {expert_type} T={n_tokens} group_gather={gg} quant_gather={qg} overlap_plan={op} "
-                        f"fuse_group={fg}")
+                        f"fuse_group={fg} in_place={ip}")
 
 
 @pytest.mark.parametrize("router_type", ["F32", "BF16", "Q8_0"])
@@ -98,13 +99,14 @@ def test_chunk_size_does_not_change_a_bit_on_the_fast_path(make_test_pack, tmp_p
 
 
 def test_launch_counts_follow_the_switches(make_test_pack, tmp_path):
-    """All resident: one gather launch per group of 16 routed experts, or one per routed expert;
-    nothing to wait for. Scatter quantize: one quantize launch for the MoE input per layer."""
+    """All resident, every expert gathered (in_place 0): one gather launch per group of 16 routed
+    experts, or one per routed expert; nothing to wait for. Scatter quantize: one quantize launch
+    for the MoE input per layer."""
     pack = make_test_pack("small", "Q8_0")  # 64 experts, top-8: 4 groups a layer when all are routed
     ids = prompt(pack, 200, seed=7)
     counts = {}
     for gg in (1, 0):
-        eng = make_fast_engine(pack, "sim", group_gather=gg)
+        eng = make_fast_engine(pack, "sim", group_gather=gg, in_place=0)
         run_engine(eng, ids, "auto", tmp_path / f"g{gg}", greedy=0)
         counts[gg] = dict(eng.counters)
     n_layer = pack.config.n_layer
@@ -136,11 +138,12 @@ def launches_by_phase(eng) -> collections.Counter:
 @pytest.mark.parametrize("level", ["layer", "ops"])
 @pytest.mark.parametrize("fuse", [1, 0])
 def test_a_group_makes_four_launches(make_test_pack, tmp_path, level, fuse):
-    """All resident, group mode: a group is one gather, one gate/up launch (both matrices), one
-    SwiGLU + quantize of H and one down. Op records need H itself: SwiGLU and the quantize of H
-    are then two launches (five a group). fuse_group=0: six a group, at either level."""
+    """All resident, every expert gathered (in_place 0), group mode: a group is one gather, one
+    gate/up launch (both matrices), one SwiGLU + quantize of H and one down. Op records need H
+    itself: SwiGLU and the quantize of H are then two launches (five a group). fuse_group=0: six
+    a group, at either level."""
     pack = make_test_pack("small", "Q8_0")
-    eng = make_fast_engine(pack, "sim", fuse_group=fuse)
+    eng = make_fast_engine(pack, "sim", fuse_group=fuse, in_place=0)
     by_phase = launches_by_phase(eng)
     run_engine(eng, prompt(pack, 200, seed=7), "auto", tmp_path, greedy=0, dump_level=level)
     groups = by_phase[("gate/up", "entries")]
@@ -152,6 +155,26 @@ def test_a_group_makes_four_launches(make_test_pack, tmp_path, level, fuse):
     assert by_phase["swiglu+quantize H"] == (1 if fused else 2) * groups
     walk = sum(by_phase[p] for p in ("gather", "gate/up", "swiglu+quantize H", "down"))
     assert walk == (6 if not fuse else 4 if level == "layer" else 5) * groups
+
+
+@pytest.mark.parametrize("level", ["layer", "ops"])
+@pytest.mark.parametrize("fuse", [1, 0])
+def test_in_place_a_layer_makes_three_launches(make_test_pack, tmp_path, level, fuse):
+    """All resident, in place (the default): a layer's routed experts are one gate/up launch (two
+    with fuse_group=0), one SwiGLU + quantize of H (two with op records or fuse_group=0) and one
+    down, whatever the number of experts; no gather, wait or event."""
+    pack = make_test_pack("small", "Q8_0")
+    eng = make_fast_engine(pack, "sim", fuse_group=fuse)
+    by_phase = launches_by_phase(eng)
+    run_engine(eng, prompt(pack, 200, seed=7), "auto", tmp_path, greedy=0, dump_level=level)
+    layers = by_phase[("gate/up", "entries")]
+    assert layers == by_phase[("down", "entries")] == by_phase[("swiglu+quantize H", "entries")]
+    assert layers >= pack.config.n_layer  # one batch a layer of each chunk (and greedy steps)
+    assert by_phase["gather"] == 0 and eng.counters["gathers"] == 0
+    assert eng.counters["waits"] == 0 and eng.counters["events"] == 0
+    fused = fuse and level == "layer"
+    assert by_phase["gate/up"] == (1 if fuse else 2) * layers and by_phase["down"] == layers
+    assert by_phase["swiglu+quantize H"] == (1 if fused else 2) * layers
 
 
 @pytest.mark.parametrize("expert_type", ["Q8_0", "Q4_1", "Q2_K"])

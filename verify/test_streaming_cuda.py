@@ -25,6 +25,12 @@ ARMS = list(itertools.product([1, 0], [0, 1], [0, 1]))  # group gather, quant ga
 RINGS = [8, 16, 96, 128, 384]
 
 
+def in_place_of(arm: int) -> int:
+    """Arm i's in_place switch: 1 1 1 0 0 0 1 1, so that both values meet caches of none, a
+    third and all (the cache cycles with i % 3)."""
+    return 1 - (arm // 3) % 2
+
+
 def prompt(pack, n, seed):
     return np.random.default_rng(seed).integers(0, pack.config.n_vocab, n).astype(np.int32)
 
@@ -51,11 +57,12 @@ def test_reference_vs_cuda_streaming(make_test_pack, tmp_path, preset, expert_ty
         for i, (gg, qg, co) in enumerate(ARMS):
             ring = RINGS[i % len(RINGS)]
             cache = (0, n_all // 3, n_all)[i % 3]
+            ip = in_place_of(i)
             eng = _engine(pack, group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=cache, ring=ring,
-                          stream_min=stream_min)
+                          stream_min=stream_min, in_place=ip)
             got = run_engine(eng, ids, chunk, tmp_path / f"cuda{n}-{i}")
             assert_same_run(ref, got, pack, f"{preset} {expert_type} T={n} ring {ring} cache {cache} "
-                                            f"group_gather={gg} quant_gather={qg} coalesce={co}")
+                                            f"group_gather={gg} quant_gather={qg} coalesce={co} in_place={ip}")
 
 
 LONG = [int(t) for t in os.environ.get("STRATA_VERIFY_LONG", "8192,32768").split(",") if t]
@@ -73,9 +80,11 @@ def test_long_prompts_streamed_arms_agree(tmp_path_factory, make_test_pack, n_to
     third = cfg.n_layer * cfg.n_expert // 3
     for i, (gg, qg, co) in enumerate(ARMS):
         ring = (None, 96, 8)[i % 3]
-        eng = _engine(pack, group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=third, ring=ring)
+        ip = in_place_of(i)
+        eng = _engine(pack, group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=third, ring=ring,
+                      in_place=ip)
         got = run_engine(eng, ids, "auto", tmp_path_factory.mktemp(f"s{i}"), greedy=1, layer_dumps=False)
         assert eng.counters["copies"] > 0 and eng.counters["waits"] > 0
         assert_same_run(base, got, pack, f"strata T={n_tokens} cache {third} ring {ring} group_gather={gg} "
-                                         f"quant_gather={qg} coalesce={co}")
+                                         f"quant_gather={qg} coalesce={co} in_place={ip}")
         del eng

@@ -355,6 +355,40 @@ class CudaBackend(BackendBase):
         products.mmq_group(self.dev, d_t, self._d_buf, d_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows,
                            bounds, len(group.experts), y, rows=group.n_rows)
 
+    def _batch_tiles(self, layer: int, batch):
+        """The batch's row tiles (products.row_tiles, offsets into the layer's expert cache) on
+        the device, and the configuration they were cut for; uploaded once, for gate/up and
+        down alike (the same rows, so the same configuration)."""
+        keep = getattr(self, "_tiles_keep", None)
+        if keep is not None and keep[0] is batch:
+            return keep[1:]
+        rows_mean = batch.n_rows / len(batch.experts)
+        cfg = products.tile_config(rows_mean)
+        base, woff = self.tiers.cache_offsets(layer, batch.experts)
+        host = products.row_tiles(batch.bounds, woff, products.tile_rows_for(cfg))
+        dev = self.dev.upload(host)
+        self._tiles_keep = (batch, base, dev, len(host), cfg, rows_mean)  # alive for the batch's launches
+        return self._tiles_keep[1:]
+
+    def mmq_batch_gate_up(self, *, layer, batch, act: Q8Dev, n_rows, gate, up, one_launch=True):
+        gu_t, _ = self.expert_types(layer)
+        gu_bytes, _ = self._blob_bytes[layer]
+        cfg = self.config
+        base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
+        # in the cache each blob is [gate | up | down]: gate at the blob, up gu_bytes after it
+        launches = [(base, gate, (gu_bytes, up))] if one_launch else [(base, gate, None), (base + gu_bytes, up, None)]
+        for w, out, pair in launches:
+            products.mmq_tiles(self.dev, gu_t, w, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows, tiles, n_tiles, out,
+                               tile_rows_mean=mean, config=mcfg, pair=pair)
+
+    def mmq_batch_down(self, *, layer, batch, act: Q8Dev, n_rows, y):
+        _, d_t = self.expert_types(layer)
+        gu_bytes, _ = self._blob_bytes[layer]
+        cfg = self.config
+        base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
+        products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows, tiles,
+                           n_tiles, y, tile_rows_mean=mean, config=mcfg)
+
     # ---- streaming -------------------------------------------------------------------
     def copy_experts(self, *, ring, slots, experts, tags, wait_for):
         note = {"chunk": self.phases.chunk, "ring": ring, "slots": list(slots),

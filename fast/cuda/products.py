@@ -12,7 +12,7 @@ Kernels and their NumPy definitions:
 - :func:`quantize_scatter` -> strata.q8_1.scatter_quantize  (kernels/quantize_q8_1.cu)
 - :func:`swiglu_quantize`  -> strata.moe.swiglu, then strata.q8_1.quantize_rows
   (kernels/swiglu_q8_1.cu)
-- :func:`mmq_group`, :func:`mmq_dense` -> strata.mmq.mmq_prepared (kernels/mmq.cu)
+- :func:`mmq_group`, :func:`mmq_dense`, :func:`mmq_tiles` -> strata.mmq.mmq_prepared (kernels/mmq.cu)
 - :func:`gather_native_group`, :func:`gather_native_one` -> strata.moe.group_buffers
   (kernels/gather_group.cu)
 """
@@ -37,6 +37,10 @@ __all__ = [
     "swiglu_quantize",
     "mmq_group",
     "mmq_dense",
+    "mmq_tiles",
+    "row_tiles",
+    "tile_config",
+    "tile_rows_for",
     "mmq_geometry",
     "default_config",
     "auto_config",
@@ -227,7 +231,7 @@ def _mmq_func(st, qt: QT):
         cuda.memcpy_dtoh(sm, gptr)
         smem = int(sm[0])
         f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
-        f.prepare("PqiiPiPiPqPiqP")
+        f.prepare("PqiiPiPiPqPiqPPi")
         f.smem = smem
         st["funcs"][qt] = f
     return f
@@ -300,7 +304,75 @@ def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, b
     dev.launch(f, "mmq", grid, (st["threads"], 1, 1),
                ptr(w), int(w_stride), N, K, ptr(act), R_total, ptr(bounds), n_exp,
                ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]), tile_rows,
-               w_pair, ptr(out2), shared_size=f.smem)
+               w_pair, ptr(out2), 0, 0, shared_size=f.smem)
+
+
+def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
+    """The tile list of a tile-list launch (mmq.cu): int32 [n, 4] rows (row_begin, row_end,
+    low and high 32 bits of the expert's byte offset), one per row tile. Expert i's rows
+    bounds[i] = (begin, end) are cut as the kernel's bounds path cuts them: ceil(rows /
+    tile_rows) tiles of the same multiple of 8 rows, the last one shorter; experts with no rows
+    give none. woff: int64 byte offsets of each expert's matrix (even)."""
+    b = np.asarray(bounds, np.int64).reshape(-1, 2)
+    woff = np.asarray(woff, np.int64).reshape(-1)
+    if len(woff) != len(b):
+        raise InputError(f"row_tiles: {len(b)} bounds but {len(woff)} offsets")
+    if np.any(woff < 0) or np.any(woff % 2):
+        raise InputError("row_tiles: weight offsets must be even and non-negative")
+    rows = np.maximum(b[:, 1] - b[:, 0], 0)
+    nrt = -(-rows // int(tile_rows))
+    rpt = np.where(nrt > 0, ((-(-rows // np.maximum(nrt, 1))) + 7) // 8 * 8, 0)
+    which = np.repeat(np.arange(len(b)), nrt)
+    first = np.cumsum(nrt) - nrt
+    k = np.arange(len(which)) - first[which]  # the tile's index within its expert
+    begin = b[which, 0] + k * rpt[which]
+    end = np.minimum(begin + rpt[which], b[which, 1])
+    off = woff[which]
+    out = np.stack([begin, end, off & 0xFFFFFFFF, off >> 32], axis=1)
+    return out.astype(np.uint32).view(np.int32) if len(out) else np.zeros((0, 4), np.int32)
+
+
+def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: int, out, *,
+              ldo: int | None = None, tile_rows_mean: float, config: dict | None = None, pair=None) -> None:
+    """Tile-list product: for each row tile (row_begin, row_end, offset) of ``tiles`` (int32
+    device [n_tiles, 4], :func:`row_tiles`), out[r, n] (r in the tile's rows, n < N) =
+    strata.mmq.mmq(the N x K matrix at w + offset, activation row r)[n]. Any number of experts,
+    each read where it lies (the expert cache, in place): the same bytes as :func:`mmq_group`
+    over buffers holding copies of the same matrices. The kernel may read up to 15 bytes past
+    a matrix's last row: keep that much allocated after each. tile_rows_mean: the mean rows per
+    expert, which picks the automatic configuration (config None and STRATA_MMQ_CONFIG unset);
+    pair: (w_pair, out2) as in :func:`mmq_group`."""
+    qt = _qtype(qtype)
+    N, K, R_total, n_tiles = int(N), int(K), int(R_total), int(n_tiles)
+    if K <= 0 or K % (256 if qt in _SUPER else 32):
+        raise InputError(f"K={K} is not a multiple of the {qt.name} block")
+    if ptr(w) % 2:
+        raise InputError("the weight base must be 2-byte aligned")
+    w_pair, out2 = (0, out) if pair is None else (int(pair[0]), pair[1])
+    if w_pair % 2:
+        raise InputError("the second matrix's offset must be 2-byte aligned")
+    if n_tiles <= 0 or N <= 0:
+        return
+    st = _mmq_mod(tile_config(tile_rows_mean) if config is None else config)
+    f = _mmq_func(st, qt)
+    tiles_n = n_tiles * -(-N // st["BM"])
+    grid = (min(tiles_n, 1 << 30), 1 if pair is None else 2, 1)
+    dev.launch(f, "mmq", grid, (st["threads"], 1, 1),
+               ptr(w), 0, N, K, ptr(act), R_total, 0, 0,
+               ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]), DEFAULT_TILE_ROWS,
+               w_pair, ptr(out2), ptr(tiles), n_tiles, shared_size=f.smem)
+
+
+def tile_config(rows_per_expert: float) -> dict:
+    """The configuration a tile-list launch uses (config None): STRATA_MMQ_CONFIG when set,
+    else the automatic one for its mean rows per expert."""
+    cfg = default_config()
+    return auto_config(rows_per_expert) if cfg is None else cfg
+
+
+def tile_rows_for(config: dict) -> int:
+    """The row-tile cap for a configuration: DEFAULT_TILE_ROWS, at most its BN."""
+    return min(DEFAULT_TILE_ROWS, int(config.get("MMQ_BN", 128)))
 
 
 _dense_bounds: dict = {}

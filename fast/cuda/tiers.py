@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from strata.constants import GROUP_TAIL_BYTES
 from strata.errors import DeviceError
 
 from fast.cuda import runtime
@@ -34,11 +35,13 @@ class ExpertTiers:
         self.slot_bytes = max(self.blob_bytes)
         self.copy_stream = cuda.Stream(flags=NON_BLOCKING)
 
-        # the expert cache: one allocation per layer, residents in id order
+        # the expert cache: one allocation per layer, residents in id order, and GROUP_TAIL_BYTES
+        # after the last blob: the MMQ kernel reads the cache in place (in_place) and may touch
+        # up to 15 bytes past a matrix's end
         self._cache = []
         for l in range(cfg.n_layer):
             ids = np.nonzero(placement.resident[l])[0]
-            nbytes = max(1, len(ids)) * self.blob_bytes[l]
+            nbytes = max(1, len(ids)) * self.blob_bytes[l] + GROUP_TAIL_BYTES
             dev = runtime.alloc(nbytes, f"the expert cache of layer {l} ({len(ids)} experts, {nbytes >> 20} MiB)")
             for i, e in enumerate(ids):
                 cuda.memcpy_htod(int(dev) + i * self.blob_bytes[l], np.ascontiguousarray(pack.expert_blob(l, int(e))))
@@ -94,6 +97,11 @@ class ExpertTiers:
     def cache_addr(self, layer: int, expert: int) -> int:
         dev, rank = self._cache[layer]
         return int(dev) + int(rank[expert]) * self.blob_bytes[layer]
+
+    def cache_offsets(self, layer: int, experts) -> tuple[int, np.ndarray]:
+        """(the layer's cache base address, int64 byte offsets of each resident expert's blob)."""
+        dev, rank = self._cache[layer]
+        return int(dev), rank[np.asarray(experts, np.int64)].astype(np.int64) * self.blob_bytes[layer]
 
     def slot_addr(self, ring: str, slot: int) -> int:
         dev, _ = self.rings[ring]

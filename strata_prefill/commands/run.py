@@ -109,6 +109,10 @@ def add_fast_switches(p) -> None:
     g.add_argument("--tiled-dense", type=int, choices=[0, 1], default=None,
                    help="1: float products of 8 or more tokens by the tiled kernel (default); 0: "
                         "one warp per row and 4 tokens, same bits (env STRATA_PREFILL_TILED_DENSE)")
+    g.add_argument("--in-place", type=int, choices=[0, 1], default=None,
+                   help="1: a layer's routed resident experts are multiplied where they lie in the "
+                        "expert cache, one launch for all (default); 0: every routed expert is "
+                        "gathered into the group buffers (env STRATA_PREFILL_IN_PLACE)")
 
 
 def fast_engine_kwargs(args) -> dict:

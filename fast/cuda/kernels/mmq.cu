@@ -20,6 +20,15 @@
 // out2 unused). Each output element's arithmetic is the same either way: one launch saves
 // the host a launch per group, not a bit of the result.
 //
+// A tile list instead of bounds (tiles != NULL; bounds and n_exp unused): any number of
+// experts in one launch, each read where it lies. Entry i of tiles (int4) is one row tile:
+// activation rows [x, y) of one expert whose matrix starts at W + (z | (long long)w << 32)
+// (a byte offset, even). CTA tile t multiplies entry t / ceil(N / MMQ_BM) with weight-row
+// tile t % ceil(N / MMQ_BM). The host cuts each expert's rows as the bounds path does
+// (fast/cuda/products.py row_tiles); how rows are cut changes which CTA computes an output
+// element, never its arithmetic. This serves the expert cache read in place: a layer's
+// resident experts in one launch, no gather (fast/engine.py, in_place).
+//
 // Tiling: a CTA computes MMQ_BM weight rows x (up to) MMQ_BN activation rows of one expert.
 // An expert's rows are cut into ceil(rows / tile_rows) tiles of equal size (a multiple of 8).
 // 16*MMQ_WM x MMQ_BN per CTA, MMQ_WM x MMQ_WN warps; warp (wm, wn) owns weight rows
@@ -420,12 +429,15 @@ __device__ __forceinline__ void mmq2_dispatch(int nt, float (&acc)[MMQ_NT8][4], 
     }
 }
 
-template <int QT>
+// LIST: the tile-list form (tiles != NULL), compiled apart so that neither form carries the
+// other's registers.
+template <int QT, bool LIST>
 __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long long w_stride, int N, int K,
                                           const uint8_t* __restrict__ A, int R_total,
                                           const int* __restrict__ bounds, int n_exp,
                                           float* __restrict__ out, long long ldo,
-                                          const uint8_t* __restrict__ tabg, int tile_rows) {
+                                          const uint8_t* __restrict__ tabg, int tile_rows,
+                                          const int4* __restrict__ tiles, int n_tiles) {
     using G = Geo<QT>;
     constexpr int NBLK = G::NBLK, CB = G::CB, PMAX = G::PMAX, RAWB = G::RAWB, ASTR = G::ASTR, WSTR = G::WSTR;
     constexpr int STAGES = MMQ_STAGES;
@@ -481,19 +493,32 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         s_pre[MMQ_MAX_EXP] = acc;
     }
     __syncthreads();
-    const int total = s_pre[MMQ_MAX_EXP];
+    const int total = LIST ? n_tiles * NTm : s_pre[MMQ_MAX_EXP];
 
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-        int q = 0;
-        while (q + 1 < MMQ_MAX_EXP && s_pre[q + 1] <= tile) ++q;
-        const int local = tile - s_pre[q];
-        const int rt = local / NTm, nt = local - rt * NTm;
-        const int rbase = s_beg[q] + rt * s_rpt[q];
-        const int rend = min(rbase + s_rpt[q], s_end[q]);
+        int rbase, rend, nt;
+        long long woff;
+        if constexpr (LIST) {
+            const int ti = tile / NTm;
+            nt = tile - ti * NTm;
+            const int4 e = tiles[ti];
+            rbase = e.x;
+            rend = e.y;
+            woff = (long long)(((unsigned long long)(unsigned)e.w << 32) | (unsigned)e.z);
+        } else {
+            int q = 0;
+            while (q + 1 < MMQ_MAX_EXP && s_pre[q + 1] <= tile) ++q;
+            const int local = tile - s_pre[q];
+            const int rt = local / NTm;
+            nt = local - rt * NTm;
+            rbase = s_beg[q] + rt * s_rpt[q];
+            rend = min(rbase + s_rpt[q], s_end[q]);
+            woff = (long long)q * w_stride;
+        }
         const int nvalid = rend - rbase;
         const int n0 = nt * BM;
         const int nrow_ok = min(BM, N - n0);  // weight rows of this tile
-        const uint8_t* wtile = W + (long long)q * w_stride + (long long)n0 * row_bytes;
+        const uint8_t* wtile = W + woff + (long long)n0 * row_bytes;
         const uint8_t* atile = A + (long long)rbase * 144;
         const long long achunk = (long long)R_total * 144;
 
@@ -641,10 +666,14 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         NAME(const uint8_t* __restrict__ W, long long w_stride, int N, int K,                          \
              const uint8_t* __restrict__ A, int R_total, const int* __restrict__ bounds, int n_exp,     \
              float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows,   \
-             long long w_pair, float* out2) {                                                          \
+             long long w_pair, float* out2, const int4* __restrict__ tiles, int n_tiles) {             \
         const bool second = blockIdx.y != 0;                                                             \
-        mmq_body<QT>(second ? W + w_pair : W, w_stride, N, K, A, R_total, bounds, n_exp,               \
-                     second ? out2 : out, ldo, tab, tile_rows);                                         \
+        if (tiles != nullptr)                                                                            \
+            mmq_body<QT, true>(second ? W + w_pair : W, w_stride, N, K, A, R_total, bounds, 0,          \
+                               second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);               \
+        else                                                                                             \
+            mmq_body<QT, false>(second ? W + w_pair : W, w_stride, N, K, A, R_total, bounds, n_exp,     \
+                                second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);              \
     }                                                                                                    \
     extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
 

@@ -1,0 +1,66 @@
+"""The in-place walk's host plans, checked without a GPU: which routed experts form the
+resident batch (fast.walk.split_resident), and the tile list mmq.cu's tile-list form reads
+(fast.cuda.products.row_tiles), against a plain loop written from the kernel's bounds path."""
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from fast.cuda.products import row_tiles
+from fast.walk import split_resident
+from strata.routing import routing_tables
+
+
+def kernel_bounds_tiles(b0: int, b1: int, tile_rows: int) -> list[tuple[int, int]]:
+    """mmq.cu's bounds path for one expert, written out: nrt tiles of rpt rows."""
+    rows = max(b1 - b0, 0)
+    nrt = (rows + tile_rows - 1) // tile_rows
+    rpt = (((rows + nrt - 1) // nrt + 7) & ~7) if nrt else 0
+    return [(b0 + rt * rpt, min(b0 + rt * rpt + rpt, b0 + rows)) for rt in range(nrt)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 400), min_size=1, max_size=40), st.sampled_from([8, 16, 64, 128]),
+       st.integers(0, 2**16), st.booleans())
+def test_row_tiles_cut_rows_as_the_kernel_does(counts, tile_rows, seed, big_offsets):
+    rng = np.random.default_rng(seed)
+    begins = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    bounds = np.stack([begins, begins + np.array(counts)], axis=1)
+    perm = rng.permutation(len(counts))  # a batch's experts need not be in row order
+    bounds = bounds[perm]
+    scale = 2**33 if big_offsets else 2**20  # offsets past 4 GiB need the high word
+    woff = rng.integers(0, scale, len(counts)) * 2
+    got = row_tiles(bounds, woff, tile_rows)
+    assert got.dtype == np.int32 and got.shape[1] == 4
+    want = [(b, e, int(o)) for (b0, b1), o in zip(bounds, woff) for b, e in kernel_bounds_tiles(int(b0), int(b1), tile_rows)]
+    off = got[:, 2].view(np.uint32).astype(np.int64) | (got[:, 3].astype(np.int64) << 32)
+    assert list(zip(got[:, 0].tolist(), got[:, 1].tolist(), off.tolist())) == want
+    assert np.all(got[:, 1] - got[:, 0] >= 1) and np.all(got[:, 1] - got[:, 0] <= tile_rows)
+
+
+def test_row_tiles_refuse_odd_offsets_and_mismatched_lengths():
+    import pytest
+
+    from strata.errors import InputError
+
+    with pytest.raises(InputError, match="even"):
+        row_tiles([[0, 8]], [3], 64)
+    with pytest.raises(InputError, match="2 bounds but 1 offsets"):
+        row_tiles([[0, 8], [8, 9]], [0], 64)
+    assert row_tiles(np.zeros((0, 2)), [], 64).shape == (0, 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 40), st.integers(0, 2**31 - 1), st.floats(0, 1))
+def test_split_resident_takes_the_routed_resident_experts_in_id_order(n_expert, n_tok, seed, frac):
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, n_expert + 1))
+    ids = np.stack([rng.choice(n_expert, k, replace=False) for _ in range(n_tok)]).astype(np.int32)
+    tab = routing_tables(ids, n_expert)
+    order = np.nonzero(tab.cnt)[0]
+    resident = rng.random(n_expert) < frac
+    batch, streamed = split_resident(order, tab.cnt, tab.off, resident)
+    assert list(batch.experts) == [int(e) for e in order if resident[e]]
+    assert streamed.tolist() == [int(e) for e in order if not resident[e]]
+    assert batch.bounds.dtype == np.int32 and batch.bounds.shape == (len(batch.experts), 2)
+    for e, (b, end) in zip(batch.experts, batch.bounds):
+        assert (b, end) == (tab.off[e], tab.off[e] + tab.cnt[e])
+    assert batch.n_rows == int(tab.cnt[resident].sum())
