@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""A layer's routed-expert products, gathered in groups against read in place (the in_place
+switch), on the `strata` MoE shape, with the weight-read floor beside them.
+
+    python3 bench/bench_in_place_cuda.py [--tokens 256,1024,2048,8192] [--reps 7]
+        [--configs '{"MMQ_BN": 32, ...};...'] [--out DIR]
+
+512 experts of one layer lie in one device buffer as the expert cache holds them: blobs of
+[gate | up | down], IQ2_XS gate/up (640 x 2560) and Q8_0 down (2560 x 640), 2.69 MB each.
+Tokens pick 10 experts each, uniformly. Arms, interleaved (gpu_timing.interleaved), each call
+timed with CUDA events on the stream the launches go to and launched from Python as the walk
+launches them (so the host's launch cost is in the time):
+
+  gather     per group of 16 routed experts: one gather (gather_group.cu) into the group
+             buffers, one gate/up launch (both matrices), one down launch (32 groups a layer)
+  in place   one tile-list gate/up launch and one tile-list down launch for all experts
+             (mmq.cu's tile-list form, reading the cache), the automatic configuration
+  [i]        in place with the tile configuration --configs gives as [i]
+
+Every arm's gate, up and down outputs are compared byte for byte with the gather arm's. The
+floor is the routed experts' bytes over the device's read bandwidth, measured here as a
+device-to-device copy of 1 GB (bytes read + written over time). SwiGLU and the quantize of
+H are left out: the same launch in both arms (the down input is a fixed q8_1 buffer).
+Prints a table last; with --out, writes the numbers as JSON there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+
+from bench.gpu_timing import PycudaClock, interleaved  # noqa: E402
+from fast.cuda import products, runtime  # noqa: E402
+from strata import q8_1, quants  # noqa: E402
+from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
+
+N_EXPERT, TOP_K, N_EMBD, N_FF = 512, 10, 2560, 640
+GU, DOWN = QT.IQ2_XS, QT.Q8_0
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def copy_bandwidth(cuda, nbytes: int = 1 << 30) -> float:
+    """GB/s of bytes read plus written by a device-to-device copy (median of 5)."""
+    a, b = runtime.alloc(nbytes, "bandwidth src"), runtime.alloc(nbytes, "bandwidth dst")
+    cuda.memcpy_dtod(b, a, nbytes)
+    times = []
+    for _ in range(5):
+        e0, e1 = cuda.Event(), cuda.Event()
+        e0.record()
+        cuda.memcpy_dtod(b, a, nbytes)
+        e1.record()
+        e1.synchronize()
+        times.append(e1.time_since(e0) / 1e3)
+    a.free()
+    b.free()
+    return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", default="256,1024,2048,8192")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--configs", default="", help='extra tile configurations, JSON, ";"-separated')
+    ap.add_argument("--out", default=os.environ.get("OUT", ""))
+    args = ap.parse_args()
+
+    cuda = runtime._driver()
+    runtime.context()
+    dev = runtime.Device(stream=cuda.Stream())
+    clock = PycudaClock(dev.stream)
+    log(f"device: {runtime.device_name()} ({runtime.arch()}, {runtime.multiprocessor_count()} SMs)")
+    bw = copy_bandwidth(cuda)
+    log(f"device copy: {bw:.0f} GB/s read + written")
+
+    rng = np.random.default_rng(2026)
+    gu_b = N_FF * quants.row_bytes(GU, N_EMBD)
+    d_b = N_EMBD * quants.row_bytes(DOWN, N_FF)
+    blob = 2 * gu_b + d_b
+    host = np.empty(N_EXPERT * blob + GROUP_TAIL_BYTES, np.uint8)
+    for e in range(N_EXPERT):
+        host[e * blob:e * blob + 2 * gu_b] = quants.random_blocks(GU, 2 * N_FF * N_EMBD // 256, rng).reshape(-1)
+        host[e * blob + 2 * gu_b:(e + 1) * blob] = quants.random_blocks(DOWN, N_EMBD * N_FF // 32, rng).reshape(-1)
+    host[N_EXPERT * blob:] = 0
+    cache = runtime.to_device(host, "expert cache")
+    del host
+    gbuf_n, dbuf_n = products.group_buffer_bytes(MMQ_GROUP, gu_b, d_b, GROUP_TAIL_BYTES)
+    gu_buf, d_buf = runtime.alloc(gbuf_n, "group gate/up"), runtime.alloc(dbuf_n, "group down")
+    configs = [json.loads(c) for c in args.configs.split(";") if c.strip()]
+    log(f"expert cache: {N_EXPERT} blobs of {blob / 1e6:.2f} MB; configs: "
+        + ("  ".join(f"[{i}] {json.dumps(c)}" for i, c in enumerate(configs)) or "none extra"))
+
+    results = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        keys = rng.random((tokens, N_EXPERT), dtype=np.float32)
+        ids = np.argpartition(keys, TOP_K, axis=1)[:, :TOP_K]
+        cnt = np.bincount(ids.reshape(-1), minlength=N_EXPERT)
+        off = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+        rows = tokens * TOP_K
+        order = np.nonzero(cnt)[0]
+        bounds = np.stack([off[order], off[order] + cnt[order]], axis=1).astype(np.int32)
+        groups = [order[i:i + MMQ_GROUP] for i in range(0, len(order), MMQ_GROUP)]
+        gbounds = [bounds[i:i + MMQ_GROUP] for i in range(0, len(order), MMQ_GROUP)]
+        gb_dev = runtime.to_device(np.concatenate(gbounds).reshape(-1), "group bounds")
+        a_in = q8_1.pack_rows(q8_1.quantize_rows(rng.standard_normal((rows, N_EMBD), dtype=np.float32),
+                                                 q8_1.layout_for(GU)))
+        a_dn = q8_1.pack_rows(q8_1.quantize_rows(rng.standard_normal((rows, N_FF), dtype=np.float32),
+                                                 q8_1.layout_for(DOWN)))
+        ad_in, ad_dn = runtime.to_device(a_in, "moe input"), runtime.to_device(a_dn, "down input")
+        mean = rows / len(order)
+
+        def outputs():
+            return [runtime.alloc(rows * n * 4, "out") for n in (N_FF, N_FF, N_EMBD)]
+
+        def gather_arm(o):
+            def run():
+                at = 0
+                for g, members in enumerate(groups):
+                    n = len(members)
+                    products.gather_native_group(dev, [int(cache) + int(e) * blob for e in members], gu_b, d_b,
+                                                 GROUP_TAIL_BYTES, gu_buf, d_buf)
+                    bd = int(gb_dev) + at * 8
+                    n_r = int(gbounds[g][-1, 1] - gbounds[g][0, 0])
+                    products.mmq_group(dev, GU, gu_buf, 2 * gu_b, N_FF, N_EMBD, ad_in, rows, bd, n, o[0],
+                                       rows=n_r, pair=(gu_b, o[1]))
+                    products.mmq_group(dev, DOWN, d_buf, d_b, N_EMBD, N_FF, ad_dn, rows, bd, n, o[2], rows=n_r)
+                    at += n
+            return run
+
+        def in_place_arm(o, cfg):
+            c = products.tile_config(mean) if cfg is None else cfg
+            t = products.row_tiles(bounds, order.astype(np.int64) * blob, products.tile_rows_for(c))
+            td = runtime.to_device(t, "tiles")
+
+            def run():
+                products.mmq_tiles(dev, GU, cache, N_FF, N_EMBD, ad_in, rows, td, len(t), o[0],
+                                   tile_rows_mean=mean, config=cfg, pair=(gu_b, o[1]))
+                products.mmq_tiles(dev, DOWN, int(cache) + 2 * gu_b, N_EMBD, N_FF, ad_dn, rows, td, len(t), o[2],
+                                   tile_rows_mean=mean, config=cfg)
+            run.keep = td
+            return run
+
+        names = ["gather", "in place"] + [f"[{i}]" for i in range(len(configs))]
+        outs = [outputs() for _ in names]
+        fns = [gather_arm(outs[0]), in_place_arm(outs[1], None)] + [in_place_arm(outs[2 + i], c)
+                                                                    for i, c in enumerate(configs)]
+        counts = []
+        for fn in fns:  # launches per call, and the first call compiles
+            before = dev.counters["launches"]
+            fn()
+            counts.append(dev.counters["launches"] - before)
+        times = interleaved(clock, fns, args.reps)
+        cuda.Context.synchronize()
+        ref = [np.empty(rows * n * 4, np.uint8) for n in (N_FF, N_FF, N_EMBD)]
+        for h, d in zip(ref, outs[0]):
+            cuda.memcpy_dtoh(h, d)
+        same = []
+        for o in outs[1:]:
+            ok = True
+            for h, d in zip(ref, o):
+                got = np.empty_like(h)
+                cuda.memcpy_dtoh(got, d)
+                ok = ok and np.array_equal(got, h)
+            same.append(ok)
+        floor_ms = len(order) * blob / (bw / 2 * 1e9) * 1e3  # read once at the copy's read rate
+        for i, name in enumerate(names):
+            ms = statistics.median(times[i]) * 1e3
+            r = {"tokens": tokens, "rows_per_expert": mean, "experts": int(len(order)), "arm": name,
+                 "config": None if i < 2 else configs[i - 2], "ms": ms, "launches": counts[i],
+                 "floor_ms": floor_ms, "vs_floor": ms / floor_ms, "same_bytes": True if i == 0 else same[i - 1]}
+            results.append(r)
+            log(f"tokens {tokens:6d} {name:9s} {ms:8.3f} ms  {counts[i]:3d} launches  {ms / floor_ms:5.1f}x floor"
+                f"  bytes {'identical' if r['same_bytes'] else 'DIFFER'}")
+        for o in outs:
+            for d in o:
+                d.free()
+        for d in (gb_dev, ad_in, ad_dn):
+            d.free()
+
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bench_in_place_cuda.json"), "w") as f:
+            json.dump({"copy_GBps": bw, "configs": configs, "results": results}, f, indent=1)
+    log("")
+    log(f"{'tokens':>7s}{'rows/exp':>9s}{'arm':>10s}{'ms':>9s}{'launches':>9s}{'floor ms':>9s}{'x floor':>8s}"
+        f"{'vs gather':>10s}  bytes")
+    base = {}
+    for r in results:
+        if r["arm"] == "gather":
+            base[r["tokens"]] = r["ms"]
+        ch = 100.0 * (r["ms"] / base[r["tokens"]] - 1.0)
+        log(f"{r['tokens']:7d}{r['rows_per_expert']:9.1f}{r['arm']:>10s}{r['ms']:9.3f}{r['launches']:9d}"
+            f"{r['floor_ms']:9.3f}{r['vs_floor']:8.1f}{ch:+9.1f}%  {'same' if r['same_bytes'] else 'DIFFER'}")
+    return 0 if all(r["same_bytes"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
