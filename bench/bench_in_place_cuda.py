@@ -15,11 +15,13 @@ launches them (so the host's launch cost is in the time):
              buffers, one gate/up launch (both matrices), one down launch (32 groups a layer)
   in place   one tile-list gate/up launch and one tile-list down launch for all experts
              (mmq.cu's tile-list form, reading the cache), the automatic configuration
+  gate/up    the in-place arm's gate/up launch alone (its floor: the gate and up bytes)
+  down       the in-place arm's down launch alone (its floor: the down bytes)
   [i]        in place with the tile configuration --configs gives as [i]
 
 Every arm's gate, up and down outputs are compared byte for byte with the gather arm's. The
-floor is the routed experts' bytes over the device's read bandwidth, measured here as a
-device-to-device copy of 1 GB (bytes read + written over time). SwiGLU and the quantize of
+floor is the bytes of the routed experts' matrices read once at the device's memory bandwidth,
+measured here as a device-to-device copy of 1 GB (bytes read + written over its time). SwiGLU and the quantize of
 H are left out: the same launch in both arms (the down input is a fixed q8_1 buffer).
 Prints a table last; with --out, writes the numbers as JSON there.
 """
@@ -137,23 +139,26 @@ def main():
                     at += n
             return run
 
-        def in_place_arm(o, cfg):
+        def in_place_arm(o, cfg, which=("gate/up", "down")):
             c = products.tile_config(mean) if cfg is None else cfg
             t = products.row_tiles(bounds, order.astype(np.int64) * blob, products.tile_rows_for(c))
             td = runtime.to_device(t, "tiles")
 
             def run():
-                products.mmq_tiles(dev, GU, cache, N_FF, N_EMBD, ad_in, rows, td, len(t), o[0],
-                                   tile_rows_mean=mean, config=cfg, pair=(gu_b, o[1]))
-                products.mmq_tiles(dev, DOWN, int(cache) + 2 * gu_b, N_EMBD, N_FF, ad_dn, rows, td, len(t), o[2],
-                                   tile_rows_mean=mean, config=cfg)
+                if "gate/up" in which:
+                    products.mmq_tiles(dev, GU, cache, N_FF, N_EMBD, ad_in, rows, td, len(t), o[0],
+                                       tile_rows_mean=mean, config=cfg, pair=(gu_b, o[1]))
+                if "down" in which:
+                    products.mmq_tiles(dev, DOWN, int(cache) + 2 * gu_b, N_EMBD, N_FF, ad_dn, rows, td, len(t),
+                                       o[2], tile_rows_mean=mean, config=cfg)
             run.keep = td
             return run
 
-        names = ["gather", "in place"] + [f"[{i}]" for i in range(len(configs))]
+        names = ["gather", "in place", "gate/up", "down"] + [f"[{i}]" for i in range(len(configs))]
         outs = [outputs() for _ in names]
-        fns = [gather_arm(outs[0]), in_place_arm(outs[1], None)] + [in_place_arm(outs[2 + i], c)
-                                                                    for i, c in enumerate(configs)]
+        fns = [gather_arm(outs[0]), in_place_arm(outs[1], None), in_place_arm(outs[2], None, ("gate/up",)),
+               in_place_arm(outs[3], None, ("down",))] + [in_place_arm(outs[4 + i], c) for i, c in enumerate(configs)]
+        part = {"gate/up": [0, 1], "down": [2]}  # the outputs a partial arm writes
         counts = []
         for fn in fns:  # launches per call, and the first call compiles
             before = dev.counters["launches"]
@@ -165,18 +170,21 @@ def main():
         for h, d in zip(ref, outs[0]):
             cuda.memcpy_dtoh(h, d)
         same = []
-        for o in outs[1:]:
+        for name, o in zip(names[1:], outs[1:]):
             ok = True
-            for h, d in zip(ref, o):
+            for j, (h, d) in enumerate(zip(ref, o)):
+                if j not in part.get(name, [0, 1, 2]):
+                    continue
                 got = np.empty_like(h)
                 cuda.memcpy_dtoh(got, d)
                 ok = ok and np.array_equal(got, h)
             same.append(ok)
-        floor_ms = len(order) * blob / (bw / 2 * 1e9) * 1e3  # read once at the copy's read rate
+        matrix_bytes = {"gate/up": 2 * gu_b, "down": d_b}
         for i, name in enumerate(names):
             ms = statistics.median(times[i]) * 1e3
+            floor_ms = len(order) * matrix_bytes.get(name, blob) / (bw * 1e9) * 1e3
             r = {"tokens": tokens, "rows_per_expert": mean, "experts": int(len(order)), "arm": name,
-                 "config": None if i < 2 else configs[i - 2], "ms": ms, "launches": counts[i],
+                 "config": None if i < 4 else configs[i - 4], "ms": ms, "launches": counts[i],
                  "floor_ms": floor_ms, "vs_floor": ms / floor_ms, "same_bytes": True if i == 0 else same[i - 1]}
             results.append(r)
             log(f"tokens {tokens:6d} {name:9s} {ms:8.3f} ms  {counts[i]:3d} launches  {ms / floor_ms:5.1f}x floor"
@@ -198,7 +206,7 @@ def main():
     for r in results:
         if r["arm"] == "gather":
             base[r["tokens"]] = r["ms"]
-        ch = 100.0 * (r["ms"] / base[r["tokens"]] - 1.0)
+        ch = 100.0 * (r["ms"] / base[r["tokens"]] - 1.0) if r["arm"] not in ("gate/up", "down") else float("nan")
         log(f"{r['tokens']:7d}{r['rows_per_expert']:9.1f}{r['arm']:>10s}{r['ms']:9.3f}{r['launches']:9d}"
             f"{r['floor_ms']:9.3f}{r['vs_floor']:8.1f}{ch:+9.1f}%  {'same' if r['same_bytes'] else 'DIFFER'}")
     return 0 if all(r["same_bytes"] for r in results) else 1
