@@ -27,6 +27,10 @@ Switches (each a Python argument, a CLI flag and an environment variable):
   tiled_dense    STRATA_PREFILL_TILED_DENSE    1: float products of 8+ tokens by the tiled
                                                float_dense.cu kernel (default); 0: one warp per
                                                row and 4 tokens
+  widen_float    STRATA_PREFILL_WIDEN_FLOAT    1: F16/BF16 weights (the router, float dense
+                                               matrices) widened once to F32 on the device, whose
+                                               float_dense.cu forms are faster, the same products
+                                               (default); 0: read as stored
   in_place       STRATA_PREFILL_IN_PLACE       1: a layer's routed resident experts are multiplied
                                                where they lie in the expert cache, one launch for
                                                all their gate/up products, one SwiGLU+quantize H,
@@ -89,7 +93,7 @@ class FastEngine:
     def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
                  expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
                  copy_coalesce=None, overlap_plan=None, fuse_group=None, lean_attention=None, tiled_dense=None,
-                 in_place=None):
+                 in_place=None, widen_float=None):
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
@@ -101,7 +105,9 @@ class FastEngine:
         self.lean_attention = switch(lean_attention, "STRATA_PREFILL_LEAN_ATTENTION", True)
         self.tiled_dense = switch(tiled_dense, "STRATA_PREFILL_TILED_DENSE", True)
         self.in_place = switch(in_place, "STRATA_PREFILL_IN_PLACE", True)
-        backend.kernel_forms(lean_attention=self.lean_attention, tiled_dense=self.tiled_dense)
+        self.widen_float = switch(widen_float, "STRATA_PREFILL_WIDEN_FLOAT", True)
+        backend.kernel_forms(lean_attention=self.lean_attention, tiled_dense=self.tiled_dense,
+                             widen_float=self.widen_float)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
         self.group_size = group_size

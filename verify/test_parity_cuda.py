@@ -20,25 +20,26 @@ except ImportError as exc:  # pragma: no cover - the runtime module itself is mi
 
 pytestmark = pytest.mark.skipif(not _OK, reason=f"cuda backend unavailable: {_WHY}")
 
-# (group_gather, quant_gather, overlap_plan, fuse_group, lean_attention, tiled_dense, in_place):
-# the defaults first, then every pair of switches takes all four value pairs
-SWITCHES = [(1, 0, 1, 1, 1, 1, 1), (0, 0, 0, 0, 0, 1, 1), (0, 1, 0, 1, 1, 0, 1), (0, 1, 1, 0, 1, 1, 0),
-            (1, 1, 0, 0, 0, 0, 0), (0, 0, 1, 1, 0, 0, 0)]
+# (group_gather, quant_gather, overlap_plan, fuse_group, lean_attention, tiled_dense, in_place,
+# widen_float): the defaults first, then every pair of switches takes all four value pairs
+# (columns: the 3-of-6 vectors, no two complementary, so every pair of columns meets all four)
+SWITCHES = [(1, 0, 1, 1, 1, 1, 1, 1), (0, 0, 0, 0, 0, 0, 0, 1), (0, 0, 0, 0, 1, 1, 1, 0), (0, 1, 1, 1, 0, 0, 1, 0),
+            (1, 1, 0, 1, 0, 1, 0, 0), (1, 1, 1, 0, 1, 0, 0, 1)]
 # (prompt tokens, chunk): one chunk at several sizes, and prompts cut into several chunks
 LENGTHS = [(1, "auto"), (63, "auto"), (128, "auto"), (600, "auto"), (1030, "auto"), (2099, "auto"),
            (2099, 700)]
 
 
-def _engine(pack, gg, qg, op, fg, la, td, ip):
+def _engine(pack, gg, qg, op, fg, la, td, ip, wf):
     from fast import make_fast_engine
 
     return make_fast_engine(pack, "cuda", group_gather=gg, quant_gather=qg, overlap_plan=op, fuse_group=fg,
-                            lean_attention=la, tiled_dense=td, in_place=ip)
+                            lean_attention=la, tiled_dense=td, in_place=ip, widen_float=wf)
 
 
 def _arm(sw) -> str:
     return " ".join(f"{k}={v}" for k, v in zip(("group_gather", "quant_gather", "overlap_plan", "fuse_group",
-                                                "lean_attention", "tiled_dense", "in_place"), sw))
+                                                "lean_attention", "tiled_dense", "in_place", "widen_float"), sw))
 
 
 def prompt(pack, n, seed):
@@ -80,3 +81,20 @@ def test_long_prompt_switch_arms_agree(tmp_path_factory, make_test_pack, n_token
         else:
             assert_same_run(base, got, pack, f"strata T={n_tokens} {_arm(sw)}")
         del eng
+
+
+@pytest.mark.parametrize("router_type,dense_type", [("BF16", "F16"), ("F32", "F16"), ("BF16", "Q8_0")])
+def test_reference_vs_cuda_float_weights_widened_or_not(make_test_pack, tmp_path, router_type, dense_type):
+    """Float routers and float attention/shared-expert matrices: read as stored (widen_float 0)
+    or widened once to F32 on the device (1), the reference's bytes either way."""
+    pack = make_test_pack("tiny", "Q4_1", router_type=router_type, dense_type=dense_type)
+    ids = prompt(pack, 70, seed=3)
+    ref = run_engine(ReferenceEngine(pack), ids, 64, tmp_path / "ref")
+    for wf in (1, 0):
+        from fast import make_fast_engine
+
+        eng = make_fast_engine(pack, "cuda", widen_float=wf)
+        got = run_engine(eng, ids, 64, tmp_path / f"wf{wf}")
+        assert_same_run(ref, got, pack, f"tiny router {router_type} dense {dense_type} widen_float={wf}")
+        kinds = {w.qtype.name for n, w in eng.be._weights.items() if n.endswith("ffn_gate_inp")}
+        assert kinds == ({"F32"} if wf else {router_type}), kinds

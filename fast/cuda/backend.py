@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata import q8_1, quants
+from strata import dense, q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
 from strata.errors import DeviceError, InternalError
 
@@ -30,6 +30,11 @@ from fast.cuda import attention, dense as cuda_dense, elementwise as ops, produc
 from fast.cuda.tiers import ExpertTiers
 from fast.phases import PhaseRecorder, timing_enabled
 from fast.trace import Span
+
+
+#: a 16-bit float matrix is widened to F32 on the device (widen_float) up to this many F32 bytes;
+#: larger ones (a 16-bit output head) stay as stored
+WIDEN_MAX_BYTES = 256 << 20
 
 
 @dataclass
@@ -220,8 +225,15 @@ class CudaBackend(BackendBase):
             got = self.ga.to_gpu(np.ascontiguousarray(self.pack.vector(name), dtype=np.float32))
         else:
             m = self.pack.output() if name == "output" else self.pack.matrix(name)
-            data = self.ga.to_gpu(np.ascontiguousarray(m.data).reshape(-1))
-            got = DevWeight(m.qtype, m.n_rows, m.n_cols, data)
+            if self.widen_float and m.qtype in (quants.QT.F16, quants.QT.BF16) \
+                    and 4 * m.n_rows * m.n_cols <= WIDEN_MAX_BYTES:
+                # widened once, exactly (strata.dense.decode_float): the F32 forms of
+                # float_dense.cu run faster than the 16-bit ones, with the same products
+                f32 = dense.decode_float(m.qtype, np.asarray(m.data).reshape(m.n_rows, -1))
+                got = DevWeight(quants.QT.F32, m.n_rows, m.n_cols, self.ga.to_gpu(f32.reshape(-1)))
+            else:
+                data = self.ga.to_gpu(np.ascontiguousarray(m.data).reshape(-1))
+                got = DevWeight(m.qtype, m.n_rows, m.n_cols, data)
         self._weights[name] = got
         return got
 

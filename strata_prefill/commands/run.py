@@ -113,6 +113,10 @@ def add_fast_switches(p) -> None:
                    help="1: a layer's routed resident experts are multiplied where they lie in the "
                         "expert cache, one launch for all (default); 0: every routed expert is "
                         "gathered into the group buffers (env STRATA_PREFILL_IN_PLACE)")
+    g.add_argument("--widen-float", type=int, choices=[0, 1], default=None,
+                   help="1: F16/BF16 weights widened once to F32 on the device, the faster float "
+                        "product form, same bits (default); 0: read as stored "
+                        "(env STRATA_PREFILL_WIDEN_FLOAT)")
 
 
 def fast_engine_kwargs(args) -> dict:
