@@ -10,6 +10,8 @@ Shapes (strata preset):
 - grouped gate/up at 8K tokens: 81,920 rows over 512 experts; ours: one launch per group of 16
   experts and matrix (Q8_0 and IQ2_XS weights); torch: one _int_mm per expert of its rows
   (int8 codes of the same routing) by an int8 2560 x 1280 matrix (gate | up).
+- in-place gate/up at 1K and 8K tokens: ours one tile-list launch (gate and up) over a buffer
+  of all 512 experts (the in_place walk); torch as above.
 - dense 1,600 and 6,400 rows by 2560 -> 1280: ours mmq_dense (Q8_0), torch one _int_mm.
 - attention, 32 heads over 4 KV heads, head_dim 128, causal, 4K and 32K tokens; ours over the
   int8 cache, torch scaled_dot_product_attention in bf16 (enable_gqa where torch has it, else
@@ -71,9 +73,17 @@ def test_grouped_gate_up(gpu_benchmark, torch_ratio, cuda_device, tname):
     t_ours = gpu_benchmark(ours, stream=dev.stream, counters=dev.counters, rounds=ROUNDS, warmup_rounds=WARMUP,
                            ops=4 * r.rows * N * K, tokens=tokens, rows=r.rows, type=tname)
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    theirs, padded = torch_per_expert(r, K, 2 * N, seed=0)
+    torch_ratio(t_ours, measure(TorchClock(), theirs, ROUNDS, WARMUP), torch_launches=N_EXPERT,
+                torch_padded_experts=padded)
+
+
+def torch_per_expert(r, K, N, seed):
+    """torch's side of a grouped product: one _int_mm per expert of its rows (experts with
+    fewer than INT_MM_MIN_ROWS rows padded to that many), int8 codes of the same routing."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randint(-127, 128, (r.rows, K), dtype=torch.int8, device="cuda", generator=gen)
-    wt = torch.randint(-127, 128, (N_EXPERT, 2 * N, K), dtype=torch.int8, device="cuda", generator=gen)
+    wt = torch.randint(-127, 128, (N_EXPERT, N, K), dtype=torch.int8, device="cuda", generator=gen)
     spans, padded = [], 0
     for e in range(N_EXPERT):
         lo, hi = r.expert_rows(e)
@@ -87,6 +97,34 @@ def test_grouped_gate_up(gpu_benchmark, torch_ratio, cuda_device, tname):
         for e, (lo, hi) in enumerate(spans):
             torch._int_mm(a[lo:hi], wt[e].t())
 
+    return theirs, padded
+
+
+@pytest.mark.parametrize("tokens", [1024, 8192])
+@pytest.mark.parametrize("tname", ["Q8_0", "IQ2_XS"])
+def test_in_place_gate_up(gpu_benchmark, torch_ratio, cuda_device, tname, tokens):
+    """The walk's in-place form: every routed expert's gate and up read where it lies in one
+    buffer of all 512 experts (as the expert cache holds them), one tile-list launch."""
+    dev, qt, K, N = cuda_device, QT[tname], N_EMBD, N_FF
+    r = Routing(tokens)
+    mat = quants.row_bytes(qt, K) * N
+    w = weights(qt, 2 * N_EXPERT, N, K, "expert cache (gate | up)")
+    act = q8_act(dev, r.src, tokens, K, qt)
+    order = np.nonzero(r.counts)[0]
+    bounds = np.stack([r.offsets[order], r.offsets[order + 1]], axis=1)
+    mean = r.rows / len(order)
+    tiles = products.row_tiles(bounds, order.astype(np.int64) * 2 * mat,
+                               products.tile_rows_for(products.tile_config(mean)))
+    tiles_dev = dev.upload(tiles)
+    outs = [dev.empty((r.rows, N), np.float32) for _ in range(2)]
+
+    def ours():
+        products.mmq_tiles(dev, qt, w, N, K, act, r.rows, tiles_dev, len(tiles), outs[0], tile_rows_mean=mean,
+                           pair=(mat, outs[1]))
+
+    t_ours = gpu_benchmark(ours, stream=dev.stream, counters=dev.counters, rounds=ROUNDS, warmup_rounds=WARMUP,
+                           ops=4 * r.rows * N * K, tokens=tokens, rows=r.rows, type=tname)
+    theirs, padded = torch_per_expert(r, K, 2 * N, seed=3)
     torch_ratio(t_ours, measure(TorchClock(), theirs, ROUNDS, WARMUP), torch_launches=N_EXPERT,
                 torch_padded_experts=padded)
 
