@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from fast.cuda.products import row_tiles
 from fast.walk import split_resident
-from strata.routing import routing_tables
+from test_routing import random_tables
 
 
 def kernel_bounds_tiles(b0: int, b1: int, tile_rows: int) -> list[tuple[int, int]]:
@@ -52,10 +52,7 @@ def test_row_tiles_refuse_odd_offsets_and_mismatched_lengths():
 @given(st.integers(1, 64), st.integers(1, 40), st.integers(0, 2**31 - 1), st.floats(0, 1))
 def test_split_resident_takes_the_routed_resident_experts_in_id_order(n_expert, n_tok, seed, frac):
     rng = np.random.default_rng(seed)
-    k = int(rng.integers(1, n_expert + 1))
-    ids = np.stack([rng.choice(n_expert, k, replace=False) for _ in range(n_tok)]).astype(np.int32)
-    tab = routing_tables(ids, n_expert)
-    order = np.nonzero(tab.cnt)[0]
+    tab, order = random_tables(n_expert, n_tok, rng)
     resident = rng.random(n_expert) < frac
     batch, streamed = split_resident(order, tab.cnt, tab.off, resident)
     assert list(batch.experts) == [int(e) for e in order if resident[e]]

@@ -68,17 +68,22 @@ def test_top_k_by_definition(seed, n_tok, n_expert, k):
         assert w[t].view(np.uint32).tolist() == expect.view(np.uint32).tolist()
 
 
+def random_tables(n_expert: int, n_tok: int, rng):
+    """Routing tables of n_tok tokens each picking the same random number of distinct experts,
+    and the routed experts in ascending id."""
+    k = int(rng.integers(1, n_expert + 1))
+    ids = np.stack([rng.choice(n_expert, k, replace=False) for _ in range(n_tok)]).astype(np.int32)
+    tab = routing_tables(ids, n_expert)
+    return tab, np.nonzero(tab.cnt)[0]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 64), st.integers(1, 40), st.integers(1, 16), st.integers(0, 2**31 - 1))
 def test_plan_groups_cuts_the_routed_experts_in_id_order(n_expert, n_tok, group, seed):
     """Every routed expert once, in ascending id, `group` a group, each with its own rows."""
     from fast.walk import plan_groups
 
-    rng = np.random.default_rng(seed)
-    k = int(rng.integers(1, n_expert + 1))
-    ids = np.stack([rng.choice(n_expert, k, replace=False) for _ in range(n_tok)]).astype(np.int32)
-    tab = routing_tables(ids, n_expert)
-    order = np.nonzero(tab.cnt)[0]
+    tab, order = random_tables(n_expert, n_tok, np.random.default_rng(seed))
     groups = plan_groups(order, tab.cnt, tab.off, group)
     assert [e for g in groups for e in g.experts] == order.tolist()
     assert all(len(g.experts) == group for g in groups[:-1]) and 1 <= len(groups[-1].experts) <= group
