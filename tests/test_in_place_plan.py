@@ -61,3 +61,25 @@ def test_split_resident_takes_the_routed_resident_experts_in_id_order(n_expert, 
     for e, (b, end) in zip(batch.experts, batch.bounds):
         assert (b, end) == (tab.off[e], tab.off[e] + tab.cnt[e])
     assert batch.n_rows == int(tab.cnt[resident].sum())
+
+
+def test_widened_bytes_count_the_16_bit_matrices_the_cache_must_leave_room_for(make_test_pack):
+    """The cuda backend's expert-cache sizing adds 2 bytes a value for each F16/BF16 matrix
+    widen_float widens (the router and float dense matrices, never stacked experts), nothing
+    with widen_float off or for a pack without 16-bit matrices."""
+    from types import SimpleNamespace
+
+    from fast.cuda.backend import CudaBackend
+
+    pack = make_test_pack("tiny", "Q4_1", router_type="BF16", dense_type="F16")
+    cfg = pack.config
+    want = 0
+    for name in pack.tensor_names():
+        m = pack.matrix(name)
+        if m.qtype.name in ("F16", "BF16") and m.n_expert is None:
+            want += 2 * m.n_rows * m.n_cols
+    assert want >= 2 * cfg.n_layer * cfg.n_expert * cfg.n_embd  # at least the routers
+    extra = CudaBackend.widened_extra_bytes
+    assert extra(SimpleNamespace(widen_float=True), pack) == want
+    assert extra(SimpleNamespace(widen_float=False), pack) == 0
+    assert extra(SimpleNamespace(widen_float=True), make_test_pack("tiny", "Q4_1")) == 0

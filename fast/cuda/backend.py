@@ -183,16 +183,30 @@ class CudaBackend(BackendBase):
         self._gu_buf = self.ga.empty(gu_n, np.uint8)
         self._d_buf = self.ga.empty(d_n, np.uint8)
 
-    @staticmethod
-    def expert_cache_capacity(pack, *, reserve_mib, ring_slots, staging_slots) -> int:
+    def expert_cache_capacity(self, pack, *, reserve_mib, ring_slots, staging_slots) -> int:
         """Experts that fit in the free device memory less reserve_mib, the rings' slots and the
-        dense weights (every tensor of the pack that is not an expert)."""
+        dense weights (every tensor of the pack that is not an expert, at the size it will have
+        on the device: widened 16-bit matrices take twice their file bytes)."""
         cfg = pack.config
         blobs = [2 * gu + d for gu, d in (pack.expert_blob_bytes(l) for l in range(cfg.n_layer))]
         free, _total = runtime.mem_info()
-        dense = pack.file_size - cfg.n_expert * sum(blobs)
+        dense = pack.file_size - cfg.n_expert * sum(blobs) + self.widened_extra_bytes(pack)
         left = free - (reserve_mib << 20) - (ring_slots + staging_slots) * max(blobs) - dense
         return max(0, int(left // max(blobs)))
+
+    def widened_extra_bytes(self, pack) -> int:
+        """Device bytes that widen_float adds over the file's: 2 a value of every F16/BF16
+        matrix it widens (not the stacked experts, which are never widened)."""
+        if not self.widen_float:
+            return 0
+        extra = 0
+        for name in pack.tensor_names():
+            if pack.tensor_type(name) not in (quants.QT.F16, quants.QT.BF16):
+                continue
+            m = pack.matrix(name)
+            if m.n_expert is None and 4 * m.n_rows * m.n_cols <= WIDEN_MAX_BYTES:
+                extra += 2 * m.n_rows * m.n_cols
+        return extra
 
     @staticmethod
     def streamed_bytes_pinned() -> float:
