@@ -7,7 +7,8 @@
 #   bash bench/gpu_gate.sh suites   # the pytest-benchmark GPU suites (bench/test_bench_*_cuda.py), saved
 #                                   # under $LOG/benchmarks; not part of `all`
 #   bash bench/gpu_gate.sh kernels  # kernel forms A/B, interleaved (attention MMA_EPI, float_dense
-#                                   # warp/tile) and the whole prefill with both earlier forms vs default
+#                                   # warp/tile, a layer's experts gathered or in place) and the whole
+#                                   # prefill: in_place alone at small chunks, every earlier form vs default
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
 # installs it from the package index, and only where no index answers from the wheels in
 # ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). Parallel pytest workers
@@ -71,7 +72,12 @@ if [[ $MODE == kernels ]]; then
       --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
   python3 bench/bench_attention_ab_cuda.py --sass "$LOG/sass" 2>&1 | tee "$LOG/attention_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 bench/bench_float_dense_ab_cuda.py 2>&1 | tee "$LOG/float_dense_ab.log" | tail -n 12 >> "$SUMMARY"
-  python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_LEAN_ATTENTION=0,STRATA_PREFILL_TILED_DENSE=0 \
+  python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 22 >> "$SUMMARY"
+  python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_IN_PLACE=0 --b default \
+      --tokens "${SMALL_TOKENS:-254,1024,2048}" --reps "${REPS:-5}" --markdown "$LOG/ab_in_place.md" 2>&1 \
+      | tee "$LOG/ab_in_place.log"; cat "$LOG/ab_in_place.md" >> "$SUMMARY"
+  python3 -m strata_prefill bench --pack "$PACK" \
+      --a STRATA_PREFILL_LEAN_ATTENTION=0,STRATA_PREFILL_TILED_DENSE=0,STRATA_PREFILL_IN_PLACE=0,STRATA_PREFILL_WIDEN_FLOAT=0 \
       --b default --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_kernels.md" 2>&1 \
       | tee "$LOG/ab_kernels.log"; cat "$LOG/ab_kernels.md" >> "$SUMMARY"
 fi
