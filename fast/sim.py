@@ -281,28 +281,38 @@ class SimBackend(BackendBase):
     def group_bounds(bounds_list):
         return bounds_list
 
-    def _mmq_group(self, qtype, wbuf, stride, n_out, k_in, n_exp, act: Q8Buf, bounds, outs):
-        """One launch (as mmq.cu's): for each (offset, out) of outs, expert q's matrix at
-        wbuf[offset + q * stride] times its rows of act into out."""
+    def _mmq(self, qtype, n_out, k_in, act: Q8Buf, bounds, weights, outs):
+        """One MMQ launch (as mmq.cu's): for each (offset, out) of outs and each i of bounds,
+        the n_out-row matrix at weights(i)[offset:] times rows bounds[i] of act into out."""
         rb = quants.row_bytes(qtype, k_in)
         layout = q8_1.layout_for(qtype)
 
         def run():
             for offset, out in outs:
-                for q in range(n_exp):
-                    b0, b1 = int(bounds[q, 0]), int(bounds[q, 1])
+                for i, (b0, b1) in enumerate(bounds):
+                    b0, b1 = int(b0), int(b1)
                     if b1 > b0:
-                        w = wbuf[offset + q * stride: offset + q * stride + n_out * rb].reshape(n_out, rb)
+                        w = weights(i)[offset:offset + n_out * rb].reshape(n_out, rb)
                         out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, b0, b1, layout))
 
         self._launch("mmq", run)
+
+    def _mmq_group(self, qtype, wbuf, stride, n_out, k_in, n_exp, act: Q8Buf, bounds, outs):
+        """One launch of the bounds form: expert q's matrices at wbuf[offset + q * stride]."""
+        self._mmq(qtype, n_out, k_in, act, np.asarray(bounds)[:n_exp], lambda q: wbuf[q * stride:], outs)
+
+    @staticmethod
+    def _gate_up_outs(gu_bytes: int, gate, up, one_launch: bool) -> list:
+        """The (offset, out) pairs of each gate/up launch: gate at a blob's start, up gu_bytes
+        after it; one launch for both, or one each."""
+        pairs = ((0, gate), (gu_bytes, up))
+        return [pairs] if one_launch else [(p,) for p in pairs]
 
     def mmq_group_gate_up(self, *, layer, group, bounds, act, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg, n = self.config, len(group.experts)
-        pairs = ((0, gate), (gu_bytes, up))
-        for outs in ((pairs,) if one_launch else ((p,) for p in pairs)):
+        for outs in self._gate_up_outs(gu_bytes, gate, up, one_launch):
             self._mmq_group(gu_t, self._gu_buf, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, n, act, bounds, outs)
 
     def mmq_group_down(self, *, layer, group, bounds, act, n_rows, y):
@@ -313,28 +323,17 @@ class SimBackend(BackendBase):
                         ((0, y),))
 
     def _mmq_batch(self, layer, qtype, n_out, k_in, batch, act: Q8Buf, outs):
-        """One launch (as mmq.cu's tile-list form): each expert's matrix at `offset` in its blob,
-        read where it lies (the pack's bytes stand for the expert cache), times its rows."""
-        rb = quants.row_bytes(qtype, k_in)
-        layout = q8_1.layout_for(qtype)
-        experts, bounds = list(batch.experts), np.array(batch.bounds)
-
-        def run():
-            for offset, out in outs:
-                for e, (b0, b1) in zip(experts, bounds):
-                    if b1 > b0:
-                        blob = self.pack.expert_blob(layer, e)
-                        w = blob[offset:offset + n_out * rb].reshape(n_out, rb)
-                        out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, int(b0), int(b1), layout))
-
-        self._launch("mmq", run)
+        """One launch of the tile-list form: each expert's matrix at `offset` in its blob, read
+        where it lies (the pack's bytes stand for the expert cache)."""
+        experts = list(batch.experts)
+        self._mmq(qtype, n_out, k_in, act, np.array(batch.bounds), lambda i: self.pack.expert_blob(layer, experts[i]),
+                  outs)
 
     def mmq_batch_gate_up(self, *, layer, batch, act, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
-        pairs = ((0, gate), (gu_bytes, up))
-        for outs in ((pairs,) if one_launch else ((p,) for p in pairs)):
+        for outs in self._gate_up_outs(gu_bytes, gate, up, one_launch):
             self._mmq_batch(layer, gu_t, cfg.n_ff_exp, cfg.n_embd, batch, act, outs)
 
     def mmq_batch_down(self, *, layer, batch, act, n_rows, y):

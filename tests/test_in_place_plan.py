@@ -67,9 +67,12 @@ def test_widened_bytes_count_the_16_bit_matrices_the_cache_must_leave_room_for(m
     """The cuda backend's expert-cache sizing adds 2 bytes a value for each F16/BF16 matrix
     widen_float widens (the router and float dense matrices, never stacked experts), nothing
     with widen_float off or for a pack without 16-bit matrices."""
-    from types import SimpleNamespace
-
     from fast.cuda.backend import CudaBackend
+
+    def backend(widen: bool) -> CudaBackend:  # no device: only the switch the count reads
+        be = CudaBackend.__new__(CudaBackend)
+        be.widen_float = widen
+        return be
 
     pack = make_test_pack("tiny", "Q4_1", router_type="BF16", dense_type="F16")
     cfg = pack.config
@@ -79,7 +82,6 @@ def test_widened_bytes_count_the_16_bit_matrices_the_cache_must_leave_room_for(m
         if m.qtype.name in ("F16", "BF16") and m.n_expert is None:
             want += 2 * m.n_rows * m.n_cols
     assert want >= 2 * cfg.n_layer * cfg.n_expert * cfg.n_embd  # at least the routers
-    extra = CudaBackend.widened_extra_bytes
-    assert extra(SimpleNamespace(widen_float=True), pack) == want
-    assert extra(SimpleNamespace(widen_float=False), pack) == 0
-    assert extra(SimpleNamespace(widen_float=True), make_test_pack("tiny", "Q4_1")) == 0
+    assert backend(True).widened_extra_bytes(pack) == want
+    assert backend(False).widened_extra_bytes(pack) == 0
+    assert backend(True).widened_extra_bytes(make_test_pack("tiny", "Q4_1")) == 0

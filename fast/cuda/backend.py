@@ -103,6 +103,7 @@ class CudaBackend(BackendBase):
         self._iota_dev = None
         self._counts_host = None  # page-locked [2, n_expert] int32: a layer's routing cnt and off
         self._pending_tables = None  # the last DevTables, whose counts may not be read yet
+        self._tiles_keep = None  # the last in-place batch and its uploaded row tiles (_batch_tiles)
         self.phases = PhaseRecorder(self._mark, self._seconds, timing_enabled(timing))
         self._trace_base = None  # the event every traced span is timed from
 
@@ -197,16 +198,19 @@ class CudaBackend(BackendBase):
     def widened_extra_bytes(self, pack) -> int:
         """Device bytes that widen_float adds over the file's: 2 a value of every F16/BF16
         matrix it widens (not the stacked experts, which are never widened)."""
-        if not self.widen_float:
-            return 0
         extra = 0
         for name in pack.tensor_names():
-            if pack.tensor_type(name) not in (quants.QT.F16, quants.QT.BF16):
-                continue
-            m = pack.matrix(name)
-            if m.n_expert is None and 4 * m.n_rows * m.n_cols <= WIDEN_MAX_BYTES:
-                extra += 2 * m.n_rows * m.n_cols
+            if pack.tensor_type(name) in (quants.QT.F16, quants.QT.BF16):
+                m = pack.matrix(name)
+                if m.n_expert is None and self._widens(m):
+                    extra += 2 * m.n_rows * m.n_cols
         return extra
+
+    def _widens(self, m) -> bool:
+        """Whether w() holds the matrix m widened to F32 (widen_float, a 16-bit type, at most
+        WIDEN_MAX_BYTES widened)."""
+        return self.widen_float and m.qtype in (quants.QT.F16, quants.QT.BF16) \
+            and 4 * m.n_rows * m.n_cols <= WIDEN_MAX_BYTES
 
     @staticmethod
     def streamed_bytes_pinned() -> float:
@@ -239,8 +243,7 @@ class CudaBackend(BackendBase):
             got = self.ga.to_gpu(np.ascontiguousarray(self.pack.vector(name), dtype=np.float32))
         else:
             m = self.pack.output() if name == "output" else self.pack.matrix(name)
-            if self.widen_float and m.qtype in (quants.QT.F16, quants.QT.BF16) \
-                    and 4 * m.n_rows * m.n_cols <= WIDEN_MAX_BYTES:
+            if self._widens(m):
                 # widened once, exactly (strata.dense.decode_float): the F32 forms of
                 # float_dense.cu run faster than the 16-bit ones, with the same products
                 f32 = dense.decode_float(m.qtype, np.asarray(m.data).reshape(m.n_rows, -1))
@@ -362,15 +365,20 @@ class CudaBackend(BackendBase):
             at += len(b)
         return addrs
 
+    @staticmethod
+    def _gate_up_launches(base: int, gu_bytes: int, gate, up, one_launch: bool) -> list:
+        """(weights, out, pair) of each gate/up launch. An expert's gate matrix is at base (+ its
+        stride or offset), its up matrix gu_bytes after it, as in a blob [gate | up | down]: one
+        launch multiplies both (blockIdx.y picks the matrix), or one launch each."""
+        if one_launch:
+            return [(base, gate, (gu_bytes, up))]
+        return [(base, gate, None), (base + gu_bytes, up, None)]
+
     def mmq_group_gate_up(self, *, layer, group, bounds, act: Q8Dev, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
-        # expert q's blob is [gate | up | down]: gate at the buffer's base, up gu_bytes after it;
-        # one launch multiplies both (blockIdx.y picks the matrix), or one launch each
-        base = int(self._gu_buf.gpudata)
-        launches = [(base, gate, (gu_bytes, up))] if one_launch else [(base, gate, None), (base + gu_bytes, up, None)]
-        for w, out, pair in launches:
+        for w, out, pair in self._gate_up_launches(int(self._gu_buf.gpudata), gu_bytes, gate, up, one_launch):
             products.mmq_group(self.dev, gu_t, w, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows,
                                bounds, len(group.experts), out, rows=group.n_rows, pair=pair)
 
@@ -385,7 +393,7 @@ class CudaBackend(BackendBase):
         """The batch's row tiles (products.row_tiles, offsets into the layer's expert cache) on
         the device, and the configuration they were cut for; uploaded once, for gate/up and
         down alike (the same rows, so the same configuration)."""
-        keep = getattr(self, "_tiles_keep", None)
+        keep = self._tiles_keep
         if keep is not None and keep[0] is batch:
             return keep[1:]
         rows_mean = batch.n_rows / len(batch.experts)
@@ -401,9 +409,7 @@ class CudaBackend(BackendBase):
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
         base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
-        # in the cache each blob is [gate | up | down]: gate at the blob, up gu_bytes after it
-        launches = [(base, gate, (gu_bytes, up))] if one_launch else [(base, gate, None), (base + gu_bytes, up, None)]
-        for w, out, pair in launches:
+        for w, out, pair in self._gate_up_launches(base, gu_bytes, gate, up, one_launch):
             products.mmq_tiles(self.dev, gu_t, w, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows, tiles, n_tiles, out,
                                tile_rows_mean=mean, config=mcfg, pair=pair)
 

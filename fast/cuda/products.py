@@ -247,6 +247,18 @@ def mmq_geometry(config: dict | None = None) -> dict:
     return {k: st[k] for k in ("BM", "BN", "threads", "max_exp")}
 
 
+def _checked_pair(qt: QT, K: int, out, pair) -> tuple[int, object]:
+    """The checks both MMQ launch forms share: K a whole number of the type's blocks, and the
+    second matrix of a pair (w_pair, out2) at an even offset. Returns (w_pair, out2); without a
+    pair, (0, out): the kernel then never writes out2."""
+    if K <= 0 or K % (256 if qt in _SUPER else 32):
+        raise InputError(f"K={K} is not a multiple of the {qt.name} block")
+    w_pair, out2 = (0, out) if pair is None else (int(pair[0]), pair[1])
+    if w_pair % 2:
+        raise InputError("the second matrix's offset must be 2-byte aligned")
+    return w_pair, out2
+
+
 def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds, n_exp: int,
               out, *, ldo: int | None = None, rows: int | None = None,
               tile_rows: int = DEFAULT_TILE_ROWS, config: dict | None = None, pair=None) -> None:
@@ -275,13 +287,9 @@ def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, b
     N, K, R_total, n_exp = int(N), int(K), int(R_total), int(n_exp)
     if n_exp < 0 or n_exp > MMQ_GROUP:
         raise InputError(f"an MMQ group holds 1..{MMQ_GROUP} experts, got {n_exp}")
-    if K <= 0 or K % (256 if qt in _SUPER else 32):
-        raise InputError(f"K={K} is not a multiple of the {qt.name} block")
+    w_pair, out2 = _checked_pair(qt, K, out, pair)
     if int(w_stride) % 2 or ptr(w) % 2:
         raise InputError("weight buffer and stride must be 2-byte aligned")
-    w_pair, out2 = (0, out) if pair is None else (int(pair[0]), pair[1])
-    if w_pair % 2:
-        raise InputError("the second matrix's offset must be 2-byte aligned")
     if n_exp == 0 or N <= 0:
         return
     if not hasattr(bounds, "gpudata") and isinstance(bounds, (np.ndarray, list, tuple)):
@@ -347,13 +355,9 @@ def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: 
     pair: (w_pair, out2) as in :func:`mmq_group`."""
     qt = _qtype(qtype)
     N, K, R_total, n_tiles = int(N), int(K), int(R_total), int(n_tiles)
-    if K <= 0 or K % (256 if qt in _SUPER else 32):
-        raise InputError(f"K={K} is not a multiple of the {qt.name} block")
+    w_pair, out2 = _checked_pair(qt, K, out, pair)
     if ptr(w) % 2:
         raise InputError("the weight base must be 2-byte aligned")
-    w_pair, out2 = (0, out) if pair is None else (int(pair[0]), pair[1])
-    if w_pair % 2:
-        raise InputError("the second matrix's offset must be 2-byte aligned")
     if n_tiles <= 0 or N <= 0:
         return
     st = _mmq_mod(tile_config(tile_rows_mean) if config is None else config)
