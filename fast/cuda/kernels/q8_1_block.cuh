@@ -1,6 +1,7 @@
 // The warp's quantize of one 128-value block of a q8_1 row into its 144 bytes
-// (block_q8_1_mmq), shared by quantize_q8_1.cu and swiglu_q8_1.cu so that both write the
-// same bytes from the same floats: strata.q8_1.quantize_rows, docs/numerics.md section 2.
+// (block_q8_1_mmq), with the guarded load and the task loop around it, shared by
+// quantize_q8_1.cu and swiglu_q8_1.cu so that both write the same bytes from the same floats:
+// strata.q8_1.quantize_rows, docs/numerics.md section 2.
 // Include strata_numerics.cuh (q8_inv_scale, q8_round, q8_scale) and cuda_fp16.h first:
 // fast/cuda/runtime.py inlines one level of local headers, so this file includes none.
 #ifndef STRATA_Q8_1_BLOCK_CUH
@@ -57,6 +58,30 @@ __device__ __forceinline__ uint32_t q8_1_block(float v0, float v1, float v2, flo
         hdr = (w == 0) ? (h16(d0) | (h16(d1) << 16)) : (h16(sa) | (h16(sb) << 16));
     }
     return codes;
+}
+
+// Values c0..c0+3 of a row of n floats (0.0f past n): one 16-byte load where they are all
+// inside the row and aligned, else one guarded load each (the same values either way).
+__device__ __forceinline__ void load4(const float* __restrict__ row, int c0, int n, float (&v)[4]) {
+    if (c0 + 3 < n && (((uintptr_t)(row + c0)) & 15) == 0) {
+        const float4 f = *reinterpret_cast<const float4*>(row + c0);
+        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = (c0 + i < n) ? row[c0 + i] : 0.0f;
+    }
+}
+
+// The q8_1 writers' work split: one warp per (row r, 128-value block kb) task, rows x nkb
+// tasks strided over the grid (WARPS warps a CTA); fn(r, kb) does one.
+template <int WARPS, class F>
+__device__ __forceinline__ void for_each_block_task(long long rows, int nkb, F fn) {
+    const long long tasks = rows * nkb;
+    for (long long task = (long long)blockIdx.x * WARPS + (threadIdx.x >> 5); task < tasks;
+         task += (long long)gridDim.x * WARPS) {
+        const int r = (int)(task / nkb);
+        fn(r, (int)(task - (long long)r * nkb));
+    }
 }
 
 __device__ __forceinline__ void store_block(uint8_t* __restrict__ out, long long blk, int lane, uint32_t hdr,

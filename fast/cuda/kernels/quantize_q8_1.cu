@@ -20,7 +20,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "strata_numerics.cuh"  // q8_inv_scale, q8_round, q8_scale
-#include "q8_1_block.cuh"       // q8_1_block, store_block
+#include "q8_1_block.cuh"       // q8_1_block, store_block, load4, for_each_block_task
 
 #define Q8_WARPS 8
 
@@ -29,18 +29,9 @@
 // hdr receives header word `lane` in lanes 0..3.
 __device__ __forceinline__ uint32_t quant_block(const float* __restrict__ xr, int K, int kb, int layout,
                                                 int lane, uint32_t& hdr) {
-    const int c0 = kb * 128 + 4 * lane;
-    float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
-    if (c0 + 3 < K && ((((uintptr_t)(xr + c0)) & 15) == 0)) {
-        const float4 f = *reinterpret_cast<const float4*>(xr + c0);
-        v0 = f.x; v1 = f.y; v2 = f.z; v3 = f.w;
-    } else {
-        if (c0 + 0 < K) v0 = xr[c0 + 0];
-        if (c0 + 1 < K) v1 = xr[c0 + 1];
-        if (c0 + 2 < K) v2 = xr[c0 + 2];
-        if (c0 + 3 < K) v3 = xr[c0 + 3];
-    }
-    return q8_1_block(v0, v1, v2, v3, layout, lane, hdr);
+    float v[4];
+    load4(xr, kb * 128 + 4 * lane, K, v);
+    return q8_1_block(v[0], v[1], v[2], v[3], layout, lane, hdr);
 }
 
 // Row r (r < n_rows) of the buffer <- x[src[r]]. x: float32 rows of stride ldx; out: R_total rows.
@@ -48,16 +39,11 @@ extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS)
     q8_1_gather(const float* __restrict__ x, long long ldx, const int* __restrict__ src, int n_rows, int K,
                 int layout, uint8_t* __restrict__ out, int R_total) {
     const int lane = threadIdx.x & 31;
-    const int nkb = ((K + 511) / 512) * 4;
-    const long long tasks = (long long)n_rows * nkb;
-    for (long long task = (long long)blockIdx.x * Q8_WARPS + (threadIdx.x >> 5); task < tasks;
-         task += (long long)gridDim.x * Q8_WARPS) {
-        const int r = (int)(task / nkb), kb = (int)(task - (long long)r * nkb);
-        const float* xr = x + (long long)src[r] * ldx;
+    for_each_block_task<Q8_WARPS>(n_rows, ((K + 511) / 512) * 4, [&](int r, int kb) {
         uint32_t hdr = 0;
-        const uint32_t codes = quant_block(xr, K, kb, layout, lane, hdr);
+        const uint32_t codes = quant_block(x + (long long)src[r] * ldx, K, kb, layout, lane, hdr);
         store_block(out, (long long)kb * R_total + r, lane, hdr, codes);
-    }
+    });
 }
 
 // Token t (t < T) quantized once, written to rows slot[t*K_used + k] of a buffer of R_total rows.
@@ -65,15 +51,11 @@ extern "C" __global__ void __launch_bounds__(32 * Q8_WARPS)
     q8_1_scatter(const float* __restrict__ x, long long ldx, const int* __restrict__ slot, int T, int K_used,
                  int K, int layout, uint8_t* __restrict__ out, int R_total) {
     const int lane = threadIdx.x & 31;
-    const int nkb = ((K + 511) / 512) * 4;
-    const long long tasks = (long long)T * nkb;
-    for (long long task = (long long)blockIdx.x * Q8_WARPS + (threadIdx.x >> 5); task < tasks;
-         task += (long long)gridDim.x * Q8_WARPS) {
-        const int t = (int)(task / nkb), kb = (int)(task - (long long)t * nkb);
+    for_each_block_task<Q8_WARPS>(T, ((K + 511) / 512) * 4, [&](int t, int kb) {
         uint32_t hdr = 0;
         const uint32_t codes = quant_block(x + (long long)t * ldx, K, kb, layout, lane, hdr);
         const int* sl = slot + (long long)t * K_used;
         for (int k = 0; k < K_used; ++k)
             store_block(out, (long long)kb * R_total + sl[k], lane, hdr, codes);
-    }
+    });
 }

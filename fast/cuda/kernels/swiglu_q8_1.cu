@@ -17,7 +17,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "strata_numerics.cuh"  // strata_swiglu, q8_inv_scale, q8_round, q8_scale
-#include "q8_1_block.cuh"       // q8_1_block, store_block
+#include "q8_1_block.cuh"       // q8_1_block, store_block, load4, for_each_block_task
 
 #define SQ_WARPS 8
 
@@ -26,28 +26,16 @@ extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
     swiglu_q8_1(const float* __restrict__ g, long long ldg, const float* __restrict__ u, long long ldu,
                 int rows, int n, int layout, uint8_t* __restrict__ out, int R_total) {
     const int lane = threadIdx.x & 31;
-    const int nkb = ((n + 511) / 512) * 4;
-    const long long tasks = (long long)rows * nkb;
-    for (long long task = (long long)blockIdx.x * SQ_WARPS + (threadIdx.x >> 5); task < tasks;
-         task += (long long)gridDim.x * SQ_WARPS) {
-        const int r = (int)(task / nkb), kb = (int)(task - (long long)r * nkb);
-        const float* gr = g + (long long)r * ldg;
-        const float* ur = u + (long long)r * ldu;
+    for_each_block_task<SQ_WARPS>(rows, ((n + 511) / 512) * 4, [&](int r, int kb) {
         const int c0 = kb * 128 + 4 * lane;
+        float a[4], b[4];
+        load4(g + (long long)r * ldg, c0, n, a);
+        load4(u + (long long)r * ldu, c0, n, b);
         float v[4];
-        if (c0 + 3 < n && ((((uintptr_t)(gr + c0)) | ((uintptr_t)(ur + c0))) & 15) == 0) {
-            const float4 a = *reinterpret_cast<const float4*>(gr + c0);
-            const float4 b = *reinterpret_cast<const float4*>(ur + c0);
-            v[0] = strata_swiglu(a.x, b.x);
-            v[1] = strata_swiglu(a.y, b.y);
-            v[2] = strata_swiglu(a.z, b.z);
-            v[3] = strata_swiglu(a.w, b.w);
-        } else {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = (c0 + i < n) ? strata_swiglu(gr[c0 + i], ur[c0 + i]) : 0.0f;
-        }
+        for (int i = 0; i < 4; ++i) v[i] = (c0 + i < n) ? strata_swiglu(a[i], b[i]) : 0.0f;
         uint32_t hdr = 0;
         const uint32_t codes = q8_1_block(v[0], v[1], v[2], v[3], layout, lane, hdr);
         store_block(out, (long long)kb * R_total + r, lane, hdr, codes);
-    }
+    });
 }
