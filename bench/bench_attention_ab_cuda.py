@@ -4,6 +4,9 @@
     python3 bench/bench_attention_ab_cuda.py [--tokens 4096,8192,32768] [--reps 5]
         [--arms '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2}'] [--sass DIR]
 
+An arm is a JSON object of attention_mma.cu defines; its key "variant" ("mma", the default, or
+"pair") picks the prefill kernel.
+
 One layer's int8 KV cache (32 query heads, 4 KV heads, head_dim 128) holds `tokens` random
 keys and values; every position attends to the ones before it (the prefill kernel, one
 launch). Per length: one untimed call per arm, then `reps` rounds in alternating order
@@ -41,8 +44,8 @@ H, HKV, HD = 32, 4, 128
 DEFAULT_ARMS = '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2}'
 
 
-def sass_histogram(defines: dict, out_dir: str, tag: str) -> dict | None:
-    """Opcode counts of attend_mma_hd128 compiled with `defines` (None without nvcc/cuobjdump)."""
+def sass_histogram(defines: dict, out_dir: str, tag: str, kernel: str = "attend_mma_hd128") -> dict | None:
+    """Opcode counts of `kernel` compiled with `defines` (None without nvcc/cuobjdump)."""
     nvcc, dump = shutil.which("nvcc"), shutil.which("cuobjdump")
     if not nvcc or not dump:
         return None
@@ -54,9 +57,9 @@ def sass_histogram(defines: dict, out_dir: str, tag: str) -> dict | None:
         cmd = [nvcc, "-cubin", f"-arch={runtime.arch()}", *runtime.NVCC_OPTIONS,
                *[f"-D{k}={v}" for k, v in defines.items()], src, "-o", cubin]
         subprocess.run(cmd, check=True, capture_output=True)
-        text = subprocess.run([dump, "-sass", "-fun", "attend_mma_hd128", cubin], check=True,
+        text = subprocess.run([dump, "-sass", "-fun", kernel, cubin], check=True,
                               capture_output=True, text=True).stdout
-    with open(os.path.join(out_dir, f"attend_mma_hd128.{tag}.sass"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out_dir, f"{kernel}.{tag}.sass"), "w", encoding="utf-8") as f:
         f.write(text)
     ops = collections.Counter()
     for line in text.splitlines():
@@ -82,7 +85,8 @@ def main() -> int:
     result = {"arms": arms, "lengths": []}
     if args.sass:
         os.makedirs(args.sass, exist_ok=True)
-        result["sass"] = [sass_histogram(a, args.sass, f"arm{i}") for i, a in enumerate(arms)]
+        result["sass"] = [sass_histogram({k: v for k, v in a.items() if k != "variant"}, args.sass, f"arm{i}",
+                                         f"attend_{a.get('variant', 'mma')}_hd128") for i, a in enumerate(arms)]
     failed = False
     rows = []
     for tokens in [int(t) for t in args.tokens.split(",")]:
@@ -96,8 +100,9 @@ def main() -> int:
         outs = [dev.empty((tokens, H, HD), np.float32) for _ in arms]
 
         def run(i):
-            cu_att.ATTEND_MMA_CONFIG = arms[i]
-            kv.attend(0, q, positions, positions_dev=pos_dev, out=outs[i], variant="mma")
+            defines = {k: v for k, v in arms[i].items() if k != "variant"}
+            kv.attend(0, q, positions, positions_dev=pos_dev, out=outs[i], variant=arms[i].get("variant", "mma"),
+                      config=defines)
 
         times = [[1e3 * t for t in ts] for ts in interleaved(clock, [lambda i=i: run(i) for i in range(len(arms))],
                                                           args.reps)]

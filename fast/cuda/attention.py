@@ -33,10 +33,12 @@ _SPLIT_WARPS = 8  # SPL_WARPS in attention_mma.cu (the merge runs MERGE_G = 4 th
 
 #: attention kernels (attention_mma.cu), both bit-exact to strata.attention.attend:
 #: "mma"   one CTA per (16 * MMA_WARPS queries, head), int8 tensor cores;
+#: "pair"  the same work with each 16-query group split between two warps (keys by parity for
+#:         the scores, output dims by half for P.V), half the registers a warp, a cp.async ring;
 #: "split" split-K over key blocks in three launches (scores and block maxima, per-block P.V,
 #:         the ordered merge), for few queries (decode);
-#: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else mma.
-ATTEND_VARIANTS = ("mma", "split", "auto")
+#: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else ATTEND_PREFILL.
+ATTEND_VARIANTS = ("mma", "pair", "split", "auto")
 #: the variant attend() runs when none is asked for
 ATTEND_VARIANT = "auto"
 #: the most queries "auto" sends to the split-K kernels
@@ -45,6 +47,11 @@ ATTEND_SPLIT_MAX_T = 4
 #: MMA_MINB (__launch_bounds__ minimum CTAs per SM, default 1), MMA_EPI (the per-(query, key)
 #: float work: 2, the default, or 1, the earlier form kept for A/B; the same bits)
 ATTEND_MMA_CONFIG: dict = {"MMA_WARPS": 8}
+#: the pair kernel's configuration: PAIR_QG (16-query groups per CTA, two warps each; 8 when
+#: absent), PAIR_STAGES (key blocks in the cp.async ring, 3), PAIR_MINB (CTAs per SM, 1)
+ATTEND_PAIR_CONFIG: dict = {}
+#: the kernel "auto" runs for more than ATTEND_SPLIT_MAX_T queries
+ATTEND_PREFILL = "mma"
 
 
 def _cache_shapes(k_codes, k_scale, v_codes, v_scale):
@@ -116,8 +123,30 @@ def _attend_variant(variant, T: int) -> str:
     if v not in ATTEND_VARIANTS:
         raise InputError(f"attend: unknown variant {v!r} (one of {ATTEND_VARIANTS})")
     if v == "auto":
-        return "split" if T <= ATTEND_SPLIT_MAX_T else "mma"
+        return "split" if T <= ATTEND_SPLIT_MAX_T else ATTEND_PREFILL
     return v
+
+
+_pair_funcs: dict = {}
+
+
+def _pair_func(hd: int, defines: dict):
+    """(prepared attend_pair_hd<hd>, dynamic shared bytes, queries per CTA, threads) built with
+    ``defines``; its shared memory limit raised once."""
+    key = (hd, tuple(sorted(defines.items())))
+    got = _pair_funcs.get(key)
+    if got is None:
+        cuda = runtime._driver()
+        mod = runtime.load_module("attention_mma", defines)
+        f = mod.get_function(f"attend_pair_hd{hd}")
+        gptr, _ = mod.get_global("attend_pair_geometry")
+        geo = np.zeros(4, np.int32)
+        cuda.memcpy_dtoh(geo, gptr)
+        smem = int(geo[0] if hd == 64 else geo[1])
+        f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        f.prepare("PqPiiPPPPifPq")
+        got = _pair_funcs[key] = (f, smem, int(geo[2]), int(geo[3]))
+    return got
 
 
 def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, variant=None,
@@ -129,7 +158,7 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     hd in ATTEND_HEAD_DIMS. ``variant`` picks the kernel (:data:`ATTEND_VARIANTS`; None =
     :data:`ATTEND_VARIANT`); ``max_pos`` (the largest position) sizes the split-K grid when the
     positions are a GPUArray (else the capacity does); ``config``: attention_mma.cu defines over
-    ATTEND_MMA_CONFIG for the mma kernel. Returns out, float32 [T, n_head, hd]."""
+    ATTEND_MMA_CONFIG for the mma kernel, over ATTEND_PAIR_CONFIG for the pair kernel. Returns out, float32 [T, n_head, hd]."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
     check(q, "attend q", np.float32, shape=(None, None, hd))
     T, H = int(q.shape[0]), int(q.shape[1])
@@ -159,6 +188,11 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
         dev.launch(f, "attention", grid, (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos), T,
                    H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), cap,
                    kq, ptr(out), H * hd)
+    elif v == "pair":
+        f, smem, tile, threads = _pair_func(hd, {**ATTEND_PAIR_CONFIG, **(config or {})})
+        dev.launch(f, "attention", (-(-T // tile), H, 1), (threads, 1, 1), ptr(q), H * hd, ptr(pos), T,
+                   H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), cap,
+                   kq, ptr(out), H * hd, shared_size=smem)
     else:  # split: three launches, counted as one "attention"
         top = cap - 1 if max_pos is None else min(int(max_pos), cap - 1)
         nblk = top // KEY_BLOCK + 1
