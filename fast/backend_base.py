@@ -11,16 +11,18 @@ from strata.numerics import RopeTable
 
 class BackendBase:
     _rope = None  # a strata.numerics.RopeTable, made on first use
-    #: kernel forms that change speed, never bits (the engine's lean_attention, tiled_dense and
-    #: widen_float switches); the sim runs the NumPy definitions whatever they say
+    #: kernel forms that change speed, never bits (the engine's lean_attention, tiled_dense,
+    #: widen_float and pair_attention switches); the sim runs the NumPy definitions whatever they say
     lean_attention = True
     tiled_dense = True
     widen_float = True
+    pair_attention = True
 
-    def kernel_forms(self, *, lean_attention: bool, tiled_dense: bool, widen_float: bool = True) -> None:
+    def kernel_forms(self, *, lean_attention: bool, tiled_dense: bool, widen_float: bool = True,
+                     pair_attention: bool = True) -> None:
         """Which kernel forms the backend launches (FastEngine's switches)."""
         self.lean_attention, self.tiled_dense = bool(lean_attention), bool(tiled_dense)
-        self.widen_float = bool(widen_float)
+        self.widen_float, self.pair_attention = bool(widen_float), bool(pair_attention)
 
     @staticmethod
     def oom_guard(what: str):

@@ -24,6 +24,10 @@ Switches (each a Python argument, a CLI flag and an environment variable):
                                                a group, default); 0: one launch each (6)
   lean_attention STRATA_PREFILL_LEAN_ATTENTION 1: attention_mma.cu's lean per-(query, key) float
                                                work (MMA_EPI=2, default); 0: the earlier form
+                                               (the mma kernel's; see pair_attention)
+  pair_attention STRATA_PREFILL_PAIR_ATTENTION 1: prefill attention by the pair kernel (a
+                                               16-query group on two warps, half the
+                                               registers each, default); 0: the mma kernel
   tiled_dense    STRATA_PREFILL_TILED_DENSE    1: float products of 8+ tokens by the tiled
                                                float_dense.cu kernel (default); 0: one warp per
                                                row and 4 tokens
@@ -93,7 +97,7 @@ class FastEngine:
     def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
                  expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
                  copy_coalesce=None, overlap_plan=None, fuse_group=None, lean_attention=None, tiled_dense=None,
-                 in_place=None, widen_float=None):
+                 in_place=None, widen_float=None, pair_attention=None):
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
@@ -106,8 +110,9 @@ class FastEngine:
         self.tiled_dense = switch(tiled_dense, "STRATA_PREFILL_TILED_DENSE", True)
         self.in_place = switch(in_place, "STRATA_PREFILL_IN_PLACE", True)
         self.widen_float = switch(widen_float, "STRATA_PREFILL_WIDEN_FLOAT", True)
+        self.pair_attention = switch(pair_attention, "STRATA_PREFILL_PAIR_ATTENTION", True)
         backend.kernel_forms(lean_attention=self.lean_attention, tiled_dense=self.tiled_dense,
-                             widen_float=self.widen_float)
+                             widen_float=self.widen_float, pair_attention=self.pair_attention)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
         self.group_size = group_size

@@ -37,6 +37,7 @@ SWITCHES = {
     "tiled_dense": ("STRATA_PREFILL_TILED_DENSE", zero_one),
     "in_place": ("STRATA_PREFILL_IN_PLACE", zero_one),
     "widen_float": ("STRATA_PREFILL_WIDEN_FLOAT", zero_one),
+    "pair_attention": ("STRATA_PREFILL_PAIR_ATTENTION", zero_one),
 }
 
 DEFAULT = "default"
@@ -97,7 +98,7 @@ def engine_settings(engine) -> dict:
             "copy_coalesce": int(engine.copy_coalesce), "overlap_plan": int(engine.overlap_plan),
             "fuse_group": int(engine.fuse_group), "lean_attention": int(engine.lean_attention),
             "tiled_dense": int(engine.tiled_dense), "in_place": int(engine.in_place),
-            "widen_float": int(engine.widen_float),
+            "widen_float": int(engine.widen_float), "pair_attention": int(engine.pair_attention),
             "stream_min": engine.stream_min,
             "ring": engine.ring.n_slots, "resident_experts": int(p.n_resident),
             "experts": int(p.resident.size)}

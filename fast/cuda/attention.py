@@ -51,7 +51,7 @@ ATTEND_MMA_CONFIG: dict = {"MMA_WARPS": 8}
 #: absent), PAIR_STAGES (key blocks in the cp.async ring, 3), PAIR_MINB (CTAs per SM, 1)
 ATTEND_PAIR_CONFIG: dict = {}
 #: the kernel "auto" runs for more than ATTEND_SPLIT_MAX_T queries
-ATTEND_PREFILL = "mma"
+ATTEND_PREFILL = "pair"
 
 
 def _cache_shapes(k_codes, k_scale, v_codes, v_scale):

@@ -312,8 +312,12 @@ class CudaBackend(BackendBase):
         self.kv.write(layer, np.asarray(positions, np.int32), k, v)
 
     def attend(self, layer, q, positions):
-        return self.kv.attend(layer, q, np.asarray(positions, np.int32),
-                              config=None if self.lean_attention else {"MMA_EPI": 1})
+        # pair_attention 0: the mma kernel for prefill (lean_attention picks its float form);
+        # decode-sized chunks take the split-K kernels either way
+        p = np.asarray(positions, np.int32)
+        mma = not self.pair_attention and p.size > attention.ATTEND_SPLIT_MAX_T
+        return self.kv.attend(layer, q, p, variant="mma" if mma else None,
+                              config=None if self.lean_attention or not mma else {"MMA_EPI": 1})
 
     def add(self, x, y):
         return ops.add(self.dev, x, y, out=x)

@@ -117,6 +117,10 @@ def add_fast_switches(p) -> None:
                    help="1: F16/BF16 weights widened once to F32 on the device, the faster float "
                         "product form, same bits (default); 0: read as stored "
                         "(env STRATA_PREFILL_WIDEN_FLOAT)")
+    g.add_argument("--pair-attention", type=int, choices=[0, 1], default=None,
+                   help="1: prefill attention by the pair kernel, two warps a 16-query group "
+                        "(default); 0: the mma kernel, one warp a group, same bits "
+                        "(env STRATA_PREFILL_PAIR_ATTENTION)")
 
 
 def fast_engine_kwargs(args) -> dict:

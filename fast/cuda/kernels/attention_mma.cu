@@ -548,7 +548,10 @@ ATTEND_MMA_KERNEL(128)
 //   compute); K and V rows land at row 32 (kappa & 1) + (kappa >> 1), so each warp's keys are
 //   consecutive rows (conflict-free ldmatrix). K fragments: ldmatrix; V fragments: ldmatrix
 //   .trans on 2-byte pairs (keys 2tq, 2tq + 1 of a dim pair) and a byte permute into the dim
-//   2g and 2g + 1 fragments (the even and odd n-tiles of a 16-dim group).
+//   2g and 2g + 1 fragments (the even and odd n-tiles of a 16-dim group). Q's fragments and
+//   scales stay in shared memory and are read again each block (registers for the epilogue).
+//   Per block and row, alpha (skipped while every row of the warp keeps a finite maximum:
+//   exp(0) = 1) and the two divisions of the P quantization run once a lane, one row each.
 #ifndef PAIR_QG
 #define PAIR_QG 8      // 16-query groups per CTA (two warps each: 64 * PAIR_QG threads)
 #endif
@@ -601,8 +604,9 @@ struct PairSmem {
     static constexpr int VS_OFF = KS_OFF + KEY_BLOCK * NB * 4;
     static constexpr int STAGE = VS_OFF + KEY_BLOCK * 4;
     static constexpr int RING = PAIR_STAGES * STAGE;
-    static constexpr int QTILE = PAIR_TILE * KP + PAIR_TILE * NB * 4;  // prologue only, over the ring
-    static constexpr int XCH_OFF = RING > QTILE ? RING : QTILE;
+    static constexpr int Q_OFF = RING;                            // the tile's Q codes, rows of KP
+    static constexpr int QD_OFF = Q_OFF + PAIR_TILE * KP;         // and scales, NB a row
+    static constexpr int XCH_OFF = QD_OFF + PAIR_TILE * NB * 4;
     static constexpr int XM_OFF = XCH_OFF;                       // [QG][2][16] block maxima
     static constexpr int XS_OFF = XM_OFF + PAIR_QG * 2 * 16 * 4;  // [QG][2][16][2] lsum halves, amax
     static constexpr int XP_OFF = XS_OFF + PAIR_QG * 2 * 32 * 4;  // [QG][2][32] int4 P fragments
@@ -637,57 +641,15 @@ __device__ __forceinline__ void attend_pair_body(
     const int qg = warp >> 1;  // the pair
     const int hh = warp & 1;   // the half: keys of parity hh, output dims hh * HD/2 ..
     const int h = blockIdx.y;
-    const int kvh = h / group;
     const long long t0 = (long long)(gridDim.x - 1 - blockIdx.x) * PAIR_TILE;  // heaviest first
 
-    // ---- Q of the tile, quantized (int8, one scale per 32) into shared memory over the ring
-    {
-        int8_t* sq = reinterpret_cast<int8_t*>(smem);
-        float* sqd = reinterpret_cast<float*>(smem + PAIR_TILE * KP);
-        if (tid < PAIR_TILE) spos[tid] = (t0 + tid < T) ? positions[t0 + tid] : -1;
-        float x[8][NB];  // the warp's 8 rows, every load in flight before the first reduction
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const long long t = t0 + qg * 16 + hh * 8 + i;
-#pragma unroll
-            for (int b = 0; b < NB; ++b) x[i][b] = (t < T) ? q[t * ldq + (long long)h * HD + 32 * b + lane] : 0.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int qi = qg * 16 + hh * 8 + i;
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                const float amax = warp_max(fabsf(x[i][b]));
-                int8_t c = 0;
-                float d = 0.0f;
-                if (amax > 0.0f) {
-                    const float d_inv = q8_inv_scale(amax);
-                    c = q8_code(x[i][b], d_inv);
-                    d = q8_scale(d_inv);
-                }
-                sq[qi * KP + 32 * b + lane] = c;
-                if (lane == 0) sqd[qi * NB + b] = d;
-            }
-        }
-    }
+    if (tid < PAIR_TILE) spos[tid] = (t0 + tid < T) ? positions[t0 + tid] : -1;
     __syncthreads();
-
     const int r0 = qg * 16 + g, r1 = r0 + 8;
-    int qa[NB][4];
-    float dq0[NB], dq1[NB];
-    {
-        const int* sqw = reinterpret_cast<const int*>(smem);
-        const float* sqd = reinterpret_cast<const float*>(smem + PAIR_TILE * KP);
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-            qa[b][0] = sqw[r0 * (KP / 4) + 8 * b + tq];
-            qa[b][1] = sqw[r1 * (KP / 4) + 8 * b + tq];
-            qa[b][2] = sqw[r0 * (KP / 4) + 8 * b + 4 + tq];
-            qa[b][3] = sqw[r1 * (KP / 4) + 8 * b + 4 + tq];
-            dq0[b] = sqd[r0 * NB + b];
-            dq1[b] = sqd[r1 * NB + b];
-        }
-    }
+    // ldmatrix rows of the Q A fragments: matrix j = lane / 8 is rows 0-7 (j even) or 8-15 of
+    // the group, bytes 0-15 (j < 2) or 16-31 of a 32-value block
+    const unsigned q_frag = smem_u32(smem + SM::Q_OFF) +
+                            (unsigned)((qg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * KP + 16 * (lane >> 4));
     int maxpos = -1;
     for (int i = 0; i < PAIR_TILE; ++i) maxpos = max(maxpos, spos[i]);
     const int n_blk = maxpos < 0 ? 0 : maxpos / KEY_BLOCK + 1;
@@ -696,17 +658,17 @@ __device__ __forceinline__ void attend_pair_body(
     const int last1 = pos1 < 0 ? -1 : pos1 / KEY_BLOCK;
     const int plast = __reduce_max_sync(0xffffffffu, max(last0, last1));    // the pair's (same rows)
     const int pminpos = __reduce_min_sync(0xffffffffu, min(pos0, pos1));   // -1 with padding rows
-    __syncthreads();  // the Q tile is read; the ring may be written
 
-    const long long head_row0 = (long long)kvh * cap;
-    const int8_t* kbase = k_codes + head_row0 * HD;
-    const int8_t* vbase = v_codes + head_row0 * HD;
-    const float* ksbase = k_scale + head_row0 * NB;
-    const float* vsbase = v_scale + head_row0;
     // key block c -> ring stage c % PAIR_STAGES; key kappa at row 32 (kappa & 1) + (kappa >> 1)
     auto issue = [&](int c) {
         if (c < n_blk) {
             const int j0 = c * KEY_BLOCK;
+            // the head's rows from the parameters here, not held in registers across the compute
+            const long long head_row0 = (long long)(blockIdx.y / group) * cap;
+            const int8_t* kbase = k_codes + head_row0 * HD;
+            const int8_t* vbase = v_codes + head_row0 * HD;
+            const float* ksbase = k_scale + head_row0 * NB;
+            const float* vsbase = v_scale + head_row0;
             const unsigned st = ring + (unsigned)((c % PAIR_STAGES) * SM::STAGE);
             constexpr int CH = HD / 16;  // 16-byte chunks of a row
             constexpr int NCH = 2 * KEY_BLOCK * CH;  // K then V
@@ -739,6 +701,43 @@ __device__ __forceinline__ void attend_pair_body(
         cp_async_commit();  // every thread commits a group per block, empty or not
     };
 
+    // the first key blocks are in flight while Q is quantized
+#pragma unroll
+    for (int s = 0; s < PAIR_STAGES - 1; ++s) issue(s);
+
+    // ---- Q of the tile, quantized (int8, one scale per 32) into shared memory; each block
+    // reads its fragments there again (ldmatrix), so they hold no registers across the epilogue
+    const float* sqd = reinterpret_cast<const float*>(smem + SM::QD_OFF);
+    {
+        int8_t* sq = reinterpret_cast<int8_t*>(smem + SM::Q_OFF);
+        float* sqd_w = reinterpret_cast<float*>(smem + SM::QD_OFF);
+        float x[8][NB];  // the warp's 8 rows, every load in flight before the first reduction
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const long long t = t0 + qg * 16 + hh * 8 + i;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) x[i][b] = (t < T) ? q[t * ldq + (long long)h * HD + 32 * b + lane] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int qi = qg * 16 + hh * 8 + i;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const float amax = warp_max(fabsf(x[i][b]));
+                int8_t c = 0;
+                float d = 0.0f;
+                if (amax > 0.0f) {
+                    const float d_inv = q8_inv_scale(amax);
+                    c = q8_code(x[i][b], d_inv);
+                    d = q8_scale(d_inv);
+                }
+                sq[qi * KP + 32 * b + lane] = c;
+                if (lane == 0) sqd_w[qi * NB + b] = d;
+            }
+        }
+    }
+    __syncthreads();  // the Q tile is written
+
     const float NEG_INF = __int_as_float(0xff800000);
     float M0 = NEG_INF, M1 = NEG_INF, L0 = 0.0f, L1 = 0.0f;
     float O[NG][2][4];
@@ -755,8 +754,6 @@ __device__ __forceinline__ void attend_pair_body(
     const float* xs_oth = xs + (qg * 2 + 1 - hh) * 32;
     const int bar_id = 1 + qg;
 
-#pragma unroll
-    for (int s = 0; s < PAIR_STAGES - 1; ++s) issue(s);
     for (int c = 0; c < n_blk; ++c) {
         cp_async_wait<PAIR_STAGES - 2>();
         __syncthreads();  // block c is in the ring for every thread; block c - 1's stage is free
@@ -770,6 +767,14 @@ __device__ __forceinline__ void attend_pair_body(
             constexpr bool FULL = decltype(full_tag)::value;
             // scores of the warp's 32 keys: accumulator (nt, e) is row r0 (e < 2) or r1, key
             // kappa = 2 (8 nt + 2 tq + (e & 1)) + hh
+            int qa[NB][4];
+            float dq0[NB], dq1[NB];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                ldsm_x4(q_frag + 32 * b, qa[b][0], qa[b][1], qa[b][2], qa[b][3]);
+                dq0[b] = sqd[r0 * NB + b];
+                dq1[b] = sqd[r1 * NB + b];
+            }
             float s[4][4];
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
@@ -921,8 +926,7 @@ __device__ __forceinline__ void attend_pair_body(
             mine.w = pack_lo(cb[2][2], cb[2][3], cb[3][2], cb[3][3]);
             xp[(qg * 2 + hh) * 32 + lane] = mine;
             pair_barrier(bar_id);
-            const int4 other = xp[(qg * 2 + 1 - hh) * 32 + lane];
-            const int4 p0 = hh ? other : mine, p1 = hh ? mine : other;
+            const int4 p0 = xp[(qg * 2) * 32 + lane], p1 = xp[(qg * 2 + 1) * 32 + lane];  // both, no selects
             pa[0][0] = p0.x; pa[0][1] = p0.y; pa[0][2] = p0.z; pa[0][3] = p0.w;
             pa[1][0] = p1.x; pa[1][1] = p1.y; pa[1][2] = p1.z; pa[1][3] = p1.w;
 
