@@ -41,7 +41,7 @@ from fast.cuda import runtime  # noqa: E402
 from gpu_timing import PycudaClock, interleaved  # noqa: E402
 
 H, HKV, HD = 32, 4, 128
-DEFAULT_ARMS = '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2}'
+DEFAULT_ARMS = '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2};{"variant": "pair"}'
 
 
 def sass_histogram(defines: dict, out_dir: str, tag: str, kernel: str = "attend_mma_hd128") -> dict | None:

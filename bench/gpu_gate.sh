@@ -6,9 +6,10 @@
 #   bash bench/gpu_gate.sh all
 #   bash bench/gpu_gate.sh suites   # the pytest-benchmark GPU suites (bench/test_bench_*_cuda.py), saved
 #                                   # under $LOG/benchmarks; not part of `all`
-#   bash bench/gpu_gate.sh kernels  # kernel forms A/B, interleaved (attention MMA_EPI, float_dense
-#                                   # warp/tile, a layer's experts gathered or in place) and the whole
-#                                   # prefill: in_place alone at small chunks, every earlier form vs default
+#   bash bench/gpu_gate.sh kernels  # kernel forms A/B, interleaved (attention MMA_EPI and the pair
+#                                   # kernel, float_dense warp/tile, a layer's experts gathered or in
+#                                   # place) and the whole prefill: in_place alone at small chunks,
+#                                   # pair_attention alone, every earlier form vs default
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
 # installs it from the package index, and only where no index answers from the wheels in
 # ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). Parallel pytest workers
@@ -73,11 +74,14 @@ if [[ $MODE == kernels ]]; then
   python3 bench/bench_attention_ab_cuda.py --sass "$LOG/sass" 2>&1 | tee "$LOG/attention_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 bench/bench_float_dense_ab_cuda.py 2>&1 | tee "$LOG/float_dense_ab.log" | tail -n 12 >> "$SUMMARY"
   python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 22 >> "$SUMMARY"
+  python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_PAIR_ATTENTION=0 --b default \
+      --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_pair_attention.md" 2>&1 \
+      | tee "$LOG/ab_pair_attention.log"; cat "$LOG/ab_pair_attention.md" >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_IN_PLACE=0 --b default \
       --tokens "${SMALL_TOKENS:-254,1024,2048}" --reps "${REPS:-5}" --markdown "$LOG/ab_in_place.md" 2>&1 \
       | tee "$LOG/ab_in_place.log"; cat "$LOG/ab_in_place.md" >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" \
-      --a STRATA_PREFILL_LEAN_ATTENTION=0,STRATA_PREFILL_TILED_DENSE=0,STRATA_PREFILL_IN_PLACE=0,STRATA_PREFILL_WIDEN_FLOAT=0 \
+      --a STRATA_PREFILL_LEAN_ATTENTION=0,STRATA_PREFILL_TILED_DENSE=0,STRATA_PREFILL_IN_PLACE=0,STRATA_PREFILL_WIDEN_FLOAT=0,STRATA_PREFILL_PAIR_ATTENTION=0 \
       --b default --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_kernels.md" 2>&1 \
       | tee "$LOG/ab_kernels.log"; cat "$LOG/ab_kernels.md" >> "$SUMMARY"
 fi

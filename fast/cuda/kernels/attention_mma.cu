@@ -548,8 +548,8 @@ ATTEND_MMA_KERNEL(128)
 //   compute); K and V rows land at row 32 (kappa & 1) + (kappa >> 1), so each warp's keys are
 //   consecutive rows (conflict-free ldmatrix). K fragments: ldmatrix; V fragments: ldmatrix
 //   .trans on 2-byte pairs (keys 2tq, 2tq + 1 of a dim pair) and a byte permute into the dim
-//   2g and 2g + 1 fragments (the even and odd n-tiles of a 16-dim group). Q's fragments and
-//   scales stay in shared memory and are read again each block (registers for the epilogue).
+//   2g and 2g + 1 fragments (the even and odd n-tiles of a 16-dim group). Q has its own shared
+//   memory, so the first key blocks are in flight while it is quantized.
 //   Per block and row, alpha (skipped while every row of the warp keeps a finite maximum:
 //   exp(0) = 1) and the two divisions of the P quantization run once a lane, one row each.
 #ifndef PAIR_QG
@@ -705,8 +705,8 @@ __device__ __forceinline__ void attend_pair_body(
 #pragma unroll
     for (int s = 0; s < PAIR_STAGES - 1; ++s) issue(s);
 
-    // ---- Q of the tile, quantized (int8, one scale per 32) into shared memory; each block
-    // reads its fragments there again (ldmatrix), so they hold no registers across the epilogue
+    // ---- Q of the tile, quantized (int8, one scale per 32) into shared memory, then its A
+    // fragments (ldmatrix) and scales into registers for every block
     const float* sqd = reinterpret_cast<const float*>(smem + SM::QD_OFF);
     {
         int8_t* sq = reinterpret_cast<int8_t*>(smem + SM::Q_OFF);
@@ -737,6 +737,14 @@ __device__ __forceinline__ void attend_pair_body(
         }
     }
     __syncthreads();  // the Q tile is written
+    int qa[NB][4];
+    float dq0[NB], dq1[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+        ldsm_x4(q_frag + 32 * b, qa[b][0], qa[b][1], qa[b][2], qa[b][3]);
+        dq0[b] = sqd[r0 * NB + b];
+        dq1[b] = sqd[r1 * NB + b];
+    }
 
     const float NEG_INF = __int_as_float(0xff800000);
     float M0 = NEG_INF, M1 = NEG_INF, L0 = 0.0f, L1 = 0.0f;
@@ -767,14 +775,6 @@ __device__ __forceinline__ void attend_pair_body(
             constexpr bool FULL = decltype(full_tag)::value;
             // scores of the warp's 32 keys: accumulator (nt, e) is row r0 (e < 2) or r1, key
             // kappa = 2 (8 nt + 2 tq + (e & 1)) + hh
-            int qa[NB][4];
-            float dq0[NB], dq1[NB];
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                ldsm_x4(q_frag + 32 * b, qa[b][0], qa[b][1], qa[b][2], qa[b][3]);
-                dq0[b] = sqd[r0 * NB + b];
-                dq1[b] = sqd[r1 * NB + b];
-            }
             float s[4][4];
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
