@@ -8,7 +8,7 @@ embed.cu (Q8_0 strata.quants.dequantize), gather_group.cu (strata.moe.group_buff
 
 Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
 probabilities, T=1, positions crossing 64-key blocks, GQA, head_dim 64 and 128, n_embd 256 and
-2560). Attention runs every kernel variant (mma, split, auto and the default) on each case,
+2560). Attention runs every kernel variant (mma, pair, split, auto and the default) on each case,
 with long prompts crossing many key blocks and T=1 decode at large positions. Outputs are poisoned before each launch and compared whole as bytes; a mismatch reports
 the first differing element, both values (float and hex) and the count. Without a GPU (or
 PyCUDA) every test skips with one line saying why.
@@ -284,7 +284,28 @@ def test_attention_mma_configs(dev, monkeypatch, case, warps, epi, scale):
     assert_same(_get(out), want, f"attention[mma, MMA_WARPS={warps}, MMA_EPI={epi}] case {case} scale {scale}")
 
 
-@pytest.mark.parametrize("variant", ["mma", "split"])
+@pytest.mark.parametrize("config", [{}, {"PAIR_COPY": 1}, {"PAIR_QG": 6}, {"PAIR_STAGES": 2},
+                                    {"PAIR_QG": 4, "PAIR_MINB": 2}], ids=str)
+@pytest.mark.parametrize("case", [1, 5, 6, 7])  # gqa4-cross64-hd128, mqa-T200-hd64, prefill-1000, chunk-1500
+@pytest.mark.parametrize("scale", [4.0, 16.0])
+def test_attention_pair_configs(dev, case, config, scale):
+    """The pair kernel under each configuration (ATTEND_PAIR_CONFIG: PAIR_QG groups a CTA,
+    PAIR_STAGES key blocks in flight, PAIR_MINB, and PAIR_COPY, the first (1) and the default
+    (2) way of issuing the copies)."""
+    if (case, scale) not in _ATT_CONFIG_WANT:  # the NumPy reference once per case
+        _ATT_CONFIG_WANT.clear()
+        n_head, n_kv, hd, positions, start = ATT_CASES[case].values
+        rng = np.random.default_rng(900 + case)
+        positions = positions.astype(np.int32)
+        cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, scale)
+        _ATT_CONFIG_WANT[case, scale] = (cache, q, positions, attention.attend(cache, 0, q, positions))
+    cache, q, positions, want = _ATT_CONFIG_WANT[case, scale]
+    out = _poisoned(q.shape, F32)
+    cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="pair", config=config)
+    assert_same(_get(out), want, f"attention[pair, {config}] case {case} scale {scale}")
+
+
+@pytest.mark.parametrize("variant", ["mma", "pair", "split"])
 def test_attention_positions_on_device(dev, variant):
     """Positions as a GPUArray (no host copy: the split grid spans the capacity)."""
     rng = np.random.default_rng(5)

@@ -561,6 +561,13 @@ ATTEND_MMA_KERNEL(128)
 #ifndef PAIR_MINB
 #define PAIR_MINB 1    // __launch_bounds__ minimum CTAs per SM
 #endif
+// PAIR_COPY: how a thread issues its cp.async chunks of a key block; both copy the same bytes.
+//   2 (default): its K and V chunk share one offset and one bound check, the head's row from a
+//      division done once; 1: the first form, offsets and the head row worked out each block.
+#ifndef PAIR_COPY
+#define PAIR_COPY 2
+#endif
+static_assert(PAIR_COPY == 1 || PAIR_COPY == 2, "PAIR_COPY is 1 or 2");
 static_assert(PAIR_STAGES >= 2, "a ring of at least two key blocks");
 #define PAIR_THREADS (64 * PAIR_QG)
 #define PAIR_TILE (16 * PAIR_QG)
@@ -659,8 +666,40 @@ __device__ __forceinline__ void attend_pair_body(
     const int plast = __reduce_max_sync(0xffffffffu, max(last0, last1));    // the pair's (same rows)
     const int pminpos = __reduce_min_sync(0xffffffffu, min(pos0, pos1));   // -1 with padding rows
 
-    // key block c -> ring stage c % PAIR_STAGES; key kappa at row 32 (kappa & 1) + (kappa >> 1)
+    // key block c -> ring stage c % PAIR_STAGES (stage_in, advanced by issue); key kappa at row
+    // 32 (kappa & 1) + (kappa >> 1). A thread's chunks are the same K and V bytes of the same
+    // keys every block, so one offset and one bound check serve both.
+    const int kvh = blockIdx.y / group;
+    int stage_in = 0;
     auto issue = [&](int c) {
+#if PAIR_COPY == 2
+        if (c < n_blk) {
+            const int j0 = c * KEY_BLOCK;
+            const long long row0 = (long long)kvh * cap + j0;  // the block's first key in the cache rows
+            const unsigned st = ring + (unsigned)(stage_in * SM::STAGE);
+            constexpr int CH = HD / 16;  // 16-byte chunks of a row
+#pragma unroll
+            for (int i = 0; i < (KEY_BLOCK * CH + PAIR_THREADS - 1) / PAIR_THREADS; ++i) {
+                const int idx = tid + i * PAIR_THREADS;
+                if ((KEY_BLOCK * CH) % PAIR_THREADS == 0 || idx < KEY_BLOCK * CH) {
+                    const int kap = idx / CH, part = idx % CH;
+                    const unsigned dst = st + (32 * (kap & 1) + (kap >> 1)) * KP + 16 * part;
+                    const bool ok = j0 + kap < cap;
+                    const long long off = ok ? (row0 + kap) * HD + 16 * part : 0;
+                    cp_async<16>(dst + SM::K_OFF, k_codes + off, ok);
+                    cp_async<16>(dst + SM::V_OFF, v_codes + off, ok);
+                }
+            }
+            if (tid < KEY_BLOCK) {
+                const int row = 32 * (tid & 1) + (tid >> 1);
+                const bool ok = j0 + tid < cap;
+                const long long key = ok ? row0 + tid : 0;
+                cp_async<4 * NB>(st + SM::KS_OFF + 4 * NB * row, k_scale + key * NB, ok);
+                cp_async<4>(st + SM::VS_OFF + 4 * row, v_scale + key, ok);
+            }
+            stage_in = (stage_in + 1 == PAIR_STAGES) ? 0 : stage_in + 1;
+        }
+#else  // PAIR_COPY 1: the first form, each block's chunks and head rows worked out afresh
         if (c < n_blk) {
             const int j0 = c * KEY_BLOCK;
             // the head's rows from the parameters here, not held in registers across the compute
@@ -669,7 +708,7 @@ __device__ __forceinline__ void attend_pair_body(
             const int8_t* vbase = v_codes + head_row0 * HD;
             const float* ksbase = k_scale + head_row0 * NB;
             const float* vsbase = v_scale + head_row0;
-            const unsigned st = ring + (unsigned)((c % PAIR_STAGES) * SM::STAGE);
+            const unsigned st = ring + (unsigned)(stage_in * SM::STAGE);
             constexpr int CH = HD / 16;  // 16-byte chunks of a row
             constexpr int NCH = 2 * KEY_BLOCK * CH;  // K then V
 #pragma unroll
@@ -697,7 +736,9 @@ __device__ __forceinline__ void attend_pair_body(
                     else cp_async<4 * NB>(st + SM::KS_OFF + 4 * NB * row, ksbase + (ok ? (long long)(j0 + k2) * NB : 0), ok);
                 }
             }
+            stage_in = (stage_in + 1 == PAIR_STAGES) ? 0 : stage_in + 1;
         }
+#endif
         cp_async_commit();  // every thread commits a group per block, empty or not
     };
 
@@ -762,14 +803,19 @@ __device__ __forceinline__ void attend_pair_body(
     const float* xs_oth = xs + (qg * 2 + 1 - hh) * 32;
     const int bar_id = 1 + qg;
 
+    int stage_use = 0;  // block c's stage, c % PAIR_STAGES
     for (int c = 0; c < n_blk; ++c) {
         cp_async_wait<PAIR_STAGES - 2>();
         __syncthreads();  // block c is in the ring for every thread; block c - 1's stage is free
         issue(c + PAIR_STAGES - 1);
-        if (c > plast) continue;  // pair-uniform: none of the pair's queries reaches block c
+        if (c > plast) {  // pair-uniform: none of the pair's queries reaches block c
+            stage_use = (stage_use + 1 == PAIR_STAGES) ? 0 : stage_use + 1;
+            continue;
+        }
         const int j0 = c * KEY_BLOCK;
-        const unsigned st = ring + (unsigned)((c % PAIR_STAGES) * SM::STAGE);
-        const unsigned char* stp = smem + (c % PAIR_STAGES) * SM::STAGE;
+        const unsigned st = ring + (unsigned)(stage_use * SM::STAGE);
+        const unsigned char* stp = smem + stage_use * SM::STAGE;
+        stage_use = (stage_use + 1 == PAIR_STAGES) ? 0 : stage_use + 1;
 
         auto block = [&](auto full_tag) {
             constexpr bool FULL = decltype(full_tag)::value;
