@@ -264,20 +264,26 @@ def test_attention(dev, n_head, n_kv, hd, positions, start, scale, variant):
 _ATT_CONFIG_WANT: dict = {}
 
 
-@pytest.mark.parametrize("warps,epi", [(4, 1), (4, 2), (8, 1), (8, 2)])
-@pytest.mark.parametrize("case", [1, 6, 7])  # gqa4-cross64-hd128, prefill-1000, chunk-1500
-@pytest.mark.parametrize("scale", [4.0, 16.0])  # 16: key blocks far below the running maximum
-def test_attention_mma_configs(dev, monkeypatch, case, warps, epi, scale):
-    """The mma kernel under each configuration (ATTEND_MMA_CONFIG: MMA_WARPS, and MMA_EPI, the
-    old (1) and the default (2) per-(query, key) float work)."""
-    if (case, scale) not in _ATT_CONFIG_WANT:  # the NumPy reference once per case
+def _config_case(case: int, scale: float):
+    """(cache, q, positions, the NumPy reference's output) of ATT_CASES[case] at `scale`, for
+    the kernel-configuration tests; the reference runs once per case and scale."""
+    if (case, scale) not in _ATT_CONFIG_WANT:
         _ATT_CONFIG_WANT.clear()
         n_head, n_kv, hd, positions, start = ATT_CASES[case].values
         rng = np.random.default_rng(900 + case)
         positions = positions.astype(np.int32)
         cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, scale)
         _ATT_CONFIG_WANT[case, scale] = (cache, q, positions, attention.attend(cache, 0, q, positions))
-    cache, q, positions, want = _ATT_CONFIG_WANT[case, scale]
+    return _ATT_CONFIG_WANT[case, scale]
+
+
+@pytest.mark.parametrize("warps,epi", [(4, 1), (4, 2), (8, 1), (8, 2)])
+@pytest.mark.parametrize("case", [1, 6, 7])  # gqa4-cross64-hd128, prefill-1000, chunk-1500
+@pytest.mark.parametrize("scale", [4.0, 16.0])  # 16: key blocks far below the running maximum
+def test_attention_mma_configs(dev, monkeypatch, case, warps, epi, scale):
+    """The mma kernel under each configuration (ATTEND_MMA_CONFIG: MMA_WARPS, and MMA_EPI, the
+    old (1) and the default (2) per-(query, key) float work)."""
+    cache, q, positions, want = _config_case(case, scale)
     monkeypatch.setattr(cu_att, "ATTEND_MMA_CONFIG", {"MMA_WARPS": warps, "MMA_EPI": epi})
     out = _poisoned(q.shape, F32)
     cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="mma")
@@ -292,14 +298,7 @@ def test_attention_pair_configs(dev, case, config, scale):
     """The pair kernel under each configuration (ATTEND_PAIR_CONFIG: PAIR_QG groups a CTA,
     PAIR_STAGES key blocks in flight, PAIR_MINB, and PAIR_COPY, the first (1) and the default
     (2) way of issuing the copies)."""
-    if (case, scale) not in _ATT_CONFIG_WANT:  # the NumPy reference once per case
-        _ATT_CONFIG_WANT.clear()
-        n_head, n_kv, hd, positions, start = ATT_CASES[case].values
-        rng = np.random.default_rng(900 + case)
-        positions = positions.astype(np.int32)
-        cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, scale)
-        _ATT_CONFIG_WANT[case, scale] = (cache, q, positions, attention.attend(cache, 0, q, positions))
-    cache, q, positions, want = _ATT_CONFIG_WANT[case, scale]
+    cache, q, positions, want = _config_case(case, scale)
     out = _poisoned(q.shape, F32)
     cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="pair", config=config)
     assert_same(_get(out), want, f"attention[pair, {config}] case {case} scale {scale}")
