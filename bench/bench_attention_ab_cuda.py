@@ -78,6 +78,8 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write every timing here")
     args = ap.parse_args()
     arms = [json.loads(a) for a in args.arms.split(";")]
+    variants = [a.get("variant", "mma") for a in arms]                      # the kernel of each arm
+    defines = [{k: v for k, v in a.items() if k != "variant"} for a in arms]  # and its defines
     runtime.context()
     dev = runtime.Device()
     clock = PycudaClock(dev.stream)
@@ -85,8 +87,8 @@ def main() -> int:
     result = {"arms": arms, "lengths": []}
     if args.sass:
         os.makedirs(args.sass, exist_ok=True)
-        result["sass"] = [sass_histogram({k: v for k, v in a.items() if k != "variant"}, args.sass, f"arm{i}",
-                                         f"attend_{a.get('variant', 'mma')}_hd128") for i, a in enumerate(arms)]
+        result["sass"] = [sass_histogram(defines[i], args.sass, f"arm{i}", f"attend_{variants[i]}_hd128")
+                          for i in range(len(arms))]
     failed = False
     rows = []
     for tokens in [int(t) for t in args.tokens.split(",")]:
@@ -100,9 +102,7 @@ def main() -> int:
         outs = [dev.empty((tokens, H, HD), np.float32) for _ in arms]
 
         def run(i):
-            defines = {k: v for k, v in arms[i].items() if k != "variant"}
-            kv.attend(0, q, positions, positions_dev=pos_dev, out=outs[i], variant=arms[i].get("variant", "mma"),
-                      config=defines)
+            kv.attend(0, q, positions, positions_dev=pos_dev, out=outs[i], variant=variants[i], config=defines[i])
 
         times = [[1e3 * t for t in ts] for ts in interleaved(clock, [lambda i=i: run(i) for i in range(len(arms))],
                                                           args.reps)]

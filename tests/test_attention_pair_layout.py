@@ -130,17 +130,22 @@ def test_fragments_give_the_plain_dots(rng, hd):
     for k in range(64):
         sK[smem_row(k)], sV[smem_row(k)] = K[k], V[k]
 
-    # scores of half h: B from ldmatrix of rows 32h + 8nt + r, bytes 32b + 16 half
+    # scores of half h: B from ldmatrix .x4 of rows 32h + 8nt + r at bytes 64 bb + 16 j, matrix j
+    # being block 2 bb + j / 2, register j % 2
     for h in range(2):
         for nt in range(4):
+            kb = {}
+            for bb in range(hd // 64):
+                m = ldsm([b16_matrix(sK[32 * h + 8 * nt:32 * h + 8 * nt + 8], 64 * bb + 16 * j) for j in range(4)],
+                         trans=False)
+                for j in range(4):
+                    kb[2 * bb + j // 2, j % 2] = m[j]
             acc = np.zeros((16, 8), np.int64)
             for b in range(hd // 32):
-                m = ldsm([b16_matrix(sK[32 * h + 8 * nt:32 * h + 8 * nt + 8], 32 * b + 16 * half)
-                          for half in range(2)] * 2, trans=False)
                 a = {(g, tq): [Q[g, 32 * b + 4 * tq:32 * b + 4 * tq + 4], Q[g + 8, 32 * b + 4 * tq:32 * b + 4 * tq + 4],
                                Q[g, 32 * b + 16 + 4 * tq:32 * b + 20 + 4 * tq],
                                Q[g + 8, 32 * b + 16 + 4 * tq:32 * b + 20 + 4 * tq]] for g, tq in LANES}
-                acc += mma_k32(a, {lane: (m[0][lane], m[1][lane]) for lane in LANES})
+                acc += mma_k32(a, {lane: (kb[b, 0][lane], kb[b, 1][lane]) for lane in LANES})
             for n in range(8):  # column n is lambda 8 nt + n
                 want = Q.astype(np.int64) @ K[kappa(8 * nt + n, h)].astype(np.int64)
                 assert np.array_equal(acc[:, n], want)
