@@ -184,9 +184,34 @@ def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
     return q8_1.Q8Rows(**f)
 
 
-def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128,), seed=0):
+def _extreme_blocks(qt, n_blocks: int, rng) -> np.ndarray:
+    """Random valid blocks pushed to the largest block sums: every integer sub-scale at its
+    maximum (31; Q2_K 15) and, for IQ2_XS and IQ3_XXS, every grid index at the grid entry of
+    largest magnitude; signs and block scales stay random."""
+    blk = quants.random_blocks(qt, n_blocks, rng)
+    if qt in (QT.IQ2_XS, QT.IQ3_XXS):
+        gmax = int(np.argmax(np.abs(quants._grid(qt).astype(np.int32)).sum(axis=1)))
+    if qt == QT.IQ2_XS:  # d | 32 x u16 (9-bit grid index, 7-bit sign index) | 8 scale bytes
+        qs = np.ascontiguousarray(blk[:, 2:66]).view("<u2")
+        blk[:, 2:66] = ((qs & np.uint16(0xFE00)) | np.uint16(gmax)).view(np.uint8)
+        blk[:, 66:74] = 0xFF
+    elif qt == QT.IQ3_XXS:  # d | 64 grid indices | 8 x u32 (4 sign indices, 4-bit scale on top)
+        blk[:, 2:66] = gmax
+        a32 = np.ascontiguousarray(blk[:, 66:98]).view("<u4")
+        blk[:, 66:98] = (a32 | np.uint32(0xF0000000)).view(np.uint8)
+    elif qt == QT.Q2_K:  # 16 scale bytes (low nibble the scale) | 64 code bytes | d | dmin
+        blk[:, 0:16] |= 0x0F
+        blk[:, 16:80] = 0xFF
+    return blk
+
+
+def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128,), seed=0,
+              extreme=False):
     """Experts with `rows` activation rows each, laid out after `lead` unused rows with `gap`
-    unused rows between experts; weights in one group buffer with odd-ish stride."""
+    unused rows between experts; weights in one group buffer with odd-ish stride. extreme:
+    weights from _extreme_blocks and each activation row the signs of one weight row (+ or -),
+    so its q8_1 codes are +-127 aligned with that row: the largest block sums. Returns the
+    largest |sumi| of a block over the case (from the reference's folded codes)."""
     from fast.cuda import products
 
     rng = np.random.default_rng(seed)
@@ -197,7 +222,8 @@ def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows
     wbuf = np.zeros(n_exp * stride + 64, np.uint8)  # + a zeroed tail
     wq = []
     for q in range(n_exp):
-        blk = quants.random_blocks(qt, N * K // vpb, rng).reshape(N, rb)
+        make = _extreme_blocks if extreme else quants.random_blocks
+        blk = make(qt, N * K // vpb, rng).reshape(N, rb)
         wbuf[q * stride: q * stride + N * rb] = blk.reshape(-1)
         wq.append(blk)
     bounds = []
@@ -209,7 +235,11 @@ def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows
     layout = q8_1.layout_for(qt)
     x = rng.standard_normal((R_total, K)).astype(np.float32)
     x *= np.exp(rng.uniform(-3, 3, size=(R_total, 1))).astype(np.float32)
-    if R_total > lead:
+    if extreme:
+        folded = quants.folded_codes(quants.decode(qt, wq[0])).reshape(N, K)
+        sign = np.where(folded[np.arange(R_total) % N] < 0, -1.0, 1.0).astype(np.float32)
+        x = sign * np.where(np.arange(R_total) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None]
+    elif R_total > lead:
         x[lead] = 0.0
     act_rows = q8_1.quantize_rows(x, layout)
     abuf = q8_1.pack_rows(act_rows)
@@ -233,6 +263,9 @@ def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows
             assert np.array_equal(got, want), (
                 f"{qt.name} N={N} K={K} rows={rows} tile_rows={tr} config={cfg}: "
                 + _f32_report(got, want, N))
+    pw = mmq.prepare(qt, wq[0])  # w: [nb, 32, N]
+    codes = np.ascontiguousarray(dec_act.codes[:, :pw.w.shape[0]].transpose(1, 0, 2), dtype=np.float32)
+    return float(np.abs(np.matmul(codes, pw.w)).max())
 
 
 @pytest.mark.parametrize("tname", TYPES)
@@ -265,6 +298,18 @@ def test_mmq_odd_k(cu, dev, tname):
 def test_mmq_many_rows(cu, dev, tname):
     # ~150 rows per expert (the default picks its large-tile configuration), 2 row tiles each
     _mmq_case(cu, dev, QT[tname], 320, 512, [200, 130, 0, 77, 193], tile_rows=(128, 96), seed=8)
+
+
+@pytest.mark.parametrize("tname", ["IQ2_XS", "IQ3_XXS", "Q2_K"])
+def test_mmq_extreme_sub_scaled_sums(cu, dev, tname):
+    """The largest block sums the sub-scale step carries (MMQ_SUBFMA: u * S as one exact fused
+    multiply-add, scaled_magic): maximal sub-scales and grid entries, activations +-127 aligned
+    with the weights' signs. IQ2_XS's sub-scaled sum of a block passes 2^22 here, the range no
+    single magic-number conversion of the integer sum could carry."""
+    qt = QT[tname]
+    top = _mmq_case(cu, dev, qt, 64, 512, [40, 0, 24], tile_rows=(128, 16), seed=11, extreme=True)
+    floor = {"IQ2_XS": 2 ** 22, "IQ3_XXS": 2 ** 21, "Q2_K": 2 ** 14}[tname]
+    assert top > floor, f"{tname}: the largest block sum {top:.0f} does not reach {floor}"
 
 
 def test_mmq_sixteen_experts(cu, dev):

@@ -14,6 +14,17 @@
 #define MAGIC_I 0x4B400000
 #define MAGIC_F 12582912.0f
 
+// u * (float)i from the mma bits d = MAGIC_I + i (|i| < 2^22) in one fused multiply-add, for a
+// small integer u (|u| <= 64) with |u * i| < 2^24; nu_magic = -u * MAGIC_F, exact (3u * 2^22).
+// The float of d is 1.5 * 2^23 + i exactly, so the fused operation's exact value
+// u * (1.5 * 2^23 + i) - u * 1.5 * 2^23 is the integer u * i, a float: its one rounding changes
+// nothing, and the bits are those of u * ((float)i), two exact operations. The only fused
+// multiply-add in the kernels: --fmad=false keeps every other product and sum apart.
+__device__ __forceinline__ float scaled_magic(float u, float nu_magic, int d)
+{
+    return __fmaf_rn(u, __int_as_float(d), nu_magic);
+}
+
 // strata.numerics.exp's arithmetic for x in [-87, 88]: n = rintf(x * log2e) through MAGIC_F,
 // the two-part ln 2 reduction, the polynomial, 2^n from exponent bits. Out of that range its
 // value is not the definition's (the callers below select theirs).
