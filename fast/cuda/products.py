@@ -396,7 +396,9 @@ def mmq_dense(dev, qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | Non
     if b is None:  # constant per R, kept for the process
         b = runtime.to_device(np.array([0, R], np.int32), "MMQ row bounds")
         _dense_bounds[R] = b
-    mmq_group(dev, qtype, w, 0, N, K, act, R, b, 1, out, ldo=ldo, rows=R, config=config)
+    # an explicit configuration tiles rows by its own BN (the automatic one caps at its BN itself)
+    tile_rows = DEFAULT_TILE_ROWS if config is None else mmq_geometry(config)["BN"]
+    mmq_group(dev, qtype, w, 0, N, K, act, R, b, 1, out, ldo=ldo, rows=R, config=config, tile_rows=tile_rows)
 
 
 # --------------------------------------------------------------------------- group gathers
