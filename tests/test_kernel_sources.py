@@ -78,3 +78,12 @@ def test_block_quantize_exp_and_reductions_come_from_the_header(path):
     assert not re.search(r"\b(__expf|expf|exp2f|__exp2f)\s*\(", code), f"{path.name} calls a libm exp"
     assert "strata_exp_fast" not in code
     assert not BUTTERFLY.search(code), f"{path.name} writes a warp butterfly inline"
+
+
+def test_combine_row_form_k_limit_matches_the_host():
+    """elementwise.combine picks the row form only for K up to the kernel's shared arrays."""
+    from fast.cuda import elementwise
+
+    text = (Path(KERNEL_DIR) / "combine.cu").read_text()
+    m = re.search(r"#define COMBINE_MAXK (\d+)", text)
+    assert m and int(m.group(1)) == elementwise.COMBINE_MAXK

@@ -20,6 +20,7 @@ import pytest
 
 from fast.cuda import attention as cu_att, elementwise as cu_ew, products as cu_prod
 from strata import attention, moe, numerics, routing
+from strata.errors import InputError
 
 try:
     from fast.cuda.runtime import cuda_available
@@ -425,9 +426,11 @@ def test_sigmoid(dev):
     assert_same(_get(out), want, "sigmoid")
 
 
-@pytest.mark.parametrize("T,K,D,E", [(1, 8, 256, 64), (9, 8, 256, 64), (17, 10, 2560, 512)])
+@pytest.mark.parametrize("T,K,D,E", [(1, 8, 256, 64), (9, 8, 256, 64), (17, 10, 2560, 512), (5, 3, 102, 16),
+                                     (300, 10, 2560, 512)])
 @pytest.mark.parametrize("shared", [False, True])
-def test_combine(dev, T, K, D, E, shared):
+@pytest.mark.parametrize("form", ["auto", "element"])
+def test_combine(dev, T, K, D, E, shared, form):
     rng = np.random.default_rng(T * K + D + shared)
     logits = _logits(rng, T, E, ties=False)
     ids, w = routing.top_k(logits, K)
@@ -441,11 +444,14 @@ def test_combine(dev, T, K, D, E, shared):
     want = moe.combine(x, w, tab.slot, y, sh)
     out = _poisoned((T, D), F32)
     dsh = None if sh is None else (_up(sh[0]), _up(sh[1]))
-    cu_ew.combine(dev, _up(x), _up(w), _up(tab.slot), _up(y), dsh, out=out)
-    assert_same(_get(out), want, f"combine T={T} K={K} D={D} shared={shared}")
+    cu_ew.combine(dev, _up(x), _up(w), _up(tab.slot), _up(y), dsh, out=out, form=form)
+    assert_same(_get(out), want, f"combine {form} T={T} K={K} D={D} shared={shared}")
     xd = _up(x)  # in place
-    cu_ew.combine(dev, xd, _up(w), _up(tab.slot), _up(y), dsh, out=xd)
-    assert_same(_get(xd), want, f"combine in place T={T} K={K} D={D} shared={shared}")
+    cu_ew.combine(dev, xd, _up(w), _up(tab.slot), _up(y), dsh, out=xd, form=form)
+    assert_same(_get(xd), want, f"combine {form} in place T={T} K={K} D={D} shared={shared}")
+    if form == "auto" and D % 4:  # the row form refuses what it cannot read as float4
+        with pytest.raises(InputError, match="row form"):
+            cu_ew.combine(dev, _up(x), _up(w), _up(tab.slot), _up(y), dsh, out=out, form="row")
 
 
 # ---------------------------------------------------------------- embedding, gather

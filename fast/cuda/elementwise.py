@@ -221,12 +221,18 @@ def swiglu(dev, g, u, out=None, *, r0: int = 0, r1: int | None = None):
     return out
 
 
-def combine(dev, x, weights, slot, y, shared=None, out=None):
+#: combine_rows_vec's K limit (combine.cu COMBINE_MAXK)
+COMBINE_MAXK = 64
+
+
+def combine(dev, x, weights, slot, y, shared=None, out=None, form: str = "auto"):
     """x + (sum_k w[t,k] * y[slot[t*K+k]] in rank order, then + g_t * ysh[t]) (strata.moe.combine).
 
     x float32 [T, D]; weights float32 [T, K]; slot int32 [T*K]; y float32 [R, D] expert-sorted
     rows; shared None or (g float32 [T] (the sigmoid, see :func:`sigmoid`), ysh float32 [T, D]).
-    Returns out float32 [T, D] (out may be x)."""
+    Returns out float32 [T, D] (out may be x). form: "row" (combine_rows_vec: a CTA a token,
+    float4), "element" (combine_rows: a thread an element) or "auto" (row where D % 4 == 0, K
+    <= COMBINE_MAXK and the buffers are 16-byte aligned, else element); the same bytes."""
     check(x, "combine x", np.float32, ndim=2)
     T, D = (int(s) for s in x.shape)
     check(weights, "combine weights", np.float32, shape=(T, None))
@@ -243,9 +249,18 @@ def combine(dev, x, weights, slot, y, shared=None, out=None):
     out = dev.output(out, "combine out", (T, D), np.float32)
     if T * D == 0:
         return out
-    f = runtime.function("combine", "combine_rows", "PqPPiPqPPqPqii")
-    dev.launch(f, "combine", _grid1(T * D), (_THREADS, 1, 1), ptr(x), D, ptr(weights), ptr(slot),
-               K, ptr(y), D, g_ptr, ysh_ptr, D, ptr(out), D, T, D)
+    if form not in ("auto", "row", "element"):
+        raise InputError(f"combine: form must be auto, row or element, got {form!r}")
+    row_ok = D % 4 == 0 and K <= COMBINE_MAXK and all(p % 16 == 0 for p in (ptr(x), ptr(y), ysh_ptr, ptr(out)))
+    if form == "row" and not row_ok:
+        raise InputError(f"combine: the row form needs D % 4 == 0, K <= {COMBINE_MAXK} and 16-byte aligned rows")
+    args = (ptr(x), D, ptr(weights), ptr(slot), K, ptr(y), D, g_ptr, ysh_ptr, D, ptr(out), D, T, D)
+    if form != "element" and row_ok:
+        f = runtime.function("combine", "combine_rows_vec", "PqPPiPqPPqPqii")
+        dev.launch(f, "combine", (min(T, 1 << 20), 1, 1), (128, 1, 1), *args)
+    else:
+        f = runtime.function("combine", "combine_rows", "PqPPiPqPPqPqii")
+        dev.launch(f, "combine", _grid1(T * D), (_THREADS, 1, 1), *args)
     return out
 
 

@@ -7,6 +7,11 @@
 //   x, out: T rows of D floats (ldx / ldo); w float32 [T, K]; slot int32 [T*K];
 //   Y: expert-sorted rows (ldy); g: float32 [T] (already the sigmoid) or NULL; Ysh rows (ldsh).
 //   out may alias x.
+// combine_rows_vec -- the same definition and arithmetic per element, laid out for bandwidth: a
+//   CTA per token row (rows in a grid-stride loop), four consecutive j a thread (float4), the
+//   row's K weights and slot rows read once a row into shared memory instead of once an
+//   element, K <= COMBINE_MAXK. Needs D % 4 == 0 and every row start 16-byte aligned (the host
+//   checks; combine_rows serves the rest).
 // sigmoid_vec -- definition: strata.numerics.sigmoid: y = 1.0f / (1.0f + exp(-x)) with the shared
 //   polynomial exp; x read with a stride (incx), y contiguous.
 
@@ -31,6 +36,44 @@ combine_rows(const float* x, long long ldx, const float* __restrict__ w, const i
         }
         if (g != nullptr) acc = __fadd_rn(acc, __fmul_rn(g[t], ysh[t * ldsh + j]));
         out[t * ldo + j] = __fadd_rn(x[t * ldx + j], acc);
+    }
+}
+
+#define COMBINE_MAXK 64  // fast/cuda/elementwise.py COMBINE_MAXK (tests/test_kernel_sources.py)
+
+__device__ __forceinline__ void add_scaled4(float4& acc, float w, const float4 v)
+{
+    acc.x = __fadd_rn(acc.x, __fmul_rn(w, v.x));
+    acc.y = __fadd_rn(acc.y, __fmul_rn(w, v.y));
+    acc.z = __fadd_rn(acc.z, __fmul_rn(w, v.z));
+    acc.w = __fadd_rn(acc.w, __fmul_rn(w, v.w));
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+combine_rows_vec(const float* x, long long ldx, const float* __restrict__ w, const int* __restrict__ slot,
+                 int K, const float* __restrict__ y, long long ldy, const float* __restrict__ g,
+                 const float* __restrict__ ysh, long long ldsh, float* out, long long ldo, int T, int D)
+{
+    __shared__ float sw[COMBINE_MAXK];
+    __shared__ const float* sy[COMBINE_MAXK];
+    const int D4 = D >> 2;
+    for (int t = blockIdx.x; t < T; t += gridDim.x) {
+        __syncthreads();  // the previous row's readers are done with sw, sy
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            sw[k] = w[(long long)t * K + k];
+            sy[k] = y + (long long)slot[(long long)t * K + k] * ldy;
+        }
+        __syncthreads();
+        for (int j4 = threadIdx.x; j4 < D4; j4 += blockDim.x) {
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 5
+            for (int k = 0; k < K; ++k) add_scaled4(acc, sw[k], reinterpret_cast<const float4*>(sy[k])[j4]);
+            if (g != nullptr) add_scaled4(acc, g[t], reinterpret_cast<const float4*>(ysh + (long long)t * ldsh)[j4]);
+            const float4 xv = reinterpret_cast<const float4*>(x + (long long)t * ldx)[j4];
+            reinterpret_cast<float4*>(out + (long long)t * ldo)[j4] =
+                make_float4(__fadd_rn(xv.x, acc.x), __fadd_rn(xv.y, acc.y), __fadd_rn(xv.z, acc.z),
+                            __fadd_rn(xv.w, acc.w));
+        }
     }
 }
 

@@ -235,8 +235,16 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
     if constexpr (QT == QT_Q8_0) {
         const int p = o + 34 * j;
         dw = h2f(ldh(rowb, p));
+        // the 32 codes at bytes p + 2 .. p + 33: nine aligned words from the one holding byte
+        // p + 2, each code word two of them shifted by the one offset (ldw per word would
+        // recompute both addresses eight times)
+        const uint32_t* wd = reinterpret_cast<const uint32_t*>(rowb) + ((p + 2) >> 2);
+        const int sh = ((p + 2) & 3) * 8;
+        uint32_t v[9];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) c[k] = ldw(rowb, p + 2 + 4 * k);
+        for (int k = 0; k < 9; ++k) v[k] = wd[k];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) c[k] = __funnelshift_r(v[k], v[k + 1], sh);
     } else if constexpr (QT == QT_Q4_1) {
         const int p = o + 20 * j;
         dw = h2f(ldh(rowb, p));
