@@ -28,8 +28,7 @@ from strata.dense import encode_float  # noqa: E402
 
 SHAPES = (("router", 512, 2560, "BF16"), ("router", 512, 2560, "F32"), ("shexp gate", 1, 2560, "F32"))
 #: form -> (variant, float_dense.cu defines of the tiled form)
-FORMS = {"warp": ("warp", {}), "tile": ("tile", {}), "tile minb1": ("tile", {"FT_MINB": 1}),
-         "tile prefetch": ("tile", {"FT_PREFETCH": 1})}
+FORMS = {"warp": ("warp", {}), "tile": ("tile", {}), "tile minb1": ("tile", {"FT_MINB": 1})}
 
 
 def main() -> int:

@@ -30,21 +30,18 @@ def _weights(rng, qtype: QT, N: int, K: int) -> np.ndarray:
     return (v.view("<u4") >> np.uint32(16)).astype("<u2").view(np.uint8).reshape(N, -1)
 
 
-@pytest.mark.parametrize("variant", ["auto", "warp", "tile", "tile prefetch"])
+@pytest.mark.parametrize("variant", ["auto", "warp", "tile"])
 @pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16], ids=lambda q: q.name)
 @pytest.mark.parametrize("T,N,K", [(1, 16, 256), (3, 1, 256), (7, 5, 77), (130, 64, 512),
                                    (33, 128, 2048), (5, 3, 1), (70, 17, 300), (301, 512, 2560),
                                    (64, 1, 640), (40, 33, 31)])
-def test_float_dense_bytes(qtype, T, N, K, variant, monkeypatch):
+def test_float_dense_bytes(qtype, T, N, K, variant):
     import pycuda.driver as cuda
     from pycuda import gpuarray
 
     from fast.cuda import dense as cuda_dense, runtime
 
     runtime.context()
-    if variant == "tile prefetch":  # the tiled form built with FT_PREFETCH=1
-        monkeypatch.setattr(cuda_dense, "TILE_CONFIG", {"FT_PREFETCH": 1})
-        variant = "tile"
 
     rng = np.random.default_rng(T * 1000 + N * 10 + K)
     raw = _weights(rng, qtype, N, K)

@@ -88,11 +88,6 @@ __device__ __forceinline__ void float_dense_rows(const W* __restrict__ w, const 
 #ifndef FT_MINB
 #define FT_MINB 2
 #endif
-// FT_PREFETCH=1: the direct form loads the next k step during the current one's products;
-// 0 (default until measured better) loads each step before its products. Same bits.
-#ifndef FT_PREFETCH
-#define FT_PREFETCH 0
-#endif
 #ifndef FT_MINB_DIRECT
 #define FT_MINB_DIRECT 1
 #endif
@@ -158,34 +153,6 @@ __device__ __forceinline__ void float_dense_tile_direct(const W* __restrict__ w,
     float v[FT_R * FT_C];
 #pragma unroll
     for (int i = 0; i < FT_R * FT_C; ++i) v[i] = 0.0f;
-#if FT_PREFETCH
-    // the next k step's 16 values are loaded while this step's 64 products run (two warps a
-    // scheduler at one CTA an SM: the loads' latency is otherwise exposed every step)
-    float wv[FT_R], xv[FT_C];
-    if (lane < K) {
-#pragma unroll
-        for (int r = 0; r < FT_R; ++r) wv[r] = widen(wr[r][lane]);
-#pragma unroll
-        for (int c = 0; c < FT_C; ++c) xv[c] = xr[c][lane];
-    }
-    for (int k = lane; k < K; k += 32) {  // a lane past K adds nothing more (the definition's padding)
-        float wn[FT_R], xn[FT_C];
-        if (k + 32 < K) {
-#pragma unroll
-            for (int r = 0; r < FT_R; ++r) wn[r] = widen(wr[r][k + 32]);
-#pragma unroll
-            for (int c = 0; c < FT_C; ++c) xn[c] = xr[c][k + 32];
-        }
-#pragma unroll
-        for (int r = 0; r < FT_R; ++r)
-#pragma unroll
-            for (int c = 0; c < FT_C; ++c) v[r * FT_C + c] = v[r * FT_C + c] + wv[r] * xv[c];
-#pragma unroll
-        for (int r = 0; r < FT_R; ++r) wv[r] = wn[r];
-#pragma unroll
-        for (int c = 0; c < FT_C; ++c) xv[c] = xn[c];
-    }
-#else
     for (int k = lane; k < K; k += 32) {  // a lane past K adds nothing more (the definition's padding)
         float wv[FT_R], xv[FT_C];
 #pragma unroll
@@ -197,7 +164,6 @@ __device__ __forceinline__ void float_dense_tile_direct(const W* __restrict__ w,
 #pragma unroll
             for (int c = 0; c < FT_C; ++c) v[r * FT_C + c] = v[r * FT_C + c] + wv[r] * xv[c];
     }
-#endif
     tree_store(v, lane, y, ldy, n0, t0, N, T);
 }
 
