@@ -95,6 +95,11 @@ static_assert(MMQ_V2 == 1 || MMQ_V2 == 2, "MMQ_V2 is 1 or 2");
 // MMQ_SUBFMA=1 (default): an integer sub-scale times a block sum is one exact fused multiply-add
 // (sub_sum), 6 FP32 instructions an IQ2_XS output and block instead of 8, 4 instead of 5 for the
 // IQ3 types; 0 keeps the two-instruction form. Same bits either way.
+// MMQ_Q8DEC=1 (default): Q8_0's decode reads a block's codes as nine words from one base; 0: a
+// two-word load and shift per code word (ldw). Same bytes.
+#ifndef MMQ_Q8DEC
+#define MMQ_Q8DEC 1
+#endif
 #ifndef MMQ_SUBFMA
 #define MMQ_SUBFMA 1
 #endif
@@ -238,6 +243,7 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
         // the 32 codes at bytes p + 2 .. p + 33: nine aligned words from the one holding byte
         // p + 2, each code word two of them shifted by the one offset (ldw per word would
         // recompute both addresses eight times)
+#if MMQ_Q8DEC
         const uint32_t* wd = reinterpret_cast<const uint32_t*>(rowb) + ((p + 2) >> 2);
         const int sh = ((p + 2) & 3) * 8;
         uint32_t v[9];
@@ -245,6 +251,10 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
         for (int k = 0; k < 9; ++k) v[k] = wd[k];
 #pragma unroll
         for (int k = 0; k < 8; ++k) c[k] = __funnelshift_r(v[k], v[k + 1], sh);
+#else
+#pragma unroll
+        for (int k = 0; k < 8; ++k) c[k] = ldw(rowb, p + 2 + 4 * k);
+#endif
     } else if constexpr (QT == QT_Q4_1) {
         const int p = o + 20 * j;
         dw = h2f(ldh(rowb, p));
