@@ -7,7 +7,7 @@
 #   bash bench/gpu_gate.sh suites   # the pytest-benchmark GPU suites (bench/test_bench_*_cuda.py), saved
 #                                   # under $LOG/benchmarks; not part of `all`
 #   bash bench/gpu_gate.sh kernels  # kernel forms A/B, interleaved (attention MMA_EPI and the pair
-#                                   # kernel, float_dense warp/tile, a layer's experts gathered or in
+#                                   # kernel, float_dense warp/tile, dense MMQ's Q8_0 decode, combine, a layer's experts gathered or in
 #                                   # place) and the whole prefill: in_place alone at small chunks,
 #                                   # pair_attention alone, every earlier form vs default
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
@@ -73,6 +73,9 @@ if [[ $MODE == kernels ]]; then
       --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
   python3 bench/bench_attention_ab_cuda.py --sass "$LOG/sass" 2>&1 | tee "$LOG/attention_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 bench/bench_float_dense_ab_cuda.py 2>&1 | tee "$LOG/float_dense_ab.log" | tail -n 12 >> "$SUMMARY"
+  python3 bench/bench_dense_mmq_ab_cuda.py --configs \
+      '{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_Q8DEC": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 4 >> "$SUMMARY"
+  python3 bench/bench_combine_ab_cuda.py 2>&1 | tee "$LOG/combine_ab.log" | tail -n 3 >> "$SUMMARY"
   python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 22 >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_PAIR_ATTENTION=0 --b default \
       --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_pair_attention.md" 2>&1 \
