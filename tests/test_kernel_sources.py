@@ -50,7 +50,8 @@ def test_local_headers_inline(path):
 
 SHARED = ("float strata_exp(float x)", "float roundf_away(float x)", "int roundf_away_int(float x)",
           "int8_t to_i8(float v)", "float warp_max(float v)", "float quad_max(float v)",
-          "float warp_sum(float v)", "#define MAGIC_I", "#define MAGIC_F")
+          "float warp_sum(float v)", "#define MAGIC_I", "#define MAGIC_F", "void q8_warp_block(",
+          "float scaled_magic(")
 
 
 def test_one_definition_of_the_shared_device_functions():

@@ -85,13 +85,8 @@ def test_float_dense_strided_rows(qtype, variant):
 
 def test_tile_geometry_matches_the_host():
     """fast/cuda/dense.py's tiled-form geometry (rows, tokens, threads per CTA) is the kernel's."""
-    import pycuda.driver as cuda
-
     from fast.cuda import dense as cuda_dense, runtime
 
     runtime.context()
     mod = runtime.load_module("float_dense", dict(cuda_dense.TILE_CONFIG))
-    addr, _ = mod.get_global("float_dense_tile_geometry")
-    got = np.empty(3, np.int32)
-    cuda.memcpy_dtoh(got, addr)
-    assert tuple(int(v) for v in got) == cuda_dense._TILE
+    assert runtime.module_ints(mod, "float_dense_tile_geometry", 3) == cuda_dense._TILE

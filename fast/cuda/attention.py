@@ -136,16 +136,12 @@ def _pair_func(hd: int, defines: dict):
     key = (hd, tuple(sorted(defines.items())))
     got = _pair_funcs.get(key)
     if got is None:
-        cuda = runtime._driver()
         mod = runtime.load_module("attention_mma", defines)
-        f = mod.get_function(f"attend_pair_hd{hd}")
-        gptr, _ = mod.get_global("attend_pair_geometry")
-        geo = np.zeros(4, np.int32)
-        cuda.memcpy_dtoh(geo, gptr)
-        smem = int(geo[0] if hd == 64 else geo[1])
-        f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        geo = runtime.module_ints(mod, "attend_pair_geometry", 4)
+        smem = geo[0] if hd == 64 else geo[1]
+        f = runtime.allow_dynamic_smem(mod.get_function(f"attend_pair_hd{hd}"), smem)
         f.prepare("PqPiiPPPPifPq")
-        got = _pair_funcs[key] = (f, smem, int(geo[2]), int(geo[3]))
+        got = _pair_funcs[key] = (f, smem, geo[2], geo[3])
     return got
 
 

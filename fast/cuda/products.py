@@ -208,17 +208,13 @@ def _mmq_mod(config: dict | None):
     st = _mmq_state.get(key)
     if st is not None:
         return st
-    cuda = runtime._driver()
     mod = runtime.load_module("mmq", dict(key))
-    gptr, _ = mod.get_global("mmq_geometry")
-    geo = np.zeros(4, np.int32)
-    cuda.memcpy_dtoh(geo, gptr)
+    geo = runtime.module_ints(mod, "mmq_geometry", 4)
     tab = _mmq_state.get("tables")
     if tab is None:
         tab = runtime.to_device(_tables_host(), "MMQ tables")
         _mmq_state["tables"] = tab
-    st = {"mod": mod, "BM": int(geo[0]), "BN": int(geo[1]), "threads": int(geo[2]),
-          "max_exp": int(geo[3]), "funcs": {}}
+    st = {"mod": mod, "BM": geo[0], "BN": geo[1], "threads": geo[2], "max_exp": geo[3], "funcs": {}}
     _mmq_state[key] = st
     return st
 
@@ -226,14 +222,9 @@ def _mmq_mod(config: dict | None):
 def _mmq_func(st, qt: QT):
     f = st["funcs"].get(qt)
     if f is None:
-        cuda = runtime._driver()
         name = _MMQ_KERNEL[qt]
-        f = st["mod"].get_function(name)
-        gptr, _ = st["mod"].get_global(name + "_smem")
-        sm = np.zeros(1, np.int32)
-        cuda.memcpy_dtoh(sm, gptr)
-        smem = int(sm[0])
-        f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        (smem,) = runtime.module_ints(st["mod"], name + "_smem", 1)
+        f = runtime.allow_dynamic_smem(st["mod"].get_function(name), smem)
         f.prepare("PqiiPiPiPqPiqPPi")
         f.smem = smem
         st["funcs"][qt] = f

@@ -164,6 +164,22 @@ def load_module(name: str, defines: dict | None = None):
         return mod
 
 
+def module_ints(mod, name: str, n: int) -> tuple[int, ...]:
+    """The n ints of a module's ``extern "C" __device__ int name[n]`` (a kernel file's
+    geometry or shared-memory size, read so the host never restates it)."""
+    addr, _ = mod.get_global(name)
+    got = np.zeros(int(n), np.int32)
+    _driver().memcpy_dtoh(got, addr)
+    return tuple(int(v) for v in got)
+
+
+def allow_dynamic_smem(f, nbytes: int):
+    """f, allowed ``nbytes`` of dynamic shared memory (above 48 KB a kernel must opt in);
+    returns f."""
+    f.set_attribute(_driver().function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes))
+    return f
+
+
 _functions: dict = {}
 
 

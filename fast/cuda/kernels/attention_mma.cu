@@ -85,15 +85,9 @@ __device__ __forceinline__ void quantize_row_warp(const float* __restrict__ qr, 
 {
 #pragma unroll
     for (int b = 0; b < HD / 32; ++b) {
-        const float x = qr[32 * b + lane];
-        const float amax = warp_max(fabsf(x));
-        int8_t c = 0;
-        float d = 0.0f;
-        if (amax > 0.0f) {
-            const float d_inv = q8_inv_scale(amax);
-            c = q8_code(x, d_inv);
-            d = q8_scale(d_inv);
-        }
+        int8_t c;
+        float d;
+        q8_warp_block(qr[32 * b + lane], c, d);
         qc[32 * b + lane] = c;
         if (lane == 0) qd[b] = d;
     }
@@ -517,20 +511,22 @@ __device__ __forceinline__ void attend_mma_body(
     }
 }
 
-#define ATTEND_MMA_KERNEL(HD)                                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS, MMA_MINB)                         \
-    attend_mma_hd##HD(const float* __restrict__ q, long long ldq, const int* __restrict__ positions,\
-                      int T, int group, const int8_t* __restrict__ k_codes,                        \
-                      const float* __restrict__ k_scale, const int8_t* __restrict__ v_codes,       \
-                      const float* __restrict__ v_scale, int cap, float kq_scale,                  \
-                      float* __restrict__ out, long long ldo)                                      \
+// One entry point per kernel and head_dim: attend_<KIND>_hd<HD>, the same parameters, its body
+// attend_<KIND>_body<HD>.
+#define ATTEND_KERNEL(KIND, HD, THREADS, MINB)                                                     \
+    extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                    \
+    attend_##KIND##_hd##HD(const float* __restrict__ q, long long ldq, const int* __restrict__ positions,\
+                           int T, int group, const int8_t* __restrict__ k_codes,                   \
+                           const float* __restrict__ k_scale, const int8_t* __restrict__ v_codes,  \
+                           const float* __restrict__ v_scale, int cap, float kq_scale,             \
+                           float* __restrict__ out, long long ldo)                                 \
     {                                                                                              \
-        attend_mma_body<HD>(q, ldq, positions, T, group, k_codes, k_scale, v_codes, v_scale, cap,  \
-                            kq_scale, out, ldo);                                                   \
+        attend_##KIND##_body<HD>(q, ldq, positions, T, group, k_codes, k_scale, v_codes, v_scale,  \
+                                 cap, kq_scale, out, ldo);                                         \
     }
 
-ATTEND_MMA_KERNEL(64)
-ATTEND_MMA_KERNEL(128)
+ATTEND_KERNEL(mma, 64, 32 * MMA_WARPS, MMA_MINB)
+ATTEND_KERNEL(mma, 128, 32 * MMA_WARPS, MMA_MINB)
 
 // ============================================================================ warp pairs
 // attend_pair_hd{64,128}: the prefill kernel with the work of a 16-query group split between two
@@ -748,10 +744,9 @@ __device__ __forceinline__ void attend_pair_body(
 
     // ---- Q of the tile, quantized (int8, one scale per 32) into shared memory, then its A
     // fragments (ldmatrix) and scales into registers for every block
-    const float* sqd = reinterpret_cast<const float*>(smem + SM::QD_OFF);
+    float* sqd = reinterpret_cast<float*>(smem + SM::QD_OFF);
     {
         int8_t* sq = reinterpret_cast<int8_t*>(smem + SM::Q_OFF);
-        float* sqd_w = reinterpret_cast<float*>(smem + SM::QD_OFF);
         float x[8][NB];  // the warp's 8 rows, every load in flight before the first reduction
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -764,16 +759,11 @@ __device__ __forceinline__ void attend_pair_body(
             const int qi = qg * 16 + hh * 8 + i;
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
-                const float amax = warp_max(fabsf(x[i][b]));
-                int8_t c = 0;
-                float d = 0.0f;
-                if (amax > 0.0f) {
-                    const float d_inv = q8_inv_scale(amax);
-                    c = q8_code(x[i][b], d_inv);
-                    d = q8_scale(d_inv);
-                }
+                int8_t c;
+                float d;
+                q8_warp_block(x[i][b], c, d);
                 sq[qi * KP + 32 * b + lane] = c;
-                if (lane == 0) sqd_w[qi * NB + b] = d;
+                if (lane == 0) sqd[qi * NB + b] = d;
             }
         }
     }
@@ -1047,20 +1037,8 @@ __device__ __forceinline__ void attend_pair_body(
     }
 }
 
-#define ATTEND_PAIR_KERNEL(HD)                                                                     \
-    extern "C" __global__ void __launch_bounds__(PAIR_THREADS, PAIR_MINB)                          \
-    attend_pair_hd##HD(const float* __restrict__ q, long long ldq, const int* __restrict__ positions,\
-                       int T, int group, const int8_t* __restrict__ k_codes,                       \
-                       const float* __restrict__ k_scale, const int8_t* __restrict__ v_codes,      \
-                       const float* __restrict__ v_scale, int cap, float kq_scale,                 \
-                       float* __restrict__ out, long long ldo)                                     \
-    {                                                                                              \
-        attend_pair_body<HD>(q, ldq, positions, T, group, k_codes, k_scale, v_codes, v_scale, cap, \
-                             kq_scale, out, ldo);                                                  \
-    }
-
-ATTEND_PAIR_KERNEL(64)
-ATTEND_PAIR_KERNEL(128)
+ATTEND_KERNEL(pair, 64, PAIR_THREADS, PAIR_MINB)
+ATTEND_KERNEL(pair, 128, PAIR_THREADS, PAIR_MINB)
 
 // dynamic shared memory bytes of attend_pair_hd64 / _hd128, and the CTA's queries and threads
 extern "C" __device__ int attend_pair_geometry[4] = {PairSmem<64>::BYTES, PairSmem<128>::BYTES, PAIR_TILE,

@@ -15,7 +15,7 @@
 // One warp per (token, KV head); lane l holds values l + 32 b. --fmad=false, IEEE division.
 
 #include <stdint.h>
-#include "strata_numerics.cuh"  // q8_inv_scale, q8_code, q8_scale, warp_max
+#include "strata_numerics.cuh"  // q8_warp_block, q8_inv_scale, q8_code, q8_scale, warp_max
 
 #define KV_WARPS 8
 #define KV_MAX_HD 256
@@ -39,15 +39,9 @@ kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v
 
     // K: one scale per 32 values
     for (int b = 0; b < nb; ++b) {
-        const float x = kr[32 * b + lane];
-        const float amax = warp_max(fabsf(x));
-        int8_t q = 0;
-        float d = 0.0f;
-        if (amax > 0.0f) {
-            const float d_inv = q8_inv_scale(amax);
-            q = q8_code(x, d_inv);
-            d = q8_scale(d_inv);
-        }
+        int8_t q;
+        float d;
+        q8_warp_block(kr[32 * b + lane], q, d);
         k_codes[cache_row * hd + 32 * b + lane] = q;
         if (lane == 0) k_scale[cache_row * nb + b] = d;
     }

@@ -140,6 +140,20 @@ __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
+// The int8 KV / attention block quantize of 32 values held one per lane (x): this lane's code
+// and the block's scale d (the same in every lane), with that kind's zero rule (above).
+__device__ __forceinline__ void q8_warp_block(float x, int8_t& code, float& d)
+{
+    const float amax = warp_max(fabsf(x));
+    code = 0;
+    d = 0.0f;
+    if (amax > 0.0f) {
+        const float d_inv = q8_inv_scale(amax);
+        code = q8_code(x, d_inv);
+        d = q8_scale(d_inv);
+    }
+}
+
 // Max over each group of 4 lanes.
 __device__ __forceinline__ float quad_max(float v)
 {
