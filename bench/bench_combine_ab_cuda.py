@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.gpu_timing import PycudaClock, interleaved  # noqa: E402
+from bench.gpu_timing import interleaved, stream_device  # noqa: E402
 from fast.cuda import elementwise, runtime  # noqa: E402
 
 K, D = 10, 2560
@@ -32,14 +32,10 @@ def main() -> int:
     ap.add_argument("--tokens", default="1024,8192,32768")
     ap.add_argument("--reps", type=int, default=9)
     args = ap.parse_args()
-    ok, why = runtime.cuda_available()
-    if not ok:
-        print(f"bench_combine_ab_cuda: CUDA backend unavailable: {why}")
+    got = stream_device("bench_combine_ab_cuda")
+    if got is None:
         return 0
-    cuda = runtime._driver()
-    runtime.context()
-    dev = runtime.Device(stream=cuda.Stream())
-    clock = PycudaClock(dev.stream)
+    cuda, dev, clock = got
     rng = np.random.default_rng(7)
     differ = False
     print(f"device: {runtime.device_name()}; K={K}, D={D}, shared expert", flush=True)

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
-from bench.gpu_timing import PycudaClock, interleaved  # noqa: E402
+from bench.gpu_timing import interleaved, stream_device  # noqa: E402
 from fast.cuda import products, runtime  # noqa: E402
 from strata import q8_1, quants  # noqa: E402
 from strata.constants import WEIGHT_TAIL_BYTES  # noqa: E402
@@ -44,14 +44,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--configs", default="", help='tile configurations, JSON, ";"-separated')
     args = ap.parse_args()
-    ok, why = runtime.cuda_available()
-    if not ok:
-        print(f"bench_dense_mmq_ab_cuda: CUDA backend unavailable: {why}")
+    got = stream_device("bench_dense_mmq_ab_cuda")
+    if got is None:
         return 0
-    cuda = runtime._driver()
-    runtime.context()
-    dev = runtime.Device(stream=cuda.Stream())
-    clock = PycudaClock(dev.stream)
+    cuda, dev, clock = got
     configs = [None] + [json.loads(c) for c in args.configs.split(";") if c.strip()]
     names = ["auto"] + [f"[{i}]" for i in range(len(configs) - 1)]
     print(f"device: {runtime.device_name()}; arms: auto "

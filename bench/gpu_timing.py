@@ -111,3 +111,19 @@ def per_call(counters, before: dict, calls: int) -> dict:
         d = counters.get(k, 0) - before.get(k, 0)
         out[k] = d // calls if d % calls == 0 else round(d / calls, 2)
     return out
+
+
+def stream_device(script: str):
+    """(pycuda driver, a runtime.Device on a stream of its own, a PycudaClock on that stream) for
+    a GPU bench script, or None after printing why the CUDA backend is unavailable (the script
+    then exits 0: no GPU is not a failure)."""
+    from fast.cuda import runtime
+
+    ok, why = runtime.cuda_available()
+    if not ok:
+        print(f"{script}: CUDA backend unavailable: {why}")
+        return None
+    cuda = runtime._driver()
+    runtime.context()
+    dev = runtime.Device(stream=cuda.Stream())
+    return cuda, dev, PycudaClock(dev.stream)
