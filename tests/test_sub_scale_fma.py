@@ -6,20 +6,31 @@ result need at most 31 significant bits), rounded once to float32. Zeros compare
 with u = 0 (a Q2_K sub-scale can be 0) the fused form gives +0 where u * S gives -0 for S < 0,
 and the epilogue's next step, acc + (dw * da) * V, erases that sign (acc starts at +0 and
 x + (+-0) is x, or +0 when x is +0) before any byte is stored."""
+import re
+from pathlib import Path
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-MAGIC_I = 0x4B400000
-MAGIC_F = np.float32(12582912.0)
+from fast.cuda.runtime import KERNEL_DIR
+
+# the kernels' magic-number constants, read from their one home
+_HEADER = (Path(KERNEL_DIR) / "strata_numerics.cuh").read_text()
+MAGIC_I = int(re.search(r"#define MAGIC_I (0x[0-9A-Fa-f]+)", _HEADER).group(1), 16)
+MAGIC_F = np.float32(float(re.search(r"#define MAGIC_F ([0-9.]+)f", _HEADER).group(1)))
 
 
 def fused(u: np.ndarray, s: np.ndarray) -> np.ndarray:
     """float32 fma(u, float_bits(MAGIC_I + s), -u * MAGIC_F), as the GPU computes it."""
     d = (np.int64(MAGIC_I) + s.astype(np.int64)).astype(np.int32).view(np.float32)
     nu = (u * -MAGIC_F).astype(np.float32)  # exact: 3u * 2^22
-    assert np.array_equal(nu.astype(np.float64), u.astype(np.float64) * -12582912.0)
+    assert np.array_equal(nu.astype(np.float64), u.astype(np.float64) * -np.float64(MAGIC_F))
     return (u.astype(np.float64) * d.astype(np.float64) + nu.astype(np.float64)).astype(np.float32)
+
+
+def test_the_magic_float_is_the_magic_bits():
+    assert np.array_equal(np.array([MAGIC_I], np.int32).view(np.float32), [MAGIC_F])
 
 
 def definition(u: np.ndarray, s: np.ndarray) -> np.ndarray:

@@ -201,10 +201,10 @@ __device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, u
 }
 
 __device__ __forceinline__ float ifl(int d) { return __int_as_float(d) - MAGIC_F; }
-// Sub-scale u = x[i] (an integer 1..31, exact in float) times the k16 or k32 sum in d: u * S in
-// one fused multiply-add (scaled_magic: exact, |u * S| < 2^24 for every type here: IQ2_XS
-// 31 * 16 * 127 * 43, IQ3_XXS 31 * 32 * 127 * 62, Q2_K 15 * 16 * 127 * 3). -u * MAGIC_F is the
-// same product for every tile of a block: the compiler computes it once.
+// Sub-scale u = x[i] (an integer 0..31, exact in float; a Q2_K sub-scale may be 0) times the
+// k16 or k32 sum in d: u * S in one fused multiply-add (scaled_magic: exact, |u * S| < 2^24 for
+// every type here: IQ2_XS 31 * 16 * 127 * 43, IQ3_XXS 31 * 32 * 127 * 62, Q2_K 15 * 16 * 127 * 3).
+// -u * MAGIC_F is the same product for every tile of a block: the compiler computes it once.
 template <int NX>
 __device__ __forceinline__ float sub_sum(const float (&x)[NX], int i, int d) {
     return scaled_magic(x[i], x[i] * -MAGIC_F, d);
