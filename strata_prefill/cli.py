@@ -21,6 +21,7 @@ COMMANDS = {
     "diff": "diff",
     "bench": "bench",
     "plot": "plot",
+    "build-kernels": "build_kernels",
 }
 
 

@@ -22,6 +22,8 @@ import numpy as np
 
 from strata.errors import DeviceError, InputError
 
+from . import kernel_cache
+
 __all__ = [
     "DeviceError",
     "cuda_available",
@@ -139,16 +141,25 @@ def kernel_source(name: str) -> str:
 
 def load_module(name: str, defines: dict | None = None):
     """Compile fast/cuda/kernels/<name>.cu (cached per name and defines) and return the
-    pycuda SourceModule. ``defines`` become ``-DKEY=VALUE`` options (tile configurations)."""
+    pycuda module. ``defines`` become ``-DKEY=VALUE`` options (tile configurations). With
+    STRATA_PREFILL_KERNEL_CACHE set, the cubin comes from (or goes to) that folder
+    (fast/cuda/kernel_cache.py)."""
     key = (name, tuple(sorted((defines or {}).items())))
     with _lock:
         mod = _state["modules"].get(key)
         if mod is not None:
             return mod
         context()
+        src = kernel_source(name)
+        folder = kernel_cache.cache_dir()
+        if folder is not None:  # a shared folder of cubins (fast/cuda/kernel_cache.py)
+            kernel_cache.record(folder, name, dict(key[1]))
+            path = kernel_cache.build(folder, name, src, dict(key[1]), arch(), NVCC_OPTIONS)
+            mod = _driver().module_from_file(path)
+            _state["modules"][key] = mod
+            return mod
         from pycuda.compiler import SourceModule  # noqa: PLC0415
 
-        src = kernel_source(name)
         options = list(NVCC_OPTIONS) + [f"-D{k}={v}" for k, v in key[1]]
         try:
             mod = SourceModule(src, options=options, arch=arch(), no_extern_c=True)
