@@ -554,6 +554,15 @@ def test_exp_nonpos_every_float(cu):
     assert bad == 0, f"{bad} floats differ; first {np.uint32(first).view(np.float32)!r} (0x{first:08x})"
 
 
+@pytest.mark.parametrize("lo, hi", [(0x00000000, 0x7FFFFFFF), (0x80000000, 0xFFFFFFFF)], ids=["positive", "negative"])
+def test_exp_fused_every_float(cu, lo, hi):
+    """The fused exponential (EXP_FUSE=1: x - n * ln2_hi as one exact fused multiply-add, 2^n
+    added to p's exponent bits) equals the plain form bit for bit on every float, NaNs and
+    infinities included (strata_numerics.cuh says why)."""
+    bad, first = _probe(cu, "probe_exp_fused", lo, hi)
+    assert bad == 0, f"{bad} floats differ; first {np.uint32(first).view(np.float32)!r} (0x{first:08x})"
+
+
 def test_special_forms_against_numpy(cu):
     """Both fast forms against the NumPy definitions (strata.numerics.exp, roundf) on random
     non-positive inputs and the edges: +-0, -inf, -87 and its neighbours, halves."""

@@ -4,7 +4,7 @@
 // general device forms (roundf_away, strata_exp) are checked against NumPy by the kernel tests;
 // the fast forms that attention_mma.cu uses where its inputs allow (round_nonneg_magic for
 // y >= 0, strata_exp_nonpos for x <= 0) are checked here against them on every float of their
-// domain, bit for bit. Used by verify/test_kernels_cuda.py only.
+// domain, bit for bit, and the fused exponential against the plain one on every float. Used by verify/test_kernels_cuda.py only.
 #include <stdint.h>
 #include "strata_numerics.cuh"
 
@@ -33,6 +33,21 @@ extern "C" __global__ void probe_exp_nonpos(unsigned lo, unsigned n, unsigned lo
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         const float x = __uint_as_float(lo + i);
         if (__float_as_uint(strata_exp_nonpos(x)) != __float_as_uint(strata_exp(x))) {
+            ++mine;
+            atomicMin(first, lo + i);
+        }
+    }
+    if (mine) atomicAdd(bad, mine);
+}
+
+// Floats with bits lo .. lo + n - 1 (any): count where the fused strata_exp (EXP_FUSE=1, two
+// steps in fewer instructions) and the plain one give different bits.
+extern "C" __global__ void probe_exp_fused(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
+{
+    unsigned long long mine = 0;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float x = __uint_as_float(lo + i);
+        if (__float_as_uint(strata_exp_form<1>(x)) != __float_as_uint(strata_exp_form<0>(x))) {
             ++mine;
             atomicMin(first, lo + i);
         }

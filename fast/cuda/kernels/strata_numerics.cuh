@@ -18,22 +18,41 @@
 // small integer u (|u| <= 64) with |u * i| < 2^24; nu_magic = -u * MAGIC_F, exact (3u * 2^22).
 // The float of d is 1.5 * 2^23 + i exactly, so the fused operation's exact value
 // u * (1.5 * 2^23 + i) - u * 1.5 * 2^23 is the integer u * i, a float: its one rounding changes
-// nothing, and the bits are those of u * ((float)i), two exact operations. The only fused
-// multiply-add in the kernels: --fmad=false keeps every other product and sum apart.
+// nothing, and the bits are those of u * ((float)i), two exact operations. With the exponential's
+// reduction below (EXP_FUSE), the only fused multiply-adds in the kernels, both exact by
+// construction: --fmad=false keeps every other product and sum apart.
 __device__ __forceinline__ float scaled_magic(float u, float nu_magic, int d)
 {
     return __fmaf_rn(u, __int_as_float(d), nu_magic);
 }
 
+// EXP_FUSE=1 (default): two steps of strata_exp_core in fewer instructions, the same bits
+// (below); 0 keeps the plain form. The two strata_exp forms are checked against each other on
+// every float
+// (verify/test_kernels_cuda.py), and the default form against NumPy there.
+#ifndef EXP_FUSE
+#define EXP_FUSE 1
+#endif
+
 // strata.numerics.exp's arithmetic for x in [-87, 88]: n = rintf(x * log2e) through MAGIC_F,
 // the two-part ln 2 reduction, the polynomial, 2^n from exponent bits. Out of that range its
 // value is not the definition's (the callers below select theirs).
-__device__ __forceinline__ float strata_exp_core(float x)
+// EXP_FUSE, why the bits are the same:
+// - x - n * ln2_hi as one fused multiply-add: n is an integer with |n| <= 127 there and ln2_hi
+//   has 15 significant bits, so n * ln2_hi is exact and the one rounding of the fused form is
+//   the subtraction's own.
+// - p * 2^n as an integer add to p's exponent field: p is in about [0.70, 1.42] (|r| <= ln2/2)
+//   and for x in [-87, 88] the product is a normal float (n = -126 only for x <= -86.99, where
+//   p > 1.39; n = 127 with p < 2), so the product is exact and its bits are p's plus n << 23.
+//   The bits of tn are MAGIC_I + n and MAGIC_I << 23 is 0 modulo 2^32, so n << 23 is tn's bits
+//   << 23 (unsigned: wraps, no overflow). One integer instruction instead of a subtraction,
+//   an add, a shift and a float product.
+template <int FUSED>
+__device__ __forceinline__ float strata_exp_core_form(float x)
 {
     const float tn = __fadd_rn(__fmul_rn(x, 0x1.715476p+0f), MAGIC_F);
-    const int ni = __float_as_int(tn) - MAGIC_I;
     const float n = __fsub_rn(tn, MAGIC_F);
-    float r = __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
+    float r = FUSED ? __fmaf_rn(-n, 0x1.62e4p-1f, x) : __fsub_rn(x, __fmul_rn(n, 0x1.62e4p-1f));
     r = __fsub_rn(r, __fmul_rn(n, 0x1.7f7d1cp-20f));
     float p = 0x1.a01a02p-13f;
     p = __fadd_rn(__fmul_rn(p, r), 0x1.6c16c2p-10f);
@@ -43,19 +62,26 @@ __device__ __forceinline__ float strata_exp_core(float x)
     p = __fadd_rn(__fmul_rn(p, r), 0.5f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
     p = __fadd_rn(__fmul_rn(p, r), 1.0f);
+    if (FUSED) return __uint_as_float(__float_as_uint(p) + (__float_as_uint(tn) << 23));
+    const int ni = __float_as_int(tn) - MAGIC_I;
     return __fmul_rn(p, __int_as_float((ni + 127) << 23));
 }
+
+__device__ __forceinline__ float strata_exp_core(float x) { return strata_exp_core_form<EXP_FUSE>(x); }
 
 // strata.numerics.exp: the shared polynomial exponential (NaN passes, > 88 -> inf, < -87 -> 0).
 // The polynomial runs for every x and the special cases are selected after (no branches; out
 // of range its value is dropped).
-__device__ __forceinline__ float strata_exp(float x)
+template <int FUSED>
+__device__ __forceinline__ float strata_exp_form(float x)
 {
-    float y = strata_exp_core(x);
+    float y = strata_exp_core_form<FUSED>(x);
     y = (x < -87.0f) ? 0.0f : y;
     y = (x > 88.0f) ? __int_as_float(0x7f800000) : y;
     return (x != x) ? x : y;
 }
+
+__device__ __forceinline__ float strata_exp(float x) { return strata_exp_form<EXP_FUSE>(x); }
 
 // strata_exp for x <= 0 (and -inf): the same bits there, without the NaN and x > 88 cases
 // (two compares and selects fewer). For attention's p = exp(s - m_new): every valid score is
