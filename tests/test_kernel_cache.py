@@ -105,3 +105,14 @@ def test_cli_builds_the_manifest(tmp_path, capsys):
     assert len([f for f in os.listdir(tmp_path) if f.endswith(".cubin")]) == 2
     assert main(["build-kernels", "--cache", str(tmp_path)]) == 0
     assert out.count("present") == 0 and capsys.readouterr().out.count("present") == 2
+
+
+@has_nvcc
+def test_cli_prune_drops_stale_cubins(tmp_path):
+    kernel_cache.record(str(tmp_path), "add", {})
+    (tmp_path / "add-stale.cubin").write_bytes(b"old")
+    (tmp_path / "notes.txt").write_text("kept")
+    assert main(["build-kernels", "--cache", str(tmp_path), "--prune"]) == 0
+    names = sorted(os.listdir(tmp_path))
+    assert "add-stale.cubin" not in names and "notes.txt" in names
+    assert len([f for f in names if f.endswith(".cubin")]) == 1

@@ -369,8 +369,9 @@ def tile_config(rows_per_expert: float) -> dict:
 
 
 def tile_rows_for(config: dict) -> int:
-    """The row-tile cap for a configuration: DEFAULT_TILE_ROWS, at most its BN."""
-    return min(DEFAULT_TILE_ROWS, int(config.get("MMQ_BN", 128)))
+    """The row-tile cap of a tile-list launch with this configuration: its BN (mmq.cu's
+    default 128), so a BN above 128 holds an expert's rows in fewer tiles."""
+    return int(config.get("MMQ_BN", DEFAULT_TILE_ROWS))
 
 
 _dense_bounds: dict = {}

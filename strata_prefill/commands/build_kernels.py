@@ -31,6 +31,8 @@ def add_parser(sub, name: str) -> None:
                    help="parallel nvcc processes (default: the CPU count)")
     p.add_argument("--defaults", action="store_true",
                    help="also build every kernel file without defines and the automatic MMQ configurations")
+    p.add_argument("--prune", action="store_true",
+                   help="then delete the folder's cubins that no wanted module has (stale sources)")
     p.set_defaults(func=main)
 
 
@@ -80,8 +82,11 @@ def main(args) -> int:
         kernel_cache.build(folder, name, src, defines, args.arch, runtime.NVCC_OPTIONS)
         return name, defines, time.perf_counter() - t0
 
+    keep = set()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for i, (name, defines, secs) in enumerate(pool.map(one, todo), 1):
+            keep.add(os.path.basename(kernel_cache.cubin_path(folder, name, runtime.kernel_source(name), defines,
+                                                              args.arch, runtime.NVCC_OPTIONS)))
             d = " ".join(f"{k}={v}" for k, v in sorted(defines.items()))
             if secs is None:
                 done[1] += 1
@@ -90,6 +95,12 @@ def main(args) -> int:
                 done[0] += 1
                 state = f"built in {secs:.1f} s"
             print(f"[{i}/{len(todo)}] {name} {d}: {state}", flush=True)
-    print(f"built {done[0]}, already present {done[1]}, in {time.perf_counter() - t_all:.1f} s",
+    pruned = 0
+    if args.prune:
+        for f in os.listdir(folder):
+            if f.endswith(".cubin") and f not in keep:
+                os.remove(os.path.join(folder, f))
+                pruned += 1
+    print(f"built {done[0]}, already present {done[1]}, pruned {pruned}, in {time.perf_counter() - t_all:.1f} s",
           file=sys.stderr)
     return 0
