@@ -9,14 +9,17 @@ reorderings the kernel relies on:
   half 0 + half 1. It must give tree_sum's bits for any p;
 - the fragments. K and V rows land in shared memory at row 32 (kappa & 1) + (kappa >> 1).
   Scores take K through ldmatrix. P.V takes P as each half's packed A fragment and V through
-  ldmatrix.trans plus byte permutes (the even and odd dims of a 16-dim group). These must give
-  the plain integer dots, every key once.
+  ldmatrix.trans plus byte permutes (the even and odd dims of a 16-dim group), or (PAIR_VT,
+  the default) plain ldmatrix of the cache's transposed V blocks (kernels/v_blocks.cuh, whose
+  NumPy definition is fast.cuda.attention.v_blocks_host) staged at a pitch of 80 bytes. These
+  must give the plain integer dots, every key once.
 """
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from fast.cuda.attention import v_blocks_host
 from strata.numerics import tree_sum
 
 F32 = np.float32
@@ -170,3 +173,55 @@ def test_fragments_give_the_plain_dots(rng, hd):
                 for n in range(8):  # column n of the even / odd tile is dim 16 G + 2 n + eo
                     d = 16 * G + 2 * n + eo
                     assert np.array_equal(acc[eo][:, n], P.astype(np.int64) @ V[:, d].astype(np.int64))
+
+
+def p_frag(P: np.ndarray, ks: int) -> dict:
+    """Lane (g, tq)'s packed P A fragment of k-step ks (the keys of half ks)."""
+    a = {}
+    for g, tq in LANES:
+        code = lambda row, nt0: np.array([P[row, kappa(lam(nt0 + (i >> 1), tq, i & 1), ks)]
+                                          for i in range(4)], np.int8)
+        a[g, tq] = [code(g, 0), code(g + 8, 0), code(g, 2), code(g + 8, 2)]
+    return a
+
+
+@settings(max_examples=40, deadline=None)
+@given(_wide, st.sampled_from([64, 128]), st.integers(1, 3))
+def test_transposed_v_blocks_give_the_plain_dots(rng, hd, n_blocks):
+    """PAIR_VT: block c of v_blocks_host(v_codes), staged as hd rows of 64 bytes, read by
+    ldmatrix .x4 (lane L: row 16 G + 8 ((L >> 4) & 1) + (L & 7), byte 32 ks + 16 ((L >> 3) & 1)),
+    registers (R0, R1) the even-dim tile's B and (R2, R3) the odd one's: P.V of every block."""
+    cap = 64 * n_blocks - int(rng.integers(0, 40))
+    V = rng.integers(-127, 128, (1, cap, hd)).astype(np.int8)
+    vt = v_blocks_host(V)
+    assert vt.shape == (1, n_blocks, hd, 64)
+    for c in range(n_blocks):
+        keys = min(64, cap - 64 * c)
+        P = rng.integers(-127, 128, (16, 64)).astype(np.int8)
+        P[:, keys:] = 0  # keys past the cache: P codes 0 (invalid), whatever v_t holds there
+        Vb = np.zeros((64, hd), np.int8)
+        Vb[:keys] = V[0, 64 * c:64 * c + keys]
+        rows = vt[0, c]  # [hd, 64], row vt_row(d)
+        for G in range(hd // 16):
+            acc = {0: np.zeros((16, 8), np.int64), 1: np.zeros((16, 8), np.int64)}
+            for ks in range(2):
+                mats = [b16_matrix(rows[16 * G + 8 * (m >> 1):16 * G + 8 * (m >> 1) + 8], 32 * ks + 16 * (m & 1))
+                        for m in range(4)]
+                R = ldsm(mats, trans=False)
+                for eo in range(2):
+                    acc[eo] += mma_k32(p_frag(P, ks), {lane: (R[2 * eo][lane], R[2 * eo + 1][lane]) for lane in LANES})
+            for eo in range(2):
+                for n in range(8):  # column n of the even / odd tile is dim 16 G + 2 n + eo, as before
+                    d = 16 * G + 2 * n + eo
+                    assert np.array_equal(acc[eo][:, n], P.astype(np.int64) @ Vb[:, d].astype(np.int64))
+
+
+def test_transposed_v_blocks_hold_every_code_once():
+    V = np.arange(2 * 128 * 64, dtype=np.int64).reshape(2, 128, 64)  # distinct "codes" (as int64)
+    vt = v_blocks_host(V.astype(np.int8))  # the dtype check; values below from an index map
+    idx = v_blocks_host((V % 251 - 125).astype(np.int8))
+    assert vt.shape == idx.shape == (2, 2, 64, 64)
+    # a permutation per block: the multiset of each block's codes is the block's
+    for h in range(2):
+        for c in range(2):
+            assert sorted(idx[h, c].ravel().tolist()) == sorted((V[h, 64 * c:64 * c + 64] % 251 - 125).ravel().tolist())

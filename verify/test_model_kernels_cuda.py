@@ -195,13 +195,24 @@ def test_kv_write(dev, n_kv, hd):
     ref.write(0, positions, k, v)
     cache = [_poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap, hd // 32), F32),
              _poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap), F32)]
-    cu_att.kv_write(dev, _up(k), _up(v), positions, *cache)
+    vt = _poisoned((n_kv, cap // 64, hd, 64), np.int8)
+    cu_att.kv_write(dev, _up(k), _up(v), positions, *cache, v_t=vt)
     names = ("k_codes", "k_scale", "v_codes", "v_scale")
     for name, d in zip(names, cache):
         full = getattr(ref, name)[0]
         want = _poison_like(full)
         want[:, positions] = full[:, positions]  # written rows; the rest keeps its poison
         assert_same(_get(d), want, f"kv_write {name} n_kv={n_kv} hd={hd}")
+    # the transposed V blocks: the written keys' bytes where v_blocks_host puts them, poison elsewhere
+    written = np.zeros((n_kv, cap, hd), bool)
+    written[:, positions] = True
+    where = cu_att.v_blocks_host(written.astype(np.int8)).astype(bool)
+    want_vt = _poison_like(np.zeros((n_kv, cap // 64, hd, 64), np.int8))
+    want_vt[where] = cu_att.v_blocks_host(ref.v_codes[0])[where]
+    assert_same(_get(vt), want_vt, f"kv_write v_t n_kv={n_kv} hd={hd}")
+    # and v_transpose of the same v_codes gives the same blocks for every key
+    full_vt = cu_att.v_transpose(dev, _up(ref.v_codes[0]), cap)
+    assert_same(_get(full_vt), cu_att.v_blocks_host(ref.v_codes[0]), f"v_transpose n_kv={n_kv} hd={hd}")
 
 
 ATT_CASES = [
@@ -291,14 +302,15 @@ def test_attention_mma_configs(dev, monkeypatch, case, warps, epi, scale):
     assert_same(_get(out), want, f"attention[mma, MMA_WARPS={warps}, MMA_EPI={epi}] case {case} scale {scale}")
 
 
-@pytest.mark.parametrize("config", [{}, {"PAIR_COPY": 1}, {"PAIR_QG": 6}, {"PAIR_STAGES": 2},
-                                    {"PAIR_QG": 4, "PAIR_MINB": 2}], ids=str)
+@pytest.mark.parametrize("config", [{}, {"PAIR_VT": 0}, {"PAIR_VT": 0, "PAIR_COPY": 1}, {"PAIR_QG": 6},
+                                    {"PAIR_STAGES": 2}, {"PAIR_QG": 4, "PAIR_MINB": 2}], ids=str)
 @pytest.mark.parametrize("case", [1, 5, 6, 7])  # gqa4-cross64-hd128, mqa-T200-hd64, prefill-1000, chunk-1500
 @pytest.mark.parametrize("scale", [4.0, 16.0])
 def test_attention_pair_configs(dev, case, config, scale):
     """The pair kernel under each configuration (ATTEND_PAIR_CONFIG: PAIR_QG groups a CTA,
-    PAIR_STAGES key blocks in flight, PAIR_MINB, and PAIR_COPY, the first (1) and the default
-    (2) way of issuing the copies)."""
+    PAIR_STAGES key blocks in flight, PAIR_MINB, PAIR_VT, P.V from the transposed V blocks (1,
+    default) or from V rows with byte permutes (0), and PAIR_COPY, the first (1, with PAIR_VT 0)
+    and the default (2) way of issuing the copies)."""
     cache, q, positions, want = _config_case(case, scale)
     out = _poisoned(q.shape, F32)
     cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="pair", config=config)
@@ -342,6 +354,8 @@ def test_attention_chunks_device_cache(dev, variant):
             want = getattr(ref, name)[layer][:, :min(cap, ref.capacity)]
             got = _get(getattr(kv, name)[layer])[:, :want.shape[1]]
             assert_same(got, want, f"device cache {name} layer {layer}")
+        # the transposed V blocks kept beside them (grown with the cache): the layout of v_codes
+        assert_same(_get(kv.v_t[layer]), cu_att.v_blocks_host(_get(kv.v_codes[layer])), f"device cache v_t layer {layer}")
 
 
 # ---------------------------------------------------------------- routing

@@ -20,6 +20,8 @@ from fast.cuda.runtime import check, ptr
 
 __all__ = [
     "kv_write",
+    "v_transpose",
+    "v_blocks_host",
     "attend",
     "DeviceKVCache",
     "ATTEND_HEAD_DIMS",
@@ -68,13 +70,62 @@ def _cache_shapes(k_codes, k_scale, v_codes, v_scale):
     return n_kv, cap, hd
 
 
-def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale) -> None:
+def v_blocks_host(v_codes: np.ndarray) -> np.ndarray:
+    """The transposed V blocks (kernels/v_blocks.cuh) of a host v_codes int8 [n_kv, cap, hd]:
+    int8 [n_kv, ceil(cap / 64), hd, 64], keys past cap zero. The layout's NumPy definition."""
+    n_kv, cap, hd = v_codes.shape
+    nblk = -(-cap // KEY_BLOCK)
+    v = np.zeros((n_kv, nblk * KEY_BLOCK, hd), np.int8)
+    v[:, :cap] = v_codes
+    v = v.reshape(n_kv, nblk, KEY_BLOCK, hd)
+    kappa = np.arange(KEY_BLOCK)
+    lam = kappa >> 1
+    slot = 32 * (kappa & 1) + 16 * (lam >> 4) + 4 * ((lam >> 1) & 3) + 2 * ((lam >> 3) & 1) + (lam & 1)
+    d = np.arange(hd)
+    row = 16 * (d >> 4) + 8 * (d & 1) + ((d & 15) >> 1)
+    out = np.zeros((n_kv, nblk, hd, KEY_BLOCK), np.int8)
+    out[:, :, row[:, None], slot[None, :]] = v.transpose(0, 1, 3, 2)
+    return out
+
+
+def _vt_shape(n_kv: int, cap: int, hd: int) -> tuple:
+    return (n_kv, -(-cap // KEY_BLOCK), hd, KEY_BLOCK)
+
+
+def v_transpose(dev, v_codes, n_keys: int, out=None):
+    """The transposed V blocks of keys 0 .. n_keys - 1 of a device v_codes int8 [n_kv, cap, hd]
+    (kernels/kv_cache.cu v_transpose; :func:`v_blocks_host` on the host): for a cache written
+    without them. Returns out, int8 [n_kv, ceil(cap / 64), hd, 64] (keys not copied: as before)."""
+    check(v_codes, "v_codes", np.int8, ndim=3)
+    n_kv, cap, hd = (int(x) for x in v_codes.shape)
+    out = dev.output(out, "v_t", _vt_shape(n_kv, cap, hd), np.int8)
+    n_keys = min(int(n_keys), cap)
+    total = n_kv * n_keys * hd
+    if total > 0:
+        f = runtime.function("kv_cache", "v_transpose", "PiiiqP")
+        dev.launch(f, "v_transpose", (-(-total // 256), 1, 1), (256, 1, 1), ptr(v_codes), n_kv, hd, cap,
+                   n_keys, ptr(out))
+    return out
+
+
+def _checked_vt(v_t, n_kv: int, cap: int, hd: int) -> int:
+    if v_t is None:
+        return 0
+    check(v_t, "v_t", np.int8, shape=_vt_shape(n_kv, cap, hd))
+    if ptr(v_t) % 16:
+        raise InputError("v_t must be 16-byte aligned")
+    return ptr(v_t)
+
+
+def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale, v_t=None) -> None:
     """Quantize and store k, v float32 [T, n_kv, hd] at absolute positions (int32 GPUArray [T],
     or a host int array: checked against the capacity and uploaded) into one layer's cache:
     k_codes int8 [n_kv, cap, hd], k_scale float32 [n_kv, cap, hd/32], v_codes int8
-    [n_kv, cap, hd], v_scale float32 [n_kv, cap] (strata.attention.KVCache.write).
-    Positions must be distinct and < cap."""
+    [n_kv, cap, hd], v_scale float32 [n_kv, cap] (strata.attention.KVCache.write), and where
+    given v_t int8 [n_kv, ceil(cap / 64), hd, 64], the same V codes in the pair kernel's
+    transposed blocks (kernels/v_blocks.cuh). Positions must be distinct and < cap."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
+    vt = _checked_vt(v_t, n_kv, cap, hd)
     check(k, "kv_write k", np.float32, shape=(None, n_kv, hd))
     T = int(k.shape[0])
     check(v, "kv_write v", np.float32, shape=(T, n_kv, hd))
@@ -89,10 +140,10 @@ def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale) -> None:
         raise InputError(f"kv_write: {tuple(pos.shape)} positions for {T} tokens")
     if T == 0:
         return
-    f = runtime.function("kv_cache", "kv_write", "PqPqPiiiiPPPP")
+    f = runtime.function("kv_cache", "kv_write", "PqPqPiiiiPPPPP")
     grid = (-(-(T * n_kv) // 8), 1, 1)
     dev.launch(f, "kv_write", grid, (256, 1, 1), ptr(k), n_kv * hd, ptr(v), n_kv * hd, ptr(pos),
-               T, n_kv, hd, cap, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale))
+               T, n_kv, hd, cap, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), vt)
 
 
 def _mma_config(config: dict | None = None) -> dict:
@@ -118,6 +169,17 @@ def _split_buffer(dev, nbytes: int):
     return dev.scratch["attend_split"]
 
 
+def _vt_scratch(dev, n_kv: int, cap: int, hd: int):
+    """Scratch for the transposed V blocks of a cache that has none (tests, direct calls)."""
+    shape = _vt_shape(n_kv, cap, hd)
+    have = dev.scratch.get("attend_vt")
+    if have is None or tuple(have.shape) != shape:
+        dev.scratch["attend_vt"] = None
+        dev.synchronize()  # an earlier launch may still read the old buffer
+        dev.scratch["attend_vt"] = dev.empty(shape, np.int8)
+    return dev.scratch["attend_vt"]
+
+
 def _attend_variant(variant, T: int) -> str:
     v = ATTEND_VARIANT if variant is None else variant
     if v not in ATTEND_VARIANTS:
@@ -140,13 +202,13 @@ def _pair_func(hd: int, defines: dict):
         geo = runtime.module_ints(mod, "attend_pair_geometry", 4)
         smem = geo[0] if hd == 64 else geo[1]
         f = runtime.allow_dynamic_smem(mod.get_function(f"attend_pair_hd{hd}"), smem)
-        f.prepare("PqPiiPPPPifPq")
+        f.prepare("PqPiiPPPPPifPq")
         got = _pair_funcs[key] = (f, smem, geo[2], geo[3])
     return got
 
 
 def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, variant=None,
-           max_pos=None, config=None):
+           max_pos=None, config=None, v_t=None):
     """Causal attention (strata.attention.attend) of q float32 [T, n_head, hd] (after norm and
     RoPE) at absolute positions (int32 GPUArray [T], or a host int array: checked and uploaded)
     over one layer's cache (see :func:`kv_write`; keys 0..position of each query must be
@@ -154,8 +216,12 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     hd in ATTEND_HEAD_DIMS. ``variant`` picks the kernel (:data:`ATTEND_VARIANTS`; None =
     :data:`ATTEND_VARIANT`); ``max_pos`` (the largest position) sizes the split-K grid when the
     positions are a GPUArray (else the capacity does); ``config``: attention_mma.cu defines over
-    ATTEND_MMA_CONFIG for the mma kernel, over ATTEND_PAIR_CONFIG for the pair kernel. Returns out, float32 [T, n_head, hd]."""
+    ATTEND_MMA_CONFIG for the mma kernel, over ATTEND_PAIR_CONFIG for the pair kernel; ``v_t``:
+    the cache's transposed V blocks (see :func:`kv_write`), which the pair kernel reads
+    (PAIR_VT, default); without them it transposes v_codes first (:func:`v_transpose`, into
+    scratch). Returns out, float32 [T, n_head, hd]."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
+    vt = _checked_vt(v_t, n_kv, cap, hd)
     check(q, "attend q", np.float32, shape=(None, None, hd))
     T, H = int(q.shape[0]), int(q.shape[1])
     if hd not in ATTEND_HEAD_DIMS:
@@ -178,16 +244,20 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     kq = np.float32(_attention.kq_scale(hd))
     if v == "mma":
         defines = _mma_config(config)
-        f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPifPq", defines)
+        f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPPifPq", defines)
         warps = int(defines.get("MMA_WARPS", 4))
         grid = (-(-T // (16 * warps)), H, 1)
         dev.launch(f, "attention", grid, (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos), T,
-                   H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), cap,
+                   H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), 0, cap,
                    kq, ptr(out), H * hd)
     elif v == "pair":
-        f, smem, tile, threads = _pair_func(hd, {**ATTEND_PAIR_CONFIG, **(config or {})})
+        defines = {**ATTEND_PAIR_CONFIG, **(config or {})}
+        f, smem, tile, threads = _pair_func(hd, defines)
+        if int(defines.get("PAIR_VT", 1)) and not vt:  # a cache without its transposed V blocks
+            top = cap if max_pos is None else min(int(max_pos) + 1, cap)
+            vt = ptr(v_transpose(dev, v_codes, top, out=_vt_scratch(dev, n_kv, cap, hd)))
         dev.launch(f, "attention", (-(-T // tile), H, 1), (threads, 1, 1), ptr(q), H * hd, ptr(pos), T,
-                   H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), cap,
+                   H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), vt, cap,
                    kq, ptr(out), H * hd, shared_size=smem)
     else:  # split: three launches, counted as one "attention"
         top = cap - 1 if max_pos is None else min(int(max_pos), cap - 1)
@@ -215,8 +285,9 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
 class DeviceKVCache:
     """The int8 KV cache on the device, laid out as strata.attention.KVCache: per layer
     ``k_codes[l]`` int8 [n_kv, capacity, hd], ``k_scale[l]`` float32 [n_kv, capacity, hd/32],
-    ``v_codes[l]`` int8 [n_kv, capacity, hd], ``v_scale[l]`` float32 [n_kv, capacity].
-    Zero-initialized (plain allocations, not from the pool: the cache lives as long as the
+    ``v_codes[l]`` int8 [n_kv, capacity, hd], ``v_scale[l]`` float32 [n_kv, capacity], and
+    ``v_t[l]``, the V codes again in the pair kernel's transposed blocks (kernels/v_blocks.cuh),
+    int8 [n_kv, capacity / 64, hd, 64]. Zero-initialized (plain allocations, not from the pool: the cache lives as long as the
     engine); the capacity is a whole number of 64-key blocks and grows (doubling, with a
     device copy of what is there) when a write needs more. Writes and attention launch
     through ``dev``."""
@@ -229,6 +300,7 @@ class DeviceKVCache:
         self.k_scale: list = []
         self.v_codes: list = []
         self.v_scale: list = []
+        self.v_t: list = []
         self._grow(-(-int(capacity) // KEY_BLOCK) * KEY_BLOCK)
 
     def _grow(self, capacity: int) -> None:
@@ -237,8 +309,10 @@ class DeviceKVCache:
         import pycuda.driver as cuda  # noqa: PLC0415
 
         hkv, hd, old = self.n_head_kv, self.head_dim, self.capacity
-        spec = ((np.int8, hd), (np.float32, hd // 32), (np.int8, hd), (np.float32, None))
-        names = ("k_codes", "k_scale", "v_codes", "v_scale")
+        # v_t [n_kv, capacity / 64, hd, 64] is laid out per head as v_codes is (capacity * hd
+        # bytes a head, whole blocks), so it is allocated and grown as [n_kv, capacity, hd]
+        spec = ((np.int8, hd), (np.float32, hd // 32), (np.int8, hd), (np.float32, None), (np.int8, hd))
+        names = ("k_codes", "k_scale", "v_codes", "v_scale", "v_t")
         for name, (dt, last) in zip(names, spec):
             arrs = getattr(self, name)
             new_list = []
@@ -252,7 +326,7 @@ class DeviceKVCache:
                     for h in range(hkv):
                         cuda.memcpy_dtod(int(new.gpudata) + h * capacity * row,
                                          int(src.gpudata) + h * old * row, old * row)
-                new_list.append(new)
+                new_list.append(new if name != "v_t" else new.reshape(_vt_shape(hkv, capacity, hd)))
             setattr(self, name, new_list)
         runtime.synchronize()
         self.capacity = capacity
@@ -273,7 +347,8 @@ class DeviceKVCache:
         p = np.asarray(positions)
         if p.size:
             self.ensure(int(p.max()) + 1)
-        kv_write(self.dev, k, v, p if positions_dev is None else positions_dev, *self.layer(layer))
+        kv_write(self.dev, k, v, p if positions_dev is None else positions_dev, *self.layer(layer),
+                 v_t=self.v_t[layer])
 
     def attend(self, layer: int, q, positions, *, positions_dev=None, out=None, variant=None, config=None):
         """Causal attention of q float32 [T, n_head, hd] at positions (host int array)."""
@@ -281,4 +356,5 @@ class DeviceKVCache:
         if p.size and int(p.max()) >= self.capacity:
             raise InputError(f"attend: position {int(p.max())} past the cache capacity {self.capacity}")
         return attend(self.dev, q, p if positions_dev is None else positions_dev, *self.layer(layer),
-                      out=out, variant=variant, max_pos=int(p.max()) if p.size else None, config=config)
+                      out=out, variant=variant, max_pos=int(p.max()) if p.size else None, config=config,
+                      v_t=self.v_t[layer])

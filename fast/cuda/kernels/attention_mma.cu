@@ -38,6 +38,7 @@
 
 #include <stdint.h>
 #include "strata_numerics.cuh"  // strata_exp, roundf_away_int, q8_*, warp_max, quad_max, warp_sum
+#include "v_blocks.cuh"         // the transposed V blocks the pair kernel reads (PAIR_VT)
 
 #define KEY_BLOCK 64
 #ifndef MMA_WARPS
@@ -156,7 +157,8 @@ template <int HD>
 __device__ __forceinline__ void attend_mma_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int group,
     const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,
-    const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale, int cap,
+    const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale,
+    const int8_t* __restrict__ /* v_t: the pair kernel's */, int cap,
     float kq_scale, float* __restrict__ out, long long ldo)
 {
     constexpr int NB = HD / 32;              // Q/K scale blocks = score k-steps
@@ -512,17 +514,17 @@ __device__ __forceinline__ void attend_mma_body(
 }
 
 // One entry point per kernel and head_dim: attend_<KIND>_hd<HD>, the same parameters, its body
-// attend_<KIND>_body<HD>.
+// attend_<KIND>_body<HD>. v_t (v_blocks.cuh) is read by the pair kernel with PAIR_VT only.
 #define ATTEND_KERNEL(KIND, HD, THREADS, MINB)                                                     \
     extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                    \
     attend_##KIND##_hd##HD(const float* __restrict__ q, long long ldq, const int* __restrict__ positions,\
                            int T, int group, const int8_t* __restrict__ k_codes,                   \
                            const float* __restrict__ k_scale, const int8_t* __restrict__ v_codes,  \
-                           const float* __restrict__ v_scale, int cap, float kq_scale,             \
-                           float* __restrict__ out, long long ldo)                                 \
+                           const float* __restrict__ v_scale, const int8_t* __restrict__ v_t,     \
+                           int cap, float kq_scale, float* __restrict__ out, long long ldo)        \
     {                                                                                              \
         attend_##KIND##_body<HD>(q, ldq, positions, T, group, k_codes, k_scale, v_codes, v_scale,  \
-                                 cap, kq_scale, out, ldo);                                         \
+                                 v_t, cap, kq_scale, out, ldo);                                    \
     }
 
 ATTEND_KERNEL(mma, 64, 32 * MMA_WARPS, MMA_MINB)
@@ -542,9 +544,12 @@ ATTEND_KERNEL(mma, 128, 32 * MMA_WARPS, MMA_MINB)
 //   its HD/2 output dims, in the definition's order per output.
 //   Staging: cp.async into a ring of PAIR_STAGES key blocks (no registers held across the
 //   compute); K and V rows land at row 32 (kappa & 1) + (kappa >> 1), so each warp's keys are
-//   consecutive rows (conflict-free ldmatrix). K fragments: ldmatrix; V fragments: ldmatrix
-//   .trans on 2-byte pairs (keys 2tq, 2tq + 1 of a dim pair) and a byte permute into the dim
-//   2g and 2g + 1 fragments (the even and odd n-tiles of a 16-dim group). Q has its own shared
+//   consecutive rows (conflict-free ldmatrix). K fragments: ldmatrix; V fragments (PAIR_VT,
+//   default): ldmatrix of the cache's transposed V block (v_blocks.cuh), HD rows of 64 key
+//   bytes at a pitch of 80 (conflict-free), each 8-row matrix one n8 tile's b0 or b1 as the
+//   mma reads it; PAIR_VT 0: ldmatrix .trans of V rows on 2-byte pairs (keys 2tq, 2tq + 1 of
+//   a dim pair) and a byte permute into the dim 2g and 2g + 1 fragments. Either way the n8
+//   tiles of a 16-dim group are its even and its odd dims. Q has its own shared
 //   memory, so the first key blocks are in flight while it is quantized.
 //   Per block and row, alpha (skipped while every row of the warp keeps a finite maximum:
 //   exp(0) = 1) and the two divisions of the P quantization run once a lane, one row each.
@@ -565,6 +570,14 @@ ATTEND_KERNEL(mma, 128, 32 * MMA_WARPS, MMA_MINB)
 #endif
 static_assert(PAIR_COPY == 1 || PAIR_COPY == 2, "PAIR_COPY is 1 or 2");
 static_assert(PAIR_STAGES >= 2, "a ring of at least two key blocks");
+// PAIR_VT=1 (default): P.V's B fragments by plain ldmatrix from the cache's transposed V blocks
+// (v_t, v_blocks.cuh: per dim, the block's keys in the P fragment's k order), staged as HD rows
+// of 64 bytes; 0: V rows staged as stored, ldmatrix .trans and a byte permute per fragment
+// (4 PRMT per k-step and 16-dim group). Same bits.
+#ifndef PAIR_VT
+#define PAIR_VT 1
+#endif
+static_assert(PAIR_VT == 0 || PAIR_COPY == 2, "the transposed V blocks are staged by PAIR_COPY 2");
 #define PAIR_THREADS (64 * PAIR_QG)
 #define PAIR_TILE (16 * PAIR_QG)
 
@@ -601,9 +614,11 @@ template <int HD>
 struct PairSmem {
     static constexpr int NB = HD / 32;
     static constexpr int KP = HD + 16;                 // K / V / Q row pitch (bytes)
+    static constexpr int VTP = 80;                     // transposed V row pitch: 64 key bytes + 16
     static constexpr int K_OFF = 0;
     static constexpr int V_OFF = KEY_BLOCK * KP;
-    static constexpr int KS_OFF = 2 * KEY_BLOCK * KP;  // k scales, NB floats a key
+    static constexpr int V_BYTES = PAIR_VT ? HD * VTP : KEY_BLOCK * KP;
+    static constexpr int KS_OFF = V_OFF + V_BYTES;     // k scales, NB floats a key
     static constexpr int VS_OFF = KS_OFF + KEY_BLOCK * NB * 4;
     static constexpr int STAGE = VS_OFF + KEY_BLOCK * 4;
     static constexpr int RING = PAIR_STAGES * STAGE;
@@ -622,7 +637,8 @@ template <int HD>
 __device__ __forceinline__ void attend_pair_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int group,
     const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,
-    const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale, int cap,
+    const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale,
+    const int8_t* __restrict__ v_t, int cap,
     float kq_scale, float* __restrict__ out, long long ldo)
 {
     using SM = PairSmem<HD>;
@@ -683,9 +699,23 @@ __device__ __forceinline__ void attend_pair_body(
                     const bool ok = j0 + kap < cap;
                     const long long off = ok ? (row0 + kap) * HD + 16 * part : 0;
                     cp_async<16>(dst + SM::K_OFF, k_codes + off, ok);
+#if !PAIR_VT
                     cp_async<16>(dst + SM::V_OFF, v_codes + off, ok);
+#endif
                 }
             }
+#if PAIR_VT
+            {  // the block's transposed V: HD rows of 64 bytes, HD * 4 chunks (as many as K's)
+                const int8_t* vb = v_t + ((long long)kvh * ((cap + 63) >> 6) + c) * (HD * 64);
+                const unsigned vst = st + SM::V_OFF;
+#pragma unroll
+                for (int i = 0; i < (HD * 4 + PAIR_THREADS - 1) / PAIR_THREADS; ++i) {
+                    const int idx = tid + i * PAIR_THREADS;
+                    if ((HD * 4) % PAIR_THREADS == 0 || idx < HD * 4)
+                        cp_async<16>(vst + (idx >> 2) * SM::VTP + 16 * (idx & 3), vb + 16 * idx, true);
+                }
+            }
+#endif
             if (tid < KEY_BLOCK) {
                 const int row = 32 * (tid & 1) + (tid >> 1);
                 const bool ok = j0 + tid < cap;
@@ -980,9 +1010,18 @@ __device__ __forceinline__ void attend_pair_body(
 #pragma unroll
                     for (int ks = 0; ks < 2; ++ks) {
                         int R0, R1, R2, R3;
+#if PAIR_VT
+                        // matrix m = lane / 8: the group's even (m < 2) or odd dims, k 0-15 (m even)
+                        // or 16-31 of k-step ks: the B fragments b0, b1 of the two n8 tiles
+                        ldsm_x4(st + SM::V_OFF + (16 * G + 8 * ((lane >> 4) & 1) + (lane & 7)) * SM::VTP +
+                                    32 * ks + 16 * ((lane >> 3) & 1), R0, R1, R2, R3);
+                        mma_s8(acc[0], pa[ks], R0, R1);
+                        mma_s8(acc[1], pa[ks], R2, R3);
+#else
                         ldsm_x4_trans(st + SM::V_OFF + (32 * ks + lane) * KP + 16 * G, R0, R1, R2, R3);
                         mma_s8(acc[0], pa[ks], (int)__byte_perm(R0, R1, 0x6420), (int)__byte_perm(R2, R3, 0x6420));
                         mma_s8(acc[1], pa[ks], (int)__byte_perm(R0, R1, 0x7531), (int)__byte_perm(R2, R3, 0x7531));
+#endif
                     }
 #pragma unroll
                     for (int eo = 0; eo < 2; ++eo) {

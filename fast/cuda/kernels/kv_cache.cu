@@ -12,10 +12,14 @@
 //   v_codes [n_kv, capacity, hd] int8     v_scale [n_kv, capacity]        float32
 // k, v: T tokens of n_kv head vectors of hd floats (token t at + t * ldk / + t * ldv, head h at
 // + h * hd). positions: int32 [T], absolute, distinct, < capacity (not checked here).
+// v_t (optional, NULL: not written): the same V codes in the pair kernel's transposed blocks
+// (layout: v_blocks.cuh), [n_kv, ceil(capacity / 64), hd, 64] int8.
 // One warp per (token, KV head); lane l holds values l + 32 b. --fmad=false, IEEE division.
+// v_transpose: v_t from v_codes for keys 0 .. n_keys - 1 (a cache written without v_t).
 
 #include <stdint.h>
 #include "strata_numerics.cuh"  // q8_warp_block, q8_inv_scale, q8_code, q8_scale, warp_max
+#include "v_blocks.cuh"         // vt_offset
 
 #define KV_WARPS 8
 #define KV_MAX_HD 256
@@ -24,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(32 * KV_WARPS)
 kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v, long long ldv,
          const int* __restrict__ positions, int T, int n_kv, int hd, int capacity,
          int8_t* __restrict__ k_codes, float* __restrict__ k_scale,
-         int8_t* __restrict__ v_codes, float* __restrict__ v_scale)
+         int8_t* __restrict__ v_codes, float* __restrict__ v_scale, int8_t* __restrict__ v_t)
 {
     const int lane = threadIdx.x & 31;
     const long long task = (long long)blockIdx.x * KV_WARPS + (threadIdx.x >> 5);
@@ -68,7 +72,21 @@ kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v
             int8_t q = 0;
             if (amax > 0.0f) q = q8_code(xv[b], d_inv);
             v_codes[cache_row * hd + 32 * b + lane] = q;
+            if (v_t) v_t[vt_offset(h, pos, 32 * b + lane, hd, (capacity + 63) >> 6)] = q;
         }
     }
     if (lane == 0) v_scale[cache_row] = d;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+v_transpose(const int8_t* __restrict__ v_codes, int n_kv, int hd, int capacity, long long n_keys,
+            int8_t* __restrict__ v_t)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // (h, key, dim)
+    if (i >= (long long)n_kv * n_keys * hd) return;
+    const int d = (int)(i % hd);
+    const long long hj = i / hd;
+    const long long j = hj % n_keys;
+    const int h = (int)(hj / n_keys);
+    v_t[vt_offset(h, j, d, hd, (capacity + 63) >> 6)] = v_codes[((long long)h * capacity + j) * hd + d];
 }
