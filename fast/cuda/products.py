@@ -46,7 +46,6 @@ __all__ = [
     "auto_config",
     "AUTO_CONFIGS",
     "DEFAULT_TILE_ROWS",
-    "TILE_WIDE",
     "gather_native_group",
     "gather_native_one",
     "group_buffer_bytes",
@@ -65,14 +64,6 @@ AUTO_CONFIGS = (
     (64, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2}),
     (None, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2}),
 )
-
-#: tile-list launches (the in-place batch) with at least this mean of rows an expert: BN 192
-#: in 4 warp columns, one CTA an SM (16 warps, no spills), so an expert's rows (160 at 8K
-#: tokens, top-10 of 512) are one tile, where BN 128 cut them in two and decoded each weight
-#: tile twice (bench/bench_in_place_cuda.py, H200, 8K: 6.641 ms against 7.120 for a layer's
-#: gate/up and down; at 40 rows an expert it lost to BN 64, hence the bound). Grouped and dense
-#: launches keep AUTO_CONFIGS.
-TILE_WIDE = (128, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_WN": 4, "MMQ_BN": 192, "MMQ_STAGES": 3, "MMQ_MINB": 1})
 
 _Q8_THREADS = 256
 _Q8_WARPS = 8
@@ -372,11 +363,9 @@ def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: 
 
 def tile_config(rows_per_expert: float) -> dict:
     """The configuration a tile-list launch uses (config None): STRATA_MMQ_CONFIG when set,
-    else TILE_WIDE from its bound of mean rows per expert up, else the automatic one."""
+    else the automatic one for its mean rows per expert."""
     cfg = default_config()
-    if cfg is not None:
-        return cfg
-    return TILE_WIDE[1] if rows_per_expert >= TILE_WIDE[0] else auto_config(rows_per_expert)
+    return auto_config(rows_per_expert) if cfg is None else cfg
 
 
 def tile_rows_for(config: dict) -> int:
