@@ -468,6 +468,14 @@ def test_combine(dev, T, K, D, E, shared, form):
             cu_ew.combine(dev, _up(x), _up(w), _up(tab.slot), _up(y), dsh, out=out, form="row")
 
 
+def test_combine_refuses_a_bad_form_even_when_empty(dev):
+    for T in (3, 0):
+        x = _up(np.ones((T, 8), F32))
+        with pytest.raises(InputError, match="form must be"):
+            cu_ew.combine(dev, x, _up(np.ones((T, 2), F32)), _up(np.zeros(2 * T, np.int32)),
+                          _up(np.ones((2 * T, 8), F32)), form="rows")
+
+
 # ---------------------------------------------------------------- embedding, gather
 
 

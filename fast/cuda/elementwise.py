@@ -247,10 +247,10 @@ def combine(dev, x, weights, slot, y, shared=None, out=None, form: str = "auto")
         check(ysh, "combine ysh", np.float32, shape=(T, D))
         g_ptr, ysh_ptr = ptr(g), ptr(ysh)
     out = dev.output(out, "combine out", (T, D), np.float32)
+    if form not in ("auto", "row", "element"):  # before the empty early return: a bad form is always an error
+        raise InputError(f"combine: form must be auto, row or element, got {form!r}")
     if T * D == 0:
         return out
-    if form not in ("auto", "row", "element"):
-        raise InputError(f"combine: form must be auto, row or element, got {form!r}")
     row_ok = D % 4 == 0 and K <= COMBINE_MAXK and all(p % 16 == 0 for p in (ptr(x), ptr(y), ysh_ptr, ptr(out)))
     if form == "row" and not row_ok:
         raise InputError(f"combine: the row form needs D % 4 == 0, K <= {COMBINE_MAXK} and 16-byte aligned rows")
