@@ -12,20 +12,17 @@ from strata.numerics import RopeTable
 class BackendBase:
     _rope = None  # a strata.numerics.RopeTable, made on first use
     #: kernel forms that change speed, never bits (the engine's lean_attention, tiled_dense,
-    #: widen_float, pair_attention and tile_classes switches); the sim runs the NumPy definitions
-    #: whatever they say
+    #: widen_float and pair_attention switches); the sim runs the NumPy definitions whatever they say
     lean_attention = True
     tiled_dense = True
     widen_float = True
     pair_attention = True
-    tile_classes = True
 
     def kernel_forms(self, *, lean_attention: bool, tiled_dense: bool, widen_float: bool = True,
-                     pair_attention: bool = True, tile_classes: bool = True) -> None:
+                     pair_attention: bool = True) -> None:
         """Which kernel forms the backend launches (FastEngine's switches)."""
         self.lean_attention, self.tiled_dense = bool(lean_attention), bool(tiled_dense)
         self.widen_float, self.pair_attention = bool(widen_float), bool(pair_attention)
-        self.tile_classes = bool(tile_classes)
 
     @staticmethod
     def oom_guard(what: str):

@@ -35,11 +35,6 @@ Switches (each a Python argument, a CLI flag and an environment variable):
                                                matrices) widened once to F32 on the device, whose
                                                float_dense.cu forms are faster, the same products
                                                (default); 0: read as stored
-  tile_classes   STRATA_PREFILL_TILE_CLASSES   1: the in-place products launch once per class of
-                                               experts by their rows (the MMQ configuration each
-                                               class's rows call for: under 8, under 64, more;
-                                               default); 0: one launch for all, configured by the
-                                               mean rows an expert
   in_place       STRATA_PREFILL_IN_PLACE       1: a layer's routed resident experts are multiplied
                                                where they lie in the expert cache, one launch for
                                                all their gate/up products, one SwiGLU+quantize H,
@@ -102,7 +97,7 @@ class FastEngine:
     def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
                  expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
                  copy_coalesce=None, overlap_plan=None, fuse_group=None, lean_attention=None, tiled_dense=None,
-                 in_place=None, widen_float=None, pair_attention=None, tile_classes=None):
+                 in_place=None, widen_float=None, pair_attention=None):
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
@@ -116,10 +111,8 @@ class FastEngine:
         self.in_place = switch(in_place, "STRATA_PREFILL_IN_PLACE", True)
         self.widen_float = switch(widen_float, "STRATA_PREFILL_WIDEN_FLOAT", True)
         self.pair_attention = switch(pair_attention, "STRATA_PREFILL_PAIR_ATTENTION", True)
-        self.tile_classes = switch(tile_classes, "STRATA_PREFILL_TILE_CLASSES", True)
         backend.kernel_forms(lean_attention=self.lean_attention, tiled_dense=self.tiled_dense,
-                             widen_float=self.widen_float, pair_attention=self.pair_attention,
-                             tile_classes=self.tile_classes)
+                             widen_float=self.widen_float, pair_attention=self.pair_attention)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
         self.group_size = group_size

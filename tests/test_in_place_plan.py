@@ -85,27 +85,3 @@ def test_widened_bytes_count_the_16_bit_matrices_the_cache_must_leave_room_for(m
     assert backend(True).widened_extra_bytes(pack) == want
     assert backend(False).widened_extra_bytes(pack) == 0
     assert backend(True).widened_extra_bytes(make_test_pack("tiny", "Q4_1")) == 0
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(0, 3000), min_size=1, max_size=80))
-def test_tile_classes_partition_the_experts_by_their_rows(rows):
-    """Every expert in exactly one class, each class's configuration the automatic one for each
-    of its experts' rows, largest rows first."""
-    from fast.cuda import products
-
-    classes = products.tile_classes(rows)
-    seen = np.concatenate([idx for idx, _ in classes])
-    assert sorted(seen.tolist()) == list(range(len(rows)))
-    for idx, cfg in classes:
-        assert all(products.auto_config(rows[i]) == cfg for i in idx)
-    firsts = [min(rows[i] for i in idx) for idx, _ in classes]
-    assert firsts == sorted(firsts, reverse=True)
-
-
-def test_tile_classes_follow_a_fixed_configuration(monkeypatch):
-    from fast.cuda import products
-
-    monkeypatch.setenv("STRATA_MMQ_CONFIG", '{"MMQ_BN": 64}')
-    (idx, cfg), = products.tile_classes([1, 500, 30])
-    assert idx.tolist() == [0, 1, 2] and cfg == {"MMQ_BN": 64}

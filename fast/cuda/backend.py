@@ -393,51 +393,37 @@ class CudaBackend(BackendBase):
         products.mmq_group(self.dev, d_t, self._d_buf, d_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows,
                            bounds, len(group.experts), y, rows=group.n_rows)
 
-    def _batch_tiles(self, layer: int, batch) -> list:
+    def _batch_tiles(self, layer: int, batch):
         """The batch's row tiles (products.row_tiles, offsets into the layer's expert cache) on
-        the device, one upload for gate/up and down alike (the same rows, so the same cut): a
-        list of launches (base, tiles, n_tiles, configuration, mean rows an expert). With
-        tile_classes, one launch per class of experts (products.tile_classes: the configuration
-        each expert's own rows call for), else one for all by the mean."""
+        the device, and the configuration they were cut for; uploaded once, for gate/up and
+        down alike (the same rows, so the same configuration)."""
         keep = self._tiles_keep
         if keep is not None and keep[0] is batch:
-            return keep[1]
+            return keep[1:]
+        rows_mean = batch.n_rows / len(batch.experts)
+        cfg = products.tile_config(rows_mean)
         base, woff = self.tiers.cache_offsets(layer, batch.experts)
-        rows = batch.bounds[:, 1] - batch.bounds[:, 0]
-        if self.tile_classes:
-            classes = products.tile_classes(rows)
-        else:
-            classes = [(np.arange(len(rows)), products.tile_config(batch.n_rows / len(batch.experts)))]
-        parts, cut = [], []
-        for idx, cfg in classes:
-            host = products.row_tiles(batch.bounds[idx], woff[idx], products.tile_rows_for(cfg))
-            parts.append(host)
-            cut.append((len(host), cfg, float(rows[idx].mean())))
-        dev = self.dev.upload(np.concatenate(parts) if parts else np.zeros((0, 4), np.int32))
-        launches, at = [], 0
-        for n, cfg, mean in cut:
-            if n:
-                launches.append((base, int(dev.gpudata) + 16 * at, n, cfg, mean))
-            at += n
-        self._tiles_keep = (batch, launches, dev)  # the upload stays alive for the batch's launches
-        return launches
+        host = products.row_tiles(batch.bounds, woff, products.tile_rows_for(cfg))
+        dev = self.dev.upload(host)
+        self._tiles_keep = (batch, base, dev, len(host), cfg, rows_mean)  # alive for the batch's launches
+        return self._tiles_keep[1:]
 
     def mmq_batch_gate_up(self, *, layer, batch, act: Q8Dev, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
-        for base, tiles, n_tiles, mcfg, mean in self._batch_tiles(layer, batch):
-            for w, out, pair in self._gate_up_launches(base, gu_bytes, gate, up, one_launch):
-                products.mmq_tiles(self.dev, gu_t, w, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows, tiles, n_tiles,
-                                   out, tile_rows_mean=mean, config=mcfg, pair=pair)
+        base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
+        for w, out, pair in self._gate_up_launches(base, gu_bytes, gate, up, one_launch):
+            products.mmq_tiles(self.dev, gu_t, w, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows, tiles, n_tiles, out,
+                               tile_rows_mean=mean, config=mcfg, pair=pair)
 
     def mmq_batch_down(self, *, layer, batch, act: Q8Dev, n_rows, y):
         _, d_t = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
-        for base, tiles, n_tiles, mcfg, mean in self._batch_tiles(layer, batch):
-            products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows,
-                               tiles, n_tiles, y, tile_rows_mean=mean, config=mcfg)
+        base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
+        products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows, tiles,
+                           n_tiles, y, tile_rows_mean=mean, config=mcfg)
 
     # ---- streaming -------------------------------------------------------------------
     def copy_experts(self, *, ring, slots, experts, tags, wait_for):

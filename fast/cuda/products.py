@@ -41,7 +41,6 @@ __all__ = [
     "row_tiles",
     "tile_config",
     "tile_rows_for",
-    "tile_classes",
     "mmq_geometry",
     "default_config",
     "auto_config",
@@ -360,26 +359,6 @@ def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: 
                ptr(w), 0, N, K, ptr(act), R_total, 0, 0,
                ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]), DEFAULT_TILE_ROWS,
                w_pair, ptr(out2), ptr(tiles), n_tiles, shared_size=f.smem)
-
-
-def tile_classes(rows) -> list:
-    """A tile-list batch split by each expert's own rows: [(indices into rows, configuration)],
-    one entry per configuration in use, largest rows first. STRATA_MMQ_CONFIG, when set, is
-    every expert's (one class); else auto_config(rows of the expert), so an expert of 5 rows
-    and one of 5,000 in the same batch each get the tile that suits them (a configuration
-    changes speed only, never a bit)."""
-    rows = np.asarray(rows, np.int64).reshape(-1)
-    fixed = default_config()
-    if fixed is not None:
-        return [(np.arange(len(rows)), fixed)] if len(rows) else []
-    out = []
-    for i in range(len(AUTO_CONFIGS) - 1, -1, -1):
-        lo = 0 if i == 0 else AUTO_CONFIGS[i - 1][0]
-        hi = AUTO_CONFIGS[i][0]
-        idx = np.flatnonzero((rows >= lo) & (rows < hi if hi is not None else True))
-        if len(idx):
-            out.append((idx, AUTO_CONFIGS[i][1]))
-    return out
 
 
 def tile_config(rows_per_expert: float) -> dict:

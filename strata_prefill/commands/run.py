@@ -121,10 +121,6 @@ def add_fast_switches(p) -> None:
                    help="1: prefill attention by the pair kernel, two warps a 16-query group "
                         "(default); 0: the mma kernel, one warp a group, same bits "
                         "(env STRATA_PREFILL_PAIR_ATTENTION)")
-    g.add_argument("--tile-classes", type=int, choices=[0, 1], default=None,
-                   help="1: the in-place products launch once per class of experts by their rows, "
-                        "each with the configuration its rows call for (default); 0: one launch for "
-                        "all, same bits (env STRATA_PREFILL_TILE_CLASSES)")
 
 
 def fast_engine_kwargs(args) -> dict:
