@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""A/B of float_dense.cu's forms ("warp" and "tile"; for F32 weights the tiled form's ring (the
-default), its direct form and a shorter ring), interleaved in one run, on the
+"""A/B of float_dense.cu's two forms ("warp" and "tile"), interleaved in one run, on the
 strata router shape (512 x 2560 weights, BF16 as in the strata pack, and F32) and the shared expert's gate vector (1 x 2560).
 
     python3 bench/bench_float_dense_ab_cuda.py [--tokens 1024,8192,32768] [--reps 7]
@@ -29,8 +28,7 @@ from strata.dense import encode_float  # noqa: E402
 
 SHAPES = (("router", 512, 2560, "BF16"), ("router", 512, 2560, "F32"), ("shexp gate", 1, 2560, "F32"))
 #: form -> (variant, float_dense.cu defines of the tiled form)
-FORMS = {"warp": ("warp", {}), "tile": ("tile", {}), "tile minb1": ("tile", {"FT_MINB": 1}),
-         "tile direct": ("tile", {"FT_RING": 0}), "tile ring3": ("tile", {"FT_RSTAGES": 3})}
+FORMS = {"warp": ("warp", {}), "tile": ("tile", {}), "tile minb1": ("tile", {"FT_MINB": 1})}
 
 
 def main() -> int:

@@ -90,30 +90,3 @@ def test_tile_geometry_matches_the_host():
     runtime.context()
     mod = runtime.load_module("float_dense", dict(cuda_dense.TILE_CONFIG))
     assert runtime.module_ints(mod, "float_dense_tile_geometry", 3) == cuda_dense._TILE
-
-
-@pytest.mark.parametrize("config", [{"FT_RING": 0}, {"FT_RSTAGES": 2}, {"FT_RSTAGES": 3}], ids=str)
-@pytest.mark.parametrize("T,N,K,ldx", [(301, 512, 2560, 2560), (70, 17, 300, 300), (33, 40, 256, 261),
-                                       (9, 8, 64, 64)])
-def test_float_dense_f32_tile_forms(monkeypatch, config, T, N, K, ldx):
-    """The F32 tiled product's forms (float_dense.cu): the ring (FT_RING=1, default) with its
-    stage counts, the direct form (FT_RING=0), and the fall back to the direct form where x's
-    rows are not 16-byte aligned (ldx 261); each against the definition, bytes."""
-    import pycuda.driver as cuda
-    from pycuda import gpuarray
-
-    from fast.cuda import dense as cuda_dense, runtime
-
-    runtime.context()
-    monkeypatch.setattr(cuda_dense, "TILE_CONFIG", dict(config))
-    rng = np.random.default_rng(T + N + K + ldx)
-    raw = _weights(rng, QT.F32, N, K)
-    xw = rng.standard_normal((T, ldx), dtype=np.float32)
-    want = dense.float_matmul(dense.decode_float(QT.F32, raw), np.ascontiguousarray(xw[:, :K]))
-    out = gpuarray.empty((T, N), np.float32)
-    cuda.memset_d8(out.gpudata, POISON, out.nbytes)
-    cuda_dense.float_dense(runtime.Device(), QT.F32, gpuarray.to_gpu(raw.reshape(-1)), N, K, gpuarray.to_gpu(xw), T,
-                           out, ldx=ldx, variant="tile")
-    got = out.get()
-    assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), \
-        f"F32 tile {config} T={T} N={N} K={K} ldx={ldx}: first differing {np.argwhere(got != want)[:1].tolist()}"

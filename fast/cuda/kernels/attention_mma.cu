@@ -39,7 +39,6 @@
 #include <stdint.h>
 #include "strata_numerics.cuh"  // strata_exp, roundf_away_int, q8_*, warp_max, quad_max, warp_sum
 #include "v_blocks.cuh"         // the transposed V blocks the pair kernel reads (PAIR_VT)
-#include "cp_async.cuh"         // smem_u32, cp_async, cp_async_commit, cp_async_wait
 
 #define KEY_BLOCK 64
 #ifndef MMA_WARPS
@@ -581,6 +580,22 @@ static_assert(PAIR_STAGES >= 2, "a ring of at least two key blocks");
 static_assert(PAIR_VT == 0 || PAIR_COPY == 2, "the transposed V blocks are staged by PAIR_COPY 2");
 #define PAIR_THREADS (64 * PAIR_QG)
 #define PAIR_TILE (16 * PAIR_QG)
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// cp.async of `bytes` (4, 8 or 16); src_ok false: the bytes are zero-filled (nothing is read)
+template <int BYTES>
+__device__ __forceinline__ void cp_async(unsigned dst, const void* src, bool src_ok)
+{
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_ok ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES),
+                     "r"(src_ok ? BYTES : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(unsigned addr, int& r0, int& r1, int& r2, int& r3)
 {

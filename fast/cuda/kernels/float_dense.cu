@@ -19,7 +19,6 @@
 
 #include <stdint.h>
 #include <cuda_fp16.h>
-#include "cp_async.cuh"  // the ring form's copies
 
 #define FD_WARPS 8
 #define FD_TOK 4
@@ -240,92 +239,6 @@ __device__ __forceinline__ void float_dense_tile(const W* __restrict__ w, const 
     tree_store(v, lane, y, ldy, n_cta + wr0, t_cta + wt0, N, T);
 }
 
-// The ring form, for F32 weights (FT_RING=1, default): the direct form's partials and lane
-// assignment, fed from shared memory. The CTA's rows and tokens, FT_RKC values of K at a time,
-// are copied by cp.async into a ring of FT_RSTAGES stages, FT_RSTAGES - 1 ahead of the
-// products, so no register holds a load in flight and the loads' latency hides behind the
-// products of the stages before (the direct form waits on its 16 loads every 32 values of K
-// with two warps a scheduler). Lane j reads k = chunk + 32 s + j of its 8 rows and 8 tokens, as
-// in the direct form: the same partials in the same order. Values past K are copied as zeros
-// (cp.async's zero fill): a partial starts at +0.0, is never -0.0, and + 0 * 0 leaves it as
-// it is (the definition's padding). Rows past N and tokens past T read the last row or token
-// and are not stored. Needs 16-byte aligned rows (w, x and K, ldx multiples of 4 floats); the
-// kernel takes the direct form otherwise.
-#ifndef FT_RING
-#define FT_RING 1
-#endif
-#ifndef FT_RSTAGES
-#define FT_RSTAGES 4
-#endif
-#define FT_RKC 64
-#ifndef FT_MINB_RING
-#define FT_MINB_RING 2
-#endif
-static_assert(FT_RSTAGES >= 2, "a ring of at least two stages");
-static_assert(FT_RSTAGES * (FT_ROWS + FT_TOKS) * FT_RKC * 4 <= 48 * 1024, "the ring fits static shared memory");
-
-__device__ __forceinline__ void float_dense_tile_ring(const float* __restrict__ w, const float* __restrict__ x,
-                                                      long long ldx, float* __restrict__ y, long long ldy,
-                                                      int N, int K, int T)
-{
-    __shared__ __align__(16) float sw[FT_RSTAGES][FT_ROWS * FT_RKC];
-    __shared__ __align__(16) float sx[FT_RSTAGES][FT_TOKS * FT_RKC];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int n_cta = blockIdx.x * FT_ROWS;
-    const long long t_cta = (long long)blockIdx.y * FT_TOKS;
-    const int wr0 = (warp % FT_WN) * FT_R, wt0 = (warp / FT_WN) * FT_C;
-    constexpr int Q = FT_RKC / 4;  // 16-byte pieces of a staged row
-    const int n_chunks = (K + FT_RKC - 1) / FT_RKC;
-
-    auto issue = [&](int kc) {  // chunk kc into stage kc % FT_RSTAGES (nothing past the last chunk)
-        if (kc < n_chunks) {
-            const int st = kc % FT_RSTAGES, k0 = kc * FT_RKC;
-#pragma unroll
-            for (int i = tid; i < (FT_ROWS + FT_TOKS) * Q; i += FT_THREADS) {
-                const int row = i / Q, k = k0 + 4 * (i % Q);
-                const bool ok = k < K;
-                if (row < FT_ROWS) {
-                    const float* src = w + (long long)min(n_cta + row, N - 1) * K + (ok ? k : 0);
-                    cp_async<16>(smem_u32(&sw[st][row * FT_RKC + 4 * (i % Q)]), src, ok);
-                } else {
-                    const int c = row - FT_ROWS;
-                    const float* src = x + min(t_cta + c, (long long)T - 1) * ldx + (ok ? k : 0);
-                    cp_async<16>(smem_u32(&sx[st][c * FT_RKC + 4 * (i % Q)]), src, ok);
-                }
-            }
-        }
-        cp_async_commit();  // a group per chunk, empty or not, so the waits below count right
-    };
-
-    float v[FT_R * FT_C];
-#pragma unroll
-    for (int i = 0; i < FT_R * FT_C; ++i) v[i] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < FT_RSTAGES - 1; ++s) issue(s);
-    for (int kc = 0; kc < n_chunks; ++kc) {
-        cp_async_wait<FT_RSTAGES - 2>();
-        __syncthreads();                 // chunk kc is in for every thread; chunk kc - 1's stage is free
-        issue(kc + FT_RSTAGES - 1);
-        const float* bw = sw[kc % FT_RSTAGES] + wr0 * FT_RKC + lane;
-        const float* bx = sx[kc % FT_RSTAGES] + wt0 * FT_RKC + lane;
-#pragma unroll
-        for (int s = 0; s < FT_RKC / 32; ++s) {
-            float wv[FT_R], xv[FT_C];
-#pragma unroll
-            for (int r = 0; r < FT_R; ++r) wv[r] = bw[r * FT_RKC + 32 * s];
-#pragma unroll
-            for (int c = 0; c < FT_C; ++c) xv[c] = bx[c * FT_RKC + 32 * s];
-#pragma unroll
-            for (int r = 0; r < FT_R; ++r)
-#pragma unroll
-                for (int c = 0; c < FT_C; ++c) v[r * FT_C + c] = v[r * FT_C + c] + wv[r] * xv[c];
-        }
-    }
-    cp_async_wait<0>();
-    if (n_cta + wr0 >= N || t_cta + wt0 >= T) return;  // whole warps, after the CTA's last barrier
-    tree_store(v, lane, y, ldy, n_cta + wr0, t_cta + wt0, N, T);
-}
-
 #define FLOAT_DENSE_ENTRIES(SUFFIX, W, MINB)                                                                 \
     extern "C" __global__ void __launch_bounds__(32 * FD_WARPS)                                          \
     float_dense_##SUFFIX(const W* w, const float* x, long long ldx, float* y, long long ldy, int N, int K,  \
@@ -341,23 +254,9 @@ __device__ __forceinline__ void float_dense_tile_ring(const float* __restrict__ 
         else float_dense_tile<W>(w, x, ldx, y, ldy, N, K, T);                                            \
     }
 
+FLOAT_DENSE_ENTRIES(f32, float, FT_MINB_DIRECT)
 FLOAT_DENSE_ENTRIES(f16, __half, FT_MINB)
 FLOAT_DENSE_ENTRIES(bf16, uint16_t, FT_MINB)
-
-// F32: the warp form, and the tiled one as the ring form where the rows are 16-byte aligned
-// (FT_RING), else the direct form.
-extern "C" __global__ void __launch_bounds__(32 * FD_WARPS)
-float_dense_f32(const float* w, const float* x, long long ldx, float* y, long long ldy, int N, int K, int T)
-{
-    float_dense_rows<float>(w, x, ldx, y, ldy, N, K, T);
-}
-extern "C" __global__ void __launch_bounds__(FT_THREADS, FT_RING ? FT_MINB_RING : FT_MINB_DIRECT)
-float_dense_tile_f32(const float* w, const float* x, long long ldx, float* y, long long ldy, int N, int K, int T)
-{
-    const bool aligned = ((((uintptr_t)w) | ((uintptr_t)x)) % 16 == 0) && K % 4 == 0 && ldx % 4 == 0;
-    if (FT_RING && aligned) float_dense_tile_ring(w, x, ldx, y, ldy, N, K, T);
-    else float_dense_tile_direct<float>(w, x, ldx, y, ldy, N, K, T);
-}
 
 // Tile geometry for the host (read with get_global): {rows per CTA, tokens per CTA, threads}.
 extern "C" __device__ int float_dense_tile_geometry[3] = {FT_ROWS, FT_TOKS, FT_THREADS};
