@@ -3,11 +3,13 @@
 switch), on the `strata` MoE shape, with the weight-read floor beside them.
 
     python3 bench/bench_in_place_cuda.py [--tokens 256,1024,2048,8192] [--reps 7]
-        [--configs '{"MMQ_BN": 32, ...};...'] [--out DIR]
+        [--configs '{"MMQ_BN": 32, ...};...'] [--skew S] [--out DIR]
 
 512 experts of one layer lie in one device buffer as the expert cache holds them: blobs of
 [gate | up | down], IQ2_XS gate/up (640 x 2560) and Q8_0 down (2560 x 640), 2.69 MB each.
-Tokens pick 10 experts each, uniformly. Arms, interleaved (gpu_timing.interleaved), each call
+Tokens pick 10 experts each, uniformly, or with --skew S weighted (rank + 1)^-S (a
+skewed routing, as a randomly initialised router gives in deeper layers: a configuration that
+wins on uniform routing can lose there). Arms, interleaved (gpu_timing.interleaved), each call
 timed with CUDA events on the stream the launches go to and launched from Python as the walk
 launches them (so the host's launch cost is in the time):
 
@@ -69,11 +71,26 @@ def copy_bandwidth(cuda, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / statistics.median(times) / 1e9
 
 
+def route(rng, tokens: int, skew: float) -> np.ndarray:
+    """int [tokens, TOP_K]: each token's distinct experts, drawn without replacement with weights
+    (rank + 1)^-skew over a random order of the experts (weighted sampling by the largest
+    log(u) / w keys; skew 0 is uniform)."""
+    w = (np.arange(N_EXPERT, dtype=np.float64) + 1.0) ** -float(skew)
+    w = w[rng.permutation(N_EXPERT)]
+    keys = np.log(rng.random((tokens, N_EXPERT))) / w
+    return np.argpartition(-keys, TOP_K, axis=1)[:, :TOP_K]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default="256,1024,2048,8192")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--configs", default="", help='extra tile configurations, JSON, ";"-separated')
+    ap.add_argument("--skew", type=float, default=0.0,
+                    help="routing skew S: each token's 10 distinct experts drawn with weights (rank + 1)^-S over "
+                         "a random order of the experts (0: uniform, the default; about 1 to 1.5 gives the few "
+                         "experts with thousands of rows and the many with a handful that a randomly initialised "
+                         "router produces in deeper layers)")
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     args = ap.parse_args()
 
@@ -104,9 +121,12 @@ def main():
 
     results = []
     for tokens in (int(t) for t in args.tokens.split(",")):
-        keys = rng.random((tokens, N_EXPERT), dtype=np.float32)
-        ids = np.argpartition(keys, TOP_K, axis=1)[:, :TOP_K]
+        ids = route(rng, tokens, args.skew)
         cnt = np.bincount(ids.reshape(-1), minlength=N_EXPERT)
+        routed = cnt[cnt > 0]
+        log(f"tokens {tokens}: skew {args.skew:g}, {len(routed)} experts routed, rows an expert p10 / p50 / p90 / max "
+            f"{np.percentile(routed, 10):.0f} / {np.percentile(routed, 50):.0f} / {np.percentile(routed, 90):.0f} / "
+            f"{routed.max()}")
         off = np.concatenate([[0], np.cumsum(cnt)[:-1]])
         rows = tokens * TOP_K
         order = np.nonzero(cnt)[0]
@@ -183,7 +203,7 @@ def main():
         for i, name in enumerate(names):
             ms = statistics.median(times[i]) * 1e3
             floor_ms = len(order) * matrix_bytes.get(name, blob) / (bw * 1e9) * 1e3
-            r = {"tokens": tokens, "rows_per_expert": mean, "experts": int(len(order)), "arm": name,
+            r = {"tokens": tokens, "skew": args.skew, "rows_per_expert": mean, "experts": int(len(order)), "arm": name,
                  "config": None if i < 4 else configs[i - 4], "ms": ms, "launches": counts[i],
                  "floor_ms": floor_ms, "vs_floor": ms / floor_ms, "same_bytes": True if i == 0 else same[i - 1]}
             results.append(r)
