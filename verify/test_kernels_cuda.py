@@ -477,6 +477,76 @@ def test_mmq_tile_list_strata_gate_up(cu, dev):
     _tile_list_case(cu, dev, QT.IQ2_XS, 640, 2560, [int(v) for v in rng.integers(0, 40, 24)], seed=15)
 
 
+@pytest.mark.parametrize("E,tile_rows,shape", [(512, 128, "uniform"), (512, 64, "skewed"), (37, 16, "skewed"),
+                                                 (1500, 128, "skewed"), (512, 128, "one")])
+def test_batch_tiles_on_the_device(cu, dev, E, tile_rows, shape):
+    """batch_tiles.cu against products.row_tiles over the routed experts in id order: every
+    int32 of the list, and its count; the rest of the buffer untouched."""
+    from fast.cuda import products
+
+    rng = np.random.default_rng(E + tile_rows)
+    if shape == "uniform":
+        cnt = rng.poisson(160, E)
+    elif shape == "one":  # every row on one expert
+        cnt = np.zeros(E, np.int64)
+        cnt[E // 3] = 8000
+    else:
+        cnt = np.floor(rng.pareto(0.8, E) * 3).astype(np.int64)
+        cnt[rng.integers(0, E, E // 4)] = 0
+    cnt = cnt.astype(np.int32)
+    off = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int32)
+    woff = (rng.integers(0, 1 << 20, E).astype(np.int64) * 2 + (np.arange(E, dtype=np.int64) << 33))
+    order = np.flatnonzero(cnt)
+    want = products.row_tiles(np.stack([off[order], off[order] + cnt[order]], axis=1), woff[order], tile_rows)
+    most = products.max_tiles(int(cnt.sum()), E, tile_rows)
+    assert len(want) <= most
+    tiles = _poisoned(cu, (most + 3) * 16)
+    n = _poisoned(cu, 4)
+    products.batch_tiles(dev, _dev(cu, cnt), _dev(cu, off), _dev(cu, woff), E, tile_rows, tiles, n)
+    got_n = int(_get(cu, n, 4).view(np.int32)[0])
+    got = _get(cu, tiles, (most + 3) * 16)
+    assert got_n == len(want)
+    assert np.array_equal(got[:16 * got_n].view(np.int32).reshape(-1, 4), want)
+    assert np.all(got[16 * got_n:] == POISON)
+
+
+def test_mmq_tile_list_counted_on_the_device(cu, dev):
+    """A tile list whose count is read from device memory (n_tiles_at), the grid sized for more
+    tiles than it holds: the same bytes as the host count, nothing written past its rows."""
+    from fast.cuda import products
+
+    rng = np.random.default_rng(21)
+    qt, N, K = QT.IQ2_XS, 256, 512
+    rows = [5, 0, 40, 130, 1, 0, 77]
+    rb = quants.row_bytes(qt, K)
+    mat = N * rb
+    cache = np.concatenate([quants.random_blocks(qt, N * K // 256, rng).reshape(-1) for _ in rows] + [np.zeros(16, np.uint8)])
+    cnt = np.array(rows, np.int32)
+    off = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int32)
+    R = int(cnt.sum())
+    act = q8_1.quantize_rows(rng.standard_normal((R, K)).astype(np.float32), q8_1.layout_for(qt))
+    woff = np.arange(len(rows), dtype=np.int64) * mat
+    order = np.flatnonzero(cnt)
+    host = products.row_tiles(np.stack([off[order], off[order] + cnt[order]], axis=1), woff[order], 64)
+    cd, ad = _dev(cu, cache), _dev(cu, q8_1.pack_rows(act))
+    cfg = products.AUTO_CONFIGS[1][1]  # BN 64
+    outs = []
+    for counted in (False, True):
+        out = _poisoned(cu, R * N * 4)
+        if counted:
+            most = products.max_tiles(R, len(rows), 64)
+            td, nd = _poisoned(cu, most * 16), _poisoned(cu, 4)
+            products.batch_tiles(dev, _dev(cu, cnt), _dev(cu, off), _dev(cu, woff), len(rows), 64, td, nd)
+            products.mmq_tiles(dev, qt, cd, N, K, ad, R, td, most, out, tile_rows_mean=R / len(order), config=cfg,
+                               n_tiles_at=nd)
+        else:
+            products.mmq_tiles(dev, qt, cd, N, K, ad, R, _dev(cu, host), len(host), out, tile_rows_mean=R / len(order),
+                               config=cfg)
+        outs.append(_get(cu, out, R * N * 4))
+    assert np.array_equal(outs[0], outs[1])
+    assert not np.any(outs[0].view(np.uint32) == np.uint32(0xA5A5A5A5))  # every row written
+
+
 def _gate_up(rng, R, n):
     """Random float32 gate and up rows: magnitudes from 1e-3 to 1e4, gate values below -88
     (silu -0.0) and above 88, an all-zero 32-block in a gate row and in an up row, exact zeros."""
