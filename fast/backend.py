@@ -149,11 +149,6 @@ class Backend(Protocol):
         """Gate and up products of the group buffers' experts over their rows (bounds), in one
         launch (or one each: one_launch False)."""
 
-    def device_batch(self, layer: int, tab: Any, n_rows: int) -> Any:
-        """Every routed expert of the layer as the in-place batch, planned where the routing
-        tables are, with no host wait for the counts, when that is possible (all of the layer's
-        experts resident); None: the host plans from the counts (split_resident)."""
-
     def mmq_batch_gate_up(self, *, layer: int, batch, act: Q8, n_rows: int, gate: Array, up: Array,
                           one_launch: bool = True) -> None:
         """Gate and up products of a batch of resident experts (fast.walk.Batch), each read where

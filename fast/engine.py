@@ -35,11 +35,6 @@ Switches (each a Python argument, a CLI flag and an environment variable):
                                                matrices) widened once to F32 on the device, whose
                                                float_dense.cu forms are faster, the same products
                                                (default); 0: read as stored
-  device_plan    STRATA_PREFILL_DEVICE_PLAN    1: a layer whose experts are all resident is
-                                               planned on the device (its in-place tile list cut
-                                               from the routing tables there): the host never
-                                               waits for the routing counts (default, with
-                                               in_place); 0: the host reads them and plans
   in_place       STRATA_PREFILL_IN_PLACE       1: a layer's routed resident experts are multiplied
                                                where they lie in the expert cache, one launch for
                                                all their gate/up products, one SwiGLU+quantize H,
@@ -102,7 +97,7 @@ class FastEngine:
     def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
                  expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
                  copy_coalesce=None, overlap_plan=None, fuse_group=None, lean_attention=None, tiled_dense=None,
-                 in_place=None, widen_float=None, pair_attention=None, device_plan=None):
+                 in_place=None, widen_float=None, pair_attention=None):
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
@@ -114,7 +109,6 @@ class FastEngine:
         self.lean_attention = switch(lean_attention, "STRATA_PREFILL_LEAN_ATTENTION", True)
         self.tiled_dense = switch(tiled_dense, "STRATA_PREFILL_TILED_DENSE", True)
         self.in_place = switch(in_place, "STRATA_PREFILL_IN_PLACE", True)
-        self.device_plan = switch(device_plan, "STRATA_PREFILL_DEVICE_PLAN", True)
         self.widen_float = switch(widen_float, "STRATA_PREFILL_WIDEN_FLOAT", True)
         self.pair_attention = switch(pair_attention, "STRATA_PREFILL_PAIR_ATTENTION", True)
         backend.kernel_forms(lean_attention=self.lean_attention, tiled_dense=self.tiled_dense,
@@ -304,6 +298,13 @@ class FastEngine:
         down_in = be.alloc_q8(n_rows, cfg.n_ff_exp)
         y = be.alloc_f32((n_rows, cfg.n_embd))
         resident = self.placement.resident[layer]
+        with be.host_phase("host planning"):
+            if self.in_place:  # the routed resident experts are one batch; groups hold streamed ones
+                batch, walked = split_resident(tab.order, tab.cnt, tab.off, resident)
+            else:
+                batch, walked = None, tab.order
+            groups = plan_groups(walked, tab.cnt, tab.off, self.group_size)
+            bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
 
         def swiglu_h(r0: int, r1: int, args: dict) -> None:
             with be.phase("swiglu+quantize H", **args):
@@ -315,29 +316,6 @@ class FastEngine:
                 else:  # one launch, H never written
                     be.swiglu_quantize(gate=gate, up=up, r0=r0, r1=r1, layout=down_layout, out=down_in, row0=r0,
                                        n_rows_total=n_rows)
-
-        dbatch = None
-        if self.in_place and self.device_plan and self._stream is None and dump is None:
-            dbatch = be.device_batch(layer, tab, n_rows)  # None where the host must plan
-        if dbatch is not None:  # every expert resident: the device cuts the tiles, no host wait
-            bargs = dict(layer=layer, rows=n_rows, resident=True)
-            with be.phase("gate/up", **bargs):
-                be.mmq_batch_gate_up(layer=layer, batch=dbatch, act=moe_in, n_rows=n_rows, gate=gate, up=up,
-                                     one_launch=self.fuse_group)
-            swiglu_h(0, n_rows, bargs)  # the batch holds every row
-            with be.phase("down", **bargs):
-                be.mmq_batch_down(layer=layer, batch=dbatch, act=down_in, n_rows=n_rows, y=y)
-            if not self.overlap_plan:
-                shared = self._shared_phase(layer, p, h)
-            with be.phase("combine", layer=layer):
-                return be.combine(x, weights, tab.slot, y, shared)
-        with be.host_phase("host planning"):
-            if self.in_place:  # the routed resident experts are one batch; groups hold streamed ones
-                batch, walked = split_resident(tab.order, tab.cnt, tab.off, resident)
-            else:
-                batch, walked = None, tab.order
-            groups = plan_groups(walked, tab.cnt, tab.off, self.group_size)
-            bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
 
         def products(grp, gb):
             args = dict(layer=layer, experts=len(grp.experts), rows=grp.n_rows)

@@ -329,9 +329,6 @@ class SimBackend(BackendBase):
         self._mmq(qtype, n_out, k_in, act, np.array(batch.bounds), lambda i: self.pack.expert_blob(layer, experts[i]),
                   outs)
 
-    def device_batch(self, layer, tab, n_rows):
-        return None  # the sim's tables are host arrays: the host plans
-
     def mmq_batch_gate_up(self, *, layer, batch, act, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]

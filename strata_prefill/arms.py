@@ -38,7 +38,6 @@ SWITCHES = {
     "in_place": ("STRATA_PREFILL_IN_PLACE", zero_one),
     "widen_float": ("STRATA_PREFILL_WIDEN_FLOAT", zero_one),
     "pair_attention": ("STRATA_PREFILL_PAIR_ATTENTION", zero_one),
-    "device_plan": ("STRATA_PREFILL_DEVICE_PLAN", zero_one),
 }
 
 DEFAULT = "default"
@@ -100,7 +99,6 @@ def engine_settings(engine) -> dict:
             "fuse_group": int(engine.fuse_group), "lean_attention": int(engine.lean_attention),
             "tiled_dense": int(engine.tiled_dense), "in_place": int(engine.in_place),
             "widen_float": int(engine.widen_float), "pair_attention": int(engine.pair_attention),
-            "device_plan": int(engine.device_plan),
             "stream_min": engine.stream_min,
             "ring": engine.ring.n_slots, "resident_experts": int(p.n_resident),
             "experts": int(p.resident.size)}

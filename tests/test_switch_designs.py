@@ -7,13 +7,13 @@ from strata_prefill.arms import SWITCHES as ARM_SWITCHES
 from verify import test_parity_cuda, test_parity_sim
 
 DEFAULTS = {"group_gather": 1, "quant_gather": 0, "overlap_plan": 1, "fuse_group": 1, "lean_attention": 1,
-            "tiled_dense": 1, "in_place": 1, "widen_float": 1, "pair_attention": 1, "device_plan": 1}
+            "tiled_dense": 1, "in_place": 1, "widen_float": 1, "pair_attention": 1}
 
 
 @pytest.mark.parametrize("module,names", [
     (test_parity_sim, ("group_gather", "quant_gather", "overlap_plan", "fuse_group", "in_place")),
     (test_parity_cuda, ("group_gather", "quant_gather", "overlap_plan", "fuse_group", "lean_attention",
-                        "tiled_dense", "in_place", "widen_float", "pair_attention", "device_plan")),
+                        "tiled_dense", "in_place", "widen_float", "pair_attention")),
 ])
 def test_design_covers_every_pair_defaults_first(module, names):
     design = module.SWITCHES

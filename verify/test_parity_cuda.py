@@ -21,28 +21,27 @@ except ImportError as exc:  # pragma: no cover - the runtime module itself is mi
 pytestmark = pytest.mark.skipif(not _OK, reason=f"cuda backend unavailable: {_WHY}")
 
 # (group_gather, quant_gather, overlap_plan, fuse_group, lean_attention, tiled_dense, in_place,
-# widen_float, pair_attention, device_plan): the defaults first, then every pair of switches takes all four
+# widen_float, pair_attention): the defaults first, then every pair of switches takes all four
 # value pairs (columns: the 3-of-6 vectors, no two complementary, so every pair of columns meets
 # all four)
-SWITCHES = [(1, 0, 1, 1, 1, 1, 1, 1, 1, 1), (0, 0, 0, 0, 0, 0, 0, 1, 1, 1), (0, 0, 0, 0, 1, 1, 1, 0, 0, 0),
-            (0, 1, 1, 1, 0, 0, 1, 0, 0, 1), (1, 1, 0, 1, 0, 1, 0, 0, 1, 0), (1, 1, 1, 0, 1, 0, 0, 1, 0, 0)]
+SWITCHES = [(1, 0, 1, 1, 1, 1, 1, 1, 1), (0, 0, 0, 0, 0, 0, 0, 1, 1), (0, 0, 0, 0, 1, 1, 1, 0, 0),
+            (0, 1, 1, 1, 0, 0, 1, 0, 0), (1, 1, 0, 1, 0, 1, 0, 0, 1), (1, 1, 1, 0, 1, 0, 0, 1, 0)]
 # (prompt tokens, chunk): one chunk at several sizes, and prompts cut into several chunks
 LENGTHS = [(1, "auto"), (63, "auto"), (128, "auto"), (600, "auto"), (1030, "auto"), (2099, "auto"),
            (2099, 700)]
 
 
-def _engine(pack, gg, qg, op, fg, la, td, ip, wf, pa, dp):
+def _engine(pack, gg, qg, op, fg, la, td, ip, wf, pa):
     from fast import make_fast_engine
 
     return make_fast_engine(pack, "cuda", group_gather=gg, quant_gather=qg, overlap_plan=op, fuse_group=fg,
-                            lean_attention=la, tiled_dense=td, in_place=ip, widen_float=wf, pair_attention=pa,
-                            device_plan=dp)
+                            lean_attention=la, tiled_dense=td, in_place=ip, widen_float=wf, pair_attention=pa)
 
 
 def _arm(sw) -> str:
     return " ".join(f"{k}={v}" for k, v in zip(("group_gather", "quant_gather", "overlap_plan", "fuse_group",
                                                 "lean_attention", "tiled_dense", "in_place", "widen_float",
-                                                "pair_attention", "device_plan"), sw))
+                                                "pair_attention"), sw))
 
 
 def prompt(pack, n, seed):

@@ -58,9 +58,8 @@ class DevTables:
     the copy and that first use the engine queues work that needs no routing (the quantize, the
     shared expert), so the device runs it while the host waits for the counts and plans."""
 
-    def __init__(self, slot, src, ready, host_counts, phases, cnt_dev=None, off_dev=None):
+    def __init__(self, slot, src, ready, host_counts, phases):
         self.slot, self.src = slot, src
-        self.cnt_dev, self.off_dev = cnt_dev, off_dev  # the device tables (device_batch reads them)
         self._ready, self._host, self._phases = ready, host_counts, phases
         self._cnt = self._off = self._order = None
 
@@ -88,16 +87,6 @@ class DevTables:
         return self._order
 
 
-class DeviceBatch:
-    """Every routed expert of an all-resident layer as the in-place batch, its rows known on the
-    device only (the routing tables' cnt and off): the tile list is cut there (batch_tiles.cu),
-    and the host never waits for the routing counts (FastEngine's device_plan)."""
-
-    def __init__(self, cnt, off, n_expert: int, n_rows: int):
-        self.cnt, self.off = cnt, off
-        self.n_expert, self.n_rows = int(n_expert), int(n_rows)
-
-
 class CudaBackend(BackendBase):
     name = "cuda"
 
@@ -115,7 +104,6 @@ class CudaBackend(BackendBase):
         self._counts_host = None  # page-locked [2, n_expert] int32: a layer's routing cnt and off
         self._pending_tables = None  # the last DevTables, whose counts may not be read yet
         self._tiles_keep = None  # the last in-place batch and its uploaded row tiles (_batch_tiles)
-        self._woff_dev: dict = {}  # layer -> (cache base, every expert's offset on the device)
         self.phases = PhaseRecorder(self._mark, self._seconds, timing_enabled(timing))
         self._trace_base = None  # the event every traced span is timed from
 
@@ -189,7 +177,6 @@ class CudaBackend(BackendBase):
         cfg = self.config = pack.config
         self.kv = attention.DeviceKVCache(self.dev, cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self.tiers = ExpertTiers(pack, placement, ring_slots, staging_slots)
-        self._woff_dev = {}  # a new cache: offsets made again on first use
         self._blob_bytes = [pack.expert_blob_bytes(l) for l in range(cfg.n_layer)]
         max_gu = max(gu for gu, _ in self._blob_bytes)
         max_d = max(d for _, d in self._blob_bytes)
@@ -357,7 +344,7 @@ class CudaBackend(BackendBase):
         cuda.memcpy_dtoh_async(self._counts_host[1], t.off.gpudata, self.dev.stream)
         ready = cuda.Event(cuda.event_flags.DISABLE_TIMING)
         ready.record(self.dev.stream)
-        self._pending_tables = DevTables(t.slot, t.src, ready, self._counts_host, self.phases, t.cnt, t.off)
+        self._pending_tables = DevTables(t.slot, t.src, ready, self._counts_host, self.phases)
         return self._pending_tables
 
     def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Dev, row0, n_rows_total):
@@ -406,69 +393,37 @@ class CudaBackend(BackendBase):
         products.mmq_group(self.dev, d_t, self._d_buf, d_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows,
                            bounds, len(group.experts), y, rows=group.n_rows)
 
-    def device_batch(self, layer: int, tab, n_rows: int):
-        """A :class:`DeviceBatch` of every routed expert when the layer's experts are all in the
-        expert cache (no host wait for the counts); None otherwise (the host plans)."""
-        if not self.tiers.all_resident(layer) or getattr(tab, "cnt_dev", None) is None:
-            return None
-        return DeviceBatch(tab.cnt_dev, tab.off_dev, self.config.n_expert, n_rows)
-
-    def _expert_offsets(self, layer: int):
-        """int64 device [n_expert]: every expert's byte offset in the layer's cache (all resident),
-        uploaded once a layer."""
-        got = self._woff_dev.get(layer)
-        if got is None:
-            base, woff = self.tiers.cache_offsets(layer, np.arange(self.config.n_expert))
-            got = self._woff_dev[layer] = (base, runtime.to_device(woff.astype(np.int64), "expert offsets"))
-        return got
-
     def _batch_tiles(self, layer: int, batch):
         """The batch's row tiles (products.row_tiles, offsets into the layer's expert cache) on
-        the device, and the configuration they were cut for; made once, for gate/up and down
-        alike (the same rows, so the same configuration): [(base, tiles, n_tiles, configuration,
-        mean rows an expert, n_tiles_at)]. A host batch is cut on the host and uploaded
-        (n_tiles_at None); a DeviceBatch is cut on the device (batch_tiles.cu) from the routing
-        tables, configured by the rows over all experts, n_tiles the most the list can hold and
-        n_tiles_at the device count."""
+        the device, and the configuration they were cut for; uploaded once, for gate/up and
+        down alike (the same rows, so the same configuration)."""
         keep = self._tiles_keep
         if keep is not None and keep[0] is batch:
-            return keep[1]
-        if isinstance(batch, DeviceBatch):
-            rows_mean = batch.n_rows / batch.n_expert
-            cfg = products.tile_config(rows_mean)
-            tr = products.tile_rows_for(cfg)
-            base, woff = self._expert_offsets(layer)
-            most = products.max_tiles(batch.n_rows, batch.n_expert, tr)
-            tiles, n = self.dev.empty((max(most, 1), 4), np.int32), self.dev.empty((1,), np.int32)
-            products.batch_tiles(self.dev, batch.cnt, batch.off, woff, batch.n_expert, tr, tiles, n)
-            launches = [(base, tiles, most, cfg, rows_mean, n)]
-            self._tiles_keep = (batch, launches)  # alive for the batch's launches
-            return launches
+            return keep[1:]
         rows_mean = batch.n_rows / len(batch.experts)
         cfg = products.tile_config(rows_mean)
         base, woff = self.tiers.cache_offsets(layer, batch.experts)
         host = products.row_tiles(batch.bounds, woff, products.tile_rows_for(cfg))
         dev = self.dev.upload(host)
-        launches = [(base, dev, len(host), cfg, rows_mean, None)]
-        self._tiles_keep = (batch, launches)  # alive for the batch's launches
-        return launches
+        self._tiles_keep = (batch, base, dev, len(host), cfg, rows_mean)  # alive for the batch's launches
+        return self._tiles_keep[1:]
 
     def mmq_batch_gate_up(self, *, layer, batch, act: Q8Dev, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
-        for base, tiles, n_tiles, mcfg, mean, n_at in self._batch_tiles(layer, batch):
-            for w, out, pair in self._gate_up_launches(base, gu_bytes, gate, up, one_launch):
-                products.mmq_tiles(self.dev, gu_t, w, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows, tiles, n_tiles,
-                                   out, tile_rows_mean=mean, config=mcfg, pair=pair, n_tiles_at=n_at)
+        base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
+        for w, out, pair in self._gate_up_launches(base, gu_bytes, gate, up, one_launch):
+            products.mmq_tiles(self.dev, gu_t, w, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows, tiles, n_tiles, out,
+                               tile_rows_mean=mean, config=mcfg, pair=pair)
 
     def mmq_batch_down(self, *, layer, batch, act: Q8Dev, n_rows, y):
         _, d_t = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
-        for base, tiles, n_tiles, mcfg, mean, n_at in self._batch_tiles(layer, batch):
-            products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows,
-                               tiles, n_tiles, y, tile_rows_mean=mean, config=mcfg, n_tiles_at=n_at)
+        base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
+        products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows, tiles,
+                           n_tiles, y, tile_rows_mean=mean, config=mcfg)
 
     # ---- streaming -------------------------------------------------------------------
     def copy_experts(self, *, ring, slots, experts, tags, wait_for):

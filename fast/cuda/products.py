@@ -41,8 +41,6 @@ __all__ = [
     "row_tiles",
     "tile_config",
     "tile_rows_for",
-    "batch_tiles",
-    "max_tiles",
     "mmq_geometry",
     "default_config",
     "auto_config",
@@ -227,7 +225,7 @@ def _mmq_func(st, qt: QT):
         name = _MMQ_KERNEL[qt]
         (smem,) = runtime.module_ints(st["mod"], name + "_smem", 1)
         f = runtime.allow_dynamic_smem(st["mod"].get_function(name), smem)
-        f.prepare("PqiiPiPiPqPiqPPiP")
+        f.prepare("PqiiPiPiPqPiqPPi")
         f.smem = smem
         st["funcs"][qt] = f
     return f
@@ -308,7 +306,7 @@ def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, b
     dev.launch(f, "mmq", grid, (st["threads"], 1, 1),
                ptr(w), int(w_stride), N, K, ptr(act), R_total, ptr(bounds), n_exp,
                ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]), tile_rows,
-               w_pair, ptr(out2), 0, 0, 0, shared_size=f.smem)
+               w_pair, ptr(out2), 0, 0, shared_size=f.smem)
 
 
 def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
@@ -337,8 +335,7 @@ def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
 
 
 def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: int, out, *,
-              ldo: int | None = None, tile_rows_mean: float, config: dict | None = None, pair=None,
-              n_tiles_at=None) -> None:
+              ldo: int | None = None, tile_rows_mean: float, config: dict | None = None, pair=None) -> None:
     """Tile-list product: for each row tile (row_begin, row_end, offset) of ``tiles`` (int32
     device [n_tiles, 4], :func:`row_tiles`), out[r, n] (r in the tile's rows, n < N) =
     strata.mmq.mmq(the N x K matrix at w + offset, activation row r)[n]. Any number of experts,
@@ -346,9 +343,7 @@ def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: 
     over buffers holding copies of the same matrices. The kernel may read up to 15 bytes past
     a matrix's last row: keep that much allocated after each. tile_rows_mean: the mean rows per
     expert, which picks the automatic configuration (config None and STRATA_MMQ_CONFIG unset);
-    pair: (w_pair, out2) as in :func:`mmq_group`. n_tiles_at: an int32 device address holding
-    the number of tiles (a list built on the device, :func:`batch_tiles`); n_tiles is then the
-    most the list can hold, which sizes the grid."""
+    pair: (w_pair, out2) as in :func:`mmq_group`."""
     qt = _qtype(qtype)
     N, K, R_total, n_tiles = int(N), int(K), int(R_total), int(n_tiles)
     w_pair, out2 = _checked_pair(qt, K, out, pair)
@@ -363,30 +358,7 @@ def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: 
     dev.launch(f, "mmq", grid, (st["threads"], 1, 1),
                ptr(w), 0, N, K, ptr(act), R_total, 0, 0,
                ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]), DEFAULT_TILE_ROWS,
-               w_pair, ptr(out2), ptr(tiles), n_tiles, 0 if n_tiles_at is None else ptr(n_tiles_at),
-               shared_size=f.smem)
-
-
-def max_tiles(n_rows: int, n_expert: int, tile_rows: int) -> int:
-    """The most row tiles :func:`row_tiles` cuts n_rows rows of at most n_expert experts into:
-    each expert's ceil(rows / tile_rows) is below rows / tile_rows + 1."""
-    n_rows, n_expert, tile_rows = int(n_rows), int(n_expert), int(tile_rows)
-    return -(-n_rows // tile_rows) + min(n_expert, n_rows)
-
-
-def batch_tiles(dev, cnt, off, woff, n_expert: int, tile_rows: int, tiles, n_tiles) -> None:
-    """:func:`row_tiles` on the device (kernels/batch_tiles.cu): the tiles of every expert with
-    rows (cnt, off int32 device [n_expert], the routing tables), in id order, each expert's matrix
-    at byte offset woff (int64 device [n_expert]), into tiles (int32 device, at least
-    :func:`max_tiles` x 4) and their number into n_tiles (int32 device [1]). No host wait."""
-    E = int(n_expert)
-    if E > 1024 * 64:
-        raise InputError(f"batch_tiles: {E} experts is more than one launch handles")
-    if int(tile_rows) % 8 or int(tile_rows) <= 0:
-        raise InputError(f"batch_tiles: tile_rows must be a positive multiple of 8, got {tile_rows}")
-    f = runtime.function("batch_tiles", "batch_tiles", "PPPiiPP")
-    dev.launch(f, "batch_tiles", (1, 1, 1), (1024, 1, 1), ptr(cnt), ptr(off), ptr(woff), E, int(tile_rows),
-               ptr(tiles), ptr(n_tiles))
+               w_pair, ptr(out2), ptr(tiles), n_tiles, shared_size=f.smem)
 
 
 def tile_config(rows_per_expert: float) -> dict:

@@ -98,10 +98,6 @@ class ExpertTiers:
         dev, rank = self._cache[layer]
         return int(dev) + int(rank[expert]) * self.blob_bytes[layer]
 
-    def all_resident(self, layer: int) -> bool:
-        """Whether every expert of the layer lies in the expert cache."""
-        return bool(self.placement.resident[layer].all())
-
     def cache_offsets(self, layer: int, experts) -> tuple[int, np.ndarray]:
         """(the layer's cache base address, int64 byte offsets of each resident expert's blob)."""
         dev, rank = self._cache[layer]

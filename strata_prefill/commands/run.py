@@ -121,10 +121,6 @@ def add_fast_switches(p) -> None:
                    help="1: prefill attention by the pair kernel, two warps a 16-query group "
                         "(default); 0: the mma kernel, one warp a group, same bits "
                         "(env STRATA_PREFILL_PAIR_ATTENTION)")
-    g.add_argument("--device-plan", type=int, choices=[0, 1], default=None,
-                   help="1: a layer whose experts are all resident is planned on the device, the host "
-                        "never waits for the routing counts (default); 0: the host reads them and "
-                        "plans (env STRATA_PREFILL_DEVICE_PLAN)")
 
 
 def fast_engine_kwargs(args) -> dict:

@@ -20,9 +20,6 @@
 // out2 unused). Each output element's arithmetic is the same either way: one launch saves
 // the host a launch per group, not a bit of the result.
 //
-// The number of tiles comes from n_tiles, or from device memory at n_tiles_at where that is not
-// NULL (a tile list built on the device, batch_tiles.cu: the grid is then sized for the most
-// tiles the list can hold, and the CTAs past the list's tiles have nothing to do).
 // A tile list instead of bounds (tiles != NULL; bounds and n_exp unused): any number of
 // experts in one launch, each read where it lies. Entry i of tiles (int4) is one row tile:
 // activation rows [x, y) of one expert whose matrix starts at W + (z | (long long)w << 32)
@@ -722,13 +719,11 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         NAME(const uint8_t* __restrict__ W, long long w_stride, int N, int K,                          \
              const uint8_t* __restrict__ A, int R_total, const int* __restrict__ bounds, int n_exp,     \
              float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows,   \
-             long long w_pair, float* out2, const int4* __restrict__ tiles, int n_tiles,               \
-             const int* __restrict__ n_tiles_at) {                                                       \
+             long long w_pair, float* out2, const int4* __restrict__ tiles, int n_tiles) {             \
         const bool second = blockIdx.y != 0;                                                             \
         if (tiles != nullptr)                                                                            \
             mmq_body<QT, true>(second ? W + w_pair : W, w_stride, N, K, A, R_total, bounds, 0,          \
-                               second ? out2 : out, ldo, tab, tile_rows, tiles,                          \
-                               n_tiles_at ? *n_tiles_at : n_tiles);                                      \
+                               second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);               \
         else                                                                                             \
             mmq_body<QT, false>(second ? W + w_pair : W, w_stride, N, K, A, R_total, bounds, n_exp,     \
                                 second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);              \
