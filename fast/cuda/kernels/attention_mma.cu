@@ -153,6 +153,75 @@ struct BoolTag {
     static constexpr bool value = B;
 };
 
+// ---- the per-(query, key) steps both prefill kernels share. A thread holds NT x 4 scores of a
+// key block: accumulator (nt, e) is query row r0 (e < 2) or r1 (positions pos0, pos1) and the
+// absolute key key(nt, e), which each kernel's key layout gives. A key past its row's position
+// is invalid; FULL: the block lies below both rows, every key valid (no tests).
+
+// s = s * kq_scale, -inf where invalid; (mc0, mc1) = the rows' maxima over the lane quad.
+template <bool FULL, int NT, class Key>
+__device__ __forceinline__ void scale_mask_max(float (&s)[NT][4], float kq_scale, int pos0, int pos1, Key key,
+                                               float& mc0, float& mc1)
+{
+    const float NEG_INF = __int_as_float(0xff800000);
+    mc0 = NEG_INF;
+    mc1 = NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
+            const float sc = __fmul_rn(s[nt][e], kq_scale);
+            s[nt][e] = valid ? sc : NEG_INF;
+        }
+        mc0 = fmaxf(mc0, fmaxf(s[nt][0], s[nt][1]));
+        mc1 = fmaxf(mc1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mc0 = quad_max(mc0);
+    mc1 = quad_max(mc1);
+}
+
+// s = p = exp(s - m_new) of the row (strata_exp_nonpos where NONPOS: the argument is never
+// above 0), 0 where invalid.
+template <bool FULL, bool NONPOS, int NT, class Key>
+__device__ __forceinline__ void exp_masked(float (&s)[NT][4], float mn0, float mn1, int pos0, int pos1, Key key)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
+            const float x = __fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1);
+            const float pe = NONPOS ? strata_exp_nonpos(x) : strata_exp(x);
+            s[nt][e] = valid ? pe : 0.0f;
+        }
+    }
+}
+
+// s = w = p * dv (dv(nt): the float2 scales of keys with e & 1 = 0 and 1), 0 where invalid;
+// (amax0, amax1) = the rows' max |w| over the lane quad.
+template <bool FULL, int NT, class Key, class DV>
+__device__ __forceinline__ void fold_v_scale(float (&s)[NT][4], int pos0, int pos1, Key key, DV dv,
+                                             float& amax0, float& amax1)
+{
+    amax0 = 0.0f;
+    amax1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float2 d = dv(nt);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
+            const float we = __fmul_rn(s[nt][e], (e & 1) ? d.y : d.x);
+            s[nt][e] = valid ? we : 0.0f;
+        }
+        amax0 = fmaxf(amax0, fmaxf(fabsf(s[nt][0]), fabsf(s[nt][1])));
+        amax1 = fmaxf(amax1, fmaxf(fabsf(s[nt][2]), fabsf(s[nt][3])));
+    }
+    amax0 = quad_max(amax0);
+    amax1 = quad_max(amax1);
+}
+
 template <int HD>
 __device__ __forceinline__ void attend_mma_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int group,
@@ -345,37 +414,15 @@ __device__ __forceinline__ void attend_mma_body(
                     s[nt][3] = __fadd_rn(s[nt][3], __fmul_rn(__fmul_rn(dq1[b], dk1), magic_to_float(acc[3])));
                 }
             }
-            float mc0 = NEG_INF, mc1 = NEG_INF;
-    #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-    #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = j0 + 8 * nt + 2 * tq + (e & 1);
-                    const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
-                    const float sc = __fmul_rn(s[nt][e], kq_scale);
-                    s[nt][e] = valid ? sc : NEG_INF;
-                }
-                mc0 = fmaxf(mc0, fmaxf(s[nt][0], s[nt][1]));
-                mc1 = fmaxf(mc1, fmaxf(s[nt][2], s[nt][3]));
-            }
-            mc0 = quad_max(mc0);
-            mc1 = quad_max(mc1);
+            auto key = [&](int nt, int e) { return j0 + 8 * nt + 2 * tq + (e & 1); };
+            float mc0, mc1;
+            scale_mask_max<FULL>(s, kq_scale, pos0, pos1, key, mc0, mc1);
             const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
             const float al0 = strata_exp(__fsub_rn(M0, mn0));
             const float al1 = strata_exp(__fsub_rn(M1, mn1));
 
             // p (into s), the lsum tree, then w = p * dv (into s)
-    #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-    #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = j0 + 8 * nt + 2 * tq + (e & 1);
-                    const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
-                    const float x = __fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1);
-                    const float pe = (MMA_EPI >= 2) ? strata_exp_nonpos(x) : strata_exp(x);
-                    s[nt][e] = valid ? pe : 0.0f;
-                }
-            }
+            exp_masked<FULL, (MMA_EPI >= 2)>(s, mn0, mn1, pos0, pos1, key);
             float u[4];
     #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -390,23 +437,11 @@ __device__ __forceinline__ void attend_mma_body(
             }
             const float ls0 = __fadd_rn(u[0], u[1]);                                         // j, j + 1
             const float ls1 = __fadd_rn(u[2], u[3]);
-            float amax0 = 0.0f, amax1 = 0.0f;
+            float amax0, amax1;
+            fold_v_scale<FULL>(s, pos0, pos1, key,
+                               [&](int nt) { return make_float2(svd[8 * nt + 2 * tq], svd[8 * nt + 2 * tq + 1]); },
+                               amax0, amax1);
             float (&w)[NT][4] = s;
-    #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                const float dv0 = svd[8 * nt + 2 * tq], dv1 = svd[8 * nt + 2 * tq + 1];
-    #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = j0 + 8 * nt + 2 * tq + (e & 1);
-                    const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
-                    const float we = __fmul_rn(s[nt][e], (e & 1) ? dv1 : dv0);
-                    w[nt][e] = valid ? we : 0.0f;
-                }
-                amax0 = fmaxf(amax0, fmaxf(fabsf(w[nt][0]), fabsf(w[nt][1])));
-                amax1 = fmaxf(amax1, fmaxf(fabsf(w[nt][2]), fabsf(w[nt][3])));
-            }
-            amax0 = quad_max(amax0);
-            amax1 = quad_max(amax1);
 
             // int8 P per (query, block), straight into the A fragments of P.V (k-slot order matches
             // the permuted V^T staging: slots 4tq+i <- keys 32ks + 8(i/2) + 2tq + (i%2), +16 for a2/a3)
@@ -706,7 +741,7 @@ __device__ __forceinline__ void attend_pair_body(
             }
 #if PAIR_VT
             {  // the block's transposed V: HD rows of 64 bytes, HD * 4 chunks (as many as K's)
-                const int8_t* vb = v_t + ((long long)kvh * ((cap + 63) >> 6) + c) * (HD * 64);
+                const int8_t* vb = v_t + ((long long)kvh * vt_blocks(cap) + c) * (HD * 64);
                 const unsigned vst = st + SM::V_OFF;
 #pragma unroll
                 for (int i = 0; i < (HD * 4 + PAIR_THREADS - 1) / PAIR_THREADS; ++i) {
@@ -870,21 +905,9 @@ __device__ __forceinline__ void attend_pair_body(
                     s[nt][3] = __fadd_rn(s[nt][3], __fmul_rn(__fmul_rn(dq1[b], dk1[b]), magic_to_float(acc[3])));
                 }
             }
-            float mc0 = NEG_INF, mc1 = NEG_INF;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = j0 + 2 * (8 * nt + 2 * tq + (e & 1)) + hh;
-                    const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
-                    const float sc = __fmul_rn(s[nt][e], kq_scale);
-                    s[nt][e] = valid ? sc : NEG_INF;
-                }
-                mc0 = fmaxf(mc0, fmaxf(s[nt][0], s[nt][1]));
-                mc1 = fmaxf(mc1, fmaxf(s[nt][2], s[nt][3]));
-            }
-            mc0 = quad_max(mc0);
-            mc1 = quad_max(mc1);
+            auto key = [&](int nt, int e) { return j0 + 2 * (8 * nt + 2 * tq + (e & 1)) + hh; };
+            float mc0, mc1;
+            scale_mask_max<FULL>(s, kq_scale, pos0, pos1, key, mc0, mc1);
             if (tq == 0) {
                 xm_own[g] = mc0;
                 xm_own[g + 8] = mc1;
@@ -907,16 +930,7 @@ __device__ __forceinline__ void attend_pair_body(
                 }
             }
 
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = j0 + 2 * (8 * nt + 2 * tq + (e & 1)) + hh;
-                    const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
-                    const float pe = strata_exp_nonpos(__fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1));
-                    s[nt][e] = valid ? pe : 0.0f;
-                }
-            }
+            exp_masked<FULL, true>(s, mn0, mn1, pos0, pos1, key);
             // the tree over lambda: + 16 (nt, nt + 2), + 8 (nt 0, 1), + 4 (lanes xor 2), + 2 (xor 1),
             // + 1 (e, e + 1); the pair's halves last
             float u[4];
@@ -928,22 +942,10 @@ __device__ __forceinline__ void attend_pair_body(
             }
             float ls0 = __fadd_rn(u[0], u[1]);
             float ls1 = __fadd_rn(u[2], u[3]);
-            float amax0 = 0.0f, amax1 = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const float2 dv = *reinterpret_cast<const float2*>(stp + SM::VS_OFF + 4 * (32 * hh + 8 * nt + 2 * tq));
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = j0 + 2 * (8 * nt + 2 * tq + (e & 1)) + hh;
-                    const bool valid = FULL || key <= ((e < 2) ? pos0 : pos1);
-                    const float we = __fmul_rn(s[nt][e], (e & 1) ? dv.y : dv.x);
-                    s[nt][e] = valid ? we : 0.0f;
-                }
-                amax0 = fmaxf(amax0, fmaxf(fabsf(s[nt][0]), fabsf(s[nt][1])));
-                amax1 = fmaxf(amax1, fmaxf(fabsf(s[nt][2]), fabsf(s[nt][3])));
-            }
-            amax0 = quad_max(amax0);
-            amax1 = quad_max(amax1);
+            float amax0, amax1;
+            fold_v_scale<FULL>(s, pos0, pos1, key, [&](int nt) {
+                return *reinterpret_cast<const float2*>(stp + SM::VS_OFF + 4 * (32 * hh + 8 * nt + 2 * tq));
+            }, amax0, amax1);
             if (tq == 0) {
                 xs_own[2 * g] = ls0;
                 xs_own[2 * g + 1] = amax0;

@@ -72,7 +72,7 @@ kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v
             int8_t q = 0;
             if (amax > 0.0f) q = q8_code(xv[b], d_inv);
             v_codes[cache_row * hd + 32 * b + lane] = q;
-            if (v_t) v_t[vt_offset(h, pos, 32 * b + lane, hd, (capacity + 63) >> 6)] = q;
+            if (v_t) v_t[vt_offset(h, pos, 32 * b + lane, hd, capacity)] = q;
         }
     }
     if (lane == 0) v_scale[cache_row] = d;
@@ -88,5 +88,5 @@ v_transpose(const int8_t* __restrict__ v_codes, int n_kv, int hd, int capacity, 
     const long long hj = i / hd;
     const long long j = hj % n_keys;
     const int h = (int)(hj / n_keys);
-    v_t[vt_offset(h, j, d, hd, (capacity + 63) >> 6)] = v_codes[((long long)h * capacity + j) * hd + d];
+    v_t[vt_offset(h, j, d, hd, capacity)] = v_codes[((long long)h * capacity + j) * hd + d];
 }

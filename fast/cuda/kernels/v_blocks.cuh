@@ -25,10 +25,13 @@ __device__ __forceinline__ int vt_slot(int kappa)
 
 __device__ __forceinline__ int vt_row(int d) { return 16 * (d >> 4) + 8 * (d & 1) + ((d & 15) >> 1); }
 
+// The 64-key blocks a KV head holds in v_t: ceil(capacity / 64).
+__device__ __forceinline__ int vt_blocks(int capacity) { return (capacity + 63) >> 6; }
+
 // Byte offset of (KV head h, key j, dim d) in v_t.
-__device__ __forceinline__ long long vt_offset(int h, long long j, int d, int hd, int nblk)
+__device__ __forceinline__ long long vt_offset(int h, long long j, int d, int hd, int capacity)
 {
-    return (((long long)h * nblk + (j >> 6)) * hd + vt_row(d)) * 64 + vt_slot((int)(j & 63));
+    return (((long long)h * vt_blocks(capacity) + (j >> 6)) * hd + vt_row(d)) * 64 + vt_slot((int)(j & 63));
 }
 
 #endif  // V_BLOCKS_CUH
