@@ -68,6 +68,12 @@ def test_cli_needs_a_folder(monkeypatch, capsys):
     assert "no cubin folder" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_bad_arch_before_any_work(tmp_path, capsys):
+    assert main(["build-kernels", "--cache", str(tmp_path), "--arch", "hopper"]) == 2
+    assert "not an nvcc architecture" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_cli_refuses_a_manifest_naming_a_missing_kernel(tmp_path, capsys):
     kernel_cache.record(str(tmp_path), "no_such_kernel", {})
     assert main(["build-kernels", "--cache", str(tmp_path)]) == 2

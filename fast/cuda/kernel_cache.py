@@ -43,15 +43,20 @@ def cache_dir() -> str | None:
     return d
 
 
+def _nvcc(nvcc: str = "nvcc") -> str:
+    """nvcc's path, or the one-line error that it is missing."""
+    exe = shutil.which(nvcc)
+    if exe is None:
+        raise DeviceError(f"{nvcc} is not on PATH: kernels cannot be compiled here")
+    return exe
+
+
 def nvcc_release(nvcc: str = "nvcc") -> str:
     """The last line of ``nvcc --version`` (its build: a different compiler, a different cubin)."""
     with _lock:
         got = _release.get(nvcc)
         if got is None:
-            exe = shutil.which(nvcc)
-            if exe is None:
-                raise DeviceError(f"{nvcc} is not on PATH: kernels cannot be compiled here")
-            out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False).stdout
+            out = subprocess.run([_nvcc(nvcc), "--version"], capture_output=True, text=True, check=False).stdout
             lines = [ln for ln in out.splitlines() if ln.strip()]
             if not lines:
                 raise DeviceError(f"{nvcc} --version printed nothing")
@@ -87,9 +92,7 @@ def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
     path = cubin_path(folder, name, source, defines, arch, base_options)
     if os.path.exists(path):
         return path
-    exe = shutil.which("nvcc")
-    if exe is None:
-        raise DeviceError("nvcc is not on PATH: kernels cannot be compiled here")
+    exe = _nvcc()
     with tempfile.TemporaryDirectory(prefix="strata-kernel-") as tmp:
         cu = os.path.join(tmp, f"{name}.cu")
         with open(cu, "w", encoding="utf-8") as f:

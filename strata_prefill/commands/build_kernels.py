@@ -11,7 +11,9 @@ kept; an edited kernel or header has a new name and is built.
 """
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +28,7 @@ def add_parser(sub, name: str) -> None:
                                    "STRATA_PREFILL_KERNEL_CACHE names, ahead of a GPU run.")
     p.add_argument("--cache", metavar="DIR",
                    help="the cubin folder (default: $STRATA_PREFILL_KERNEL_CACHE)")
-    p.add_argument("--arch", default="sm_90", help="nvcc architecture (default sm_90, the H200)")
+    p.add_argument("--arch", type=arch_name, default="sm_90", help="nvcc architecture (default sm_90, the H200)")
     p.add_argument("--jobs", type=checks.positive_int, default=os.cpu_count() or 1,
                    help="parallel nvcc processes (default: the CPU count)")
     p.add_argument("--defaults", action="store_true",
@@ -34,6 +36,13 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--prune", action="store_true",
                    help="then delete the folder's cubins that no wanted module has (stale sources)")
     p.set_defaults(func=main)
+
+
+def arch_name(text: str) -> str:
+    """An nvcc real architecture such as sm_90 or sm_90a, checked before any compile."""
+    if not re.fullmatch(r"sm_\d+a?", text):
+        raise argparse.ArgumentTypeError(f"not an nvcc architecture like sm_90: {text!r}")
+    return text
 
 
 def wanted(folder: str, defaults: bool) -> list[tuple[str, dict]]:
@@ -77,16 +86,15 @@ def main(args) -> int:
         src = runtime.kernel_source(name)
         path = kernel_cache.cubin_path(folder, name, src, defines, args.arch, runtime.NVCC_OPTIONS)
         if os.path.exists(path):
-            return name, defines, None
+            return name, defines, path, None
         t0 = time.perf_counter()
         kernel_cache.build(folder, name, src, defines, args.arch, runtime.NVCC_OPTIONS)
-        return name, defines, time.perf_counter() - t0
+        return name, defines, path, time.perf_counter() - t0
 
     keep = set()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for i, (name, defines, secs) in enumerate(pool.map(one, todo), 1):
-            keep.add(os.path.basename(kernel_cache.cubin_path(folder, name, runtime.kernel_source(name), defines,
-                                                              args.arch, runtime.NVCC_OPTIONS)))
+        for i, (name, defines, path, secs) in enumerate(pool.map(one, todo), 1):
+            keep.add(os.path.basename(path))
             d = " ".join(f"{k}={v}" for k, v in sorted(defines.items()))
             if secs is None:
                 done[1] += 1
