@@ -81,6 +81,38 @@ __device__ __forceinline__ int pack4(int8_t a, int8_t b, int8_t c, int8_t d)
 }
 
 // One query row of HD floats -> int8 codes (qc, HD bytes) and NB scales (qd), by one warp.
+// P codes of w >= 0 quantized with the row's di (d_inv, or 0 for a block whose 127/amax is not
+// finite: codes 0): round_nonneg_magic(w * di), byte 0 of each float's bits is its code.
+template <int NT>
+__device__ __forceinline__ void p_code_bits(const float (&w)[NT][4], float di0, float di1, unsigned (&cb)[NT][4])
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        cb[nt][0] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][0], di0)));
+        cb[nt][1] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][1], di0)));
+        cb[nt][2] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][2], di1)));
+        cb[nt][3] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][3], di1)));
+    }
+}
+
+// bytes 0 of a, b, c, d -> one word a | b << 8 | c << 16 | d << 24
+__device__ __forceinline__ int pack_lo(unsigned a, unsigned b, unsigned c, unsigned d)
+{
+    return (int)__byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+// The k32 A fragment of P from accumulators n0 .. n0 + 3: k = 4 tq + i <- lambda =
+// 8 (i >> 1) + 2 tq + (i & 1) (accumulators n0, n0 + 1), + 16 for registers 2 and 3 (n0 + 2, + 3);
+// registers 0 and 2 row r0, 1 and 3 row r1.
+template <int NT>
+__device__ __forceinline__ void p_fragment(const unsigned (&cb)[NT][4], int n0, int (&a)[4])
+{
+    a[0] = pack_lo(cb[n0][0], cb[n0][1], cb[n0 + 1][0], cb[n0 + 1][1]);
+    a[1] = pack_lo(cb[n0][2], cb[n0][3], cb[n0 + 1][2], cb[n0 + 1][3]);
+    a[2] = pack_lo(cb[n0 + 2][0], cb[n0 + 2][1], cb[n0 + 3][0], cb[n0 + 3][1]);
+    a[3] = pack_lo(cb[n0 + 2][2], cb[n0 + 2][3], cb[n0 + 3][2], cb[n0 + 3][3]);
+}
+
 template <int HD>
 __device__ __forceinline__ void quantize_row_warp(const float* __restrict__ qr, int8_t* qc, float* qd, int lane)
 {
@@ -456,25 +488,9 @@ __device__ __forceinline__ void attend_mma_body(
                 // multiplies by 0 (codes 0). Byte 0 of each float's bits is its code.
                 const float di0 = ok0 ? d_inv0 : 0.0f, di1 = ok1 ? d_inv1 : 0.0f;
                 unsigned cb[NT][4];
+                p_code_bits(w, di0, di1, cb);
     #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    cb[nt][0] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][0], di0)));
-                    cb[nt][1] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][1], di0)));
-                    cb[nt][2] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][2], di1)));
-                    cb[nt][3] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][3], di1)));
-                }
-                // bytes 0 of a, b, c, d -> one word a | b << 8 | c << 16 | d << 24
-                auto pack_lo = [](unsigned a, unsigned b, unsigned c, unsigned d) {
-                    return (int)__byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
-                };
-    #pragma unroll
-                for (int ks = 0; ks < 2; ++ks) {
-                    const int n0 = 4 * ks;
-                    pa[ks][0] = pack_lo(cb[n0][0], cb[n0][1], cb[n0 + 1][0], cb[n0 + 1][1]);
-                    pa[ks][1] = pack_lo(cb[n0][2], cb[n0][3], cb[n0 + 1][2], cb[n0 + 1][3]);
-                    pa[ks][2] = pack_lo(cb[n0 + 2][0], cb[n0 + 2][1], cb[n0 + 3][0], cb[n0 + 3][1]);
-                    pa[ks][3] = pack_lo(cb[n0 + 2][2], cb[n0 + 2][3], cb[n0 + 3][2], cb[n0 + 3][3]);
-                }
+                for (int ks = 0; ks < 2; ++ks) p_fragment(cb, 4 * ks, pa[ks]);
             } else {
                 int8_t code[NT][4];
     #pragma unroll
@@ -976,22 +992,11 @@ __device__ __forceinline__ void attend_pair_body(
                 wd1 = __shfl_sync(0xffffffffu, wd, (lane & ~3) | 1);
             }
             unsigned cb[4][4];
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                cb[nt][0] = __float_as_uint(round_nonneg_magic(__fmul_rn(s[nt][0], di0)));
-                cb[nt][1] = __float_as_uint(round_nonneg_magic(__fmul_rn(s[nt][1], di0)));
-                cb[nt][2] = __float_as_uint(round_nonneg_magic(__fmul_rn(s[nt][2], di1)));
-                cb[nt][3] = __float_as_uint(round_nonneg_magic(__fmul_rn(s[nt][3], di1)));
-            }
-            auto pack_lo = [](unsigned a, unsigned b, unsigned c2, unsigned d) {
-                return (int)__byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c2, d, 0x0040), 0x5410);
-            };
+            p_code_bits(s, di0, di1, cb);
             int pa[2][4];  // k-step 0: the keys of half 0; 1: of half 1
-            int4 mine;
-            mine.x = pack_lo(cb[0][0], cb[0][1], cb[1][0], cb[1][1]);
-            mine.y = pack_lo(cb[0][2], cb[0][3], cb[1][2], cb[1][3]);
-            mine.z = pack_lo(cb[2][0], cb[2][1], cb[3][0], cb[3][1]);
-            mine.w = pack_lo(cb[2][2], cb[2][3], cb[3][2], cb[3][3]);
+            int frag[4];
+            p_fragment(cb, 0, frag);
+            const int4 mine = make_int4(frag[0], frag[1], frag[2], frag[3]);
             xp[(qg * 2 + hh) * 32 + lane] = mine;
             pair_barrier(bar_id);
             const int4 p0 = xp[(qg * 2) * 32 + lane], p1 = xp[(qg * 2 + 1) * 32 + lane];  // both, no selects
