@@ -170,12 +170,12 @@ def test_quantize_gather_scatter(cu, dev, layout, T, K, E, k):
 
 # MMQ tile configurations every mmq case runs (the reference computed once): the default
 # (None: automatic by rows per expert), each automatic choice, the largest one with the kept
-# earlier forms (MMQ_SUBFMA=0, MMQ_Q8DEC=0), and more from STRATA_MMQ_TEST_CONFIGS (JSON
+# earlier forms (MMQ_SUBFMA=0, MMQ_Q8DEC=0, MMQ_MIX=0), and more from STRATA_MMQ_TEST_CONFIGS (JSON
 # objects, ";"-separated).
 def _configs():
     from fast.cuda import products
 
-    earlier = dict(products.AUTO_CONFIGS[-1][1], MMQ_SUBFMA=0, MMQ_Q8DEC=0)
+    earlier = dict(products.AUTO_CONFIGS[-1][1], MMQ_SUBFMA=0, MMQ_Q8DEC=0, MMQ_MIX=0)
     return [None] + [c for _, c in products.AUTO_CONFIGS] + [earlier] + [
         json.loads(c) for c in os.environ.get("STRATA_MMQ_TEST_CONFIGS", "").split(";") if c.strip()]
 

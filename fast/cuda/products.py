@@ -188,22 +188,42 @@ def default_config() -> dict | None:
         raise InputError(f"STRATA_MMQ_CONFIG is not JSON: {raw!r}") from None
     if not isinstance(cfg, dict):
         raise InputError(f"STRATA_MMQ_CONFIG must be a JSON object, got {raw!r}")
-    return cfg
+    return {**cfg, **extra_defines()}
+
+
+def extra_defines() -> dict:
+    """mmq.cu defines added to every configuration, automatic or STRATA_MMQ_CONFIG's: the
+    environment variable STRATA_MMQ_DEFINES (JSON), for A/B of a kernel form kept behind a
+    define (e.g. '{"MMQ_MIX": 0}'); empty when unset. Changes speed only, never a bit."""
+    raw = os.environ.get("STRATA_MMQ_DEFINES", "").strip()
+    if not raw:
+        return {}
+    try:
+        extra = json.loads(raw)
+    except ValueError:
+        raise InputError(f"STRATA_MMQ_DEFINES is not JSON: {raw!r}") from None
+    if not isinstance(extra, dict) or not all(isinstance(v, int) for v in extra.values()):
+        raise InputError(f"STRATA_MMQ_DEFINES must be a JSON object of integers, got {raw!r}")
+    return extra
 
 
 def auto_config(rows_per_expert: float) -> dict:
-    """The AUTO_CONFIGS entry for a launch with this mean number of rows per expert."""
-    for bound, cfg in AUTO_CONFIGS:
+    """The AUTO_CONFIGS entry for a launch with this mean number of rows per expert (with
+    STRATA_MMQ_DEFINES)."""
+    cfg = AUTO_CONFIGS[-1][1]
+    for bound, c in AUTO_CONFIGS:
         if bound is None or rows_per_expert < bound:
-            return cfg
-    return AUTO_CONFIGS[-1][1]
+            cfg = c
+            break
+    extra = extra_defines()
+    return {**cfg, **extra} if extra else cfg
 
 
 def _mmq_mod(config: dict | None):
     if config is None:
         config = default_config()
         if config is None:
-            config = AUTO_CONFIGS[-1][1]
+            config = {**AUTO_CONFIGS[-1][1], **extra_defines()}
     key = tuple(sorted(config.items()))
     st = _mmq_state.get(key)
     if st is not None:

@@ -61,6 +61,7 @@
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <type_traits>
 #include "strata_numerics.cuh"  // MAGIC_I, MAGIC_F
 
 #define QT_Q4_1 3
@@ -105,6 +106,19 @@ static_assert(MMQ_V2 == 1 || MMQ_V2 == 2, "MMQ_V2 is 1 or 2");
 #endif
 #ifndef MMQ_MINB
 #define MMQ_MINB 1
+#endif
+// MMQ_MIX=1 (default): when this chunk and the next are whole (4 blocks, all BM weight rows),
+// the next chunk's decode (weights and activation scales) is written inside this chunk's
+// unrolled products, after block MMQ_MIX_AT, with no branch, so the compiler interleaves its
+// dependent shared-memory loads with the epilogue's float work instead of every warp stalling
+// on them before the products; 0: the decode runs before the products, as a loop with bound
+// checks. The decode writes the other buffer of the pair the products read, between the same
+// two barriers either way: same bytes.
+#ifndef MMQ_MIX
+#define MMQ_MIX 1
+#endif
+#ifndef MMQ_MIX_AT
+#define MMQ_MIX_AT 1
 #endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
@@ -403,10 +417,11 @@ __device__ __forceinline__ void epi_split(float (&ac)[4], const int (&d0)[4], co
 //   offsets fixed for the whole launch;
 // - MMQ_MINB CTAs per SM in __launch_bounds__ (registers <= 64K / (MMQ_NT * MMQ_MINB)).
 
-template <int QT, int T, bool FULL>
+// MID: call mid() (the next chunk's decode, MMQ_MIX) inside the unrolled body, before block MMQ_MIX_AT.
+template <int QT, int T, bool FULL, bool MID, class F>
 __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wdec_s, const float* wsc,
                                            const float* asc, uint32_t act_s, int jlim, uint32_t a_off,
-                                           int lane, int wn, int rA, int rB) {
+                                           int lane, int wn, int rA, int rB, F&& mid) {
     constexpr int NBLK = 4, BM = MMQ_BM, BN = MMQ_BN, WN = MMQ_WN, ASTR = 144;
     constexpr int NAUX = Tr<QT>::NAUX;
     constexpr bool SPL = (QT == QT_IQ2_XS || QT == QT_Q2_K);
@@ -415,6 +430,9 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
 #pragma unroll
     for (int j = 0; j < NBLK; ++j) {
         if (!FULL && j >= jlim) break;
+        if constexpr (MID) {
+            if (j == MMQ_MIX_AT) mid();
+        }
         uint32_t a[4];
         ldsm_x4(a, wdec_s + a_off + j * 32);
         const int acode = 16 + j * 32 + ((lane >> 3) & 1) * 16;
@@ -459,26 +477,33 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
     }
 }
 
-template <int QT, int T>
+// MIXED: this chunk and the next are whole and mid() decodes the next one (MMQ_MIX); otherwise
+// mid() is empty and the caller decoded before.
+template <int QT, int T, bool MIXED, class F>
 __device__ __forceinline__ void mmq2_chunk_any(float (&acc)[MMQ_NT8][4], uint32_t wdec_s, const float* wsc,
                                                const float* asc, uint32_t act_s, int jlim, uint32_t a_off,
-                                               int lane, int wn, int rA, int rB) {
-    if (jlim >= 4)
-        mmq2_chunk<QT, T, true>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+                                               int lane, int wn, int rA, int rB, F&& mid) {
+    if constexpr (MIXED)
+        mmq2_chunk<QT, T, true, true>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB, mid);
+    else if (jlim >= 4)
+        mmq2_chunk<QT, T, true, false>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB, mid);
     else
-        mmq2_chunk<QT, T, false>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+        mmq2_chunk<QT, T, false, false>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB, mid);
 }
 
-// Dispatch on the warp's n8 tile count (1 .. NT8; 0: nothing to do).
-template <int QT, int T>
+// Dispatch on the warp's n8 tile count (1 .. NT8; 0: no products, but a MIXED chunk's mid()
+// still runs: every thread decodes its share).
+template <int QT, int T, bool MIXED, class F>
 __device__ __forceinline__ void mmq2_dispatch(int nt, float (&acc)[MMQ_NT8][4], uint32_t wdec_s,
                                               const float* wsc, const float* asc, uint32_t act_s, int jlim,
-                                              uint32_t a_off, int lane, int wn, int rA, int rB) {
+                                              uint32_t a_off, int lane, int wn, int rA, int rB, F&& mid) {
     if constexpr (T >= 1) {
         if (nt == T)
-            mmq2_chunk_any<QT, T>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+            mmq2_chunk_any<QT, T, MIXED>(acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB, mid);
         else
-            mmq2_dispatch<QT, T - 1>(nt, acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB);
+            mmq2_dispatch<QT, T - 1, MIXED>(nt, acc, wdec_s, wsc, asc, act_s, jlim, a_off, lane, wn, rA, rB, mid);
+    } else if constexpr (MIXED) {
+        mid();
     }
 }
 
@@ -599,7 +624,12 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
             cp_async_commit();
         };
 
-        auto prep = [&](int kc) {
+        // CHECK (a std::integral_constant): test each unit against the chunk's blocks, the tile's
+        // weight rows and its activation rows; without it (a MIXED chunk: whole, all BM rows)
+        // every unit is decoded and activation scales are copied for all BN staged rows (those
+        // past the tile's rows are stale and feed only outputs that are never stored).
+        auto prep = [&](int kc, auto CHECK) {
+            constexpr bool checked = decltype(CHECK)::value;
             const int slot = kc % STAGES;
             const int db = kc & 1;
             uint8_t* wdec = wdec0 + db * G::WDEC_B;
@@ -615,7 +645,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 const int u = u0 + tid;
                 if (BM * NBLK % NT != 0 && u >= BM * NBLK) break;
                 const int i = u % BM, j = u / BM;
-                if (i >= nrow_ok || j >= jlim) continue;
+                if (checked && (i >= nrow_ok || j >= jlim)) continue;
                 const int o = (int)((uintptr_t)(wc + i * row_bytes) & 15);
                 uint32_t c[8];
                 float dw, aux[5];
@@ -633,7 +663,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 const int u = u0 + tid;
                 if (BN * NBLK % NT != 0 && u >= BN * NBLK) break;
                 const int r = u % BN, j = u / BN;
-                if (r >= nvalid) continue;
+                if (checked && r >= nvalid) continue;
                 const uint8_t* hb = actb + r * ASTR;
                 if constexpr (LAY == 0) {
                     asc[j * BN + r] = *reinterpret_cast<const float*>(hb + 4 * j);
@@ -667,7 +697,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         for (int s = 0; s < STAGES; ++s) issue(s);
         cp_async_wait<STAGES - 2>();  // chunks 0 and 1
         __syncthreads();
-        prep(0);
+        prep(0, std::true_type{});
         __syncthreads();
 
         const uint32_t a_off = (uint32_t)((wm * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * WSTR + (lane >> 4) * 16);
@@ -679,13 +709,26 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         const int ntw = MMQ_V2 >= 2 ? mine : ((mine + 1) & ~1);
         const bool active = (n0 + wm * 16) < N;  // a warp whose 16 weight rows are all past N idles
 
+        // MMQ_MIX: chunk kc + 1 is decoded inside chunk kc's products when both are whole
+        const bool rows_whole = nrow_ok == BM;
         for (int kc = 0; kc < nch; ++kc) {
-            if (kc + 1 < nch) prep(kc + 1);
             const int db = kc & 1;
-            if (active)
-                mmq2_dispatch<QT, NT8>(ntw, acc, smem_u32(wdec0 + db * G::WDEC_B), wsc0 + db * G::WSC_F,
-                                           asc0 + db * G::ASC_F, smem_u32(act + (kc % STAGES) * (BN * ASTR)),
-                                           nb - kc * NBLK, a_off, lane, wn, rA, rB);
+            const uint32_t wd_s = smem_u32(wdec0 + db * G::WDEC_B), act_s = smem_u32(act + (kc % STAGES) * (BN * ASTR));
+            const float *wsc = wsc0 + db * G::WSC_F, *asc = asc0 + db * G::ASC_F;
+            const bool mixed = MMQ_MIX && rows_whole && kc + 1 < nch && nb - (kc + 1) * NBLK >= NBLK;
+            if (mixed) {
+                auto mid = [&]() { prep(kc + 1, std::false_type{}); };
+                if (active)
+                    mmq2_dispatch<QT, NT8, true>(ntw, acc, wd_s, wsc, asc, act_s, nb - kc * NBLK, a_off, lane, wn,
+                                                 rA, rB, mid);
+                else
+                    mid();
+            } else {
+                if (kc + 1 < nch) prep(kc + 1, std::true_type{});
+                if (active)
+                    mmq2_dispatch<QT, NT8, false>(ntw, acc, wd_s, wsc, asc, act_s, nb - kc * NBLK, a_off, lane, wn,
+                                                  rA, rB, [] {});
+            }
             if (kc + 1 < nch) {
                 cp_async_wait<STAGES - 3>();
                 __syncthreads();

@@ -1,0 +1,68 @@
+"""How the fast path picks an MMQ tile configuration (fast/cuda/products.py): the automatic
+table by rows per expert, STRATA_MMQ_CONFIG over it, and STRATA_MMQ_DEFINES added to either
+(an A/B of a kernel form kept behind a define, such as MMQ_MIX=0). Host code only: no GPU."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fast.cuda import products
+from strata.errors import InputError
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    monkeypatch.delenv("STRATA_MMQ_CONFIG", raising=False)
+    monkeypatch.delenv("STRATA_MMQ_DEFINES", raising=False)
+
+
+def _expected_auto(rows: float) -> dict:
+    for bound, cfg in products.AUTO_CONFIGS:
+        if bound is None or rows < bound:
+            return cfg
+    raise AssertionError("the last AUTO_CONFIGS entry has no bound")
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.floats(0.5, 1e5, allow_nan=False))
+def test_auto_config_follows_the_table(rows):
+    assert products.auto_config(rows) == _expected_auto(rows)
+    assert products.tile_config(rows) == _expected_auto(rows)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.floats(0.5, 1e5, allow_nan=False), mix=st.integers(0, 1), at=st.integers(0, 3))
+def test_defines_are_added_to_the_automatic_choice(rows, mix, at):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STRATA_MMQ_DEFINES", f'{{"MMQ_MIX": {mix}, "MMQ_MIX_AT": {at}}}')
+        got = products.auto_config(rows)
+    assert got == {**_expected_auto(rows), "MMQ_MIX": mix, "MMQ_MIX_AT": at}
+    assert "MMQ_MIX" not in _expected_auto(rows)  # the table itself is left alone
+
+
+def test_defines_are_added_to_an_explicit_config(monkeypatch):
+    monkeypatch.setenv("STRATA_MMQ_CONFIG", '{"MMQ_BN": 64, "MMQ_WM": 4}')
+    monkeypatch.setenv("STRATA_MMQ_DEFINES", '{"MMQ_MIX": 0}')
+    assert products.default_config() == {"MMQ_BN": 64, "MMQ_WM": 4, "MMQ_MIX": 0}
+    assert products.tile_config(500.0) == {"MMQ_BN": 64, "MMQ_WM": 4, "MMQ_MIX": 0}
+    # a define given in both: STRATA_MMQ_DEFINES wins
+    monkeypatch.setenv("STRATA_MMQ_DEFINES", '{"MMQ_BN": 128}')
+    assert products.default_config()["MMQ_BN"] == 128
+
+
+@pytest.mark.parametrize("raw, what", [
+    ("{MMQ_MIX: 0}", "not JSON"),
+    ("[1, 2]", "JSON object of integers"),
+    ('{"MMQ_MIX": "0"}', "JSON object of integers"),
+    ('{"MMQ_MIX": 0.5}', "JSON object of integers"),
+])
+def test_bad_defines_are_named(monkeypatch, raw, what):
+    monkeypatch.setenv("STRATA_MMQ_DEFINES", raw)
+    with pytest.raises(InputError, match=what) as e:
+        products.auto_config(100.0)
+    assert "STRATA_MMQ_DEFINES" in str(e.value)
+
+
+def test_unset_or_blank_defines_change_nothing(monkeypatch):
+    monkeypatch.setenv("STRATA_MMQ_DEFINES", "   ")
+    assert products.extra_defines() == {}
+    assert products.auto_config(20.0) is products.auto_config(20.0)
