@@ -107,18 +107,21 @@ static_assert(MMQ_V2 == 1 || MMQ_V2 == 2, "MMQ_V2 is 1 or 2");
 #ifndef MMQ_MINB
 #define MMQ_MINB 1
 #endif
-// MMQ_MIX=1 (default): when this chunk and the next are whole (4 blocks, all BM weight rows),
-// the next chunk's decode (weights and activation scales) is written inside this chunk's
-// unrolled products, after block MMQ_MIX_AT, with no branch, so the compiler interleaves its
-// dependent shared-memory loads with the epilogue's float work instead of every warp stalling
-// on them before the products; 0: the decode runs before the products, as a loop with bound
-// checks. The decode writes the other buffer of the pair the products read, between the same
-// two barriers either way: same bytes.
+// MMQ_MIX=1 (default): when this chunk and the next are whole (4 blocks, all BM weight rows)
+// and the tile holds more than MMQ_BN / 2 activation rows, the next chunk's decode (weights
+// and activation scales) is written inside this chunk's unrolled products, before block
+// MMQ_MIX_AT, with no branch, so the compiler interleaves its dependent shared-memory loads
+// with the epilogue's float work instead of every warp stalling on them before the products;
+// 0: the decode runs before the products, as a loop with bound checks. The decode writes the
+// other buffer of the pair the products read, between the same two barriers either way: same
+// bytes. Tiles of few rows keep the checked form: their products are too short to hide the
+// decode, and the unchecked one copies scales for all BN rows (H200, in place: -3.8% a layer
+// at 80-row tiles, +2.5% at 20).
 #ifndef MMQ_MIX
 #define MMQ_MIX 1
 #endif
 #ifndef MMQ_MIX_AT
-#define MMQ_MIX_AT 1
+#define MMQ_MIX_AT 2
 #endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
@@ -709,13 +712,14 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         const int ntw = MMQ_V2 >= 2 ? mine : ((mine + 1) & ~1);
         const bool active = (n0 + wm * 16) < N;  // a warp whose 16 weight rows are all past N idles
 
-        // MMQ_MIX: chunk kc + 1 is decoded inside chunk kc's products when both are whole
-        const bool rows_whole = nrow_ok == BM;
+        // MMQ_MIX: chunk kc + 1 is decoded inside chunk kc's products when both are whole and the
+        // tile has more than BN / 2 rows
+        const bool mix_tile = nrow_ok == BM && 2 * nvalid > BN;
         for (int kc = 0; kc < nch; ++kc) {
             const int db = kc & 1;
             const uint32_t wd_s = smem_u32(wdec0 + db * G::WDEC_B), act_s = smem_u32(act + (kc % STAGES) * (BN * ASTR));
             const float *wsc = wsc0 + db * G::WSC_F, *asc = asc0 + db * G::ASC_F;
-            const bool mixed = MMQ_MIX && rows_whole && kc + 1 < nch && nb - (kc + 1) * NBLK >= NBLK;
+            const bool mixed = MMQ_MIX && mix_tile && kc + 1 < nch && nb - (kc + 1) * NBLK >= NBLK;
             if (mixed) {
                 auto mid = [&]() { prep(kc + 1, std::false_type{}); };
                 if (active)
