@@ -123,6 +123,10 @@ static_assert(MMQ_V2 == 1 || MMQ_V2 == 2, "MMQ_V2 is 1 or 2");
 #ifndef MMQ_MIX_AT
 #define MMQ_MIX_AT 2
 #endif
+// the fewest activation rows a tile needs above for MMQ_MIX (default MMQ_BN / 2)
+#ifndef MMQ_MIX_MIN
+#define MMQ_MIX_MIN (MMQ_BN / 2)
+#endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
 #define MMQ_BM (16 * MMQ_WM)
@@ -627,10 +631,9 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
             cp_async_commit();
         };
 
-        // CHECK (a std::integral_constant): test each unit against the chunk's blocks, the tile's
-        // weight rows and its activation rows; without it (a MIXED chunk: whole, all BM rows)
-        // every unit is decoded and activation scales are copied for all BN staged rows (those
-        // past the tile's rows are stale and feed only outputs that are never stored).
+        // CHECK (a std::integral_constant): test each weight unit against the chunk's blocks and
+        // the tile's weight rows; without it (a MIXED chunk: whole, all BM rows) every unit is
+        // decoded. Activation scales are copied for the tile's rows only, either way.
         auto prep = [&](int kc, auto CHECK) {
             constexpr bool checked = decltype(CHECK)::value;
             const int slot = kc % STAGES;
@@ -666,7 +669,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 const int u = u0 + tid;
                 if (BN * NBLK % NT != 0 && u >= BN * NBLK) break;
                 const int r = u % BN, j = u / BN;
-                if (checked && r >= nvalid) continue;
+                if (r >= nvalid) continue;
                 const uint8_t* hb = actb + r * ASTR;
                 if constexpr (LAY == 0) {
                     asc[j * BN + r] = *reinterpret_cast<const float*>(hb + 4 * j);
@@ -714,7 +717,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
 
         // MMQ_MIX: chunk kc + 1 is decoded inside chunk kc's products when both are whole and the
         // tile has more than BN / 2 rows
-        const bool mix_tile = nrow_ok == BM && 2 * nvalid > BN;
+        const bool mix_tile = nrow_ok == BM && nvalid > MMQ_MIX_MIN;
         for (int kc = 0; kc < nch; ++kc) {
             const int db = kc & 1;
             const uint32_t wd_s = smem_u32(wdec0 + db * G::WDEC_B), act_s = smem_u32(act + (kc % STAGES) * (BN * ASTR));
