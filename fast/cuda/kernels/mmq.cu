@@ -115,15 +115,16 @@ static_assert(MMQ_V2 == 1 || MMQ_V2 == 2, "MMQ_V2 is 1 or 2");
 // 0: the decode runs before the products, as a loop with bound checks. The decode writes the
 // other buffer of the pair the products read, between the same two barriers either way: same
 // bytes. Tiles of few rows keep the checked form: their products are too short to hide the
-// decode, and the unchecked one copies scales for all BN rows (H200, in place: -3.8% a layer
-// at 80-row tiles, +2.5% at 20).
+// decode, and the unchecked one copies scales for all BN rows (H200, a layer in place: -3.8%
+// to -5.0% at 80-row tiles, +2.5% at 20 rows mixed).
 #ifndef MMQ_MIX
 #define MMQ_MIX 1
 #endif
 #ifndef MMQ_MIX_AT
 #define MMQ_MIX_AT 2
 #endif
-// the fewest activation rows a tile needs above for MMQ_MIX (default MMQ_BN / 2)
+// MMQ_MIX applies to tiles of more than MMQ_MIX_MIN activation rows (default MMQ_BN / 2; 0: every
+// whole tile)
 #ifndef MMQ_MIX_MIN
 #define MMQ_MIX_MIN (MMQ_BN / 2)
 #endif
@@ -631,9 +632,12 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
             cp_async_commit();
         };
 
-        // CHECK (a std::integral_constant): test each weight unit against the chunk's blocks and
-        // the tile's weight rows; without it (a MIXED chunk: whole, all BM rows) every unit is
-        // decoded. Activation scales are copied for the tile's rows only, either way.
+        // CHECK (a std::integral_constant): test each unit against the chunk's blocks, the tile's
+        // weight rows and its activation rows; without it (a MIXED chunk: whole, all BM rows)
+        // every unit is decoded and activation scales are copied for all BN staged rows (those
+        // past the tile's rows are stale and feed only outputs that are never stored). A row
+        // test there costs more than the copies it saves: it splits the unrolled body the decode
+        // is mixed into (H200, 8K prefill: down 15.0 -> 16.0 ms with it).
         auto prep = [&](int kc, auto CHECK) {
             constexpr bool checked = decltype(CHECK)::value;
             const int slot = kc % STAGES;
@@ -669,7 +673,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 const int u = u0 + tid;
                 if (BN * NBLK % NT != 0 && u >= BN * NBLK) break;
                 const int r = u % BN, j = u / BN;
-                if (r >= nvalid) continue;
+                if (checked && r >= nvalid) continue;
                 const uint8_t* hb = actb + r * ASTR;
                 if constexpr (LAY == 0) {
                     asc[j * BN + r] = *reinterpret_cast<const float*>(hb + 4 * j);
@@ -716,7 +720,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         const bool active = (n0 + wm * 16) < N;  // a warp whose 16 weight rows are all past N idles
 
         // MMQ_MIX: chunk kc + 1 is decoded inside chunk kc's products when both are whole and the
-        // tile has more than BN / 2 rows
+        // tile has more than MMQ_MIX_MIN rows
         const bool mix_tile = nrow_ok == BM && nvalid > MMQ_MIX_MIN;
         for (int kc = 0; kc < nch; ++kc) {
             const int db = kc & 1;
