@@ -66,3 +66,36 @@ def test_unset_or_blank_defines_change_nothing(monkeypatch):
     monkeypatch.setenv("STRATA_MMQ_DEFINES", "   ")
     assert products.extra_defines() == {}
     assert products.auto_config(20.0) is products.auto_config(20.0)
+
+
+def _ctas(cfg, N, R):
+    return -(-N // (16 * cfg.get("MMQ_WM", 8))) * -(-R // cfg.get("MMQ_BN", 128))
+
+
+@settings(max_examples=200, deadline=None)
+@given(N=st.integers(1, 20000), R=st.integers(1, 40000), sms=st.integers(1, 200))
+def test_dense_config_fills_the_device(N, R, sms):
+    got = products.dense_config(N, R, sms)
+    auto = products.auto_config(float(R))
+    if auto != products.AUTO_CONFIGS[-1][1] or _ctas(auto, N, R) >= sms:
+        assert got == auto  # few rows (a smaller tile already), or at least a CTA an SM
+    else:
+        assert got == products.AUTO_CONFIGS[-2][1]
+        assert _ctas(got, N, R) > _ctas(auto, N, R) or R <= 64
+
+
+def test_dense_config_on_the_strata_shapes():
+    big, small = products.AUTO_CONFIGS[-1][1], products.AUTO_CONFIGS[-2][1]
+    # H200 (132 SMs): key/value (512 rows) at 1K tokens, 8 x 8 = 64 CTAs: the smaller tile;
+    # the query product (4,096 rows), 64 x 8 = 512: the large one
+    assert products.dense_config(512, 1024, 132) == small
+    assert products.dense_config(640, 1024, 132) == small
+    assert products.dense_config(4096, 1024, 132) == big
+    assert products.dense_config(512, 4096, 132) == big
+    assert products.dense_config(512, 40, 132) == products.auto_config(40.0)
+
+
+def test_dense_config_carries_the_defines(monkeypatch):
+    monkeypatch.setenv("STRATA_MMQ_DEFINES", '{"MMQ_MIX": 0}')
+    assert products.dense_config(512, 1024, 132) == {**products.AUTO_CONFIGS[-2][1], "MMQ_MIX": 0}
+    assert products.dense_config(4096, 8192, 132) == {**products.AUTO_CONFIGS[-1][1], "MMQ_MIX": 0}

@@ -397,6 +397,27 @@ def tile_rows_for(config: dict) -> int:
 _dense_bounds: dict = {}
 
 
+def dense_config(N: int, R: int, sms: int) -> dict:
+    """The automatic configuration of a dense product (N weight rows, R activation rows) on a
+    device of `sms` SMs: the rows' AUTO_CONFIGS entry (with STRATA_MMQ_DEFINES), except that a
+    launch of fewer CTAs than SMs under it takes the next smaller tile (AUTO_CONFIGS' BN 64
+    entry), which doubles the CTAs. Below one CTA an SM most of the device idles: on the H200
+    (bench/bench_dense_mmq_ab_cuda.py) the key/value projections (N 512) at 512 / 1,024 / 2,048
+    tokens and the shared expert's gate/up (N 640) at 512 / 1,024 took 0.045 / 0.047 / 0.063 and
+    0.046 / 0.064 ms with BN 64 against 0.061 / 0.060 / 0.067 and 0.060 / 0.071 with BN 128,
+    while every launch of at least one CTA an SM was as fast or faster with BN 128."""
+    cfg = auto_config(float(R))
+    if cfg != auto_config(float("inf")):  # few rows: already a smaller tile
+        return cfg
+    bm = 16 * int(cfg.get("MMQ_WM", 8))
+    bn = int(cfg.get("MMQ_BN", 128))
+    if -(-N // bm) * -(-R // bn) >= sms:
+        return cfg
+    smaller = AUTO_CONFIGS[-2][1]
+    extra = extra_defines()
+    return {**smaller, **extra} if extra else smaller
+
+
 def mmq_dense(dev, qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | None = None,
               config: dict | None = None) -> None:
     """Plain product of one matrix (N x K, GGUF blocks) with all R rows of a q8_1 buffer:
@@ -408,6 +429,10 @@ def mmq_dense(dev, qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | Non
     if b is None:  # constant per R, kept for the process
         b = runtime.to_device(np.array([0, R], np.int32), "MMQ row bounds")
         _dense_bounds[R] = b
+    if config is None and default_config() is None:
+        if "sms" not in _dense_bounds:
+            _dense_bounds["sms"] = runtime.multiprocessor_count()
+        config = dense_config(N, R, _dense_bounds["sms"])
     # an explicit configuration tiles rows by its own BN (the automatic one caps at its BN itself)
     tile_rows = DEFAULT_TILE_ROWS if config is None else mmq_geometry(config)["BN"]
     mmq_group(dev, qtype, w, 0, N, K, act, R, b, 1, out, ldo=ldo, rows=R, config=config, tile_rows=tile_rows)
