@@ -395,6 +395,7 @@ def tile_rows_for(config: dict) -> int:
 
 
 _dense_bounds: dict = {}
+_dense_choice: dict = {}  # (N, R, the two environment variables) -> (configuration, tile rows)
 
 
 def dense_config(N: int, R: int, sms: int) -> dict:
@@ -429,12 +430,19 @@ def mmq_dense(dev, qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | Non
     if b is None:  # constant per R, kept for the process
         b = runtime.to_device(np.array([0, R], np.int32), "MMQ row bounds")
         _dense_bounds[R] = b
-    if config is None and default_config() is None:
-        if "sms" not in _dense_bounds:
-            _dense_bounds["sms"] = runtime.multiprocessor_count()
-        config = dense_config(N, R, _dense_bounds["sms"])
-    # an explicit configuration tiles rows by its own BN (the automatic one caps at its BN itself)
-    tile_rows = DEFAULT_TILE_ROWS if config is None else mmq_geometry(config)["BN"]
+    if config is None:
+        # the automatic choice, kept per shape and environment: the host's time before a launch
+        # counts where the device waits for it (small products), so it is decided once
+        key = (N, R, os.environ.get("STRATA_MMQ_CONFIG"), os.environ.get("STRATA_MMQ_DEFINES"))
+        got = _dense_choice.get(key)
+        if got is None:
+            cfg = default_config()
+            if cfg is None:
+                cfg = dense_config(N, R, runtime.multiprocessor_count())
+            got = _dense_choice[key] = (cfg, mmq_geometry(cfg)["BN"])
+        config, tile_rows = got
+    else:  # an explicit configuration tiles rows by its own BN
+        tile_rows = mmq_geometry(config)["BN"]
     mmq_group(dev, qtype, w, 0, N, K, act, R, b, 1, out, ldo=ldo, rows=R, config=config, tile_rows=tile_rows)
 
 
