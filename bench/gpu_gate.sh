@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU part of the gate and the benchmarks, in one call on a GPU machine:
 #   bash bench/gpu_gate.sh verify   # pytest verify/ (kernels, reference vs cuda, long-prompt arms)
-#   bash bench/gpu_gate.sh bench    # MMQ TOP/s, whole prefill on a strata pack, its phases and trace
-#                                   # (timing.log, trace.json, trace-chunk0.png), A/B of the switches
+#   bash bench/gpu_gate.sh bench    # MMQ TOP/s, whole prefill on a strata pack, its phases against the
+#                                   # contract's floors (phase_floors.json/.png) and trace (timing.log,
+#                                   # trace.json, trace-chunk0.png), A/B of the switches
 #   bash bench/gpu_gate.sh all
 #   bash bench/gpu_gate.sh suites   # the pytest-benchmark GPU suites (bench/test_bench_*_cuda.py), saved
 #                                   # under $LOG/benchmarks; not part of `all`
 #   bash bench/gpu_gate.sh kernels  # kernel forms A/B, interleaved (attention MMA_EPI and the pair
-#                                   # kernel, float_dense warp/tile, dense MMQ's Q8_0 decode, combine, a layer's experts gathered or in
+#                                   # kernel, float_dense warp/tile, dense MMQ's Q8_0 decode and mixed decode, combine, a layer's experts gathered or in
 #                                   # place) and the whole prefill: in_place alone at small chunks,
 #                                   # pair_attention alone, every earlier form vs default
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
@@ -55,6 +56,11 @@ if [[ $MODE == bench || $MODE == all ]]; then
   python3 bench/bench_mmq_cuda.py 2>&1 | tee "$LOG/mmq.log" | tail -n 16 >> "$SUMMARY"
   python3 bench/bench_prefill_cuda.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" 2>&1 \
       | tee "$LOG/prefill.log" | tail -n 5 >> "$SUMMARY"
+  python3 bench/phase_floors.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" --out "$LOG" 2>&1 \
+      | tee "$LOG/phase_floors.log" | tail -n 11 >> "$SUMMARY"
+  if python3 -c "import matplotlib" 2>/dev/null; then
+    python3 bench/phase_floors.py --plot "$LOG/phase_floors.json" "$LOG/phase_floors.png" | tee -a "$SUMMARY"
+  fi
   python3 -m strata_prefill run --pack "$PACK" --impl fast --prompt-tokens "${TRACE_TOKENS:-8192}" --greedy 0 \
       --no-progress --timing --trace "$LOG/trace.json" 2>&1 | tee "$LOG/timing.log" | tail -n 3 >> "$SUMMARY"
   if python3 -c "import matplotlib" 2>/dev/null; then
@@ -74,7 +80,7 @@ if [[ $MODE == kernels ]]; then
   python3 bench/bench_attention_ab_cuda.py --sass "$LOG/sass" 2>&1 | tee "$LOG/attention_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 bench/bench_float_dense_ab_cuda.py 2>&1 | tee "$LOG/float_dense_ab.log" | tail -n 12 >> "$SUMMARY"
   python3 bench/bench_dense_mmq_ab_cuda.py --configs \
-      '{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_Q8DEC": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 4 >> "$SUMMARY"
+      '{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_Q8DEC": 0};{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_MIX": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 4 >> "$SUMMARY"
   python3 bench/bench_combine_ab_cuda.py 2>&1 | tee "$LOG/combine_ab.log" | tail -n 3 >> "$SUMMARY"
   python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 22 >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_PAIR_ATTENTION=0 --b default \

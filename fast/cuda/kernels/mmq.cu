@@ -47,17 +47,19 @@
 // exact integers below 2^24 (u * S, u0 * S0 + u1 * S1): the same value as (float)sumi.
 
 //
-// Speed, with the automatic configurations of fast/cuda/products.py (AUTO_CONFIGS), H200,
-// bench/bench_mmq_cuda.py, peak 1262 TOP/s: gate/up Q8_0 34 / 109 / 152 TOP/s at 1K / 8K / 32K
-// tokens (2.7 / 8.7 / 12.1%), IQ2_XS 30 / 80 / 107; down Q8_0 32 / 97 / 130. At 1K tokens (~20 rows per expert) a chunk costs ~1.5 us per
-// CTA of decode, staging and epilogue instructions against tiny products; at 8K tiles of 80
-// rows x 64 weight rows, two CTAs per SM, issue ~0.5 per cycle and the last of ~2.4 waves per
-// launch is partly empty.
+// Speed (H200, the automatic configurations of fast/cuda/products.py, bytes identical to the
+// earlier forms; the history is in docs/performance.md): a layer's 512 experts read in place
+// (one tile-list launch), 8K tokens: IQ2_XS gate/up 4.8 ms = 111 TOP/s, Q8_0 down 2.1 ms = 126
+// TOP/s (bench/bench_in_place_cuda.py); the query and output projections (Q8_0, dense) 172-186
+// TOP/s at 8K (bench/bench_dense_mmq_ab_cuda.py).
 //
-// What bounds it: the contract's per-block float epilogue costs 4 FP32 instructions per
-// output element per 32-block (convert, dw*da, *sumi, +acc) = 16 issue slots per m16n8k32
-// against ~7 cycles of tensor work, so even a kernel issuing nothing else at one instruction
-// per cycle would stop near 42% of the mma.sync m16n8k32 peak.
+// What bounds it (Nsight Compute, the IQ2_XS gate/up in place at 8K, before MMQ_MIX): 3.06 G
+// warp instructions, of which the contract's epilogue (6 FP32 instructions per output and
+// 32-value block for IQ2_XS, 4 for Q8_0: convert, dw * da, * sumi, + acc) is about half; 64% of
+// issue slots busy. The products issue well; the decode (dependent shared-memory lookups), the
+// staging and the chunk barrier held a quarter of the instructions and half of the stall
+// samples; MMQ_MIX interleaves the decode with the products. The epilogue alone at one instruction a cycle on every
+// scheduler is the floor bench/phase_floors.py draws: about 3.3x under today's gate/up.
 
 #include <cuda_fp16.h>
 #include <stdint.h>
