@@ -58,8 +58,9 @@
 // 32-value block for IQ2_XS, 4 for Q8_0: convert, dw * da, * sumi, + acc) is about half; 64% of
 // issue slots busy. The products issue well; the decode (dependent shared-memory lookups), the
 // staging and the chunk barrier held a quarter of the instructions and half of the stall
-// samples; MMQ_MIX interleaves the decode with the products. The epilogue alone at one instruction a cycle on every
-// scheduler is the floor bench/phase_floors.py draws: about 3.3x under today's gate/up.
+// samples; MMQ_MIX interleaves the decode with the products. The epilogue alone at one
+// instruction a cycle on every scheduler is the floor bench/phase_floors.py draws: about 3.3x
+// under today's gate/up.
 
 #include <cuda_fp16.h>
 #include <stdint.h>
