@@ -188,7 +188,7 @@ def default_config() -> dict | None:
         raise InputError(f"STRATA_MMQ_CONFIG is not JSON: {raw!r}") from None
     if not isinstance(cfg, dict):
         raise InputError(f"STRATA_MMQ_CONFIG must be a JSON object, got {raw!r}")
-    return {**cfg, **extra_defines()}
+    return _with_extra(cfg)
 
 
 def extra_defines() -> dict:
@@ -207,23 +207,31 @@ def extra_defines() -> dict:
     return extra
 
 
+def _with_extra(cfg: dict) -> dict:
+    """cfg with STRATA_MMQ_DEFINES on top (cfg itself when that is unset)."""
+    extra = extra_defines()
+    return {**cfg, **extra} if extra else cfg
+
+
+def _auto_entry(rows_per_expert: float) -> dict:
+    """The AUTO_CONFIGS entry itself for this mean number of rows per expert."""
+    for bound, cfg in AUTO_CONFIGS:
+        if bound is None or rows_per_expert < bound:
+            return cfg
+    return AUTO_CONFIGS[-1][1]
+
+
 def auto_config(rows_per_expert: float) -> dict:
     """The AUTO_CONFIGS entry for a launch with this mean number of rows per expert (with
     STRATA_MMQ_DEFINES)."""
-    cfg = AUTO_CONFIGS[-1][1]
-    for bound, c in AUTO_CONFIGS:
-        if bound is None or rows_per_expert < bound:
-            cfg = c
-            break
-    extra = extra_defines()
-    return {**cfg, **extra} if extra else cfg
+    return _with_extra(_auto_entry(rows_per_expert))
 
 
 def _mmq_mod(config: dict | None):
     if config is None:
         config = default_config()
         if config is None:
-            config = {**AUTO_CONFIGS[-1][1], **extra_defines()}
+            config = auto_config(float("inf"))
     key = tuple(sorted(config.items()))
     st = _mmq_state.get(key)
     if st is not None:
@@ -405,18 +413,18 @@ def dense_config(N: int, R: int, sms: int) -> dict:
     entry), which doubles the CTAs. Below one CTA an SM most of the device idles: on the H200
     (bench/bench_dense_mmq_ab_cuda.py) the key/value projections (N 512) at 512 / 1,024 / 2,048
     tokens and the shared expert's gate/up (N 640) at 512 / 1,024 took 0.045 / 0.047 / 0.063 and
-    0.046 / 0.064 ms with BN 64 against 0.061 / 0.060 / 0.067 and 0.060 / 0.071 with BN 128,
-    while every launch of at least one CTA an SM was as fast or faster with BN 128."""
-    cfg = auto_config(float(R))
-    if cfg != auto_config(float("inf")):  # few rows: already a smaller tile
-        return cfg
-    bm = 16 * int(cfg.get("MMQ_WM", 8))
-    bn = int(cfg.get("MMQ_BN", 128))
-    if -(-N // bm) * -(-R // bn) >= sms:
-        return cfg
-    smaller = AUTO_CONFIGS[-2][1]
-    extra = extra_defines()
-    return {**smaller, **extra} if extra else smaller
+    0.046 / 0.064 ms with BN 64 against 0.061 / 0.060 / 0.067 and 0.060 / 0.071 with BN 128.
+    From one CTA an SM up BN 128 was faster or within 4%, except the shared expert's down
+    product at 1,024 tokens (320 CTAs: 0.059 ms with BN 64 against 0.069), which this rule
+    leaves at BN 128."""
+    base = _auto_entry(float(R))
+    cfg = _with_extra(base)
+    if base is AUTO_CONFIGS[-1][1]:  # (fewer rows already take a smaller tile)
+        bm = 16 * int(cfg.get("MMQ_WM", 8))
+        bn = int(cfg.get("MMQ_BN", 128))
+        if -(-N // bm) * -(-R // bn) < sms:
+            cfg = _with_extra(AUTO_CONFIGS[-2][1])
+    return cfg
 
 
 def mmq_dense(dev, qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | None = None,
