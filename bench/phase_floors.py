@@ -253,23 +253,46 @@ def _measure(pack_path: str, tokens: list[int]) -> dict:
             "schedulers": dev.schedulers, "clock_hz": clock_hz, "peak_bytes_per_s": peak, "runs": runs}
 
 
+def token_list(text: str) -> list[int]:
+    """--tokens: prompt lengths, comma-separated positive integers."""
+    try:
+        out = [int(t) for t in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pack", help="the pack to prefill (the GPU run)")
-    ap.add_argument("--tokens", default="2048,8192,32768")
+    ap.add_argument("--tokens", type=token_list, default="2048,8192,32768")
     ap.add_argument("--out", default=os.environ.get("OUT", ""), help="write phase_floors.json here")
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="draw a phase_floors.json (no GPU)")
     args = ap.parse_args(argv)
     if args.plot:
-        with open(args.plot[0]) as f:
-            plot(json.load(f), args.plot[1])
+        try:
+            with open(args.plot[0]) as f:
+                results = json.load(f)
+        except (OSError, ValueError) as e:
+            ap.error(f"--plot: cannot read {args.plot[0]}: {e}")
+        if not isinstance(results, dict) or not isinstance(results.get("runs"), list):
+            ap.error(f"--plot: {args.plot[0]} is not a phase_floors.json (no runs)")
+        try:
+            plot(results, args.plot[1])
+        except ImportError:
+            ap.error("--plot needs matplotlib (pip install -e '.[plot]')")
         print(f"wrote {args.plot[1]}")
         return 0
     if not args.pack:
         ap.error("--pack is required for a GPU run (or --plot JSON PNG)")
-    results = _measure(args.pack, [int(t) for t in args.tokens.split(",")])
+    if not os.path.isfile(args.pack):
+        ap.error(f"--pack: no such file: {args.pack}")
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
+        os.makedirs(args.out, exist_ok=True)  # before the GPU work: an unwritable --out fails first
+    results = _measure(args.pack, args.tokens)
+    if args.out:
         with open(os.path.join(args.out, "phase_floors.json"), "w") as f:
             json.dump(results, f, indent=1)
     return 0

@@ -110,3 +110,27 @@ def test_plot_writes_a_png(tmp_path):
     src.write_text(json.dumps(res))
     assert pf.main(["--plot", str(src), str(tmp_path / "f.png")]) == 0
     assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["--pack", "x.gguf", "--tokens", "2048,abc"], "comma-separated positive integers"),
+    (["--pack", "x.gguf", "--tokens", "0"], "comma-separated positive integers"),
+    (["--pack", "/nonexistent/strata8.gguf"], "no such file"),
+    ([], "--pack is required"),
+    (["--plot", "/nonexistent/f.json", "f.png"], "cannot read"),
+])
+def test_bad_arguments_are_one_line(argv, what, capsys):
+    with pytest.raises(SystemExit) as e:
+        pf.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert what in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_plot_refuses_a_json_that_is_not_a_floors_file(tmp_path, capsys):
+    src = tmp_path / "other.json"
+    src.write_text('{"results": []}')
+    with pytest.raises(SystemExit):
+        pf.main(["--plot", str(src), str(tmp_path / "f.png")])
+    assert "not a phase_floors.json" in capsys.readouterr().err
+    assert not (tmp_path / "f.png").exists()
