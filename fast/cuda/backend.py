@@ -91,6 +91,9 @@ class CudaBackend(BackendBase):
     name = "cuda"
 
     def __init__(self, timing=None):
+        # STRATA_MMQ_CONFIG and STRATA_MMQ_DEFINES are read at each MMQ launch; a bad value is
+        # named here, before any weight reaches the device
+        products.default_config()
         runtime.context()
         import pycuda.driver as cuda
 
