@@ -22,6 +22,7 @@ COMMANDS = {
     "bench": "bench",
     "plot": "plot",
     "build-kernels": "build_kernels",
+    "cache": "cache",
 }
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from strata.constants import PACK_FORMAT, VRAM_RESERVE_MIB
 from strata.errors import InputError
-from strata_prefill import checks
+from strata_prefill import checks, refcache
 from strata_prefill.arms import SWITCHES
 
 DEFAULT_PROMPT_TOKENS = 200
@@ -59,6 +61,10 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--top", type=checks.positive_int, default=5,
                    help="how many top next tokens to print (default 5)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--reference-cache", type=reference_cache_dir, metavar="DIR|off",
+                   help="--impl reference: keep the run's results in DIR and read them back "
+                        "instead of recomputing (off: never) (env STRATA_PREFILL_REFERENCE_CACHE; "
+                        "docs/reference-cache.md)")
     g = p.add_argument_group("timing and traces (--impl fast)")
     g.add_argument("--timing", action="store_true",
                    help="after the run, per chunk: ms and share of each phase (event pairs around each "
@@ -140,8 +146,7 @@ def make_engine(impl: str, pack, args=None):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "strata-prefill"
+    return refcache.user_cache_dir()
 
 
 def default_pack() -> Path:
@@ -203,6 +208,100 @@ def check_env_dumps(args) -> None:
                 raise InputError(f"{var}: {exc}") from None
 
 
+def reference_cache_dir(text: str) -> str:
+    """`off` (or 0, none), or a folder the cache may be made in."""
+    if text.strip().lower() in refcache.OFF:
+        return "off"
+    return str(checks.output_dir(text))
+
+
+def reference_cache_of(args) -> refcache.Cache | None:
+    """The cache a reference run goes through: --reference-cache, else the variable, else
+    none (`run` keeps results only when asked). Checked before any work."""
+    value = args.reference_cache
+    if value is not None and args.impl != "reference":
+        raise InputError("--reference-cache keeps reference runs: it needs --impl reference")
+    if args.impl != "reference":
+        return None
+    if value is None:
+        env = os.environ.get(refcache.ENV)
+        if env:
+            try:
+                value = reference_cache_dir(env)
+            except argparse.ArgumentTypeError as exc:
+                raise InputError(f"{refcache.ENV}: {exc}") from None
+    return refcache.cache_from(value, default=False)
+
+
+def _write_atomic(path: Path, data: bytes | None = None, copy_of: Path | None = None) -> None:
+    """`data`, or a copy of the file `copy_of`, written to a temp name beside `path` and
+    renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if copy_of is not None:
+            shutil.copyfile(copy_of, tmp)
+        else:
+            tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def run_cached(args, cache: refcache.Cache, pack, pack_path: Path, prompt) -> int:
+    """A reference run through the cache: the same lines and files as a computed run (the
+    dumps copied from the entry), one line on stderr saying hit or miss, and on a hit a speed
+    line that says nothing was timed."""
+    from strata.session import parse_chunk, parse_dump_level
+
+    cfg = pack.config
+    level = parse_dump_level(args.dump_level) if args.dump_dir else None
+    asked = parse_chunk(args.prefill)
+    r = refcache.reference_run(pack, prompt, greedy=args.greedy, dump_level=level, cache=cache,
+                               chunk=asked, progress=None if not args.no_progress else False)
+    if args.dump_first_logits:
+        _write_atomic(args.dump_first_logits, r.logits.astype("<f4").tobytes())
+    if args.dump_r:
+        _write_atomic(args.dump_r, r.residuals)
+    if args.dump_dir:
+        args.dump_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(args.dump_dir / "layers.spd", copy_of=r.records)
+    if r.hit:
+        line = f"reference cache: hit (nothing computed or timed) {r.entry}"
+        if args.dump_dir and r.chunk != asked:
+            line += (f"; its records are cut in chunks of up to {r.chunk}, not {asked} (no bit "
+                     "differs: docs/numerics.md section 9)")
+    else:
+        line = f"reference cache: miss, computed in {r.seconds:.1f} s, stored {r.entry}"
+    print(line, file=sys.stderr)
+
+    n = int(np.asarray(prompt).size)
+    print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
+    print("impl      reference")
+    print(f"prompt    {n} tokens in {-(-n // r.chunk)} chunk(s) of up to {r.chunk}")
+    print_logits(r.logits, r.greedy, args.top)
+    if r.hit:
+        print("speed     nothing timed: the run was read from the reference cache")
+    else:
+        print(speed_line(n, r.greedy, r.prefill_seconds, r.decode_seconds))
+    return 0
+
+
+def print_logits(logits: np.ndarray, greedy: list[int], top_n: int) -> None:
+    top = np.argsort(-logits, kind="stable")[:top_n]
+    print("next      " + "  ".join(f"{int(t)} ({logits[t]:+.4f})" for t in top))
+    if greedy:
+        print(f"greedy    {' '.join(str(t) for t in greedy)}")
+
+
+def speed_line(prompt_tokens: int, greedy: list[int], prefill_seconds: float,
+               decode_seconds: float) -> str:
+    rate = prompt_tokens / prefill_seconds if prefill_seconds > 0 else float("inf")
+    line = f"speed     prefill {rate:,.1f} tokens/s ({prefill_seconds:.3f} s)"
+    if len(greedy) > 1:
+        line += f", decode {(len(greedy) - 1) / decode_seconds:,.1f} tokens/s"
+    return line
+
+
 def timing_asked(args) -> bool:
     """--timing, or STRATA_PREFILL_TIMING=1 with the fast path (the reference has no phases)."""
     from fast.phases import timing_enabled
@@ -221,6 +320,7 @@ def main(args) -> int:
         if on and args.impl != "fast":
             raise InputError(f"{flag} times the fast path's streams: it needs --impl fast")
     timing = timing_asked(args)
+    ref_cache = reference_cache_of(args)
     file_ids = None if isinstance(args.prompt_tokens, int) else read_prompt_file(args.prompt_tokens)
     pack_path = Path(args.pack) if args.pack else default_pack()
     pack = Pack.open(pack_path)
@@ -230,6 +330,8 @@ def main(args) -> int:
                                                            dtype=np.int32)
     else:
         prompt = file_ids
+    if ref_cache is not None:
+        return run_cached(args, ref_cache, pack, pack_path, prompt)
     engine = make_engine(args.impl, pack, args)
     if args.impl == "fast":
         engine.be.timing = False  # the run's own speed is uninstrumented; timing has its own prefills
@@ -241,15 +343,8 @@ def main(args) -> int:
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
     print(f"impl      {engine.name}")
     print(f"prompt    {res.prompt_tokens} tokens in {res.n_chunks} chunk(s) of up to {res.chunk}")
-    top = np.argsort(-res.logits, kind="stable")[: args.top]
-    print("next      " + "  ".join(f"{int(t)} ({res.logits[t]:+.4f})" for t in top))
-    if res.greedy:
-        print(f"greedy    {' '.join(str(t) for t in res.greedy)}")
-    rate = res.prompt_tokens / res.prefill_seconds if res.prefill_seconds > 0 else float("inf")
-    line = f"speed     prefill {rate:,.1f} tokens/s ({res.prefill_seconds:.3f} s)"
-    if len(res.greedy) > 1:
-        line += f", decode {(len(res.greedy) - 1) / res.decode_seconds:,.1f} tokens/s"
-    print(line)
+    print_logits(res.logits, res.greedy, args.top)
+    print(speed_line(res.prompt_tokens, res.greedy, res.prefill_seconds, res.decode_seconds))
     counters = getattr(engine, "counters", None)
     if counters is not None:  # the fast path: what it launched, copied, waited for
         c = counters
