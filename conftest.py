@@ -1,14 +1,28 @@
-"""Fixtures shared by tests/ and verify/: synthetic packs, made once per session."""
+"""Fixtures shared by tests/ and verify/: synthetic packs, made once and kept; and the gate's
+plumbing (workers sized to the machine, its last lines: verify/gate.py)."""
 import pytest
 
 from strata.make_pack import make_pack
+from verify import gate
 
 EXPERT_TYPES = ["Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S"]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Before pytest-xdist reads -n: give the run its workers and their BLAS threads."""
+    gate.plan_workers(config)
+
+
+def pytest_configure(config):
+    gate.configure(config)
+
+
 @pytest.fixture(scope="session")
 def make_test_pack(tmp_path_factory):
-    """make_test_pack(preset, expert_type="Q8_0", **kw) -> Pack, cached per arguments."""
+    """make_test_pack(preset, expert_type="Q8_0", **kw) -> Pack, made once per arguments and
+    kept on disk between sessions (verify/gate.py:test_pack), so workers and later runs share
+    one file (and the reference cache, keyed by the pack's content, hits)."""
     from strata.pack import Pack
 
     cache = {}
@@ -16,9 +30,7 @@ def make_test_pack(tmp_path_factory):
     def get(preset="tiny", expert_type="Q8_0", **kw):
         key = (preset, expert_type, tuple(sorted(kw.items())))
         if key not in cache:
-            name = "-".join(str(p) for p in (preset, expert_type, *kw.values()))
-            path = tmp_path_factory.mktemp("packs") / f"{name}.gguf"
-            make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
+            path = gate.test_pack(preset, expert_type, kw, tmp_path_factory)
             cache[key] = Pack.open(path)
         return cache[key]
 

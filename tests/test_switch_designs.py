@@ -1,25 +1,41 @@
-"""The parity gate's switch designs (verify/test_parity_sim.py, verify/test_parity_cuda.py): the
-defaults first, and every pair of switches meets all four value pairs. Checked here, where no
-GPU is needed, so a design that loses a pair fails CI."""
+"""The parity gate's switch designs (verify/cases.py): the defaults first, and every pair of
+switches meets all four value pairs. Checked here, where no GPU is needed, so a design that
+loses a pair fails CI."""
 import pytest
 
 from strata_prefill.arms import SWITCHES as ARM_SWITCHES
-from verify import test_parity_cuda, test_parity_sim
+from verify import cases
 
 DEFAULTS = {"group_gather": 1, "quant_gather": 0, "overlap_plan": 1, "fuse_group": 1, "lean_attention": 1,
             "tiled_dense": 1, "in_place": 1, "widen_float": 1, "pair_attention": 1}
 
 
-@pytest.mark.parametrize("module,names", [
-    (test_parity_sim, ("group_gather", "quant_gather", "overlap_plan", "fuse_group", "in_place")),
-    (test_parity_cuda, ("group_gather", "quant_gather", "overlap_plan", "fuse_group", "lean_attention",
-                        "tiled_dense", "in_place", "widen_float", "pair_attention")),
-])
-def test_design_covers_every_pair_defaults_first(module, names):
-    design = module.SWITCHES
+@pytest.mark.parametrize("names,design", [(cases.SIM_SWITCH_NAMES, cases.SIM_SWITCHES),
+                                          (cases.CUDA_SWITCH_NAMES, cases.CUDA_SWITCHES)])
+def test_design_covers_every_pair_defaults_first(names, design):
     assert all(len(sw) == len(names) for sw in design)
     assert design[0] == tuple(DEFAULTS[n] for n in names)
     assert set(names) <= set(ARM_SWITCHES)
     for i in range(len(names)):
         for j in range(i + 1, len(names)):
             assert {(sw[i], sw[j]) for sw in design} == {(0, 0), (0, 1), (1, 0), (1, 1)}, (names[i], names[j])
+
+
+def test_every_cuda_arm_meets_every_weight_type():
+    """The resident rows run each arm of the design on every expert type of both small packs."""
+    defaults = dict(zip(cases.CUDA_SWITCH_NAMES, cases.CUDA_SWITCHES[0]))
+    for sw in cases.CUDA_SWITCHES[1:]:
+        arm = tuple((k, v) for k, v in zip(cases.CUDA_SWITCH_NAMES, sw) if defaults[k] != v)
+        for preset in ("tiny", "small"):
+            for etype in cases.EXPERT_TYPES:
+                got = [c for c in cases.parity_rows("cuda", preset=preset, expert_type=etype) if c.arm == arm]
+                assert len(got) >= 2, (arm, preset, etype)
+
+
+def test_every_switch_earlier_form_is_quick():
+    """The quick tier runs each switch's earlier form once (widen_float on a float-weight pack)."""
+    quick = [c for c in cases.parity_rows("cuda") if c.quick]
+    for name, default in DEFAULTS.items():
+        assert any(c.options.get(name) == 1 - default for c in quick), name
+    assert {c.expert_type for c in quick} >= set(cases.EXPERT_TYPES)
+    assert any(c.options.get("copy_coalesce") == 1 for c in quick)

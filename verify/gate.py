@@ -1,0 +1,234 @@
+"""How the gate runs: its workers, its test packs, its last lines.
+
+Workers. One GPU time-slices the processes that share it, and every NumPy starts a BLAS thread
+per core, so `-n` as large as the core count is the slowest choice there is on a GPU machine
+(docs/benchmarks.md, "The gate's workers", has the table measured on the H200). With
+pytest-xdist installed and no `-n` given, a run gets `GPU_WORKERS` workers on a machine with a
+CUDA device and one per core on a machine without, and each worker its share of the cores for
+BLAS and for the reference's own threads. `STRATA_PREFILL_WORKERS=N` (or `off`) overrides the
+choice; `-n` on the command line always wins. Benchmarks are never spread (pytest-benchmark
+turns itself off under xdist), nor is a run of named test ids.
+
+Test packs. `make_test_pack` packs are made once per (preset, type, options, pack-making source)
+and kept in a folder under the user cache dir (`STRATA_PREFILL_TEST_PACKS=DIR` moves it, `off`
+makes them per session), so workers share one file and the reference cache, keyed by a pack's
+content, hits across sessions. A file lock keeps two workers from making the same pack.
+
+Last lines. The gate ends with what passed: kernel rows, parity rows and the cases (pack,
+prompt) they cover, the reference cache's hits and misses, the slowest five tests.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+GPU_WORKERS = 3  # workers per GPU: the fastest in docs/benchmarks.md's table
+ENV_WORKERS = "STRATA_PREFILL_WORKERS"
+ENV_PACKS = "STRATA_PREFILL_TEST_PACKS"
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "STRATA_PREFILL_THREADS")
+ROOT = Path(__file__).resolve().parent.parent
+
+_plan: dict = {}
+
+
+# ---------------------------------------------------------------- workers
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def gpu_name() -> str | None:
+    """The first CUDA device's name, or None where the cuda backend cannot run."""
+    try:
+        from fast.cuda.runtime import cuda_available
+    except ImportError:
+        return None
+    ok, name = cuda_available()
+    return name if ok else None
+
+
+def workers_for(n_cores: int, gpu: str | None, env: str | None) -> tuple[int, str]:
+    """(workers, why) for a machine of n_cores with or without a GPU; env: STRATA_PREFILL_WORKERS."""
+    if env:
+        if env.strip().lower() in ("off", "0"):
+            return 0, f"{ENV_WORKERS}={env}"
+        try:
+            n = int(env)
+        except ValueError:
+            n = -1
+        if n < 1:
+            raise ValueError(f"{ENV_WORKERS} must be a positive integer or 'off', got {env!r}")
+        return n, f"{ENV_WORKERS}={env}"
+    if gpu:
+        return min(GPU_WORKERS, n_cores), f"{GPU_WORKERS} per GPU ({gpu})"
+    return n_cores, "one per core (no GPU)"
+
+
+def _named_ids(args) -> bool:
+    return any("::" in str(a) for a in args)
+
+
+def _benchmarks(args) -> bool:
+    bench = ROOT / "bench"
+    for a in args:
+        p = Path(str(a).split("::")[0])
+        if p.exists() and (p.resolve() == bench or bench in p.resolve().parents):
+            return True
+    return False
+
+
+def plan_workers(config) -> None:
+    """Set -n and the per-worker thread counts, unless the user chose or the run is a worker's."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    opt = config.option
+    if getattr(opt, "numprocesses", None) is not None or opt.collectonly or getattr(opt, "usepdb", False):
+        return
+    args = config.args or []
+    if _named_ids(args) or _benchmarks(args):
+        return
+    n_cores = cores()
+    env = os.environ.get(ENV_WORKERS)
+    gpu = None if env else gpu_name()
+    try:
+        n, why = workers_for(n_cores, gpu, env)
+    except ValueError as exc:
+        import pytest
+
+        raise pytest.UsageError(str(exc)) from None
+    if n <= 1:
+        return
+    threads = max(1, n_cores // n)
+    for var in THREAD_VARS:
+        os.environ.setdefault(var, str(threads))
+    opt.numprocesses = n
+    _plan.update(workers=n, why=why, threads=os.environ["OPENBLAS_NUM_THREADS"], cores=n_cores)
+
+
+def report_header() -> list[str]:
+    if not _plan:
+        return []
+    p = _plan
+    return [f"gate: {p['workers']} workers ({p['why']}), {p['threads']} BLAS threads each of {p['cores']} cores; "
+            f"{ENV_WORKERS}=N or -n N changes it"]
+
+
+# ---------------------------------------------------------------- test packs
+
+
+def _source_digest() -> str:
+    """What decides a pack's bytes: the pack-making sources (strata/), NumPy's and gguf's versions."""
+    import gguf
+    import numpy
+
+    h = hashlib.sha256()
+    for p in sorted((ROOT / "strata").rglob("*.py")):
+        h.update(str(p.relative_to(ROOT)).encode())
+        h.update(p.read_bytes())
+    h.update(f"numpy {numpy.__version__} gguf {getattr(gguf, '__version__', '?')}".encode())
+    return h.hexdigest()
+
+
+def packs_dir() -> Path | None:
+    env = os.environ.get(ENV_PACKS, "").strip()
+    if env.lower() == "off":
+        return None
+    if env:
+        return Path(env)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "strata-prefill" / "test-packs"
+
+
+def test_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path:
+    """The pack's path: from the kept folder, made there first if missing (once, under a lock)."""
+    from strata.make_pack import make_pack
+
+    name = "-".join(str(p) for p in (preset, expert_type, *(f"{k}{v}" for k, v in sorted(kw.items()))))
+    folder = packs_dir()
+    if folder is None:
+        path = tmp_path_factory.mktemp("packs") / f"{name}.gguf"
+        make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
+        return path
+    key = hashlib.sha256(json.dumps([preset, expert_type, sorted(kw.items()), _source_digest()],
+                                    default=str).encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{key}.gguf"
+    if path.exists():
+        return path
+    with open(folder / f"{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            part = folder / f".{path.name}.{os.getpid()}.part"
+            try:
+                make_pack(part, preset, expert_type=expert_type, progress=False, **kw)
+                os.replace(part, path)
+            finally:
+                part.unlink(missing_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------- last lines
+
+
+def configure(config) -> None:
+    config.addinivalue_line("markers", "quick: the quick tier (pytest verify/ -m quick)")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(Summary(), "strata-gate-summary")
+
+
+class Summary:
+    """Collects every test's outcome, duration and gate properties (set by verify/conftest.py
+    in whichever process ran it) and prints the gate's last lines."""
+
+    def __init__(self):
+        self.tests: dict = {}  # nodeid -> {"outcome", "seconds", props...}
+
+    def pytest_report_header(self, config):
+        return report_header()
+
+    def pytest_runtest_logreport(self, report):
+        t = self.tests.setdefault(report.nodeid, {"outcome": "passed", "seconds": 0.0})
+        t["seconds"] += report.duration
+        for k, v in report.user_properties:
+            if k.startswith("gate_"):
+                t[k[5:]] = v
+        if report.failed:
+            t["outcome"] = "failed"
+        elif report.skipped and t["outcome"] != "failed":
+            t["outcome"] = "skipped"
+
+    def lines(self) -> list[str]:
+        gated = {k: t for k, t in self.tests.items() if "kind" in t}
+        if not gated:
+            return []
+        out = []
+        for kind, what in (("kernel", "kernel rows"), ("parity", "parity rows (arms)")):
+            rows = [t for t in gated.values() if t["kind"] == kind]
+            if not rows:
+                continue
+            n = {o: sum(t["outcome"] == o for t in rows) for o in ("passed", "failed", "skipped")}
+            extra = ""
+            if kind == "parity":
+                cases = {t.get("case") for t in rows if t["outcome"] == "passed"}
+                extra = f" over {len(cases)} cases (pack, prompt)"
+            out.append(f"gate: {what}: {n['passed']} passed{extra}, {n['failed']} failed, {n['skipped']} skipped")
+        hits = sum(int(t.get("ref_hits", 0)) for t in gated.values())
+        misses = sum(int(t.get("ref_misses", 0)) for t in gated.values())
+        out.append(f"gate: reference cache: {hits} hits, {misses} misses")
+        slow = sorted(self.tests.items(), key=lambda kv: -kv[1]["seconds"])[:5]
+        out.append("gate: slowest: " + "; ".join(f"{t['seconds']:.1f} s {k.split('/')[-1]}" for k, t in slow))
+        return out
+
+    def pytest_terminal_summary(self, terminalreporter):
+        lines = self.lines()
+        if lines:
+            terminalreporter.write_sep("=", "gate")
+            for ln in lines:
+                terminalreporter.write_line(ln)

@@ -1,0 +1,140 @@
+"""The parity gate: every row of `verify.cases.PARITY_CASES` is one fast-path run compared byte
+for byte with the reference's run of the same prompt (the residual dump, the first-token
+logits, the greedy tokens and, where the row records, every record of the record file), or at
+32K with the fast path's own all-resident default run.
+
+The reference comes from the reference cache (strata_prefill/refcache.py): computed once per
+(pack, prompt, greedy, dump level) and kept, since chunking, switches, ring and cache sizes
+change no bit (docs/numerics.md section 9).
+
+`cuda` rows skip without a GPU. `sim` rows (the same walk with NumPy kernels and simulated
+streams, hazard-checked) run where there is no GPU, the CPU tier; on a GPU machine the `cuda`
+rows check the same walk on the real card, and `STRATA_VERIFY_SIM=1` runs the sim rows too.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from strata_prefill import refcache
+from verify.cases import PARITY_CASES, ParityCase
+from verify.common import Run, assert_same_run, run_engine
+
+try:
+    from fast.cuda.runtime import cuda_available
+
+    _CUDA, _WHY = cuda_available()
+except ImportError as exc:  # pragma: no cover - the runtime module itself is missing
+    _CUDA, _WHY = False, f"the cuda runtime does not import: {exc}"
+_SIM_HERE = not _CUDA or os.environ.get("STRATA_VERIFY_SIM") == "1"
+
+_engines: dict = {}  # (pack, backend, arm, stress) -> FastEngine, kept for the small packs
+
+
+def _params():
+    out = []
+    for c in PARITY_CASES:
+        marks = [pytest.mark.quick] if c.quick else []
+        if c.backend == "cuda" and not _CUDA:
+            marks.append(pytest.mark.skip(reason=f"cuda backend unavailable: {_WHY}"))
+        elif c.backend == "sim" and not _SIM_HERE:
+            marks.append(pytest.mark.skip(reason="a GPU is here: the cuda rows check the walk on the card "
+                                                 "(STRATA_VERIFY_SIM=1 runs the sim rows too)"))
+        out.append(pytest.param(c, id=c.name, marks=marks))
+    return out
+
+
+def prompt_ids(case: ParityCase, n_vocab: int) -> np.ndarray:
+    rng = np.random.default_rng(case.tokens if case.seed is None else case.seed)
+    if case.prompt == "few":  # three ids: the first layers route the same few experts all chunk long
+        return rng.choice(rng.integers(0, n_vocab, 3), case.tokens).astype(np.int32)
+    return rng.integers(0, n_vocab, case.tokens).astype(np.int32)
+
+
+def _engine(case: ParityCase, pack, monkeypatch):
+    from fast import make_fast_engine
+
+    if case.stress:
+        monkeypatch.setenv("STRATA_PREFILL_STRESS", str(abs(hash(case.name)) % 1000 + 1))
+    sim = dict(schedule_seed=case.sim_seed) if case.sim_seed is not None else None
+    keep = case.backend == "cuda" and case.preset != "strata"
+    key = (str(pack.path), case.backend, case.arm, case.stress)
+    eng = _engines.get(key) if keep else None
+    if eng is None:
+        eng = make_fast_engine(pack, case.backend, sim_options=sim, **case.options)
+        if keep:
+            _engines[key] = eng
+    elif case.backend == "cuda":
+        eng.be.reset_cache()
+    return eng
+
+
+def _base(case: ParityCase, pack, ids, tmp_path, monkeypatch) -> Run:
+    if case.base == "resident":
+        from fast import make_fast_engine
+
+        cfg = pack.config
+        eng = make_fast_engine(pack, case.backend, expert_cache=cfg.n_layer * cfg.n_expert)
+        run = run_engine(eng, ids, "auto", tmp_path / "base", greedy=case.greedy, layer_dumps=case.records)
+        del eng
+        return run
+    ref = refcache.reference_run(pack, ids, greedy=case.greedy, dump_level=case.level)
+    from strata.records import read_timeline
+
+    return Run(ref.logits, ref.greedy, read_timeline(ref.records) if ref.records else [], ref.residuals)
+
+
+class _SkipCounter:
+    """Counts the streamed walk's skips of a ring entry while a group holds streamed slots."""
+
+    def __init__(self, monkeypatch):
+        from fast.walk import LayerWalk
+
+        self.open_skips = 0
+        skip = LayerWalk.skip
+
+        def counted(walk, entry):
+            self.open_skips += walk.held_streamed() > 0
+            return skip(walk, entry)
+
+        monkeypatch.setattr(LayerWalk, "skip", counted)
+
+
+@pytest.mark.parametrize("case", _params())
+def test_parity(case: ParityCase, make_test_pack, tmp_path, monkeypatch):
+    pack = make_test_pack(case.preset, case.expert_type, **dict(case.pack_options))
+    ids = prompt_ids(case, pack.config.n_vocab)
+    base = _base(case, pack, ids, tmp_path, monkeypatch)
+    skips = _SkipCounter(monkeypatch) if case.open_skip else None
+    eng = _engine(case, pack, monkeypatch)
+    before = dict(eng.counters)
+    got = run_engine(eng, ids, case.chunk, tmp_path / "fast", greedy=case.greedy, layer_dumps=case.records,
+                     dump_level=case.level)
+    assert_same_run(base, got, pack, case.name)
+    ran = {k: v - before.get(k, 0) for k, v in eng.counters.items()}
+    cfg = pack.config
+    if case.options.get("expert_cache", cfg.n_layer * cfg.n_expert) < cfg.n_layer * cfg.n_expert:
+        assert ran.get("copies", 0) > 0, f"{case.name}: nothing was streamed"
+    if case.stress:
+        assert ran.get("stress_spins", 0) > 0, f"{case.name}: the stress mode enqueued no spin"
+    if skips is not None:
+        assert skips.open_skips > 0, f"{case.name}: no ring entry was skipped inside an open group"
+    _check_row_counters(case, pack, eng, ran)
+
+
+def _check_row_counters(case: ParityCase, pack, eng, ran: dict) -> None:
+    """What a row's arm promises beyond the bytes: float weights widened or not, float products
+    taken, the fused SwiGLU + quantize run."""
+    opts, pack_opts = case.options, dict(case.pack_options)
+    router = pack_opts.get("router_type")
+    if case.backend == "cuda" and router is not None and "widen_float" in opts:
+        kinds = {w.qtype.name for n, w in eng.be._weights.items() if n.endswith("ffn_gate_inp")}
+        assert kinds == ({"F32"} if opts["widen_float"] else {router}), kinds
+    if case.backend == "sim" and router is not None:
+        dense = pack_opts.get("dense_type", "Q8_0")
+        floats = (router != "Q8_0") + 4 * (dense != "Q8_0")  # router; q, k, v, o
+        assert ran.get("float_dense", 0) >= floats * pack.config.n_layer
+    if case.backend == "sim" and case.dump_level == "layer" and opts.get("fuse_group", 1):
+        assert ran.get("swiglu_q8_1", 0) > 0, f"{case.name}: the fused SwiGLU + quantize of H did not run"
