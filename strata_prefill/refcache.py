@@ -52,6 +52,7 @@ SOURCE_ROOT: Path | None = None
 _TMP, _LOCKS, _PACKS = "_tmp", "_locks", "_packs.json"
 _KIND = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 22  # bytes hashed at a time
 
 _STATS = {"hits": 0, "misses": 0, "recomputed": 0}
@@ -304,12 +305,15 @@ class Cache:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def entries(self) -> list[Path]:
-        """Every entry folder in the cache (valid or not)."""
+        """Every entry folder in the cache (valid or not): `<kind>/<xx>/<digest starting
+        xx>/`. Nothing else counts, so `clear` on a folder that is not a cache removes
+        nothing of its own."""
         if not self.root.is_dir():
             return []
-        return sorted(p for kind in self.root.iterdir()
-                      if kind.is_dir() and not kind.name.startswith("_")
-                      for sub in kind.iterdir() if sub.is_dir() for p in sub.iterdir() if p.is_dir())
+        return sorted(p for kind in self.root.iterdir() if kind.is_dir() and _KIND.fullmatch(kind.name)
+                      for sub in kind.iterdir() if sub.is_dir()
+                      for p in sub.iterdir()
+                      if p.is_dir() and _DIGEST.fullmatch(p.name) and p.name[:2] == sub.name)
 
     # ---- the pack index -------------------------------------------------------------
     def _indexed_pack_digest(self, path: Path, st: os.stat_result) -> str:
@@ -322,13 +326,16 @@ class Cache:
         if isinstance(known, dict) and {k: known.get(k) for k in mark} == mark and "sha256" in known:
             return str(known["sha256"])
         digest = _file_sha256(path)
-        with self._lock("_packs"):
-            index = self._read_index(index_path)
-            index[str(path)] = {**mark, "sha256": digest}
-            index = {p: v for p, v in index.items() if _still(p, v)}
-            tmp = index_path.with_name(f"{_PACKS}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(index, indent=1, sort_keys=True))
-            os.replace(tmp, index_path)
+        try:
+            with self._lock("_packs"):
+                index = self._read_index(index_path)
+                index[str(path)] = {**mark, "sha256": digest}
+                index = {p: v for p, v in index.items() if _still(p, v)}
+                tmp = index_path.with_name(f"{_PACKS}.{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(index, indent=1, sort_keys=True))
+                os.replace(tmp, index_path)
+        except OSError:  # the index only saves time; an unwritable one costs a rehash next time
+            pass
         return digest
 
     @staticmethod
@@ -364,7 +371,9 @@ def info(cache: Cache) -> str:
         n[1] += _folder_bytes(entry)
     for kind, (n, size) in sorted(by_kind.items()):
         lines.append(f"  {kind:<20} {n:,} entr{'y' if n == 1 else 'ies'}, {size:,} bytes")
-    total = _folder_bytes(cache.root) if cache.root.is_dir() else 0
+    total = sum(size for _, size in by_kind.values()) + sum(
+        _folder_bytes(p) if p.is_dir() else p.stat().st_size
+        for p in (cache.root / _TMP, cache.root / _LOCKS, cache.root / _PACKS) if p.exists())
     n_entries = sum(n for n, _ in by_kind.values())
     lines.append(f"entries        {n_entries:,}, {total:,} bytes in all")
     lines.append(f"source digest  {source_digest()} (reference/ and strata/, numpy "
@@ -375,18 +384,23 @@ def info(cache: Cache) -> str:
 def clear(cache: Cache) -> tuple[int, int]:
     """Remove every entry, the pack index, leftover temp folders and lock files; return
     (entries removed, bytes freed)."""
-    if not cache.root.is_dir():
-        return 0, 0
-    entries = len(cache.entries())
+    entries = cache.entries()
     freed = 0
-    for child in cache.root.iterdir():
-        if child.is_dir() and (child.name.startswith("_") or _KIND.fullmatch(child.name)):
-            freed += _folder_bytes(child)
-            shutil.rmtree(child, ignore_errors=True)
-        elif child.name == _PACKS:
-            freed += child.stat().st_size
-            child.unlink()
-    return entries, freed
+    for entry in entries:
+        freed += _folder_bytes(entry)
+        cache._remove(entry)
+        for folder in (entry.parent, entry.parent.parent):  # the kind's folders, once empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    for name in (_TMP, _LOCKS, _PACKS):
+        path = cache.root / name
+        if path.is_dir():
+            freed += _folder_bytes(path)
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            freed += path.stat().st_size
+            path.unlink()
+    return len(entries), freed
 
 
 # ---- NumPy expectations of the kernel tests -------------------------------------------

@@ -388,3 +388,14 @@ def test_cache_info_and_clear(pack, cache, capsys):
     assert not refcache.reference_run(pack, prompt(pack), cache=cache).hit
     assert main(["cache"]) == 2
     assert "info or clear" in capsys.readouterr().err
+
+
+def test_clear_on_a_folder_that_is_not_a_cache_removes_nothing_of_it(tmp_path, capsys):
+    own = tmp_path / "mine"
+    for rel in ("docs/notes.txt", "ab/cd/file", "reference-run/zz/not-a-digest/x"):
+        (own / rel).parent.mkdir(parents=True, exist_ok=True)
+        (own / rel).write_text("keep")
+    assert main(["cache", "clear", "--dir", str(own)]) == 0
+    assert "removed 0 entries" in capsys.readouterr().out
+    assert sorted(p.relative_to(own).as_posix() for p in own.rglob("*") if p.is_file()) == [
+        "ab/cd/file", "docs/notes.txt", "reference-run/zz/not-a-digest/x"]
