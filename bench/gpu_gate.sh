@@ -13,9 +13,9 @@
 #                                   # pair_attention alone, every earlier form vs default
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
 # installs it from the package index, and only where no index answers from the wheels in
-# ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). Parallel pytest workers
-# (WORKERS, default 8) only where pytest-xdist is installed. Logs go to $OUT (or ./gpu-logs);
-# a short table prints last.
+# ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). `pytest verify/` sizes its own
+# workers and their threads (verify/gate.py; STRATA_PREFILL_WORKERS=N overrides). Logs go to $OUT
+# (or ./gpu-logs); a short table prints last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -37,16 +37,14 @@ if ! python3 -c "import pycuda" 2>/dev/null; then
     export PYTHONPATH=/tmp/site
   fi
 fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 OPENBLAS_NUM_THREADS=2
-PARALLEL=()
-if python3 -c "import xdist" 2>/dev/null; then PARALLEL=(-n "${WORKERS:-8}"); fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 SUMMARY="$LOG/summary.txt"
 : > "$SUMMARY"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$SUMMARY"
 
 if [[ $MODE == verify || $MODE == all ]]; then
-  python3 -m pytest verify/ -q -p no:cacheprovider "${PARALLEL[@]}" -k "not sim" 2>&1 | tee "$LOG/verify.log"
-  echo "verify: $(tail -n 1 "$LOG/verify.log")" >> "$SUMMARY"
+  python3 -m pytest verify/ -q -p no:cacheprovider 2>&1 | tee "$LOG/verify.log"
+  { grep '^gate: ' "$LOG/verify.log"; echo "verify: $(tail -n 1 "$LOG/verify.log")"; } >> "$SUMMARY"
 fi
 
 if [[ $MODE == bench || $MODE == all ]]; then

@@ -56,7 +56,7 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 _CHUNK = 1 << 22  # bytes hashed at a time
 
 _STATS = {"hits": 0, "misses": 0, "recomputed": 0}
-_SOURCE_DIGESTS: dict[Path | None, str] = {}
+_SOURCE_DIGESTS: dict[tuple, str] = {}
 _PACK_DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
@@ -134,21 +134,22 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def source_digest() -> str:
+def source_digest(packages: tuple[str, ...] = SOURCE_PACKAGES) -> str:
     """sha256 of what computes a reference result: the package-relative path and bytes of
-    every .py file under reference/ and strata/ (sorted), NumPy's version and gguf's.
-    Computed once per process (per SOURCE_ROOT)."""
-    if SOURCE_ROOT not in _SOURCE_DIGESTS:
+    every .py file under `packages` (reference/ and strata/; sorted), NumPy's version and
+    gguf's. Computed once per process (per SOURCE_ROOT and packages)."""
+    key = (SOURCE_ROOT, tuple(packages))
+    if key not in _SOURCE_DIGESTS:
         h = hashlib.sha256()
-        for name in SOURCE_PACKAGES:
+        for name in packages:
             top = _package_dir(name)
             for path in sorted(top.rglob("*.py"), key=lambda p: p.relative_to(top).as_posix()):
                 rel = f"{name}/{path.relative_to(top).as_posix()}".encode()
                 data = path.read_bytes()
                 h.update(len(rel).to_bytes(8, "little") + rel + len(data).to_bytes(8, "little") + data)
         h.update(f"numpy {np.__version__}; gguf {_version('gguf')}".encode())
-        _SOURCE_DIGESTS[SOURCE_ROOT] = h.hexdigest()
-    return _SOURCE_DIGESTS[SOURCE_ROOT]
+        _SOURCE_DIGESTS[key] = h.hexdigest()
+    return _SOURCE_DIGESTS[key]
 
 
 def pack_digest(path: str | os.PathLike, cache="env") -> str:

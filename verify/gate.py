@@ -109,6 +109,8 @@ def plan_workers(config) -> None:
     for var in THREAD_VARS:
         os.environ.setdefault(var, str(threads))
     opt.numprocesses = n
+    if hasattr(opt, "benchmark_disable"):  # what pytest-benchmark does under xdist anyway, without its warning
+        opt.benchmark_disable = True
     _plan.update(workers=n, why=why, threads=os.environ["OPENBLAS_NUM_THREADS"], cores=n_cores)
 
 
@@ -121,19 +123,6 @@ def report_header() -> list[str]:
 
 
 # ---------------------------------------------------------------- test packs
-
-
-def _source_digest() -> str:
-    """What decides a pack's bytes: the pack-making sources (strata/), NumPy's and gguf's versions."""
-    import gguf
-    import numpy
-
-    h = hashlib.sha256()
-    for p in sorted((ROOT / "strata").rglob("*.py")):
-        h.update(str(p.relative_to(ROOT)).encode())
-        h.update(p.read_bytes())
-    h.update(f"numpy {numpy.__version__} gguf {getattr(gguf, '__version__', '?')}".encode())
-    return h.hexdigest()
 
 
 def packs_dir() -> Path | None:
@@ -149,6 +138,7 @@ def packs_dir() -> Path | None:
 def test_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path:
     """The pack's path: from the kept folder, made there first if missing (once, under a lock)."""
     from strata.make_pack import make_pack
+    from strata_prefill import refcache
 
     name = "-".join(str(p) for p in (preset, expert_type, *(f"{k}{v}" for k, v in sorted(kw.items()))))
     folder = packs_dir()
@@ -156,7 +146,7 @@ def test_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
         path = tmp_path_factory.mktemp("packs") / f"{name}.gguf"
         make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
         return path
-    key = hashlib.sha256(json.dumps([preset, expert_type, sorted(kw.items()), _source_digest()],
+    key = hashlib.sha256(json.dumps([preset, expert_type, sorted(kw.items()), refcache.source_digest(("strata",))],
                                     default=str).encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}-{key}.gguf"
