@@ -1,18 +1,31 @@
 """The cubin folder (fast/cuda/kernel_cache.py) and `strata-prefill build-kernels`: a key that
 moves with everything that decides a cubin, a manifest that keeps each module once, files that
-appear whole, and one-line errors. The nvcc parts skip where nvcc is missing (CI)."""
+appear whole, a default folder under the user cache dir (moved by the variable, `off` turns it
+off), one compile per cubin however many threads and processes ask (the lock), the compile
+message once, parallel builds that meet the runtime's digests, and one-line errors. A fake nvcc
+on PATH (a script that counts its runs) stands in where counting or waiting is the point; the
+real nvcc parts skip where nvcc is missing (CI)."""
+import contextlib
+import io
 import os
+import re
 import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fast.cuda import kernel_cache, runtime
+from fast.cuda import kernel_cache, products, runtime
 from strata.errors import DeviceError, InputError
 from strata_prefill.cli import main
 
 has_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+ROOT = Path(__file__).resolve().parent.parent
 BASE = ("name", "source", ["--fmad=false"], "sm_90", "release")
 
 
@@ -55,17 +68,37 @@ def test_a_bad_manifest_line_is_named(tmp_path):
         kernel_cache.manifest(str(tmp_path))
 
 
-def test_cache_dir_from_the_environment(tmp_path, monkeypatch):
+def test_cache_dir_default_is_under_the_user_cache_dir(tmp_path, monkeypatch):
     monkeypatch.delenv(kernel_cache.ENV, raising=False)
-    assert kernel_cache.cache_dir() is None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    want = tmp_path / "xdg" / "strata-prefill" / "kernels"
+    assert kernel_cache.cache_dir() == str(want) and want.is_dir()
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the XDG rule: only absolute paths
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    want = tmp_path / "home" / ".cache" / "strata-prefill" / "kernels"
+    assert kernel_cache.cache_dir() == str(want) and want.is_dir()
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert kernel_cache.default_dir() == str(want)
+
+
+def test_cache_dir_moved_or_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv(kernel_cache.ENV, str(tmp_path / "k"))
     assert kernel_cache.cache_dir() == str(tmp_path / "k") and (tmp_path / "k").is_dir()
+    for off in ("off", "OFF", " off "):
+        monkeypatch.setenv(kernel_cache.ENV, off)
+        assert kernel_cache.cache_dir() is None
+    assert not (tmp_path / "xdg").exists()  # off creates nothing
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv(kernel_cache.ENV, str(tmp_path / "file" / "k"))
+    with pytest.raises(InputError, match="cannot create the folder"):
+        kernel_cache.cache_dir()
 
 
-def test_cli_needs_a_folder(monkeypatch, capsys):
-    monkeypatch.delenv(kernel_cache.ENV, raising=False)
+def test_cli_needs_a_folder_when_the_cache_is_off(monkeypatch, capsys):
+    monkeypatch.setenv(kernel_cache.ENV, "off")
     assert main(["build-kernels"]) == 2
-    assert "no cubin folder" in capsys.readouterr().err
+    assert "the kernel cache is off" in capsys.readouterr().err
 
 
 def test_cli_refuses_a_bad_arch_before_any_work(tmp_path, capsys):
@@ -122,3 +155,175 @@ def test_cli_prune_drops_stale_cubins(tmp_path):
     names = sorted(os.listdir(tmp_path))
     assert "add-stale.cubin" not in names and "notes.txt" in names
     assert len([f for f in names if f.endswith(".cubin")]) == 1
+
+
+# ---- a fake nvcc: counts its compiles, takes its time, writes a small "cubin" -----------------
+FAKE_NVCC = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "nvcc: fake"; echo "Build fake-nvcc-1"; exit 0; fi
+out=""
+while [ $# -gt 0 ]; do
+  if [ "$1" = "-o" ]; then out="$2"; shift; fi
+  shift
+done
+echo run >> "$FAKE_NVCC_LOG"
+sleep "${FAKE_NVCC_SLEEP:-0}"
+printf cubin > "$out"
+"""
+
+
+@pytest.fixture
+def fake_nvcc(tmp_path, monkeypatch):
+    """A fake nvcc first on PATH; returns a function giving how many compiles it ran."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    exe = bin_dir / "nvcc"
+    exe.write_text(FAKE_NVCC)
+    exe.chmod(0o755)
+    log = tmp_path / "nvcc.log"
+    log.write_text("")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
+    monkeypatch.setenv("FAKE_NVCC_SLEEP", "0")
+    monkeypatch.setattr(kernel_cache, "_release", {})  # ask the fake for its release
+    return lambda: len(log.read_text().splitlines())
+
+
+def _build_same_module_twice_at_once(folder):
+    barrier = threading.Barrier(2)
+    paths = []
+
+    def one():
+        barrier.wait()
+        paths.append(kernel_cache.build(folder, "add", "source", {"X": 1}, "sm_90", ("--fmad=false",)))
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return paths
+
+
+def test_two_threads_compile_a_module_once(tmp_path, fake_nvcc, monkeypatch):
+    monkeypatch.setenv("FAKE_NVCC_SLEEP", "0.5")
+    folder = str(tmp_path / "k")
+    os.makedirs(folder)
+    paths = _build_same_module_twice_at_once(folder)
+    assert len(set(paths)) == 1 and open(paths[0]).read() == "cubin"
+    assert fake_nvcc() == 1  # the second waited for the lock, then found the cubin
+    assert os.path.exists(kernel_cache.lock_path(paths[0]))
+    # the lock is what holds it to one: without it both compile
+    monkeypatch.setattr(kernel_cache, "_held", lambda path: contextlib.nullcontext())
+    os.remove(paths[0])
+    _build_same_module_twice_at_once(folder)
+    assert fake_nvcc() == 3
+
+
+def test_two_processes_compile_a_module_once(tmp_path, fake_nvcc, monkeypatch):
+    monkeypatch.setenv("FAKE_NVCC_SLEEP", "1.5")
+    folder = str(tmp_path / "k")
+    os.makedirs(folder)
+    code = ("import sys; from fast.cuda import kernel_cache as k; "
+            "print(k.build(sys.argv[1], 'add', 'source', {}, 'sm_90', ('--fmad=false',)))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    procs = [subprocess.Popen([sys.executable, "-c", code, folder], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs[0] == outs[1] and os.path.exists(outs[0])
+    assert fake_nvcc() == 1
+
+
+def test_compile_message_once_and_none_from_the_folder(tmp_path, fake_nvcc, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_NVCC_SLEEP", "0.2")
+    folder = str(tmp_path / "k")
+    os.makedirs(folder)
+    runtime.cubin_for("add", {"MMQ_BN": 128, "A": 2}, folder, "sm_90")
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err  # not a terminal: a line when it starts, one when it ends
+    assert err[0] == f"compiling kernel add (A=2 MMQ_BN=128) for sm_90 into {folder} ..."
+    assert re.fullmatch(r"compiling kernel add \(A=2 MMQ_BN=128\): \d+\.\d s", err[1]), err[1]
+    assert float(err[1].split(": ")[1][:-2]) >= 0.2
+    runtime.cubin_for("add", {"A": 2, "MMQ_BN": 128}, folder, "sm_90")  # in the folder now: silent
+    assert capsys.readouterr().err == ""
+    assert fake_nvcc() == 1
+    assert kernel_cache.manifest(folder) == [("add", {"A": 2, "MMQ_BN": 128})]
+
+
+def test_compile_message_is_one_line_at_a_terminal(tmp_path, fake_nvcc, monkeypatch):
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    folder = str(tmp_path / "k")
+    os.makedirs(folder)
+    runtime.cubin_for("add", {}, folder, "sm_90")
+    assert re.fullmatch(rf"compiling kernel add for sm_90 into {re.escape(folder)} \.\.\. \d+\.\d s\n",
+                        tty.getvalue()), tty.getvalue()
+
+
+def test_a_failed_compile_says_so(tmp_path, fake_nvcc, monkeypatch, capsys):
+    monkeypatch.setattr(kernel_cache, "_compile", lambda *a: (_ for _ in ()).throw(DeviceError("compiling x")))
+    with pytest.raises(DeviceError):
+        runtime.cubin_for("add", {}, str(tmp_path), "sm_90")
+    assert "compiling kernel add: failed after" in capsys.readouterr().err
+
+
+def test_build_all_runs_nvcc_in_parallel_once_each(tmp_path, fake_nvcc, monkeypatch):
+    monkeypatch.setenv("FAKE_NVCC_SLEEP", "1")
+    folder = str(tmp_path / "k")
+    mods = [("add", {}), ("embed", {}), ("rope", {}), ("add", {"X": 1}), ("add", {})]  # one twice
+    seen = []
+    t0 = time.perf_counter()
+    got = kernel_cache.build_all(folder, "sm_90", mods, jobs=4, progress=lambda *a: seen.append(a))
+    wall = time.perf_counter() - t0
+    assert fake_nvcc() == 4 and wall < 3.0, wall  # four 1 s compiles side by side
+    assert [(n, d) for n, d, _p, _s in got] == mods[:4]
+    assert all(s is not None and s >= 1.0 for *_x, s in got)
+    assert sorted(a[0] for a in seen) == [1, 2, 3, 4] and {a[1] for a in seen} == {4}
+    again = kernel_cache.build_all(folder, "sm_90", mods, jobs=4)
+    assert fake_nvcc() == 4 and all(s is None for *_x, s in again)
+    with pytest.raises(InputError, match="no kernel file nope.cu"):
+        kernel_cache.build_all(folder, "sm_90", [("nope", {})])
+    assert fake_nvcc() == 4
+
+
+def test_build_kernels_meets_the_runtimes_digest(tmp_path, fake_nvcc, monkeypatch, capsys):
+    """What `build-kernels` builds with no --arch on a machine without a GPU is what the runtime
+    asks for on the H200 (compute capability 9.0): loading it compiles nothing and says nothing."""
+    assert runtime.arch_of((9, 0)) == runtime.DEFAULT_ARCH == "sm_90"
+    if not runtime.cuda_available()[0]:
+        assert runtime.device_arch() == "sm_90"
+    folder = str(tmp_path / "k")
+    os.makedirs(folder)
+    kernel_cache.record(folder, "add", {})
+    kernel_cache.record(folder, "mmq", dict(products.AUTO_CONFIGS[-1][1]))
+    assert main(["build-kernels", "--cache", folder, "--jobs", "2"]) == 0
+    assert fake_nvcc() == 2
+    capsys.readouterr()
+    runtime.cubin_for("add", {}, folder, runtime.arch_of((9, 0)))
+    runtime.cubin_for("mmq", products.auto_config(1e9), folder, runtime.arch_of((9, 0)))
+    assert fake_nvcc() == 2 and capsys.readouterr().err == ""
+
+
+def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
+    """Every module the backend builds with its defaults and under each switch is in the set a
+    gate session builds ahead (wanted: the folder's manifest and default_modules)."""
+    from fast.cuda import attention, backend, dense
+
+    mods = kernel_cache.wanted(str(tmp_path))
+    keys = {(n, tuple(sorted(d.items()))) for n, d in mods}
+    need = [("attention_mma", attention._mma_config()),
+            ("attention_mma", attention._mma_config(backend.EARLIER_MMA_ATTENTION)),
+            ("attention_mma", dict(attention.ATTEND_PAIR_CONFIG)), ("float_dense", dict(dense.TILE_CONFIG)),
+            ("spin", {}), ("gather_group", {})]
+    need += [("mmq", products.auto_config(rows)) for rows in (1, 20, 1e9)]
+    for name, d in need:
+        assert (name, tuple(sorted(d.items()))) in keys, (name, d)
+    assert len(keys) == len(mods)  # each once
+    kernel_cache.record(str(tmp_path), "mmq", {"MMQ_BN": 32})
+    assert ("mmq", {"MMQ_BN": 32}) in kernel_cache.wanted(str(tmp_path), defaults=False)
+    monkeypatch.setenv("STRATA_MMQ_DEFINES", '{"MMQ_MIX": 0}')
+    assert ("mmq", products.auto_config(1e9)) in kernel_cache.default_modules()

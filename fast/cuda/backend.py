@@ -12,6 +12,9 @@ Timing and traces use CUDA events with timing on: a pair around each phase on th
 stream (fast/phases.py), around each copy on the copy stream when tracing (fast/cuda/tiers.py),
 and one base event recorded at the trace's start, against which every span is placed
 (cuEventElapsedTime works across streams of one context).
+
+The stress mode (STRATA_PREFILL_STRESS=SEED, fast/cuda/stress.py) adds seeded spins before
+copies and launches; made with the backend, off by default.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
 from strata.errors import DeviceError, InternalError
 
 from fast.backend_base import BackendBase
-from fast.cuda import attention, dense as cuda_dense, elementwise as ops, products, runtime
+from fast.cuda import attention, dense as cuda_dense, elementwise as ops, products, runtime, stress
 from fast.cuda.tiers import ExpertTiers
 from fast.phases import PhaseRecorder, timing_enabled
 from fast.trace import Span
@@ -35,6 +38,8 @@ from fast.trace import Span
 #: a 16-bit float matrix is widened to F32 on the device (widen_float) up to this many F32 bytes;
 #: larger ones (a 16-bit output head) stay as stored
 WIDEN_MAX_BYTES = 256 << 20
+#: attention_mma.cu defines over its configuration when lean_attention is 0 (the earlier epilogue)
+EARLIER_MMA_ATTENTION = {"MMA_EPI": 1}
 
 
 @dataclass
@@ -94,10 +99,13 @@ class CudaBackend(BackendBase):
         # STRATA_MMQ_CONFIG and STRATA_MMQ_DEFINES are read at each MMQ launch; a bad value is
         # named here, before any weight reaches the device
         products.default_config()
+        stress_cfg = stress.current()  # likewise STRATA_PREFILL_STRESS
         runtime.context()
         import pycuda.driver as cuda
 
         self.dev = runtime.Device(stream=cuda.Stream())
+        self.stress = None if stress_cfg is None else stress.Stress(stress_cfg, self.dev.counters)
+        self.dev.stress = self.stress
         self.tiers = None
         from pycuda import gpuarray
 
@@ -179,7 +187,7 @@ class CudaBackend(BackendBase):
         self.pack = pack
         cfg = self.config = pack.config
         self.kv = attention.DeviceKVCache(self.dev, cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
-        self.tiers = ExpertTiers(pack, placement, ring_slots, staging_slots)
+        self.tiers = ExpertTiers(pack, placement, ring_slots, staging_slots, stress=self.stress)
         self._blob_bytes = [pack.expert_blob_bytes(l) for l in range(cfg.n_layer)]
         max_gu = max(gu for gu, _ in self._blob_bytes)
         max_d = max(d for _, d in self._blob_bytes)
@@ -320,7 +328,7 @@ class CudaBackend(BackendBase):
         p = np.asarray(positions, np.int32)
         mma = not self.pair_attention and p.size > attention.ATTEND_SPLIT_MAX_T
         return self.kv.attend(layer, q, p, variant="mma" if mma else None,
-                              config=None if self.lean_attention or not mma else {"MMA_EPI": 1})
+                              config=None if self.lean_attention or not mma else EARLIER_MMA_ATTENTION)
 
     def add(self, x, y):
         return ops.add(self.dev, x, y, out=x)
@@ -342,7 +350,11 @@ class CudaBackend(BackendBase):
         if self._pending_tables is not None:  # the page-locked buffer is about to be rewritten
             self._pending_tables.resolve()
         if self._counts_host is None or self._counts_host.shape[1] != n_expert:
-            self._counts_host = cuda.pagelocked_empty((2, n_expert), np.int32)
+            # zeroed: a read that came before its copy landed (a race) would find no routing,
+            # wrong bytes, rather than garbage counts that send launches out of bounds
+            self._counts_host = cuda.pagelocked_zeros((2, n_expert), np.int32)
+        if self.stress is not None:
+            self.stress.before_copy(self.dev.stream)
         cuda.memcpy_dtoh_async(self._counts_host[0], t.cnt.gpudata, self.dev.stream)
         cuda.memcpy_dtoh_async(self._counts_host[1], t.off.gpudata, self.dev.stream)
         ready = cuda.Event(cuda.event_flags.DISABLE_TIMING)

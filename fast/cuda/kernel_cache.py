@@ -1,19 +1,28 @@
 """A folder of compiled kernels, shared by processes and machines.
 
 Compiling the kernels dominates a cold start: every MMQ tile configuration is a module of its
-own, tens of seconds each, and every pytest-xdist worker or fresh GPU machine pays again. With
-``STRATA_PREFILL_KERNEL_CACHE=DIR`` the runtime looks a module up here before compiling it and
-stores what it compiles. A cubin's name is a digest of everything that decides it (the kernel
-file with its own headers inlined, the nvcc options and defines, the architecture, the nvcc
-release), so an edited kernel, header or define misses and is rebuilt; nothing is ever stale.
+own, tens of seconds each, and every pytest-xdist worker or fresh GPU machine would pay again.
+So the runtime looks a module up in this folder before compiling it and stores what it
+compiles, by default in ``$XDG_CACHE_HOME/strata-prefill/kernels`` (``~/.cache/...`` when
+XDG_CACHE_HOME is unset); ``STRATA_PREFILL_KERNEL_CACHE=DIR`` moves it, ``=off`` turns it off
+(each process then compiles in memory, through PyCUDA's own compile cache). A cubin's name is a
+digest of everything that decides it (the kernel file with its own headers inlined, the nvcc
+options and defines, the architecture, the nvcc release), so an edited kernel, header or define
+misses and is rebuilt; nothing is ever stale. Two processes never compile one cubin at once: the
+builder holds an ``fcntl.flock`` on the cubin's lock file (``.NAME.cubin.lock``); the other
+waits, then finds the cubin and loads it.
+
 The folder also keeps ``manifest.jsonl``, one line per (module, defines) ever asked for, so
-``strata-prefill build-kernels`` can rebuild the same set ahead of time on a machine without
-a GPU (it needs nvcc only), e.g. after a kernel edit and before a GPU run.
+``strata-prefill build-kernels`` (or :func:`build_all`, e.g. at the start of a gate session)
+can rebuild the same set ahead of time, in parallel nvcc processes, on a machine without a GPU
+(it needs nvcc only), e.g. after a kernel edit and before a GPU run.
 
 No PyCUDA here: building is plain nvcc, loading is the runtime's (``module_from_file``).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -21,26 +30,53 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from strata.errors import DeviceError, InputError
 
-__all__ = ["ENV", "cache_dir", "cubin_path", "build", "record", "manifest", "nvcc_release"]
+__all__ = ["ENV", "OFF", "cache_dir", "default_dir", "cubin_path", "build", "build_all", "check_modules",
+           "record", "manifest", "wanted", "default_modules", "nvcc_release"]
 
-#: the environment variable naming the folder (unset or empty: no cache)
+#: the environment variable that moves the folder (unset or empty: default_dir(); OFF: no folder)
 ENV = "STRATA_PREFILL_KERNEL_CACHE"
+OFF = "off"
 MANIFEST = "manifest.jsonl"
 
 _lock = threading.Lock()
 _release: dict = {}
 
 
+def default_dir() -> str:
+    """$XDG_CACHE_HOME/strata-prefill/kernels, or ~/.cache/strata-prefill/kernels where
+    XDG_CACHE_HOME is unset or not absolute (the XDG rule: a relative value is ignored)."""
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "strata-prefill", "kernels")
+
+
 def cache_dir() -> str | None:
-    """The cache folder from the environment, created if missing; None when unset."""
-    d = os.environ.get(ENV, "").strip()
-    if not d:
+    """The cubin folder, created if missing: STRATA_PREFILL_KERNEL_CACHE's, else default_dir();
+    None when the variable says ``off``, or when the default folder cannot be written (a
+    read-only home: compiling in memory still works). A folder the variable names that cannot
+    be created or written is a one-line InputError."""
+    raw = os.environ.get(ENV, "").strip()
+    if raw.lower() == OFF:
         return None
-    os.makedirs(d, exist_ok=True)
-    return d
+    folder = os.path.expanduser(raw) if raw else default_dir()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        writable = os.access(folder, os.W_OK | os.X_OK)
+    except OSError as e:
+        if raw:
+            raise InputError(f"{ENV}={raw}: cannot create the folder ({e.strerror or e})") from None
+        return None
+    if not writable:
+        if raw:
+            raise InputError(f"{ENV}={raw}: the folder is not writable")
+        return None
+    return folder
 
 
 def _nvcc(nvcc: str = "nvcc") -> str:
@@ -85,13 +121,43 @@ def cubin_path(folder: str, name: str, source: str, defines: dict | None, arch: 
     return os.path.join(folder, f"{name}-{key[:24]}.cubin")
 
 
+def lock_path(cubin: str) -> str:
+    """The lock file of a cubin: beside it, hidden (``.NAME.cubin.lock``)."""
+    folder, base = os.path.split(cubin)
+    return os.path.join(folder, f".{base}.lock")
+
+
+@contextlib.contextmanager
+def _held(path: str):
+    """An exclusive flock on path (created if missing), released on exit. flock belongs to the
+    open file, so two threads of one process exclude each other as two processes do."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the file releases its lock
+
+
 def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
-          base_options: tuple[str, ...]) -> str:
-    """The cubin's path, compiling it with nvcc first if the folder lacks it. The file appears
-    whole or not at all (written aside, then renamed), so processes may share the folder."""
+          base_options: tuple[str, ...], on_compile=None) -> str:
+    """The cubin's path, compiling it with nvcc first if the folder lacks it. The builder holds
+    the cubin's lock: a second process (or thread) asking for it meanwhile waits, then finds it.
+    The file appears whole or not at all (written aside, then renamed). ``on_compile``: a
+    context manager factory, entered around nvcc only when this call compiles (the runtime's
+    message; nothing when the cubin was there)."""
     path = cubin_path(folder, name, source, defines, arch, base_options)
     if os.path.exists(path):
         return path
+    with _held(lock_path(path)):
+        if os.path.exists(path):  # built by whoever held the lock before us
+            return path
+        with (on_compile() if on_compile is not None else contextlib.nullcontext()):
+            _compile(folder, path, name, source, defines, arch, base_options)
+    return path
+
+
+def _compile(folder, path, name, source, defines, arch, base_options) -> None:
     exe = _nvcc()
     with tempfile.TemporaryDirectory(prefix="strata-kernel-") as tmp:
         cu = os.path.join(tmp, f"{name}.cu")
@@ -107,7 +173,11 @@ def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
         os.close(fd)
         shutil.copyfile(out, part)
         os.replace(part, path)
-    return path
+
+
+def define_text(defines: dict | None) -> str:
+    """``K=V K=V`` in key order: how messages and progress lines name a module's defines."""
+    return " ".join(f"{k}={v}" for k, v in sorted((defines or {}).items()))
 
 
 def record(folder: str, name: str, defines: dict | None) -> None:
@@ -138,3 +208,111 @@ def manifest(folder: str) -> list[tuple[str, dict]]:
         except (ValueError, KeyError, TypeError):
             raise InputError(f"{os.path.join(folder, MANIFEST)}: {ln[:80]!r} is not a manifest entry") from None
     return sorted(out, key=lambda m: (m[0], sorted(m[1].items())))
+
+
+def default_modules() -> list[tuple[str, dict]]:
+    """The modules the fast path builds with the default settings and every switch: each kernel
+    file without defines, attention_mma.cu with the mma kernel's configuration (the split-K
+    decode kernels too) and its earlier epilogue (lean_attention 0), and mmq.cu in each
+    automatic tile configuration (with STRATA_MMQ_DEFINES). Test sweeps of other configurations
+    reach a folder through its manifest."""
+    from fast.cuda import attention, backend, products, runtime  # noqa: PLC0415 - runtime imports us
+
+    names = sorted(f[:-3] for f in os.listdir(runtime.KERNEL_DIR) if f.endswith(".cu"))
+    out = [(n, {}) for n in names]
+    out += [("attention_mma", attention._mma_config()),
+            ("attention_mma", attention._mma_config(backend.EARLIER_MMA_ATTENTION))]
+    out += [("mmq", products._with_extra(cfg)) for _bound, cfg in products.AUTO_CONFIGS]
+    return _unique(out)
+
+
+def _unique(pairs) -> list[tuple[str, dict]]:
+    seen, out = set(), []
+    for name, d in pairs:
+        k = (name, tuple(sorted(d.items())))
+        if k not in seen:
+            seen.add(k)
+            out.append((name, dict(d)))
+    return out
+
+
+def wanted(folder: str | None, defaults: bool = True) -> list[tuple[str, dict]]:
+    """The (module, defines) pairs worth building into folder: its manifest's (every module some
+    run there asked for), plus default_modules() when ``defaults`` (or when the manifest is
+    empty)."""
+    out = manifest(folder) if folder else []
+    if defaults or not out:
+        out += default_modules()
+    return _unique(out)
+
+
+def check_modules(modules, folder: str = "") -> list[tuple[str, dict]]:
+    """modules as a list, or a one-line InputError naming one without a kernel file."""
+    from fast.cuda import runtime  # noqa: PLC0415 - runtime imports us
+
+    modules = list(modules)
+    for name, _ in modules:
+        if not os.path.exists(os.path.join(runtime.KERNEL_DIR, f"{name}.cu")):
+            where = f" ({folder}'s manifest or the modules asked for)" if folder else ""
+            raise InputError(f"no kernel file {name}.cu{where}")
+    return modules
+
+
+def build_all(folder: str | None = None, arch: str | None = None, modules=None, jobs: int | None = None,
+              progress=None) -> list[tuple[str, dict, str, float | None]]:
+    """Compile every module of ``modules`` ((name, defines) pairs; None: ``wanted(folder)``) into
+    ``folder`` (None: cache_dir()) for ``arch`` (None: the GPU's where one is present, else
+    sm_90, the H200's: the runtime names it the same way, so the digests meet), ``jobs`` nvcc
+    processes at a time (None: the CPU count), longest sources first. Cubins already there are
+    kept; a module another process is compiling is waited for. ``progress(done, total, name,
+    defines, seconds)`` after each (seconds None: it was there). Returns (name, defines, cubin
+    path, seconds or None) in the order given. Raises InputError for a folder that is off, a
+    module without a kernel file or a bad jobs count, DeviceError for a failed compile (after
+    the others ran)."""
+    from fast.cuda import runtime  # noqa: PLC0415 - runtime imports us
+
+    folder = folder if folder is not None else cache_dir()
+    if folder is None:
+        raise InputError(f"the kernel cache is off ({ENV}={OFF}, or the default folder is not writable): "
+                         "name a folder")
+    os.makedirs(folder, exist_ok=True)
+    jobs = (os.cpu_count() or 1) if jobs is None else int(jobs)
+    if jobs < 1:
+        raise InputError(f"jobs must be >= 1, got {jobs}")
+    arch = runtime.device_arch() if arch is None else arch
+    todo = check_modules(wanted(folder) if modules is None else _unique(modules), folder)
+    sources = {name: runtime.kernel_source(name) for name, _ in todo}
+    order = sorted(range(len(todo)), key=lambda i: -len(sources[todo[i][0]]))  # long compiles first
+    results: list = [None] * len(todo)
+    count = [0]
+    count_lock = threading.Lock()
+
+    def one(i: int):
+        name, defines = todo[i]
+        src = sources[name]
+        path = cubin_path(folder, name, src, defines, arch, runtime.NVCC_OPTIONS)
+        took = []
+
+        @contextlib.contextmanager
+        def timed():
+            t0 = time.perf_counter()
+            yield
+            took.append(time.perf_counter() - t0)
+
+        build(folder, name, src, defines, arch, runtime.NVCC_OPTIONS, on_compile=timed)
+        results[i] = (name, defines, path, took[0] if took else None)
+        if progress is not None:
+            with count_lock:
+                count[0] += 1
+                progress(count[0], len(todo), name, defines, results[i][3])
+
+    errors = []
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for fut in [pool.submit(one, i) for i in order]:
+            try:
+                fut.result()
+            except DeviceError as e:
+                errors.append(e)
+    if errors:
+        raise errors[0]
+    return results

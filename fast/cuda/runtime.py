@@ -8,15 +8,21 @@ Nothing here imports PyCUDA at module import time: on machines without it (CI) i
 this module is free and :func:`cuda_available` says why the backend is off, in one line.
 
 Kernels are compiled with ``--fmad=false`` (docs/numerics.md: no contraction, IEEE division
-and square root, never fast-math) for the device's own architecture.
+and square root, never fast-math) for the device's own architecture, into the cubin folder of
+fast/cuda/kernel_cache.py (by default under the user cache dir) unless that is off. Each module
+this process compiles says so on stderr, once, with its time (:func:`load_module`); a module
+found in the folder says nothing.
 """
 from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import os
 import re
+import sys
 import threading
+import time
 
 import numpy as np
 
@@ -115,10 +121,40 @@ def device_name() -> str:
     return _device().name()
 
 
+def arch_of(compute_capability) -> str:
+    """nvcc's name of a compute capability: (9, 0) -> "sm_90". The one spelling, shared by the
+    runtime and `build-kernels` (the cubin's digest holds it: the two must agree)."""
+    major, minor = (int(v) for v in compute_capability)
+    return f"sm_{major}{minor}"
+
+
+#: what `build-kernels` builds for where no GPU says otherwise: the H200's architecture
+DEFAULT_ARCH = "sm_90"
+
+
 def arch() -> str:
     """The device's architecture as nvcc names it, e.g. "sm_90"."""
-    major, minor = _device().compute_capability()
-    return f"sm_{major}{minor}"
+    return arch_of(_device().compute_capability())
+
+
+def device_arch(default: str = DEFAULT_ARCH) -> str:
+    """The architecture of device 0 where one is present, without creating a context (a
+    controller process that only builds kernels holds no device memory), else ``default``."""
+    ok, _why = cuda_available()
+    if not ok:
+        return default
+    return arch_of(_driver().Device(0).compute_capability())
+
+
+def clock_rate_khz(fallback: int = 2_000_000) -> int:
+    """The SM clock's rate (kHz) as the driver reports it (its peak), or ``fallback`` where it
+    reports none; turns microseconds into clock64() cycles (the stress mode's spins)."""
+    cuda = _driver()
+    try:
+        rate = int(_device().get_attribute(cuda.device_attribute.CLOCK_RATE))
+    except Exception:  # an attribute the driver no longer reports
+        rate = 0
+    return rate if rate > 0 else int(fallback)
 
 
 def multiprocessor_count() -> int:
@@ -139,25 +175,56 @@ def kernel_source(name: str) -> str:
     return _LOCAL_INCLUDE.sub(lambda m: read(m.group(1)), read(f"{name}.cu"))
 
 
+@contextlib.contextmanager
+def _announce(name: str, defines: dict, target: str, folder: str):
+    """The one message of a compile, on stderr: ``compiling kernel NAME (DEFINES) for ARCH ...
+    48.2 s`` on one line at a terminal; elsewhere (pytest, logs, parallel workers) a line when
+    it starts and one when it ends, so neither a wait nor an interleaving hides it."""
+    label = f"{name} ({kernel_cache.define_text(defines)})" if defines else name
+    err = sys.stderr
+    tty = bool(getattr(err, "isatty", lambda: False)())
+    head = f"compiling kernel {label} for {target} into {folder}"
+    err.write(f"{head} ..." if tty else f"{head} ...\n")
+    err.flush()
+    t0 = time.perf_counter()
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        secs = time.perf_counter() - t0
+        tail = f"{secs:.1f} s" if ok else f"failed after {secs:.1f} s"
+        err.write(f" {tail}\n" if tty else f"compiling kernel {label}: {tail}\n")
+        err.flush()
+
+
+def cubin_for(name: str, defines: dict | None, folder: str, target: str) -> str:
+    """The cubin of fast/cuda/kernels/<name>.cu with ``defines`` for ``target`` in ``folder``:
+    recorded in its manifest, compiled (with the message of :func:`_announce`) if missing,
+    waited for if another process is compiling it."""
+    defines = dict(sorted((defines or {}).items()))
+    kernel_cache.record(folder, name, defines)
+    return kernel_cache.build(folder, name, kernel_source(name), defines, target, NVCC_OPTIONS,
+                              on_compile=lambda: _announce(name, defines, target, folder))
+
+
 def load_module(name: str, defines: dict | None = None):
     """Compile fast/cuda/kernels/<name>.cu (cached per name and defines) and return the
-    pycuda module. ``defines`` become ``-DKEY=VALUE`` options (tile configurations). With
-    STRATA_PREFILL_KERNEL_CACHE set, the cubin comes from (or goes to) that folder
-    (fast/cuda/kernel_cache.py)."""
+    pycuda module. ``defines`` become ``-DKEY=VALUE`` options (tile configurations). The cubin
+    comes from (or goes to) the folder of fast/cuda/kernel_cache.py (:func:`cubin_for`); with
+    that off (STRATA_PREFILL_KERNEL_CACHE=off) it is compiled in memory."""
     key = (name, tuple(sorted((defines or {}).items())))
     with _lock:
         mod = _state["modules"].get(key)
         if mod is not None:
             return mod
         context()
-        src = kernel_source(name)
         folder = kernel_cache.cache_dir()
         if folder is not None:  # a shared folder of cubins (fast/cuda/kernel_cache.py)
-            kernel_cache.record(folder, name, dict(key[1]))
-            path = kernel_cache.build(folder, name, src, dict(key[1]), arch(), NVCC_OPTIONS)
-            mod = _driver().module_from_file(path)
+            mod = _driver().module_from_file(cubin_for(name, dict(key[1]), folder, arch()))
             _state["modules"][key] = mod
             return mod
+        src = kernel_source(name)
         from pycuda.compiler import SourceModule  # noqa: PLC0415
 
         options = list(NVCC_OPTIONS) + [f"-D{k}={v}" for k, v in key[1]]
@@ -290,7 +357,8 @@ class Device:
     non-blocking stream can be switched in here alone. The pool keeps freed blocks for reuse:
     cuMemAlloc / cuMemFree synchronize the device (and would serialize a copy stream), and on one
     stream a reused block is only written by work queued after the last reader of its old
-    contents."""
+    contents. ``stress``: the stress mode's spins (fast/cuda/stress.py), or None (off: one
+    attribute test a launch)."""
 
     def __init__(self, stream=None):
         context()
@@ -302,10 +370,13 @@ class Device:
         self.pool = DeviceMemoryPool()
         self.counters: collections.Counter = collections.Counter()
         self.scratch: dict = {}  # named scratch buffers a wrapper grows on demand (split-K attention)
+        self.stress = None  # a fast.cuda.stress.Stress when STRATA_PREFILL_STRESS is set
 
     def launch(self, func, name: str | None, grid, block, *args, shared_size: int = 0) -> None:
         """Queue the prepared kernel ``func`` on the stream and count it under ``name`` (and
-        "launches"; name None counts only "launches")."""
+        "launches"; name None counts only "launches"). In the stress mode a spin may go first."""
+        if self.stress is not None:
+            self.stress.before_launch(self.stream)
         func.prepared_async_call(grid, block, self.stream, *args, shared_size=shared_size)
         self.counters["launches"] += 1
         if name is not None:

@@ -25,10 +25,12 @@ NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
 
 
 class ExpertTiers:
-    def __init__(self, pack, placement, ring_slots: int, staging_slots: int, progress: bool | None = None):
+    def __init__(self, pack, placement, ring_slots: int, staging_slots: int, progress: bool | None = None,
+                 stress=None):
         import pycuda.driver as cuda
 
         self.cuda = cuda
+        self.stress = stress  # fast.cuda.stress.Stress: a spin before each copy (None: off)
         cfg = pack.config
         self.placement = placement
         self.blob_bytes = [2 * gu + d for gu, d in (pack.expert_blob_bytes(l) for l in range(cfg.n_layer))]
@@ -115,11 +117,14 @@ class ExpertTiers:
     def copy(self, ring: str, slots, experts, wait_for, counters, note: dict | None = None):
         """Wait for wait_for on the copy stream, copy experts' host blobs into slots (adjacent
         ones merged), record and return an event. With copy_timing, an event pair goes around
-        the copies (after the waits: the span is the copy's own time) and note is kept with it."""
+        the copies (after the waits: the span is the copy's own time) and note is kept with it.
+        In the stress mode a spin goes between the waits and the copies: they land late."""
         cuda, stream = self.cuda, self.copy_stream
         for ev in wait_for:
             stream.wait_for_event(ev)
             counters["copy_waits"] += 1
+        if self.stress is not None:
+            self.stress.before_copy(stream)
         start = None
         if self.copy_timing:
             start = cuda.Event()
