@@ -18,17 +18,33 @@ from dataclasses import dataclass, field
 
 # ============================================================================ kernel cases
 
+import numpy as np  # noqa: E402
+from gguf import GGMLQuantizationType as _QT  # noqa: E402
+
+from strata import q8_1 as _q8_1, quants as _quants  # noqa: E402
+from strata.config import PRESETS as _PRESETS  # noqa: E402
+from strata.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
+
+#: the weight types with an MMQ kernel
+MMQ_TYPES = ("Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S")
+#: the kernels fast.cuda.attention.attend picks between (ATTEND_VARIANTS) and None, its default
+ATTEND_FORMS = ("mma", "pair", "split", "auto", None)
+#: the token counts the GPU suites time the strata shape at
+BENCH_TOKENS = (2048, 8192, 32768)
+_STRATA = _PRESETS["strata"]
+
 
 @dataclass(frozen=True)
 class KernelCase:
     """One kernel launch checked (and, if `timed`, benchmarked) at one shape."""
 
-    op: str  # the test family: "quantize", "mmq", "attention", ...
-    name: str  # unique within op: the pytest id
-    shape: dict = field(default_factory=dict)  # the op's own shape arguments
+    op: str  # the test family: the verify test (or, by form, the few tests) that checks its rows
+    name: str  # unique within op; the pytest id is `id`
+    shape: dict = field(default_factory=dict)  # the op's own shape arguments (and a seed where the row fixes it)
     weight_type: str | None = None
-    config: object = None  # a tile configuration or kernel form, None: the default
-    flops: int = 0  # one launch (integer or float operations)
+    form: str | None = None  # the kernel form or variant ("pair", "tile", "gather", ...); None: the default
+    config: object = None  # a tile configuration or defines; None: the default (MMQ rows: the test's own sweep)
+    flops: int = 0  # one launch; 2 per multiply-add of a product (0: an op that only moves data)
     bytes: int = 0  # one launch's fewest bytes moved (each input read once, each output written once)
     quick: bool = False
     timed: bool = False
@@ -37,13 +53,377 @@ class KernelCase:
     def id(self) -> str:
         return f"{self.op}-{self.name}"
 
+    @property
+    def check(self) -> int | None:
+        """How many rows (tokens, queries, experts) of the output the verify test compares with
+        the NumPy definition: the benchmarked sizes are too large for it in full (None: all)."""
+        return self.shape.get("check")
 
-KERNEL_CASES: tuple[KernelCase, ...] = ()
+
+def sample_index(n: int, count: int | None) -> np.ndarray:
+    """`count` indices spread evenly over range(n), the first and the last among them (all n
+    where count is None or not below n)."""
+    if count is None or count >= n:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, count).round().astype(np.int64))
+
+
+def key_of(value):
+    """`value` (a row's shape, config, ...) as JSON for a reference-cache key: ranges as
+    {"range": [start, stop]}, tuples as lists."""
+    if isinstance(value, range):
+        return {"range": [value.start, value.stop]}
+    if isinstance(value, dict):
+        return {str(k): key_of(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [key_of(v) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+# ---------------------------------------------------------------- FLOPs and bytes, from a shape
+
+
+def _weights(wtype: str, N: int, K: int) -> int:
+    return _quants.row_bytes(_QT[wtype], K) * N
+
+
+def product_cost(rows: int, N: int, K: int, wtype: str, n_weights: int = 1, mats: int = 1) -> tuple[int, int]:
+    """(flops, bytes) of `mats` MMQ products of `rows` q8_1 rows by N x K weights, over
+    `n_weights` weight matrices each (the experts that have rows): 2 * rows * N * K a matrix;
+    the weights, the q8_1 rows and the float32 outputs each once."""
+    return (2 * rows * N * K * mats,
+            n_weights * mats * _weights(wtype, N, K) + _q8_1.buffer_nbytes(rows, K) + mats * rows * N * 4)
+
+
+def float_product_cost(T: int, N: int, K: int, wtype: str) -> tuple[int, int]:
+    """(flops, bytes) of float32 x [T, K] by float weights [N, K] (F32 4 bytes a value, F16 and
+    BF16 2)."""
+    return 2 * T * N * K, N * K * (4 if wtype == "F32" else 2) + T * K * 4 + T * N * 4
+
+
+def attention_cost(n_head: int, n_kv: int, hd: int, positions) -> tuple[int, int]:
+    """(flops, bytes) of causal attention of the queries at `positions` over the cache's keys
+    0 .. max(positions): Q.K and P.V, 2 * hd each per (query head, key) pair; q and the output
+    (float32) and each key's int8 K and V with their scales (one per 32 K values, one per V
+    row) once."""
+    pos = np.asarray(positions, dtype=np.int64)
+    pairs = int((pos + 1).sum())
+    key_bytes = n_kv * (2 * hd + 4 * (hd // 32) + 4)
+    return 4 * n_head * hd * pairs, 2 * pos.size * n_head * hd * 4 + (int(pos.max()) + 1) * key_bytes + 4 * pos.size
+
+
+def _mmq_group_cost(shape, wtype, mats=1):
+    rows = shape["rows"]
+    return product_cost(sum(rows), shape["N"], shape["K"], wtype, sum(1 for r in rows if r), mats)
+
+
+def _routed_experts(tokens: int, n_expert: int, top_k: int) -> int:
+    """Experts that get at least one row of `tokens` routed uniformly: all of them from a few
+    thousand rows over 512 (the chance one gets none at 20K rows is e^-40), else counted."""
+    if tokens * top_k >= 16 * n_expert:
+        return n_expert
+    from verify.kernel_inputs import Routing
+
+    return int(np.count_nonzero(Routing(tokens).counts))
+
+
+def _cost(op: str, s: dict, wtype: str | None) -> tuple[int, int]:
+    """(flops, bytes) of one launch of a row of `op` with shape `s`."""
+    if op == "quantize":  # x once, the routing table (src or slot), the q8_1 buffer
+        R = s["T"] * s["k"]
+        return 0, s["T"] * s["K"] * 4 + R * 4 + _q8_1.buffer_nbytes(R, s["K"])
+    if op in ("mmq", "mmq_extreme"):
+        return _mmq_group_cost(s, wtype)
+    if op in ("mmq_pair", "mmq_tiles"):  # gate and up in one launch
+        return _mmq_group_cost(s, wtype, mats=2)
+    if op == "mmq_dense":
+        return product_cost(s["R"], s["N"], s["K"], wtype)
+    if op == "mmq_layer":
+        rows = s["tokens"] * s["top_k"]
+        return product_cost(rows, s["N"], s["K"], wtype, _routed_experts(s["tokens"], s["experts"], s["top_k"]),
+                            s["mats"])
+    if op == "swiglu_quantize":  # gate and up rows read, H's q8_1 rows written
+        rows = s["r1"] - s["r0"]
+        return 0, 2 * rows * s["n"] * 4 + _q8_1.buffer_nbytes(rows, s["n"])
+    if op in ("rmsnorm", "rmsnorm_heads"):  # x, the weight, the output
+        rows, n = (s["rows"], s["n"]) if op == "rmsnorm" else (s["T"] * s["H"], s["hd"])
+        return 0, 2 * rows * n * 4 + n * 4
+    if op == "rope":  # x and the output, a cos and a sin row of hd/2 per position, the positions
+        T, H, hd = s["T"], s["H"], s["hd"]
+        return 0, 2 * T * H * hd * 4 + T * hd * 4 + T * 4
+    if op == "add":
+        return 0, 3 * s["n"] * 4
+    if op == "kv_write":  # float K and V and the positions in; codes, scales and V's blocks out
+        T, n_kv, hd = len(s["positions"]), s["n_kv"], s["hd"]
+        return 0, 2 * T * n_kv * hd * 4 + T * 4 + T * n_kv * (3 * hd + 4 * (hd // 32) + 4)
+    if op in ("attention", "attention_mma_config", "attention_pair_config", "attention_positions"):
+        return attention_cost(s["n_head"], s["n_kv"], s["hd"], s["positions"])
+    if op == "attention_chunks":
+        flops = nbytes = 0
+        for chunk in s["chunks"]:
+            f, b = attention_cost(s["n_head"], s["n_kv"], s["hd"], chunk)
+            flops, nbytes = flops + f * s["n_layer"], nbytes + b * s["n_layer"]
+        return flops, nbytes
+    if op == "top_k":  # the logits in, ids and weights out
+        return 0, s["T"] * s["E"] * 4 + s["T"] * s["K"] * 8
+    if op == "routing_tables":  # ids in; cnt, off, order, slot, src and n_order out
+        return 0, s["T"] * s["K"] * 4 + 3 * s["E"] * 4 + 2 * s["T"] * s["K"] * 4 + 4
+    if op == "swiglu":
+        return 0, 3 * s["R"] * s["n"] * 4
+    if op == "sigmoid":
+        return 0, 2 * s["n"] * 4
+    if op == "combine":  # x, K weights and slots, K expert rows, the shared gate and row; out
+        T, K, D = s["T"], s["K"], s["D"]
+        return 0, 2 * T * D * 4 + T * K * (8 + D * 4) + (T * 4 + T * D * 4 if s["shared"] else 0)
+    if op == "embed":  # the rows' Q8_0 blocks, the ids, the float32 rows
+        return 0, s["T"] * (s["n_embd"] // 32) * 34 + s["T"] * 4 + s["T"] * s["n_embd"] * 4
+    if op == "gather":  # n blobs read and written, the zeroed tail
+        return 0, 2 * s["n"] * (2 * s["gu_bytes"] + s["d_bytes"]) + s["tail"]
+    if op in ("float_dense", "float_dense_strided"):
+        return float_product_cost(s["T"], s["N"], s["K"], wtype)
+    return 0, 0  # refusals, counters, geometry and the every-float probes: no one launch to count
+
+
+def _krow(op: str, name: str, shape: dict, *, weight_type=None, form=None, config=None, quick=False,
+         timed=False) -> KernelCase:
+    flops, nbytes = _cost(op, shape, weight_type)
+    return KernelCase(op, name, dict(shape), weight_type, form, config, int(flops), int(nbytes), quick, timed)
+
+
+# ---------------------------------------------------------------- the rows, by verify file
+
+
+def _layout_name(layout) -> str:
+    return _q8_1.Layout(layout).name
+
+
+def _kernels_rows() -> list[KernelCase]:
+    """verify/test_kernels_cuda.py: quantize, the MMQ forms, SwiGLU + quantize, the probes."""
+    rows = []
+    layouts = [_q8_1.Layout.D4, _q8_1.Layout.DS4, _q8_1.Layout.D2S6]
+    for T, K, E, k in [(37, 256, 16, 4), (23, 2560, 512, 10), (19, 640, 8, 3), (9, 200, 5, 2)]:
+        for lay in layouts:
+            rows.append(_krow("quantize", f"T{T}-K{K}-E{E}-k{k}-{lay.name}", dict(T=T, K=K, E=E, k=k),
+                             config=lay.name, quick=T == 9))
+    gu_layout = _layout_name(_q8_1.layout_for(_QT.IQ2_XS))  # the layout the strata gate/up kernel reads
+    for T in BENCH_TOKENS:
+        rows.append(_krow("quantize", f"T{T}-K{_STRATA.n_embd}-strata-{gu_layout}",
+                         dict(T=T, K=_STRATA.n_embd, E=_STRATA.n_expert, k=_STRATA.n_expert_used, check=256),
+                         config=gu_layout, timed=True))
+
+    for t in MMQ_TYPES:  # tiny: gate/up 512 x 256 (one small row a type: the quick tier), down 256 x 256
+        rows.append(_krow("mmq", f"tiny-512x256-{t}", dict(N=512, K=256, rows=(0, 1, 9, 130, 0, 40, 3),
+                                                          tile_rows=(128, 32, 8), seed=1), weight_type=t, quick=True))
+        rows.append(_krow("mmq", f"tiny-256x256-{t}", dict(N=256, K=256, rows=(5, 0, 1, 64), stride_pad=0, seed=2),
+                         weight_type=t))
+    for t in MMQ_TYPES:
+        rows.append(_krow("mmq", f"strata-gate_up-1280x2560-{t}", dict(N=1280, K=2560, rows=(0, 1, 37, 161, 0, 12),
+                                                                     tile_rows=(128, 64), seed=3), weight_type=t))
+    for t in ("Q8_0", "Q4_1"):
+        rows.append(_krow("mmq", f"strata-down-2560x640-{t}", dict(N=2560, K=640, rows=(1, 0, 50, 129, 7), seed=4),
+                         weight_type=t))
+    for t in ("Q8_0", "Q4_1"):  # K a multiple of 32 but not of 128 (a partial last chunk), N not of 128
+        rows.append(_krow("mmq", f"odd_k-200x96-{t}", dict(N=200, K=96, rows=(3, 17, 0, 33), seed=5), weight_type=t))
+    for t in ("Q8_0", "IQ2_XS"):  # ~150 rows an expert (the large-tile configuration), 2 row tiles each
+        rows.append(_krow("mmq", f"many_rows-320x512-{t}", dict(N=320, K=512, rows=(200, 130, 0, 77, 193),
+                                                               tile_rows=(128, 96), seed=8), weight_type=t))
+    rows.append(_krow("mmq", "sixteen_experts-512x256-IQ2_XS",
+                     dict(N=512, K=256, rows=(0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 1, 0, 7, 160), seed=6),
+                     weight_type="IQ2_XS"))
+    for t, floor in (("IQ2_XS", 2 ** 22), ("IQ3_XXS", 2 ** 21), ("Q2_K", 2 ** 14)):
+        rows.append(_krow("mmq_extreme", f"64x512-{t}", dict(N=64, K=512, rows=(40, 0, 24), tile_rows=(128, 16),
+                                                            seed=11, floor=floor), weight_type=t, quick=t == "IQ2_XS"))
+    for t in ("Q8_0", "IQ3_S"):
+        rows.append(_krow("mmq_dense", f"384x512-R300-{t}", dict(N=384, K=512, R=300, seed=7), weight_type=t,
+                         quick=t == "Q8_0"))
+    for t in ("Q8_0", "IQ2_XS", "Q2_K"):
+        rows.append(_krow("mmq_pair", f"384x512-{t}", dict(N=384, K=512, rows=(7, 0, 1, 150, 33)), weight_type=t,
+                         form="pair", quick=t == "Q8_0"))
+    few = tuple(int(v) for v in np.random.default_rng(11).integers(0, 30, 40))  # 40 experts: the small-rows config
+    many = (0, 1, 200, 129, 64, 7, 300, 0, 90)  # the large-rows config, several row tiles an expert
+    for t in MMQ_TYPES:
+        rows.append(_krow("mmq_tiles", f"few-320x512-{t}", dict(N=320, K=512, rows=few, seed=12), weight_type=t,
+                         form="tiles", quick=t == "Q8_0"))
+        rows.append(_krow("mmq_tiles", f"many-200x256-{t}", dict(N=200, K=256, rows=many, seed=13), weight_type=t,
+                         form="tiles"))
+    strata_rows = tuple(int(v) for v in np.random.default_rng(14).integers(0, 40, 24))
+    rows.append(_krow("mmq_tiles", "strata-gate_up-640x2560-IQ2_XS", dict(N=640, K=2560, rows=strata_rows, seed=15),
+                     weight_type="IQ2_XS", form="tiles"))
+    # One MoE layer as the walk launches it on the strata shape: tokens routed top-10 over 512
+    # experts, one launch a group of 16 (gate and up: both matrices in one launch).
+    E, k, D, F = _STRATA.n_expert, _STRATA.n_expert_used, _STRATA.n_embd, _STRATA.n_ff_exp
+    layer = [("gate_up", t, F, D, 2) for t in MMQ_TYPES] + [("down", t, D, F, 1) for t in ("Q8_0", "Q4_1")]
+    for proj, t, N, K, mats in layer:
+        for T in BENCH_TOKENS:
+            rows.append(_krow("mmq_layer", f"{proj}-{t}-T{T}", dict(tokens=T, N=N, K=K, mats=mats, experts=E, top_k=k,
+                                                                 check=2), weight_type=t, form="group", timed=True))
+    rows.append(_krow("mmq_layer", "gate_up-IQ2_XS-T64", dict(tokens=64, N=F, K=D, mats=2, experts=E, top_k=k, check=4),
+                     weight_type="IQ2_XS", form="group", quick=True))
+    swiglu_shapes = [(256, 40, 0, 40, 0, 40), (640, 57, 9, 50, 9, 57), (200, 33, 3, 30, 11, 45), (1280, 21, 20, 21, 0, 1),
+                     (96, 18, 5, 17, 2, 30)]
+    for n, R, r0, r1, row0, R_total in swiglu_shapes:
+        for lay in sorted({_q8_1.layout_for(_QT[t]) for t in MMQ_TYPES}):
+            rows.append(_krow("swiglu_quantize", f"n{n}-R{R}-rows{r0}:{r1}-at{row0}-of{R_total}-{_layout_name(lay)}",
+                             dict(n=n, R=R, r0=r0, r1=r1, row0=row0, R_total=R_total), config=_layout_name(lay),
+                             quick=n == 256))
+    probes = [("round_nonneg", "all", 0x00000000, 0x43800000), ("exp_nonpos", "all", 0x80000000, 0xC2B00000),
+              ("exp_fused", "positive", 0x00000000, 0x7FFFFFFF), ("exp_fused", "negative", 0x80000000, 0xFFFFFFFF)]
+    for form, name, lo, hi in probes:
+        rows.append(_krow("numerics_probe", f"{form}-{name}", dict(lo=lo, hi=hi), form=form,
+                         quick=form == "exp_nonpos"))
+    rows.append(_krow("numerics_probe", "values-edges-random", dict(n_random=2 * 4096), form="values", quick=True))
+    rows.append(_krow("mmq_counters", "dense-Q8_0", {}, weight_type="Q8_0", quick=True))
+    return rows
+
+
+# (name, n_head, n_kv, hd, chunk positions, keys already in the cache before the chunk)
+ATTENTION_SHAPES = [
+    ("prefill-100-hd64", 4, 4, 64, range(0, 100), 0),
+    ("gqa4-cross64-hd128", 8, 2, 128, range(50, 150), 50),
+    ("T1-decode-hd64", 8, 2, 64, (130,), 130),
+    ("T1-decode-end-of-block-hd128", 16, 4, 128, (191,), 191),
+    ("gqa2-T33-hd128", 6, 3, 128, range(0, 33), 0),
+    ("mqa-T200-hd64", 4, 1, 64, range(61, 261), 61),
+    # many 64-key blocks, the model's geometry (32 heads, 4 KV heads, head_dim 128)
+    ("prefill-1000-gqa8-hd128", 32, 4, 128, range(0, 1000), 0),
+    ("chunk-1500-T277-gqa8-hd128", 32, 4, 128, range(1500, 1777), 1500),
+    ("T1-decode-4095-gqa8-hd128", 32, 4, 128, (4095,), 4095),
+    ("T1-decode-9000-hd64", 8, 2, 64, (9000,), 9000),
+    ("T3-3000-gqa8-hd128", 32, 4, 128, (3000, 3001, 3002), 3000),
+    ("T5-scattered-mqa-hd128", 8, 1, 128, (700, 5, 64, 1300, 63), 1301),
+]
+
+
+def _attention_shape(i: int, scale: float, **extra) -> tuple[str, dict]:
+    name, n_head, n_kv, hd, positions, start = ATTENTION_SHAPES[i]
+    return name, dict(n_head=n_head, n_kv=n_kv, hd=hd, positions=positions, start=start, scale=scale, **extra)
+
+
+def _model_rows() -> list[KernelCase]:
+    """verify/test_model_kernels_cuda.py: the model's elementwise, attention and routing kernels."""
+    rows = []
+    D, E, k = _STRATA.n_embd, _STRATA.n_expert, _STRATA.n_expert_used
+    for r, n in [(1, 256), (7, 2560), (5, 256), (3 * 16, 64), (2 * 8, 128), (3, 100)]:
+        rows.append(_krow("rmsnorm", f"rows{r}-n{n}", dict(rows=r, n=n), quick=(r, n) == (1, 256)))
+    for T in BENCH_TOKENS:
+        rows.append(_krow("rmsnorm", f"rows{T}-n{D}-strata", dict(rows=T, n=D, check=64), timed=True))
+    rows.append(_krow("rmsnorm_heads", "T5-H8-hd128-in-place", dict(T=5, H=8, hd=128), quick=True))
+    for T, H, hd in [(1, 4, 64), (9, 4, 128), (70, 2, 64)]:
+        rows.append(_krow("rope", f"T{T}-H{H}-hd{hd}", dict(T=T, H=H, hd=hd), quick=T == 1))
+    for n in [1, 2560, 3 * 2560 + 3]:
+        rows.append(_krow("add", f"n{n}", dict(n=n), quick=n == 2560))
+    for n_kv, hd in [(2, 64), (4, 128)]:
+        rows.append(_krow("kv_write", f"kv{n_kv}-hd{hd}", dict(n_kv=n_kv, hd=hd, cap=256,
+                                                             positions=(60, 61, 62, 63, 64, 65, 130, 7, 200)),
+                         quick=hd == 64))
+    for i in range(len(ATTENTION_SHAPES)):
+        for scale in (1.0, 8.0):
+            name, shape = _attention_shape(i, scale)
+            for v in ATTEND_FORMS:
+                rows.append(_krow("attention", f"{name}-s{scale:g}-{v or 'default'}", shape, form=v,
+                                 quick=i == 0 and scale == 1.0))
+    for T in (4096, 32768):  # the prefill the GPU suite times: every position over the ones before it
+        rows.append(_krow("attention", f"prefill-{T}-gqa8-hd128-s1-default",
+                         dict(n_head=_STRATA.n_head, n_kv=_STRATA.n_head_kv, hd=_STRATA.head_dim, positions=range(0, T),
+                              start=0, scale=1.0, check=8), timed=True))
+    for i in (1, 6, 7):  # gqa4-cross64-hd128, prefill-1000, chunk-1500
+        for scale in (4.0, 16.0):  # 16: key blocks far below the running maximum
+            name, shape = _attention_shape(i, scale, seed=900 + i)
+            for warps, epi in [(4, 1), (4, 2), (8, 1), (8, 2)]:
+                rows.append(_krow("attention_mma_config", f"{name}-s{scale:g}-warps{warps}-epi{epi}", shape, form="mma",
+                                 config={"MMA_WARPS": warps, "MMA_EPI": epi}, quick=i == 1 and scale == 4.0))
+    pair_configs = [{}, {"PAIR_VT": 0}, {"PAIR_VT": 0, "PAIR_COPY": 1}, {"PAIR_QG": 6}, {"PAIR_STAGES": 2},
+                    {"PAIR_QG": 4, "PAIR_MINB": 2}]
+    for i in (1, 5, 6, 7):  # gqa4-cross64-hd128, mqa-T200-hd64, prefill-1000, chunk-1500
+        for scale in (4.0, 16.0):
+            name, shape = _attention_shape(i, scale, seed=900 + i)
+            for cfg in pair_configs:
+                tag = ",".join(f"{a}{b}" for a, b in cfg.items()) or "default"
+                rows.append(_krow("attention_pair_config", f"{name}-s{scale:g}-{tag}", shape, form="pair", config=cfg,
+                                 quick=i == 1 and scale == 4.0))
+    for v in ("mma", "pair", "split"):
+        rows.append(_krow("attention_positions", f"T2-at200-{v}", dict(n_head=8, n_kv=2, hd=128, positions=(200, 201),
+                                                                      start=200, scale=4.0), form=v, quick=v == "pair"))
+    for v in ATTEND_FORMS:
+        rows.append(_krow("attention_chunks", f"2x70+1-{v or 'default'}",
+                         dict(n_layer=2, n_head=8, n_kv=2, hd=128, chunks=(range(0, 70), range(70, 140), (140,))),
+                         form=v, quick=v is None))
+    for T, E_, K in [(1, 128, 8), (33, 128, 8), (37, 512, 10), (5, 64, 32)]:
+        for ties in (False, True):
+            rows.append(_krow("top_k", f"T{T}-E{E_}-K{K}-{'ties' if ties else 'spread'}", dict(T=T, E=E_, K=K, ties=ties),
+                             quick=(T, ties) == (1, False)))
+    for T in BENCH_TOKENS:
+        rows.append(_krow("top_k", f"T{T}-E{E}-K{k}-spread-strata", dict(T=T, E=E, K=k, ties=False, check=64), timed=True))
+    for T, E_, K, skew in [(1, 128, 8, False), (37, 128, 8, False), (1000, 512, 10, False), (4096, 512, 10, True),
+                           (300, 64, 4, True)]:
+        rows.append(_krow("routing_tables", f"T{T}-E{E_}-K{K}-{'skew' if skew else 'uniform'}",
+                         dict(T=T, E=E_, K=K, skew=skew), quick=T == 1))
+    for T in BENCH_TOKENS:
+        rows.append(_krow("routing_tables", f"T{T}-E{E}-K{k}-uniform-strata", dict(T=T, E=E, K=k, skew=False),
+                         timed=True))
+    for R, n in [(1, 640), (37, 768), (13, 100)]:
+        rows.append(_krow("swiglu", f"R{R}-n{n}", dict(R=R, n=n), quick=R == 1))
+    rows.append(_krow("sigmoid", "n1000", dict(n=1000), quick=True))
+    for T, K, D_, E_ in [(1, 8, 256, 64), (9, 8, 256, 64), (17, 10, 2560, 512), (5, 3, 102, 16), (300, 10, 2560, 512)]:
+        for shared in (False, True):
+            for form in ("auto", "element"):
+                rows.append(_krow("combine", f"T{T}-K{K}-D{D_}-E{E_}-{'shared' if shared else 'routed'}-{form}",
+                                 dict(T=T, K=K, D=D_, E=E_, shared=shared), form=form, quick=(T, shared) == (9, True)))
+    rows.append(_krow("combine_refusal", "bad-form-T3-and-T0", dict(D=8, K=2), quick=True))
+    for n_embd, T in [(256, 1), (256, 19), (2560, 7)]:
+        rows.append(_krow("embed", f"n{n_embd}-T{T}", dict(n_embd=n_embd, T=T, n_vocab=300), weight_type="Q8_0",
+                         quick=T == 1))
+    for n, gu, d, tail, offsets in [(1, 4096, 2048, 1024, "aligned"), (5, 2720 * 3, 1360 * 5, 4096, "aligned"),
+                                    (16, 1000, 777, 513, "mixed"), (16, 34 * 64, 34 * 40, 2048, "mixed")]:
+        rows.append(_krow("gather", f"n{n}-gu{gu}-d{d}-tail{tail}-{offsets}",
+                         dict(n=n, gu_bytes=gu, d_bytes=d, tail=tail, offsets=offsets), quick=n == 1))
+    # a strata IQ2_XS pack's group: 16 experts of [gate | up | down], down Q8_0 (the GPU suite's)
+    gu, d = _weights("IQ2_XS", _STRATA.n_ff_exp, D), _weights("Q8_0", D, _STRATA.n_ff_exp)
+    rows.append(_krow("gather", f"n{_MMQ_GROUP}-strata-IQ2_XS", dict(n=_MMQ_GROUP, gu_bytes=gu, d_bytes=d,
+                                                                    tail=_GROUP_TAIL, offsets="aligned"), timed=True))
+    rows.append(_krow("gather_count", "n16-GPUArray-blobs", dict(n=16, gu_bytes=512, d_bytes=512, tail=64), quick=True))
+    return rows
+
+
+def _float_dense_rows() -> list[KernelCase]:
+    """verify/test_float_dense_cuda.py: float_dense.cu's forms on F32, F16 and BF16 weights."""
+    rows = []
+    for T, N, K in [(1, 16, 256), (3, 1, 256), (7, 5, 77), (130, 64, 512), (33, 128, 2048), (5, 3, 1), (70, 17, 300),
+                    (301, 512, 2560), (64, 1, 640), (40, 33, 31)]:
+        for t in ("F32", "F16", "BF16"):
+            for v in ("auto", "warp", "tile"):
+                rows.append(_krow("float_dense", f"T{T}-N{N}-K{K}-{t}-{v}", dict(T=T, N=N, K=K), weight_type=t, form=v,
+                                 quick=(T, N, K, t) == (1, 16, 256, "F32")))
+    for T in BENCH_TOKENS:  # the router product (512 x 2560; the strata pack's router is BF16)
+        for t in ("F32", "BF16"):
+            for v in ("warp", "tile"):
+                rows.append(_krow("float_dense", f"T{T}-N{_STRATA.n_expert}-K{_STRATA.n_embd}-{t}-{v}-router",
+                                 dict(T=T, N=_STRATA.n_expert, K=_STRATA.n_embd, check=32), weight_type=t, form=v,
+                                 timed=True))
+    for t in ("F32", "BF16"):
+        for v in ("warp", "tile"):
+            rows.append(_krow("float_dense_strided", f"T19-N10-K96-ldx100-ldo13-{t}-{v}",
+                             dict(T=19, N=10, K=96, ldx=100, ldo=13), weight_type=t, form=v, quick=t == "F32"))
+    rows.append(_krow("float_dense_geometry", "tile", {}, form="tile", quick=True))
+    return rows
+
+
+KERNEL_CASES: tuple[KernelCase, ...] = tuple(_kernels_rows() + _model_rows() + _float_dense_rows())
 
 
 def kernel_rows(op: str, **where) -> list[KernelCase]:
     """The rows of one op (optionally only those whose attributes equal `where`)."""
     return [c for c in KERNEL_CASES if c.op == op and all(getattr(c, k) == v for k, v in where.items())]
+
+
+def params(rows) -> list:
+    """pytest.param of each row, its id the row's, marked `quick` where the row is: the one way
+    a kernel test is parametrized (`@pytest.mark.parametrize("case", params(kernel_rows(op)))`)."""
+    import pytest
+
+    return [pytest.param(c, id=c.id, marks=[pytest.mark.quick] if c.quick else []) for c in rows]
 
 
 # ============================================================================ parity cases

@@ -1,7 +1,10 @@
 """fast/cuda/kernels/float_dense.cu against strata.dense.float_matmul, byte for byte: F32, F16
 and BF16 weights, several token counts, output rows and row widths (K not a multiple of 32
 among them), strided input and output rows. The output buffer is poisoned before each launch
-and compared whole. Without a GPU (or without PyCUDA) every test skips with the backend's
+and compared whole; at the router sizes the GPU suite times (rows with `check`), a spread of
+tokens is compared with the definition and every output must be written. Every case is a row
+of verify/cases.py (`KERNEL_CASES`); the slow expectations come from the reference cache
+(verify/kernel_refs.py). Without a GPU (or without PyCUDA) every test skips with the backend's
 one-line reason.
 """
 from __future__ import annotations
@@ -12,6 +15,8 @@ from gguf import GGMLQuantizationType as QT
 
 from fast.cuda.runtime import cuda_available
 from strata import dense
+from verify.cases import kernel_rows, params, sample_index
+from verify.kernel_refs import kept, worth_keeping
 
 _OK, _WHY = cuda_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
@@ -30,12 +35,8 @@ def _weights(rng, qtype: QT, N: int, K: int) -> np.ndarray:
     return (v.view("<u4") >> np.uint32(16)).astype("<u2").view(np.uint8).reshape(N, -1)
 
 
-@pytest.mark.parametrize("variant", ["auto", "warp", "tile"])
-@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16], ids=lambda q: q.name)
-@pytest.mark.parametrize("T,N,K", [(1, 16, 256), (3, 1, 256), (7, 5, 77), (130, 64, 512),
-                                   (33, 128, 2048), (5, 3, 1), (70, 17, 300), (301, 512, 2560),
-                                   (64, 1, 640), (40, 33, 31)])
-def test_float_dense_bytes(qtype, T, N, K, variant):
+@pytest.mark.parametrize("case", params(kernel_rows("float_dense")))
+def test_float_dense_bytes(case):
     import pycuda.driver as cuda
     from pycuda import gpuarray
 
@@ -43,10 +44,18 @@ def test_float_dense_bytes(qtype, T, N, K, variant):
 
     runtime.context()
 
+    qtype, variant = QT[case.weight_type], case.form
+    T, N, K = case.shape["T"], case.shape["N"], case.shape["K"]
     rng = np.random.default_rng(T * 1000 + N * 10 + K)
     raw = _weights(rng, qtype, N, K)
     x = rng.standard_normal((T, K), dtype=np.float32)
-    want = dense.float_matmul(dense.decode_float(qtype, raw), x)
+    sel = sample_index(T, case.check)
+
+    def definition():
+        return {"want": dense.float_matmul(dense.decode_float(qtype, raw), x if case.check is None else x[sel])}
+
+    key = dict(type=qtype.name, T=T, N=N, K=K, check=case.check)
+    want = (kept("kernel-float-dense", key, definition, (_weights,)) if worth_keeping(case) else definition())["want"]
 
     w_d = gpuarray.to_gpu(np.ascontiguousarray(raw).reshape(-1))
     x_d = gpuarray.to_gpu(x)
@@ -54,13 +63,17 @@ def test_float_dense_bytes(qtype, T, N, K, variant):
     cuda.memset_d8(out.gpudata, POISON, out.nbytes)
     cuda_dense.float_dense(runtime.Device(), qtype, w_d, N, K, x_d, T, out, variant=variant)
     got = out.get()
+    if case.check is not None:  # a spread of tokens against the definition; every output written
+        left = np.argwhere(got.view(np.uint32) == np.uint32(0xA5A5A5A5))
+        assert left.size == 0, f"{qtype.name} {variant} T={T} N={N} K={K}: {len(left)} outputs never written; " \
+                               f"first (t, n) {left[:1].tolist()}"
+        got = got[sel]
     assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), \
         f"{qtype.name} {variant} T={T} N={N} K={K}: first differing (t, n) {np.argwhere(got != want)[:1].tolist()}"
 
 
-@pytest.mark.parametrize("variant", ["warp", "tile"])
-@pytest.mark.parametrize("qtype", [QT.F32, QT.BF16], ids=lambda q: q.name)
-def test_float_dense_strided_rows(qtype, variant):
+@pytest.mark.parametrize("case", params(kernel_rows("float_dense_strided")))
+def test_float_dense_strided_rows(case):
     """x rows read at a stride ldx > K, outputs written at ldo > N; the rest is untouched."""
     import pycuda.driver as cuda
     from pycuda import gpuarray
@@ -69,8 +82,9 @@ def test_float_dense_strided_rows(qtype, variant):
 
     runtime.context()
 
+    qtype, variant = QT[case.weight_type], case.form
     rng = np.random.default_rng(7)
-    T, N, K, ldx, ldo = 19, 10, 96, 100, 13
+    T, N, K, ldx, ldo = (case.shape[k] for k in ("T", "N", "K", "ldx", "ldo"))
     raw = _weights(rng, qtype, N, K)
     xw = rng.standard_normal((T, ldx), dtype=np.float32)
     want = dense.float_matmul(dense.decode_float(qtype, raw), np.ascontiguousarray(xw[:, :K]))
@@ -83,7 +97,8 @@ def test_float_dense_strided_rows(qtype, variant):
     assert (got[:, N:].view(np.uint8) == POISON).all()
 
 
-def test_tile_geometry_matches_the_host():
+@pytest.mark.parametrize("case", params(kernel_rows("float_dense_geometry")))
+def test_tile_geometry_matches_the_host(case):
     """fast/cuda/dense.py's tiled-form geometry (rows, tokens, threads per CTA) is the kernel's."""
     from fast.cuda import dense as cuda_dense, runtime
 

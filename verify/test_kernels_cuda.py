@@ -9,8 +9,12 @@
 - fast/cuda/kernels/swiglu_q8_1.cu against swiglu.cu then quantize_q8_1.cu (the two-step
   path) and against strata.moe.swiglu + strata.q8_1.quantize_rows, every down layout.
 
-Output buffers are poisoned before each launch and compared whole, as uint8. Without a GPU
-(or without PyCUDA) every test here skips with the backend's one-line reason.
+Output buffers are poisoned before each launch and compared whole, as uint8; at the sizes the
+GPU suites time (rows with `check`), a spread of rows (tokens, experts) is compared with the
+NumPy definition and the rest must be written (no poison left). Every case is a row of
+verify/cases.py (`KERNEL_CASES`); the slow NumPy expectations come from the reference cache
+(verify/kernel_refs.py). Without a GPU (or without PyCUDA) every test here skips with the
+backend's one-line reason.
 """
 from __future__ import annotations
 
@@ -23,15 +27,15 @@ from gguf import GGMLQuantizationType as QT
 
 from fast.cuda.runtime import cuda_available
 from strata import moe, mmq, q8_1, quants
-from strata.constants import WEIGHT_TAIL_BYTES
+from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP, WEIGHT_TAIL_BYTES
 from strata.routing import routing_tables
+from verify.cases import kernel_rows, params, sample_index
+from verify.kernel_refs import kept, worth_keeping
 
 _OK, _WHY = cuda_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
 
 POISON = 0xA5
-TYPES = ["Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S"]
-LAYOUTS = [q8_1.Layout.D4, q8_1.Layout.DS4, q8_1.Layout.D2S6]
 
 
 @pytest.fixture(scope="module")
@@ -135,20 +139,42 @@ def _routing(rng, T, E, k):
     return routing_tables(ids, E)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: l.name)
-@pytest.mark.parametrize("T,K,E,k", [(37, 256, 16, 4), (23, 2560, 512, 10), (19, 640, 8, 3), (9, 200, 5, 2)])
-def test_quantize_gather_scatter(cu, dev, layout, T, K, E, k):
+def _with_rows(got: np.ndarray, n_rows: int, sel: np.ndarray, want_rows: np.ndarray) -> np.ndarray:
+    """A q8_1 buffer equal to `got` but for rows `sel`, which hold `want_rows` (the NumPy
+    definition of the rows a sampled check compares): so that the whole-buffer comparison and
+    its report name the first byte that differs in those rows."""
+    want = got.copy()
+    q8_1.unpack_rows(want, n_rows)[sel] = want_rows
+    return want
+
+
+def _no_poisoned_block(buf: np.ndarray, n_rows: int, what: str) -> None:
+    """Every 144-byte block of the buffer was written (none is still all poison)."""
+    blocks = q8_1.unpack_rows(buf, n_rows)
+    left = np.nonzero((blocks == POISON).all(axis=-1))
+    assert left[0].size == 0, f"{what}: {left[0].size} blocks never written; first at row {int(left[0][0])}, " \
+                              f"block {int(left[1][0])}"
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("quantize")))
+def test_quantize_gather_scatter(cu, dev, case):
     from fast.cuda import products
 
+    T, K, E, k = (case.shape[n] for n in ("T", "K", "E", "k"))
+    layout = q8_1.Layout[case.config]
     rng = np.random.default_rng(1000 * T + K + int(layout))
     x = _random_x(rng, T, K)
     rt = _routing(rng, T, E, k)
     R = T * k
     nbytes = q8_1.buffer_nbytes(R, K)
 
-    want_g = q8_1.gather_quantize(x, rt.src, layout, q8_1.alloc_buffer(R, K))
-    want_s = q8_1.scatter_quantize(x, rt.slot, k, layout, q8_1.alloc_buffer(R, K))
-    assert np.array_equal(want_g, want_s)
+    if case.check is None:
+        want_g = q8_1.gather_quantize(x, rt.src, layout, q8_1.alloc_buffer(R, K))
+        want_s = q8_1.scatter_quantize(x, rt.slot, k, layout, q8_1.alloc_buffer(R, K))
+        assert np.array_equal(want_g, want_s)
+    else:  # the benchmarked sizes: a spread of rows against the definition, gather against scatter whole
+        sel = sample_index(R, case.check)
+        want_rows = q8_1.quantize_rows(x[rt.src[sel]], layout)
 
     xd = _dev(cu, x)
     srcd = _dev(cu, rt.src.astype(np.int32))
@@ -157,12 +183,17 @@ def test_quantize_gather_scatter(cu, dev, layout, T, K, E, k):
     out = _poisoned(cu, nbytes)
     products.quantize_gather(dev, xd, srcd, R, K, layout, out)
     got = _get(cu, out, nbytes)
+    if case.check is not None:
+        _no_poisoned_block(got, R, "gather")
+        want_g = want_s = _with_rows(got, R, sel, want_rows)
     assert np.array_equal(got, want_g), "gather: " + _q8_report(got, want_g, R, K, layout)
 
     out2 = _poisoned(cu, nbytes)
     products.quantize_scatter(dev, xd, slotd, T, k, K, layout, out2)
     got2 = _get(cu, out2, nbytes)
     assert np.array_equal(got2, want_s), "scatter: " + _q8_report(got2, want_s, R, K, layout)
+    if case.check is not None:
+        assert np.array_equal(got2, got), "scatter vs gather: " + _q8_report(got2, got, R, K, layout)
 
 
 # ---------------------------------------------------------------- mmq
@@ -208,12 +239,13 @@ def _extreme_blocks(qt, n_blocks: int, rng) -> np.ndarray:
 
 
 def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows=(128,), seed=0,
-              extreme=False):
+              extreme=False, keep=False):
     """Experts with `rows` activation rows each, laid out after `lead` unused rows with `gap`
     unused rows between experts; weights in one group buffer with odd-ish stride. extreme:
     weights from _extreme_blocks and each activation row the signs of one weight row (+ or -),
-    so its q8_1 codes are +-127 aligned with that row: the largest block sums. Returns the
-    largest |sumi| of a block over the case (from the reference's folded codes)."""
+    so its q8_1 codes are +-127 aligned with that row: the largest block sums. keep: the NumPy
+    expectation from the reference cache. Returns the largest |sumi| of a block over the case
+    (from the reference's folded codes)."""
     from fast.cuda import products
 
     rng = np.random.default_rng(seed)
@@ -247,11 +279,17 @@ def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows
     abuf = q8_1.pack_rows(act_rows)
     dec_act = q8_1.decode_rows(act_rows, R_total, layout)
 
-    want = np.full(R_total * N * 4, POISON, np.uint8)
-    wf = want.view("<f4").reshape(R_total, N)
-    for q, (b, e) in enumerate(bounds):
-        if e > b:
-            wf[b:e] = mmq.mmq(qt, wq[q], _slice_rows(dec_act, b, e))
+    def definition():
+        want = np.full(R_total * N * 4, POISON, np.uint8)
+        wf = want.view("<f4").reshape(R_total, N)
+        for q, (b, e) in enumerate(bounds):
+            if e > b:
+                wf[b:e] = mmq.mmq(qt, wq[q], _slice_rows(dec_act, b, e))
+        return {"want": want}
+
+    key = dict(type=qt.name, N=N, K=K, rows=list(rows), lead=lead, gap=gap, stride_pad=stride_pad, seed=seed,
+               extreme=extreme)
+    want = (kept("kernel-mmq", key, definition, (_mmq_case, _extreme_blocks)) if keep else definition())["want"]
 
     wd = _dev(cu, wbuf)
     ad = _dev(cu, abuf)
@@ -270,62 +308,41 @@ def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows
     return float(np.abs(np.matmul(codes, pw.w)).max())
 
 
-@pytest.mark.parametrize("tname", TYPES)
-def test_mmq_tiny(cu, dev, tname):
-    qt = QT[tname]
-    # tiny: gate/up 512 x 256, down 256 x 256
-    _mmq_case(cu, dev, qt, 512, 256, [0, 1, 9, 130, 0, 40, 3], tile_rows=(128, 32, 8), seed=1)
-    _mmq_case(cu, dev, qt, 256, 256, [5, 0, 1, 64], stride_pad=0, seed=2)
+def _mmq_options(case) -> dict:
+    """_mmq_case's keyword arguments that a row of "mmq" or "mmq_extreme" gives."""
+    return {k: case.shape[k] for k in ("lead", "gap", "stride_pad", "tile_rows", "seed") if k in case.shape}
 
 
-@pytest.mark.parametrize("tname", TYPES)
-def test_mmq_strata_gate_up(cu, dev, tname):
-    qt = QT[tname]
-    _mmq_case(cu, dev, qt, 1280, 2560, [0, 1, 37, 161, 0, 12], tile_rows=(128, 64), seed=3)
+@pytest.mark.parametrize("case", params(kernel_rows("mmq")))
+def test_mmq_group(cu, dev, case):
+    """Grouped launches: the tiny shapes (gate/up 512 x 256, down 256 x 256), the strata gate/up
+    and down, K a multiple of 32 but not of 128 (a partial last chunk) with N not a multiple of
+    128, ~150 rows an expert (the default picks its large-tile configuration, 2 row tiles
+    each), sixteen experts of uneven rows."""
+    s = case.shape
+    _mmq_case(cu, dev, QT[case.weight_type], s["N"], s["K"], list(s["rows"]), keep=worth_keeping(case),
+              **_mmq_options(case))
 
 
-@pytest.mark.parametrize("tname", ["Q8_0", "Q4_1"])
-def test_mmq_strata_down(cu, dev, tname):
-    qt = QT[tname]
-    _mmq_case(cu, dev, qt, 2560, 640, [1, 0, 50, 129, 7], seed=4)
-
-
-@pytest.mark.parametrize("tname", ["Q8_0", "Q4_1"])
-def test_mmq_odd_k(cu, dev, tname):
-    # K a multiple of 32 but not of 128 (a partial last chunk), N not a multiple of 128
-    _mmq_case(cu, dev, QT[tname], 200, 96, [3, 17, 0, 33], seed=5)
-
-
-@pytest.mark.parametrize("tname", ["Q8_0", "IQ2_XS"])
-def test_mmq_many_rows(cu, dev, tname):
-    # ~150 rows per expert (the default picks its large-tile configuration), 2 row tiles each
-    _mmq_case(cu, dev, QT[tname], 320, 512, [200, 130, 0, 77, 193], tile_rows=(128, 96), seed=8)
-
-
-@pytest.mark.parametrize("tname", ["IQ2_XS", "IQ3_XXS", "Q2_K"])
-def test_mmq_extreme_sub_scaled_sums(cu, dev, tname):
+@pytest.mark.parametrize("case", params(kernel_rows("mmq_extreme")))
+def test_mmq_extreme_sub_scaled_sums(cu, dev, case):
     """The largest block sums the sub-scale step carries (MMQ_SUBFMA: u * S as one exact fused
     multiply-add, scaled_magic): maximal sub-scales and grid entries, activations +-127 aligned
     with the weights' signs. IQ2_XS's sub-scaled sum of a block passes 2^22 here, the range no
     single magic-number conversion of the integer sum could carry."""
-    qt = QT[tname]
-    top = _mmq_case(cu, dev, qt, 64, 512, [40, 0, 24], tile_rows=(128, 16), seed=11, extreme=True)
-    floor = {"IQ2_XS": 2 ** 22, "IQ3_XXS": 2 ** 21, "Q2_K": 2 ** 14}[tname]
+    tname, s = case.weight_type, case.shape
+    top = _mmq_case(cu, dev, QT[tname], s["N"], s["K"], list(s["rows"]), extreme=True, **_mmq_options(case))
+    floor = s["floor"]
     assert top > floor, f"{tname}: the largest block sum {top:.0f} does not reach {floor}"
 
 
-def test_mmq_sixteen_experts(cu, dev):
-    rows = [0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 1, 0, 7, 160]
-    _mmq_case(cu, dev, QT.IQ2_XS, 512, 256, rows, seed=6)
-
-
-@pytest.mark.parametrize("tname", ["Q8_0", "IQ3_S"])
-def test_mmq_dense(cu, dev, tname):
+@pytest.mark.parametrize("case", params(kernel_rows("mmq_dense")))
+def test_mmq_dense(cu, dev, case):
     from fast.cuda import products
 
-    qt = QT[tname]
-    rng = np.random.default_rng(7)
-    N, K, R = 384, 512, 300
+    qt = QT[case.weight_type]
+    rng = np.random.default_rng(case.shape["seed"])
+    N, K, R = case.shape["N"], case.shape["K"], case.shape["R"]
     vpb, _ = quants.block_size(qt)
     w = quants.random_blocks(qt, N * K // vpb, rng).reshape(N, -1)
     layout = q8_1.layout_for(qt)
@@ -341,13 +358,14 @@ def test_mmq_dense(cu, dev, tname):
     assert np.array_equal(got, want), f"dense {qt.name}: " + _f32_report(got, want, N)
 
 
-def test_counters(cu):
+@pytest.mark.parametrize("case", params(kernel_rows("mmq_counters")))
+def test_counters(cu, case):
     """Each Device counts its own launches: one dense product is one "mmq" launch there and
     none on another Device."""
     from fast.cuda import runtime
 
     mine, other = runtime.Device(), runtime.Device()
-    test_mmq_dense(cu, mine, "Q8_0")
+    test_mmq_dense(cu, mine, kernel_rows("mmq_dense", weight_type=case.weight_type)[0])
     assert mine.counters["launches"] == 1 and mine.counters["mmq"] == 1
     assert other.counters["launches"] == 0
 
@@ -361,20 +379,21 @@ def _gpu(a):
     return gpuarray.to_gpu(np.ascontiguousarray(a))
 
 
-@pytest.mark.parametrize("tname", ["Q8_0", "IQ2_XS", "Q2_K"])
-def test_mmq_pair_is_two_launches_in_one(cu, dev, tname):
+@pytest.mark.parametrize("case", params(kernel_rows("mmq_pair")))
+def test_mmq_pair_is_two_launches_in_one(cu, dev, case):
     """gate and up of each expert ([gate | up] per expert, as the group buffers hold them) in
     one launch: the same bytes as two single launches, every tile configuration, uneven
     bounds (empty, one row, more than a tile); counted as one "mmq" launch."""
     from fast.cuda import products
 
+    tname = case.weight_type
     qt = QT[tname]
     rng = np.random.default_rng(40 + int(qt))
-    N, K = 384, 512
+    N, K = case.shape["N"], case.shape["K"]
     vpb, _ = quants.block_size(qt)
     rb = quants.row_bytes(qt, K)
     mat = N * rb
-    rows = [7, 0, 1, 150, 33]
+    rows = list(case.shape["rows"])
     stride = 2 * mat + 2
     wbuf = np.zeros(len(rows) * stride + WEIGHT_TAIL_BYTES, np.uint8)
     for q in range(len(rows)):
@@ -412,11 +431,12 @@ def test_mmq_pair_is_two_launches_in_one(cu, dev, tname):
         assert np.array_equal(up.view(np.uint32), want_up.astype("<f4").view(np.uint32)), f"{tname} up vs strata.mmq"
 
 
-def _tile_list_case(cu, dev, qt, N, K, rows, seed):
+def _tile_list_case(cu, dev, qt, N, K, rows, seed, keep=False):
     """mmq.cu's tile-list form (products.mmq_tiles): experts lying at scattered even offsets in
     one buffer (as in the expert cache: blobs of [gate | up | down]), their rows scattered and
     in shuffled order, more experts than a group holds; gate and up in one launch. Every
-    written row against strata.mmq.mmq, every other byte still poison."""
+    written row against strata.mmq.mmq, every other byte still poison. keep: the NumPy
+    expectation from the reference cache."""
     from fast.cuda import products
 
     rng = np.random.default_rng(seed)
@@ -439,13 +459,20 @@ def _tile_list_case(cu, dev, qt, N, K, rows, seed):
     x = rng.standard_normal((R_total, K)).astype(np.float32) * np.exp(rng.uniform(-3, 3, (R_total, 1))).astype(np.float32)
     act_rows = q8_1.quantize_rows(x, layout)
     dec = q8_1.decode_rows(act_rows, R_total, layout)
-    want = [np.full(R_total * N * 4, POISON, np.uint8) for _ in range(2)]
-    for m in range(2):
-        wf = want[m].view("<f4").reshape(R_total, N)
-        for i, (b, e) in enumerate(bounds):
-            if e > b:
-                w = cache[slots[i] * blob + m * mat: slots[i] * blob + (m + 1) * mat].reshape(N, rb)
-                wf[b:e] = mmq.mmq(qt, w, _slice_rows(dec, int(b), int(e)))
+
+    def definition():
+        want = [np.full(R_total * N * 4, POISON, np.uint8) for _ in range(2)]
+        for m in range(2):
+            wf = want[m].view("<f4").reshape(R_total, N)
+            for i, (b, e) in enumerate(bounds):
+                if e > b:
+                    w = cache[slots[i] * blob + m * mat: slots[i] * blob + (m + 1) * mat].reshape(N, rb)
+                    wf[b:e] = mmq.mmq(qt, w, _slice_rows(dec, int(b), int(e)))
+        return {"gate": want[0], "up": want[1]}
+
+    key = dict(type=qt.name, N=N, K=K, rows=list(rows), seed=seed)
+    got_def = kept("kernel-mmq-tiles", key, definition, (_tile_list_case,)) if keep else definition()
+    want = [got_def["gate"], got_def["up"]]
     cd, ad = _dev(cu, cache), _dev(cu, q8_1.pack_rows(act_rows))
     mean = float(np.mean(rows))
     for cfg in _configs():
@@ -462,19 +489,78 @@ def _tile_list_case(cu, dev, qt, N, K, rows, seed):
             assert np.array_equal(gb, w), f"{qt.name} tile list {what} N={N} K={K} config={cfg}: " + _f32_report(gb, w, N)
 
 
-@pytest.mark.parametrize("tname", TYPES)
-def test_mmq_tile_list_in_place(cu, dev, tname):
-    qt = QT[tname]
-    rng = np.random.default_rng(11)
-    few = [int(v) for v in rng.integers(0, 30, 40)]  # 40 experts, ~15 rows each (the small-rows config)
-    many = [0, 1, 200, 129, 64, 7, 300, 0, 90]  # the large-rows config, several row tiles an expert
-    _tile_list_case(cu, dev, qt, 320, 512, few, seed=12)
-    _tile_list_case(cu, dev, qt, 200, 256, many, seed=13)
+@pytest.mark.parametrize("case", params(kernel_rows("mmq_tiles")))
+def test_mmq_tile_list_in_place(cu, dev, case):
+    """40 experts of ~15 rows (the small-rows configuration), 9 of up to 300 (the large-rows
+    one, several row tiles an expert), 24 at the strata gate/up shape."""
+    s = case.shape
+    _tile_list_case(cu, dev, QT[case.weight_type], s["N"], s["K"], list(s["rows"]), seed=s["seed"],
+                    keep=worth_keeping(case))
 
 
-def test_mmq_tile_list_strata_gate_up(cu, dev):
-    rng = np.random.default_rng(14)
-    _tile_list_case(cu, dev, QT.IQ2_XS, 640, 2560, [int(v) for v in rng.integers(0, 40, 24)], seed=15)
+@pytest.mark.parametrize("case", params(kernel_rows("mmq_layer")))
+def test_mmq_layer(cu, dev, case):
+    """One MoE layer's grouped products as the walk (and bench/test_bench_mmq_cuda.py) launches
+    them: tokens routed top-k over 512 experts (verify/kernel_inputs.Routing), one launch a
+    group of 16 consecutive experts, gate and up in one launch, the group weight buffers taken
+    in turn, the q8_1 activations quantized on the device. Every routed row is written (no
+    poison left), and the rows of `check` routed experts spread over the layer equal
+    strata.mmq.mmq of their weights and the NumPy quantize of their tokens."""
+    from fast.cuda import products
+    from verify.kernel_inputs import N_GROUPS, Routing
+
+    s, tname = case.shape, case.weight_type
+    qt, N, K, mats, tokens = QT[tname], s["N"], s["K"], s["mats"], s["tokens"]
+    r = Routing(tokens)
+    vals, _ = quants.block_size(qt)
+    mat = quants.row_bytes(qt, K) * N
+    rng = np.random.default_rng(int(qt))
+    n_buf = 2  # the suite takes more buffers in turn (to exceed L2): the bytes do not depend on how many
+    bufs = [np.concatenate([quants.random_blocks(qt, MMQ_GROUP * mats * N * K // vals, rng).reshape(-1),
+                            np.zeros(GROUP_TAIL_BYTES, np.uint8)]) for _ in range(n_buf)]
+    x = np.random.default_rng(tokens).standard_normal((tokens, K), dtype=np.float32)
+    layout = q8_1.layout_for(qt)
+    act = _poisoned(cu, q8_1.buffer_nbytes(r.rows, K))
+    products.quantize_gather(dev, _dev(cu, x), _dev(cu, r.src), r.rows, K, layout, act)
+    wd = [_dev(cu, b) for b in bufs]
+    bd = _dev(cu, r.bounds.reshape(-1))
+    nbytes = r.rows * N * 4
+    outs = [_poisoned(cu, nbytes) for _ in range(mats)]
+    for g in range(N_GROUPS):
+        pair = (mat, outs[1]) if mats == 2 else None  # up sits after gate in each expert's slot
+        products.mmq_group(dev, qt, int(wd[g % n_buf]), mats * mat, N, K, act, r.rows, int(bd) + g * MMQ_GROUP * 8,
+                           MMQ_GROUP, outs[0], rows=int(r.group_rows[g]), pair=pair)
+    got = [_get(cu, o, nbytes) for o in outs]
+    names = ("gate", "up") if mats == 2 else ("down",)
+    for what, g in zip(names, got):
+        left = np.flatnonzero(g.view("<u4") == np.uint32(0xA5A5A5A5))
+        assert left.size == 0, f"{tname} layer {what}: {left.size} outputs never written; first at row " \
+                               f"{int(left[0]) // N}, column {int(left[0]) % N}"
+    routed = np.nonzero(r.counts)[0]
+    experts = [int(e) for e in routed[sample_index(len(routed), case.check)]]
+
+    def definition():
+        out = {}
+        for e in experts:
+            b0, b1 = r.expert_rows(e)
+            grp, q = divmod(e, MMQ_GROUP)
+            dec = q8_1.decode_rows(q8_1.quantize_rows(x[r.src[b0:b1]], layout), b1 - b0, layout)
+            for m, what in enumerate(names):
+                at = q * mats * mat + m * mat
+                w = bufs[grp % n_buf][at:at + mat].reshape(N, -1)
+                out[f"{what}_e{e}"] = mmq.mmq(qt, w, dec).astype("<f4")
+        return out
+
+    key = dict(type=tname, N=N, K=K, mats=mats, tokens=tokens, routing_seed=0, x_seed=tokens, weight_seed=int(qt),
+               buffers=n_buf, experts=experts)
+    want = kept("kernel-mmq-layer", key, definition, (test_mmq_layer, Routing))
+    for e in experts:
+        b0, b1 = r.expert_rows(e)
+        for what, g in zip(names, got):
+            gb = g[b0 * N * 4:b1 * N * 4]
+            wb = want[f"{what}_e{e}"].reshape(-1).view(np.uint8)
+            assert np.array_equal(gb, wb), f"{tname} layer {what} expert {e} (rows {b0}..{b1}): " + \
+                _f32_report(gb, wb, N)
 
 
 def _gate_up(rng, R, n):
@@ -491,19 +577,17 @@ def _gate_up(rng, R, n):
     return g, u
 
 
-@pytest.mark.parametrize("layout", sorted({q8_1.layout_for(QT[t]) for t in TYPES}), ids=lambda l: l.name)
-@pytest.mark.parametrize("n,R,r0,r1,row0,R_total", [
-    (256, 40, 0, 40, 0, 40),        # the whole buffer
-    (640, 57, 9, 50, 9, 57),        # a group's rows, in place (as the walk calls it)
-    (200, 33, 3, 30, 11, 45),       # n not a multiple of 128 (padded blocks), rows moved
-    (1280, 21, 20, 21, 0, 1),       # one row
-    (96, 18, 5, 17, 2, 30),         # n below one block; float4 loads off 16-byte alignment
-])
-def test_swiglu_quantize_is_the_two_steps(cu, dev, layout, n, R, r0, r1, row0, R_total):
+@pytest.mark.parametrize("case", params(kernel_rows("swiglu_quantize")))
+def test_swiglu_quantize_is_the_two_steps(cu, dev, case):
     """swiglu_q8_1.cu writes the same bytes as swiglu.cu followed by quantize_q8_1.cu's
     gather over H's rows in order, and as strata.moe.swiglu + strata.q8_1.quantize_rows; the
-    rest of the buffer stays untouched (poison)."""
+    rest of the buffer stays untouched (poison). The rows' shapes: the whole buffer; a group's
+    rows, in place (as the walk calls it); n not a multiple of 128 (padded blocks), rows moved;
+    one row; n below one block (float4 loads off 16-byte alignment)."""
     from fast.cuda import elementwise, products
+
+    layout = q8_1.Layout[case.config]
+    n, R, r0, r1, row0, R_total = (case.shape[k] for k in ("n", "R", "r0", "r1", "row0", "R_total"))
 
     rng = np.random.default_rng(n * 1000 + R + int(layout))
     g, u = _gate_up(rng, R, n)
@@ -541,29 +625,32 @@ def _probe(cu, kernel: str, lo: int, hi: int) -> tuple[int, int]:
     return int(_get(cu, bad, 8).view(np.uint64)[0]), int(_get(cu, first, 4).view(np.uint32)[0])
 
 
-def test_round_nonneg_magic_every_float(cu):
+@pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="round_nonneg")))
+def test_round_nonneg_magic_every_float(cu, case):
     """round_nonneg_magic (attention's P codes) equals roundf_away on every float in [0, 256]."""
-    bad, first = _probe(cu, "probe_round_nonneg", 0x00000000, 0x43800000)
+    bad, first = _probe(cu, "probe_round_nonneg", case.shape["lo"], case.shape["hi"])
     assert bad == 0, f"{bad} floats differ; first {np.uint32(first).view(np.float32)!r} (0x{first:08x})"
 
 
-def test_exp_nonpos_every_float(cu):
+@pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="exp_nonpos")))
+def test_exp_nonpos_every_float(cu, case):
     """strata_exp_nonpos (attention's p) equals strata_exp bit for bit on every float in
     [-88, -0.0]."""
-    bad, first = _probe(cu, "probe_exp_nonpos", 0x80000000, 0xC2B00000)
+    bad, first = _probe(cu, "probe_exp_nonpos", case.shape["lo"], case.shape["hi"])
     assert bad == 0, f"{bad} floats differ; first {np.uint32(first).view(np.float32)!r} (0x{first:08x})"
 
 
-@pytest.mark.parametrize("lo, hi", [(0x00000000, 0x7FFFFFFF), (0x80000000, 0xFFFFFFFF)], ids=["positive", "negative"])
-def test_exp_fused_every_float(cu, lo, hi):
+@pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="exp_fused")))
+def test_exp_fused_every_float(cu, case):
     """The fused exponential (EXP_FUSE=1: x - n * ln2_hi as one exact fused multiply-add, 2^n
     added to p's exponent bits) equals the plain form bit for bit on every float, NaNs and
     infinities included (strata_numerics.cuh says why)."""
-    bad, first = _probe(cu, "probe_exp_fused", lo, hi)
+    bad, first = _probe(cu, "probe_exp_fused", case.shape["lo"], case.shape["hi"])
     assert bad == 0, f"{bad} floats differ; first {np.uint32(first).view(np.float32)!r} (0x{first:08x})"
 
 
-def test_special_forms_against_numpy(cu):
+@pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="values")))
+def test_special_forms_against_numpy(cu, case):
     """Both fast forms against the NumPy definitions (strata.numerics.exp, roundf) on random
     non-positive inputs and the edges: +-0, -inf, -87 and its neighbours, halves."""
     from fast.cuda import runtime
@@ -573,8 +660,9 @@ def test_special_forms_against_numpy(cu):
     edges = np.array([0.0, -0.0, -np.inf, -87.0, np.nextafter(np.float32(-87.0), np.float32(0)),
                       np.nextafter(np.float32(-87.0), np.float32(-100)), -88.0, -0.5, -1.5, -2.5,
                       -126.5, -127.0, -0.49999997, -1e-45], np.float32)
-    x = np.concatenate([edges, -rng.exponential(3.0, 4096).astype(np.float32),
-                        -rng.uniform(0, 127.5, 4096).astype(np.float32)]).astype(np.float32)
+    half = case.shape["n_random"] // 2
+    x = np.concatenate([edges, -rng.exponential(3.0, half).astype(np.float32),
+                        -rng.uniform(0, 127.5, half).astype(np.float32)]).astype(np.float32)
     n = x.size
     y_exp, y_round = runtime.alloc(4 * n, "probe out"), runtime.alloc(4 * n, "probe out")
     f = runtime.function("numerics_probe", "probe_values", "PiPP")

@@ -10,8 +10,11 @@ Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties 
 probabilities, T=1, positions crossing 64-key blocks, GQA, head_dim 64 and 128, n_embd 256 and
 2560). Attention runs every kernel variant (mma, pair, split, auto and the default) on each case,
 with long prompts crossing many key blocks and T=1 decode at large positions. Outputs are poisoned before each launch and compared whole as bytes; a mismatch reports
-the first differing element, both values (float and hex) and the count. Without a GPU (or
-PyCUDA) every test skips with one line saying why.
+the first differing element, both values (float and hex) and the count. At the sizes the GPU
+suites time (rows with `check`), a spread of rows (tokens, queries) is compared with the NumPy
+definition and the rest must be written. Every case is a row of verify/cases.py
+(`KERNEL_CASES`); the slow NumPy expectations come from the reference cache
+(verify/kernel_refs.py). Without a GPU (or PyCUDA) every test skips with one line saying why.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import pytest
 from fast.cuda import attention as cu_att, elementwise as cu_ew, products as cu_prod
 from strata import attention, moe, numerics, routing
 from strata.errors import InputError
+from verify.cases import kernel_rows, params, sample_index
+from verify.kernel_refs import kept, worth_keeping
 
 try:
     from fast.cuda.runtime import cuda_available
@@ -98,6 +103,16 @@ def assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
     pytest.fail(msg)
 
 
+def assert_rows(got: np.ndarray, want_rows: np.ndarray, sel: np.ndarray, what: str) -> None:
+    """A sampled check: rows `sel` (the first axis) of `got` equal `want_rows` as bytes, and no
+    element of `got` is still poison (every row was written)."""
+    flat = np.ascontiguousarray(got).reshape(-1).view(np.uint8).reshape(-1, got.dtype.itemsize)
+    left = np.flatnonzero((flat == POISON).all(axis=1))
+    assert left.size == 0, f"{what}: {left.size} elements never written; first at index " \
+                           f"{np.unravel_index(int(left[0]), got.shape)}"
+    assert_same(got[sel], want_rows, f"{what} (rows {sel[:4].tolist()}.. of {got.shape[0]})")
+
+
 def _randn(rng, shape, lo=-4.0, hi=4.0):
     """Normal values with a random power-of-e scale per leading row (never all zeros)."""
     x = rng.standard_normal(shape).astype(F32)
@@ -108,21 +123,27 @@ def _randn(rng, shape, lo=-4.0, hi=4.0):
 # ---------------------------------------------------------------- rmsnorm, rope, add
 
 
-@pytest.mark.parametrize("rows,n", [(1, 256), (7, 2560), (5, 256), (3 * 16, 64), (2 * 8, 128), (3, 100)])
-def test_rmsnorm(dev, rows, n):
+@pytest.mark.parametrize("case", params(kernel_rows("rmsnorm")))
+def test_rmsnorm(dev, case):
+    rows, n = case.shape["rows"], case.shape["n"]
     rng = np.random.default_rng(1000 + rows * 7 + n)
     x = _randn(rng, (rows, n))
     w = (rng.standard_normal(n) * 0.5 + 1.0).astype(F32)
     eps = 1e-6
-    want = numerics.rmsnorm(x, w, eps)
+    sel = sample_index(rows, case.check)
+    want = numerics.rmsnorm(x[sel], w, eps)
     out = _poisoned((rows, n), F32)
     cu_ew.rmsnorm(dev, _up(x), _up(w), eps, out=out)
-    assert_same(_get(out), want, f"rmsnorm rows={rows} n={n}")
+    if case.check is None:
+        assert_same(_get(out), want, f"rmsnorm rows={rows} n={n}")
+    else:
+        assert_rows(_get(out), want, sel, f"rmsnorm rows={rows} n={n}")
 
 
-def test_rmsnorm_heads_in_place(dev):
+@pytest.mark.parametrize("case", params(kernel_rows("rmsnorm_heads")))
+def test_rmsnorm_heads_in_place(dev, case):
     rng = np.random.default_rng(7)
-    T, H, hd = 5, 8, 128
+    T, H, hd = case.shape["T"], case.shape["H"], case.shape["hd"]
     x = _randn(rng, (T, H, hd))
     w = rng.standard_normal(hd).astype(F32)
     want = numerics.rmsnorm(x, w, 1e-6)
@@ -131,8 +152,9 @@ def test_rmsnorm_heads_in_place(dev):
     assert_same(_get(xd), want, "rmsnorm per head, in place")
 
 
-@pytest.mark.parametrize("T,H,hd", [(1, 4, 64), (9, 4, 128), (70, 2, 64)])
-def test_rope(dev, T, H, hd):
+@pytest.mark.parametrize("case", params(kernel_rows("rope")))
+def test_rope(dev, case):
+    T, H, hd = case.shape["T"], case.shape["H"], case.shape["hd"]
     rng = np.random.default_rng(T * 31 + hd)
     x = _randn(rng, (T, H, hd))
     positions = np.sort(rng.choice(4000, size=T, replace=False)).astype(np.int32)
@@ -149,8 +171,9 @@ def test_rope(dev, T, H, hd):
     assert_same(_get(xd), want, f"rope in place T={T} H={H} hd={hd}")
 
 
-@pytest.mark.parametrize("n", [1, 2560, 3 * 2560 + 3])
-def test_add(dev, n):
+@pytest.mark.parametrize("case", params(kernel_rows("add")))
+def test_add(dev, case):
+    n = case.shape["n"]
     rng = np.random.default_rng(n)
     x, y = _randn(rng, (n,)), _randn(rng, (n,))
     want = x + y
@@ -184,11 +207,12 @@ def _device_cache_from(cache: attention.KVCache, layer: int):
             _up(cache.v_scale[layer]))
 
 
-@pytest.mark.parametrize("n_kv,hd", [(2, 64), (4, 128)])
-def test_kv_write(dev, n_kv, hd):
+@pytest.mark.parametrize("case", params(kernel_rows("kv_write")))
+def test_kv_write(dev, case):
+    n_kv, hd = case.shape["n_kv"], case.shape["hd"]
     rng = np.random.default_rng(n_kv * 100 + hd)
-    cap = 256
-    positions = np.array([60, 61, 62, 63, 64, 65, 130, 7, 200], np.int32)
+    cap = case.shape["cap"]
+    positions = np.array(case.shape["positions"], np.int32)
     T = positions.size
     k, v = _kv_inputs(rng, T, n_kv, hd)
     ref = attention.KVCache(1, n_kv, hd, capacity=cap)
@@ -215,36 +239,28 @@ def test_kv_write(dev, n_kv, hd):
     assert_same(_get(full_vt), cu_att.v_blocks_host(ref.v_codes[0]), f"v_transpose n_kv={n_kv} hd={hd}")
 
 
-ATT_CASES = [
-    # (n_head, n_kv, hd, chunk positions, keys already in the cache before the chunk)
-    pytest.param(4, 4, 64, np.arange(0, 100), 0, id="prefill-100-hd64"),
-    pytest.param(8, 2, 128, np.arange(50, 150), 50, id="gqa4-cross64-hd128"),
-    pytest.param(8, 2, 64, np.array([130]), 130, id="T1-decode-hd64"),
-    pytest.param(16, 4, 128, np.array([191]), 191, id="T1-decode-end-of-block-hd128"),
-    pytest.param(6, 3, 128, np.arange(0, 33), 0, id="gqa2-T33-hd128"),
-    pytest.param(4, 1, 64, np.arange(61, 261), 61, id="mqa-T200-hd64"),
-    # many 64-key blocks, the model's geometry (32 heads, 4 KV heads, head_dim 128)
-    pytest.param(32, 4, 128, np.arange(0, 1000), 0, id="prefill-1000-gqa8-hd128"),
-    pytest.param(32, 4, 128, np.arange(1500, 1777), 1500, id="chunk-1500-T277-gqa8-hd128"),
-    pytest.param(32, 4, 128, np.array([4095]), 4095, id="T1-decode-4095-gqa8-hd128"),
-    pytest.param(8, 2, 64, np.array([9000]), 9000, id="T1-decode-9000-hd64"),
-    pytest.param(32, 4, 128, np.array([3000, 3001, 3002]), 3000, id="T3-3000-gqa8-hd128"),
-    pytest.param(8, 1, 128, np.array([700, 5, 64, 1300, 63]), 1301, id="T5-scattered-mqa-hd128"),
-]
-
-#: every attention kernel (fast.cuda.attention.ATTEND_VARIANTS) and the default (None)
-ATT_VARIANTS = [*cu_att.ATTEND_VARIANTS, None]
+#: the NumPy cache's arrays, as a reference-cache entry of a benchmarked size holds them
+KV_NAMES = ("k_codes", "k_scale", "v_codes", "v_scale")
 
 
-def _attention_case(rng, n_head, n_kv, hd, positions, start, scale):
+def _attention_case(rng, n_head, n_kv, hd, positions, start, scale, written=None):
+    """(NumPy cache, q, k, v) of a chunk at `positions` after `start` earlier keys. written:
+    the cache's arrays (KV_NAMES) as a reference-cache entry keeps them, put in place of
+    writing the same keys again (the same draws are made, so q is the same)."""
     T = positions.size
     n_keys = int(positions.max()) + 1
     cache = attention.KVCache(1, n_kv, hd, capacity=64)
     if start:  # earlier chunks
         kp, vp = _kv_inputs(rng, start, n_kv, hd)
-        cache.write(0, np.arange(start), kp, vp)
+        if written is None:
+            cache.write(0, np.arange(start), kp, vp)
     k, v = _kv_inputs(rng, T, n_kv, hd)
-    cache.write(0, positions, k, v)
+    if written is None:
+        cache.write(0, positions, k, v)
+    else:
+        for name in KV_NAMES:
+            getattr(cache, name)[0] = written[name]
+        cache.capacity = written["k_codes"].shape[1]
     assert cache.capacity >= n_keys
     q = _randn(rng, (T, n_head, hd), -1.0, 1.0) * F32(scale)
     q = q.astype(F32)
@@ -253,92 +269,135 @@ def _attention_case(rng, n_head, n_kv, hd, positions, start, scale):
     return cache, q, k, v
 
 
+def _attention_want(case, seed: int):
+    """(cache, q, positions, sel, want) of an attention row: the NumPy cache and queries at the
+    row's shape and `seed` (_attention_case) and the NumPy reference's output of the queries
+    `sel` (all of them, or at a benchmarked size the row's `check` spread over the chunk), from
+    the reference cache where it is slow to compute (at a benchmarked size with the cache's
+    arrays: writing them is slow there too)."""
+    s = case.shape
+    positions = np.array(s["positions"], np.int32)
+    sel = sample_index(positions.size, case.check)
+
+    def build(written=None):
+        rng = np.random.default_rng(seed)
+        return _attention_case(rng, s["n_head"], s["n_kv"], s["hd"], positions, s["start"], s["scale"], written)
+
+    def reference(cache, q):
+        return attention.attend(cache, 0, q, positions) if case.check is None else \
+            attention.attend(cache, 0, q[sel], positions[sel])
+
+    if not worth_keeping(case):
+        cache, q, _, _ = build()
+        return cache, q, positions, sel, reference(cache, q)
+    built = {}
+
+    def definition():
+        cache, q, _, _ = built["case"] = build()
+        out = {"want": reference(cache, q)}
+        if case.check is not None:
+            out.update({name: getattr(cache, name)[0] for name in KV_NAMES})
+        return out
+
+    key = {k: s[k] for k in ("n_head", "n_kv", "hd", "positions", "start", "scale")}
+    key.update(seed=seed, check=case.check)
+    kept_ = kept("kernel-attention", key, definition, (_attention_case, _kv_inputs, _randn))
+    if "case" in built:
+        cache, q = built["case"][:2]
+    else:
+        cache, q, _, _ = build(kept_ if case.check is not None else None)
+    return cache, q, positions, sel, kept_["want"]
+
+
 _ATT_WANT: dict = {}
 
 
-@pytest.mark.parametrize("variant", ATT_VARIANTS)
-@pytest.mark.parametrize("n_head,n_kv,hd,positions,start", ATT_CASES)
-@pytest.mark.parametrize("scale", [1.0, 8.0])
-def test_attention(dev, n_head, n_kv, hd, positions, start, scale, variant):
-    key = (n_head, n_kv, hd, tuple(positions.tolist()), start, scale)
-    if key not in _ATT_WANT:  # the NumPy reference once per case, for every variant
+@pytest.mark.parametrize("case", params(kernel_rows("attention")))
+def test_attention(dev, case):
+    """Every kernel variant (fast.cuda.attention.ATTEND_VARIANTS) and the default (form None) on
+    each shape at query scales 1 and 8."""
+    s = case.shape
+    key = (s["n_head"], s["n_kv"], s["hd"], s["positions"], s["start"], s["scale"])
+    if key not in _ATT_WANT:  # the NumPy reference once per case, for every variant (adjacent rows)
         _ATT_WANT.clear()
-        rng = np.random.default_rng(n_head * 1000 + hd + int(positions[0]) + int(scale))
-        pos = positions.astype(np.int32)
-        cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, pos, start, scale)
-        _ATT_WANT[key] = (cache, q, pos, attention.attend(cache, 0, q, pos))
-    cache, q, positions, want = _ATT_WANT[key]
+        seed = s["n_head"] * 1000 + s["hd"] + int(s["positions"][0]) + int(s["scale"])
+        _ATT_WANT[key] = _attention_want(case, seed)
+    cache, q, positions, sel, want = _ATT_WANT[key]
+    variant = case.form
     out = _poisoned(q.shape, F32)
     cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant=variant)
-    assert_same(_get(out), want, f"attention[{variant}] H={n_head} KV={n_kv} hd={hd} T={positions.size}")
+    what = f"attention[{variant}] H={s['n_head']} KV={s['n_kv']} hd={s['hd']} T={positions.size}"
+    if case.check is None:
+        assert_same(_get(out), want, what)
+    else:
+        assert_rows(_get(out), want, sel, what)
 
 
 _ATT_CONFIG_WANT: dict = {}
 
 
-def _config_case(case: int, scale: float):
-    """(cache, q, positions, the NumPy reference's output) of ATT_CASES[case] at `scale`, for
-    the kernel-configuration tests; the reference runs once per case and scale."""
-    if (case, scale) not in _ATT_CONFIG_WANT:
+def _config_case(case):
+    """(cache, q, positions, the NumPy reference's output) of a kernel-configuration row's shape
+    and seed; the reference runs once per shape and scale."""
+    s = case.shape
+    key = (s["n_head"], s["n_kv"], s["hd"], s["positions"], s["start"], s["scale"], s["seed"])
+    if key not in _ATT_CONFIG_WANT:
         _ATT_CONFIG_WANT.clear()
-        n_head, n_kv, hd, positions, start = ATT_CASES[case].values
-        rng = np.random.default_rng(900 + case)
-        positions = positions.astype(np.int32)
-        cache, q, _, _ = _attention_case(rng, n_head, n_kv, hd, positions, start, scale)
-        _ATT_CONFIG_WANT[case, scale] = (cache, q, positions, attention.attend(cache, 0, q, positions))
-    return _ATT_CONFIG_WANT[case, scale]
+        cache, q, positions, _, want = _attention_want(case, s["seed"])
+        _ATT_CONFIG_WANT[key] = (cache, q, positions, want)
+    return _ATT_CONFIG_WANT[key]
 
 
-@pytest.mark.parametrize("warps,epi", [(4, 1), (4, 2), (8, 1), (8, 2)])
-@pytest.mark.parametrize("case", [1, 6, 7])  # gqa4-cross64-hd128, prefill-1000, chunk-1500
-@pytest.mark.parametrize("scale", [4.0, 16.0])  # 16: key blocks far below the running maximum
-def test_attention_mma_configs(dev, monkeypatch, case, warps, epi, scale):
+@pytest.mark.parametrize("case", params(kernel_rows("attention_mma_config")))
+def test_attention_mma_configs(dev, monkeypatch, case):
     """The mma kernel under each configuration (ATTEND_MMA_CONFIG: MMA_WARPS, and MMA_EPI, the
-    old (1) and the default (2) per-(query, key) float work)."""
-    cache, q, positions, want = _config_case(case, scale)
+    old (1) and the default (2) per-(query, key) float work), at scales 4 and 16 (16: key
+    blocks far below the running maximum)."""
+    cache, q, positions, want = _config_case(case)
+    warps, epi = case.config["MMA_WARPS"], case.config["MMA_EPI"]
     monkeypatch.setattr(cu_att, "ATTEND_MMA_CONFIG", {"MMA_WARPS": warps, "MMA_EPI": epi})
     out = _poisoned(q.shape, F32)
     cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="mma")
-    assert_same(_get(out), want, f"attention[mma, MMA_WARPS={warps}, MMA_EPI={epi}] case {case} scale {scale}")
+    assert_same(_get(out), want, f"attention[mma, MMA_WARPS={warps}, MMA_EPI={epi}] {case.name}")
 
 
-@pytest.mark.parametrize("config", [{}, {"PAIR_VT": 0}, {"PAIR_VT": 0, "PAIR_COPY": 1}, {"PAIR_QG": 6},
-                                    {"PAIR_STAGES": 2}, {"PAIR_QG": 4, "PAIR_MINB": 2}], ids=str)
-@pytest.mark.parametrize("case", [1, 5, 6, 7])  # gqa4-cross64-hd128, mqa-T200-hd64, prefill-1000, chunk-1500
-@pytest.mark.parametrize("scale", [4.0, 16.0])
-def test_attention_pair_configs(dev, case, config, scale):
+@pytest.mark.parametrize("case", params(kernel_rows("attention_pair_config")))
+def test_attention_pair_configs(dev, case):
     """The pair kernel under each configuration (ATTEND_PAIR_CONFIG: PAIR_QG groups a CTA,
     PAIR_STAGES key blocks in flight, PAIR_MINB, PAIR_VT, P.V from the transposed V blocks (1,
     default) or from V rows with byte permutes (0), and PAIR_COPY, the first (1, with PAIR_VT 0)
     and the default (2) way of issuing the copies)."""
-    cache, q, positions, want = _config_case(case, scale)
+    cache, q, positions, want = _config_case(case)
+    config = dict(case.config)
     out = _poisoned(q.shape, F32)
     cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="pair", config=config)
-    assert_same(_get(out), want, f"attention[pair, {config}] case {case} scale {scale}")
+    assert_same(_get(out), want, f"attention[pair, {config}] {case.name}")
 
 
-@pytest.mark.parametrize("variant", ["mma", "pair", "split"])
-def test_attention_positions_on_device(dev, variant):
+@pytest.mark.parametrize("case", params(kernel_rows("attention_positions")))
+def test_attention_positions_on_device(dev, case):
     """Positions as a GPUArray (no host copy: the split grid spans the capacity)."""
+    s, variant = case.shape, case.form
     rng = np.random.default_rng(5)
-    positions = np.array([200, 201], np.int32)
-    cache, q, _, _ = _attention_case(rng, 8, 2, 128, positions, 200, 4.0)
+    positions = np.array(s["positions"], np.int32)
+    cache, q, _, _ = _attention_case(rng, s["n_head"], s["n_kv"], s["hd"], positions, s["start"], s["scale"])
     want = attention.attend(cache, 0, q, positions)
     out = _poisoned(q.shape, F32)
     cu_att.attend(dev, _up(q), _up(positions), *_device_cache_from(cache, 0), out=out, variant=variant)
     assert_same(_get(out), want, f"attention[{variant}] device positions")
 
 
-@pytest.mark.parametrize("variant", ATT_VARIANTS)
-def test_attention_chunks_device_cache(dev, variant):
+@pytest.mark.parametrize("case", params(kernel_rows("attention_chunks")))
+def test_attention_chunks_device_cache(dev, case):
     """Two chunks and a decode step through the device cache (kv_write + attend) against the
     NumPy cache: the cache bytes and every output."""
     rng = np.random.default_rng(77)
-    n_layer, n_head, n_kv, hd = 2, 8, 2, 128
+    variant = case.form
+    n_layer, n_head, n_kv, hd = (case.shape[k] for k in ("n_layer", "n_head", "n_kv", "hd"))
     ref = attention.KVCache(n_layer, n_kv, hd)
     kv = cu_att.DeviceKVCache(dev, n_layer, n_kv, hd, capacity=64)
-    for chunk in (np.arange(0, 70), np.arange(70, 140), np.array([140])):
-        chunk = chunk.astype(np.int32)
+    for chunk in case.shape["chunks"]:
+        chunk = np.array(chunk, np.int32)
         for layer in range(n_layer):
             k, v = _kv_inputs(rng, chunk.size, n_kv, hd)
             q = _randn(rng, (chunk.size, n_head, hd), -1.0, 1.0)
@@ -373,21 +432,26 @@ def _logits(rng, T, E, ties: bool):
     return x
 
 
-@pytest.mark.parametrize("T,E,K", [(1, 128, 8), (33, 128, 8), (37, 512, 10), (5, 64, 32)])
-@pytest.mark.parametrize("ties", [False, True])
-def test_top_k(dev, T, E, K, ties):
+@pytest.mark.parametrize("case", params(kernel_rows("top_k")))
+def test_top_k(dev, case):
+    T, E, K, ties = (case.shape[k] for k in ("T", "E", "K", "ties"))
     rng = np.random.default_rng(T * E + K + ties)
     x = _logits(rng, T, E, ties)
-    want_ids, want_w = routing.top_k(x, K)
+    sel = sample_index(T, case.check)
+    want_ids, want_w = routing.top_k(x if case.check is None else x[sel], K)
     ids, w = _poisoned((T, K), np.int32), _poisoned((T, K), F32)
     cu_ew.top_k(dev, _up(x), K, ids=ids, weights=w)
-    assert_same(_get(ids), want_ids, f"top_k ids T={T} E={E} K={K} ties={ties}")
-    assert_same(_get(w), want_w, f"top_k weights T={T} E={E} K={K} ties={ties}")
+    if case.check is None:
+        assert_same(_get(ids), want_ids, f"top_k ids T={T} E={E} K={K} ties={ties}")
+        assert_same(_get(w), want_w, f"top_k weights T={T} E={E} K={K} ties={ties}")
+    else:
+        assert_rows(_get(ids), want_ids, sel, f"top_k ids T={T} E={E} K={K} ties={ties}")
+        assert_rows(_get(w), want_w, sel, f"top_k weights T={T} E={E} K={K} ties={ties}")
 
 
-@pytest.mark.parametrize("T,E,K,skew", [(1, 128, 8, False), (37, 128, 8, False), (1000, 512, 10, False),
-                                        (4096, 512, 10, True), (300, 64, 4, True)])
-def test_routing_tables(dev, T, E, K, skew):
+@pytest.mark.parametrize("case", params(kernel_rows("routing_tables")))
+def test_routing_tables(dev, case):
+    T, E, K, skew = (case.shape[k] for k in ("T", "E", "K", "skew"))
     rng = np.random.default_rng(T + E + K)
     if skew:  # a few popular experts and long runs of one expert
         pop = rng.choice(E, size=min(E, 3 * K), replace=False)
@@ -417,8 +481,9 @@ def _wide(rng, shape):
     return x
 
 
-@pytest.mark.parametrize("R,n", [(1, 640), (37, 768), (13, 100)])
-def test_swiglu(dev, R, n):
+@pytest.mark.parametrize("case", params(kernel_rows("swiglu")))
+def test_swiglu(dev, case):
+    R, n = case.shape["R"], case.shape["n"]
     rng = np.random.default_rng(R * n)
     g, u = _wide(rng, (R, n)), _randn(rng, (R, n))
     want = moe.swiglu(g, u)
@@ -431,20 +496,21 @@ def test_swiglu(dev, R, n):
         assert_same(_get(out2), want[2:R - 2], f"swiglu rows 2..{R - 2}")
 
 
-def test_sigmoid(dev):
+@pytest.mark.parametrize("case", params(kernel_rows("sigmoid")))
+def test_sigmoid(dev, case):
+    n = case.shape["n"]
     rng = np.random.default_rng(5)
-    x = _wide(rng, (1000, 1))
+    x = _wide(rng, (n, 1))
     want = numerics.sigmoid(x.reshape(-1))
-    out = _poisoned((1000,), F32)
+    out = _poisoned((n,), F32)
     cu_ew.sigmoid(dev, _up(x), out=out)
     assert_same(_get(out), want, "sigmoid")
 
 
-@pytest.mark.parametrize("T,K,D,E", [(1, 8, 256, 64), (9, 8, 256, 64), (17, 10, 2560, 512), (5, 3, 102, 16),
-                                     (300, 10, 2560, 512)])
-@pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("form", ["auto", "element"])
-def test_combine(dev, T, K, D, E, shared, form):
+@pytest.mark.parametrize("case", params(kernel_rows("combine")))
+def test_combine(dev, case):
+    T, K, D, E, shared = (case.shape[k] for k in ("T", "K", "D", "E", "shared"))
+    form = case.form
     rng = np.random.default_rng(T * K + D + shared)
     logits = _logits(rng, T, E, ties=False)
     ids, w = routing.top_k(logits, K)
@@ -468,25 +534,28 @@ def test_combine(dev, T, K, D, E, shared, form):
             cu_ew.combine(dev, _up(x), _up(w), _up(tab.slot), _up(y), dsh, out=out, form="row")
 
 
-def test_combine_refuses_a_bad_form_even_when_empty(dev):
+@pytest.mark.parametrize("case", params(kernel_rows("combine_refusal")))
+def test_combine_refuses_a_bad_form_even_when_empty(dev, case):
+    D, K = case.shape["D"], case.shape["K"]
     for T in (3, 0):
-        x = _up(np.ones((T, 8), F32))
+        x = _up(np.ones((T, D), F32))
         with pytest.raises(InputError, match="form must be"):
-            cu_ew.combine(dev, x, _up(np.ones((T, 2), F32)), _up(np.zeros(2 * T, np.int32)),
-                          _up(np.ones((2 * T, 8), F32)), form="rows")
+            cu_ew.combine(dev, x, _up(np.ones((T, K), F32)), _up(np.zeros(K * T, np.int32)),
+                          _up(np.ones((K * T, D), F32)), form="rows")
 
 
 # ---------------------------------------------------------------- embedding, gather
 
 
-@pytest.mark.parametrize("n_embd,T", [(256, 1), (256, 19), (2560, 7)])
-def test_embed_q8_0(dev, n_embd, T):
+@pytest.mark.parametrize("case", params(kernel_rows("embed")))
+def test_embed_q8_0(dev, case):
     from gguf import GGMLQuantizationType as QT
 
     from strata import quants
 
+    n_embd, T = case.shape["n_embd"], case.shape["T"]
     rng = np.random.default_rng(n_embd + T)
-    n_vocab = 300
+    n_vocab = case.shape["n_vocab"]
     nb = n_embd // 32
     blocks = np.empty((n_vocab, nb, 34), np.uint8)
     d = (rng.standard_normal((n_vocab, nb)) * 0.01).astype(np.float16)
@@ -503,13 +572,9 @@ def test_embed_q8_0(dev, n_embd, T):
     assert_same(_get(out), want, f"embed n_embd={n_embd} T={T}")
 
 
-@pytest.mark.parametrize("n,gu_bytes,d_bytes,tail,offsets", [
-    (1, 4096, 2048, 1024, "aligned"),
-    (5, 2720 * 3, 1360 * 5, 4096, "aligned"),
-    (16, 1000, 777, 513, "mixed"),
-    (16, 34 * 64, 34 * 40, 2048, "mixed"),
-])
-def test_gather(dev, n, gu_bytes, d_bytes, tail, offsets):
+@pytest.mark.parametrize("case", params(kernel_rows("gather")))
+def test_gather(dev, case):
+    n, gu_bytes, d_bytes, tail, offsets = (case.shape[k] for k in ("n", "gu_bytes", "d_bytes", "tail", "offsets"))
     rng = np.random.default_rng(n * gu_bytes + d_bytes)
     blob_bytes = 2 * gu_bytes + d_bytes
     blobs = [rng.integers(0, 256, size=blob_bytes, dtype=np.uint8) for _ in range(n)]
@@ -542,14 +607,16 @@ def test_gather(dev, n, gu_bytes, d_bytes, tail, offsets):
         assert_same(_get(dn), np.concatenate([want_d, poison]), f"gather {mode} down n={n} ({offsets})")
 
 
-def test_gather_counts_one_launch(dev):
+@pytest.mark.parametrize("case", params(kernel_rows("gather_count")))
+def test_gather_counts_one_launch(dev, case):
+    n, gub, db, tail = (case.shape[k] for k in ("n", "gu_bytes", "d_bytes", "tail"))
     rng = np.random.default_rng(3)
-    blobs = [_up(rng.integers(0, 256, size=3 * 512, dtype=np.uint8)) for _ in range(16)]
-    gu = _poisoned((16 * 1024 + 64,), np.uint8)
-    dn = _poisoned((16 * 512 + 64,), np.uint8)
+    blobs = [_up(rng.integers(0, 256, size=2 * gub + db, dtype=np.uint8)) for _ in range(n)]
+    gu = _poisoned((n * 2 * gub + tail,), np.uint8)
+    dn = _poisoned((n * db + tail,), np.uint8)
     before = dev.counters["launches"]
-    cu_prod.gather_native_group(dev, blobs, 512, 512, 64, gu, dn)
+    cu_prod.gather_native_group(dev, blobs, gub, db, tail, gu, dn)
     assert dev.counters["launches"] - before == 1
-    want_gu, want_d = moe.group_buffers([b.get() for b in blobs], 512, 512, 64)
+    want_gu, want_d = moe.group_buffers([b.get() for b in blobs], gub, db, tail)
     assert_same(_get(gu), want_gu, "gather 16 GPUArray blobs gate/up")
     assert_same(_get(dn), want_d, "gather 16 GPUArray blobs down")

@@ -1,0 +1,42 @@
+"""Inputs that the kernel rows' checks (verify/) and their benchmarks (bench/) build alike, host
+side and NumPy only: a random top-k routing of the `strata` shape.
+
+Routing: every token picks TOP_K distinct experts uniformly at random; rows are ordered by
+expert (stable), as the walk orders them, so expert e owns rows off[e]..off[e+1].
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from strata.config import PRESETS
+from strata.constants import MMQ_GROUP
+
+STRATA = PRESETS["strata"]
+N_EXPERT, TOP_K = STRATA.n_expert, STRATA.n_expert_used
+N_GROUPS = N_EXPERT // MMQ_GROUP
+
+
+class Routing:
+    """tokens x TOP_K routed rows: ids [T, TOP_K], per-expert counts, row offsets, the scatter
+    table slot[t*TOP_K + k] (row of token t's k-th pick), the gather table src[row] (its token),
+    and per group of MMQ_GROUP experts the (row_begin, row_end) bounds and total rows."""
+
+    def __init__(self, tokens: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        keys = rng.random((tokens, N_EXPERT), dtype=np.float32)
+        self.tokens, self.rows = tokens, tokens * TOP_K
+        self.ids = np.argpartition(keys, TOP_K, axis=1)[:, :TOP_K].astype(np.int32)
+        flat = self.ids.reshape(-1)
+        self.counts = np.bincount(flat, minlength=N_EXPERT)
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+        order = np.argsort(flat, kind="stable")
+        self.slot = np.empty(flat.size, np.int32)
+        self.slot[order] = np.arange(flat.size, dtype=np.int32)
+        self.src = (order // TOP_K).astype(np.int32)
+        starts = self.offsets[:-1].reshape(N_GROUPS, MMQ_GROUP)
+        ends = self.offsets[1:].reshape(N_GROUPS, MMQ_GROUP)
+        self.bounds = np.stack([starts, ends], axis=-1).astype(np.int32)  # [N_GROUPS, MMQ_GROUP, 2]
+        self.group_rows = (ends[:, -1] - starts[:, 0]).astype(np.int64)
+
+    def expert_rows(self, e: int) -> tuple[int, int]:
+        return int(self.offsets[e]), int(self.offsets[e + 1])
