@@ -22,7 +22,10 @@ the whole session); it is saved under the name "cuda_events". Stats are per call
 
 extra_info of every GPU benchmark: its shape (tokens, rows, chunk, ...), the launches, gathers,
 waits, events and copies one call makes (counters of the Device or engine), bytes moved, and
-TOP/s or GB/s from the median.
+TOP/s or GB/s from the median. A kernel suite times rows of verify/cases.py (`KERNEL_CASES`
+marked `timed`: the shapes timed are the shapes `pytest verify/` checks) and passes the row:
+its id, shape, weight type, form and configuration go into extra_info, and TOP/s and GB/s come
+from the row's own `flops` and `bytes` (one call of the benchmarked function runs the row once).
 """
 from __future__ import annotations
 
@@ -107,7 +110,8 @@ def attention_case(cuda_device):
     """attention_case(tokens) -> (attend, ops): one layer's int8 KV cache holding `tokens` random
     keys and values of the strata heads (written now, untimed), and attend() running every
     position's causal attention over it; ops counts the two products over the causal triangle,
-    4 * heads * head_dim * T * (T + 1) / 2."""
+    4 * heads * head_dim * T * (T + 1) / 2. shape: a kernel row's shape (its heads; the strata
+    heads where None)."""
     import numpy as np
 
     from fast.cuda.attention import DeviceKVCache
@@ -115,8 +119,9 @@ def attention_case(cuda_device):
 
     dev = cuda_device
 
-    def make(tokens: int):
-        H, HKV, HD = STRATA.n_head, STRATA.n_head_kv, STRATA.head_dim
+    def make(tokens: int, shape=None):
+        H, HKV, HD = ((STRATA.n_head, STRATA.n_head_kv, STRATA.head_dim) if shape is None
+                      else (shape["n_head"], shape["n_kv"], shape["hd"]))
         rng = np.random.default_rng(tokens)
         kv = DeviceKVCache(dev, 1, HKV, HD, capacity=tokens)
         positions = np.arange(tokens, dtype=np.int32)
@@ -133,14 +138,32 @@ def attention_case(cuda_device):
     return make
 
 
+def row_info(case) -> dict:
+    """What a kernel row puts into extra_info (JSON values: ranges and tuples as lists)."""
+    from verify.cases import key_of
+
+    info = {"row": case.id, "op": case.op, "shape": key_of(case.shape)}
+    for name in ("weight_type", "form", "config"):
+        if getattr(case, name) is not None:
+            info[name] = key_of(getattr(case, name))
+    return info
+
+
 @pytest.fixture
 def gpu_benchmark(benchmark):
     """run(fn, stream=..., counters=..., rounds=5, warmup_rounds=1, setup=None, ops=None,
-    nbytes=None, **info) -> median seconds (None under --benchmark-disable): fn timed with CUDA
-    events on `stream` in pedantic mode; `counters` (a Counter the work increments) gives the
-    per-call launches etc.; ops gives TOP/s, nbytes GB/s; info goes into extra_info."""
+    nbytes=None, case=None, **info) -> median seconds (None under --benchmark-disable): fn timed
+    with CUDA events on `stream` in pedantic mode; `counters` (a Counter the work increments)
+    gives the per-call launches etc.; ops gives TOP/s, nbytes GB/s; info goes into extra_info.
+    case: the kernel row fn runs (verify/cases.py): ops and nbytes are its flops and bytes
+    (where it counts them) unless given, and row_info(case) goes into extra_info."""
 
-    def run(fn, *, stream, counters=None, rounds=5, warmup_rounds=1, setup=None, ops=None, nbytes=None, **info):
+    def run(fn, *, stream, counters=None, rounds=5, warmup_rounds=1, setup=None, ops=None, nbytes=None,
+            case=None, **info):
+        if case is not None:
+            ops = ops if ops is not None else (case.flops or None)
+            nbytes = nbytes if nbytes is not None else (case.bytes or None)
+            info = {**row_info(case), **info}
         benchmark._timer = EventTimer(PycudaClock(stream))
         before = dict(counters or {})
         benchmark.pedantic(fn, setup=setup, rounds=rounds, warmup_rounds=warmup_rounds, iterations=1)

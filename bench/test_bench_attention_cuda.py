@@ -3,19 +3,25 @@
 
     pytest bench/test_bench_attention_cuda.py
 
-32 query heads, 4 KV heads, head_dim 128; one layer's cache written with 4K or 32K random
-keys and values (untimed), then every position attends to the ones before it. TOP/s counts
-the two products over the causal triangle: 4 * heads * head_dim * T * (T + 1) / 2.
+The timed "attention" rows of verify/cases.py: 32 query heads, 4 KV heads, head_dim 128; one
+layer's cache written with 4K or 32K random keys and values (untimed), then every position
+attends to the ones before it (the default kernel). TOP/s counts the two products over the
+causal triangle, 4 * heads * head_dim * T * (T + 1) / 2 (the row's flops); GB/s the row's
+bytes (q, the output, each key's K and V once).
 """
 import pytest
 
-from gpu_shapes import STRATA
+from verify.cases import kernel_rows
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("tokens", [4096, 32768])
-def test_attention(gpu_benchmark, attention_case, cuda_device, tokens):
-    attend, ops = attention_case(tokens)
-    gpu_benchmark(attend, stream=cuda_device.stream, counters=cuda_device.counters, rounds=5, ops=ops,
-                  tokens=tokens, heads=STRATA.n_head, kv_heads=STRATA.n_head_kv, head_dim=STRATA.head_dim)
+@pytest.mark.parametrize("case", kernel_rows("attention", timed=True), ids=lambda c: c.id)
+def test_attention(gpu_benchmark, attention_case, cuda_device, case):
+    s = case.shape
+    assert s["start"] == 0 and s["positions"] == range(0, len(s["positions"])), "a prefill from position 0"
+    tokens = len(s["positions"])
+    attend, ops = attention_case(tokens, s)
+    assert ops == case.flops
+    gpu_benchmark(attend, stream=cuda_device.stream, counters=cuda_device.counters, rounds=5, case=case,
+                  tokens=tokens, heads=s["n_head"], kv_heads=s["n_kv"], head_dim=s["hd"])

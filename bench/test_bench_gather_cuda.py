@@ -3,43 +3,43 @@
 
     pytest bench/test_bench_gather_cuda.py
 
-Blobs of a strata IQ2_XS pack's experts ([gate | up | down], 2.7 MB), read from SETS sets of
-16 in turn so a round's sources did not just pass through L2. `bytes` is the bytes copied
-(device memory traffic is twice that: each is read and written).
+The timed "gather" row of verify/cases.py: blobs of a strata IQ2_XS pack's experts ([gate | up
+| down], 2.7 MB), read from SETS sets of 16 in turn so a round's sources did not just pass
+through L2. `copied_bytes` is the bytes copied; `bytes` (GB/s) the row's device memory traffic,
+each copied byte read and written, and the zeroed tail.
 """
 import itertools
 
 import pytest
 
 from fast.cuda import products, runtime
-from gpu_shapes import blob_bytes
-from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
+from verify.cases import kernel_rows
 
 pytestmark = pytest.mark.gpu
 
 SETS = 4
 
 
+@pytest.mark.parametrize("case", kernel_rows("gather", timed=True), ids=lambda c: c.id)
 @pytest.mark.parametrize("mode", ["one_launch", "per_expert"])
-def test_group_gather(gpu_benchmark, cuda_device, mode):
+def test_group_gather(gpu_benchmark, cuda_device, mode, case):
     dev = cuda_device
-    gu, d = blob_bytes()
+    n, gu, d, tail = (case.shape[k] for k in ("n", "gu_bytes", "d_bytes", "tail"))
     blob = 2 * gu + d
-    src = runtime.alloc(SETS * MMQ_GROUP * blob, "gather sources")
-    runtime._driver().memset_d8(src, 0x5A, SETS * MMQ_GROUP * blob)
-    gu_n, d_n = products.group_buffer_bytes(MMQ_GROUP, gu, d, GROUP_TAIL_BYTES)
+    src = runtime.alloc(SETS * n * blob, "gather sources")
+    runtime._driver().memset_d8(src, 0x5A, SETS * n * blob)
+    gu_n, d_n = products.group_buffer_bytes(n, gu, d, tail)
     gu_buf, d_buf = runtime.alloc(gu_n, "gate/up group buffer"), runtime.alloc(d_n, "down group buffer")
     turn = itertools.count()
 
     def run():
         s = next(turn) % SETS
-        addrs = [int(src) + (s * MMQ_GROUP + q) * blob for q in range(MMQ_GROUP)]
+        addrs = [int(src) + (s * n + q) * blob for q in range(n)]
         if mode == "one_launch":
-            products.gather_native_group(dev, addrs, gu, d, GROUP_TAIL_BYTES, gu_buf, d_buf)
+            products.gather_native_group(dev, addrs, gu, d, tail, gu_buf, d_buf)
         else:
             for q, a in enumerate(addrs):
-                tail = GROUP_TAIL_BYTES if q == MMQ_GROUP - 1 else 0
-                products.gather_native_one(dev, a, q, gu, d, gu_buf, d_buf, tail_bytes=tail)
+                products.gather_native_one(dev, a, q, gu, d, gu_buf, d_buf, tail_bytes=tail if q == n - 1 else 0)
 
-    gpu_benchmark(run, stream=dev.stream, counters=dev.counters, rounds=20, nbytes=MMQ_GROUP * blob,
-                  experts=MMQ_GROUP, blob_bytes=blob, mode=mode)
+    gpu_benchmark(run, stream=dev.stream, counters=dev.counters, rounds=20, case=case, copied_bytes=n * blob,
+                  experts=n, blob_bytes=blob, mode=mode)

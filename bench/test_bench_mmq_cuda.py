@@ -3,44 +3,40 @@
 
     pytest bench/test_bench_mmq_cuda.py
 
-As the walk launches them on the strata shape: 2K, 8K and 32K tokens routed top-10 over 512
-experts (bench/gpu_shapes.py), one launch per group of 16 consecutive experts: gate/up (both
-matrices in one launch, 640 x 2560 each, every type with an MMQ kernel) and down (2560 x 640,
-the 32-value types a pack falls back to there). Group weight buffers hold random
-valid blocks and rotate over enough buffers to exceed L2; the q8_1 activations are random rows
-quantized in the type's layout. TOP/s = 2 * rows * N * K * matrices / median. The automatic tile
-configuration (products.AUTO_CONFIGS) is used; bench/bench_mmq_cuda.py sweeps others.
+The timed "mmq_layer" rows of verify/cases.py (verify/test_kernels_cuda.py::test_mmq_layer
+checks the same launches), as the walk launches them on the strata shape: 2K, 8K and 32K
+tokens routed top-10 over 512 experts (verify/kernel_inputs.py), one launch per group of 16
+consecutive experts: gate/up (both matrices in one launch, 640 x 2560 each, every type with an
+MMQ kernel) and down (2560 x 640, the 32-value types a pack falls back to there). Group weight
+buffers hold random valid blocks and rotate over enough buffers to exceed L2; the q8_1
+activations are random rows quantized in the type's layout. TOP/s = the row's flops (2 * rows
+* N * K * matrices) / median; GB/s its bytes (every routed expert's weights, the q8_1 rows and
+the outputs once). The automatic tile configuration (products.AUTO_CONFIGS) is used;
+bench/bench_mmq_cuda.py sweeps others.
 """
 import numpy as np
 import pytest
 
 from fast.cuda import products, runtime
-from gpu_shapes import N_EMBD, N_FF, N_GROUPS, Routing
+from gpu_shapes import N_GROUPS, Routing
 from gguf import GGMLQuantizationType as QT
 from strata import q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
+from verify.cases import kernel_rows
 
 pytestmark = pytest.mark.gpu
 
-TOKENS = [2048, 8192, 32768]
-CASES = [("gate_up", t) for t in ("Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S")] + \
-        [("down", t) for t in ("Q8_0", "Q4_1")]
 L2_SPAN = 240_000_000  # bytes of weights a layer's launches cycle through (the H200's L2 is 60 MB)
-
-
-def shape(proj):
-    """(N, K, matrices per group launch set)"""
-    return (N_FF, N_EMBD, 2) if proj == "gate_up" else (N_EMBD, N_FF, 1)
 
 
 @pytest.fixture(scope="module")
 def group_weights():
-    """group_weights(proj, type) -> (device buffers, matrix bytes), made once per module."""
+    """group_weights(tname, N, K, mats) -> (device buffers, matrix bytes), made once per module."""
     cache = {}
 
-    def get(proj, tname):
-        if (proj, tname) not in cache:
-            qt, (N, K, mats) = QT[tname], shape(proj)
+    def get(tname, N, K, mats):
+        if (tname, N, K, mats) not in cache:
+            qt = QT[tname]
             vals, _ = quants.block_size(qt)
             mat = quants.row_bytes(qt, K) * N
             n_buf = max(2, min(8, -(-L2_SPAN // (MMQ_GROUP * mats * mat))))
@@ -50,18 +46,18 @@ def group_weights():
                 blocks = quants.random_blocks(qt, MMQ_GROUP * mats * N * K // vals, rng).reshape(-1)
                 tail = np.zeros(GROUP_TAIL_BYTES, np.uint8)
                 bufs.append(runtime.to_device(np.concatenate([blocks, tail]), f"{tname} group weights"))
-            cache[(proj, tname)] = bufs, mat
-        return cache[(proj, tname)]
+            cache[(tname, N, K, mats)] = bufs, mat
+        return cache[(tname, N, K, mats)]
 
     return get
 
 
-@pytest.mark.parametrize("tokens", TOKENS)
-@pytest.mark.parametrize("proj,tname", CASES)
-def test_mmq_layer(gpu_benchmark, cuda_device, group_weights, proj, tname, tokens):
+@pytest.mark.parametrize("case", kernel_rows("mmq_layer", timed=True), ids=lambda c: c.id)
+def test_mmq_layer(gpu_benchmark, cuda_device, group_weights, case):
+    s, tname = case.shape, case.weight_type
+    tokens, N, K, mats = s["tokens"], s["N"], s["K"], s["mats"]
     dev, r, qt = cuda_device, Routing(tokens), QT[tname]
-    N, K, mats = shape(proj)
-    bufs, mat = group_weights(proj, tname)
+    bufs, mat = group_weights(tname, N, K, mats)
     x = dev.upload(np.random.default_rng(tokens).standard_normal((tokens, K), dtype=np.float32))
     act = dev.empty((q8_1.buffer_nbytes(r.rows, K),), np.uint8)
     products.quantize_gather(dev, x, dev.upload(r.src), r.rows, K, q8_1.layout_for(qt), act)
@@ -76,6 +72,7 @@ def test_mmq_layer(gpu_benchmark, cuda_device, group_weights, proj, tname, token
             products.mmq_group(dev, qt, w, mats * mat, N, K, act, r.rows, b, MMQ_GROUP, outs[0],
                                rows=int(r.group_rows[g]), pair=pair)
 
-    gpu_benchmark(layer, stream=dev.stream, counters=dev.counters, rounds=5, ops=2 * r.rows * N * K * mats,
-                  tokens=tokens, rows=r.rows, N=N, K=K, matrices=mats, type=tname, proj=proj,
+    assert case.flops == 2 * r.rows * N * K * mats
+    gpu_benchmark(layer, stream=dev.stream, counters=dev.counters, rounds=5, case=case, tokens=tokens, rows=r.rows,
+                  N=N, K=K, matrices=mats, type=tname, proj="gate_up" if mats == 2 else "down",
                   weight_buffers=len(bufs))

@@ -28,10 +28,11 @@ torch = pytest.importorskip("torch")
 
 from fast.cuda import products, runtime  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
-from gpu_shapes import N_EMBD, N_EXPERT, N_FF, N_GROUPS, STRATA, Routing  # noqa: E402
+from gpu_shapes import N_EMBD, N_EXPERT, N_FF, N_GROUPS, Routing  # noqa: E402
 from gpu_timing import TorchClock, measure  # noqa: E402
 from strata import q8_1, quants  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
+from verify.cases import kernel_rows  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -160,12 +161,14 @@ def sdpa_call(q, k, v):
     return (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)), True
 
 
-@pytest.mark.parametrize("tokens", [4096, 32768])
-def test_attention(gpu_benchmark, torch_ratio, attention_case, cuda_device, tokens):
-    H, HKV, HD = STRATA.n_head, STRATA.n_head_kv, STRATA.head_dim
-    ours, ops = attention_case(tokens)
+@pytest.mark.parametrize("case", kernel_rows("attention", timed=True), ids=lambda c: c.id)
+def test_attention(gpu_benchmark, torch_ratio, attention_case, cuda_device, case):
+    """The timed "attention" rows of verify/cases.py (a prefill from position 0)."""
+    H, HKV, HD = case.shape["n_head"], case.shape["n_kv"], case.shape["hd"]
+    tokens = len(case.shape["positions"])
+    ours, _ = attention_case(tokens, case.shape)
     t_ours = gpu_benchmark(ours, stream=cuda_device.stream, counters=cuda_device.counters, rounds=ROUNDS,
-                           warmup_rounds=WARMUP, ops=ops, tokens=tokens, heads=H, kv_heads=HKV)
+                           warmup_rounds=WARMUP, case=case, tokens=tokens, heads=H, kv_heads=HKV)
     gen = torch.Generator(device="cuda").manual_seed(2)
     tq, tk, tv = (torch.randn((1, h, tokens, HD), dtype=torch.bfloat16, device="cuda", generator=gen)
                   for h in (H, HKV, HKV))

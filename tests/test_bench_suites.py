@@ -120,3 +120,27 @@ def test_contract_cost_prints_its_table():
     for row in exp_rows:  # both exponentials within 2 ulps of float64, the contract's one within 1.25
         worst = float(row.split("|")[2])
         assert 0.0 < worst < (1.25 if "contract" in row else 2.0), row
+
+
+def test_a_kernel_row_goes_into_extra_info():
+    """bench/conftest.row_info: a timed row's id, op, shape, weight type and form, as JSON (what
+    gpu_benchmark(case=...) puts into extra_info beside TOP/s and GB/s from the row's flops and
+    bytes)."""
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_conftest", ROOT / "bench" / "conftest.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from verify.cases import kernel_rows
+
+    case = [c for c in kernel_rows("float_dense", timed=True) if c.weight_type == "BF16"][0]
+    info = mod.row_info(case)
+    assert info["row"] == case.id and info["op"] == "float_dense" and info["form"] == case.form
+    assert info["weight_type"] == "BF16" and info["shape"]["N"] == 512
+    json.dumps(info)
+    att = mod.row_info(kernel_rows("attention", timed=True)[0])
+    assert att["shape"]["positions"] == {"range": [0, 4096]} and "form" not in att
