@@ -100,3 +100,4 @@ def test_no_spin_of_zero_cycles():
         s.before_launch(None)
     assert calls == [] and counters["stress_spins"] == 0
     assert s.cycles(20_000) == 30_000_000  # 20 ms at 1.5 GHz
+    assert s.prepare() is s and calls == []  # the launcher and clock given: nothing loaded, nothing run

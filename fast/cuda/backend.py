@@ -104,7 +104,7 @@ class CudaBackend(BackendBase):
         import pycuda.driver as cuda
 
         self.dev = runtime.Device(stream=cuda.Stream())
-        self.stress = None if stress_cfg is None else stress.Stress(stress_cfg, self.dev.counters)
+        self.stress = None if stress_cfg is None else stress.Stress(stress_cfg, self.dev.counters).prepare()
         self.dev.stress = self.stress
         self.tiers = None
         from pycuda import gpuarray

@@ -97,6 +97,14 @@ class Stress:
         self._launch = launch
         self._khz = clock_khz
 
+    def prepare(self) -> "Stress":
+        """Load the spin kernel and read the clock rate now (the backend calls it when it is
+        made), so that no module load or attribute query happens in the middle of a run."""
+        if self._launch is None:
+            self._launch = _spin_kernel()
+        self.cycles(0.0)
+        return self
+
     def cycles(self, us: float) -> int:
         if self._khz is None:
             from fast.cuda import runtime  # noqa: PLC0415
