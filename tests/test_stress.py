@@ -3,6 +3,8 @@ read (a bad seed is one line), enabled() over it, the seeded schedule of spins a
 function of the configuration, and Stress enqueueing what the schedule says (a fake launcher
 in place of the spin kernel). verify/test_stress_cuda.py runs it on the GPU."""
 import collections
+import json
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -101,3 +103,22 @@ def test_no_spin_of_zero_cycles():
     assert calls == [] and counters["stress_spins"] == 0
     assert s.cycles(20_000) == 30_000_000  # 20 ms at 1.5 GHz
     assert s.prepare() is s and calls == []  # the launcher and clock given: nothing loaded, nothing run
+
+
+def test_the_planted_race_harness_runs_on_the_sim(make_test_pack, tmp_path, monkeypatch, capsys):
+    """verify/test_stress_cuda.py's child, on the sim backend (whose routing tables never go
+    through the cuda backend's page-locked buffer: the planted counts read changes nothing
+    there): it runs the three runs, plants in place and reports its one line."""
+    from fast.cuda import backend
+    from verify import test_stress_cuda as t
+
+    monkeypatch.setattr(backend.DevTables, "resolve", backend.DevTables.resolve)  # restored after
+    pack = make_test_pack("tiny", "Q8_0")
+    arg = json.dumps({"case": "c_counts_read_early_overlap1", "pack": str(pack.path), "out": str(tmp_path),
+                      "backend": "sim"})
+    monkeypatch.setattr(sys, "argv", ["-c", arg])
+    t._child()
+    assert backend.DevTables.resolve is t._counts_without_wait  # planted
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(t.RESULT)]
+    got = json.loads(lines[-1][len(t.RESULT):])
+    assert got == {"warm_same": True, "planted_same": True, "error": None, "spins": 0, "copies": 0, "waits": 0}
