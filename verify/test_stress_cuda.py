@@ -7,12 +7,12 @@ the right bytes anyway. Each planted race (PLANTS) removes or moves one line of 
 synchronisation and runs under a schedule of spins chosen so that the race shows whatever the
 timing (SCHEDULES):
 
-  late_copies   every copy lands 50 ms after its waits allowed it: a gather that does not wait
+  late_copies   every copy lands 20 ms after its waits allowed it: a gather that does not wait
                 for its slot's copy reads the slot's previous contents (or nothing yet);
-  late_compute  10 ms before every compute launch, none before copies: a refill that does not
+  late_compute  5 ms before every compute launch, none before copies: a refill that does not
                 wait for its slot's release lands while the gather that reads the old contents
                 still waits its turn;
-  late_counts   the routing counts' copy to the host lands 50 ms late (no ring: every expert
+  late_counts   the routing counts' copy to the host lands 20 ms late (no ring: every expert
                 resident): a host that does not wait for it plans the walk from the previous
                 layer's counts. This is the cuda backend's own host-side synchronisation, which
                 the sim cannot model (its routing tables are on the host as soon as they run).
@@ -50,16 +50,21 @@ ROOT = Path(__file__).resolve().parent.parent
 SEED = 7
 RESULT = "stress-result "  # the child's one line of result on stdout
 
-# (stress.Config options): spins long enough that a planted race shows whatever the host's speed
+# (stress.Config options): spins far longer than the host takes between the two operations that
+# race (microseconds to a millisecond), and at least that long: a cycle count taken at the
+# driver's peak clock lasts longer at any lower clock
 SCHEDULES = {
-    "late_copies": dict(copy_us=(50_000.0, 50_000.0), compute_share=0.0),
-    "late_compute": dict(copy_us=(0.0, 0.0), compute_us=(10_000.0, 10_000.0), compute_share=1.0),
-    "late_counts": dict(copy_us=(50_000.0, 50_000.0), compute_share=0.0),
+    "late_copies": dict(copy_us=(20_000.0, 20_000.0), compute_share=0.0),
+    "late_compute": dict(copy_us=(0.0, 0.0), compute_us=(5_000.0, 5_000.0), compute_share=1.0),
+    "late_counts": dict(copy_us=(20_000.0, 20_000.0), compute_share=0.0),
 }
 
 # the planted runs: the tiny pack (Q8_0: any bytes in a slot decode to finite weights), one
 # streamed chunk of 64 tokens through a ring of 4 slots, so slots are refilled within a layer
 STREAMED = dict(expert_cache=0, ring=4, stream_min=64, group_gather=1, copy_coalesce=0)
+# the same chunk staged (below the stream threshold): each layer's routed experts through the
+# 8-slot staging ring, refilled within the layer too
+STAGED = dict(expert_cache=0, stream_min=1024, group_gather=1, copy_coalesce=0)
 RESIDENT = dict(expert_cache=10**6, stream_min=64)  # capped at every expert: no ring, no copies
 
 
@@ -127,8 +132,10 @@ def _plant(name: str) -> None:
 # (plant, schedule, engine options)
 PLANTS = {
     "a_no_copy_wait": ("no_copy_wait", "late_copies", STREAMED),
+    "a_no_copy_wait_staged": ("no_copy_wait", "late_copies", STAGED),
     "a_wait_on_first_copy": ("wait_on_first_copy", "late_copies", STREAMED),
     "b_refill_without_wait": ("refill_without_wait", "late_compute", STREAMED),
+    "b_refill_without_wait_staged": ("refill_without_wait", "late_compute", STAGED),
     "b_release_before_gather": ("release_before_gather", "late_compute", STREAMED),
     "c_counts_read_early_overlap1": ("counts_read_early", "late_counts", {**RESIDENT, "overlap_plan": 1}),
     "c_counts_read_early_overlap0": ("counts_read_early", "late_counts", {**RESIDENT, "overlap_plan": 0}),
