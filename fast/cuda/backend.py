@@ -29,7 +29,7 @@ from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
 from strata.errors import DeviceError, InternalError
 
 from fast.backend_base import BackendBase
-from fast.cuda import attention, dense as cuda_dense, elementwise as ops, products, runtime, stress
+from fast.cuda import attention, dense as cuda_dense, elementwise as ops, kernel_cache, products, runtime, stress
 from fast.cuda.tiers import ExpertTiers
 from fast.phases import PhaseRecorder, timing_enabled
 from fast.trace import Span
@@ -100,6 +100,7 @@ class CudaBackend(BackendBase):
         # named here, before any weight reaches the device
         products.default_config()
         stress_cfg = stress.current()  # likewise STRATA_PREFILL_STRESS
+        kernel_cache.cache_dir()  # and a STRATA_PREFILL_KERNEL_CACHE folder that cannot be made
         runtime.context()
         import pycuda.driver as cuda
 
