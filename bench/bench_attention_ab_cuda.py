@@ -9,10 +9,13 @@ An arm is a JSON object of attention_mma.cu defines; its key "variant" ("mma", t
 
 One layer's int8 KV cache (32 query heads, 4 KV heads, head_dim 128) holds `tokens` random
 keys and values; every position attends to the ones before it (the prefill kernel, one
-launch). Per length: one untimed call per arm, then `reps` rounds in alternating order
-(A B, B A, ...), each timed with CUDA events on the device's stream; medians. Every arm's
-output must equal the first arm's bytes (exit 1 otherwise): a configuration changes speed,
-never a bit. "pairs/ns" counts (query, key) pairs of the causal triangle times heads.
+launch): an "attention" row of verify/cases.py (kernel_case; the GPU suite times it at 4K and
+32K). bench/ab_harness.py runs the arms: per length one untimed call per arm, then `reps`
+rounds in alternating order (A B, B A, ...), each timed with CUDA events on the device's
+stream; medians. Every arm's output must be the NumPy definition (strata.attention.attend over
+the cache the device wrote) for a spread of queries and the first arm's bytes elsewhere (exit
+1 otherwise): a configuration changes speed, never a bit. "pairs/ns" counts (query, key) pairs
+of the causal triangle times heads; TOP/s the row's flops. A Markdown table prints last.
 
 --sass DIR: also compile each arm with nvcc and write `cuobjdump -sass` of attend_mma_hd128
 and its opcode histogram there (where the two tools exist), the static instruction mix
@@ -26,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,11 +38,16 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
 from fast.cuda import attention as cu_att  # noqa: E402
 from fast.cuda import runtime  # noqa: E402
-from gpu_timing import PycudaClock, interleaved  # noqa: E402
+from gpu_timing import PycudaClock  # noqa: E402
+from strata import attention  # noqa: E402
+from strata.constants import KEY_BLOCK  # noqa: E402
+from verify.cases import kernel_case, sample_index  # noqa: E402
 
 H, HKV, HD = 32, 4, 128
+CHECKED_QUERIES = 8  # queries of each length compared with the NumPy definition
 DEFAULT_ARMS = '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2};{"variant": "pair"}'
 
 
@@ -69,6 +76,17 @@ def sass_histogram(defines: dict, out_dir: str, tag: str, kernel: str = "attend_
     return dict(ops.most_common())
 
 
+def numpy_cache(kv, tokens: int) -> attention.KVCache:
+    """The NumPy cache holding the bytes the device cache's layer 0 holds."""
+    cap = -(-tokens // KEY_BLOCK) * KEY_BLOCK
+    ref = attention.KVCache(1, HKV, HD, capacity=cap)
+    for name in ("k_codes", "k_scale", "v_codes", "v_scale"):
+        dev_arr = getattr(kv, name)[0].get()
+        n = min(cap, dev_arr.shape[1])
+        getattr(ref, name)[0][:, :n] = dev_arr[:, :n]
+    return ref
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="4096,8192,32768")
@@ -80,6 +98,10 @@ def main() -> int:
     arms = [json.loads(a) for a in args.arms.split(";")]
     variants = [a.get("variant", "mma") for a in arms]                      # the kernel of each arm
     defines = [{k: v for k, v in a.items() if k != "variant"} for a in arms]  # and its defines
+    ok, why = runtime.cuda_available()
+    if not ok:
+        print(f"bench_attention_ab_cuda: CUDA backend unavailable: {why}")
+        return 0
     runtime.context()
     dev = runtime.Device()
     clock = PycudaClock(dev.stream)
@@ -90,28 +112,36 @@ def main() -> int:
         result["sass"] = [sass_histogram(defines[i], args.sass, f"arm{i}", f"attend_{variants[i]}_hd128")
                           for i in range(len(arms))]
     failed = False
-    rows = []
+    rows, results = [], []
     for tokens in [int(t) for t in args.tokens.split(",")]:
+        case = kernel_case("attention", f"prefill-{tokens}-gqa8-hd128",
+                           dict(n_head=H, n_kv=HKV, hd=HD, positions=range(0, tokens), start=0, scale=1.0))
         rng = np.random.default_rng(tokens)
         kv = cu_att.DeviceKVCache(dev, 1, HKV, HD, capacity=tokens)
         positions = np.arange(tokens, dtype=np.int32)
         kv.write(0, positions, dev.upload(rng.standard_normal((tokens, HKV, HD), dtype=np.float32)),
                  dev.upload(rng.standard_normal((tokens, HKV, HD), dtype=np.float32)))
-        q = dev.upload(rng.standard_normal((tokens, H, HD), dtype=np.float32))
+        q_host = rng.standard_normal((tokens, H, HD), dtype=np.float32)
+        q = dev.upload(q_host)
         pos_dev = dev.upload(positions)
         outs = [dev.empty((tokens, H, HD), np.float32) for _ in arms]
 
         def run(i):
             kv.attend(0, q, positions, positions_dev=pos_dev, out=outs[i], variant=variants[i], config=defines[i])
 
-        times = [[1e3 * t for t in ts] for ts in interleaved(clock, [lambda i=i: run(i) for i in range(len(arms))],
-                                                          args.reps)]
-        first = outs[0].get().view(np.uint32)
-        same = [bool(np.array_equal(o.get().view(np.uint32), first)) for o in outs]
+        def definition():
+            sel = sample_index(tokens, CHECKED_QUERIES)
+            return Definition(sel, attention.attend(numpy_cache(kv, tokens), 0, q_host[sel], positions[sel]))
+
+        res = measure(clock, case, [Arm(f"arm {i}", lambda i=i: run(i), outs[i].get) for i in range(len(arms))],
+                      args.reps, definition)
+        results.append(res)
+        same = [d is None for d in res.differs]
         failed |= not all(same)
         pairs = H * tokens * (tokens + 1) / 2
-        med = [statistics.median(t) for t in times]
-        result["lengths"].append({"tokens": tokens, "ms": times, "median_ms": med, "identical": same})
+        med = res.median_ms
+        result["lengths"].append({"tokens": tokens, "ms": res.ms, "median_ms": med, "identical": same,
+                                  "differs": res.differs})
         rows.append((tokens, med, [pairs / (m * 1e6) for m in med], all(same)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
@@ -125,14 +155,10 @@ def main() -> int:
             print(f"| {k} | " + " | ".join(str(h.get(k, 0)) for h in result["sass"]) + " |")
         print("| total | " + " | ".join(str(sum(h.values())) for h in result["sass"]) + " |")
     print("\narms: " + "; ".join(f"{i}: {json.dumps(a)}" for i, a in enumerate(arms)))
-    print(f"{args.reps} interleaved reps, medians (CUDA events)")
-    head = " | ".join(f"arm {i} ms" for i in range(len(arms)))
-    print(f"| tokens | {head} | change (last vs 0) | pairs/ns per arm | identical bytes |")
-    print("|---|" + "---|" * (len(arms) + 3))
     for tokens, med, rate, same in rows:
-        ch = 100.0 * (med[-1] / med[0] - 1.0)
-        print(f"| {tokens} | " + " | ".join(f"{m:.3f}" for m in med) + f" | {ch:+.1f}% | "
-              + " / ".join(f"{r:.1f}" for r in rate) + f" | {'yes' if same else 'NO'} |")
+        print(f"tokens {tokens}: pairs/ns per arm " + " / ".join(f"{r:.1f}" for r in rate)
+              + f", bytes {'the definition' if same else 'DIFFER'}")
+    print(markdown(results, args.reps))
     return 1 if failed else 0
 
 

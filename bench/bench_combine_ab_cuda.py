@@ -5,26 +5,33 @@
 
     python3 bench/bench_combine_ab_cuda.py [--tokens 1024,8192,32768] [--reps 9]
 
-One untimed call per form, then `reps` rounds in alternating order, each timed with CUDA
-events; medians. The two outputs must be the same bytes (exit 1 if not). GB/s counts the bytes
-a combine must move: K expert rows, the shared row and x read, out written, per token.
+Each length is a "combine" row of verify/cases.py (kernel_case: its bytes are the K expert rows,
+the shared row, x and the output, per token, and the weights and slots). bench/ab_harness.py
+runs the arms: one untimed call per form, then `reps` rounds in alternating order, each timed
+with CUDA events; medians. Each form's output must be the NumPy definition (strata.moe.combine)
+on a spread of tokens and the first form's bytes elsewhere (exit 1 if not). A Markdown table
+prints last.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench.gpu_timing import interleaved, stream_device  # noqa: E402
+from ab_harness import Arm, Definition, measure, markdown  # noqa: E402
 from fast.cuda import elementwise, runtime  # noqa: E402
+from gpu_timing import stream_device  # noqa: E402
+from strata import moe  # noqa: E402
+from verify.cases import kernel_case, sample_index  # noqa: E402
 
 K, D = 10, 2560
 FORMS = ("element", "row")
+CHECKED_TOKENS = 64  # tokens of each length compared with the NumPy definition
 
 
 def main() -> int:
@@ -37,34 +44,38 @@ def main() -> int:
         return 0
     cuda, dev, clock = got
     rng = np.random.default_rng(7)
-    differ = False
     print(f"device: {runtime.device_name()}; K={K}, D={D}, shared expert", flush=True)
     from pycuda import gpuarray
 
+    results = []
     for T in (int(t) for t in args.tokens.split(",")):
-        x = gpuarray.to_gpu(rng.standard_normal((T, D), dtype=np.float32))
-        w = gpuarray.to_gpu(rng.random((T, K), dtype=np.float32))
-        slot = gpuarray.to_gpu(rng.permutation(T * K).astype(np.int32))
-        y = gpuarray.to_gpu(rng.standard_normal((T * K, D), dtype=np.float32))
-        shared = (gpuarray.to_gpu(rng.random(T, dtype=np.float32)),
-                  gpuarray.to_gpu(rng.standard_normal((T, D), dtype=np.float32)))
+        case = kernel_case("combine", f"T{T}-K{K}-D{D}-shared", dict(T=T, K=K, D=D, E=512, shared=True))
+        h = dict(x=rng.standard_normal((T, D), dtype=np.float32), w=rng.random((T, K), dtype=np.float32),
+                 slot=rng.permutation(T * K).astype(np.int32), y=rng.standard_normal((T * K, D), dtype=np.float32),
+                 g=rng.random(T, dtype=np.float32), ysh=rng.standard_normal((T, D), dtype=np.float32))
+        d = {k: gpuarray.to_gpu(v) for k, v in h.items()}
         outs = [gpuarray.empty((T, D), np.float32) for _ in FORMS]
 
         def arm(form, out):
-            return lambda: elementwise.combine(dev, x, w, slot, y, shared, out=out, form=form)
+            return Arm(form, lambda: elementwise.combine(dev, d["x"], d["w"], d["slot"], d["y"], (d["g"], d["ysh"]),
+                                                         out=out, form=form), out.get)
 
-        times = interleaved(clock, [arm(f, o) for f, o in zip(FORMS, outs)], args.reps)
+        def definition():
+            sel = sample_index(T, CHECKED_TOKENS)
+            slot = h["slot"].reshape(T, K)[sel].reshape(-1)
+            return Definition(sel, moe.combine(h["x"][sel], h["w"][sel], slot, h["y"], (h["g"][sel], h["ysh"][sel])))
+
+        res = measure(clock, case, [arm(f, o) for f, o in zip(FORMS, outs)], args.reps, definition)
+        results.append(res)
+        ms = res.median_ms
+        print(f"tokens {T:6d}  element {ms[0]:7.3f} ms ({case.bytes / ms[0] / 1e6:5.0f} GB/s)  row {ms[1]:7.3f} ms "
+              f"({case.bytes / ms[1] / 1e6:5.0f} GB/s)  change {100 * (ms[1] / ms[0] - 1):+.1f}%  bytes "
+              f"{'the definition' if res.same else 'DIFFER'}", flush=True)
         cuda.Context.synchronize()
-        got = [o.get() for o in outs]
-        same = np.array_equal(got[0].view(np.uint32), got[1].view(np.uint32))
-        differ |= not same
-        moved = 4.0 * T * D * (K + 3)
-        ms = [statistics.median(t) * 1e3 for t in times]
-        print(f"tokens {T:6d}  element {ms[0]:7.3f} ms ({moved / ms[0] / 1e6:5.0f} GB/s)  row {ms[1]:7.3f} ms "
-              f"({moved / ms[1] / 1e6:5.0f} GB/s)  change {100 * (ms[1] / ms[0] - 1):+.1f}%  bytes "
-              f"{'identical' if same else 'DIFFER'}", flush=True)
-        del x, w, slot, y, shared, outs
-    return 1 if differ else 0
+        d = outs = None  # this length's device buffers go before the next length's
+    print()
+    print(markdown(results, args.reps))
+    return 0 if all(r.same for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -6,36 +6,41 @@ as fast/engine.py launches them (products.mmq_dense).
     python3 bench/bench_dense_mmq_ab_cuda.py [--tokens 1024,8192] [--reps 7]
         [--configs '{"MMQ_WM": 8, ...};...']
 
-Arm "auto" is the default (the automatic configuration, AUTO_CONFIGS); [i] is the i-th
-configuration of --configs (mmq.cu defines, the whole set). Per (product, tokens): one untimed
-call per arm, then `reps` rounds in alternating order, each timed with CUDA events (medians);
-every arm's output is compared byte for byte with auto's (exit 1 if one differs). TOP/s counts
-2 * N * K * T.
+Each (product, tokens) is an "mmq_dense" row of verify/cases.py (kernel_case: 2 * N * K * T
+operations; the weights, the q8_1 rows and the outputs once). Arm "auto" is the default (the
+automatic configuration, AUTO_CONFIGS); [i] is the i-th configuration of --configs (mmq.cu
+defines, the whole set). bench/ab_harness.py runs them: one untimed call per arm, then `reps`
+rounds in alternating order, each timed with CUDA events (medians); every arm's output must be
+the NumPy definition (strata.mmq.mmq) on a spread of rows and auto's bytes elsewhere (exit 1 if
+one differs). The sum over the products per arm, then a Markdown table, print last.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
-from bench.gpu_timing import interleaved, stream_device  # noqa: E402
+from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
 from fast.cuda import products, runtime  # noqa: E402
-from strata import q8_1, quants  # noqa: E402
+from gpu_timing import stream_device  # noqa: E402
+from strata import mmq, q8_1, quants  # noqa: E402
 from strata.constants import WEIGHT_TAIL_BYTES  # noqa: E402
+from verify.cases import kernel_case, sample_index  # noqa: E402
 
 #: (name, N, K) of the strata shape's dense Q8_0 products: 32 x 128 query dims, 4 x 128 key and
 #: value dims, hidden 2560, shared expert width 640
 PRODUCTS = (("attn_q", 4096, 2560), ("attn_k/v", 512, 2560), ("attn_output", 2560, 4096),
             ("shexp gate/up", 640, 2560), ("shexp down", 2560, 640))
 QTYPE = QT.Q8_0
+CHECKED_ROWS = 16  # rows of each product compared with the NumPy definition
 
 
 def main() -> int:
@@ -53,47 +58,53 @@ def main() -> int:
     print(f"device: {runtime.device_name()}; arms: auto "
           + " ".join(f"[{i}] {json.dumps(c)}" for i, c in enumerate(configs[1:])), flush=True)
     rng = np.random.default_rng(2026)
-    rows_out, differ = [], False
+    layout = q8_1.layout_for(QTYPE)
+    results = []
     for tokens in (int(t) for t in args.tokens.split(",")):
         acts = {}
         for name, N, K in PRODUCTS:
             if K not in acts:
-                x = rng.standard_normal((tokens, K), dtype=np.float32)
-                acts[K] = runtime.to_device(q8_1.pack_rows(q8_1.quantize_rows(x, q8_1.layout_for(QTYPE))), "act")
-            w = quants.random_blocks(QTYPE, N * K // 32, rng).reshape(-1)
-            wd = runtime.to_device(np.concatenate([w, np.zeros(WEIGHT_TAIL_BYTES, np.uint8)]), "weights")
+                rows_ = q8_1.quantize_rows(rng.standard_normal((tokens, K), dtype=np.float32), layout)
+                acts[K] = (rows_, runtime.to_device(q8_1.pack_rows(rows_), "act"))
+            act_rows, act = acts[K]
+            w = quants.random_blocks(QTYPE, N * K // 32, rng).reshape(N, -1)
+            wd = runtime.to_device(np.concatenate([w.reshape(-1), np.zeros(WEIGHT_TAIL_BYTES, np.uint8)]), "weights")
             outs = [runtime.alloc(tokens * N * 4, "out") for _ in configs]
-            fns = [(lambda o=o, c=c: products.mmq_dense(dev, QTYPE, wd, N, K, acts[K], tokens, o, config=c))
-                   for o, c in zip(outs, configs)]
-            times = interleaved(clock, fns, args.reps)
-            cuda.Context.synchronize()
-            ref = np.empty(tokens * N * 4, np.uint8)
-            cuda.memcpy_dtoh(ref, outs[0])
-            cells = []
-            for i, o in enumerate(outs):
-                got = np.empty_like(ref)
-                cuda.memcpy_dtoh(got, o)
-                same = np.array_equal(got, ref)
-                differ |= not same
-                ms = statistics.median(times[i]) * 1e3
-                cells.append(f"{names[i]} {ms:7.3f} ms {2.0 * N * K * tokens / ms / 1e9:6.1f} TOP/s"
-                             + ("" if same else " DIFFER"))
-                rows_out.append((tokens, name, names[i], ms))
-            print(f"tokens {tokens:6d} {name:14s} " + " | ".join(cells), flush=True)
+            case = kernel_case("mmq_dense", f"{name.replace(' ', '_')}-T{tokens}-{N}x{K}", dict(N=N, K=K, R=tokens),
+                               weight_type=QTYPE.name)
+
+            def output(o, N=N):
+                h = np.empty((tokens, N), np.float32)
+                cuda.memcpy_dtoh(h, o)
+                return h
+
+            def definition(act_rows=act_rows, w=w):
+                sel = sample_index(tokens, CHECKED_ROWS)
+                return Definition(sel, mmq.mmq(QTYPE, w, q8_1.decode_rows(act_rows[sel], len(sel), layout)))
+
+            arms = [Arm(n, (lambda o=o, c=c: products.mmq_dense(dev, QTYPE, wd, N, K, act, tokens, o, config=c)),
+                        (lambda o=o: output(o))) for n, o, c in zip(names, outs, configs)]
+            res = measure(clock, case, arms, args.reps, definition)
+            results.append(res)
+            print(f"tokens {tokens:6d} {name:14s} " + " | ".join(
+                f"{n} {ms:7.3f} ms {case.flops / ms / 1e9:6.1f} TOP/s" for n, ms in zip(names, res.median_ms))
+                + ("" if res.same else " DIFFER"), flush=True)
             for o in outs:
                 o.free()
             wd.free()
-        for a in acts.values():
+        for _, a in acts.values():
             a.free()
     print()
     print(f"{'tokens':>7s} " + "".join(f"{n:>10s}" for n in names) + "   (ms, every product once)")
-    for tokens in dict.fromkeys(r[0] for r in rows_out):
-        tot = [sum(r[3] for r in rows_out if r[0] == tokens and r[2] == n) for n in names]
+    for tokens in dict.fromkeys(r.case.shape["R"] for r in results):
+        tot = [sum(r.median_ms[i] for r in results if r.case.shape["R"] == tokens) for i in range(len(names))]
         print(f"{tokens:7d} " + "".join(f"{t:10.3f}" for t in tot)
               + ("" if len(tot) < 2 else "   " + " ".join(f"{n} {100 * (t / tot[0] - 1):+.1f}%"
                                                          for n, t in zip(names[1:], tot[1:]))))
-    if differ:
-        print("bench_dense_mmq_ab_cuda: an arm's bytes DIFFER from auto's")
+    print()
+    print(markdown(results, args.reps))
+    if not all(r.same for r in results):
+        print("bench_dense_mmq_ab_cuda: an arm's bytes are not the definition's")
         return 1
     return 0
 

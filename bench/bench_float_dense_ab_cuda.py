@@ -4,16 +4,18 @@ strata router shape (512 x 2560 weights, BF16 as in the strata pack, and F32) an
 
     python3 bench/bench_float_dense_ab_cuda.py [--tokens 1024,8192,32768] [--reps 7]
 
-Per (shape, tokens): one untimed call per form, then `reps` rounds in alternating order, each
-timed with CUDA events; medians. The forms' outputs must be the same bytes (exit 1 if not).
-GFLOP/s counts 2 * N * K * T (a product and an addition per weight and token).
+Each (shape, tokens) is a "float_dense" row of verify/cases.py (kernel_case; the GPU suite times
+the router rows at 2K, 8K and 32K). bench/ab_harness.py runs the arms: one untimed call per
+form, then `reps` rounds in alternating order, each timed with CUDA events; medians. Every
+form's output must be the NumPy definition (strata.dense.float_matmul) on a spread of tokens
+and the warp form's bytes elsewhere (exit 1 if not). GFLOP/s counts the row's flops, 2 * N * K
+* T (a product and an addition per weight and token). A Markdown table prints last.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
 import os
+import sys
 
 import numpy as np
 
@@ -22,13 +24,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
+from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
 from fast.cuda import dense, runtime  # noqa: E402
-from gpu_timing import PycudaClock, interleaved  # noqa: E402
-from strata.dense import encode_float  # noqa: E402
+from gpu_timing import PycudaClock  # noqa: E402
+from strata.dense import decode_float, encode_float, float_matmul  # noqa: E402
+from verify.cases import kernel_case, sample_index  # noqa: E402
 
 SHAPES = (("router", 512, 2560, "BF16"), ("router", 512, 2560, "F32"), ("shexp gate", 1, 2560, "F32"))
 #: form -> (variant, float_dense.cu defines of the tiled form)
 FORMS = {"warp": ("warp", {}), "tile": ("tile", {}), "tile minb1": ("tile", {"FT_MINB": 1})}
+CHECKED_TOKENS = 32  # tokens of each row compared with the NumPy definition
 
 
 def main() -> int:
@@ -36,40 +41,39 @@ def main() -> int:
     ap.add_argument("--tokens", default="1024,8192,32768")
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
+    ok, why = runtime.cuda_available()
+    if not ok:
+        print(f"bench_float_dense_ab_cuda: CUDA backend unavailable: {why}")
+        return 0
     runtime.context()
     dev = runtime.Device()
     clock = PycudaClock(dev.stream)
     print(f"device: {runtime.device_name()} ({runtime.arch()})", flush=True)
     rng = np.random.default_rng(3)
-    rows, failed = [], False
+    results = []
     for name, N, K, wtype in SHAPES:
-        wf = rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)
-        w = dev.upload(encode_float(wf, QT[wtype]))
+        raw = encode_float(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05), QT[wtype])
+        w = dev.upload(raw)
         for T in [int(t) for t in args.tokens.split(",")]:
-            x = dev.upload(rng.standard_normal((T, K), dtype=np.float32))
+            case = kernel_case("float_dense", f"{name.replace(' ', '_')}-T{T}-N{N}-K{K}-{wtype}", dict(T=T, N=N, K=K),
+                               weight_type=wtype)
+            xh = rng.standard_normal((T, K), dtype=np.float32)
+            x = dev.upload(xh)
             outs = {f: dev.empty((T, N), np.float32) for f in FORMS}
 
             def run(f):
                 variant, dense.TILE_CONFIG = FORMS[f]
                 dense.float_dense(dev, QT[wtype], w, N, K, x, T, outs[f], variant=variant)
 
-            per_arm = interleaved(clock, [lambda f=f: run(f) for f in FORMS], args.reps)
-            times = {f: [1e3 * t for t in ts] for f, ts in zip(FORMS, per_arm)}
-            first = outs["warp"].get().view(np.uint32)
-            same = all(np.array_equal(o.get().view(np.uint32), first) for o in outs.values())
-            failed |= not same
-            med = {f: statistics.median(times[f]) for f in FORMS}
-            rows.append((name, wtype, N, K, T, med, same))
-    print(f"\n{args.reps} interleaved reps, medians (CUDA events)")
-    print("| shape | weights | N x K | tokens | " + " | ".join(f"{f} ms" for f in FORMS)
-          + " | tile vs warp | tile GFLOP/s | identical bytes |")
-    print("|---|---|---|---|" + "---|" * len(FORMS) + "---|---|---|")
-    for name, wtype, N, K, T, med, same in rows:
-        ch = 100.0 * (med["tile"] / med["warp"] - 1.0)
-        gf = 2.0 * N * K * T / (med["tile"] * 1e6)
-        print(f"| {name} | {wtype} | {N} x {K} | {T} | " + " | ".join(f"{med[f]:.3f}" for f in FORMS)
-              + f" | {ch:+.1f}% | {gf:.0f} | {'yes' if same else 'NO'} |")
-    return 1 if failed else 0
+            def definition():
+                sel = sample_index(T, CHECKED_TOKENS)
+                return Definition(sel, float_matmul(decode_float(QT[wtype], raw), xh[sel]))
+
+            arms = [Arm(f, lambda f=f: run(f), outs[f].get) for f in FORMS]
+            results.append(measure(clock, case, arms, args.reps, definition))
+    print()
+    print(markdown(results, args.reps))
+    return 0 if all(r.same for r in results) else 1
 
 
 if __name__ == "__main__":

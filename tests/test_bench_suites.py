@@ -144,3 +144,52 @@ def test_a_kernel_row_goes_into_extra_info():
     json.dumps(info)
     att = mod.row_info(kernel_rows("attention", timed=True)[0])
     assert att["shape"]["positions"] == {"range": [0, 4096]} and "form" not in att
+
+
+def test_ab_harness_interleaves_checks_and_tabulates():
+    """bench/ab_harness.measure on NumPy arms and a fake clock: arms called A B / B A after one
+    untimed call each, medians per arm, each output against the definition's rows and the
+    first arm's bytes (a wrong byte in a checked row and one outside are both named), and the
+    Markdown table's lines."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from ab_harness import Arm, Definition, markdown, measure
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    from verify.cases import kernel_case
+
+    calls, now = [], [0.0]
+
+    class Clock:
+        def start(self):
+            self.t0 = now[0]
+
+        def stop(self):
+            return now[0] - self.t0
+
+    def arm(name, cost, out):
+        def run():
+            calls.append(name)
+            now[0] += cost
+        return Arm(name, run, lambda: out)
+
+    good = np.arange(40, dtype=np.float32).reshape(10, 4)
+    off_row = good.copy()
+    off_row[3, 1] = -1.0  # row 3 is not among the checked rows
+    in_row = good.copy()
+    in_row[9, 0] = 7.5  # row 9 is
+    case = kernel_case("add", "n40", dict(n=40))
+    definition = Definition(np.array([0, 5, 9]), good[[0, 5, 9]])
+    res = measure(Clock(), case, [arm("A", 1e-3, good), arm("B", 2e-3, off_row), arm("C", 3e-3, in_row)], 3,
+                  lambda: definition)
+    assert calls == list("ABC") + list("ABC") + list("CBA") + list("ABC")
+    assert [round(m, 6) for m in res.median_ms] == [1.0, 2.0, 3.0]
+    assert res.differs[0] is None and "first arm" in res.differs[1] and "definition" in res.differs[2]
+    assert "first at byte 54 (row 3)" in res.differs[1]  # element 13 (row 3), its third byte
+    assert not res.same
+    table = markdown([res], 3).splitlines()
+    assert len(table) == 4 and table[1].startswith("| row | arm 0 ms | arm 1 ms | arm 2 ms |")
+    assert table[3].startswith("| n40 | 1.000 | 2.000 | 3.000 | +200.0% |") and "DIFFER" in table[3]
+    assert f"{case.bytes / 1e-3 / 1e9:.0f} GB/s" in table[3]

@@ -186,8 +186,10 @@ def _cost(op: str, s: dict, wtype: str | None) -> tuple[int, int]:
     return 0, 0  # refusals, counters, geometry and the every-float probes: no one launch to count
 
 
-def _krow(op: str, name: str, shape: dict, *, weight_type=None, form=None, config=None, quick=False,
-         timed=False) -> KernelCase:
+def kernel_case(op: str, name: str, shape: dict, *, weight_type=None, form=None, config=None, quick=False,
+                timed=False) -> KernelCase:
+    """A row of `op` at `shape`, its FLOPs and bytes counted from the shape (the table's rows,
+    and the A/B scripts' rows at the sizes their command lines ask for)."""
     flops, nbytes = _cost(op, shape, weight_type)
     return KernelCase(op, name, dict(shape), weight_type, form, config, int(flops), int(nbytes), quick, timed)
 
@@ -205,51 +207,51 @@ def _kernels_rows() -> list[KernelCase]:
     layouts = [_q8_1.Layout.D4, _q8_1.Layout.DS4, _q8_1.Layout.D2S6]
     for T, K, E, k in [(37, 256, 16, 4), (23, 2560, 512, 10), (19, 640, 8, 3), (9, 200, 5, 2)]:
         for lay in layouts:
-            rows.append(_krow("quantize", f"T{T}-K{K}-E{E}-k{k}-{lay.name}", dict(T=T, K=K, E=E, k=k),
+            rows.append(kernel_case("quantize", f"T{T}-K{K}-E{E}-k{k}-{lay.name}", dict(T=T, K=K, E=E, k=k),
                              config=lay.name, quick=T == 9))
     gu_layout = _layout_name(_q8_1.layout_for(_QT.IQ2_XS))  # the layout the strata gate/up kernel reads
     for T in BENCH_TOKENS:
-        rows.append(_krow("quantize", f"T{T}-K{_STRATA.n_embd}-strata-{gu_layout}",
+        rows.append(kernel_case("quantize", f"T{T}-K{_STRATA.n_embd}-strata-{gu_layout}",
                          dict(T=T, K=_STRATA.n_embd, E=_STRATA.n_expert, k=_STRATA.n_expert_used, check=256),
                          config=gu_layout, timed=True))
 
     for t in MMQ_TYPES:  # tiny: gate/up 512 x 256 (one small row a type: the quick tier), down 256 x 256
-        rows.append(_krow("mmq", f"tiny-512x256-{t}", dict(N=512, K=256, rows=(0, 1, 9, 130, 0, 40, 3),
+        rows.append(kernel_case("mmq", f"tiny-512x256-{t}", dict(N=512, K=256, rows=(0, 1, 9, 130, 0, 40, 3),
                                                           tile_rows=(128, 32, 8), seed=1), weight_type=t, quick=True))
-        rows.append(_krow("mmq", f"tiny-256x256-{t}", dict(N=256, K=256, rows=(5, 0, 1, 64), stride_pad=0, seed=2),
+        rows.append(kernel_case("mmq", f"tiny-256x256-{t}", dict(N=256, K=256, rows=(5, 0, 1, 64), stride_pad=0, seed=2),
                          weight_type=t))
     for t in MMQ_TYPES:
-        rows.append(_krow("mmq", f"strata-gate_up-1280x2560-{t}", dict(N=1280, K=2560, rows=(0, 1, 37, 161, 0, 12),
+        rows.append(kernel_case("mmq", f"strata-gate_up-1280x2560-{t}", dict(N=1280, K=2560, rows=(0, 1, 37, 161, 0, 12),
                                                                      tile_rows=(128, 64), seed=3), weight_type=t))
     for t in ("Q8_0", "Q4_1"):
-        rows.append(_krow("mmq", f"strata-down-2560x640-{t}", dict(N=2560, K=640, rows=(1, 0, 50, 129, 7), seed=4),
+        rows.append(kernel_case("mmq", f"strata-down-2560x640-{t}", dict(N=2560, K=640, rows=(1, 0, 50, 129, 7), seed=4),
                          weight_type=t))
     for t in ("Q8_0", "Q4_1"):  # K a multiple of 32 but not of 128 (a partial last chunk), N not of 128
-        rows.append(_krow("mmq", f"odd_k-200x96-{t}", dict(N=200, K=96, rows=(3, 17, 0, 33), seed=5), weight_type=t))
+        rows.append(kernel_case("mmq", f"odd_k-200x96-{t}", dict(N=200, K=96, rows=(3, 17, 0, 33), seed=5), weight_type=t))
     for t in ("Q8_0", "IQ2_XS"):  # ~150 rows an expert (the large-tile configuration), 2 row tiles each
-        rows.append(_krow("mmq", f"many_rows-320x512-{t}", dict(N=320, K=512, rows=(200, 130, 0, 77, 193),
+        rows.append(kernel_case("mmq", f"many_rows-320x512-{t}", dict(N=320, K=512, rows=(200, 130, 0, 77, 193),
                                                                tile_rows=(128, 96), seed=8), weight_type=t))
-    rows.append(_krow("mmq", "sixteen_experts-512x256-IQ2_XS",
+    rows.append(kernel_case("mmq", "sixteen_experts-512x256-IQ2_XS",
                      dict(N=512, K=256, rows=(0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 1, 0, 7, 160), seed=6),
                      weight_type="IQ2_XS"))
     for t, floor in (("IQ2_XS", 2 ** 22), ("IQ3_XXS", 2 ** 21), ("Q2_K", 2 ** 14)):
-        rows.append(_krow("mmq_extreme", f"64x512-{t}", dict(N=64, K=512, rows=(40, 0, 24), tile_rows=(128, 16),
+        rows.append(kernel_case("mmq_extreme", f"64x512-{t}", dict(N=64, K=512, rows=(40, 0, 24), tile_rows=(128, 16),
                                                             seed=11, floor=floor), weight_type=t, quick=t == "IQ2_XS"))
     for t in ("Q8_0", "IQ3_S"):
-        rows.append(_krow("mmq_dense", f"384x512-R300-{t}", dict(N=384, K=512, R=300, seed=7), weight_type=t,
+        rows.append(kernel_case("mmq_dense", f"384x512-R300-{t}", dict(N=384, K=512, R=300, seed=7), weight_type=t,
                          quick=t == "Q8_0"))
     for t in ("Q8_0", "IQ2_XS", "Q2_K"):
-        rows.append(_krow("mmq_pair", f"384x512-{t}", dict(N=384, K=512, rows=(7, 0, 1, 150, 33)), weight_type=t,
+        rows.append(kernel_case("mmq_pair", f"384x512-{t}", dict(N=384, K=512, rows=(7, 0, 1, 150, 33)), weight_type=t,
                          form="pair", quick=t == "Q8_0"))
     few = tuple(int(v) for v in np.random.default_rng(11).integers(0, 30, 40))  # 40 experts: the small-rows config
     many = (0, 1, 200, 129, 64, 7, 300, 0, 90)  # the large-rows config, several row tiles an expert
     for t in MMQ_TYPES:
-        rows.append(_krow("mmq_tiles", f"few-320x512-{t}", dict(N=320, K=512, rows=few, seed=12), weight_type=t,
+        rows.append(kernel_case("mmq_tiles", f"few-320x512-{t}", dict(N=320, K=512, rows=few, seed=12), weight_type=t,
                          form="tiles", quick=t == "Q8_0"))
-        rows.append(_krow("mmq_tiles", f"many-200x256-{t}", dict(N=200, K=256, rows=many, seed=13), weight_type=t,
+        rows.append(kernel_case("mmq_tiles", f"many-200x256-{t}", dict(N=200, K=256, rows=many, seed=13), weight_type=t,
                          form="tiles"))
     strata_rows = tuple(int(v) for v in np.random.default_rng(14).integers(0, 40, 24))
-    rows.append(_krow("mmq_tiles", "strata-gate_up-640x2560-IQ2_XS", dict(N=640, K=2560, rows=strata_rows, seed=15),
+    rows.append(kernel_case("mmq_tiles", "strata-gate_up-640x2560-IQ2_XS", dict(N=640, K=2560, rows=strata_rows, seed=15),
                      weight_type="IQ2_XS", form="tiles"))
     # One MoE layer as the walk launches it on the strata shape: tokens routed top-10 over 512
     # experts, one launch a group of 16 (gate and up: both matrices in one launch).
@@ -257,24 +259,24 @@ def _kernels_rows() -> list[KernelCase]:
     layer = [("gate_up", t, F, D, 2) for t in MMQ_TYPES] + [("down", t, D, F, 1) for t in ("Q8_0", "Q4_1")]
     for proj, t, N, K, mats in layer:
         for T in BENCH_TOKENS:
-            rows.append(_krow("mmq_layer", f"{proj}-{t}-T{T}", dict(tokens=T, N=N, K=K, mats=mats, experts=E, top_k=k,
+            rows.append(kernel_case("mmq_layer", f"{proj}-{t}-T{T}", dict(tokens=T, N=N, K=K, mats=mats, experts=E, top_k=k,
                                                                  check=2), weight_type=t, form="group", timed=True))
-    rows.append(_krow("mmq_layer", "gate_up-IQ2_XS-T64", dict(tokens=64, N=F, K=D, mats=2, experts=E, top_k=k, check=4),
+    rows.append(kernel_case("mmq_layer", "gate_up-IQ2_XS-T64", dict(tokens=64, N=F, K=D, mats=2, experts=E, top_k=k, check=4),
                      weight_type="IQ2_XS", form="group", quick=True))
     swiglu_shapes = [(256, 40, 0, 40, 0, 40), (640, 57, 9, 50, 9, 57), (200, 33, 3, 30, 11, 45), (1280, 21, 20, 21, 0, 1),
                      (96, 18, 5, 17, 2, 30)]
     for n, R, r0, r1, row0, R_total in swiglu_shapes:
         for lay in sorted({_q8_1.layout_for(_QT[t]) for t in MMQ_TYPES}):
-            rows.append(_krow("swiglu_quantize", f"n{n}-R{R}-rows{r0}:{r1}-at{row0}-of{R_total}-{_layout_name(lay)}",
+            rows.append(kernel_case("swiglu_quantize", f"n{n}-R{R}-rows{r0}:{r1}-at{row0}-of{R_total}-{_layout_name(lay)}",
                              dict(n=n, R=R, r0=r0, r1=r1, row0=row0, R_total=R_total), config=_layout_name(lay),
                              quick=n == 256))
     probes = [("round_nonneg", "all", 0x00000000, 0x43800000), ("exp_nonpos", "all", 0x80000000, 0xC2B00000),
               ("exp_fused", "positive", 0x00000000, 0x7FFFFFFF), ("exp_fused", "negative", 0x80000000, 0xFFFFFFFF)]
     for form, name, lo, hi in probes:
-        rows.append(_krow("numerics_probe", f"{form}-{name}", dict(lo=lo, hi=hi), form=form,
+        rows.append(kernel_case("numerics_probe", f"{form}-{name}", dict(lo=lo, hi=hi), form=form,
                          quick=form == "exp_nonpos"))
-    rows.append(_krow("numerics_probe", "values-edges-random", dict(n_random=2 * 4096), form="values", quick=True))
-    rows.append(_krow("mmq_counters", "dense-Q8_0", {}, weight_type="Q8_0", quick=True))
+    rows.append(kernel_case("numerics_probe", "values-edges-random", dict(n_random=2 * 4096), form="values", quick=True))
+    rows.append(kernel_case("mmq_counters", "dense-Q8_0", {}, weight_type="Q8_0", quick=True))
     return rows
 
 
@@ -306,33 +308,33 @@ def _model_rows() -> list[KernelCase]:
     rows = []
     D, E, k = _STRATA.n_embd, _STRATA.n_expert, _STRATA.n_expert_used
     for r, n in [(1, 256), (7, 2560), (5, 256), (3 * 16, 64), (2 * 8, 128), (3, 100)]:
-        rows.append(_krow("rmsnorm", f"rows{r}-n{n}", dict(rows=r, n=n), quick=(r, n) == (1, 256)))
+        rows.append(kernel_case("rmsnorm", f"rows{r}-n{n}", dict(rows=r, n=n), quick=(r, n) == (1, 256)))
     for T in BENCH_TOKENS:
-        rows.append(_krow("rmsnorm", f"rows{T}-n{D}-strata", dict(rows=T, n=D, check=64), timed=True))
-    rows.append(_krow("rmsnorm_heads", "T5-H8-hd128-in-place", dict(T=5, H=8, hd=128), quick=True))
+        rows.append(kernel_case("rmsnorm", f"rows{T}-n{D}-strata", dict(rows=T, n=D, check=64), timed=True))
+    rows.append(kernel_case("rmsnorm_heads", "T5-H8-hd128-in-place", dict(T=5, H=8, hd=128), quick=True))
     for T, H, hd in [(1, 4, 64), (9, 4, 128), (70, 2, 64)]:
-        rows.append(_krow("rope", f"T{T}-H{H}-hd{hd}", dict(T=T, H=H, hd=hd), quick=T == 1))
+        rows.append(kernel_case("rope", f"T{T}-H{H}-hd{hd}", dict(T=T, H=H, hd=hd), quick=T == 1))
     for n in [1, 2560, 3 * 2560 + 3]:
-        rows.append(_krow("add", f"n{n}", dict(n=n), quick=n == 2560))
+        rows.append(kernel_case("add", f"n{n}", dict(n=n), quick=n == 2560))
     for n_kv, hd in [(2, 64), (4, 128)]:
-        rows.append(_krow("kv_write", f"kv{n_kv}-hd{hd}", dict(n_kv=n_kv, hd=hd, cap=256,
+        rows.append(kernel_case("kv_write", f"kv{n_kv}-hd{hd}", dict(n_kv=n_kv, hd=hd, cap=256,
                                                              positions=(60, 61, 62, 63, 64, 65, 130, 7, 200)),
                          quick=hd == 64))
     for i in range(len(ATTENTION_SHAPES)):
         for scale in (1.0, 8.0):
             name, shape = _attention_shape(i, scale)
             for v in ATTEND_FORMS:
-                rows.append(_krow("attention", f"{name}-s{scale:g}-{v or 'default'}", shape, form=v,
+                rows.append(kernel_case("attention", f"{name}-s{scale:g}-{v or 'default'}", shape, form=v,
                                  quick=i == 0 and scale == 1.0))
     for T in (4096, 32768):  # the prefill the GPU suite times: every position over the ones before it
-        rows.append(_krow("attention", f"prefill-{T}-gqa8-hd128-s1-default",
+        rows.append(kernel_case("attention", f"prefill-{T}-gqa8-hd128-s1-default",
                          dict(n_head=_STRATA.n_head, n_kv=_STRATA.n_head_kv, hd=_STRATA.head_dim, positions=range(0, T),
                               start=0, scale=1.0, check=8), timed=True))
     for i in (1, 6, 7):  # gqa4-cross64-hd128, prefill-1000, chunk-1500
         for scale in (4.0, 16.0):  # 16: key blocks far below the running maximum
             name, shape = _attention_shape(i, scale, seed=900 + i)
             for warps, epi in [(4, 1), (4, 2), (8, 1), (8, 2)]:
-                rows.append(_krow("attention_mma_config", f"{name}-s{scale:g}-warps{warps}-epi{epi}", shape, form="mma",
+                rows.append(kernel_case("attention_mma_config", f"{name}-s{scale:g}-warps{warps}-epi{epi}", shape, form="mma",
                                  config={"MMA_WARPS": warps, "MMA_EPI": epi}, quick=i == 1 and scale == 4.0))
     pair_configs = [{}, {"PAIR_VT": 0}, {"PAIR_VT": 0, "PAIR_COPY": 1}, {"PAIR_QG": 6}, {"PAIR_STAGES": 2},
                     {"PAIR_QG": 4, "PAIR_MINB": 2}]
@@ -341,49 +343,49 @@ def _model_rows() -> list[KernelCase]:
             name, shape = _attention_shape(i, scale, seed=900 + i)
             for cfg in pair_configs:
                 tag = ",".join(f"{a}{b}" for a, b in cfg.items()) or "default"
-                rows.append(_krow("attention_pair_config", f"{name}-s{scale:g}-{tag}", shape, form="pair", config=cfg,
+                rows.append(kernel_case("attention_pair_config", f"{name}-s{scale:g}-{tag}", shape, form="pair", config=cfg,
                                  quick=i == 1 and scale == 4.0))
     for v in ("mma", "pair", "split"):
-        rows.append(_krow("attention_positions", f"T2-at200-{v}", dict(n_head=8, n_kv=2, hd=128, positions=(200, 201),
+        rows.append(kernel_case("attention_positions", f"T2-at200-{v}", dict(n_head=8, n_kv=2, hd=128, positions=(200, 201),
                                                                       start=200, scale=4.0), form=v, quick=v == "pair"))
     for v in ATTEND_FORMS:
-        rows.append(_krow("attention_chunks", f"2x70+1-{v or 'default'}",
+        rows.append(kernel_case("attention_chunks", f"2x70+1-{v or 'default'}",
                          dict(n_layer=2, n_head=8, n_kv=2, hd=128, chunks=(range(0, 70), range(70, 140), (140,))),
                          form=v, quick=v is None))
     for T, E_, K in [(1, 128, 8), (33, 128, 8), (37, 512, 10), (5, 64, 32)]:
         for ties in (False, True):
-            rows.append(_krow("top_k", f"T{T}-E{E_}-K{K}-{'ties' if ties else 'spread'}", dict(T=T, E=E_, K=K, ties=ties),
+            rows.append(kernel_case("top_k", f"T{T}-E{E_}-K{K}-{'ties' if ties else 'spread'}", dict(T=T, E=E_, K=K, ties=ties),
                              quick=(T, ties) == (1, False)))
     for T in BENCH_TOKENS:
-        rows.append(_krow("top_k", f"T{T}-E{E}-K{k}-spread-strata", dict(T=T, E=E, K=k, ties=False, check=64), timed=True))
+        rows.append(kernel_case("top_k", f"T{T}-E{E}-K{k}-spread-strata", dict(T=T, E=E, K=k, ties=False, check=64), timed=True))
     for T, E_, K, skew in [(1, 128, 8, False), (37, 128, 8, False), (1000, 512, 10, False), (4096, 512, 10, True),
                            (300, 64, 4, True)]:
-        rows.append(_krow("routing_tables", f"T{T}-E{E_}-K{K}-{'skew' if skew else 'uniform'}",
+        rows.append(kernel_case("routing_tables", f"T{T}-E{E_}-K{K}-{'skew' if skew else 'uniform'}",
                          dict(T=T, E=E_, K=K, skew=skew), quick=T == 1))
     for T in BENCH_TOKENS:
-        rows.append(_krow("routing_tables", f"T{T}-E{E}-K{k}-uniform-strata", dict(T=T, E=E, K=k, skew=False),
+        rows.append(kernel_case("routing_tables", f"T{T}-E{E}-K{k}-uniform-strata", dict(T=T, E=E, K=k, skew=False),
                          timed=True))
     for R, n in [(1, 640), (37, 768), (13, 100)]:
-        rows.append(_krow("swiglu", f"R{R}-n{n}", dict(R=R, n=n), quick=R == 1))
-    rows.append(_krow("sigmoid", "n1000", dict(n=1000), quick=True))
+        rows.append(kernel_case("swiglu", f"R{R}-n{n}", dict(R=R, n=n), quick=R == 1))
+    rows.append(kernel_case("sigmoid", "n1000", dict(n=1000), quick=True))
     for T, K, D_, E_ in [(1, 8, 256, 64), (9, 8, 256, 64), (17, 10, 2560, 512), (5, 3, 102, 16), (300, 10, 2560, 512)]:
         for shared in (False, True):
             for form in ("auto", "element"):
-                rows.append(_krow("combine", f"T{T}-K{K}-D{D_}-E{E_}-{'shared' if shared else 'routed'}-{form}",
+                rows.append(kernel_case("combine", f"T{T}-K{K}-D{D_}-E{E_}-{'shared' if shared else 'routed'}-{form}",
                                  dict(T=T, K=K, D=D_, E=E_, shared=shared), form=form, quick=(T, shared) == (9, True)))
-    rows.append(_krow("combine_refusal", "bad-form-T3-and-T0", dict(D=8, K=2), quick=True))
+    rows.append(kernel_case("combine_refusal", "bad-form-T3-and-T0", dict(D=8, K=2), quick=True))
     for n_embd, T in [(256, 1), (256, 19), (2560, 7)]:
-        rows.append(_krow("embed", f"n{n_embd}-T{T}", dict(n_embd=n_embd, T=T, n_vocab=300), weight_type="Q8_0",
+        rows.append(kernel_case("embed", f"n{n_embd}-T{T}", dict(n_embd=n_embd, T=T, n_vocab=300), weight_type="Q8_0",
                          quick=T == 1))
     for n, gu, d, tail, offsets in [(1, 4096, 2048, 1024, "aligned"), (5, 2720 * 3, 1360 * 5, 4096, "aligned"),
                                     (16, 1000, 777, 513, "mixed"), (16, 34 * 64, 34 * 40, 2048, "mixed")]:
-        rows.append(_krow("gather", f"n{n}-gu{gu}-d{d}-tail{tail}-{offsets}",
+        rows.append(kernel_case("gather", f"n{n}-gu{gu}-d{d}-tail{tail}-{offsets}",
                          dict(n=n, gu_bytes=gu, d_bytes=d, tail=tail, offsets=offsets), quick=n == 1))
     # a strata IQ2_XS pack's group: 16 experts of [gate | up | down], down Q8_0 (the GPU suite's)
     gu, d = _weights("IQ2_XS", _STRATA.n_ff_exp, D), _weights("Q8_0", D, _STRATA.n_ff_exp)
-    rows.append(_krow("gather", f"n{_MMQ_GROUP}-strata-IQ2_XS", dict(n=_MMQ_GROUP, gu_bytes=gu, d_bytes=d,
+    rows.append(kernel_case("gather", f"n{_MMQ_GROUP}-strata-IQ2_XS", dict(n=_MMQ_GROUP, gu_bytes=gu, d_bytes=d,
                                                                     tail=_GROUP_TAIL, offsets="aligned"), timed=True))
-    rows.append(_krow("gather_count", "n16-GPUArray-blobs", dict(n=16, gu_bytes=512, d_bytes=512, tail=64), quick=True))
+    rows.append(kernel_case("gather_count", "n16-GPUArray-blobs", dict(n=16, gu_bytes=512, d_bytes=512, tail=64), quick=True))
     return rows
 
 
@@ -394,19 +396,19 @@ def _float_dense_rows() -> list[KernelCase]:
                     (301, 512, 2560), (64, 1, 640), (40, 33, 31)]:
         for t in ("F32", "F16", "BF16"):
             for v in ("auto", "warp", "tile"):
-                rows.append(_krow("float_dense", f"T{T}-N{N}-K{K}-{t}-{v}", dict(T=T, N=N, K=K), weight_type=t, form=v,
+                rows.append(kernel_case("float_dense", f"T{T}-N{N}-K{K}-{t}-{v}", dict(T=T, N=N, K=K), weight_type=t, form=v,
                                  quick=(T, N, K, t) == (1, 16, 256, "F32")))
     for T in BENCH_TOKENS:  # the router product (512 x 2560; the strata pack's router is BF16)
         for t in ("F32", "BF16"):
             for v in ("warp", "tile"):
-                rows.append(_krow("float_dense", f"T{T}-N{_STRATA.n_expert}-K{_STRATA.n_embd}-{t}-{v}-router",
+                rows.append(kernel_case("float_dense", f"T{T}-N{_STRATA.n_expert}-K{_STRATA.n_embd}-{t}-{v}-router",
                                  dict(T=T, N=_STRATA.n_expert, K=_STRATA.n_embd, check=32), weight_type=t, form=v,
                                  timed=True))
     for t in ("F32", "BF16"):
         for v in ("warp", "tile"):
-            rows.append(_krow("float_dense_strided", f"T19-N10-K96-ldx100-ldo13-{t}-{v}",
+            rows.append(kernel_case("float_dense_strided", f"T19-N10-K96-ldx100-ldo13-{t}-{v}",
                              dict(T=19, N=10, K=96, ldx=100, ldo=13), weight_type=t, form=v, quick=t == "F32"))
-    rows.append(_krow("float_dense_geometry", "tile", {}, form="tile", quick=True))
+    rows.append(kernel_case("float_dense_geometry", "tile", {}, form="tile", quick=True))
     return rows
 
 
