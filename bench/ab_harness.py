@@ -25,7 +25,8 @@ from gpu_timing import interleaved
 @dataclass
 class Arm:
     """One way of running a row: `run()` launches it; `output()` (after the launches are done)
-    its output as a host array, None where the arm's output is not compared."""
+    its output as a host array, or a dict of named outputs (an arm that runs part of a row
+    gives the part it writes), None where the arm's output is not compared."""
 
     name: str
     run: Callable[[], object]
@@ -35,7 +36,7 @@ class Arm:
 @dataclass
 class Definition:
     """What an arm's output must be: rows `sel` (the first axis) equal `want_rows` byte for
-    byte, and every other row the first arm's bytes."""
+    byte, and every other row the first arm's bytes (named outputs: a dict of Definitions)."""
 
     sel: np.ndarray
     want_rows: np.ndarray
@@ -72,9 +73,15 @@ def first_difference(got: np.ndarray, want: np.ndarray) -> str | None:
     return f"{bad.size} bytes differ; first at byte {i} (row {i // row_bytes}): got 0x{int(g[i]):02x} want 0x{int(w[i]):02x}"
 
 
-def check(got: np.ndarray, first: np.ndarray | None, definition: Definition | None) -> str | None:
+def check(got, first, definition) -> str | None:
     """An arm's output against the definition's rows, and (where it is not the first arm's)
-    whole against the first arm's."""
+    whole against the first arm's. Named outputs (dicts): each the arm gives, against the
+    definition and the first arm's output of that name."""
+    if isinstance(got, dict):
+        misses = [f"{name}: {miss}" for name, g in got.items()
+                  if (miss := check(g, None if first is None else first.get(name),
+                                    None if definition is None else definition.get(name)))]
+        return "; ".join(misses) or None
     if definition is not None:
         miss = first_difference(got[definition.sel], definition.want_rows)
         if miss:

@@ -21,11 +21,16 @@ launches them (so the host's launch cost is in the time):
   down       the in-place arm's down launch alone (its floor: the down bytes)
   [i]        in place with the tile configuration --configs gives as [i]
 
-Every arm's gate, up and down outputs are compared byte for byte with the gather arm's. The
+Each length is a "moe_experts" row (verify.cases.kernel_case: gate and up of every routed
+expert, then its down; its FLOPs and bytes), and bench/ab_harness.py runs the arms (an untimed
+call each, then the reps interleaved). Every arm's gate, up and down outputs (those it writes)
+must be the NumPy definition (strata.mmq.mmq) on the rows of a spread of routed experts and the
+gather arm's bytes elsewhere (exit 1 if not). The
 floor is the bytes of the routed experts' matrices read once at the device's memory bandwidth,
 measured here as a device-to-device copy of 1 GB (bytes read + written over its time). SwiGLU and the quantize of
 H are left out: the same launch in both arms (the down input is a fixed q8_1 buffer).
-Prints a table last; with --out, writes the numbers as JSON there.
+Prints its table and then the harness's Markdown table last; with --out, writes the numbers
+as JSON there.
 """
 from __future__ import annotations
 
@@ -38,16 +43,20 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
-from bench.gpu_timing import PycudaClock, interleaved  # noqa: E402
+from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
 from fast.cuda import products, runtime  # noqa: E402
-from strata import q8_1, quants  # noqa: E402
+from gpu_timing import PycudaClock  # noqa: E402
+from strata import mmq, q8_1, quants  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
+from verify.cases import kernel_case, sample_index  # noqa: E402
 
 N_EXPERT, TOP_K, N_EMBD, N_FF = 512, 10, 2560, 640
 GU, DOWN = QT.IQ2_XS, QT.Q8_0
+CHECKED_EXPERTS = 4  # routed experts of each length whose rows are compared with the NumPy definition
 
 
 def log(*a):
@@ -94,6 +103,10 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     args = ap.parse_args()
 
+    ok, why = runtime.cuda_available()
+    if not ok:
+        print(f"bench_in_place_cuda: CUDA backend unavailable: {why}")
+        return 0
     cuda = runtime._driver()
     runtime.context()
     dev = runtime.Device(stream=cuda.Stream())
@@ -111,15 +124,14 @@ def main():
         host[e * blob:e * blob + 2 * gu_b] = quants.random_blocks(GU, 2 * N_FF * N_EMBD // 256, rng).reshape(-1)
         host[e * blob + 2 * gu_b:(e + 1) * blob] = quants.random_blocks(DOWN, N_EMBD * N_FF // 32, rng).reshape(-1)
     host[N_EXPERT * blob:] = 0
-    cache = runtime.to_device(host, "expert cache")
-    del host
+    cache = runtime.to_device(host, "expert cache")  # host stays: the definition's weights
     gbuf_n, dbuf_n = products.group_buffer_bytes(MMQ_GROUP, gu_b, d_b, GROUP_TAIL_BYTES)
     gu_buf, d_buf = runtime.alloc(gbuf_n, "group gate/up"), runtime.alloc(dbuf_n, "group down")
     configs = [json.loads(c) for c in args.configs.split(";") if c.strip()]
     log(f"expert cache: {N_EXPERT} blobs of {blob / 1e6:.2f} MB; configs: "
         + ("  ".join(f"[{i}] {json.dumps(c)}" for i, c in enumerate(configs)) or "none extra"))
 
-    results = []
+    results, harness = [], []
     for tokens in (int(t) for t in args.tokens.split(",")):
         ids = route(rng, tokens, args.skew)
         cnt = np.bincount(ids.reshape(-1), minlength=N_EXPERT)
@@ -134,10 +146,9 @@ def main():
         groups = [order[i:i + MMQ_GROUP] for i in range(0, len(order), MMQ_GROUP)]
         gbounds = [bounds[i:i + MMQ_GROUP] for i in range(0, len(order), MMQ_GROUP)]
         gb_dev = runtime.to_device(np.concatenate(gbounds).reshape(-1), "group bounds")
-        a_in = q8_1.pack_rows(q8_1.quantize_rows(rng.standard_normal((rows, N_EMBD), dtype=np.float32),
-                                                 q8_1.layout_for(GU)))
-        a_dn = q8_1.pack_rows(q8_1.quantize_rows(rng.standard_normal((rows, N_FF), dtype=np.float32),
-                                                 q8_1.layout_for(DOWN)))
+        in_rows = q8_1.quantize_rows(rng.standard_normal((rows, N_EMBD), dtype=np.float32), q8_1.layout_for(GU))
+        dn_rows = q8_1.quantize_rows(rng.standard_normal((rows, N_FF), dtype=np.float32), q8_1.layout_for(DOWN))
+        a_in, a_dn = q8_1.pack_rows(in_rows), q8_1.pack_rows(dn_rows)
         ad_in, ad_dn = runtime.to_device(a_in, "moe input"), runtime.to_device(a_dn, "down input")
         mean = rows / len(order)
 
@@ -184,21 +195,42 @@ def main():
             before = dev.counters["launches"]
             fn()
             counts.append(dev.counters["launches"] - before)
-        times = interleaved(clock, fns, args.reps)
-        cuda.Context.synchronize()
-        ref = [np.empty(rows * n * 4, np.uint8) for n in (N_FF, N_FF, N_EMBD)]
-        for h, d in zip(ref, outs[0]):
-            cuda.memcpy_dtoh(h, d)
-        same = []
-        for name, o in zip(names[1:], outs[1:]):
-            ok = True
-            for j, (h, d) in enumerate(zip(ref, o)):
-                if j not in part.get(name, [0, 1, 2]):
-                    continue
-                got = np.empty_like(h)
-                cuda.memcpy_dtoh(got, d)
-                ok = ok and np.array_equal(got, h)
-            same.append(ok)
+        case = kernel_case("moe_experts", f"T{tokens}-skew{args.skew:g}",
+                           dict(tokens=tokens, rows=rows, experts=int(len(order)), D=N_EMBD, F=N_FF, down_type=DOWN.name),
+                           weight_type=GU.name)
+
+        def output(o, name):
+            got = {}
+            for j, (what, n) in enumerate((("gate", N_FF), ("up", N_FF), ("down", N_EMBD))):
+                if j in part.get(name, [0, 1, 2]):
+                    h = np.empty((rows, n), np.float32)
+                    cuda.memcpy_dtoh(h, o[j])
+                    got[what] = h
+            return got
+
+        def definition():
+            """strata.mmq.mmq of the rows of CHECKED_EXPERTS routed experts, from the host's blobs."""
+            picked = order[sample_index(len(order), CHECKED_EXPERTS)]
+            sel = np.concatenate([np.arange(off[e], off[e] + cnt[e]) for e in picked])
+            want = {"gate": [], "up": [], "down": []}
+            for e in picked:
+                r0, r1 = int(off[e]), int(off[e] + cnt[e])
+                dec_in = q8_1.decode_rows(in_rows[r0:r1], r1 - r0, q8_1.layout_for(GU))
+                dec_dn = q8_1.decode_rows(dn_rows[r0:r1], r1 - r0, q8_1.layout_for(DOWN))
+                base = int(e) * blob
+                want["gate"].append(mmq.mmq(GU, host[base:base + gu_b].reshape(N_FF, -1), dec_in))
+                want["up"].append(mmq.mmq(GU, host[base + gu_b:base + 2 * gu_b].reshape(N_FF, -1), dec_in))
+                want["down"].append(mmq.mmq(DOWN, host[base + 2 * gu_b:base + blob].reshape(N_EMBD, -1), dec_dn))
+            return {k: Definition(sel, np.concatenate(v).astype(np.float32)) for k, v in want.items()}
+
+        res = measure(clock, case, [Arm(n, fn, lambda o=o, n=n: output(o, n)) for n, fn, o in zip(names, fns, outs)],
+                      args.reps, definition)
+        harness.append(res)
+        times = [[t / 1e3 for t in ts] for ts in res.ms]
+        same = [d is None for d in res.differs[1:]]
+        if res.differs[0]:
+            same = [False] * len(same)
+            log(f"tokens {tokens}: the gather arm is not the definition: {res.differs[0]}")
         matrix_bytes = {"gate/up": 2 * gu_b, "down": d_b}
         for i, name in enumerate(names):
             ms = statistics.median(times[i]) * 1e3
@@ -229,7 +261,9 @@ def main():
         ch = 100.0 * (r["ms"] / base[r["tokens"]] - 1.0) if r["arm"] not in ("gate/up", "down") else float("nan")
         log(f"{r['tokens']:7d}{r['rows_per_expert']:9.1f}{r['arm']:>10s}{r['ms']:9.3f}{r['launches']:9d}"
             f"{r['floor_ms']:9.3f}{r['vs_floor']:8.1f}{ch:+9.1f}%  {'same' if r['same_bytes'] else 'DIFFER'}")
-    return 0 if all(r["same_bytes"] for r in results) else 1
+    log("")
+    log(markdown(harness, args.reps))
+    return 0 if all(r["same_bytes"] for r in results) and all(r.same for r in harness) else 1
 
 
 if __name__ == "__main__":

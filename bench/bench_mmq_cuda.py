@@ -11,11 +11,16 @@
    (Q8_0, Q4_1: the 32-value types a pack falls back to there). Weights rotate over several
    group buffers (together well over the 60 MB L2). Achieved TOP/s = 2*rows*N*K / time.
    Two times per layer: "queued" (the 32 launches enqueued behind a spin kernel, so the GPU
-   runs them back to back: kernel time) and "paced" (launched from Python as a walk does).
+   runs them back to back: kernel time) and "paced" (launched from Python as a walk does: the
+   configurations and tile rows of a case are the arms of bench/ab_harness.py, interleaved).
    CUDA events, one warm-up, median of the repeats.
-3. The q8_1 quantizer (gather and scatter) on the same routings.
+3. The q8_1 quantizer (gather and scatter, the harness's two arms) on the same routings.
 
-Prints a table last; with --out, writes the full numbers as JSON there.
+Each layer and each quantize is a row (verify.cases.kernel_case: "mmq_layer", "quantize"), and
+every arm's output must be the NumPy definition on a spread of rows (strata.mmq.mmq of a few
+routed experts' rows, strata.q8_1.quantize_rows of a few rows) and the first arm's bytes
+elsewhere (exit 1 if not). Prints its tables, then the harness's Markdown table; with --out,
+writes the full numbers as JSON there.
 """
 from __future__ import annotations
 
@@ -29,14 +34,19 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
+from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
 from fast.cuda import products, runtime  # noqa: E402
-from strata import q8_1, quants  # noqa: E402
+from gpu_timing import PycudaClock  # noqa: E402
+from strata import mmq, q8_1, quants  # noqa: E402
 from strata.constants import WEIGHT_TAIL_BYTES  # noqa: E402
+from verify.cases import kernel_case, sample_index  # noqa: E402
 
 N_EXPERT, TOP_K, N_EMBD, N_FF, GROUP = 512, 10, 2560, 640, 16
+CHECKED_ROWS, CHECKED_EXPERTS = 256, 4  # quantized rows, and experts' product rows, compared with NumPy
 
 PEAK_SRC = r"""
 #include <stdint.h>
@@ -158,6 +168,7 @@ def bench(args):
     log(f"device: {runtime.device_name()} ({runtime.arch()}, {n_sm} SMs)")
     mod = SourceModule(PEAK_SRC, options=list(runtime.NVCC_OPTIONS), arch=runtime.arch(), no_extern_c=True)
     timer = Timer(cuda, mod)
+    clock = PycudaClock()  # the default stream, the one dev launches on
     peak = measure_peak(cuda, mod, n_sm)
     for k, v in peak.items():
         log(f"{k}: {v['tops']:.1f} TOP/s ({v['ms']:.3f} ms)")
@@ -177,6 +188,7 @@ def bench(args):
     wcache = {}
 
     def weights(tname, N, K):
+        """(device group buffers, stride, their host copies: the definition's weights)"""
         key = (tname, N, K)
         if key not in wcache:
             qt = QT[tname]
@@ -184,15 +196,17 @@ def bench(args):
             rb = quants.row_bytes(qt, K)
             stride = N * rb
             n_buf = max(2, min(8, -(-240_000_000 // (GROUP * stride))))
-            bufs = []
+            bufs, host = [], []
             for _ in range(n_buf):
                 blk = quants.random_blocks(qt, GROUP * N * K // vpb, rng)
                 data = np.concatenate([blk.reshape(-1), np.zeros(WEIGHT_TAIL_BYTES, np.uint8)])
                 bufs.append(runtime.to_device(data, f"{tname} group weights"))
-            wcache[key] = (bufs, stride)
+                host.append(data)
+            wcache[key] = (bufs, stride, host)
             log(f"weights {tname} {N}x{K}: {n_buf} group buffers of {GROUP * stride / 1e6:.1f} MB")
         return wcache[key]
 
+    harness = []  # bench/ab_harness.py results: the quantizer's two ways, each case's configurations
     for tokens in token_list:
         cnt, ids = routing(tokens, rng)
         rows = tokens * TOP_K
@@ -211,52 +225,100 @@ def bench(args):
         src_d = runtime.to_device(src, "src")
         log(f"tokens {tokens}: rows {rows}, rows/expert min {cnt.min()} max {cnt.max()} mean {cnt.mean():.1f}")
 
-        acts = {}
+        acts, xs = {}, {}
         for K in sorted({c[3] for c in cases}):
             for lay in sorted({q8_1.layout_for(QT[c[1]]) for c in cases if c[3] == K}):
                 x = rng.standard_normal((tokens, K), dtype=np.float32)
                 xd = runtime.to_device(x, "x")
                 nbytes = q8_1.buffer_nbytes(rows, K)
-                ad = runtime.alloc(nbytes, "q8_1 activations")
-                # quantizer timings (both ways), then keep the buffer
-                for how in ("scatter", "gather"):
-                    if how == "scatter":
-                        fn = lambda: products.quantize_scatter(dev, xd, slot_d, tokens, TOP_K, K, lay, ad)  # noqa: E731
-                    else:
-                        fn = lambda: products.quantize_gather(dev, xd, src_d, rows, K, lay, ad)  # noqa: E731
-                    ms = timer.time(fn, args.repeats, queued=True)
+                bufs_q = {how: runtime.alloc(nbytes, "q8_1 activations") for how in ("scatter", "gather")}
+                case = kernel_case("quantize", f"T{tokens}-K{K}-E{N_EXPERT}-k{TOP_K}-{lay.name}",
+                                   dict(T=tokens, K=K, E=N_EXPERT, k=TOP_K), config=lay.name)
+                fns = {"scatter": lambda: products.quantize_scatter(dev, xd, slot_d, tokens, TOP_K, K, lay,
+                                                                    bufs_q["scatter"]),
+                       "gather": lambda: products.quantize_gather(dev, xd, src_d, rows, K, lay, bufs_q["gather"])}
+
+                def q_output(buf, nbytes=nbytes):
+                    h = np.empty(nbytes, np.uint8)
+                    cuda.memcpy_dtoh(h, buf)
+                    return q8_1.unpack_rows(h, rows)
+
+                def q_definition(x=x, lay=lay):
+                    sel = sample_index(rows, CHECKED_ROWS)
+                    return Definition(sel, q8_1.quantize_rows(x[src[sel]], lay))
+
+                res = measure(clock, case, [Arm(how, fns[how], lambda b=bufs_q[how]: q_output(b)) for how in fns],
+                              args.repeats, q_definition)
+                harness.append(res)
+                for how, paced in zip(fns, res.median_ms):  # queued: the kernel's own time
+                    ms = timer.time(fns[how], args.repeats, queued=True)
                     gbs = (tokens * K * 4 + nbytes) / (ms * 1e-3) / 1e9
                     results["quant"].append({"tokens": tokens, "K": K, "layout": lay.name, "how": how,
-                                             "ms": ms, "GBps_min_traffic": gbs})
+                                             "ms": ms, "ms_paced": paced, "GBps_min_traffic": gbs,
+                                             "GBps_row": case.bytes / (ms * 1e-3) / 1e9})
                     log(f"  quantize {how:7s} K={K} {lay.name}: {ms:.3f} ms ({gbs:.0f} GB/s of min traffic)")
-                acts[(K, lay)] = ad
-                del xd
+                acts[(K, lay)] = bufs_q["gather"]  # both hold the same bytes (checked above)
+                bufs_q["scatter"].free()
+                xs[(K, lay)] = x
 
         for proj, tname, N, K in cases:
             qt = QT[tname]
-            bufs, stride = weights(tname, N, K)
-            ad = acts[(K, q8_1.layout_for(qt))]
-            out = runtime.alloc(rows * N * 4, "mmq out")
+            bufs, stride, host_bufs = weights(tname, N, K)
+            lay = q8_1.layout_for(qt)
+            ad = acts[(K, lay)]
             ops = 2.0 * rows * N * K
+            case = kernel_case("mmq_layer", f"{proj}-{tname}-T{tokens}-{N}x{K}",
+                               dict(tokens=tokens, N=N, K=K, mats=1, experts=N_EXPERT, top_k=TOP_K),
+                               weight_type=tname, form="group")
+            arms, outs, settings = [], [], []
             for cfg in configs:
                 geo = products.mmq_geometry(cfg)
                 for tile_rows in sorted({min(geo["BN"], t) for t in (geo["BN"], 128, 64)}, reverse=True):
-                    def layer():
+                    out = runtime.alloc(rows * N * 4, "mmq out")
+
+                    def layer(out=out, cfg=cfg, tile_rows=tile_rows):
                         for g in range(N_EXPERT // GROUP):
                             products.mmq_group(dev, qt, bufs[g % len(bufs)], stride, N, K, ad, rows,
                                                int(bounds_dev) + g * GROUP * 8, GROUP, out,
                                                rows=groups[g], tile_rows=tile_rows, config=cfg)
-                    t_q = timer.time(layer, args.repeats, queued=True, spin_ms=6.0)
-                    t_p = timer.time(layer, args.repeats, queued=False)
-                    r = {"proj": proj, "type": tname, "tokens": tokens, "rows": rows, "N": N, "K": K,
-                         "config": cfg or products.default_config() or "auto", "tile_rows": tile_rows, "ms_queued": t_q,
-                         "ms_paced": t_p, "tops": ops / (t_q * 1e-3) / 1e12,
-                         "pct_peak": 100.0 * ops / (t_q * 1e-3) / 1e12 / peak32}
-                    results["mmq"].append(r)
-                    log(f"  {proj:7s} {tname:6s} cfg={cfg or 'default'} tile_rows={tile_rows}: "
-                        f"{t_q:.3f} ms queued, {t_p:.3f} ms paced, {r['tops']:.1f} TOP/s "
-                        f"({r['pct_peak']:.1f}% of k32 peak)")
-            out.free()
+
+                    def output(out=out):
+                        h = np.empty((rows, N), np.float32)
+                        cuda.memcpy_dtoh(h, out)
+                        return h
+
+                    arms.append(Arm(f"{json.dumps(cfg) if cfg else 'default'}/{tile_rows}", layer, output))
+                    outs.append(out)
+                    settings.append((cfg, tile_rows))
+
+            def definition(x=xs[(K, lay)]):
+                """strata.mmq.mmq of the rows of CHECKED_EXPERTS routed experts."""
+                routed = np.nonzero(cnt)[0]
+                picked = routed[sample_index(len(routed), CHECKED_EXPERTS)]
+                sel = np.concatenate([np.arange(off[e], off[e + 1]) for e in picked])
+                want = []
+                for e in picked:
+                    r0, r1 = int(off[e]), int(off[e + 1])
+                    dec = q8_1.decode_rows(q8_1.quantize_rows(x[src[r0:r1]], lay), r1 - r0, lay)
+                    g, q = divmod(int(e), GROUP)
+                    w = host_bufs[g % len(host_bufs)][q * stride:(q + 1) * stride].reshape(N, -1)
+                    want.append(mmq.mmq(qt, w, dec))
+                return Definition(sel, np.concatenate(want).astype(np.float32))
+
+            res = measure(clock, case, arms, args.repeats, definition)  # paced: launched as the walk does
+            harness.append(res)
+            for arm, (cfg, tile_rows), t_p, miss in zip(arms, settings, res.median_ms, res.differs):
+                t_q = timer.time(arm.run, args.repeats, queued=True, spin_ms=6.0)
+                r = {"proj": proj, "type": tname, "tokens": tokens, "rows": rows, "N": N, "K": K,
+                     "config": cfg or products.default_config() or "auto", "tile_rows": tile_rows, "ms_queued": t_q,
+                     "ms_paced": t_p, "tops": ops / (t_q * 1e-3) / 1e12,
+                     "pct_peak": 100.0 * ops / (t_q * 1e-3) / 1e12 / peak32, "bytes": miss or "the definition"}
+                results["mmq"].append(r)
+                log(f"  {proj:7s} {tname:6s} cfg={cfg or 'default'} tile_rows={tile_rows}: "
+                    f"{t_q:.3f} ms queued, {t_p:.3f} ms paced, {r['tops']:.1f} TOP/s "
+                    f"({r['pct_peak']:.1f}% of k32 peak), bytes {'the definition' if miss is None else 'DIFFER'}")
+            for out in outs:
+                out.free()
         for a in acts.values():
             a.free()
 
@@ -298,6 +360,9 @@ def bench(args):
     for r in best.values():
         log(f"{r['proj']:8s}{r['type']:8s}{r['tokens']:7d}{r['ms_queued']:9.3f}{r['ms_paced']:9.3f}"
             f"{r['tops']:8.1f}{r['pct_peak']:7.1f}  {r['tile_rows']}/{r['config']}")
+    log("")
+    log(markdown(harness, args.repeats))
+    results["same_bytes"] = all(r.same for r in harness)
     return results
 
 
@@ -315,9 +380,9 @@ def main():
         print(f"bench_mmq_cuda: CUDA backend unavailable: {why}")
         return 0
     t0 = time.time()
-    bench(args)
+    results = bench(args)
     log(f"(bench wall time {time.time() - t0:.0f} s)")
-    return 0
+    return 0 if results["same_bytes"] else 1
 
 
 if __name__ == "__main__":

@@ -144,6 +144,10 @@ def _cost(op: str, s: dict, wtype: str | None) -> tuple[int, int]:
         rows = s["tokens"] * s["top_k"]
         return product_cost(rows, s["N"], s["K"], wtype, _routed_experts(s["tokens"], s["experts"], s["top_k"]),
                             s["mats"])
+    if op == "moe_experts":  # a layer's routed experts (bench/bench_in_place_cuda.py): gate and up, then down
+        f1, b1 = product_cost(s["rows"], s["F"], s["D"], wtype, s["experts"], 2)
+        f2, b2 = product_cost(s["rows"], s["D"], s["F"], s["down_type"], s["experts"])
+        return f1 + f2, b1 + b2
     if op == "swiglu_quantize":  # gate and up rows read, H's q8_1 rows written
         rows = s["r1"] - s["r0"]
         return 0, 2 * rows * s["n"] * 4 + _q8_1.buffer_nbytes(rows, s["n"])
