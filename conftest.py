@@ -18,6 +18,10 @@ def pytest_configure(config):
     gate.configure(config)
 
 
+def pytest_sessionstart(session):
+    gate.start_ahead(session.config)
+
+
 @pytest.fixture(scope="session")
 def make_test_pack(tmp_path_factory):
     """make_test_pack(preset, expert_type="Q8_0", **kw) -> Pack, made once per arguments and

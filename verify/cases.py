@@ -496,6 +496,16 @@ class ParityCase:
         pack = "-".join([self.preset, self.expert_type, *(f"{k}{v}" for k, v in self.pack_options)])
         return f"{pack}/{self.prompt}{self.tokens}s{self.seed if self.seed is not None else self.tokens}"
 
+    def prompt_ids(self, n_vocab: int):
+        """The row's prompt: seeded random ids, or ("few") three ids, so that the first layers
+        route the same few experts all chunk long."""
+        import numpy as np
+
+        rng = np.random.default_rng(self.tokens if self.seed is None else self.seed)
+        if self.prompt == "few":
+            return rng.choice(rng.integers(0, n_vocab, 3), self.tokens).astype(np.int32)
+        return rng.integers(0, n_vocab, self.tokens).astype(np.int32)
+
     @property
     def cost(self) -> float:
         """A rough relative cost, so that the longest rows start first."""

@@ -15,13 +15,18 @@ def _row_of(item):
 
 
 def pytest_collection_modifyitems(items):
-    """The longest parity rows first, so that no worker starts one at the end (a stable sort:
-    every worker collects the same order, as pytest-xdist needs)."""
-    def cost(item):
+    """The order the workers take: the rows with no reference to wait for and the longest runs
+    (32K against the fast path's own resident run) first, then the kernel rows, then the
+    parity rows from the cheapest reference up, while verify/precompute.py computes the
+    references from the costliest down (a stable sort: every worker collects the same order,
+    as pytest-xdist needs)."""
+    def order(item):
         row = _row_of(item)
-        return -row.cost if isinstance(row, ParityCase) else 0
+        if not isinstance(row, ParityCase):
+            return 0
+        return -row.cost if row.base == "resident" else row.cost
 
-    items.sort(key=cost)
+    items.sort(key=order)
 
 
 @pytest.fixture(autouse=True)

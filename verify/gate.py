@@ -122,6 +122,77 @@ def report_header() -> list[str]:
             f"{ENV_WORKERS}=N or -n N changes it"]
 
 
+# ---------------------------------------------------------------- work started ahead
+
+_ahead: dict = {}
+
+
+def _runs_parity(config) -> bool:
+    """Whether this run takes the parity rows whole (no -k): then their references are worth
+    computing ahead."""
+    if config.option.keyword:
+        return False
+    args = [Path(str(a).split("::")[0]).resolve() for a in (config.args or [])] or [ROOT]
+    target = ROOT / "verify" / "test_parity.py"
+    return any(a == target or a in target.parents for a in args)
+
+
+def start_ahead(config) -> None:
+    """On a GPU machine, in the process that gathers the results: compile every kernel module
+    the gate will load (parallel nvcc, fast/cuda/kernel_cache.py:build_all) and compute the
+    parity rows' references (verify/precompute.py, every core), both beside the workers."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly or gpu_name() is None:
+        return
+    from fast.cuda import kernel_cache
+
+    folder = kernel_cache.cache_dir()
+    if folder is not None:
+        modules = kernel_cache.wanted(folder)
+        _ahead["kernels"] = len(modules)
+
+        def build():
+            t0 = time.perf_counter()
+            try:
+                done = kernel_cache.build_all(folder, modules=modules, progress=lambda *a: None)
+                _ahead["compiled"] = sum(d[3] is not None for d in done)
+            except Exception as exc:  # the worker that loads the module names the failure
+                _ahead["kernel_error"] = " ".join(str(exc).split())[:200]
+            _ahead["kernel_s"] = time.perf_counter() - t0
+
+        _ahead["thread"] = threading.Thread(target=build, daemon=True)
+        _ahead["thread"].start()
+    if _runs_parity(config):
+        env = dict(os.environ, **{v: str(cores()) for v in THREAD_VARS if v != "OPENBLAS_NUM_THREADS"})
+        env["OPENBLAS_NUM_THREADS"] = "1"
+        quick = ["--quick"] if (config.option.markexpr or "").strip() == "quick" else []
+        _ahead["refs"] = subprocess.Popen([sys.executable, "-m", "verify.precompute", *quick], cwd=ROOT, env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def finish_ahead() -> list[str]:
+    out = []
+    t = _ahead.pop("thread", None)
+    if t is not None:
+        t.join()
+        line = (f"gate: kernels ahead: {_ahead.get('kernels', 0)} modules, {_ahead.get('compiled', 0)} compiled, "
+                f"{_ahead.get('kernel_s', 0.0):.1f} s")
+        if "kernel_error" in _ahead:
+            line += f"; {_ahead['kernel_error']}"
+        out.append(line)
+    p = _ahead.pop("refs", None)
+    if p is not None:
+        if p.poll() is None:
+            p.terminate()
+        err = (p.communicate()[1] or "").strip().splitlines()
+        out.append(err[-1] if err else f"gate: references ahead: exit {p.returncode}")
+    return out
+
+
 # ---------------------------------------------------------------- test packs
 
 
@@ -142,7 +213,11 @@ def test_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
 
     name = "-".join(str(p) for p in (preset, expert_type, *(f"{k}{v}" for k, v in sorted(kw.items()))))
     folder = packs_dir()
-    if folder is None:
+    if folder is None and tmp_path_factory is None:
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="strata-prefill-packs-"))
+    elif folder is None:
         path = tmp_path_factory.mktemp("packs") / f"{name}.gguf"
         make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
         return path
@@ -195,10 +270,10 @@ class Summary:
             t["outcome"] = "skipped"
 
     def lines(self) -> list[str]:
+        out = finish_ahead()
         gated = {k: t for k, t in self.tests.items() if "kind" in t}
         if not gated:
-            return []
-        out = []
+            return out
         for kind, what in (("kernel", "kernel rows"), ("parity", "parity rows (arms)")):
             rows = [t for t in gated.values() if t["kind"] == kind]
             if not rows:
