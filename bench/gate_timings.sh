@@ -6,7 +6,7 @@
 #   bash bench/gate_timings.sh workers  # the full gate (warm) at each of WORKERS (default "2 3 4 6")
 #   bash bench/gate_timings.sh all      # cold, warm, edit, workers
 # Caches live under $GATE_CACHES (default /tmp/gate-caches), so a cold run starts from nothing;
-# logs go to $OUT (or ./gpu-logs).
+# logs go to $OUT (or ./gpu-logs); GATE_LIMIT (s) interrupts a run that takes longer.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -21,7 +21,9 @@ TABLE="$LOG/gate_timings.md"
 gate() {  # gate NAME [pytest args...]: one timed run, its log, a table row
   local name=$1; shift
   local t0=$SECONDS
-  python3 -m pytest verify/ -q -p no:cacheprovider "$@" > "$LOG/gate-$name.log" 2>&1
+  # SIGINT at the limit: pytest still prints its summary, durations and the gate's lines
+  timeout -s INT "${GATE_LIMIT:-600}" python3 -m pytest verify/ -q -p no:cacheprovider --durations=25 "$@" \
+      > "$LOG/gate-$name.log" 2>&1
   local wall=$((SECONDS - t0))
   local workers; workers=$(grep -o '^gate: [0-9]* workers' "$LOG/gate-$name.log" | grep -o '[0-9]*' || echo 1)
   printf '| %s | %s | %s | %s |\n' "$name" "${workers:-1}" "$wall" "$(tail -n 1 "$LOG/gate-$name.log")" >> "$TABLE"
