@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import dense, mmq, numerics
+from strata import dense, mmq, numerics, parallel
 from strata.attention import KVCache
 from strata.pack import Pack
 
@@ -20,6 +20,9 @@ class ReferenceEngine:
     name = "reference"
 
     def __init__(self, pack: Pack):
+        # The pool's size (STRATA_PREFILL_THREADS): a bad value is named before any work.
+        # Experts, heads and row slabs run on it (strata/parallel.py); no byte depends on it.
+        self.threads = parallel.thread_count()
         self.pack = pack
         self.config = pack.config
         cfg = self.config

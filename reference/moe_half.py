@@ -5,7 +5,7 @@
             (a float router: float32 products of h itself, strata.dense; never quantized)
     routing tables: cnt, off, slot, src, order       (strata/routing.py)
     per-row GATHER quantize: row r of the MoE input buffer is q8_1(h[src[r]])
-    per-expert walk, experts in id order, one at a time:
+    per-expert walk (each expert alone; the experts run side by side on threads):
         gate = W_gate[e] . rows,  up = W_up[e] . rows
         H    = silu(gate) * up, quantized to q8_1 (the layout of the down type)
         Y[rows] = W_down[e] . H
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import numerics, q8_1
+from strata import numerics, parallel, q8_1
 from strata.constants import Q8_1_BLOCK_BYTES
 from strata.mmq import row_slice
 from strata.moe import combine, swiglu
@@ -63,12 +63,13 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     q8_1.gather_quantize(h, tab.src, in_layout, moe_in)
     moe_in_rows = q8_1.decode_rows(moe_in, tab.n_rows, in_layout)
 
-    # 4. The per-expert walk, in expert id order.
+    # 4. The per-expert walk.
     down_layout = q8_1.layout_for(down_exps.qtype)
     down_in = np.zeros((tab.n_rows, q8_1.blocks_per_row(cfg.n_ff_exp), Q8_1_BLOCK_BYTES), np.uint8)
     y = np.zeros((tab.n_rows, cfg.n_embd), dtype=F32)
     gate_all, up_all, h_all = (np.zeros((tab.n_rows, cfg.n_ff_exp), F32) for _ in range(3))  # op records
-    for e in tab.order:
+
+    def expert(e):  # writes only the expert's own rows
         rows = tab.rows_of(e)
         act = row_slice(moe_in_rows, rows.start, rows.stop)
         gate = model.product((layer, "gate", e), gate_exps.expert(e), act)
@@ -77,6 +78,10 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
         down_in[rows] = q8_1.quantize_rows(h_all[rows], down_layout)
         act_h = q8_1.decode_rows(down_in[rows], rows.stop - rows.start, down_layout)
         y[rows] = model.product((layer, "down", e), down_exps.expert(e), act_h)
+
+    # Experts share nothing but their inputs, so they run on the pool's threads; the
+    # largest first, so that the last to finish is a small one.
+    parallel.map_ordered(expert, sorted(tab.order, key=lambda e: -int(tab.cnt[e])))
 
     # 5. The shared expert.
     shared = None

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from strata import numerics
+from strata import numerics, parallel
 from strata.blockquant import quantize_blocks
 from strata.constants import KEY_BLOCK, QK_BLOCK
 
@@ -74,52 +74,74 @@ class KVCache:
         self.v_scale[layer][:, positions] = vd[..., 0].T
 
 
-# Bound on one query tile's [heads, queries, keys] float32 scratch.
+# Bound on the [heads, queries, keys] float32 scratch of the query tiles computed at once.
 _TILE_BYTES = 48 << 20
+# Queries of a tile at most: a tile visits every key block up to its last query, so tiles
+# of one key block's length compute the fewest masked scores.
+_TILE_QUERIES = KEY_BLOCK
 
 
 def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Causal attention of q [T, n_head, hd] (float32, after norm and RoPE) at absolute
-    `positions` over the cache's keys 0..position. Returns [T, n_head, hd] float32."""
+    `positions` over the cache's keys 0..position. Returns [T, n_head, hd] float32.
+
+    Queries and heads are independent: a (query tile, KV head) piece computes its queries of
+    the query heads that KV head serves, each by the same operations whatever the tile, and
+    the pieces run on the threads of strata.parallel."""
     n_tok, n_head, hd = q.shape
     out = np.empty_like(q, dtype=F32)
     n_keys = int(positions.max()) + 1
     n_blk = -(-n_keys // KEY_BLOCK)
-    per_query = 4 * n_head * n_blk * KEY_BLOCK * 4
-    tile = max(1, _TILE_BYTES // per_query)
-    for t0 in range(0, n_tok, tile):
-        pos = positions[t0:t0 + tile]
+    group = n_head // cache.n_head_kv
+    per_query = 4 * group * n_blk * KEY_BLOCK * 4
+    at_once = min(parallel.workers(), cache.n_head_kv * n_tok)
+    tile = max(1, min(_TILE_QUERIES, _TILE_BYTES // (per_query * at_once)))
+    pieces = [(t0, kvh) for t0 in range(0, n_tok, tile) for kvh in range(cache.n_head_kv)]
+
+    def run(piece):
+        t0, kvh = piece
+        pos, heads = positions[t0:t0 + tile], slice(kvh * group, (kvh + 1) * group)
         # a tile visits only the key blocks up to its last query's position
-        out[t0:t0 + tile] = _attend_tile(cache, layer, q[t0:t0 + tile], pos, int(pos.max()) // KEY_BLOCK + 1)
+        out[t0:t0 + tile, heads] = _attend_tile(cache, layer, kvh, q[t0:t0 + tile, heads], pos,
+                                                int(pos.max()) // KEY_BLOCK + 1)
+
+    parallel.map_ordered(run, pieces)
     return out
 
 
-def _attend_tile(cache: KVCache, layer: int, q: np.ndarray, pos: np.ndarray, n_blk: int) -> np.ndarray:
+def _attend_tile(cache: KVCache, layer: int, kvh: int, q: np.ndarray, pos: np.ndarray,
+                 n_blk: int) -> np.ndarray:
+    """The query heads q [T, group, hd] that KV head `kvh` serves (GQA), over key blocks
+    0..n_blk-1."""
     n_tok, n_head, hd = q.shape
-    group = n_head // cache.n_head_kv
     n_k = n_blk * KEY_BLOCK
-    kv_of_head = np.arange(n_head) // group
 
-    # Keys and values for every head (GQA: a KV head serves `group` query heads).
-    kc = cache.k_codes[layer][kv_of_head, :n_k].astype(F32)  # [H, n_k, hd]
-    kd = cache.k_scale[layer][kv_of_head, :n_k]  # [H, n_k, hd/32]
-    vc = cache.v_codes[layer][kv_of_head, :n_k].astype(F32)  # [H, n_k, hd]
-    vd = cache.v_scale[layer][kv_of_head, :n_k]  # [H, n_k]
+    # The KV head's keys and values, shared by its query heads (broadcast over them).
+    kc = cache.k_codes[layer][kvh, :n_k].astype(F32)  # [n_k, hd]
+    kd = cache.k_scale[layer][kvh, :n_k]  # [n_k, hd/32]
+    vc = cache.v_codes[layer][kvh, :n_k].astype(F32)  # [n_k, hd]
+    vd = cache.v_scale[layer][kvh, :n_k]  # [n_k]
 
-    # Scores: per 32-value block an exact integer dot, then the float epilogue in block order.
+    # Scores: per 32-value block an exact integer dot, then the float epilogue in block order:
+    # s = s + (qd * kd) * sumi per element.
     qc, qd = quantize_int8(q, QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
-    qc = qc.astype(F32).transpose(1, 0, 2)  # [H, T, hd]
-    qd = qd.transpose(1, 0, 2)  # [H, T, nb]
+    qc = np.ascontiguousarray(qc.astype(F32).transpose(1, 0, 2)).reshape(n_head * n_tok, hd)
+    qd = np.ascontiguousarray(qd.transpose(2, 1, 0))  # [nb, H, T]
+    kd = np.ascontiguousarray(kd.T)  # [nb, n_k]
     s = np.zeros((n_head, n_tok, n_k), dtype=F32)
+    t = np.empty_like(s)
     for b in range(hd // QK_BLOCK):
         cols = slice(b * QK_BLOCK, (b + 1) * QK_BLOCK)
-        sumi = np.matmul(qc[:, :, cols], kc[:, :, cols].transpose(0, 2, 1))  # exact ints
-        s = s + (qd[:, :, b, None] * kd[:, None, :, b]) * sumi
-    s = s * kq_scale(hd)
+        sumi = np.matmul(qc[:, cols], kc[:, cols].T).reshape(n_head, n_tok, n_k)  # exact ints
+        np.multiply(qd[b, :, :, None], kd[b, None, None, :], out=t)
+        np.multiply(t, sumi, out=t)
+        np.add(s, t, out=s)
+    np.multiply(s, kq_scale(hd), out=s)
 
     # Mask keys after each query's position; view as key blocks.
     valid = np.arange(n_k)[None, :] <= pos[:, None]  # [T, n_k]
-    s = np.where(valid[None], s, F32(-np.inf)).reshape(n_head, n_tok, n_blk, KEY_BLOCK)
+    s[:, ~valid] = F32(-np.inf)
+    s = s.reshape(n_head, n_tok, n_blk, KEY_BLOCK)
     valid = valid.reshape(n_tok, n_blk, KEY_BLOCK)
 
     # Running maximum after each block (max is exact in any order).
@@ -128,14 +150,16 @@ def _attend_tile(cache: KVCache, layer: int, q: np.ndarray, pos: np.ndarray, n_b
     m_prev = np.concatenate([np.full_like(m_run[..., :1], -np.inf), m_run[..., :-1]], axis=-1)
     alpha = numerics.exp(m_prev - m_run)  # exp(-inf) = 0 for the first block
 
-    p = np.where(valid[None], numerics.exp(s - m_run[..., None]), F32(0.0))
+    np.subtract(s, m_run[..., None], out=s)
+    p = numerics.exp(s)
+    p[:, ~valid] = F32(0.0)
     lsum = numerics.tree_sum(p, axis=-1)  # [H, T, n_blk]
 
     # P folded with V's per-token scale, quantized to int8 per (query, key block). A key block
     # far below the running maximum can have amax under 127/FLT_MAX: scale 0, codes 0.
-    w = p * vd.reshape(n_head, 1, n_blk, KEY_BLOCK)
-    wq, wd = quantize_int8(w, KEY_BLOCK)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
-    vc_blk = vc.reshape(n_head, n_blk, KEY_BLOCK, hd)
+    np.multiply(p, vd.reshape(1, 1, n_blk, KEY_BLOCK), out=p)
+    wq, wd = quantize_int8(p, KEY_BLOCK)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
+    vc_blk = vc.reshape(n_blk, KEY_BLOCK, hd)
     pv = np.matmul(wq.astype(F32).transpose(0, 2, 1, 3), vc_blk)  # [H, n_blk, T, hd], exact ints
     ob = wd.transpose(0, 2, 1, 3) * pv  # [H, n_blk, T, hd]
 

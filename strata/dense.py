@@ -9,14 +9,17 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from strata import parallel
 from strata.numerics import LANES, f32, tree_sum
 
 FLOAT_TYPES: tuple[QT, ...] = (QT.F32, QT.F16, QT.BF16)
 _ELEMENT_BYTES = {QT.F32: 4, QT.F16: 2, QT.BF16: 2}
 
-# Bound on the [rows, 32, T] float32 accumulators of one pass; weight rows are independent,
-# so the product is computed in slabs of rows without changing a bit.
+# Bound on the [rows, 32, T] float32 accumulators of the passes running at once; weight
+# rows are independent, so the product is computed in slabs of rows without changing a bit.
 _SCRATCH_BYTES = 16 << 20
+# Weight rows below which a product is not split across threads.
+_MIN_ROWS_PER_THREAD = 16
 
 
 def is_float(qtype) -> bool:
@@ -88,13 +91,20 @@ def float_matmul(w, x) -> np.ndarray:
     if T == 0 or N == 0:
         out[...] = 0.0
         return out
-    slab = max(1, _SCRATCH_BYTES // (4 * LANES * T))
-    for n0 in range(0, N, slab):
-        wn = ws[n0:n0 + slab]  # [n, steps, 32]
-        acc = np.zeros((wn.shape[0], LANES, T), np.float32)
-        prod = np.empty_like(acc)
-        for s in range(steps):
-            np.multiply(wn[:, s, :, None], xs[s][None], out=prod)
-            np.add(acc, prod, out=acc)
-        out[:, n0:n0 + slab] = tree_sum(acc, axis=1).T
+    # Weight rows are independent: slabs of them run on the threads of strata.parallel.
+    pieces = parallel.slabs(N, parallel.workers(), _MIN_ROWS_PER_THREAD)
+    slab = max(1, _SCRATCH_BYTES // (4 * LANES * T * len(pieces)))
+
+    def run(piece):
+        for n0 in range(piece[0], piece[1], slab):
+            n1 = min(piece[1], n0 + slab)
+            wn = ws[n0:n1]  # [n, steps, 32]
+            acc = np.zeros((wn.shape[0], LANES, T), np.float32)
+            prod = np.empty_like(acc)
+            for s in range(steps):
+                np.multiply(wn[:, s, :, None], xs[s][None], out=prod)
+                np.add(acc, prod, out=acc)
+            out[:, n0:n1] = tree_sum(acc, axis=1).T
+
+    parallel.map_ordered(run, pieces)
     return out

@@ -9,19 +9,23 @@ CUDA kernels that compute a product name `mmq_prepared` here as their definition
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from strata import q8_1, quants
+from strata import parallel, q8_1, quants
 
 F32 = np.float32
 
-# Bound on the [nb, rows, N] float32 scratch of one pass; rows are independent, so the
-# product is computed in slabs of rows without changing a bit.
+# Bound on the [nb, rows, N] float32 scratch of the passes running at once; rows are
+# independent, so the product is computed in slabs of rows without changing a bit.
 _SCRATCH_BYTES = 64 << 20
+# Rows below which a product is not split across threads (a thread's share would cost
+# less than handing it over).
+_MIN_ROWS_PER_THREAD = 64
 
 
 @dataclass
@@ -70,36 +74,65 @@ def mmq_prepared(pw: PreparedWeights, act: q8_1.Q8Rows) -> np.ndarray:
     """out[r, n] = sum over weight blocks b (ascending) of the type's epilogue.
 
     act: activation rows decoded from a q8_1 buffer of the layout the type selects; only
-    its first nb blocks are read (the rest is row padding).
+    its first nb blocks are read (the rest is row padding). Rows are independent: they are
+    computed in slabs, on the threads of strata.parallel, each row by the same operations.
     """
     nb = pw.w.shape[0]
     n_rows, n_out = act.codes.shape[0], pw.n_out
     out = np.zeros((n_rows, n_out), dtype=F32)
     if n_rows == 0 or n_out == 0:
         return out
-    slab = max(1, _SCRATCH_BYTES // (4 * nb * n_out))
-    if n_rows > slab:
-        for r0 in range(0, n_rows, slab):
-            out[r0:r0 + slab] = mmq_prepared(pw, row_slice(act, r0, r0 + slab))
-        return out
+    pieces = parallel.slabs(n_rows, parallel.workers(), _MIN_ROWS_PER_THREAD)
+    slab = max(1, _SCRATCH_BYTES // (4 * nb * n_out * len(pieces)))
+    ranges = [(r0, min(r1, r0 + slab)) for p0, r1 in pieces for r0 in range(p0, r1, slab)]
+
+    def run(r):
+        _rows_product(pw, row_slice(act, r[0], r[1]), out[r[0]:r[1]])
+
+    parallel.map_ordered(run, ranges)
+    return out
+
+
+def _rows_product(pw: PreparedWeights, act: q8_1.Q8Rows, out: np.ndarray) -> None:
+    """The product of a slab of rows into `out` (zeros, [R, N]). Per output element, block
+    by block ascending: ``out = out + epilogue_b``, each epilogue the written sequence of
+    float32 operations in its written operand order, computed in place (no temporaries
+    allocated per block)."""
+    nb = pw.w.shape[0]
     a = np.ascontiguousarray(act.codes[:, :nb].transpose(1, 0, 2), dtype=F32)  # [nb, R, 32]
     sumi = np.matmul(a, pw.w)  # [nb, R, N] exact integers
-    da = act.d[:, :nb]  # [R, nb]
-    dw = pw.dw
+    da = np.ascontiguousarray(act.d[:, :nb].T)  # [nb, R]
+    dw = np.ascontiguousarray(pw.dw.T)  # [nb, N]
+    t = np.empty_like(out)
     if pw.qtype == QT.Q4_1:
-        sa, mw = act.s[:, :nb], pw.mw
+        # out + ((dw * da) * sumi + mw * sa)
+        sa, mw = np.ascontiguousarray(act.s[:, :nb].T), np.ascontiguousarray(pw.mw.T)
+        u = np.empty_like(out)
         for b in range(nb):
-            out = out + ((dw[None, :, b] * da[:, b, None]) * sumi[b] + mw[None, :, b] * sa[:, b, None])
+            np.multiply(dw[b, None, :], da[b, :, None], out=t)
+            np.multiply(t, sumi[b], out=t)
+            np.multiply(mw[b, None, :], sa[b, :, None], out=u)
+            np.add(t, u, out=t)
+            np.add(out, t, out=out)
     elif pw.qtype == QT.Q2_K:
+        # out + ((dw * da) * sumi - (mw * da) * mi)
         mi = np.matmul(a, pw.wm)
-        mw = pw.mw
+        mw = np.ascontiguousarray(pw.mw.T)
+        u = np.empty_like(out)
         for b in range(nb):
-            dab = da[:, b, None]
-            out = out + ((dw[None, :, b] * dab) * sumi[b] - (mw[None, :, b] * dab) * mi[b])
+            dab = da[b, :, None]
+            np.multiply(dw[b, None, :], dab, out=t)
+            np.multiply(t, sumi[b], out=t)
+            np.multiply(mw[b, None, :], dab, out=u)
+            np.multiply(u, mi[b], out=u)
+            np.subtract(t, u, out=t)
+            np.add(out, t, out=out)
     else:
+        # out + (dw * da) * sumi
         for b in range(nb):
-            out = out + (dw[None, :, b] * da[:, b, None]) * sumi[b]
-    return out
+            np.multiply(dw[b, None, :], da[b, :, None], out=t)
+            np.multiply(t, sumi[b], out=t)
+            np.add(out, t, out=out)
 
 
 def mmq(qtype, weight_raw: np.ndarray, act_rows: q8_1.Q8Rows) -> np.ndarray:
@@ -109,23 +142,29 @@ def mmq(qtype, weight_raw: np.ndarray, act_rows: q8_1.Q8Rows) -> np.ndarray:
 
 class PreparedCache:
     """Prepared weights by key, least recently used dropped past a byte budget. Decoding a
-    matrix costs more than multiplying a short chunk by it, so keeping them pays."""
+    matrix costs more than multiplying a short chunk by it, so keeping them pays. Safe to
+    share between threads: two threads asking for one missing key may both decode it (the
+    same bytes), and the bookkeeping is under a lock."""
 
     def __init__(self, max_bytes: int = 1 << 30):
         self.max_bytes = max_bytes
         self._items: OrderedDict = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()
 
     def get(self, key, qtype, raw: np.ndarray) -> PreparedWeights:
-        pw = self._items.get(key)
-        if pw is not None:
-            self._items.move_to_end(key)
-            return pw
-        pw = prepare(qtype, raw)
+        with self._lock:
+            pw = self._items.get(key)
+            if pw is not None:
+                self._items.move_to_end(key)
+                return pw
+        pw = prepare(qtype, raw)  # outside the lock: decodes run in parallel
         if pw.nbytes <= self.max_bytes:
-            self._items[key] = pw
-            self._bytes += pw.nbytes
-            while self._bytes > self.max_bytes:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= old.nbytes
+            with self._lock:
+                if key not in self._items:
+                    self._items[key] = pw
+                    self._bytes += pw.nbytes
+                while self._bytes > self.max_bytes:
+                    _, old = self._items.popitem(last=False)
+                    self._bytes -= old.nbytes
         return pw

@@ -108,11 +108,18 @@ def roundf(x) -> np.ndarray:
     Signed zeros follow C: roundf(-0.3) == -0.0. NaN and infinities pass through.
     """
     x = f32(x)
+    # Computed as rint (round half to even), which is roundf everywhere but at the exact
+    # halves k + 0.5, where rint may round towards zero; there x + copysign(0.5, x) is the
+    # exact away-from-zero result. x - rint(x) is exact, so a half is recognised exactly;
+    # the same bits as the trunc form above, checked for every float32.
     with np.errstate(invalid="ignore"):
-        t = np.trunc(x)
-        frac = np.abs(x - t)
-        up = frac >= _HALF
-        out = np.where(up, t + np.copysign(_ONE, x), t)
+        out = np.rint(x, out=np.empty_like(x))
+        d = np.subtract(x, out, out=np.empty_like(x))
+        np.abs(d, out=d)
+        half = d == _HALF
+    if half.any():
+        xh = x[half]
+        out[half] = xh + np.copysign(_HALF, xh)
     return _check32(np.asarray(out, dtype=np.float32))
 
 
@@ -127,7 +134,9 @@ def rint(x) -> np.ndarray:
 
 def _pow2(n: np.ndarray) -> np.ndarray:
     """2^n as float32 built from exponent bits, for integer-valued float32 n in [-126, 127]."""
-    bits = (n.astype(np.int32) + np.int32(127)) << np.int32(23)
+    bits = n.astype(np.int32)
+    bits += np.int32(127)
+    bits <<= np.int32(23)
     return bits.view(np.float32)
 
 
@@ -140,23 +149,31 @@ def exp(x) -> np.ndarray:
     (results are never subnormal), exp(0) == 1 exactly.
     """
     x = f32(x)
+    shape = x.shape
+    x = x.reshape(-1)  # an array even for one value, so that out= works
     nan = np.isnan(x)
     hi = x > EXP_HI
     lo = x < EXP_LO
-    # evaluate the polynomial on a safe copy; the special lanes are replaced afterwards
-    xs = np.where(nan | hi | lo, _ZERO, x).astype(np.float32, copy=False)
-    n = np.rint(xs * EXP_LOG2E)
-    r = xs - n * EXP_LN2_HI
-    r = r - n * EXP_LN2_LO
+    special = nan | hi | lo
+    # evaluate the polynomial on a safe copy; the special lanes are replaced afterwards.
+    # The operations run in place (out=): the same float32 operations, no temporaries.
+    xs = np.where(special, _ZERO, x).astype(np.float32, copy=False)
+    n = np.multiply(xs, EXP_LOG2E)
+    np.rint(n, out=n)
+    r = np.multiply(n, EXP_LN2_HI)
+    np.subtract(xs, r, out=r)
+    t = np.multiply(n, EXP_LN2_LO, out=xs)  # xs is not read again
+    np.subtract(r, t, out=r)
     p = np.full_like(r, EXP_POLY[0])
     for c in EXP_POLY[1:]:
-        p = p * r
-        p = p + c
-    y = p * _pow2(n)
-    y = np.where(lo, _ZERO, y)
-    y = np.where(hi, F32(np.inf), y)
-    y = np.where(nan, x, y)
-    return _check32(np.asarray(y, dtype=np.float32))
+        np.multiply(p, r, out=p)
+        np.add(p, c, out=p)
+    y = np.multiply(p, _pow2(n), out=p)
+    if special.any():
+        y[lo] = _ZERO
+        y[hi] = F32(np.inf)
+        y[nan] = x[nan]
+    return _check32(y.reshape(shape))
 
 
 def sigmoid(x) -> np.ndarray:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from strata import parallel
 from strata.blockquant import quantize_blocks
 
 # The buffer's sizes (strata/constants.py) under the short names that fast/ and verify/ use.
@@ -133,6 +134,9 @@ def alloc_buffer(n_rows: int, K: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------- quantize
 
+# Rows below which a quantization is not split across threads.
+_MIN_ROWS_PER_THREAD = 256
+
 
 def _sums(g: np.ndarray) -> np.ndarray:
     """Group sums in the written order: runs of 4 left to right, then a halving tree.
@@ -154,6 +158,20 @@ def quantize_rows(x, layout) -> np.ndarray:
     x = f32(x)
     if x.ndim != 2:
         raise ValueError(f"quantize_rows expects [rows, K], got shape {x.shape}")
+    R, K = x.shape
+    pieces = parallel.slabs(R, parallel.workers(), _MIN_ROWS_PER_THREAD)
+    if len(pieces) > 1:  # rows are independent: slabs of them on the pool's threads
+        out = np.empty((R, padded_len(K) // BLOCK_VALUES, BLOCK_BYTES), dtype=np.uint8)
+
+        def run(piece):
+            out[piece[0]:piece[1]] = _quantize_rows(x[piece[0]:piece[1]], layout)
+
+        parallel.map_ordered(run, pieces)
+        return out
+    return _quantize_rows(x, layout)
+
+
+def _quantize_rows(x: np.ndarray, layout: Layout) -> np.ndarray:
     R, K = x.shape
     Kp = padded_len(K)
     nb = Kp // BLOCK_VALUES
