@@ -149,11 +149,11 @@ def _with_rows(got: np.ndarray, n_rows: int, sel: np.ndarray, want_rows: np.ndar
 
 
 def _no_poisoned_block(buf: np.ndarray, n_rows: int, what: str) -> None:
-    """Every 144-byte block of the buffer was written (none is still all poison)."""
-    blocks = q8_1.unpack_rows(buf, n_rows)
-    left = np.nonzero((blocks == POISON).all(axis=-1))
-    assert left[0].size == 0, f"{what}: {left[0].size} blocks never written; first at row {int(left[0][0])}, " \
-                              f"block {int(left[1][0])}"
+    """Every 144-byte block of the buffer was written (none is still all poison). The buffer
+    is column-block-major: block i is column block i // n_rows of row i % n_rows."""
+    left = np.flatnonzero((buf.reshape(-1, q8_1.BLOCK_BYTES) == POISON).all(axis=1))
+    assert left.size == 0, f"{what}: {left.size} blocks never written; first at row {int(left[0]) % n_rows}, " \
+                           f"block {int(left[0]) // n_rows}"
 
 
 @pytest.mark.parametrize("case", params(kernel_rows("quantize")))

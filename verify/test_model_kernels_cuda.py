@@ -109,7 +109,7 @@ def assert_rows(got: np.ndarray, want_rows: np.ndarray, sel: np.ndarray, what: s
     flat = np.ascontiguousarray(got).reshape(-1).view(np.uint8).reshape(-1, got.dtype.itemsize)
     left = np.flatnonzero((flat == POISON).all(axis=1))
     assert left.size == 0, f"{what}: {left.size} elements never written; first at index " \
-                           f"{np.unravel_index(int(left[0]), got.shape)}"
+                           f"{tuple(int(i) for i in np.unravel_index(int(left[0]), got.shape))}"
     assert_same(got[sel], want_rows, f"{what} (rows {sel[:4].tolist()}.. of {got.shape[0]})")
 
 
