@@ -51,7 +51,7 @@ if [[ $MODE == bench || $MODE == all ]]; then
   PACK=/tmp/strata8.gguf
   [[ -f $PACK ]] || python3 -m strata_prefill make-pack --preset strata --layers "${LAYERS:-8}" \
       --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
-  python3 bench/bench_mmq_cuda.py 2>&1 | tee "$LOG/mmq.log" | tail -n 16 >> "$SUMMARY"
+  python3 bench/bench_mmq_cuda.py 2>&1 | tee "$LOG/mmq.log" | tail -n 25 >> "$SUMMARY"
   python3 bench/bench_prefill_cuda.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" 2>&1 \
       | tee "$LOG/prefill.log" | tail -n 5 >> "$SUMMARY"
   python3 bench/phase_floors.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" --out "$LOG" 2>&1 \
@@ -78,9 +78,9 @@ if [[ $MODE == kernels ]]; then
   python3 bench/bench_attention_ab_cuda.py --sass "$LOG/sass" 2>&1 | tee "$LOG/attention_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 bench/bench_float_dense_ab_cuda.py 2>&1 | tee "$LOG/float_dense_ab.log" | tail -n 12 >> "$SUMMARY"
   python3 bench/bench_dense_mmq_ab_cuda.py --configs \
-      '{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_Q8DEC": 0};{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_MIX": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 4 >> "$SUMMARY"
-  python3 bench/bench_combine_ab_cuda.py 2>&1 | tee "$LOG/combine_ab.log" | tail -n 3 >> "$SUMMARY"
-  python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 22 >> "$SUMMARY"
+      '{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_Q8DEC": 0};{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_MIX": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 13 >> "$SUMMARY"
+  python3 bench/bench_combine_ab_cuda.py 2>&1 | tee "$LOG/combine_ab.log" | tail -n 6 >> "$SUMMARY"
+  python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 7 >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_PAIR_ATTENTION=0 --b default \
       --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_pair_attention.md" 2>&1 \
       | tee "$LOG/ab_pair_attention.log"; cat "$LOG/ab_pair_attention.md" >> "$SUMMARY"
