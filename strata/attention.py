@@ -138,11 +138,12 @@ def _attend_tile(cache: KVCache, layer: int, kvh: int, q: np.ndarray, pos: np.nd
         np.add(s, t, out=s)
     np.multiply(s, kq_scale(hd), out=s)
 
-    # Mask keys after each query's position; view as key blocks.
-    valid = np.arange(n_k)[None, :] <= pos[:, None]  # [T, n_k]
-    s[:, ~valid] = F32(-np.inf)
+    # Mask keys after each query's position. Keys up to the tile's first position are valid
+    # for every query, so only the keys after it are looked at.
+    k0 = min(n_k, int(pos.min()) + 1)
+    masked = (np.arange(k0, n_k)[None, :] > pos[:, None])[None]  # [1, T, n_k - k0]
+    np.copyto(s[:, :, k0:], F32(-np.inf), where=masked)
     s = s.reshape(n_head, n_tok, n_blk, KEY_BLOCK)
-    valid = valid.reshape(n_tok, n_blk, KEY_BLOCK)
 
     # Running maximum after each block (max is exact in any order).
     m_blk = s.max(axis=-1)  # [H, T, n_blk]
@@ -152,7 +153,7 @@ def _attend_tile(cache: KVCache, layer: int, kvh: int, q: np.ndarray, pos: np.nd
 
     np.subtract(s, m_run[..., None], out=s)
     p = numerics.exp(s)
-    p[:, ~valid] = F32(0.0)
+    np.copyto(p.reshape(n_head, n_tok, n_k)[:, :, k0:], F32(0.0), where=masked)
     lsum = numerics.tree_sum(p, axis=-1)  # [H, T, n_blk]
 
     # P folded with V's per-token scale, quantized to int8 per (query, key block). A key block
@@ -167,9 +168,16 @@ def _attend_tile(cache: KVCache, layer: int, kvh: int, q: np.ndarray, pos: np.nd
     last_blk = pos // KEY_BLOCK  # [T]
     acc_l = np.zeros((n_head, n_tok), dtype=F32)
     acc_o = np.zeros((n_head, n_tok, hd), dtype=F32)
+    all_live = int(last_blk.min())  # blocks up to this one are live for every query
     for c in range(n_blk):
-        live = (c <= last_blk)[None, :]  # [1, T]
         a = alpha[:, :, c]
+        if c <= all_live:  # acc = acc * a + block, in place
+            np.multiply(acc_l, a, out=acc_l)
+            np.add(acc_l, lsum[:, :, c], out=acc_l)
+            np.multiply(acc_o, a[..., None], out=acc_o)
+            np.add(acc_o, ob[:, c], out=acc_o)
+            continue
+        live = (c <= last_blk)[None, :]  # [1, T]
         acc_l = np.where(live, acc_l * a + lsum[:, :, c], acc_l)
         acc_o = np.where(live[..., None], acc_o * a[..., None] + ob[:, c], acc_o)
     return (acc_o / acc_l[..., None]).transpose(1, 0, 2)

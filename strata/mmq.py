@@ -57,11 +57,18 @@ def prepare(qtype, raw: np.ndarray) -> PreparedWeights:
     """Decode raw weight rows [N, row_bytes] once."""
     qtype = QT(qtype)
     dec = quants.decode(qtype, raw)
-    w = np.ascontiguousarray(quants.folded_codes(dec).transpose(1, 2, 0))
-    wm = None
-    if qtype == QT.Q2_K:
-        wm = np.ascontiguousarray(quants.folded_mins(dec).transpose(1, 2, 0))
+    # quants.folded_codes and folded_mins, built directly in the [nb, 32, N] layout: the
+    # int8 codes are moved, not their float32 products; code times sub-scale is an exact
+    # small integer either way.
+    w = np.multiply(dec.codes.transpose(1, 2, 0), _halves(dec.sub), dtype=F32, order="C")
+    wm = _halves(dec.msub) if qtype == QT.Q2_K else None
     return PreparedWeights(qtype, w, dec.dw, dec.mw, wm)
+
+
+def _halves(sub: np.ndarray) -> np.ndarray:
+    """float32 [nb, 32, N]: the sub-scale of each value's half (v0 x16, v1 x16) from
+    sub [N, nb, 2]."""
+    return np.repeat(sub.transpose(1, 2, 0).astype(F32), 16, axis=1)
 
 
 def row_slice(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:

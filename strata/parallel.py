@@ -10,9 +10,11 @@ splitting a reduction would, and is never done here.
                                 may run on (its affinity mask)
 
 A call of :func:`map_ordered` from inside a pool thread runs its items in that thread, one
-after the other: a piece never waits on the pool it runs in. While the pool runs pieces,
-OpenBLAS (NumPy's matmul) is held to one thread of its own, so that the pool's threads and
-BLAS's do not contend for the same cores; its own count is restored afterwards. The only
+after the other: a piece never waits on the pool it runs in. While pieces run (on one thread
+or several), OpenBLAS (NumPy's matmul) is held to one thread of its own, so that the
+prefill uses the threads it was given and no more: BLAS threads beside the pool's contend
+for the same cores, and its threaded small products (the MMQ blocks are 32 deep) lose more to
+waking and waiting than they gain. Its own count is restored afterwards. The only
 BLAS products in the prefill are integer-valued (exact in any summation order), so BLAS's
 thread count never changes a bit either.
 """
@@ -152,12 +154,11 @@ def map_ordered(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     item has finished."""
     items = list(items)
     n = workers()
-    if n <= 1 or len(items) <= 1:
-        return [fn(item) for item in items]
-    pool = _executor(n)
     _blas.hold_one()
     try:
-        futures = [pool.submit(fn, item) for item in items]
+        if n <= 1 or len(items) <= 1:
+            return [fn(item) for item in items]
+        futures = [_executor(n).submit(fn, item) for item in items]
         errors = [f.exception() for f in futures]  # waits for all of them
     finally:
         _blas.release()
