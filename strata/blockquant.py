@@ -60,9 +60,14 @@ def quantize_blocks(x: np.ndarray, block: int, rule: str = INVERSE) -> tuple[np.
         else:
             raise ValueError(f"unknown scale rule {rule!r}")
         ok = np.isfinite(m)
-        prod = xb * np.where(ok, m, _ZERO)[..., None]
-        keep = ok[..., None] & np.isfinite(prod)
-        q = np.where(keep, roundf(np.where(keep, prod, _ZERO)), _ZERO)
+        if ok.all() and np.isfinite(amax).all():
+            # every block finite: |x * m| <= amax * m, about 127, so every product is finite
+            # and kept; the same values as the general form below, fewer passes
+            q = roundf(xb * m[..., None])
+        else:
+            prod = xb * np.where(ok, m, _ZERO)[..., None]
+            keep = ok[..., None] & np.isfinite(prod)
+            q = np.where(keep, roundf(np.where(keep, prod, _ZERO)), _ZERO)
     d = np.where(ok, d, _ZERO)
     assert q.dtype == np.float32 and d.dtype == np.float32
     return q.astype(np.int8).reshape(x.shape), d

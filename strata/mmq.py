@@ -10,7 +10,6 @@ CUDA kernels that compute a product name `mmq_prepared` here as their definition
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,30 +147,28 @@ def mmq(qtype, weight_raw: np.ndarray, act_rows: q8_1.Q8Rows) -> np.ndarray:
 
 
 class PreparedCache:
-    """Prepared weights by key, least recently used dropped past a byte budget. Decoding a
-    matrix costs more than multiplying a short chunk by it, so keeping them pays. Safe to
-    share between threads: two threads asking for one missing key may both decode it (the
-    same bytes), and the bookkeeping is under a lock."""
+    """Prepared weights by key, up to a byte budget. Decoding a matrix costs more than
+    multiplying a short chunk by it, so keeping them pays. A prefill asks for the matrices
+    in the same order every chunk, so once the budget is spent the entries kept stay and a
+    new one is not kept (dropping the least recently used instead would drop each matrix
+    just before its next use, and nothing would hit). Safe to share between threads: two
+    threads asking for one missing key may both decode it (the same bytes), and the
+    bookkeeping is under a lock."""
 
     def __init__(self, max_bytes: int = 1 << 30):
         self.max_bytes = max_bytes
-        self._items: OrderedDict = OrderedDict()
+        self._items: dict = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key, qtype, raw: np.ndarray) -> PreparedWeights:
         with self._lock:
             pw = self._items.get(key)
-            if pw is not None:
-                self._items.move_to_end(key)
-                return pw
+        if pw is not None:
+            return pw
         pw = prepare(qtype, raw)  # outside the lock: decodes run in parallel
-        if pw.nbytes <= self.max_bytes:
-            with self._lock:
-                if key not in self._items:
-                    self._items[key] = pw
-                    self._bytes += pw.nbytes
-                while self._bytes > self.max_bytes:
-                    _, old = self._items.popitem(last=False)
-                    self._bytes -= old.nbytes
+        with self._lock:
+            if key not in self._items and self._bytes + pw.nbytes <= self.max_bytes:
+                self._items[key] = pw
+                self._bytes += pw.nbytes
         return pw
