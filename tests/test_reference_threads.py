@@ -162,3 +162,24 @@ def test_slabs_cover_the_range():
         assert [i for a, b in s for i in range(a, b)] == list(range(n))
         assert len(s) <= max(1, pieces) and (n == 0 or all(b - a >= min(n, minimum) for a, b in s[:-1]))
 
+
+
+def test_prepared_cache_keeps_what_it_holds_past_its_budget(make_test_pack, monkeypatch):
+    """A prefill asks for its matrices in the same order every chunk: past the budget the
+    first ones stay (an LRU would drop each just before its next use); the held bytes never
+    pass the budget; entries hit from any thread."""
+    pack = make_test_pack("tiny", "Q4_1")
+    mats = [(("gate", e), pack.layer(0).ffn_gate_exps.expert(e)) for e in range(6)]
+    one = mmq.prepare(mats[0][1].qtype, mats[0][1].data).nbytes
+    cache = mmq.PreparedCache(max_bytes=4 * one)
+    monkeypatch.setenv(ENV, "3")
+    first = parallel.map_ordered(lambda km: cache.get(km[0], km[1].qtype, km[1].data), mats)
+    kept = dict(cache._items)
+    assert len(kept) == 4 and cache._bytes == 4 * one
+    for _ in range(2):  # two more "chunks", the same order each: the same four stay and hit
+        got = parallel.map_ordered(lambda km: cache.get(km[0], km[1].qtype, km[1].data), mats)
+        assert cache._items == kept and cache._bytes == 4 * one
+        assert all(got[i] is kept[k] for i, (k, _) in enumerate(mats) if k in kept)
+    for i, (k, m) in enumerate(mats):
+        ref = mmq.prepare(m.qtype, m.data)
+        assert first[i].w.tobytes() == ref.w.tobytes() and first[i].mw.tobytes() == ref.mw.tobytes()
