@@ -78,6 +78,17 @@ def _mark_inside() -> None:
     _inside.active = True
 
 
+def _forget_pool_in_child() -> None:
+    # a forked child has none of the parent's threads: its first map_ordered makes a pool
+    global _pool, _pool_threads, _lock
+    _pool, _pool_threads, _lock = None, 0, threading.Lock()
+    _blas.__init__()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def in_pool() -> bool:
     """True in one of the pool's threads."""
     return getattr(_inside, "active", False)

@@ -183,3 +183,21 @@ def test_prepared_cache_keeps_what_it_holds_past_its_budget(make_test_pack, monk
     for i, (k, m) in enumerate(mats):
         ref = mmq.prepare(m.qtype, m.data)
         assert first[i].w.tobytes() == ref.w.tobytes() and first[i].mw.tobytes() == ref.mw.tobytes()
+
+
+def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
+    """The parent's pool threads do not exist in a fork: the child's first call makes its own
+    pool instead of waiting on threads that will never run (the child exits 3 if it hangs)."""
+    import os
+    import signal
+
+    monkeypatch.setenv(ENV, "2")
+    assert parallel.map_ordered(lambda i: i * 2, range(4)) == [0, 2, 4, 6]  # the pool exists
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        signal.signal(signal.SIGALRM, lambda *a: os._exit(3))
+        signal.alarm(20)
+        ok = parallel.map_ordered(lambda i: i * 3, range(4)) == [0, 3, 6, 9]
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
