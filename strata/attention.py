@@ -98,22 +98,26 @@ def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray) -> 
     tile = max(1, min(_TILE_QUERIES, _TILE_BYTES // (per_query * at_once)))
     pieces = [(t0, kvh) for t0 in range(0, n_tok, tile) for kvh in range(cache.n_head_kv)]
 
+    # Q's int8 blocks (32 values each, so per head and query), for all pieces at once.
+    qc, qd = quantize_int8(q, QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
+
     def run(piece):
         t0, kvh = piece
-        pos, heads = positions[t0:t0 + tile], slice(kvh * group, (kvh + 1) * group)
+        rows, heads = slice(t0, t0 + tile), slice(kvh * group, (kvh + 1) * group)
+        pos = positions[rows]
         # a tile visits only the key blocks up to its last query's position
-        out[t0:t0 + tile, heads] = _attend_tile(cache, layer, kvh, q[t0:t0 + tile, heads], pos,
-                                                int(pos.max()) // KEY_BLOCK + 1)
+        out[rows, heads] = _attend_tile(cache, layer, kvh, qc[rows, heads], qd[rows, heads], pos,
+                                        int(pos.max()) // KEY_BLOCK + 1)
 
     parallel.map_ordered(run, pieces)
     return out
 
 
-def _attend_tile(cache: KVCache, layer: int, kvh: int, q: np.ndarray, pos: np.ndarray,
-                 n_blk: int) -> np.ndarray:
-    """The query heads q [T, group, hd] that KV head `kvh` serves (GQA), over key blocks
-    0..n_blk-1."""
-    n_tok, n_head, hd = q.shape
+def _attend_tile(cache: KVCache, layer: int, kvh: int, qc: np.ndarray, qd: np.ndarray,
+                 pos: np.ndarray, n_blk: int) -> np.ndarray:
+    """The query heads that KV head `kvh` serves (GQA), as int8 blocks qc [T, group, hd]
+    with scales qd [T, group, hd/32], over key blocks 0..n_blk-1."""
+    n_tok, n_head, hd = qc.shape
     n_k = n_blk * KEY_BLOCK
 
     # The KV head's keys and values, shared by its query heads (broadcast over them).
@@ -124,7 +128,6 @@ def _attend_tile(cache: KVCache, layer: int, kvh: int, q: np.ndarray, pos: np.nd
 
     # Scores: per 32-value block an exact integer dot, then the float epilogue in block order:
     # s = s + (qd * kd) * sumi per element.
-    qc, qd = quantize_int8(q, QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
     qc = np.ascontiguousarray(qc.astype(F32).transpose(1, 0, 2)).reshape(n_head * n_tok, hd)
     qd = np.ascontiguousarray(qd.transpose(2, 1, 0))  # [nb, H, T]
     kd = np.ascontiguousarray(kd.T)  # [nb, n_k]
