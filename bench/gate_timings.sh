@@ -16,7 +16,7 @@ mkdir -p "$LOG"
 export STRATA_PREFILL_KERNEL_CACHE=$ROOTC/kernels STRATA_PREFILL_REFERENCE_CACHE=$ROOTC/reference \
        STRATA_PREFILL_TEST_PACKS=$ROOTC/packs PYTHONUNBUFFERED=1
 TABLE="$LOG/gate_timings.md"
-[[ -f $TABLE ]] || printf '| run | workers | wall s | last line |\n|---|---|---|---|\n' > "$TABLE"
+[[ -f $TABLE ]] || printf '| run | workers x threads | wall s | last line |\n|---|---|---|---|\n' > "$TABLE"
 
 gate() {  # gate NAME [pytest args...]: one timed run, its log, a table row
   local name=$1; shift
@@ -25,8 +25,8 @@ gate() {  # gate NAME [pytest args...]: one timed run, its log, a table row
   timeout -s INT "${GATE_LIMIT:-600}" python3 -m pytest verify/ -q -p no:cacheprovider --durations=25 "$@" \
       > "$LOG/gate-$name.log" 2>&1
   local wall=$((SECONDS - t0))
-  local workers; workers=$(grep -o '^gate: [0-9]* workers' "$LOG/gate-$name.log" | grep -o '[0-9]*' || echo 1)
-  printf '| %s | %s | %s | %s |\n' "$name" "${workers:-1}" "$wall" "$(tail -n 1 "$LOG/gate-$name.log")" >> "$TABLE"
+  local plan; plan=$(grep -o '^gate: [0-9]* workers.*threads each' "$LOG/gate-$name.log" | head -n 1 | sed 's/^gate: //')
+  printf '| %s | %s | %s | %s |\n' "$name" "${plan:-1 process}" "$wall" "$(tail -n 1 "$LOG/gate-$name.log")" >> "$TABLE"
   grep '^gate: ' "$LOG/gate-$name.log" | sed "s/^/  [$name] /"
 }
 

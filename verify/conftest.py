@@ -16,15 +16,17 @@ def _row_of(item):
 
 def pytest_collection_modifyitems(items):
     """The order the workers take: the rows with no reference to wait for and the longest runs
-    (32K against the fast path's own resident run) first, then the kernel rows, then the
-    parity rows from the cheapest reference up, while verify/precompute.py computes the
+    (32K against the fast path's own resident run) first, then the kernel rows (the benchmarked
+    sizes, largest first), then the parity rows from the cheapest reference up, while verify/precompute.py computes the
     references from the costliest down (a stable sort: every worker collects the same order,
     as pytest-xdist needs)."""
     def order(item):
         row = _row_of(item)
+        if isinstance(row, KernelCase):  # the benchmarked sizes (up to 32K tokens) first
+            return -float(row.bytes) if row.timed else 0.0
         if not isinstance(row, ParityCase):
-            return 0
-        return -row.cost if row.base == "resident" else row.cost
+            return 0.0
+        return -1e15 - row.cost if row.base == "resident" else row.cost
 
     items.sort(key=order)
 
