@@ -101,16 +101,16 @@ def workers() -> int:
 
 
 class _OpenBlasThreads:
-    """OpenBLAS's thread count, where NumPy's OpenBLAS exports its setter (found among the
-    libraries this process has loaded); otherwise nothing is done."""
+    """The thread counts of the OpenBLAS copies this process has loaded (NumPy's, SciPy's),
+    where they export their setter; where none does, nothing is done."""
 
     _PREFIXES = ("scipy_openblas", "openblas")
     _SUFFIXES = ("64_", "")
 
     def __init__(self):
-        self._get = self._set = None
+        self._libs: list = []  # (get, set) per OpenBLAS copy
         self._held = 0  # regions holding BLAS to one thread
-        self._saved = None
+        self._saved: list = []
         self._found = False
 
     def _find(self) -> None:
@@ -131,28 +131,37 @@ class _OpenBlasThreads:
                     put = getattr(lib, f"{pre}_set_num_threads{suf}", None)
                     if get is not None and put is not None:
                         get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
-                        self._get, self._set = get, put
-                        return
+                        self._libs.append((get, put))
+                        break
+                else:
+                    continue
+                break
 
     def hold_one(self) -> None:
         with _lock:
             if not self._found:
                 self._find()
-            if self._set is None:
-                return
             if self._held == 0:
-                self._saved = int(self._get())
-                if self._saved != 1:
-                    self._set(1)
+                self._saved = [int(get()) for get, _ in self._libs]
+                for (_, put), n in zip(self._libs, self._saved):
+                    if n != 1:
+                        put(1)
             self._held += 1
 
     def release(self) -> None:
         with _lock:
-            if self._set is None:
-                return
             self._held -= 1
-            if self._held == 0 and self._saved not in (None, 1):
-                self._set(self._saved)
+            if self._held == 0:
+                for (_, put), n in zip(self._libs, self._saved):
+                    if n != 1:
+                        put(n)
+
+    def counts(self) -> list[int]:
+        """The thread count of each OpenBLAS copy found (for tests)."""
+        with _lock:
+            if not self._found:
+                self._find()
+            return [int(get()) for get, _ in self._libs]
 
 
 _blas = _OpenBlasThreads()
@@ -162,7 +171,7 @@ def map_ordered(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     """[fn(item) for item in items], the items run on the pool, the results in item order.
 
     The first exception raised by an item (in item order) is raised here, after every
-    item has finished."""
+    item has finished; an interrupt while waiting cancels the items not yet started."""
     items = list(items)
     n = workers()
     _blas.hold_one()
@@ -170,7 +179,12 @@ def map_ordered(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         if n <= 1 or len(items) <= 1:
             return [fn(item) for item in items]
         futures = [_executor(n).submit(fn, item) for item in items]
-        errors = [f.exception() for f in futures]  # waits for all of them
+        try:
+            errors = [f.exception() for f in futures]  # waits for all of them
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
     finally:
         _blas.release()
     for e in errors:

@@ -201,3 +201,17 @@ def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_openblas_is_held_to_one_thread_while_pieces_run_and_restored(monkeypatch):
+    """NumPy's OpenBLAS (where this process has one that exports its setter) runs one thread
+    of its own inside map_ordered, on the pool's threads and on one thread alike, and gets its
+    count back afterwards."""
+    before = parallel._blas.counts()
+    if not before:
+        pytest.skip("no OpenBLAS with a thread setter in this process")
+    for n in ("1", "3"):
+        monkeypatch.setenv(ENV, n)
+        inside = parallel.map_ordered(lambda i: parallel._blas.counts(), range(4))
+        assert inside == [[1] * len(before)] * 4
+        assert parallel._blas.counts() == before
