@@ -52,9 +52,43 @@ class PreparedWeights:
         return sum(a.nbytes for a in (self.w, self.dw, self.mw, self.wm) if a is not None)
 
 
+# A matrix of more rows than this is decoded in row slabs across the pool (the output head,
+# 151,936 rows, is the longest single step of a reference run otherwise).
+_PREPARE_SLAB_ROWS = 4096
+
+
 def prepare(qtype, raw: np.ndarray) -> PreparedWeights:
-    """Decode raw weight rows [N, row_bytes] once."""
+    """Decode raw weight rows [N, row_bytes] once. Rows decode independently, so a tall matrix
+    is decoded in row slabs on the pool, each written into its columns of the result."""
     qtype = QT(qtype)
+    n = raw.shape[0]
+    pieces = parallel.slabs(n, parallel.workers(), _PREPARE_SLAB_ROWS)
+    if len(pieces) <= 1:
+        return _prepare_rows(qtype, raw)
+    probe = _prepare_rows(qtype, raw[:1])
+
+    def tall(a):  # a's layout with n rows: [nb, 32, N] keeps its rows last, [N, nb] first
+        if a is None:
+            return None
+        return np.empty(a.shape[:-1] + (n,) if a.ndim == 3 else (n,) + a.shape[1:], a.dtype)
+
+    out = PreparedWeights(qtype, tall(probe.w), tall(probe.dw), tall(probe.mw), tall(probe.wm))
+
+    def fill(piece):
+        r0, r1 = piece
+        part = _prepare_rows(qtype, raw[r0:r1])
+        out.w[..., r0:r1] = part.w
+        out.dw[r0:r1] = part.dw
+        if out.mw is not None:
+            out.mw[r0:r1] = part.mw
+        if out.wm is not None:
+            out.wm[..., r0:r1] = part.wm
+
+    parallel.map_ordered(fill, pieces)
+    return out
+
+
+def _prepare_rows(qtype: QT, raw: np.ndarray) -> PreparedWeights:
     dec = quants.decode(qtype, raw)
     # quants.folded_codes and folded_mins, built directly in the [nb, 32, N] layout: the
     # int8 codes are moved, not their float32 products; code times sub-scale is an exact

@@ -215,3 +215,25 @@ def test_openblas_is_held_to_one_thread_while_pieces_run_and_restored(monkeypatc
         inside = parallel.map_ordered(lambda i: parallel._blas.counts(), range(4))
         assert inside == [[1] * len(before)] * 4
         assert parallel._blas.counts() == before
+
+
+@pytest.mark.parametrize("tname", ["Q8_0", "Q2_K", "Q4_1", "IQ3_S"])
+def test_tall_matrix_decoded_in_slabs_is_the_same(monkeypatch, tname):
+    """mmq.prepare cuts a matrix of more than _PREPARE_SLAB_ROWS rows into row slabs on the pool:
+    every prepared array is the one decoding it whole gives."""
+    from gguf import GGMLQuantizationType as QT
+
+    from strata import mmq, quants
+
+    monkeypatch.setenv("STRATA_PREFILL_THREADS", "4")
+    monkeypatch.setattr(mmq, "_PREPARE_SLAB_ROWS", 64)
+    qt = QT[tname]
+    rng = np.random.default_rng(31)
+    n, k = 301, 512
+    raw = quants.random_blocks(qt, n * k // quants.block_size(qt)[0], rng).reshape(n, -1)
+    cut, whole = mmq.prepare(qt, raw), mmq._prepare_rows(qt, raw)
+    for name in ("w", "dw", "mw", "wm"):
+        a, b = getattr(cut, name), getattr(whole, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
