@@ -349,6 +349,13 @@ def check(a, what: str, dtype, shape=None, ndim=None):
     return a
 
 
+def enqueue(func, grid, block, stream, *args, shared_size: int = 0) -> None:
+    """Queue the prepared kernel ``func`` on ``stream``: the one place a kernel is queued.
+    Device.launch counts the walk's launches through it; the stress mode's spins come here
+    uncounted (fast/cuda/stress.py)."""
+    func.prepared_async_call(grid, block, stream, *args, shared_size=shared_size)
+
+
 class Device:
     """What one backend instance launches through: its launch counters (``counters``:
     "launches" and one entry per kernel), its compute ``stream`` (a ``pycuda.driver.Stream``;
@@ -377,7 +384,7 @@ class Device:
         "launches"; name None counts only "launches"). In the stress mode a spin may go first."""
         if self.stress is not None:
             self.stress.before_launch(self.stream)
-        func.prepared_async_call(grid, block, self.stream, *args, shared_size=shared_size)
+        enqueue(func, grid, block, self.stream, *args, shared_size=shared_size)
         self.counters["launches"] += 1
         if name is not None:
             self.counters[name] += 1

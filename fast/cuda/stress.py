@@ -129,14 +129,14 @@ class Stress:
 
 
 def _spin_kernel():
-    """(stream, cycles) -> None: kernels/spin.cu on one thread, queued on the stream (not through
-    Device.launch: a spin is no launch of the walk's, and never spins itself)."""
+    """(stream, cycles) -> None: kernels/spin.cu on one thread, queued on the stream by
+    runtime.enqueue, not Device.launch: a spin is no launch of the walk's, and never spins itself."""
     from fast.cuda import runtime  # noqa: PLC0415
 
     f = runtime.function("spin", "spin", "q")
 
     def launch(stream, cycles: int) -> None:
-        f.prepared_async_call((1, 1, 1), (1, 1, 1), stream, int(cycles))
+        runtime.enqueue(f, (1, 1, 1), (1, 1, 1), stream, int(cycles))
 
     return launch
 
