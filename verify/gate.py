@@ -170,8 +170,11 @@ def start_ahead(config) -> None:
         env = dict(os.environ, **{v: str(cores()) for v in THREAD_VARS if v != "OPENBLAS_NUM_THREADS"})
         env["OPENBLAS_NUM_THREADS"] = "1"
         quick = ["--quick"] if (config.option.markexpr or "").strip() == "quick" else []
+        # its own session: an interrupted gate (Ctrl-C, a time limit) does not lose the
+        # reference in progress; it is finished and kept for the next run
         _ahead["refs"] = subprocess.Popen([sys.executable, "-m", "verify.precompute", *quick], cwd=ROOT, env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True)
 
 
 def finish_ahead() -> list[str]:
@@ -186,10 +189,12 @@ def finish_ahead() -> list[str]:
         out.append(line)
     p = _ahead.pop("refs", None)
     if p is not None:
-        if p.poll() is None:
-            p.terminate()
-        err = (p.communicate()[1] or "").strip().splitlines()
-        out.append(err[-1] if err else f"gate: references ahead: exit {p.returncode}")
+        if p.poll() is None:  # the run stopped before its rows needed them all
+            out.append(f"gate: references ahead: still computing in process {p.pid}, kept for the next run "
+                       f"when done (kill {p.pid} stops it)")
+        else:
+            err = (p.communicate()[1] or "").strip().splitlines()
+            out.append(err[-1] if err else f"gate: references ahead: exit {p.returncode}")
     return out
 
 
