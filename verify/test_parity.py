@@ -30,7 +30,11 @@ except ImportError as exc:  # pragma: no cover - the runtime module itself is mi
     _CUDA, _WHY = False, f"the cuda runtime does not import: {exc}"
 _SIM_HERE = not _CUDA or os.environ.get("STRATA_VERIFY_SIM") == "1"
 
-_engines: dict = {}  # (pack, backend, arm, stress) -> FastEngine, kept for the small packs
+# (pack, backend, arm, stress) -> FastEngine: the cuda engines of the small packs, kept for the
+# rows that share one (most recent last; a worker keeps at most _KEEP, so its device and pinned
+# memory stay bounded however many rows it runs)
+_engines: dict = {}
+_KEEP = 16
 
 
 def _params():
@@ -57,10 +61,13 @@ def _engine(case: ParityCase, pack, monkeypatch):
     eng = _engines.get(key) if keep else None
     if eng is None:
         eng = make_fast_engine(pack, case.backend, sim_options=sim, **case.options)
-        if keep:
-            _engines[key] = eng
     elif case.backend == "cuda":
         eng.be.reset_cache()
+    if keep:
+        _engines.pop(key, None)
+        _engines[key] = eng
+        while len(_engines) > _KEEP:
+            _engines.pop(next(iter(_engines)))
     return eng
 
 
