@@ -1,20 +1,39 @@
 """Model configuration of a qwen3moe pack: dimensions, expert counts, types.
 
-`ModelConfig.from_metadata` reads the metadata keys llama.cpp's qwen3moe loader reads;
-`PRESETS` are the shapes `make-pack` writes.
+`ModelConfig.from_metadata` reads the metadata keys llama.cpp's qwen3moe loader reads and
+refuses, in one line, every value no path of the project can run (`ModelConfig.problems`, the
+limits of strata/limits.py) and, given the file's tensor shapes, a layer count or vocabulary
+the tensors contradict. `PRESETS` are the shapes `make-pack` writes.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
+from strata import limits
 from strata.errors import PackError
 
 ARCH = "qwen3moe"
+_P = ARCH + "."
+#: ModelConfig field -> the metadata key it is read from (llama.cpp's qwen3moe names)
+KEYS = {
+    "n_layer": _P + "block_count", "n_embd": _P + "embedding_length",
+    "n_head": _P + "attention.head_count", "n_head_kv": _P + "attention.head_count_kv",
+    "head_dim": _P + "attention.key_length", "n_expert": _P + "expert_count",
+    "n_expert_used": _P + "expert_used_count", "n_ff_exp": _P + "expert_feed_forward_length",
+    "n_ff_shexp": _P + "expert_shared_feed_forward_length", "n_vocab": _P + "vocab_size",
+    "rms_eps": _P + "attention.layer_norm_rms_epsilon", "rope_base": _P + "rope.freq_base",
+    "context_length": _P + "context_length",
+}
+VALUE_LENGTH_KEY = _P + "attention.value_length"  # V's head size: this project has one head size
+TOKENS_KEY = "tokenizer.ggml.tokens"
+_BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -54,18 +73,69 @@ class ModelConfig:
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
 
+    # ---- limits ---------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """What in this configuration no path of the project can run, one phrase each naming
+        the metadata key, its value and the limit (strata/limits.py); [] when it runs.
+        n_vocab 0 is allowed here (the loader takes the vocabulary from token_embd)."""
+        k, out = KEYS, []
+        for field in ("n_layer", "n_embd", "n_head", "n_expert", "n_ff_exp", "context_length"):
+            value = getattr(self, field)
+            if value < 1:
+                out.append(f"{k[field]} {value}: must be at least 1")
+        if self.n_head_kv < 1 or (self.n_head >= 1 and self.n_head % self.n_head_kv):
+            out.append(f"{k['n_head_kv']} {self.n_head_kv} does not divide {k['n_head']} "
+                       f"{self.n_head} (each KV head serves a whole group of query heads)")
+        if self.head_dim < 1 or self.head_dim % limits.HEAD_DIM_MULTIPLE:
+            out.append(f"{k['head_dim']} (the head size) {self.head_dim}: must be a positive "
+                       f"multiple of {limits.HEAD_DIM_MULTIPLE} (attention's int8 Q/K blocks)")
+        if not 1 <= self.n_expert_used <= max(self.n_expert, 1):
+            out.append(f"{k['n_expert_used']} {self.n_expert_used}: must be in [1, "
+                       f"{k['n_expert']} {self.n_expert}]")
+        if self.n_ff_shexp < 0:
+            out.append(f"{k['n_ff_shexp']} {self.n_ff_shexp}: must be 0 (none) or more")
+        if self.n_vocab < 0:
+            out.append(f"{k['n_vocab']} {self.n_vocab}: must be at least 1")
+        for field in ("rms_eps", "rope_base"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value > 0):
+                out.append(f"{k[field]} {value}: must be a finite number > 0")
+        return out
+
+    def cuda_problems(self) -> list[str]:
+        """What in this configuration the CUDA kernels cannot run (strata/limits.py), beyond
+        `problems()`: for the fast path's cuda backend to check before it loads anything."""
+        k, out = KEYS, []
+        if self.head_dim not in limits.CUDA_HEAD_DIMS:
+            out.append(f"{k['head_dim']} (the head size) {self.head_dim}: the CUDA attention "
+                       f"kernels are built for {' and '.join(map(str, limits.CUDA_HEAD_DIMS))}")
+        if self.n_expert_used > limits.CUDA_TOP_K_MAX:
+            out.append(f"{k['n_expert_used']} {self.n_expert_used}: the CUDA router picks at most "
+                       f"{limits.CUDA_TOP_K_MAX}")
+        if self.n_expert > limits.CUDA_ROUTER_MAX_EXPERTS:
+            out.append(f"{k['n_expert']} {self.n_expert}: the CUDA router holds at most "
+                       f"{limits.CUDA_ROUTER_MAX_EXPERTS} in shared memory")
+        return out
+
     # ---- from GGUF metadata --------------------------------------------------------
     @classmethod
-    def from_metadata(cls, fields: Mapping[str, Any]) -> "ModelConfig":
+    def from_metadata(cls, fields: Mapping[str, Any],
+                      shapes: Mapping[str, list[int]] | None = None,
+                      where: str = "") -> "ModelConfig":
         """Build from GGUF metadata: `GGUFReader.fields` (ReaderField values) or a plain
         mapping of key -> value. The vocabulary size is taken from `{arch}.vocab_size` or the
         tokenizer's token list when present, else 0 (the loader fills it in from
-        `token_embd`). Types are left at their defaults; the loader sets them from tensors."""
+        `token_embd`). Types are left at their defaults; the loader sets them from tensors.
+
+        shapes (logical tensor name -> ggml ne, as the file holds them) adds the checks of
+        the metadata against the tensors: the layer count, the vocabulary and the width of
+        token_embd. Every problem found is listed in one PackError (`where`: a prefix naming
+        the file), so a pack is refused before any work."""
 
         def get(key: str, default: Any = ..., kind: type = int) -> Any:
             if key not in fields:
                 if default is ...:
-                    raise PackError(f"missing metadata key {key}")
+                    raise PackError(f"{where}missing metadata key {key}")
                 return default
             value = fields[key]
             if hasattr(value, "contents"):
@@ -77,46 +147,91 @@ class ModelConfig:
                     return value
                 if isinstance(value, (list, tuple, str, bytes)):
                     raise TypeError
-                if kind is float:
-                    # GGUF stores these as float32: take the shortest decimal that rounds to
-                    # the same float32 (1e-06, not 9.99999997e-07), so presets compare equal
+                if kind is int:
+                    # a count stored as a float or a bool is a broken writer, not a count
+                    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                        raise TypeError
+                    return int(value)
+                # GGUF stores these as float32: take the shortest decimal that rounds to the
+                # same float32 (1e-06, not 9.99999997e-07), so presets compare equal
+                with np.errstate(over="ignore"):
                     return float(np.format_float_scientific(np.float32(value), unique=True))
-                return kind(value)
             except (TypeError, ValueError):
-                raise PackError(f"metadata key {key} has a bad value: {value!r}") from None
+                what = "an integer" if kind is int else "a number" if kind is float else "a string"
+                raise PackError(f"{where}metadata key {key} must be {what}, got {value!r}") from None
 
         arch = get("general.architecture", kind=str)
         if arch != ARCH:
-            raise PackError(f"wrong architecture: expected {ARCH}, got {arch}")
-        p = f"{ARCH}."
-        n_embd = get(p + "embedding_length")
-        n_head = get(p + "attention.head_count")
-        if n_head <= 0 or n_embd <= 0:
-            raise PackError(f"bad dimensions: embedding_length {n_embd}, head_count {n_head}")
-        n_vocab = get(p + "vocab_size", 0)
-        if n_vocab == 0 and "tokenizer.ggml.tokens" in fields:
-            tokens = fields["tokenizer.ggml.tokens"]
-            n_vocab = len(tokens.data) if hasattr(tokens, "data") else len(tokens)
+            raise PackError(f"{where}wrong architecture: expected {ARCH}, got {arch}")
+        k = KEYS
+        n_embd = get(k["n_embd"])
+        n_head = get(k["n_head"])
+        vocab_key = k["n_vocab"] if k["n_vocab"] in fields else None
+        n_vocab = get(k["n_vocab"], 0)
+        n_tokens = None
+        if TOKENS_KEY in fields:
+            tokens = fields[TOKENS_KEY]
+            n_tokens = len(tokens.data) if hasattr(tokens, "data") else len(tokens)
+            if vocab_key is None:
+                vocab_key, n_vocab = TOKENS_KEY, n_tokens
         cfg = cls(
-            n_layer=get(p + "block_count"),
+            n_layer=get(k["n_layer"]),
             n_embd=n_embd,
             n_head=n_head,
-            n_head_kv=get(p + "attention.head_count_kv", n_head),
-            head_dim=get(p + "attention.key_length", n_embd // n_head),
-            n_expert=get(p + "expert_count"),
-            n_expert_used=get(p + "expert_used_count"),
-            n_ff_exp=get(p + "expert_feed_forward_length"),
-            n_ff_shexp=get(p + "expert_shared_feed_forward_length", 0),
+            n_head_kv=get(k["n_head_kv"], n_head),
+            head_dim=get(k["head_dim"], n_embd // n_head if n_head > 0 else 0),
+            n_expert=get(k["n_expert"]),
+            n_expert_used=get(k["n_expert_used"]),
+            n_ff_exp=get(k["n_ff_exp"]),
+            n_ff_shexp=get(k["n_ff_shexp"], 0),
             n_vocab=n_vocab,
-            rms_eps=get(p + "attention.layer_norm_rms_epsilon", kind=float),
-            rope_base=get(p + "rope.freq_base", 10000.0, kind=float),
-            context_length=get(p + "context_length"),
+            rms_eps=get(k["rms_eps"], kind=float),
+            rope_base=get(k["rope_base"], 10000.0, kind=float),
+            context_length=get(k["context_length"]),
         )
-        if cfg.n_layer <= 0 or cfg.n_expert <= 0 or not 0 < cfg.n_expert_used <= cfg.n_expert:
-            raise PackError(
-                f"bad expert metadata: block_count {cfg.n_layer}, expert_count {cfg.n_expert}, "
-                f"expert_used_count {cfg.n_expert_used}")
+        problems = cfg.problems()
+        if k["head_dim"] not in fields and n_head > 0 and n_embd % n_head:
+            problems.append(f"{k['head_dim']} absent and {k['n_embd']} {n_embd} is not a "
+                            f"multiple of {k['n_head']} {n_head} (the head size it implies)")
+        value_length = get(VALUE_LENGTH_KEY, cfg.head_dim)
+        if value_length != cfg.head_dim:
+            problems.append(f"{VALUE_LENGTH_KEY} {value_length} differs from {k['head_dim']} "
+                            f"{cfg.head_dim} (one head size for K and V)")
+        if n_tokens is not None and vocab_key != TOKENS_KEY and n_tokens != n_vocab:
+            problems.append(f"{vocab_key} {n_vocab} but {TOKENS_KEY} lists {n_tokens} tokens")
+        if shapes is not None:
+            problems += _layout_problems(cfg, shapes, vocab_key)
+        if problems:
+            raise PackError(where + "; ".join(problems))
         return cfg
+
+
+def _layout_problems(cfg: ModelConfig, shapes: Mapping[str, list[int]],
+                     vocab_key: str | None) -> list[str]:
+    """The metadata against the file's tensors (logical name -> ggml ne): the layers present,
+    token_embd's rows (the vocabulary) and width. Missing tensors and every other shape are
+    the loader's (strata/pack.py:_validate), which names them."""
+    out = []
+    layers = sorted({int(m.group(1)) for n in shapes if (m := _BLOCK.match(n))})
+    if layers != list(range(cfg.n_layer)) and cfg.n_layer >= 1:
+        if not layers:
+            held = "no layer tensors (blk.N.*)"
+        elif layers == list(range(len(layers))):
+            held = f"{len(layers)} layer{'s' * (len(layers) > 1)} (blk.0 to blk.{layers[-1]})"
+        else:
+            shown = ", ".join(f"blk.{i}" for i in layers[:8]) + (", ..." if len(layers) > 8 else "")
+            held = f"layers {shown}, not numbered 0 to N-1"
+        out.append(f"{KEYS['n_layer']} {cfg.n_layer} but the file holds {held}")
+    embd = shapes.get("token_embd")
+    if embd is not None and len(embd) == 2:
+        width, rows = embd
+        if width != cfg.n_embd:
+            out.append(f"{KEYS['n_embd']} {cfg.n_embd} but token_embd.weight rows hold {width} values")
+        if vocab_key is not None and rows != cfg.n_vocab:
+            out.append(f"{vocab_key} {cfg.n_vocab} but token_embd.weight has {rows} rows")
+        elif rows < 1:
+            out.append("token_embd.weight has 0 rows: the vocabulary is empty")
+    return out
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -287,8 +287,11 @@ class Pack:
                 raise PackError(
                     f"truncated pack {path}: tensor {t.name} ends at byte "
                     f"{t.data_offset + t.n_bytes} but the file has {file_size} bytes")
-        config = ModelConfig.from_metadata(reader.fields)
         tensors = _logical_tensors(path, reader)
+        # every value and count the metadata gives, against the limits and the tensors
+        # present, in one line naming each key (strata/config.py, strata/limits.py)
+        config = ModelConfig.from_metadata(reader.fields, {n: _ne(t) for n, t in tensors.items()},
+                                           where=f"{path}: ")
         config = _validate(config, tensors)
         return cls(path, reader, config, tensors, file_size)
 
