@@ -35,4 +35,5 @@ ROPE_MIN_ROWS = 256  # positions of the first RoPE table; it then grows by doubl
 RESIDUAL_STRIDE = 64  # positions sampled by the residual dumps (pos % 64 == 0)
 
 # ---- packs ------------------------------------------------------------------------------------
-PACK_FORMAT = 2  # bumped when the pack layout changes: a cached default pack of another is remade
+PACK_FORMAT = 3  # bumped when the pack layout changes: a cached default pack of another is remade
+# (3: the header records its writer and the tensors' sha256 digests, strata/make_pack.py)

@@ -27,6 +27,21 @@ router type: F32 by default, as llama.cpp's converters keep it, BF16 for the `st
 is F32 beside a Q8_0 router. Float matrices are multiplied in their own precision
 (strata.dense). The pack records `strata.pack_format` (strata.constants.PACK_FORMAT).
 
+What wrote it and a digest of its data. `strata.writer` says what wrote the pack
+("strata-prefill 0.1.0 make-pack": the program, its version and the command, never a time,
+a host or a path, so two runs with the same arguments write the same bytes, which the gate's
+kept packs and the reference cache rely on). `strata.tensor_digests` holds each tensor's
+sha256 and `strata.tensor_digest` one over those (strata.pack.tensor_digest_root), for
+`Pack.check_digest` / `info --check`. The header precedes the data, so the digests are
+reserved in it as placeholders of their exact length (64 hex digits each), computed as each
+tensor's bytes are written, and patched in place in the temp file before it replaces the
+target: the data is generated once.
+
+Atomic. The pack is written to a temp of this process's own beside OUT (strata.atomic) and
+renamed onto OUT at the end: a reader sees the old file or the new one whole; a failure,
+Ctrl-C, SIGTERM or SIGHUP removes the temp; two runs writing one OUT end with one whole pack
+of one of them, and the one that finishes second says it replaced the other's.
+
 Scales, chosen so a forward pass stays well-scaled over 48 layers: input projections have
 std clip(1/sqrt(n_cols), 0.02, 0.05), output projections (attn_output, ffn_down*) half of
 1/sqrt(n_cols) clipped likewise; the router std 2/sqrt(n_embd) gives router logits of std
@@ -36,9 +51,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import io
 import os
 import shutil
+import struct
 import sys
 import time
 from collections import deque
@@ -49,16 +66,18 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFWriter
+from gguf import GGUFValueType, GGUFWriter
 from gguf.gguf_writer import WriterState
 
 from strata import dense, quants
 from strata import tensor_names as tn
+from strata.atomic import AtomicFile
 from strata.config import ARCH, PRESETS, ModelConfig
 from strata.constants import PACK_FORMAT
 from strata.errors import InputError
 from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_PACK_FORMAT,
-                         KEY_PRESET, KEY_ROUTER_TYPE, KEY_SEED)
+                         KEY_PRESET, KEY_ROUTER_TYPE, KEY_SEED, KEY_TENSOR_DIGEST,
+                         KEY_TENSOR_DIGESTS, KEY_WRITER, tensor_digest_root)
 
 FALLBACK_TYPE = QT.Q8_0
 DENSE_TYPES: tuple[QT, ...] = (QT.Q8_0, QT.F16, QT.BF16, QT.F32)
@@ -70,6 +89,16 @@ DISK_MARGIN_BYTES = 64 * 1024 * 1024  # left free on the disk after a pack (or 2
 SLAB_VALUES = 1 << 22  # values per generated slab of a non-expert tensor (fixed: part of the seed)
 EMBD_STD = 0.5
 NORM_STD = 0.1
+DIGEST_PLACEHOLDER = "0" * 64  # a sha256 in hex, reserved in the header until the data is written
+
+
+def writer_name() -> str:
+    """`strata.writer`: the program and its installed version (pyproject.toml's), the command."""
+    try:
+        version = importlib.metadata.version("strata-prefill")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        version = "(not installed)"
+    return f"strata-prefill {version} make-pack"
 
 
 def parse_qtype(name: Any, allowed: tuple[QT, ...], what: str) -> QT:
@@ -219,7 +248,7 @@ def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
 
 
 def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, expert_type: QT,
-                  dense_type: QT, router_type: QT, fallbacks: list[str]) -> None:
+                  dense_type: QT, router_type: QT, fallbacks: list[str], n_tensors: int) -> None:
     a = ARCH + "."
     w.add_name(f"strata synthetic {preset}")
     w.add_type("model")
@@ -250,28 +279,62 @@ def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, exper
     if fallbacks:
         w.add_string(KEY_FALLBACK_TYPE, FALLBACK_TYPE.name)
         w.add_array(KEY_FALLBACK, list(fallbacks))
+    w.add_string(KEY_WRITER, writer_name())
+    w.add_string(KEY_TENSOR_DIGEST, DIGEST_PLACEHOLDER)
+    w.add_array(KEY_TENSOR_DIGESTS, [DIGEST_PLACEHOLDER] * n_tensors)
 
 
 class _HeaderSizer(GGUFWriter):
-    """A GGUFWriter that writes its header into memory: the header's exact size, measured by
-    the code that writes the real one."""
+    """A GGUFWriter that writes its header into memory: the header's exact bytes, made by the
+    code that writes every GGUF file (make_pack writes them to the pack itself)."""
 
     def open_output_file(self, path: Path | None = None) -> None:
         self.fout = [io.BytesIO()]
         self.state = WriterState.EMPTY
 
 
-def _file_size(w: GGUFWriter, plans: list[_Plan]) -> int:
-    """Bytes of the pack `w` (metadata and tensor infos added) describes: the header, then
-    each tensor's data at its aligned offset, the last one padded too."""
+def _render_header(w: GGUFWriter) -> bytes:
+    """The header of the pack `w` (metadata and tensor infos added) describes."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    align = w.data_alignment
-    pos = w.fout[0].tell()
+    return w.fout[0].getvalue()
+
+
+def _file_size(header_bytes: int, align: int, plans: list[_Plan]) -> int:
+    """Bytes of the pack: the header, then each tensor's data at its aligned offset, the last
+    one padded too."""
+    pos = header_bytes
     for p in plans:
         pos += -pos % align + p.nbytes
     return pos + -pos % align
+
+
+def _kv_value_offset(header: bytes, key: str) -> int:
+    """Offset in `header` of the value of metadata key `key` (just past its type)."""
+    k = key.encode("utf-8")
+    tag = struct.pack("<Q", len(k)) + k
+    at = header.find(tag)
+    if at < 0 or header.find(tag, at + 1) >= 0:  # pragma: no cover - the writer's layout changed
+        raise AssertionError(f"metadata key {key} not found once in the header")
+    return at + len(tag) + 4  # u32 value type
+
+
+def digest_slots(header: bytes, n_tensors: int) -> tuple[int, list[int]]:
+    """Offsets of the reserved digests in `header`: (the root's, each tensor's), each
+    checked to hold DIGEST_PLACEHOLDER (a GGUF string: u64 length, then the bytes)."""
+    ph = DIGEST_PLACEHOLDER.encode()
+    item = 8 + len(ph)
+    root = _kv_value_offset(header, KEY_TENSOR_DIGEST) + 8
+    arr = _kv_value_offset(header, KEY_TENSOR_DIGESTS)
+    sub, count = struct.unpack_from("<IQ", header, arr)
+    if sub != GGUFValueType.STRING or count != n_tensors:  # pragma: no cover - layout changed
+        raise AssertionError(f"{KEY_TENSOR_DIGESTS}: unexpected array header")
+    slots = [arr + 12 + i * item + 8 for i in range(n_tensors)]
+    for off in [root, *slots]:
+        if header[off - 8:off + len(ph)] != struct.pack("<Q", len(ph)) + ph:  # pragma: no cover
+            raise AssertionError("a reserved digest is not where the header layout puts it")
+    return root, slots
 
 
 def check_free_disk(path: Path, size: int) -> None:
@@ -311,10 +374,11 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
     (None: BF16 for the `strata` preset, else F32); progress: a tqdm bar on stderr
     (None: only where stderr is a terminal, for packs over 50 MB); workers: threads
     generating chunks ahead of the writer (default: the CPU count, at most 4; the bytes do
-    not depend on it); on_size: called with the file's exact size before anything is written.
-    A pack the disk cannot hold (check_free_disk) is refused before anything is written.
-    Written to `path`.tmp then renamed, so a failed write leaves no half pack behind.
-    Returns the path."""
+    not depend on it); on_size: called with the file's exact size once the (empty) temp is
+    open, before any byte is written. A pack the disk cannot hold (check_free_disk) is
+    refused before anything is written. Written atomically (strata.atomic: a temp of this
+    process's beside `path`, renamed onto it at the end, removed on any failure or SIGTERM /
+    SIGHUP), so no half pack is ever left at `path`. Returns the path."""
     if config is None:
         if preset not in PRESETS:
             raise InputError(f"unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
@@ -336,37 +400,37 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
 
     workers = max(1, int(workers or min(4, os.cpu_count() or 1)))
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
     total = sum(p.nbytes for p in plans)
     if progress is None:
         progress = sys.stderr.isatty() and total > PROGRESS_MIN_BYTES
 
     def described(w: GGUFWriter) -> GGUFWriter:
-        _add_metadata(w, config, preset, int(seed), xt, dt, rt, fallbacks)
+        _add_metadata(w, config, preset, int(seed), xt, dt, rt, fallbacks, len(plans))
         for p in plans:
             # dtype float32 with raw_dtype set: the writer takes the shape as element counts
             w.add_tensor_info(tn.file_name(p.name), p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=p.qtype)
         return w
 
-    size = _file_size(described(_HeaderSizer(None, ARCH)), plans)
-    if on_size is not None:
-        on_size(size)
-    check_free_disk(path, size)
-    w = described(GGUFWriter(tmp, ARCH))
-    try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        fout = w.fout[0]
-        align = w.data_alignment
+    sizer = described(_HeaderSizer(None, ARCH))
+    header = _render_header(sizer)
+    align = sizer.data_alignment
+    size = _file_size(len(header), align, plans)
+    root_slot, slots = digest_slots(header, len(plans))
+    with AtomicFile(path) as out:
+        if on_size is not None:
+            on_size(size)
+        check_free_disk(path, size)
+        fout = out.file
+        fout.write(header)
         bar = None
         if progress:
             from tqdm import tqdm
 
             bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
                        desc=path.name, file=sys.stderr, leave=False)
+        digests: list[bytes] = []
         try:
-            pos = fout.tell()
+            pos = len(header)
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 for p in plans:
                     pad = -pos % align
@@ -374,13 +438,17 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
                         fout.write(bytes(pad))
                         pos += pad
                     written = 0
+                    h = hashlib.sha256()
                     for chunk in _ahead(pool, p.chunks(seed), 2 * workers):
-                        fout.write(memoryview(np.ascontiguousarray(chunk)))
+                        view = memoryview(np.ascontiguousarray(chunk)).cast("B")
+                        fout.write(view)
+                        h.update(view)
                         written += chunk.nbytes
                         if bar is not None:
                             bar.update(chunk.nbytes)
                     if written != p.nbytes:  # pragma: no cover - plan and generator disagree
                         raise AssertionError(f"{p.name}: wrote {written} bytes, planned {p.nbytes}")
+                    digests.append(h.digest())
                     pos += written
             pad = -pos % align
             if pad:
@@ -388,15 +456,10 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
         finally:
             if bar is not None:
                 bar.close()
-        w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        w.close()
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        for off, hexdigest in [(root_slot, tensor_digest_root(digests)),
+                               *zip(slots, (d.hex() for d in digests))]:
+            fout.seek(off)
+            fout.write(hexdigest.encode())
     return path
 
 

@@ -17,6 +17,7 @@ Every problem a user can cause is a one-line `PackError` naming it.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,33 @@ KEY_PRESET = "strata.preset"
 KEY_SEED = "strata.seed"
 KEY_PACK_FORMAT = "strata.pack_format"  # uint32: strata.constants.PACK_FORMAT when written
 KEY_ROUTER_TYPE = "strata.router_type"  # str: the router type asked for
+KEY_WRITER = "strata.writer"            # str: what wrote the pack ("strata-prefill 0.1.0 make-pack")
+# The digests a loader checks on demand (Pack.check_digest, `info --check`), lowercase sha256
+# hex: one per tensor, in the order of the tensor infos (which is the data's file order), and
+# one over those (tensor_digest_root), so one value names the whole data region's content.
+# The alignment padding between tensors (zeros no reader reads) is outside them.
+KEY_TENSOR_DIGESTS = "strata.tensor_digests"  # [str]
+KEY_TENSOR_DIGEST = "strata.tensor_digest"    # str
+
+
+def tensor_digest_root(digests: list[bytes]) -> str:
+    """The pack's one digest: sha256 over its tensors' sha256 digests (raw bytes) in order."""
+    return hashlib.sha256(b"".join(digests)).hexdigest()
+
+
+@dataclass(frozen=True)
+class DigestCheck:
+    """What Pack.check_digest found: `present` False for a pack with no digests (llama.cpp's,
+    or make-pack's before pack format 3); else `bad` names what differs (None: all match)."""
+
+    present: bool
+    n_tensors: int = 0
+    bad: str | None = None        # the file's name of the first tensor whose bytes differ
+    header_bad: str | None = None  # the digests themselves are inconsistent: what is wrong
+
+    @property
+    def ok(self) -> bool:
+        return self.present and self.bad is None and self.header_bad is None
 
 
 def _type_name(t: Any) -> str:
@@ -329,6 +357,40 @@ class Pack:
         """`strata.pack_format` of a pack make-pack wrote, else None."""
         v = self.field(KEY_PACK_FORMAT)
         return None if v is None else int(v)
+
+    @property
+    def writer(self) -> str | None:
+        """`strata.writer`: what wrote the pack (make-pack's own packs), else None."""
+        return self.field(KEY_WRITER)
+
+    def check_digest(self) -> DigestCheck:
+        """Recompute every tensor's sha256 and compare it with the header's digests
+        (KEY_TENSOR_DIGESTS): reads the whole data region once, in file order."""
+        stored = self.field(KEY_TENSOR_DIGESTS)
+        root = self.field(KEY_TENSOR_DIGEST)
+        if stored is None and root is None:
+            return DigestCheck(False)
+        tensors = list(self.reader.tensors)
+        n = len(tensors)
+        stored = list(stored or [])
+        if root is None or len(stored) != n:
+            return DigestCheck(True, n, header_bad=(
+                f"the header lists {len(stored)} tensor digests for {n} tensors"
+                if root is not None else "the header has tensor digests but no digest over them"))
+        try:
+            raw = [bytes.fromhex(str(d)) for d in stored]
+        except ValueError:
+            raw = None
+        if raw is None or any(len(r) != 32 for r in raw) or tensor_digest_root(raw) != str(root):
+            return DigestCheck(True, n, header_bad="its tensor digests do not match the digest "
+                                                   f"over them ({KEY_TENSOR_DIGEST})")
+        data = self.reader.data
+        for t, want in zip(tensors, raw):
+            start = int(t.data_offset)
+            got = hashlib.sha256(memoryview(data[start:start + int(t.n_bytes)])).digest()
+            if got != want:
+                return DigestCheck(True, n, bad=str(t.name))
+        return DigestCheck(True, n)
 
     @property
     def tied_embeddings(self) -> bool:

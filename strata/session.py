@@ -105,6 +105,7 @@ class Session:
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.n_past = 0
         self._chunks_done = 0  # the residual dump is truncated on a run's first chunk
+        self._residuals: dumps.ResidualWriter | None = None
 
     # ---- input checks ---------------------------------------------------------------
     def _check_tokens(self, ids) -> np.ndarray:
@@ -153,8 +154,9 @@ class Session:
             if end is not None:
                 end()
             if self.dump_r:
-                dumps.write_residuals(self.dump_r, positions, self.engine.to_host(x),
-                                      first_chunk=self._chunks_done == 0)
+                if self._residuals is None:
+                    self._residuals = dumps.ResidualWriter(self.dump_r)
+                self._residuals.write(positions, self.engine.to_host(x))
             self._chunks_done += 1
             self.n_past += chunk_ids.size
             if c0 == starts[-1]:
@@ -162,8 +164,33 @@ class Session:
         bar.close()
         return logits
 
+    def close(self) -> None:
+        """Put the dumps in place (each is written to a temp, strata/dumps.py): `run` does it
+        at its end; a caller of `prefill` alone calls it when done."""
+        if self._residuals is not None:
+            self._residuals.close()
+        if self.layer_dump is not None:
+            self.layer_dump.records.close()
+
+    def discard(self) -> None:
+        """Drop the dumps' temps, leaving their targets as they were."""
+        if self._residuals is not None:
+            self._residuals.discard()
+        if self.layer_dump is not None:
+            self.layer_dump.records.discard()
+
     def run(self, prompt, greedy: int = 0) -> RunResult:
-        """Prefill the prompt, dump its logits, then `greedy` tokens by one-token chunks."""
+        """Prefill the prompt, dump its logits, then `greedy` tokens by one-token chunks; the
+        dumps are put in place at the end (`close`), or dropped if the run fails."""
+        try:
+            result = self._run(prompt, greedy)
+        except BaseException:
+            self.discard()
+            raise
+        self.close()
+        return result
+
+    def _run(self, prompt, greedy: int) -> RunResult:
         ids = self._check_tokens(prompt)
         t0 = time.perf_counter()
         logits = self.prefill(ids)

@@ -7,6 +7,7 @@ from collections import Counter
 from gguf import GGMLQuantizationType as QT
 
 from strata import quants
+from strata.errors import PackError
 from strata.pack import Pack
 
 
@@ -14,6 +15,10 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p = subparsers.add_parser(name, help="describe a pack",
                               description="Describe a qwen3moe pack: shape, types, expert blobs.")
     p.add_argument("pack", metavar="PACK", help="GGUF pack")
+    p.add_argument("--check", action="store_true",
+                   help="recompute every tensor's sha256 and compare it with the digests the "
+                        "pack's header records (make-pack writes them): exit 2 naming the first "
+                        "tensor that differs; a pack with none says so (exit 0)")
     p.set_defaults(func=main)
     return p
 
@@ -54,6 +59,9 @@ def describe(pack: Pack) -> list[str]:
         f"experts/layer:  {_size(c.n_expert * (2 * gu_bytes + d_bytes))}",
         "output:         " + ("tied to token_embd" if pack.tied_embeddings
                               else f"output ({pack.tensor_type('output').name})"),
+        f"written by:     {pack.writer or 'not recorded'}"
+        + ("" if pack.field("strata.tensor_digest") is None
+           else " (tensor digests recorded: `info --check` checks them)"),
     ]
     fb = pack.fallbacks
     if fb:
@@ -77,4 +85,21 @@ def describe(pack: Pack) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     with Pack.open(args.pack) as pack:
         print("\n".join(describe(pack)))
+        if args.check:
+            print(check_line(pack), flush=True)
     return 0
+
+
+def check_line(pack: Pack) -> str:
+    """`info --check`'s line for a pack whose digest matches or which has none; a PackError
+    (one line, exit 2) for one whose data or digests do not match."""
+    r = pack.check_digest()
+    if not r.present:
+        return ("tensor data digest: none (the header records no digest, as in packs not "
+                "written by make-pack of pack format 3 or later): nothing to check")
+    if r.header_bad is not None:
+        raise PackError(f"{pack.path}: the tensor digests in its header are damaged: {r.header_bad}")
+    if r.bad is not None:
+        raise PackError(f"{pack.path}: tensor data does not match the digest in its header "
+                        f"(first bad tensor: {r.bad})")
+    return f"tensor data digest: ok ({r.n_tensors} tensors, sha256)"
