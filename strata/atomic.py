@@ -130,6 +130,8 @@ class AtomicFile:
 
     def discard(self) -> None:
         """Remove the temp (the target is left as it was). Safe to call more than once."""
+        if os.getpid() != self._pid:  # a forked child's copy: closing it would flush the
+            return                    # parent's buffered bytes into the parent's temp
         try:
             self.file.close()
         except Exception:  # a failed flush of a write that is being thrown away

@@ -184,6 +184,22 @@ def test_an_os_error_names_the_target_not_the_temp(tmp_path, monkeypatch, capsys
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_forked_child_leaves_its_parents_write_alone(tmp_path):
+    data = np.random.default_rng(5).bytes(1000)
+    w = atomic.AtomicFile(tmp_path / "x.bin")
+    w.file.write(data)  # still in the buffer when the child is forked
+    pid = os.fork()
+    if pid == 0:  # the child: what its exit would do to an open write
+        try:
+            w.discard()
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    w.commit()
+    assert (tmp_path / "x.bin").read_bytes() == data and _leftovers(tmp_path) == []
+
+
 def test_a_symlinked_target_keeps_its_link(tmp_path):
     real = tmp_path / "real.bin"
     real.write_bytes(b"old")

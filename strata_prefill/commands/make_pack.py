@@ -24,7 +24,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
             "`info` lists them."),
     )
     p.add_argument("out", metavar="OUT.gguf", type=checks.output_file,
-                   help="pack to write (replaced if it exists)")
+                   help="pack to write (replaced if it exists: written to a temp beside it and "
+                        "renamed onto it at the end, so a failed or interrupted run leaves it "
+                        "as it was)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny",
                    help="model shape (default: tiny)")
     p.add_argument("--layers", type=checks.positive_int, default=None, metavar="N",
