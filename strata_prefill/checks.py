@@ -4,6 +4,10 @@ that cannot be written is refused while the command line is read, before any wor
 Writability is tried, not inferred from permission bits (which say nothing for root, or on
 /proc and read-only mounts): a probe file is created and removed in the folder that would
 receive the output. No check leaves anything behind.
+
+After the command line, before any work: `distinct_files` (no output is an input or another
+output), `environment_values` (the switch variables' values) and `fast_switches_used` (no
+fast-path switch that would do nothing on the pack at hand).
 """
 from __future__ import annotations
 
@@ -112,3 +116,130 @@ def _int(text: str, what: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+
+
+# ---- outputs never overwrite inputs or each other --------------------------------------------
+# An entry is (label, path) or (label, path, noun): label names where the path came from (a
+# flag, a positional such as OUT.png, an environment variable), noun what the file is to the
+# command ("the pack"); a None path (an output not asked for) is skipped.
+
+def distinct_files(command: str, reads, writes) -> None:
+    """Refuse in one line (InputError) a path `command` writes that is a path it reads or a path
+    it also writes under another label. Two paths are the same file when they resolve to the
+    same path (symlinks followed, `..` and `.` removed) or, where both exist, when they have
+    the same (st_dev, st_ino): a hard link or a symlink to an input is that input. Call it
+    before any work: nothing is opened or written."""
+    from strata.errors import InputError
+
+    reads = [(_entry(e), _identity(e[1])) for e in reads if e[1] is not None]
+    seen = []
+    for w in writes:
+        if w[1] is None:
+            continue
+        (label, path, _noun), ident = _entry(w), _identity(w[1])
+        for (r_label, r_path, noun), r_ident in reads:
+            if _same(ident, r_ident):
+                raise InputError(f"{command}: {label} {path} is {noun or 'the file'} this {command} "
+                                 f"reads ({r_label}{_another_name(path, r_path)})")
+        for (o_label, o_path, _), o_ident in seen:
+            if _same(ident, o_ident):
+                raise InputError(f"{command}: {label} {path} is also the file of {o_label}"
+                                 f"{_another_name(path, o_path)}: two outputs cannot share one file")
+        seen.append(((label, path, _noun), ident))
+
+
+def _entry(e) -> tuple:
+    label, path, *noun = e
+    return label, str(path), (noun[0] if noun else None)
+
+
+def _identity(path) -> tuple:
+    """(the resolved path, (st_dev, st_ino) or None where nothing is there yet)."""
+    try:
+        resolved = os.path.realpath(os.path.abspath(os.fspath(path)))
+    except (OSError, ValueError):
+        resolved = os.path.abspath(os.fspath(path))
+    try:
+        st = os.stat(path)  # follows symlinks: a link to an input is that input
+        inode = (st.st_dev, st.st_ino)
+    except (OSError, ValueError):
+        inode = None
+    return resolved, inode
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] or (a[1] is not None and a[1] == b[1])
+
+
+def _another_name(path: str, other: str) -> str:
+    """' OTHER, the same file under another name' where the two are spelt differently."""
+    if os.path.abspath(path) == os.path.abspath(other):
+        return ""
+    return f" {other}, the same file under another name"
+
+
+# ---- values the environment gives, and switches that would do nothing ------------------------
+
+def environment_values() -> None:
+    """Refuse a value of a switch variable the code would not take, before any work: the 0/1
+    switches and counts of the fast path (read by the engine only once it is made), the timing
+    switch (fast/phases.py reads anything but "1" as off, so `yes` would pass unseen), the dump
+    level, the thread count."""
+    from strata import parallel, records
+    from strata.errors import InputError
+    from strata_prefill.arms import SWITCHES, zero_one
+
+    variables = {env: check for env, check in SWITCHES.values() if env}
+    variables["STRATA_PREFILL_TIMING"] = zero_one
+    variables["STRATA_PREFILL_DUMP_LEVEL"] = _one_of(records.LEVELS)
+    for var, check in variables.items():
+        raw = os.environ.get(var)
+        if raw is None or raw == "":  # unset or empty: the default, as the readers take it
+            continue
+        try:
+            check(raw)
+        except argparse.ArgumentTypeError as exc:
+            raise InputError(f"{var} {exc}") from None
+    parallel.thread_count()  # a one-line InputError for a bad STRATA_PREFILL_THREADS
+
+
+def _one_of(choices):
+    def check(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}, got {text!r}")
+        return text
+    return check
+
+
+# FastEngine keywords read only when some expert streams through the ring (fast/engine.py)
+STREAMING = ("ring", "stream_min", "copy_coalesce")
+
+
+def fast_switches_used(switches: dict, backend: str, config, label, where: str = "") -> None:
+    """Refuse (InputError) a fast-path switch that would do nothing on this pack, or an expert
+    cache larger than the pack: `switches` are the FastEngine keywords given (None values: not
+    given), `label(keyword)` names one in the message, after `where` (bench: the arm). The engine caps --expert-cache at every
+    expert; a user who asked for more is told instead. Needs the pack's config, not the engine."""
+    from strata.errors import InputError
+
+    total = config.n_layer * config.n_expert
+    slots = switches.get("expert_cache")
+    fixed = isinstance(slots, int)  # not None or "auto"
+    if fixed and slots > total:
+        raise InputError(f"{where}{label('expert_cache')} {slots}: the pack has {total} experts "
+                         f"({config.n_layer} layers x {config.n_expert}): at most {total} slots")
+    if switches.get("vram_reserve_mib") is not None:
+        if fixed:
+            raise InputError(f"{where}{label('vram_reserve_mib')} sizes {label('expert_cache')} auto: "
+                             f"with {label('expert_cache')} {slots} it does nothing")
+        if backend == "sim":
+            raise InputError(f"{where}{label('vram_reserve_mib')} sizes the cuda backend's expert cache: "
+                             "the sim holds every expert, it does nothing with --backend sim")
+    every = (fixed and slots >= total) or (backend == "sim" and not fixed)
+    if every:
+        for kw in STREAMING:
+            if switches.get(kw) is not None:
+                why = (f"{label('expert_cache')} {slots} holds all {total}" if fixed
+                       else f"the sim holds all {total} unless {label('expert_cache')} N is below that")
+                raise InputError(f"{where}{label(kw)} shapes how streamed experts are copied: none stream "
+                                 f"when every expert is resident ({why}): it does nothing")

@@ -66,6 +66,11 @@ def token_counts(text: str) -> list[int]:
     return [checks.positive_int(w) for w in words]
 
 
+def arm_name(keyword: str) -> str:
+    """A switch as an arm spec names it in a message (its run flag's name)."""
+    return keyword.replace("_", "-")
+
+
 def default_json(markdown: Path | None, now: datetime) -> Path:
     if markdown is not None:
         path = markdown.with_suffix(".json")
@@ -195,22 +200,30 @@ def logits_line(results: list[dict]) -> tuple[bool, str]:
 def main(args) -> int:
     from fast import make_fast_engine
     from strata.pack import Pack
-    from strata_prefill.commands.run import default_pack
+    from strata_prefill.commands.run import default_pack, default_pack_path
 
     keywords = {"A": arms.parse_arm(args.a, "--a"), "B": arms.parse_arm(args.b, "--b")}
+    checks.environment_values()
     now = datetime.now(timezone.utc)
-    json_path = args.json
+    json_path, json_label = args.json, "--json"
     if json_path is None:
+        json_label = "--json (by default)"
         try:
             json_path = checks.output_file(str(default_json(args.markdown, now)))
         except argparse.ArgumentTypeError as exc:
             raise InputError(f"--json: {exc}") from None
+    checks.distinct_files(
+        "bench", [("--pack" if args.pack else "the default pack",
+                   Path(args.pack) if args.pack else default_pack_path(), "the pack")],
+        [(json_label, json_path), ("--markdown", args.markdown)])
     pack_path = Path(args.pack) if args.pack else default_pack()
     pack = Pack.open(pack_path)
     cfg = pack.config
     longest = max(args.tokens)
     if longest > cfg.context_length:
         raise InputError(f"--tokens: {longest} tokens exceed the pack's context length ({cfg.context_length})")
+    for arm, kw in keywords.items():
+        checks.fast_switches_used(kw, args.backend, cfg, arm_name, where=f"--{arm.lower()}: ")
     engines = {arm: make_fast_engine(pack, args.backend, **kw) for arm, kw in keywords.items()}
     for engine in engines.values():
         engine.be.timing = args.phases

@@ -54,6 +54,8 @@ def main(args) -> int:
     folder = args.cache or kernel_cache.cache_dir()
     if folder is None:
         raise InputError(f"the kernel cache is off ({kernel_cache.ENV}={kernel_cache.OFF}): give --cache DIR")
+    checks.distinct_files("build-kernels", [("fast/cuda/kernels", runtime.KERNEL_DIR, "the kernel source folder")],
+                          [("--cache" if args.cache else "the cubin folder", folder)])
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:

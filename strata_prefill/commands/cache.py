@@ -7,7 +7,7 @@ import argparse
 import os
 
 from strata.errors import InputError
-from strata_prefill import refcache
+from strata_prefill import checks, refcache
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
@@ -32,6 +32,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"the reference cache is off ({refcache.ENV}={os.environ.get(refcache.ENV)}); "
               "--dir DIR names a folder")
         return 0
+    checks.distinct_files("cache", [], [("--dir" if args.dir else refcache.ENV, cache.root)])
     if cache.root.exists() and not cache.root.is_dir():
         raise InputError(f"cache folder {cache.root} is a file")
     if args.action == "info":

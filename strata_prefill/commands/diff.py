@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from strata.diff import KINDS, diff_paths
+from strata_prefill import checks
 
 
 def add_parser(sub, name: str) -> None:
@@ -27,6 +28,7 @@ def add_parser(sub, name: str) -> None:
 
 
 def main(args) -> int:
+    checks.distinct_files("diff", [("A", args.a), ("B", args.b)], [])  # it writes no file
     same, lines = diff_paths(args.a, args.b, args.kind, args.pack)
     print("\n".join(lines))
     return 0 if same else 1

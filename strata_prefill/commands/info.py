@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as QT
 from strata import quants
 from strata.errors import PackError
 from strata.pack import Pack
+from strata_prefill import checks
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
@@ -83,6 +84,7 @@ def describe(pack: Pack) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    checks.distinct_files("info", [("PACK", args.pack)], [])  # it writes no file
     with Pack.open(args.pack) as pack:
         print("\n".join(describe(pack)))
         if args.check:

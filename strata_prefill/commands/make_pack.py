@@ -58,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
     def announce(size: int) -> None:
         print(f"writing {args.out}: {size:,} bytes ({size / 2**30:.2f} GiB)", flush=True)
 
+    checks.distinct_files("make-pack", [], [("OUT.gguf", args.out)])  # it reads no file
     t0 = time.perf_counter()
     path = make_pack(args.out, preset=args.preset, layers=args.layers,
                      expert_type=args.expert_type, seed=args.seed, dense_type=args.dense_type,

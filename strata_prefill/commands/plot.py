@@ -52,6 +52,7 @@ def main(args) -> int:
 
     if not args.min_gap_us >= 0:
         raise InputError(f"--min-gap-us must be >= 0, got {args.min_gap_us}")
+    checks.distinct_files("plot", [("TRACE.json", args.trace, "the trace")], [("OUT.png", args.out)])
     spans = read_trace(args.trace)
     lanes = chunk_spans(spans, args.chunk)
     if not lanes["compute"]:

@@ -24,7 +24,8 @@ from strata_prefill.arms import SWITCHES
 DEFAULT_PROMPT_TOKENS = 200
 DEFAULT_GREEDY = 8
 DEFAULT_PRESET = "tiny"
-DEFAULT_SEED = 0
+DEFAULT_SEED = 0  # the default pack's
+DEFAULT_PROMPT_SEED = 0
 
 # the dump switches Strata reads from the environment: argparse dest -> variable
 DUMP_ENV = {
@@ -41,8 +42,8 @@ def add_parser(sub, name: str) -> None:
                    metavar="FILE|N",
                    help="a file of token ids (whitespace/comma separated, or a 1-D integer .npy), "
                         f"or N for a seeded random prompt of N tokens (default {DEFAULT_PROMPT_TOKENS})")
-    p.add_argument("--seed", type=checks.non_negative_int, default=0,
-                   help="seed of the random prompt (default 0)")
+    p.add_argument("--seed", type=checks.non_negative_int, default=None,
+                   help=f"seed of the random prompt (default {DEFAULT_PROMPT_SEED}; a prompt file takes no seed)")
     p.add_argument("--prefill", type=checks.chunk_size, default="auto", metavar="auto|N",
                    help="chunk size (auto = 8192)")
     p.add_argument("--greedy", type=checks.non_negative_int, default=DEFAULT_GREEDY, metavar="N",
@@ -52,8 +53,8 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--dump-dir", type=checks.output_dir,
                    help="write the project's record file (layers.spd) here")
     p.add_argument("--dump-level", choices=["layer", "ops"], default=None,
-                   help="layer: router, q8_1 buffers, sampled residual (default); ops: every op's "
-                        "output too (env STRATA_PREFILL_DUMP_LEVEL)")
+                   help="with --dump-dir: layer: router, q8_1 buffers, sampled residual (default); ops: "
+                        "every op's output too (env STRATA_PREFILL_DUMP_LEVEL)")
     p.add_argument("--dump-first-logits", type=checks.output_file, metavar="FILE",
                    help="raw float32 first-token logits (env STRATA_DUMP_FIRST_LOGITS)")
     p.add_argument("--dump-r", type=checks.output_file, metavar="FILE",
@@ -80,7 +81,7 @@ def add_parser(sub, name: str) -> None:
 def add_fast_switches(p) -> None:
     """The fast path's switches; each also has an environment variable."""
     g = p.add_argument_group("fast path switches (--impl fast)")
-    g.add_argument("--backend", choices=["cuda", "sim"], default="cuda",
+    g.add_argument("--backend", choices=["cuda", "sim"], default=None,
                    help="cuda (PyCUDA, default) or sim (the same walk with NumPy kernels, no GPU)")
     g.add_argument("--group-gather", type=int, choices=[0, 1], default=None,
                    help="1: one gather launch per MMQ group (default); 0: one per expert "
@@ -88,11 +89,12 @@ def add_fast_switches(p) -> None:
     g.add_argument("--quant-gather", type=int, choices=[0, 1], default=None,
                    help="1: per-row gather quantize; 0: per-token scatter (default) "
                         "(env STRATA_QUANT_GATHER)")
-    g.add_argument("--expert-cache", type=checks.cache_size, default="auto", metavar="N|auto",
+    g.add_argument("--expert-cache", type=checks.cache_size, default=None, metavar="N|auto",
                    help="VRAM slots for resident experts; the rest stream from page-locked host "
                         "memory (auto: what free memory less --vram-reserve-mib holds; sim: all)")
-    g.add_argument("--vram-reserve-mib", type=checks.non_negative_int, default=VRAM_RESERVE_MIB,
-                   metavar="MIB", help=f"device memory --expert-cache auto leaves free (default {VRAM_RESERVE_MIB})")
+    g.add_argument("--vram-reserve-mib", type=checks.non_negative_int, default=None,
+                   metavar="MIB", help=f"device memory --expert-cache auto leaves free on cuda "
+                                       f"(default {VRAM_RESERVE_MIB})")
     g.add_argument("--ring", type=checks.positive_int, default=None, metavar="N",
                    help="ring slots of the streamed walk (default 96, 384 when the host tier is "
                         "page-locked) (env STRATA_PREFILL_RING)")
@@ -130,9 +132,14 @@ def add_fast_switches(p) -> None:
 
 
 def fast_engine_kwargs(args) -> dict:
-    """The fast path's switches in `args` as FastEngine keyword arguments (each flag's dest is
-    its keyword; None: the engine's default or its environment variable)."""
-    return {kw: getattr(args, kw, None) for kw in SWITCHES}
+    """The fast path's switches given in `args` as FastEngine keyword arguments (each flag's
+    dest is its keyword; one not given is left out: the engine's default or its environment
+    variable)."""
+    return {kw: v for kw in SWITCHES if (v := getattr(args, kw, None)) is not None}
+
+
+def backend_of(args) -> str:
+    return args.backend or "cuda"
 
 
 def make_engine(impl: str, pack, args=None):
@@ -142,11 +149,16 @@ def make_engine(impl: str, pack, args=None):
         return ReferenceEngine(pack)
     from fast import make_fast_engine  # says in one line why it cannot run here
 
-    return make_fast_engine(pack, getattr(args, "backend", "cuda"), **fast_engine_kwargs(args))
+    return make_fast_engine(pack, backend_of(args), **fast_engine_kwargs(args))
 
 
 def cache_dir() -> Path:
     return refcache.user_cache_dir()
+
+
+def default_pack_path() -> Path:
+    """Where the built-in pack is kept (made or not). Its name carries the pack format."""
+    return cache_dir() / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}-f{PACK_FORMAT}.gguf"
 
 
 def default_pack() -> Path:
@@ -156,7 +168,7 @@ def default_pack() -> Path:
     from strata.make_pack import make_pack
 
     stem = f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
-    path = cache_dir() / f"{stem}-f{PACK_FORMAT}.gguf"
+    path = default_pack_path()
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         for stale in [*path.parent.glob(f"{stem}.gguf"), *path.parent.glob(f"{stem}-f*.gguf")]:
@@ -197,15 +209,59 @@ def read_prompt_file(path: Path) -> np.ndarray:
     return ids
 
 
-def check_env_dumps(args) -> None:
-    """The dump files named by Strata's environment variables, checked as their switches are."""
+def check_env_dumps(args) -> dict:
+    """The dump files named by Strata's environment variables, checked as their switches are;
+    {dest: the label that named it} for the messages of check_paths."""
+    labels = {}
     for dest, var in DUMP_ENV.items():
         value = os.environ.get(var)
+        labels[dest] = flag_of(dest)
         if getattr(args, dest) is None and value:
             try:
                 setattr(args, dest, checks.output_file(value))
             except argparse.ArgumentTypeError as exc:
                 raise InputError(f"{var}: {exc}") from None
+            labels[dest] = var
+    return labels
+
+
+# dests of the flags only the fast path reads (with the switches of arms.SWITCHES)
+FAST_ONLY = ("backend", "timing", "trace")
+
+
+def flag_of(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def refuse_idle_flags(args) -> None:
+    """A flag that would do nothing in this run is an error naming what it needs."""
+    for flag, on in (("--timing", args.timing), ("--trace", args.trace is not None)):
+        if on and args.impl != "fast":
+            raise InputError(f"{flag} times the fast path's streams: it needs --impl fast")
+    if args.impl != "fast":
+        for dest in (*FAST_ONLY, *SWITCHES):
+            value = getattr(args, dest, None)
+            if value is not None and value is not False:  # 0 is a value given
+                raise InputError(f"{flag_of(dest)} is a flag of the fast path: it needs --impl fast")
+    if args.dump_level is not None and args.dump_dir is None:
+        raise InputError("--dump-level picks what --dump-dir records: it needs --dump-dir")
+    if args.seed is not None and not isinstance(args.prompt_tokens, int):
+        raise InputError("--seed seeds the random prompt of --prompt-tokens N: a prompt file "
+                         f"({args.prompt_tokens}) takes no seed")
+
+
+def check_paths(args, labels: dict, pack_path: Path) -> None:
+    """No file the run writes is the pack, the prompt file, or another of its outputs."""
+    pack_label = "--pack" if args.pack else "the default pack"
+    reads = [(pack_label, pack_path, "the pack"),
+             ("--prompt-tokens", None if isinstance(args.prompt_tokens, int) else args.prompt_tokens,
+              "the prompt file")]
+    writes = [(labels["dump_first_logits"], args.dump_first_logits),
+              (labels["dump_r"], args.dump_r),
+              ("--dump-dir", args.dump_dir),
+              ("--dump-dir's record file", None if args.dump_dir is None else args.dump_dir / "layers.spd"),
+              ("--trace", args.trace)]
+    checks.distinct_files("run", reads, writes)
 
 
 def reference_cache_dir(text: str) -> str:
@@ -315,19 +371,22 @@ def main(args) -> int:
     from strata.pack import Pack
     from strata.session import Session
 
-    check_env_dumps(args)
-    for flag, on in (("--timing", args.timing), ("--trace", args.trace is not None)):
-        if on and args.impl != "fast":
-            raise InputError(f"{flag} times the fast path's streams: it needs --impl fast")
+    labels = check_env_dumps(args)
+    refuse_idle_flags(args)
+    checks.environment_values()
+    check_paths(args, labels, Path(args.pack) if args.pack else default_pack_path())
     timing = timing_asked(args)
     ref_cache = reference_cache_of(args)
     file_ids = None if isinstance(args.prompt_tokens, int) else read_prompt_file(args.prompt_tokens)
     pack_path = Path(args.pack) if args.pack else default_pack()
     pack = Pack.open(pack_path)
     cfg = pack.config
+    if args.impl == "fast":
+        checks.fast_switches_used(fast_engine_kwargs(args), backend_of(args), cfg, flag_of)
     if file_ids is None:
-        prompt = np.random.default_rng(args.seed).integers(0, cfg.n_vocab, size=args.prompt_tokens,
-                                                           dtype=np.int32)
+        seed = DEFAULT_PROMPT_SEED if args.seed is None else args.seed
+        prompt = np.random.default_rng(seed).integers(0, cfg.n_vocab, size=args.prompt_tokens,
+                                                      dtype=np.int32)
     else:
         prompt = file_ids
     if ref_cache is not None:
