@@ -3,7 +3,7 @@ or `sim` (the same walk with NumPy kernels, for machines with no GPU), or says i
 why it cannot run."""
 from __future__ import annotations
 
-from strata.errors import DeviceError, InputError
+from strata.errors import DeviceError, InputError, PackError
 
 BACKENDS = ("cuda", "sim")
 
@@ -30,7 +30,12 @@ def make_backend(name: str = "cuda", **sim_options):
 
 
 def make_fast_engine(pack, backend: str = "cuda", sim_options: dict | None = None, **engine_options):
-    """A FastEngine on `backend`; engine_options are FastEngine's switches."""
+    """A FastEngine on `backend`; engine_options are FastEngine's switches. A pack the CUDA
+    kernels cannot run (strata/limits.py) is refused before the backend is made."""
     from fast.engine import FastEngine
+
+    if backend == "cuda" and (problems := pack.config.cuda_problems()):
+        raise PackError(f"{pack.path}: the cuda backend cannot run this pack: " + "; ".join(problems)
+                        + " (--backend sim or --impl reference can)")
 
     return FastEngine(pack, make_backend(backend, **(sim_options or {})), **engine_options)

@@ -236,3 +236,20 @@ def test_the_cuda_limits_are_the_kernels():
     lines = cfg.cuda_problems()
     assert len(lines) == 3 and "96" in lines[0] and "64 and 128" in lines[0]
     assert "33" in lines[1] and "4096" in lines[2] and "3072" in lines[2]
+
+
+def test_a_pack_the_kernels_cannot_run_is_refused_before_the_backend(tmp_path):
+    """A head size of 96 runs on the reference and the sim, not on the CUDA kernels: the fast
+    path's cuda backend refuses it in one line naming the key, before it looks for a GPU (so
+    the refusal is the same on a machine without one)."""
+    from fast import make_fast_engine
+    from strata.errors import PackError
+    from strata.pack import Pack
+
+    cfg = TINY.replace(head_dim=96)
+    pack = Pack.open(write_pack(tmp_path / "hd96.gguf", cfg))
+    with pytest.raises(PackError) as err:
+        make_fast_engine(pack, "cuda")
+    msg = str(err.value)
+    assert "cuda backend cannot run this pack" in msg and "96" in msg and "\n" not in msg
+    make_fast_engine(pack, "sim")  # the sim runs it
