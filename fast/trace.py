@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from strata import atomic
 from strata.errors import InputError
 
 TRACKS = ("compute", "copy")
@@ -45,7 +46,8 @@ def chrome_json(spans: list[Span], process: str = "strata-prefill") -> dict:
 
 
 def write_trace(path, spans: list[Span], process: str = "strata-prefill") -> None:
-    Path(path).write_text(json.dumps(chrome_json(spans, process)))
+    """The trace JSON, written whole (strata/atomic.py: never a half file at the path)."""
+    atomic.write_text(path, json.dumps(chrome_json(spans, process)))
 
 
 def read_trace(path) -> list[Span]:
