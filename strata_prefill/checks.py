@@ -213,6 +213,9 @@ def _one_of(choices):
 
 # FastEngine keywords read only when some expert streams through the ring (fast/engine.py)
 STREAMING = ("ring", "stream_min", "copy_coalesce")
+# kernel forms only the cuda backend reads (fast/backend_base.py: the sim runs the NumPy
+# definitions whatever they say)
+CUDA_FORMS = ("lean_attention", "tiled_dense", "widen_float", "pair_attention")
 
 
 def fast_switches_used(switches: dict, backend: str, config, label, where: str = "") -> None:
@@ -235,6 +238,14 @@ def fast_switches_used(switches: dict, backend: str, config, label, where: str =
         if backend == "sim":
             raise InputError(f"{where}{label('vram_reserve_mib')} sizes the cuda backend's expert cache: "
                              "the sim holds every expert, it does nothing with --backend sim")
+    if backend == "sim":
+        for kw in CUDA_FORMS:
+            if switches.get(kw) is not None:
+                raise InputError(f"{where}{label(kw)} picks a cuda kernel's form: the sim runs the "
+                                 "NumPy definitions whatever it says: it needs --backend cuda")
+    if fixed and slots == 0 and switches.get("in_place") is not None:
+        raise InputError(f"{where}{label('in_place')} picks how resident experts are multiplied: with "
+                         f"{label('expert_cache')} 0 none is resident: it does nothing")
     every = (fixed and slots >= total) or (backend == "sim" and not fixed)
     if every:
         for kw in STREAMING:

@@ -147,6 +147,11 @@ IDLE = [
     *[(FAST + [flag, v], f"{flag} shapes how streamed experts are copied: none stream when every expert "
                          "is resident (the sim holds all 32", {})
       for flag, v in (("--ring", "8"), ("--stream-min", "4"), ("--copy-coalesce", "0"))],
+    *[(FAST + ["--expert-cache", "4", flag, "1"], f"{flag} picks a cuda kernel's form: the sim runs the NumPy "
+                                                  "definitions whatever it says: it needs --backend cuda", {})
+      for flag in ("--lean-attention", "--tiled-dense", "--widen-float", "--pair-attention")],
+    (CUDA + ["--expert-cache", "0", "--in-place", "1"], "--in-place picks how resident experts are multiplied: "
+                                                        "with --expert-cache 0 none is resident", {}),
     (CUDA + ["--expert-cache", "32", "--ring", "8"], "--ring shapes how streamed experts are copied: none "
                                                      "stream when every expert is resident (--expert-cache 32 holds all 32)", {}),
     # environment values the code would not take
@@ -165,6 +170,9 @@ IDLE = [
     (BENCH + ["--a", "expert_cache=32,stream-min=4", "--b", "default"],
      "--a: stream-min shapes how streamed experts are copied: none stream when every expert is resident "
      "(expert-cache 32 holds all 32)", {}),
+    (BENCH + ["--a", "STRATA_PREFILL_PAIR_ATTENTION=0,STRATA_PREFILL_LEAN_ATTENTION=0", "--b", "default"],
+     "--a: lean-attention picks a cuda kernel's form", {}),
+    (BENCH + ["--a", "default", "--b", "expert-cache=0,in-place=0"], "--b: in-place picks how resident", {}),
     (BENCH + ["--a", "vram-reserve-mib=10", "--b", "default"], "--a: vram-reserve-mib sizes the cuda backend's", {}),
     (["bench", "--pack", "{pack}", "--tokens", "8", "--json", "{dir}/out.json", "--a", "expert-cache=4,vram-reserve-mib=10",
       "--b", "default"], "--a: vram-reserve-mib sizes expert-cache auto: with expert-cache 4 it does nothing", {}),
