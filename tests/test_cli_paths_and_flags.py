@@ -177,6 +177,8 @@ IDLE = [
     (["bench", "--pack", "{pack}", "--tokens", "8", "--json", "{dir}/out.json", "--a", "expert-cache=4,vram-reserve-mib=10",
       "--b", "default"], "--a: vram-reserve-mib sizes expert-cache auto: with expert-cache 4 it does nothing", {}),
     (BENCH + AB, "STRATA_PREFILL_TIMING must be 0 or 1, got 'yes'", {"STRATA_PREFILL_TIMING": "yes"}),
+    (BENCH + AB, "STRATA_PREFILL_DUMP_R names a dump of a run: bench writes none", {"STRATA_PREFILL_DUMP_R": "{dir}/r.bin"}),
+    (BENCH + AB, "STRATA_DUMP_FIRST_LOGITS names a dump of a run", {"STRATA_DUMP_FIRST_LOGITS": "{pack}"}),
 ]
 
 CASES = PATHS + IDLE
@@ -266,3 +268,30 @@ def test_the_same_file_is_found_through_links_and_spellings(tmp_path):
         checks.distinct_files("t", [], [("--one", tmp_path / "new"), ("--two", tmp_path / "here" / "new")])
     checks.distinct_files("t", [("IN", a), ("--skipped", None)],
                           [("--out", tmp_path / "b.bin"), ("--none", None), ("--other", tmp_path / "c.bin")])
+
+
+# the data-loss cases, as a user runs them: a process of its own, its exit status
+AS_A_USER = [
+    (RUN + ["--dump-first-logits", "{pack}"], "run: --dump-first-logits {pack} is the pack this run reads (--pack)"),
+    (["plot", "{trace}", "{trace}"], "plot: OUT.png {trace} is the trace this plot reads (TRACE.json)"),
+    (RUN + ["--dump-first-logits", "{dir}/same.bin", "--dump-r", "{dir}/same.bin"],
+     "--dump-r {dir}/same.bin is also the file of --dump-first-logits"),
+]
+
+
+@pytest.mark.parametrize("template, needle", AS_A_USER, ids=[_row_id((c[0], c[1], {})) for c in AS_A_USER])
+def test_refused_in_a_process_of_its_own(inputs, tmp_path, template, needle):
+    import subprocess
+    import sys
+
+    args = [_fill(a, inputs) for a in template]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    before = _files(inputs["dir"], tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "strata_prefill", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith("strata-prefill: error: ")
+    assert _fill(needle, inputs) in proc.stderr
+    assert _files(inputs["dir"], tmp_path) == before

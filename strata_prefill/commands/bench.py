@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from datetime import datetime, timezone
@@ -200,10 +201,13 @@ def logits_line(results: list[dict]) -> tuple[bool, str]:
 def main(args) -> int:
     from fast import make_fast_engine
     from strata.pack import Pack
-    from strata_prefill.commands.run import default_pack, default_pack_path
+    from strata_prefill.commands.run import DUMP_ENV, default_pack, default_pack_path
 
     keywords = {"A": arms.parse_arm(args.a, "--a"), "B": arms.parse_arm(args.b, "--b")}
     checks.environment_values()
+    for var in DUMP_ENV.values():  # a Session would grow the dump in a temp and drop it
+        if os.environ.get(var):
+            raise InputError(f"{var} names a dump of a run: bench writes none (unset it)")
     now = datetime.now(timezone.utc)
     json_path, json_label = args.json, "--json"
     if json_path is None:
