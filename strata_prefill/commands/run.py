@@ -91,7 +91,8 @@ def add_fast_switches(p) -> None:
                         "(env STRATA_QUANT_GATHER)")
     g.add_argument("--expert-cache", type=checks.cache_size, default=None, metavar="N|auto",
                    help="VRAM slots for resident experts; the rest stream from page-locked host "
-                        "memory (auto: what free memory less --vram-reserve-mib holds; sim: all)")
+                        "memory (default auto: what free memory less --vram-reserve-mib holds; sim: "
+                        "all); at most the pack's experts (layers x experts)")
     g.add_argument("--vram-reserve-mib", type=checks.non_negative_int, default=None,
                    metavar="MIB", help=f"device memory --expert-cache auto leaves free on cuda "
                                        f"(default {VRAM_RESERVE_MIB})")
