@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 
+from strata.atomic import atomic_write
 from strata.errors import InputError
 from strata_prefill import checks
 
@@ -110,5 +111,6 @@ def draw(plt, lanes: dict, gaps: list, t0: float, t1: float, out, title: str) ->
     ax.legend(seen.values(), seen.keys(), loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
               frameon=False)
     fig.tight_layout()
-    fig.savefig(out, format="png")
+    with atomic_write(out) as f:  # never a half PNG at OUT
+        fig.savefig(f, format="png")
     plt.close(fig)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from strata import atomic
 from strata.constants import PACK_FORMAT, VRAM_RESERVE_MIB
 from strata.errors import InputError
 from strata_prefill import checks, refcache
@@ -165,7 +165,7 @@ def default_pack_path() -> Path:
 def default_pack() -> Path:
     """The built-in tiny pack, written once and reused. Its name carries the pack format, so
     a cached pack of another format is never opened: it is removed and the pack remade.
-    Written to a temporary name first, so an interrupted write never leaves a broken pack."""
+    make_pack writes it whole, so an interrupted write never leaves a broken pack."""
     from strata.make_pack import make_pack
 
     stem = f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
@@ -174,9 +174,7 @@ def default_pack() -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         for stale in [*path.parent.glob(f"{stem}.gguf"), *path.parent.glob(f"{stem}-f*.gguf")]:
             stale.unlink()  # an older format's pack, never to be opened again
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        make_pack(tmp, DEFAULT_PRESET, seed=DEFAULT_SEED)
-        os.replace(tmp, path)
+        make_pack(path, DEFAULT_PRESET, seed=DEFAULT_SEED)  # written whole (strata/atomic.py)
     return path
 
 
@@ -291,17 +289,9 @@ def reference_cache_of(args) -> refcache.Cache | None:
 
 
 def _write_atomic(path: Path, data: bytes | None = None, copy_of: Path | None = None) -> None:
-    """`data`, or a copy of the file `copy_of`, written to a temp name beside `path` and
-    renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if copy_of is not None:
-            shutil.copyfile(copy_of, tmp)
-        else:
-            tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """`data`, or the bytes of the file `copy_of`, written whole (strata/atomic.py: a temp of
+    this process's own beside `path`, removed on any failure or SIGTERM/SIGHUP)."""
+    atomic.write_bytes(path, data if copy_of is None else Path(copy_of).read_bytes())
 
 
 def run_cached(args, cache: refcache.Cache, pack, pack_path: Path, prompt) -> int:
