@@ -25,7 +25,7 @@ def pytest_sessionstart(session):
 @pytest.fixture(scope="session")
 def make_test_pack(tmp_path_factory):
     """make_test_pack(preset, expert_type="Q8_0", **kw) -> Pack, made once per arguments and
-    kept on disk between sessions (verify/gate.py:test_pack), so workers and later runs share
+    kept on disk between sessions (verify/gate.py:kept_pack), so workers and later runs share
     one file (and the reference cache, keyed by the pack's content, hits)."""
     from strata.pack import Pack
 
@@ -34,7 +34,7 @@ def make_test_pack(tmp_path_factory):
     def get(preset="tiny", expert_type="Q8_0", **kw):
         key = (preset, expert_type, tuple(sorted(kw.items())))
         if key not in cache:
-            path = gate.test_pack(preset, expert_type, kw, tmp_path_factory)
+            path = gate.kept_pack(preset, expert_type, kw, tmp_path_factory)
             cache[key] = Pack.open(path)
         return cache[key]
 

@@ -211,7 +211,7 @@ def packs_dir() -> Path | None:
     return base / "strata-prefill" / "test-packs"
 
 
-def test_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path:
+def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path:
     """The pack's path: from the kept folder, made there first if missing (once, under a lock)."""
     from strata.make_pack import make_pack
     from strata_prefill import refcache

@@ -35,7 +35,7 @@ def main(argv=None) -> int:
 
     t0, todo = time.perf_counter(), rows(args.quick)
     for c in todo:
-        pack = Pack.open(gate.test_pack(c.preset, c.expert_type, dict(c.pack_options), None))
+        pack = Pack.open(gate.kept_pack(c.preset, c.expert_type, dict(c.pack_options), None))
         refcache.reference_run(pack, c.prompt_ids(pack.config.n_vocab), greedy=c.greedy, dump_level=c.level)
     s = refcache.stats()
     print(f"gate: references ahead: {len(todo)} runs, {s['misses']} computed, {s['hits']} kept, "
