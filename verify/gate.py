@@ -181,7 +181,12 @@ def finish_ahead() -> list[str]:
     out = []
     t = _ahead.pop("thread", None)
     if t is not None:
-        t.join()
+        t.join(timeout=1.0)  # done long before a whole run ends; an interrupted one does not wait
+        if t.is_alive():
+            out.append(f"gate: kernels ahead: {_ahead.get('kernels', 0)} modules, still compiling when the run "
+                       "stopped (the cubins that finished are kept)")
+            t = None
+    if t is not None:
         line = (f"gate: kernels ahead: {_ahead.get('kernels', 0)} modules, {_ahead.get('compiled', 0)} compiled, "
                 f"{_ahead.get('kernel_s', 0.0):.1f} s")
         if "kernel_error" in _ahead:

@@ -1,0 +1,79 @@
+"""The gate's plumbing (verify/gate.py): the worker count per machine, the runs it leaves alone,
+the lines it ends with, and work started ahead that a stopped run does not wait for."""
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from verify import gate
+
+
+@pytest.mark.parametrize("cores,gpu,env,want", [
+    (16, "NVIDIA H200", None, gate.GPU_WORKERS),
+    (2, "NVIDIA H200", None, 2),  # never more workers than cores
+    (16, None, None, 16),
+    (2, None, None, 2),
+    (16, "NVIDIA H200", "6", 6),
+    (16, None, "off", 0),
+])
+def test_workers_for_the_machine(cores, gpu, env, want):
+    assert gate.workers_for(cores, gpu, env)[0] == want
+
+
+@pytest.mark.parametrize("env", ["0.5", "-2", "many"])
+def test_a_bad_worker_count_is_one_line(env):
+    with pytest.raises(ValueError, match="STRATA_PREFILL_WORKERS"):
+        gate.workers_for(4, None, env)
+
+
+def test_named_ids_and_benchmarks_are_not_spread():
+    assert gate._named_ids(["verify/test_parity.py::test_parity[x]"])
+    assert not gate._named_ids(["verify/", "tests"])
+    assert gate._benchmarks([str(gate.ROOT / "bench" / "test_bench_reference.py")])
+    assert not gate._benchmarks([str(gate.ROOT / "verify")])
+
+
+def _report(nodeid, kind, outcome="passed", seconds=1.0, case="c", hits=0, misses=0):
+    props = [("gate_kind", kind), ("gate_case", case), ("gate_ref_hits", hits), ("gate_ref_misses", misses)]
+    return SimpleNamespace(nodeid=nodeid, duration=seconds, user_properties=props, failed=outcome == "failed",
+                           skipped=outcome == "skipped")
+
+
+def test_the_last_lines_count_rows_cases_hits_and_the_slowest(monkeypatch):
+    monkeypatch.setattr(gate, "_ahead", {})
+    monkeypatch.setattr(gate, "_plan", {})
+    s = gate.Summary()
+    for i in range(3):
+        s.pytest_runtest_logreport(_report(f"verify/k.py::t[{i}]", "kernel", seconds=i))
+    s.pytest_runtest_logreport(_report("verify/k.py::t[9]", "kernel", outcome="failed"))
+    s.pytest_runtest_logreport(_report("verify/p.py::t[a]", "parity", case="A", hits=1, seconds=7))
+    s.pytest_runtest_logreport(_report("verify/p.py::t[b]", "parity", case="A", misses=1))
+    s.pytest_runtest_logreport(_report("verify/p.py::t[c]", "parity", case="B", hits=1))
+    lines = s.lines()
+    assert "gate: kernel rows: 3 passed, 1 failed, 0 skipped" in lines
+    assert "gate: parity rows (arms): 3 passed over 2 cases (pack, prompt), 0 failed, 0 skipped" in lines
+    assert "gate: reference cache: 2 hits, 1 misses" in lines
+    assert lines[-1].startswith("gate: slowest: 7.0 s p.py::t[a]; 2.0 s k.py::t[2]")
+
+
+def test_a_stopped_run_does_not_wait_for_work_started_ahead(monkeypatch):
+    """A compile still running and a reference still computing are named, not waited for; the
+    reference process is left to finish (its result is kept for the next run)."""
+    hold = threading.Event()
+    thread = threading.Thread(target=hold.wait, daemon=True)
+    thread.start()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    monkeypatch.setattr(gate, "_ahead", {"thread": thread, "kernels": 5, "refs": proc})
+    try:
+        t0 = time.perf_counter()
+        lines = gate.finish_ahead()
+        assert time.perf_counter() - t0 < 5
+        assert "5 modules, still compiling" in lines[0]
+        assert f"still computing in process {proc.pid}" in lines[1] and proc.poll() is None
+    finally:
+        hold.set()
+        proc.kill()
+        proc.wait()
