@@ -6,8 +6,12 @@ command with one line on stderr, `strata-prefill: error: ...`, and exit status 2
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
+import warnings
+
+import numpy as np
 
 from strata.errors import StrataError
 
@@ -53,6 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def quiet_floats():
+    """NumPy's floating-point warnings (overflow, invalid value, divide by zero) never reach
+    the user: a run that computes NaN or Inf is told so in one line naming where
+    (strata_prefill/nonfinite.py). errstate covers this thread, the warnings filter the
+    threads the reference runs its experts and heads on (errstate does not carry into them)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                message=r"(overflow|invalid value|divide by zero|underflow) encountered")
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -65,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         return fail(f"no command given (commands: {', '.join(COMMANDS)})")
     try:
-        return int(args.func(args) or 0)
+        with quiet_floats():
+            return int(args.func(args) or 0)
     except StrataError as exc:
         return fail(str(exc))
     except OSError as exc:  # the disk or a file failing under a checked path (full, removed)

@@ -88,8 +88,51 @@ def main(args: argparse.Namespace) -> int:
     with Pack.open(args.pack) as pack:
         print("\n".join(describe(pack)))
         if args.check:
+            n_bad, lines = value_check(pack)
+            print("\n".join(lines), flush=True)
             print(check_line(pack), flush=True)
+            if n_bad:
+                return 1  # a check that failed on a well-formed pack (2 is bad input)
     return 0
+
+
+NONFINITE_SHOWN = 5  # bad tensors named one a line; the rest are counted
+PROGRESS_SECONDS = 5  # how often the value scan says where it is, on a terminal
+
+
+def value_check(pack: Pack) -> tuple[int, list[str]]:
+    """`info --check`'s scan for tensors that decode to NaN or Inf (strata/nonfinite.py):
+    (how many, the lines: one per bad tensor, at most NONFINITE_SHOWN, then a count). On a
+    terminal, a progress line on stderr every PROGRESS_SECONDS while it reads."""
+    import sys
+    import time
+
+    from strata import nonfinite
+
+    tty = sys.stderr.isatty()
+    shown = [time.monotonic(), False]  # last progress line, whether one is on the screen
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if tty and now - shown[0] >= PROGRESS_SECONDS:
+            shown[:] = [now, True]
+            print(f"\rinfo --check: tensor values, {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB read",
+                  end="", file=sys.stderr, flush=True)
+
+    bad = list(nonfinite.in_pack(pack, progress))
+    if shown[1]:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
+    n = len(pack.reader.tensors)
+    lines = []
+    for b in bad[:NONFINITE_SHOWN]:
+        where = (f"expert {b.expert}, " if b.expert is not None else "") + f"row {b.row}, value {b.value}"
+        lines.append(f"non-finite:     {b.name} decodes to NaN or Inf (first at {where})")
+    if bad:
+        more = f", {len(bad) - NONFINITE_SHOWN} not named above" if len(bad) > NONFINITE_SHOWN else ""
+        lines.append(f"tensor values:  {len(bad)} of {n} tensors decode to NaN or Inf{more}")
+    else:
+        lines.append(f"tensor values:  all finite ({n} tensors decoded)")
+    return len(bad), lines
 
 
 def check_line(pack: Pack) -> str:

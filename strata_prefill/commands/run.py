@@ -320,6 +320,10 @@ def run_cached(args, cache: refcache.Cache, pack, pack_path: Path, prompt) -> in
     else:
         line = f"reference cache: miss, computed in {r.seconds:.1f} s, stored {r.entry}"
     print(line, file=sys.stderr)
+    from strata_prefill.nonfinite import EXIT_NONFINITE, refuse  # NaN/Inf: one line naming where
+
+    if refuse(r.logits, pack, args):
+        return EXIT_NONFINITE
 
     n = int(np.asarray(prompt).size)
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
@@ -389,6 +393,10 @@ def main(args) -> int:
                       dump_first_logits=args.dump_first_logits, dump_r=args.dump_r,
                       progress=None if not args.no_progress else False, dump_level=args.dump_level)
     res = session.run(prompt, greedy=args.greedy)
+    from strata_prefill.nonfinite import EXIT_NONFINITE, refuse  # NaN/Inf: one line naming where
+
+    if refuse(res.logits, pack, args):
+        return EXIT_NONFINITE
 
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
     print(f"impl      {engine.name}")

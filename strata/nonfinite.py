@@ -1,0 +1,231 @@
+"""Where NaN or Inf first appear: in a run's logits, its residual dump, its record file, or a
+pack's tensors.
+
+A run that computes a NaN or an Inf carries it on to the logits (RMSNorm of an Inf row is
+NaN), so the value a user sees says only that something went wrong. The record file says
+where: `in_records` walks it in the order the run computed it (chunk by chunk, then the
+chunk's embedding, its layers in order and each layer's ops in `strata.records.OPS` order,
+then the logits) and names the first record holding a non-finite value, with the first
+position and element in it.
+
+Pack tensors: a quantized block's values are its integer codes times its half-precision
+scale (and min): the codes and sub-scales are small integers, so a block decodes to a
+non-finite value exactly when one of its half fields is NaN or Inf, and then every value of
+the block is (Inf times a code is Inf, times 0 is NaN). `in_tensor` reads only those fields,
+which is what makes `info --check` fast enough for the large packs; tests/test_nonfinite.py
+holds it equal to a full `strata.quants.dequantize` for every type.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from strata import dumps, q8_1, quants
+from strata.dense import FLOAT_TYPES, decode_float
+from strata.records import read_timeline
+from strata.report import _sort_key as computed_order  # the order the first-difference report walks
+
+# q8_1 records -> which expert type's layout they have (Pack.expert_types: gate/up, down)
+Q8_RECORDS = {"moe_in_q8_1": 0, "down_in_q8_1": 1}
+
+
+@dataclass(frozen=True)
+class Found:
+    """The first non-finite value of something: `what` names it (a record, "the logits", a
+    tensor), `index` is the element's index in the array, `value` its value; `count` of
+    `size` elements are non-finite. Records add their chunk, layer and op, and the position
+    (and top-K rank, for pair rows) of the row."""
+
+    what: str
+    index: tuple
+    value: float
+    count: int
+    size: int
+    chunk: int | None = None
+    layer: int | None = None
+    op: str | None = None
+    position: int | None = None
+    rank: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """"NaN", "Inf" or "-Inf"."""
+        return "NaN" if np.isnan(self.value) else ("Inf" if self.value > 0 else "-Inf")
+
+    def where(self) -> str:
+        """e.g. "layer 1, op y (L01.y) of chunk 0, position 5 (rank 2), element 17"."""
+        if self.op is not None and self.layer is not None:
+            head = f"layer {self.layer}, op {self.op} ({self.what})"
+        elif self.op == "embed":
+            head = "the token embeddings (embed)"
+        elif self.op == "first_logits":
+            head = "the first-token logits (first_logits)"
+        else:
+            head = self.what
+        parts = [head]
+        if self.chunk is not None and self.chunk >= 0:
+            parts.append(f" of chunk {self.chunk}")
+        if self.position is not None:
+            parts.append(f", position {self.position}")
+            if self.rank is not None:
+                parts.append(f" (top-K rank {self.rank})")
+        parts.append(f", element {self.index[-1] if self.index else 0}")
+        return "".join(parts)
+
+    def summary(self) -> str:
+        """e.g. "NaN first in layer 1, op y (L01.y) ..., element 17 (3,072 of 71,680 values
+        non-finite)"."""
+        return f"{self.kind} first in {self.where()} ({self.count:,} of {self.size:,} values non-finite)"
+
+
+def first_nonfinite(a) -> tuple | None:
+    """The index (C order) of the first NaN or Inf of a float array; None when every value
+    is finite or the array holds no floats."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "fc" or a.size == 0:
+        return None
+    bad = ~np.isfinite(a)
+    if not bad.any():
+        return None
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(bad.reshape(-1))), a.shape))
+
+
+def _found(what: str, a: np.ndarray, **where) -> Found | None:
+    idx = first_nonfinite(a)
+    if idx is None:
+        return None
+    a = np.asarray(a)
+    return Found(what, idx, float(a[idx]), int((~np.isfinite(a)).sum()), int(a.size), **where)
+
+
+def in_logits(logits) -> Found | None:
+    """The first non-finite value of first-token logits (index: the token id)."""
+    return _found("the logits", np.asarray(logits).reshape(-1))
+
+
+def in_residual_dump(path: str | Path, n_embd: int) -> Found | None:
+    """The first non-finite value of a Strata residual dump (the last layer's residual at the
+    positions pos % 64 == 0), with its position."""
+    positions, rows = dumps.read_residuals(path, n_embd)
+    f = _found("the residual dump (the last layer's output)", rows)
+    if f is None:
+        return None
+    return Found(f.what, f.index, f.value, f.count, f.size, position=int(positions[f.index[0]]))
+
+
+def q8_layouts(pack) -> dict:
+    """{("Lnn", q8_1 record name): layout} of a pack: how its q8_1 records' headers read."""
+    out = {}
+    for layer in range(pack.config.n_layer):
+        types = pack.expert_types(layer)
+        for name, which in Q8_RECORDS.items():
+            out[(f"L{layer:02d}", name)] = q8_1.layout_for(types[which])
+    return out
+
+
+def _q8_scales(rows: np.ndarray, layout) -> np.ndarray:
+    """float32 [rows, values] of a q8_1 record's header floats (scales and sums): NaN or Inf
+    there is where a non-finite input went."""
+    dec = q8_1.decode_rows(rows, None, layout)
+    parts = [dec.d] + [s for s in (dec.s, dec.s16) if s is not None]
+    return np.concatenate(parts, axis=-1)
+
+
+def in_records(path: str | Path, layouts: dict | None = None,
+               k_used: int | None = None) -> Found | None:
+    """The first record of a record file, in the order the run computed it, holding a NaN
+    or an Inf (module docstring); None when all are finite. layouts (q8_layouts): read the
+    q8_1 buffers' scales too (without it they are skipped); k_used: experts per token where
+    a layer recorded no top-K ids (pair rows name their position through it)."""
+    from strata.records import op_of
+
+    for chunk in read_timeline(path):
+        for name in sorted(chunk.records, key=computed_order):
+            a = chunk.records[name]
+            layer, op = op_of(name)
+            if op is not None and op.kind == "q8pair":
+                layout = (layouts or {}).get((f"L{layer:02d}", op.name))
+                if layout is None:
+                    continue
+                a = _q8_scales(a, layout)
+            idx = first_nonfinite(a)
+            if idx is None:
+                continue
+            position = rank = None
+            rows = a.shape[0] if a.ndim else 0
+            if op is not None and op.kind in ("token", "pair", "q8pair", "sampled"):
+                pos = chunk.positions
+                row = idx[0] if idx else 0
+                if op.kind == "sampled":
+                    pos = chunk.records.get(name.replace(".resid", ".resid_pos"), pos)
+                elif op.kind != "token":
+                    ids = chunk.records.get(f"L{layer:02d}.topk_ids")
+                    k = int(ids.shape[1]) if ids is not None and ids.ndim == 2 else k_used
+                    if k:
+                        row, rank = divmod(row, k)
+                if pos is not None and row < len(pos) and (op.kind != "token" or len(pos) == rows):
+                    position = int(pos[row])
+            f = _found(name, a)
+            return Found(name, idx, f.value, f.count, f.size, chunk=chunk.index, layer=layer,
+                         op=None if op is None else op.name, position=position, rank=rank)
+    return None
+
+
+# ---- pack tensors ------------------------------------------------------------------------
+
+
+def in_tensor(qtype, raw: np.ndarray) -> tuple[int, int] | None:
+    """(row, value index in the row) of the first value of raw rows uint8 [..., row_bytes]
+    (leading dims flattened into rows) that decodes to NaN or Inf; None when all are
+    finite. Quantized types by their half fields only (module docstring)."""
+    qt = QT(qtype)
+    raw = np.asarray(raw, dtype=np.uint8)
+    rows = raw.reshape(-1, raw.shape[-1])
+    if qt in FLOAT_TYPES:
+        idx = first_nonfinite(decode_float(qt, rows))
+        return None if idx is None else (idx[0], idx[1])
+    values, nbytes = quants.block_size(qt)
+    blocks = rows.reshape(rows.shape[0], -1, nbytes)
+    bad = np.zeros(blocks.shape[:2], bool)
+    for off in quants._F16_OFFSETS[qt].values():  # the block's half fields (strata/quants.py)
+        h = np.ascontiguousarray(blocks[..., off:off + 2]).view("<f2")[..., 0]
+        bad |= ~np.isfinite(h)
+    if not bad.any():
+        return None
+    row, blk = (int(i) for i in np.unravel_index(int(np.argmax(bad.reshape(-1))), bad.shape))
+    return row, blk * values
+
+
+@dataclass(frozen=True)
+class BadTensor:
+    name: str          # the file's name (blk.1.ffn_down_exps.weight)
+    expert: int | None  # stacked expert tensors: the first expert holding one
+    row: int
+    value: int          # the value's index in the row
+
+
+def in_pack(pack, progress: Callable[[int, int], None] | None = None) -> Iterator[BadTensor]:
+    """Every tensor of a pack that decodes to a NaN or an Inf, in file order, with the first
+    such value. progress(bytes done, bytes in all) is called after each piece read."""
+    tensors = list(pack.reader.tensors)
+    total = sum(int(t.n_bytes) for t in tensors)
+    done = 0
+    for logical in pack.tensor_names():
+        t = pack.tensor(logical)
+        m = pack.matrix(logical)
+        data = m.data if m.data.ndim == 3 else m.data[None]
+        hit = None
+        for e in range(data.shape[0]):  # one expert (or the whole matrix) at a time
+            got = in_tensor(m.qtype, data[e])
+            done += int(data[e].nbytes if got is None else data[e:].nbytes)
+            if progress is not None:
+                progress(done, total)
+            if got is not None:  # the first is named; the rest of the tensor is not read
+                hit = BadTensor(str(t.name), e if m.data.ndim == 3 else None, *got)
+                break
+        if hit is not None:
+            yield hit

@@ -1,0 +1,52 @@
+"""`run`'s refusal of a result holding NaN or Inf: one line on stderr naming where the
+values first appear (strata/nonfinite.py), exit status 1. The dumps the run wrote stay in
+place: they are the evidence."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from strata import nonfinite
+
+EXIT_NONFINITE = 1  # not 2: the input was well formed, the numbers it led to are not
+HINT = "--dump-dir DIR --dump-level ops names the layer and op where they first appear"
+
+
+def refusal_line(logits, pack, dump_dir: Path | None = None, dump_r: Path | None = None,
+                 dump_level: str = "layer") -> str | None:
+    """The line for a run whose first-token logits, residual dump or record file hold a NaN
+    or an Inf; None when all of them are finite. The record file, where there is one, names
+    the first layer and op."""
+    cfg = pack.config
+    in_logits = nonfinite.in_logits(logits)
+    in_resid = nonfinite.in_residual_dump(dump_r, cfg.n_embd) if dump_r and Path(dump_r).exists() else None
+    records = Path(dump_dir) / "layers.spd" if dump_dir else None
+    first = None
+    if records is not None and records.exists():
+        first = nonfinite.in_records(records, nonfinite.q8_layouts(pack), cfg.n_expert_used)
+    if first is None and in_logits is None and in_resid is None:
+        return None
+    head = "strata-prefill: the run computed non-finite values: "
+    if first is not None:
+        line = head + first.summary()
+        if dump_level != "ops":  # the layer level records the router, q8_1 buffers, residual
+            line += "; --dump-level ops names the op"
+    elif in_resid is not None:
+        line = head + in_resid.summary() + "; " + HINT
+    else:
+        line = head + in_logits.summary() + "; " + HINT
+    if first is not None or in_resid is not None:
+        line += ("; the first-token logits are finite" if in_logits is None else
+                 f"; the first-token logits hold {in_logits.count:,} non-finite of {in_logits.size:,}")
+    return line + " (the dumps written stay)" if (dump_dir or dump_r) else line
+
+
+def refuse(logits, pack, args) -> bool:
+    """Print run's refusal line and say True where the run's results hold NaN or Inf."""
+    from strata.session import parse_dump_level
+
+    line = refusal_line(logits, pack, args.dump_dir, args.dump_r, parse_dump_level(args.dump_level))
+    if line is None:
+        return False
+    print(line, file=sys.stderr, flush=True)
+    return True

@@ -1,0 +1,247 @@
+"""Non-finite values named (issue 24, deliverable 4): a run whose logits, residuals or records
+hold NaN or Inf says where they first appear in one line and exits 1; `info --check` names
+the tensors that decode to NaN or Inf; NumPy's warnings never reach the user."""
+import hashlib
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from strata import nonfinite, quants
+from strata.pack import KEY_TENSOR_DIGEST, KEY_TENSOR_DIGESTS, Pack, tensor_digest_root
+from strata.records import read_timeline
+from strata_prefill.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = ["--prompt-tokens", "70", "--greedy", "2", "--no-progress"]
+SIM = ["--impl", "fast", "--backend", "sim"]
+WARNING_WORDS = ("RuntimeWarning", "encountered in", "Traceback")
+DOWN = "blk.1.ffn_down_exps"
+BAD_ROW, BAD_BLOCK = 3, 2  # the down matrix's row (an output element) and 32-value block edited
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """The command as a user runs it, in a process of its own: its stderr is what they see
+    (in this process pytest would catch the warnings before they were printed)."""
+    return subprocess.run([sys.executable, "-m", "strata_prefill", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def reseal(path: Path) -> None:
+    """Rewrite a pack's tensor digests to match its data, as if make-pack had written the
+    edited bytes (the digests' hex strings keep their length, so they are patched in place)."""
+    pack = Pack.open(path)
+    old = [str(d) for d in pack.field(KEY_TENSOR_DIGESTS)]
+    old_root = str(pack.field(KEY_TENSOR_DIGEST))
+    data = bytearray(path.read_bytes())
+    new = [hashlib.sha256(data[int(t.data_offset):int(t.data_offset) + int(t.n_bytes)]).digest()
+           for t in pack.reader.tensors]
+    header_end = int(pack.reader.data_offset)
+    pack.close()
+    for a, b in [*zip(old, (d.hex() for d in new)), (old_root, tensor_digest_root(new))]:
+        at = bytes(data[:header_end]).find(a.encode())
+        assert at > 0
+        data[at:at + len(a)] = b.encode()
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    """A tiny pack of its own and its run's record file (the experts it routes)."""
+    from strata.make_pack import make_pack
+
+    d = tmp_path_factory.mktemp("nonfinite")
+    path = make_pack(d / "tiny.gguf", "tiny", seed=7)
+    assert main(["run", "--pack", str(path), *PROMPT, "--dump-dir", str(d / "h")]) == 0
+    return path, read_timeline(d / "h" / "layers.spd")
+
+
+@pytest.fixture(scope="module")
+def ff_pack(healthy, tmp_path_factory):
+    """The tiny pack with every byte of its tensor data 0xFF (every half and float is NaN)."""
+    path = tmp_path_factory.mktemp("ff") / "ff.gguf"
+    shutil.copy(healthy[0], path)
+    with Pack.open(path) as p:
+        start = int(p.reader.data_offset)
+    with open(path, "r+b") as f:
+        f.seek(0, 2)
+        n = f.tell() - start
+        f.seek(start)
+        f.write(b"\xff" * n)
+    return path
+
+
+def scaled_pack(healthy, folder: Path, value: float) -> tuple[Path, int]:
+    """The tiny pack with the f16 scale of one Q8_0 block of DOWN set to `value`, in the
+    expert position 0 routes first at layer 1 (so the prefill multiplies by it), digests
+    resealed; (path, that expert)."""
+    path, timeline = healthy
+    expert = int(timeline[0].records["L01.topk_ids"][0, 0])
+    out = folder / f"scale-{value}.gguf"
+    shutil.copy(path, out)
+    with Pack.open(out) as p:
+        m = p.matrix(DOWN)
+        assert m.qtype == QT.Q8_0
+        vals, nbytes = quants.block_size(QT.Q8_0)
+        at = p.tensor_offset(DOWN) + (expert * m.n_rows + BAD_ROW) * m.row_bytes + BAD_BLOCK * nbytes
+    with open(out, "r+b") as f:
+        f.seek(at)  # a Q8_0 block's scale is its first two bytes (strata/quants.py)
+        f.write(np.float16(value).tobytes())
+    reseal(out)
+    return out, expert
+
+
+@pytest.mark.parametrize("impl", [[], SIM], ids=["reference", "sim"])
+def test_an_all_ff_pack_is_refused_in_one_line_naming_where(ff_pack, impl):
+    t0 = time.monotonic()
+    r = cli("run", "--pack", str(ff_pack), *PROMPT, *impl)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "non-finite values: NaN first in the logits, element 0 (512 of 512" in lines[0]
+    assert "--dump-dir DIR --dump-level ops names the layer and op" in lines[0]
+    assert not any(w in r.stderr for w in WARNING_WORDS)
+    assert "next" not in r.stdout  # no NaN logits printed as if they were a result
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize("impl", [[], SIM], ids=["reference", "sim"])
+def test_the_records_name_the_first_op(ff_pack, tmp_path, impl):
+    r = cli("run", "--pack", str(ff_pack), *PROMPT, *impl, "--dump-dir", str(tmp_path / "d"),
+            "--dump-level", "ops", "--dump-first-logits", str(tmp_path / "l.f32"))
+    assert r.returncode == 1
+    (line,) = r.stderr.strip().splitlines()
+    # the token embeddings are the first thing a chunk computes
+    assert "NaN first in the token embeddings (embed) of chunk 0, position 0, element 0" in line
+    assert "the first-token logits hold 512 non-finite of 512" in line
+    assert "(the dumps written stay)" in line and "--dump-level ops names" not in line
+    assert (tmp_path / "d" / "layers.spd").exists() and (tmp_path / "l.f32").stat().st_size == 2048
+    assert not any(w in r.stderr for w in WARNING_WORDS)
+
+
+@pytest.mark.parametrize("value, kind, impl", [
+    (np.inf, "Inf first", []), (-np.inf, "Inf first", SIM), (np.nan, "NaN first", []),
+    (np.nan, "NaN first", SIM)], ids=["inf-reference", "-inf-sim", "nan-reference", "nan-sim"])
+def test_a_bad_scale_in_layer_1_is_named_at_layer_1(healthy, tmp_path, value, kind, impl):
+    pack, expert = scaled_pack(healthy, tmp_path, value)
+    r = cli("run", "--pack", str(pack), *PROMPT, *impl, "--dump-dir", str(tmp_path / "d"),
+            "--dump-level", "ops")
+    assert r.returncode == 1, r.stdout + r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    # the down product of position 0's first expert, at the row whose scale is bad
+    assert (f"first in layer 1, op y (L01.y) of chunk 0, position 0 (top-K rank 0), "
+            f"element {BAD_ROW}") in line, line
+    assert kind in line  # an Inf scale times a code is +-Inf (the code's sign), NaN stays NaN
+    assert not any(w in r.stderr for w in WARNING_WORDS)
+
+
+def test_in_records_walks_the_computed_order(healthy, tmp_path):
+    """A planted value is found where it is, and an earlier layer's wins over a later op."""
+    from strata.dumps import RecordWriter
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "r.spd"
+    with RecordWriter(path) as w:
+        w.write("chunk", np.array([0], np.int64))
+        w.write("positions", np.arange(5, 9, dtype=np.int64))
+        y = rng.standard_normal((8, 6)).astype(np.float32)  # K = 2: pair rows t*2+k
+        y[5, 4] = np.inf
+        w.write("L01.topk_ids", rng.integers(0, 4, (4, 2)).astype(np.int32))
+        w.write("L01.y", y)  # written before the earlier layer's record: order is not file order
+        a = rng.standard_normal((4, 6)).astype(np.float32)
+        w.write("L00.attn_norm", a)
+    f = nonfinite.in_records(path)
+    assert (f.layer, f.op, f.position, f.rank, f.index) == (1, "y", 7, 1, (5, 4))
+    assert f.kind == "Inf" and f.count == 1
+
+
+def test_a_healthy_pack_is_unaffected(healthy, capsys, tmp_path):
+    path, _ = healthy
+    for extra in ([], SIM, ["--dump-dir", str(tmp_path / "d"), "--dump-level", "ops",
+                            "--dump-r", str(tmp_path / "r.bin")]):
+        assert main(["run", "--pack", str(path), *PROMPT, *extra]) == 0
+        out, err = capsys.readouterr()
+        assert "next      " in out and err == ""
+    assert nonfinite.in_records(tmp_path / "d" / "layers.spd", nonfinite.q8_layouts(Pack.open(path))) is None
+
+
+def test_info_check_names_the_tensor(healthy, tmp_path, capsys):
+    pack, expert = scaled_pack(healthy, tmp_path, np.nan)
+    assert main(["info", "--check", str(pack)]) == 1
+    out, err = capsys.readouterr()
+    assert (f"non-finite:     {DOWN}.weight decodes to NaN or Inf (first at expert {expert}, "
+            f"row {BAD_ROW}, value {BAD_BLOCK * 32})") in out
+    assert "tensor values:  1 of 35 tensors decode to NaN or Inf" in out
+    assert "tensor data digest: ok" in out and err == ""
+    assert main(["info", "--check", str(healthy[0])]) == 0
+    out, err = capsys.readouterr()
+    assert "tensor values:  all finite (35 tensors decoded)" in out and "non-finite" not in out
+
+
+def test_info_check_on_the_ff_pack_names_a_few_then_counts(ff_pack, capsys):
+    assert main(["info", "--check", str(ff_pack)]) == 2  # its digests fail too: one line
+    out, err = capsys.readouterr()
+    named = [l for l in out.splitlines() if l.startswith("non-finite:")]
+    assert len(named) == 5 and "token_embd.weight" in named[0]
+    assert "35 of 35 tensors decode to NaN or Inf, 30 not named above" in out
+    assert len(err.strip().splitlines()) == 1 and "does not match the digest" in err
+
+
+@pytest.mark.parametrize("qtype", quants.SUPPORTED_TYPES, ids=lambda q: q.name)
+def test_in_tensor_equals_a_full_dequantize(qtype):
+    """The half-field scan says what a full decode says, for every type and half field."""
+    rng = np.random.default_rng(int(qtype))
+    vals, nbytes = quants.block_size(qtype)
+    n_blocks = 6
+    raw = quants.random_blocks(qtype, n_blocks * 3, rng).reshape(3, n_blocks * nbytes)
+    assert nonfinite.in_tensor(qtype, raw) is None
+    assert np.isfinite(quants.dequantize(qtype, raw)).all()
+    for field, off in quants._F16_OFFSETS[qtype].items():
+        for bad in (np.inf, -np.inf, np.nan):
+            r = raw.copy()
+            row, blk = int(rng.integers(1, 3)), int(rng.integers(0, n_blocks))
+            r[row, blk * nbytes + off:blk * nbytes + off + 2] = np.frombuffer(
+                np.float16(bad).tobytes(), np.uint8)
+            with np.errstate(invalid="ignore"):  # inf times a zero code: NaN, as intended
+                full = ~np.isfinite(quants.dequantize(qtype, r))
+            first = np.unravel_index(int(np.argmax(full)), full.shape)
+            assert nonfinite.in_tensor(qtype, r) == (row, blk * vals) == tuple(map(int, first)), field
+            assert full[row, blk * vals:(blk + 1) * vals].all() and full.sum() == vals
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16], ids=lambda q: q.name)
+def test_in_tensor_of_float_types(qtype):
+    from strata.dense import encode_float
+
+    x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
+    assert nonfinite.in_tensor(qtype, encode_float(x, qtype)) is None
+    x[2, 17] = np.nan
+    x[3, 1] = np.inf
+    assert nonfinite.in_tensor(qtype, encode_float(x, qtype)) == (2, 17)
+
+
+def test_cli_keeps_numpy_warnings_away(capsys):
+    """Float warnings raised under the command, in its thread and in a pool thread, print
+    nothing (the non-finite check is what tells the user)."""
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    from strata_prefill.cli import quiet_floats
+
+    def overflow():
+        return np.float32(3e38) * np.float32(10) + np.log(np.zeros(2)) * 0
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with quiet_floats():
+            overflow()
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(overflow).result()
+        assert seen == []
+        overflow()  # outside the command they still warn: the filter was the command's
+        assert seen
