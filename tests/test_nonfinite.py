@@ -98,6 +98,7 @@ def scaled_pack(healthy, folder: Path, value: float) -> tuple[Path, int]:
 
 @pytest.mark.parametrize("impl", [[], SIM], ids=["reference", "sim"])
 def test_an_all_ff_pack_is_refused_in_one_line_naming_where(ff_pack, impl):
+    before = ff_pack.read_bytes()
     t0 = time.monotonic()
     r = cli("run", "--pack", str(ff_pack), *PROMPT, *impl)
     assert r.returncode == 1, r.stderr
@@ -108,6 +109,20 @@ def test_an_all_ff_pack_is_refused_in_one_line_naming_where(ff_pack, impl):
     assert not any(w in r.stderr for w in WARNING_WORDS)
     assert "next" not in r.stdout  # no NaN logits printed as if they were a result
     assert time.monotonic() - t0 < 60
+    assert ff_pack.read_bytes() == before
+
+
+def test_a_cached_reference_run_is_refused_too(ff_pack, tmp_path):
+    """Through --reference-cache: the miss that computes it and the hit that reads it back."""
+    for hit in ("miss", "hit"):
+        r = cli("run", "--pack", str(ff_pack), *PROMPT, "--reference-cache", str(tmp_path / "c"),
+                "--dump-dir", str(tmp_path / "d"))
+        assert r.returncode == 1, r.stderr
+        cache_line, line = r.stderr.strip().splitlines()
+        assert cache_line.startswith(f"reference cache: {hit}")
+        assert "NaN first in layer 0, op topk_w (L00.topk_w)" in line  # the layer level's first
+        assert "; --dump-level ops names the op" in line
+        assert not any(w in r.stderr for w in WARNING_WORDS) and r.stdout == ""
 
 
 @pytest.mark.parametrize("impl", [[], SIM], ids=["reference", "sim"])
@@ -129,6 +144,7 @@ def test_the_records_name_the_first_op(ff_pack, tmp_path, impl):
     (np.nan, "NaN first", SIM)], ids=["inf-reference", "-inf-sim", "nan-reference", "nan-sim"])
 def test_a_bad_scale_in_layer_1_is_named_at_layer_1(healthy, tmp_path, value, kind, impl):
     pack, expert = scaled_pack(healthy, tmp_path, value)
+    before = pack.read_bytes()
     r = cli("run", "--pack", str(pack), *PROMPT, *impl, "--dump-dir", str(tmp_path / "d"),
             "--dump-level", "ops")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -138,6 +154,7 @@ def test_a_bad_scale_in_layer_1_is_named_at_layer_1(healthy, tmp_path, value, ki
             f"element {BAD_ROW}") in line, line
     assert kind in line  # an Inf scale times a code is +-Inf (the code's sign), NaN stays NaN
     assert not any(w in r.stderr for w in WARNING_WORDS)
+    assert pack.read_bytes() == before
 
 
 def test_in_records_walks_the_computed_order(healthy, tmp_path):

@@ -17,9 +17,10 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                               description="Describe a qwen3moe pack: shape, types, expert blobs.")
     p.add_argument("pack", metavar="PACK", help="GGUF pack")
     p.add_argument("--check", action="store_true",
-                   help="recompute every tensor's sha256 and compare it with the digests the "
+                   help="decode every tensor and name those that decode to NaN or Inf (exit 1), "
+                        "then recompute every tensor's sha256 and compare it with the digests the "
                         "pack's header records (make-pack writes them): exit 2 naming the first "
-                        "tensor that differs; a pack with none says so (exit 0)")
+                        "tensor that differs; a pack with none says so")
     p.set_defaults(func=main)
     return p
 
