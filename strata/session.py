@@ -11,7 +11,6 @@ dump switch, is here, so the two implementations cannot drift in how a run is cu
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 from strata import dumps, records
 from strata.errors import InputError
+from strata.progress import Progress
 
 AUTO_CHUNK = 8192  # `--prefill auto`
 
@@ -94,7 +94,8 @@ class Session:
     """A prompt and its continuation on one engine; the KV cache carries across calls."""
 
     def __init__(self, engine, chunk="auto", dump_dir=None, dump_first_logits=None, dump_r=None,
-                 progress: bool | None = None, dump_level: str | None = None):
+                 progress: bool | None = None, dump_level: str | None = None,
+                 progress_desc: str = "prefill"):
         self.engine = engine
         self.config = engine.config
         self.chunk = parse_chunk(chunk)
@@ -102,7 +103,10 @@ class Session:
         self.dump_first_logits = dump_first_logits or env.get("STRATA_DUMP_FIRST_LOGITS") or None
         self.dump_r = dump_r or env.get("STRATA_PREFILL_DUMP_R") or None
         self.layer_dump = LayerDump(dump_dir, parse_dump_level(dump_level)) if dump_dir else None
-        self.progress = sys.stderr.isatty() if progress is None else progress
+        # None: a bar where stderr is a terminal, else a line every 10 s of long work
+        # (strata/progress.py); True: the bar anyway; False: nothing
+        self.progress = progress
+        self.progress_desc = progress_desc
         self.n_past = 0
         self._chunks_done = 0  # the residual dump is truncated on a run's first chunk
         self._residuals: dumps.ResidualWriter | None = None
@@ -128,13 +132,19 @@ class Session:
     def prefill(self, ids) -> np.ndarray:
         """Run the prompt in chunks; return the logits after its last token."""
         ids = self._check_tokens(ids)
+        n_chunks = -(-ids.size // self.chunk)
+        # one step is one layer of one chunk; the bar names both
+        with Progress(n_chunks * self.config.n_layer, self.progress_desc, "chunk-layer",
+                      self.progress) as bar:
+            return self._prefill(ids, bar)
+
+    def _prefill(self, ids: np.ndarray, bar: Progress | None) -> np.ndarray:
         n_layer = self.config.n_layer
         starts = list(range(0, ids.size, self.chunk))
-        bar = _Bar(len(starts) * n_layer, "prefill", self.progress)
         logits = None
         begin = getattr(self.engine, "chunk_begin", None)
         end = getattr(self.engine, "chunk_end", None)
-        for c0 in starts:
+        for index, c0 in enumerate(starts):
             chunk_ids = ids[c0:c0 + self.chunk]
             positions = np.arange(self.n_past, self.n_past + chunk_ids.size, dtype=np.int64)
             if begin is not None:
@@ -145,12 +155,15 @@ class Session:
                 if self.layer_dump.ops:
                     self.layer_dump.global_("embed", self.engine.to_host(x))
             for layer in range(n_layer):
+                if bar is not None:
+                    bar.at(f"chunk {index + 1}/{len(starts)}, layer {layer + 1}/{n_layer}")
                 x = self.engine.layer(layer, x, positions, self.layer_dump)
                 if self.layer_dump is not None:
                     keep = positions % dumps.RESIDUAL_STRIDE == 0
                     self.layer_dump.layer(layer, "resid_pos", positions[keep])
                     self.layer_dump.layer(layer, "resid", self.engine.to_host(x)[keep])
-                bar.step()
+                if bar is not None:
+                    bar.step()
             if end is not None:
                 end()
             if self.dump_r:
@@ -161,7 +174,6 @@ class Session:
             self.n_past += chunk_ids.size
             if c0 == starts[-1]:
                 logits = self.engine.last_logits(x)
-        bar.close()
         return logits
 
     def close(self) -> None:
@@ -201,9 +213,13 @@ class Session:
             self.layer_dump.global_("first_logits", logits[None])
         first = logits
         out = [greedy_token(logits)] if greedy > 0 else []
-        while len(out) < greedy:
-            logits = self.prefill([out[-1]])
-            out.append(greedy_token(logits))
+        # the first greedy token is the prefill's; each further one is a one-token step
+        with Progress(greedy - 1, "greedy", "token", self.progress) as bar:
+            while len(out) < greedy:
+                bar.at(f"token {len(out) + 1}/{greedy}")
+                logits = self._prefill(self._check_tokens([out[-1]]), None)
+                out.append(greedy_token(logits))
+                bar.step()
         t2 = time.perf_counter()
         n_chunks = -(-ids.size // self.chunk)
         return RunResult(ids.size, self.chunk, n_chunks, first, out, t1 - t0, t2 - t1)
@@ -212,25 +228,3 @@ class Session:
 def greedy_token(logits: np.ndarray) -> int:
     """argmax, ties to the lowest id."""
     return int(np.argmax(logits))
-
-
-class _Bar:
-    """A small progress bar on stderr (tqdm where present), silent when not wanted."""
-
-    def __init__(self, total: int, desc: str, enabled: bool):
-        self._bar = None
-        if enabled and total > 1:
-            try:
-                from tqdm import tqdm
-
-                self._bar = tqdm(total=total, desc=desc, unit="layer", leave=False, file=sys.stderr)
-            except ImportError:  # pragma: no cover - tqdm comes with gguf
-                self._bar = None
-
-    def step(self) -> None:
-        if self._bar is not None:
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()

@@ -15,13 +15,15 @@ from fast.trace import write_trace
 from strata.session import Session
 
 
-def _prefill(engine, prompt, chunk) -> None:
+def _prefill(engine, prompt, chunk, what: str, progress: bool | None) -> None:
     engine.be.reset_cache()
-    Session(engine, chunk=chunk, progress=False).prefill(prompt)
+    Session(engine, chunk=chunk, progress=progress, progress_desc=what).prefill(prompt)
 
 
-def observe(engine, prompt, chunk, timing: bool, trace_path=None, out=print) -> None:
-    """Run the passes asked for; print the per-chunk tables, write the trace."""
+def observe(engine, prompt, chunk, timing: bool, trace_path=None, out=print,
+            progress: bool | None = None) -> None:
+    """Run the passes asked for; print the per-chunk tables, write the trace. progress: as
+    Session's, each pass's bar named for what it is for."""
     be = engine.be
     rec = be.phases
     rec.chunk_timing = False
@@ -29,7 +31,9 @@ def observe(engine, prompt, chunk, timing: bool, trace_path=None, out=print) -> 
         be.trace_begin()
     be.phase_table()  # drop what the run itself recorded
     rec.timing = timing
-    _prefill(engine, prompt, chunk)
+    first = "timed and traced prefill" if timing and trace_path is not None else (
+        "timed prefill" if timing else "traced prefill")
+    _prefill(engine, prompt, chunk, first, progress)
     rec.timing = False
     instrumented = be.chunk_tables() if timing else []
     if trace_path is not None:
@@ -38,7 +42,7 @@ def observe(engine, prompt, chunk, timing: bool, trace_path=None, out=print) -> 
     if timing:
         rec.chunk_timing = True
         try:
-            _prefill(engine, prompt, chunk)
+            _prefill(engine, prompt, chunk, "chunk totals prefill", progress)
             plain = be.chunk_tables()
         finally:
             rec.chunk_timing = False

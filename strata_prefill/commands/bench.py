@@ -56,6 +56,9 @@ def add_parser(sub, name: str) -> None:
                         "else bench-YYYYmmdd-HHMMSS.json in the current folder)")
     p.add_argument("--phases", action="store_true",
                    help="also time each phase (both arms) and add a table of their medians")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (default: a bar naming the length, rep and arm where stderr "
+                        "is a terminal, else a line every 10 s)")
     p.set_defaults(func=main)
 
 
@@ -110,22 +113,35 @@ def timed_prefill(engine, ids: np.ndarray, chunk) -> tuple[float, np.ndarray, di
     return seconds, logits, counts, be.phase_table()
 
 
-def run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int) -> list[dict]:
+def run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int,
+              progress: bool | None = False) -> list[dict]:
     """Every length's reps: per rep the order, each arm's ms, counts and phases, and where the
-    logits first differ (None: the same bytes)."""
+    logits first differ (None: the same bytes). progress: a bar naming the length, rep and arm
+    of each prefill (None: on a terminal, else a line every 10 s; strata/progress.py)."""
+    from strata.progress import Progress
+
+    with Progress(len(sizes) * len(engines) * (reps + 1), "bench", "prefill", progress) as bar:
+        return _run_bench(engines, sizes, reps, chunk, seed, n_vocab, bar)
+
+
+def _run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int, bar) -> list[dict]:
     rng = np.random.default_rng(seed)
     results = []
     for n in sizes:
         warm = rng.integers(0, n_vocab, n, dtype=np.int32)
-        for engine in engines.values():  # module loads, first allocations at this size
+        for arm, engine in engines.items():  # module loads, first allocations at this size
+            bar.at(f"{n:,} tokens, warm-up, arm {arm}")
             timed_prefill(engine, warm, chunk)
+            bar.step()
         rows = []
         for rep in range(reps):
             ids = rng.integers(0, n_vocab, n, dtype=np.int32)
             order = "AB" if rep % 2 == 0 else "BA"
             row, logits = {"rep": rep + 1, "order": order}, {}
             for arm in order:
+                bar.at(f"{n:,} tokens, rep {rep + 1}/{reps}, arm {arm}")
                 seconds, logits[arm], counts, phases = timed_prefill(engines[arm], ids, chunk)
+                bar.step()
                 row[arm] = {"ms": 1e3 * seconds, **counts,
                             **({"phases_ms": {k: 1e3 * v for k, v in phases.items()}} if phases else {})}
             diff = first_difference(logits["A"], logits["B"])
@@ -138,7 +154,7 @@ def run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int) -
         result = {"tokens": n, "reps": rows, "median": {arm: medians(rows, arm) for arm in "AB"}}
         results.append(result)
         a, b = result["median"]["A"]["ms"], result["median"]["B"]["ms"]
-        print(f"bench: {n} tokens: A {a:.2f} ms, B {b:.2f} ms ({change(a, b)})", file=sys.stderr, flush=True)
+        bar.write(f"bench: {n} tokens: A {a:.2f} ms, B {b:.2f} ms ({change(a, b)})")
     return results
 
 
@@ -231,7 +247,8 @@ def main(args) -> int:
     engines = {arm: make_fast_engine(pack, args.backend, **kw) for arm, kw in keywords.items()}
     for engine in engines.values():
         engine.be.timing = args.phases
-    results = run_bench(engines, args.tokens, args.reps, args.prefill, args.seed, cfg.n_vocab)
+    results = run_bench(engines, args.tokens, args.reps, args.prefill, args.seed, cfg.n_vocab,
+                        progress=False if args.no_progress else None)
 
     specs = {arm: arms.describe(kw) for arm, kw in keywords.items()}
     settings = {arm: arms.engine_settings(engines[arm]) for arm in "AB"}

@@ -11,6 +11,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,12 @@ def add_parser(sub, name: str) -> None:
                    help="Strata residual dump, pos %% 64 == 0 (env STRATA_PREFILL_DUMP_R)")
     p.add_argument("--top", type=checks.positive_int, default=5,
                    help="how many top next tokens to print (default 5)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (default: a bar naming the chunk, layer and greedy token where "
+                        "stderr is a terminal, else a line every 10 s of long work)")
+    p.add_argument("--explain", action="store_true",
+                   help="after the results, say on stderr what each line means and what to try next "
+                        "(the run that makes the default pack always does)")
     p.add_argument("--reference-cache", type=reference_cache_dir, metavar="DIR|off",
                    help="--impl reference: keep the run's results in DIR and read them back "
                         "instead of recomputing (off: never) (env STRATA_PREFILL_REFERENCE_CACHE; "
@@ -174,8 +180,39 @@ def default_pack() -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         for stale in [*path.parent.glob(f"{stem}.gguf"), *path.parent.glob(f"{stem}-f*.gguf")]:
             stale.unlink()  # an older format's pack, never to be opened again
+        t0 = time.perf_counter()
         make_pack(path, DEFAULT_PRESET, seed=DEFAULT_SEED)  # written whole (strata/atomic.py)
+        print(f"made the default pack ({DEFAULT_PRESET} preset, seed {DEFAULT_SEED}) at {path} in "
+              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return path
+
+
+def explain_output(pack_path: Path, impl: str) -> None:
+    """What each line of a run's output means, one line each, and the next command to try
+    (stderr: stdout stays the same whether or not it is explained)."""
+    lines = [
+        "what the lines say:",
+        "  pack      the GGUF pack run: its layers, the routed experts of a layer, how many a token "
+        "is routed to",
+        "  impl      which implementation ran: reference (NumPy) or fast (PyCUDA, or fast/sim: its "
+        "walk on NumPy kernels)",
+        "  prompt    the prompt's length and the prefill chunks it was cut into (--prefill N)",
+        "  next      the most likely tokens after the prompt, highest first: token id (its logit) "
+        "(--top N)",
+        "  greedy    the tokens generated after the prompt, each the highest-logit token after the "
+        "one before (--greedy N)",
+        "  speed     the prefill's prompt tokens a second (its seconds); decode: the greedy tokens "
+        "after the first, a second",
+    ]
+    if impl == "fast":
+        lines.append("  counters  what the fast path launched, gathered, copied and waited for, "
+                     "and its resident experts")
+        nxt = f"strata-prefill info {pack_path}   (the pack's shape and tensors)"
+    else:
+        nxt = ("strata-prefill run --impl fast --backend sim   (the fast path's walk on NumPy "
+               "kernels: the same next and greedy, plus its counters)")
+    lines.append(f"try next: {nxt}")
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def read_prompt_file(path: Path) -> np.ndarray:
@@ -334,6 +371,9 @@ def run_cached(args, cache: refcache.Cache, pack, pack_path: Path, prompt) -> in
         print("speed     nothing timed: the run was read from the reference cache")
     else:
         print(speed_line(n, r.greedy, r.prefill_seconds, r.decode_seconds))
+    if args.explain:
+        sys.stdout.flush()
+        explain_output(pack_path, args.impl)
     return 0
 
 
@@ -373,6 +413,7 @@ def main(args) -> int:
     timing = timing_asked(args)
     ref_cache = reference_cache_of(args)
     file_ids = None if isinstance(args.prompt_tokens, int) else read_prompt_file(args.prompt_tokens)
+    args.explain = args.explain or (not args.pack and not default_pack_path().exists())
     pack_path = Path(args.pack) if args.pack else default_pack()
     pack = Pack.open(pack_path)
     cfg = pack.config
@@ -410,8 +451,12 @@ def main(args) -> int:
               f"({c['copy_bytes'] / 1e6:,.1f} MB), waits {c['waits']:,}, events {c['events']:,} "
               f"(resident experts {engine.placement.n_resident:,} of {engine.placement.resident.size:,}, "
               f"ring {engine.ring.n_slots} slots)")
+    if args.explain:
+        sys.stdout.flush()
+        explain_output(pack_path, args.impl)
     if timing or args.trace is not None:
         from strata_prefill.observe import observe
 
-        observe(engine, prompt, args.prefill, timing, args.trace)
+        observe(engine, prompt, args.prefill, timing, args.trace,
+                progress=False if args.no_progress else None)
     return 0
