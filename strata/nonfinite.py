@@ -29,6 +29,8 @@ from strata.dense import FLOAT_TYPES, decode_float
 from strata.records import read_timeline
 from strata.report import _sort_key as computed_order  # the order the first-difference report walks
 
+SLAB_BYTES = 32 << 20  # a pack tensor is scanned this much at a time (its decode is 4x that)
+
 # q8_1 records -> which expert type's layout they have (Pack.expert_types: gate/up, down)
 Q8_RECORDS = {"moe_in_q8_1": 0, "down_in_q8_1": 1}
 
@@ -219,13 +221,18 @@ def in_pack(pack, progress: Callable[[int, int], None] | None = None) -> Iterato
         m = pack.matrix(logical)
         data = m.data if m.data.ndim == 3 else m.data[None]
         hit = None
-        for e in range(data.shape[0]):  # one expert (or the whole matrix) at a time
-            got = in_tensor(m.qtype, data[e])
-            done += int(data[e].nbytes if got is None else data[e:].nbytes)
-            if progress is not None:
-                progress(done, total)
-            if got is not None:  # the first is named; the rest of the tensor is not read
-                hit = BadTensor(str(t.name), e if m.data.ndim == 3 else None, *got)
+        step = max(1, SLAB_BYTES // m.row_bytes)
+        for e in range(data.shape[0]):  # one expert (or the whole matrix) at a time,
+            for r0 in range(0, m.n_rows, step):  # in slabs of rows: memory stays bounded
+                got = in_tensor(m.qtype, data[e, r0:r0 + step])
+                done += int(data[e, r0:r0 + step].nbytes)
+                if progress is not None:
+                    progress(done, total)
+                if got is not None:  # the first is named; the rest of the tensor is not read
+                    hit = BadTensor(str(t.name), e if m.data.ndim == 3 else None, r0 + got[0], got[1])
+                    break
+            if hit is not None:
+                done += int(data[e + 1:].nbytes) + int(data[e, r0 + step:].nbytes)
                 break
         if hit is not None:
             yield hit

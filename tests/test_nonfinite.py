@@ -262,3 +262,17 @@ def test_cli_keeps_numpy_warnings_away(capsys):
         assert seen == []
         overflow()  # outside the command they still warn: the filter was the command's
         assert seen
+
+
+def test_in_pack_reads_in_slabs_and_counts_every_byte(healthy, tmp_path, monkeypatch):
+    """Rows found across slabs are the tensor's rows; progress ends at the data's size."""
+    pack, expert = scaled_pack(healthy, tmp_path, np.inf)
+    monkeypatch.setattr(nonfinite, "SLAB_BYTES", 1000)  # 3 rows of 272 bytes a slab
+    for path, want in ((pack, [(f"{DOWN}.weight", expert, BAD_ROW, BAD_BLOCK * 32)]), (healthy[0], [])):
+        seen = []
+        with Pack.open(path) as p:
+            got = [(b.name, b.expert, b.row, b.value)
+                   for b in nonfinite.in_pack(p, lambda done, total: seen.append((done, total)))]
+            size = sum(int(t.n_bytes) for t in p.reader.tensors)
+        assert got == want
+        assert seen[-1] == (size, size) and [d for d, _ in seen] == sorted(d for d, _ in seen)
