@@ -276,3 +276,17 @@ def test_in_pack_reads_in_slabs_and_counts_every_byte(healthy, tmp_path, monkeyp
             size = sum(int(t.n_bytes) for t in p.reader.tensors)
         assert got == want
         assert seen[-1] == (size, size) and [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_the_residual_dump_alone_names_a_position(ff_pack, tmp_path, capsys):
+    """--dump-r without --dump-dir: the last layer's residual, its first position."""
+    r_bin = tmp_path / "r.bin"
+    assert main(["run", "--pack", str(ff_pack), "--prompt-tokens", "130", "--greedy", "0",
+                 "--no-progress", "--dump-r", str(r_bin)]) == 1
+    out, err = capsys.readouterr()
+    (line,) = err.strip().splitlines()
+    assert ("NaN first in the residual dump (the last layer's output), position 0, element 0 "
+            "(768 of 768 values non-finite)") in line  # positions 0, 64, 128 of 256 values each
+    assert "--dump-dir DIR --dump-level ops names the layer and op" in line
+    assert line.endswith("(the dumps written stay)") and r_bin.stat().st_size == 3 * (8 + 4 * 256)
+    assert out == ""
