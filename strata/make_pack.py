@@ -56,7 +56,6 @@ import io
 import os
 import shutil
 import struct
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -73,6 +72,7 @@ from strata import dense, quants
 from strata import tensor_names as tn
 from strata.atomic import AtomicFile
 from strata.config import ARCH, PRESETS, ModelConfig
+from strata.progress import Progress
 from strata.constants import PACK_FORMAT
 from strata.errors import InputError
 from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_PACK_FORMAT,
@@ -371,8 +371,9 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
 
     layers: override the preset's layer count; expert_type: one of quants.SUPPORTED_TYPES
     (by name or enum); dense_type: Q8_0, F16, BF16 or F32; router_type: F32, BF16 or Q8_0
-    (None: BF16 for the `strata` preset, else F32); progress: a tqdm bar on stderr
-    (None: only where stderr is a terminal, for packs over 50 MB); workers: threads
+    (None: BF16 for the `strata` preset, else F32); progress: a tqdm bar on stderr naming
+    the tensor being written (None: for packs over 50 MB, where stderr is a terminal, else a
+    line every 10 s; strata/progress.py); workers: threads
     generating chunks ahead of the writer (default: the CPU count, at most 4; the bytes do
     not depend on it); on_size: called with the file's exact size once the (empty) temp is
     open, before any byte is written. A pack the disk cannot hold (check_free_disk) is
@@ -401,8 +402,8 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
     workers = max(1, int(workers or min(4, os.cpu_count() or 1)))
     path = Path(path)
     total = sum(p.nbytes for p in plans)
-    if progress is None:
-        progress = sys.stderr.isatty() and total > PROGRESS_MIN_BYTES
+    if progress is None and total <= PROGRESS_MIN_BYTES:
+        progress = False  # None: a bar on a terminal, else a line every 10 s (strata/progress.py)
 
     def described(w: GGUFWriter) -> GGUFWriter:
         _add_metadata(w, config, preset, int(seed), xt, dt, rt, fallbacks, len(plans))
@@ -422,17 +423,14 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
         check_free_disk(path, size)
         fout = out.file
         fout.write(header)
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024,
-                       desc=path.name, file=sys.stderr, leave=False)
+        bar = Progress(total, f"writing {path.name}", "B", progress, unit_scale=True,
+                       unit_divisor=1024)
         digests: list[bytes] = []
         try:
             pos = len(header)
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 for p in plans:
+                    bar.at(p.name)
                     pad = -pos % align
                     if pad:
                         fout.write(bytes(pad))
@@ -444,8 +442,7 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
                         fout.write(view)
                         h.update(view)
                         written += chunk.nbytes
-                        if bar is not None:
-                            bar.update(chunk.nbytes)
+                        bar.step(chunk.nbytes)
                     if written != p.nbytes:  # pragma: no cover - plan and generator disagree
                         raise AssertionError(f"{p.name}: wrote {written} bytes, planned {p.nbytes}")
                     digests.append(h.digest())
@@ -454,8 +451,7 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
             if pad:
                 fout.write(bytes(pad))
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
         for off, hexdigest in [(root_slot, tensor_digest_root(digests)),
                                *zip(slots, (d.hex() for d in digests))]:
             fout.seek(off)

@@ -30,11 +30,12 @@ class Progress:
         self.stream = sys.stderr if stream is None else stream
         self.total, self.desc, self.unit = int(total), desc, unit
         self.done = 0
-        self.where = ""
+        self.where = "starting"  # until the first step is named
         self._t0 = time.monotonic()
         self._drawn = 0.0
         self._bar = None
         self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
         if enabled is False or self.total <= 0:
             return
         if enabled or _is_terminal(self.stream):
@@ -47,7 +48,8 @@ class Progress:
                                  file=self.stream, dynamic_ncols=True, **tqdm_kwargs)
                 return
         self._stop = threading.Event()
-        threading.Thread(target=self._beat, name=f"progress {desc}", daemon=True).start()
+        self._thread = threading.Thread(target=self._beat, name=f"progress {desc}", daemon=True)
+        self._thread.start()
 
     # ---- the steps ------------------------------------------------------------------
     def at(self, where: str) -> None:
@@ -74,9 +76,12 @@ class Progress:
 
     def line(self) -> str:
         """What a heartbeat says: the step, the count, the time so far."""
-        where = f" {self.where}" if self.where else ""
-        return (f"{self.desc}{where} ({self.done:,}/{self.total:,} {self.unit}s, "
-                f"{time.monotonic() - self._t0:.0f} s)")
+        where = f" {self.where}" if self.where else ""  # "" when a caller names no steps
+        if self.unit == "B":
+            count = f"{self.done / 2**30:,.2f} of {self.total / 2**30:,.2f} GiB"
+        else:
+            count = f"{self.done:,}/{self.total:,} {self.unit}s"
+        return f"{self.desc}{where} ({count}, {time.monotonic() - self._t0:.0f} s)"
 
     def close(self) -> None:
         if self._bar is not None:
@@ -84,7 +89,8 @@ class Progress:
             self._bar = None
         if self._stop is not None:
             self._stop.set()
-            self._stop = None
+            self._thread.join(timeout=1.0)  # no line after the work is done
+            self._stop = self._thread = None
 
     def __enter__(self) -> "Progress":
         return self

@@ -45,9 +45,10 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--tie-embeddings", action="store_true",
                    help="write no `output` tensor: the lm_head is token_embd")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
-                   help="always show a progress bar (default: on a terminal, for packs over 50 MB)")
+                   help="always show a progress bar (default: for packs over 50 MB, a bar on a "
+                        "terminal, else a line every 10 s naming the tensor being written)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="never show a progress bar")
+                   help="no progress at all")
     p.set_defaults(func=main)
     return p
 
