@@ -88,6 +88,9 @@ class RunResult:
     greedy: list[int] = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    # index of the first greedy token picked from logits holding NaN or Inf (after the first:
+    # the first-token logits are `logits`), else None
+    greedy_nonfinite: int | None = None
 
 
 class Session:
@@ -213,16 +216,19 @@ class Session:
             self.layer_dump.global_("first_logits", logits[None])
         first = logits
         out = [greedy_token(logits)] if greedy > 0 else []
+        bad = None  # RunResult.greedy_nonfinite
         # the first greedy token is the prefill's; each further one is a one-token step
         with Progress(greedy - 1, "greedy", "token", self.progress) as bar:
             while len(out) < greedy:
                 bar.at(f"token {len(out) + 1}/{greedy}")
                 logits = self._prefill(self._check_tokens([out[-1]]), None)
+                if bad is None and not np.isfinite(logits).all():
+                    bad = len(out)
                 out.append(greedy_token(logits))
                 bar.step()
         t2 = time.perf_counter()
         n_chunks = -(-ids.size // self.chunk)
-        return RunResult(ids.size, self.chunk, n_chunks, first, out, t1 - t0, t2 - t1)
+        return RunResult(ids.size, self.chunk, n_chunks, first, out, t1 - t0, t2 - t1, bad)
 
 
 def greedy_token(logits: np.ndarray) -> int:

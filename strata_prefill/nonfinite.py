@@ -13,10 +13,11 @@ HINT = "--dump-dir DIR --dump-level ops names the layer and op where they first 
 
 
 def refusal_line(logits, pack, dump_dir: Path | None = None, dump_r: Path | None = None,
-                 dump_level: str = "layer") -> str | None:
-    """The line for a run whose first-token logits, residual dump or record file hold a NaN
-    or an Inf; None when all of them are finite. The record file, where there is one, names
-    the first layer and op."""
+                 dump_level: str = "layer", greedy_nonfinite: int | None = None) -> str | None:
+    """The line for a run whose first-token logits, residual dump, record file or a greedy
+    step's logits (greedy_nonfinite: the first greedy token picked from such logits) hold a
+    NaN or an Inf; None when all of them are finite. The record file, where there is one,
+    names the first layer and op."""
     cfg = pack.config
     in_logits = nonfinite.in_logits(logits)
     in_resid = nonfinite.in_residual_dump(dump_r, cfg.n_embd) if dump_r and Path(dump_r).exists() else None
@@ -24,7 +25,7 @@ def refusal_line(logits, pack, dump_dir: Path | None = None, dump_r: Path | None
     first = None
     if records is not None and records.exists():
         first = nonfinite.in_records(records, nonfinite.q8_layouts(pack), cfg.n_expert_used)
-    if first is None and in_logits is None and in_resid is None:
+    if first is None and in_logits is None and in_resid is None and greedy_nonfinite is None:
         return None
     head = "strata-prefill: the run computed non-finite values: "
     if first is not None:
@@ -33,19 +34,26 @@ def refusal_line(logits, pack, dump_dir: Path | None = None, dump_r: Path | None
             line += "; --dump-level ops names the op"
     elif in_resid is not None:
         line = head + in_resid.summary() + "; " + HINT
-    else:
+    elif in_logits is not None:
         line = head + in_logits.summary() + "; " + HINT
+    else:  # only a one-token step of the greedy continuation
+        line = (head + f"NaN or Inf first in the logits greedy token {greedy_nonfinite} was picked "
+                "from (the first-token logits are finite); " + HINT)
     if first is not None or in_resid is not None:
         line += ("; the first-token logits are finite" if in_logits is None else
                  f"; the first-token logits hold {in_logits.count:,} non-finite of {in_logits.size:,}")
     return line + " (the dumps written stay)" if (dump_dir or dump_r) else line
 
 
-def refuse(logits, pack, args) -> bool:
-    """Print run's refusal line and say True where the run's results hold NaN or Inf."""
+def refuse(result, pack, args) -> bool:
+    """Print run's refusal line and say True where the run's results hold NaN or Inf.
+    result: the run's RunResult (strata/session.py), or the first-token logits alone (a run
+    read from the reference cache, which keeps no greedy step's logits)."""
     from strata.session import parse_dump_level
 
-    line = refusal_line(logits, pack, args.dump_dir, args.dump_r, parse_dump_level(args.dump_level))
+    logits = getattr(result, "logits", result)
+    line = refusal_line(logits, pack, args.dump_dir, args.dump_r, parse_dump_level(args.dump_level),
+                        getattr(result, "greedy_nonfinite", None))
     if line is None:
         return False
     print(line, file=sys.stderr, flush=True)

@@ -290,3 +290,27 @@ def test_the_residual_dump_alone_names_a_position(ff_pack, tmp_path, capsys):
     assert "--dump-dir DIR --dump-level ops names the layer and op" in line
     assert line.endswith("(the dumps written stay)") and r_bin.stat().st_size == 3 * (8 + 4 * 256)
     assert out == ""
+
+
+def test_a_greedy_step_with_non_finite_logits_is_refused(healthy, monkeypatch, capsys):
+    """First-token logits finite, a later one-token step's not (here planted in the
+    reference's lm_head): the run still says so, naming the greedy token."""
+    from reference import ReferenceEngine
+
+    orig = ReferenceEngine.last_logits
+    calls = []
+
+    def last_logits(self, x):
+        out = np.array(orig(self, x))
+        calls.append(1)
+        if len(calls) == 3:  # the prefill's, the first step's, then this one
+            out[11] = np.inf
+        return out
+
+    monkeypatch.setattr(ReferenceEngine, "last_logits", last_logits)
+    assert main(["run", "--pack", str(healthy[0]), "--prompt-tokens", "20", "--greedy", "4",
+                 "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    (line,) = err.strip().splitlines()
+    assert ("NaN or Inf first in the logits greedy token 2 was picked from (the first-token "
+            "logits are finite)") in line and out == ""

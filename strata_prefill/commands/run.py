@@ -436,7 +436,7 @@ def main(args) -> int:
     res = session.run(prompt, greedy=args.greedy)
     from strata_prefill.nonfinite import EXIT_NONFINITE, refuse  # NaN/Inf: one line naming where
 
-    if refuse(res.logits, pack, args):
+    if refuse(res, pack, args):
         return EXIT_NONFINITE
 
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
