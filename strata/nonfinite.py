@@ -210,9 +210,10 @@ class BadTensor:
     value: int          # the value's index in the row
 
 
-def in_pack(pack, progress: Callable[[int, int], None] | None = None) -> Iterator[BadTensor]:
+def in_pack(pack, progress: Callable[[int, int, str], None] | None = None) -> Iterator[BadTensor]:
     """Every tensor of a pack that decodes to a NaN or an Inf, in file order, with the first
-    such value. progress(bytes done, bytes in all) is called after each piece read."""
+    such value. progress(bytes done, bytes in all, the tensor's name) is called after each
+    piece read."""
     tensors = list(pack.reader.tensors)
     total = sum(int(t.n_bytes) for t in tensors)
     done = 0
@@ -227,7 +228,7 @@ def in_pack(pack, progress: Callable[[int, int], None] | None = None) -> Iterato
                 got = in_tensor(m.qtype, data[e, r0:r0 + step])
                 done += int(data[e, r0:r0 + step].nbytes)
                 if progress is not None:
-                    progress(done, total)
+                    progress(done, total, str(t.name))
                 if got is not None:  # the first is named; the rest of the tensor is not read
                     hit = BadTensor(str(t.name), e if m.data.ndim == 3 else None, r0 + got[0], got[1])
                     break

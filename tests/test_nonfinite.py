@@ -272,7 +272,7 @@ def test_in_pack_reads_in_slabs_and_counts_every_byte(healthy, tmp_path, monkeyp
         seen = []
         with Pack.open(path) as p:
             got = [(b.name, b.expert, b.row, b.value)
-                   for b in nonfinite.in_pack(p, lambda done, total: seen.append((done, total)))]
+                   for b in nonfinite.in_pack(p, lambda done, total, _: seen.append((done, total)))]
             size = sum(int(t.n_bytes) for t in p.reader.tensors)
         assert got == want
         assert seen[-1] == (size, size) and [d for d, _ in seen] == sorted(d for d, _ in seen)
@@ -314,3 +314,21 @@ def test_a_greedy_step_with_non_finite_logits_is_refused(healthy, monkeypatch, c
     (line,) = err.strip().splitlines()
     assert ("NaN or Inf first in the logits greedy token 2 was picked from (the first-token "
             "logits are finite)") in line and out == ""
+
+
+def test_info_check_names_the_tensor_it_reads_while_it_lasts(healthy, monkeypatch, capsys):
+    """Off a terminal, a long value scan says every HEARTBEAT_S which tensor it is on."""
+    from strata import progress
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
+    orig = nonfinite.in_tensor
+
+    def slow(*args):
+        time.sleep(0.01)
+        return orig(*args)
+
+    monkeypatch.setattr(nonfinite, "in_tensor", slow)
+    assert main(["info", "--check", str(healthy[0])]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and all(l.startswith("info --check: tensor values ") and ".weight (" in l and "GiB" in l
+                       for l in err), err

@@ -98,31 +98,23 @@ def main(args: argparse.Namespace) -> int:
 
 
 NONFINITE_SHOWN = 5  # bad tensors named one a line; the rest are counted
-PROGRESS_SECONDS = 5  # how often the value scan says where it is, on a terminal
 
 
 def value_check(pack: Pack) -> tuple[int, list[str]]:
     """`info --check`'s scan for tensors that decode to NaN or Inf (strata/nonfinite.py):
-    (how many, the lines: one per bad tensor, at most NONFINITE_SHOWN, then a count). On a
-    terminal, a progress line on stderr every PROGRESS_SECONDS while it reads."""
-    import sys
-    import time
-
+    (how many, the lines: one per bad tensor, at most NONFINITE_SHOWN, then a count). It
+    names the tensor it reads on stderr (strata/progress.py: a bar on a terminal, else a
+    line every 10 s of a long scan)."""
     from strata import nonfinite
+    from strata.progress import Progress
 
-    tty = sys.stderr.isatty()
-    shown = [time.monotonic(), False]  # last progress line, whether one is on the screen
+    total = sum(int(t.n_bytes) for t in pack.reader.tensors)
+    with Progress(total, "info --check: tensor values", "B", unit_scale=True) as bar:
+        def progress(done: int, _total: int, name: str) -> None:
+            bar.at(name)
+            bar.step(done - bar.done)
 
-    def progress(done: int, total: int) -> None:
-        now = time.monotonic()
-        if tty and now - shown[0] >= PROGRESS_SECONDS:
-            shown[:] = [now, True]
-            print(f"\rinfo --check: tensor values, {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB read",
-                  end="", file=sys.stderr, flush=True)
-
-    bad = list(nonfinite.in_pack(pack, progress))
-    if shown[1]:
-        print("\r\033[K", end="", file=sys.stderr, flush=True)
+        bad = list(nonfinite.in_pack(pack, progress))
     n = len(pack.reader.tensors)
     lines = []
     for b in bad[:NONFINITE_SHOWN]:
