@@ -5,9 +5,15 @@ Writability is tried, not inferred from permission bits (which say nothing for r
 /proc and read-only mounts): a probe file is created and removed in the folder that would
 receive the output. No check leaves anything behind.
 
+Numbers: every integer a user types (a flag, a bench list or arm spec, a switch variable) is
+read by `integer`, against the limits below (TOKENS_MAX, SEED_MAX, WORKERS_MAX, LAYERS_MAX,
+COUNT_MAX: each with where it comes from); what only the pack bounds (its context with the
+greedy tokens, its vocabulary, its experts) by `counts_fit` and `fast_switches_used` once its
+header is read, before the prompt is made.
+
 After the command line, before any work: `distinct_files` (no output is an input or another
 output), `environment_values` (the switch variables' values) and `fast_switches_used` (no
-fast-path switch that would do nothing on the pack at hand).
+fast-path switch that would do nothing on the pack at hand, no ring past its experts).
 """
 from __future__ import annotations
 
@@ -18,20 +24,100 @@ import tempfile
 from pathlib import Path
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    n = _int(text, "a positive integer")
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+# ---- numbers a user types: one parser, and the limits the code has -----------------------------
+# Every integer of a command line, an arm spec or a switch variable goes through `integer`; a
+# limit that needs the pack (its context, vocabulary, experts) is checked by `counts_fit` once the
+# pack's header is read, before the prompt is made or any layer runs.
+
+#: a count of tokens or positions (a prompt, a chunk, greedy tokens, bench's lengths, the stream
+#: threshold): the CUDA kernels hold positions and token counts in int32 (kv_cache.cu,
+#: attention_mma.cu); the pack's context length, checked once it is open, is the tighter bound
+TOKENS_MAX = 2**31 - 1
+#: a seed: make-pack records its seed in the pack's header as a uint64 (strata.seed); the
+#: prompt seeds of run and bench are held to the same 64 bits
+SEED_MAX = 2**64 - 1
+#: threads of the prefill (STRATA_PREFILL_THREADS) or nvcc processes (build-kernels --jobs) at a
+#: time: each is a thread of this process (the pool starts one per piece of work, up to this), and
+#: beyond the CPUs they only contend
+WORKERS_MAX = 1024
+#: make-pack --layers: the pack's header holds block_count as a uint32 (strata/make_pack.py); the
+#: free disk, checked from the arguments before anything is written, is the tighter bound
+LAYERS_MAX = 2**32 - 1
+#: any other count (expert-cache slots, ring slots, reps, --top, --vram-reserve-mib): what NumPy's
+#: int64 and the kernels' 64-bit arguments hold
+COUNT_MAX = 2**63 - 1
+#: the longest value echoed in a message (a 5,000-digit number is shown cut, not in full)
+SHOWN_MAX = 32
+
+
+def integer(text: str, minimum: int = 0, maximum: int = COUNT_MAX, why: str = "") -> int:
+    """The integer `text` spells, at least `minimum` and at most `maximum` (`why`: the
+    limit's reason, said when it is passed), or ArgumentTypeError with one phrase. Decimal
+    digits with an optional sign and blanks around them, nothing else: not 1e3, 1.0 or 1_000
+    (a hint gives the digits where the value is whole), nor other scripts' digits, which int()
+    would take. The length is checked before the conversion (int() refuses 4,300 digits)."""
+    word = str(text).strip()
+    if not re.fullmatch(r"[+-]?[0-9]+", word):
+        raise argparse.ArgumentTypeError(f"must be {_at_least(minimum)}, got {_shown(text)}{_digits_hint(word)}")
+    digits = word.lstrip("+-").lstrip("0")
+    n = int(word) if len(digits) <= len(str(COUNT_MAX)) + 2 else None  # None: far beyond any limit
+    if n is not None and n < minimum or n is None and word.startswith("-"):
+        raise argparse.ArgumentTypeError(f"must be {_at_least(minimum)}, got {_shown(text)}")
+    if n is None or n > maximum:
+        because = f" ({why})" if why else ""
+        raise argparse.ArgumentTypeError(f"must be at most {maximum:,}{because}, got {_shown(text)}")
     return n
 
 
-def non_negative_int(text: str) -> int:
-    """An integer >= 0."""
-    n = _int(text, "an integer >= 0")
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return n
+def bounded(minimum: int, maximum: int = COUNT_MAX, why: str = ""):
+    """An argparse `type=` that takes `integer(text, minimum, maximum, why)`."""
+    def check(text: str) -> int:
+        return integer(text, minimum, maximum, why)
+    check.__name__ = f"integer_{minimum}_{maximum}"
+    return check
+
+
+def _at_least(minimum: int) -> str:
+    return {1: "a positive integer", 0: "an integer >= 0"}.get(minimum, f"an integer >= {minimum}")
+
+
+def _shown(text) -> str:
+    text = str(text)
+    if len(text) <= SHOWN_MAX:
+        return repr(text)
+    return f"{text[:SHOWN_MAX // 2]!r}...({len(text):,} characters)"
+
+
+def _number_like(text: str) -> bool:
+    """Whether float() reads `text` (1e3, 2.5, nan): a number, not a file name, to the user."""
+    try:
+        float(text.strip().replace("_", ""))
+    except (ValueError, OverflowError):
+        return False
+    return True
+
+
+def _digits_hint(word: str) -> str:
+    """' (in digits: 1000)' for a word such as 1e3, 1.0 or 1_000 that is a whole number."""
+    if re.fullmatch(r"[+-]?[0-9]+", word):
+        return ""
+    try:
+        value = float(word.replace("_", ""))
+    except (ValueError, OverflowError):
+        return ""
+    if not value.is_integer() or abs(value) > COUNT_MAX:
+        return ""
+    return f" (in digits: {int(value)})"
+
+
+positive_int = bounded(1)
+non_negative_int = bounded(0)
+#: a count of tokens: a prompt's, a chunk's, greedy tokens, bench's lengths, the stream threshold
+token_count = bounded(1, TOKENS_MAX, "token positions are int32 in the CUDA kernels")
+greedy_count = bounded(0, TOKENS_MAX, "token positions are int32 in the CUDA kernels")
+seed = bounded(0, SEED_MAX, "a seed is 64 bits: make-pack's is a uint64 in the pack's header")
+workers = bounded(1, WORKERS_MAX, "each is a thread of this process")
+layer_count = bounded(1, LAYERS_MAX, "a GGUF header holds block_count as a uint32")
 
 
 def chunk_size(text: str) -> str | int:
@@ -39,10 +125,12 @@ def chunk_size(text: str) -> str | int:
     if text == "auto":
         return text
     try:
-        return positive_int(text)
-    except argparse.ArgumentTypeError:
+        return token_count(text)
+    except argparse.ArgumentTypeError as exc:
+        if "at most" in str(exc):
+            raise
         raise argparse.ArgumentTypeError(
-            f"must be 'auto' or a positive integer, got {text!r}") from None
+            f"must be 'auto' or a positive integer, got {_shown(text)}{_digits_hint(text.strip())}") from None
 
 
 def cache_size(text: str) -> str | int:
@@ -51,19 +139,29 @@ def cache_size(text: str) -> str | int:
         return text
     try:
         return non_negative_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 0, got {text!r}") from None
+    except argparse.ArgumentTypeError as exc:
+        if "at most" in str(exc):
+            raise
+        raise argparse.ArgumentTypeError(
+            f"must be 'auto' or an integer >= 0, got {_shown(text)}{_digits_hint(text.strip())}") from None
 
 
 def prompt_source(text: str) -> int | Path:
-    """A token count (a positive integer) or an existing prompt file."""
+    """A token count (a positive integer) or an existing prompt file. A word that looks like a
+    number (1e3, -5, 2.5) and is not a file is refused as a count."""
     if re.fullmatch(r"[+-]?\d+", text.strip()):
-        n = int(text)
-        if n < 1:
+        try:
+            return token_count(text)
+        except argparse.ArgumentTypeError as exc:
+            if "at most" in str(exc):
+                raise
             raise argparse.ArgumentTypeError(
-                f"{text!r} is not a token count (a count is a positive integer)")
-        return n
+                f"{text!r} is not a token count (a count is a positive integer)") from None
     path = Path(text)
+    if _number_like(text) and not path.exists():
+        hint = _digits_hint(text.strip())
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a token count (a count is a positive "
+                                         f"integer{', ' + hint[2:-1] if hint else ''}) nor a prompt file")
     if not path.exists():
         raise argparse.ArgumentTypeError(f"prompt file not found: {text}")
     if not path.is_file():
@@ -109,13 +207,6 @@ def _probe(folder: Path, target: str) -> None:
     except OSError as exc:
         raise argparse.ArgumentTypeError(
             f"cannot write {target}: folder {folder}: {exc.strerror or exc}") from None
-
-
-def _int(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
 
 
 # ---- outputs never overwrite inputs or each other --------------------------------------------
@@ -184,7 +275,8 @@ def environment_values() -> None:
     """Refuse a value of a switch variable the code would not take, before any work: the 0/1
     switches and counts of the fast path (read by the engine only once it is made), the timing
     switch (fast/phases.py reads anything but "1" as off, so `yes` would pass unseen), the dump
-    level, the thread count."""
+    level, the thread count (STRATA_PREFILL_THREADS, at most WORKERS_MAX). Each count through
+    `integer`, as the flags are."""
     from strata import parallel, records
     from strata.errors import InputError
     from strata_prefill.arms import SWITCHES, zero_one
@@ -192,6 +284,7 @@ def environment_values() -> None:
     variables = {env: check for env, check in SWITCHES.values() if env}
     variables["STRATA_PREFILL_TIMING"] = zero_one
     variables["STRATA_PREFILL_DUMP_LEVEL"] = _one_of(records.LEVELS)
+    variables[parallel.ENV] = workers  # the prefill's threads, the limit of `--jobs` too
     for var, check in variables.items():
         raw = os.environ.get(var)
         if raw is None or raw == "":  # unset or empty: the default, as the readers take it
@@ -200,7 +293,6 @@ def environment_values() -> None:
             check(raw)
         except argparse.ArgumentTypeError as exc:
             raise InputError(f"{var} {exc}") from None
-    parallel.thread_count()  # a one-line InputError for a bad STRATA_PREFILL_THREADS
 
 
 def _one_of(choices):
@@ -246,6 +338,16 @@ def fast_switches_used(switches: dict, backend: str, config, label, where: str =
     if fixed and slots == 0 and switches.get("in_place") is not None:
         raise InputError(f"{where}{label('in_place')} picks how resident experts are multiplied: with "
                          f"{label('expert_cache')} 0 none is resident: it does nothing")
+    ring, ring_label = switches.get("ring"), label("ring")
+    if ring is None:  # the variable, checked by environment_values, sizes the ring as the flag would
+        from strata_prefill.arms import SWITCHES
+
+        var = SWITCHES["ring"][0]
+        if os.environ.get(var):
+            ring, ring_label, where = integer(os.environ[var], 1), var, ""
+    if isinstance(ring, int) and ring > total:
+        raise InputError(f"{where}{ring_label} {ring}: the pack has {total} experts ({config.n_layer} "
+                         f"layers x {config.n_expert}): a ring of more slots never fills them: at most {total}")
     every = (fixed and slots >= total) or (backend == "sim" and not fixed)
     if every:
         for kw in STREAMING:
@@ -254,3 +356,38 @@ def fast_switches_used(switches: dict, backend: str, config, label, where: str =
                        else f"the sim holds all {total} unless {label('expert_cache')} N is below that")
                 raise InputError(f"{where}{label(kw)} shapes how streamed experts are copied: none stream "
                                  f"when every expert is resident ({why}): it does nothing")
+
+
+# ---- counts bounded by the pack: its context, its vocabulary, its experts --------------------
+
+def counts_fit(config, prompt_tokens: int | None = None, prompt_label: str | None = None,
+               greedy: int = 0, top: int | None = None, where: str = "") -> None:
+    """Refuse (InputError) counts this pack cannot take, from its header alone, before the
+    prompt is made or any layer runs: a prompt whose tokens, with the greedy tokens fed back
+    after it, need more positions than the pack's context length (each greedy token but the
+    last is fed back: strata/session.py), or a --top past the vocabulary. `prompt_label` names
+    the prompt (default: `--prompt-tokens N`), `where` the pack (default "the pack"; "the
+    default pack" before it is made)."""
+    from strata.errors import InputError
+
+    ctx = config.context_length
+    if prompt_tokens is not None:
+        fed = max(greedy - 1, 0)
+        if prompt_tokens + fed > ctx:
+            with_greedy = f" with --greedy {greedy}" if fed else ""
+            need = (f"{prompt_tokens + fed:,} positions ({prompt_tokens:,} + {fed:,} greedy tokens fed back)"
+                    if fed else f"{prompt_tokens:,} positions")
+            room = []
+            if ctx > fed:
+                room.append(f"at most {ctx - fed:,} prompt tokens{with_greedy}")
+            if fed and prompt_tokens <= ctx:
+                room.append(f"at most --greedy {ctx - prompt_tokens + 1} after {prompt_tokens:,} prompt tokens")
+            if not room:
+                room.append(f"the prompt's tokens and --greedy less one at most {ctx:,}")
+            subject = prompt_label or f"--prompt-tokens {prompt_tokens}"
+            raise InputError(f"{subject}{with_greedy} needs {need}, beyond "
+                             f"{where or 'the pack'}'s context length ({ctx:,}): {' or '.join(room)}")
+    if top is not None and top > config.n_vocab:
+        raise InputError(f"--top {top}: {where or 'the pack'}'s vocabulary has {config.n_vocab:,} tokens: "
+                         f"at most {config.n_vocab:,}")
+

@@ -49,7 +49,7 @@ def add_parser(sub, name: str) -> None:
     p.add_argument("--reps", type=checks.positive_int, default=5, help="prompts per length (default 5)")
     p.add_argument("--prefill", type=checks.chunk_size, default="auto", metavar="auto|N",
                    help="chunk size (auto = 8192)")
-    p.add_argument("--seed", type=checks.non_negative_int, default=0, help="seed of the prompts (default 0)")
+    p.add_argument("--seed", type=checks.seed, default=0, help="seed of the prompts (default 0)")
     p.add_argument("--markdown", type=checks.output_file, metavar="FILE", help="also write the table here")
     p.add_argument("--json", type=checks.output_file, metavar="FILE",
                    help="every rep's times and counts (default: --markdown's name with .json, "
@@ -63,11 +63,26 @@ def add_parser(sub, name: str) -> None:
 
 
 def token_counts(text: str) -> list[int]:
-    """'1024,8192' -> [1024, 8192]: positive integers."""
+    """'1024,8192' -> [1024, 8192]: token counts (checks.token_count), each once (a length given
+    twice would be benched twice and its rows reported as two lengths)."""
     words = [w for w in text.replace(" ", ",").split(",") if w]
     if not words:
         raise argparse.ArgumentTypeError("needs at least one prompt length")
-    return [checks.positive_int(w) for w in words]
+    counts = []
+    for w in words:
+        n = checks.token_count(w)
+        if n in counts:
+            raise argparse.ArgumentTypeError(f"prompt length {n} is given twice")
+        counts.append(n)
+    return counts
+
+
+def check_lengths(tokens: list[int], config, where: str = "the pack") -> None:
+    """Every prompt length within the pack's context (from its header, before any prefill)."""
+    longest = max(tokens)
+    if longest > config.context_length:
+        raise InputError(f"--tokens: {longest} tokens exceed {where}'s context length "
+                         f"({config.context_length:,})")
 
 
 def arm_name(keyword: str) -> str:
@@ -217,7 +232,8 @@ def logits_line(results: list[dict]) -> tuple[bool, str]:
 def main(args) -> int:
     from fast import make_fast_engine
     from strata.pack import Pack
-    from strata_prefill.commands.run import DUMP_ENV, default_pack, default_pack_path
+    from strata.config import PRESETS
+    from strata_prefill.commands.run import DEFAULT_PRESET, DUMP_ENV, default_pack, default_pack_path
 
     keywords = {"A": arms.parse_arm(args.a, "--a"), "B": arms.parse_arm(args.b, "--b")}
     checks.environment_values()
@@ -236,12 +252,12 @@ def main(args) -> int:
         "bench", [("--pack" if args.pack else "the default pack",
                    Path(args.pack) if args.pack else default_pack_path(), "the pack")],
         [(json_label, json_path), ("--markdown", args.markdown)])
+    if not args.pack:  # the default pack's shape is its preset's: checked before it is made
+        check_lengths(args.tokens, PRESETS[DEFAULT_PRESET], "the default pack")
     pack_path = Path(args.pack) if args.pack else default_pack()
     pack = Pack.open(pack_path)
     cfg = pack.config
-    longest = max(args.tokens)
-    if longest > cfg.context_length:
-        raise InputError(f"--tokens: {longest} tokens exceed the pack's context length ({cfg.context_length})")
+    check_lengths(args.tokens, cfg)
     for arm, kw in keywords.items():
         checks.fast_switches_used(kw, args.backend, cfg, arm_name, where=f"--{arm.lower()}: ")
     engines = {arm: make_fast_engine(pack, args.backend, **kw) for arm, kw in keywords.items()}

@@ -32,8 +32,8 @@ def add_parser(sub, name: str) -> None:
                    help="the cubin folder (default: $STRATA_PREFILL_KERNEL_CACHE, else under the user cache dir)")
     p.add_argument("--arch", type=arch_name, default=None,
                    help="nvcc architecture (default: the GPU's, else sm_90, the H200)")
-    p.add_argument("--jobs", type=checks.positive_int, default=os.cpu_count() or 1,
-                   help="parallel nvcc processes (default: the CPU count)")
+    p.add_argument("--jobs", type=checks.workers, default=os.cpu_count() or 1,
+                   help=f"parallel nvcc processes (default: the CPU count; at most {checks.WORKERS_MAX})")
     p.add_argument("--defaults", action="store_true",
                    help="also build every module the fast path builds by default and under its switches")
     p.add_argument("--prune", action="store_true",

@@ -29,8 +29,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                         "as it was)")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny",
                    help="model shape (default: tiny)")
-    p.add_argument("--layers", type=checks.positive_int, default=None, metavar="N",
-                   help="number of layers (default: the preset's)")
+    p.add_argument("--layers", type=checks.layer_count, default=None, metavar="N",
+                   help="number of layers (default: the preset's); the pack's size is checked "
+                        "against the free disk before anything is written")
     p.add_argument("--expert-type", default="Q8_0", metavar="T",
                    choices=[t.name for t in quants.SUPPORTED_TYPES],
                    help="routed experts' type: " + ", ".join(t.name for t in quants.SUPPORTED_TYPES)
@@ -40,8 +41,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--router-type", default=None, choices=[t.name for t in ROUTER_TYPES],
                    help="ffn_gate_inp (and the shared-expert gate): F32 as llama.cpp's converters "
                         "keep it, BF16 for the strata preset as Strata does (default by preset)")
-    p.add_argument("--seed", type=checks.non_negative_int, default=0,
-                   help="random seed (default: 0)")
+    p.add_argument("--seed", type=checks.seed, default=0,
+                   help="random seed, 0 to 2**64-1 (default: 0)")
     p.add_argument("--tie-embeddings", action="store_true",
                    help="write no `output` tensor: the lm_head is token_embd")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
@@ -53,6 +54,33 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     return p
 
 
+def data_bytes(args: argparse.Namespace) -> int:
+    """The bytes of the pack's tensor data, from the arguments alone: one layer is planned
+    (strata.make_pack.plan_tensors, the types as make_pack resolves them) and its bytes counted
+    once per layer, so a pack of 100,000 layers is sized at once. The header and the tensors'
+    alignment come on top: a lower bound of the file's size."""
+    from strata import make_pack as mp
+
+    config = PRESETS[args.preset].replace(n_layer=1)
+    router = args.router_type or mp.PRESET_ROUTER_TYPE.get(args.preset, mp.ROUTER_TYPE_DEFAULT)
+    rt = mp.parse_qtype(router, mp.ROUTER_TYPES, "router type")
+    dt = mp.parse_qtype(args.dense_type, mp.DENSE_TYPES, "dense type")
+    gu, down, _fell = mp.expert_types(config, args.expert_type)
+    plans = mp.plan_tensors(config, gu, down, dt, args.tie_embeddings, rt)
+    per_layer = sum(p.nbytes for p in plans if p.name.startswith("blk.0."))
+    fixed = sum(p.nbytes for p in plans) - per_layer
+    layers = PRESETS[args.preset].n_layer if args.layers is None else args.layers
+    return fixed + layers * per_layer
+
+
+def refuse_what_the_disk_cannot_hold(args: argparse.Namespace) -> None:
+    """A pack the disk under OUT cannot hold, by its data alone, is refused in one line before
+    its tensors are planned or its header made (for many layers those take minutes)."""
+    from strata.make_pack import check_free_disk
+
+    check_free_disk(args.out, data_bytes(args))
+
+
 def main(args: argparse.Namespace) -> int:
     from strata.make_pack import make_pack
 
@@ -60,6 +88,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"writing {args.out}: {size:,} bytes ({size / 2**30:.2f} GiB)", flush=True)
 
     checks.distinct_files("make-pack", [], [("OUT.gguf", args.out)])  # it reads no file
+    refuse_what_the_disk_cannot_hold(args)
     t0 = time.perf_counter()
     path = make_pack(args.out, preset=args.preset, layers=args.layers,
                      expert_type=args.expert_type, seed=args.seed, dense_type=args.dense_type,

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from strata import atomic
+from strata.config import PRESETS
 from strata.constants import PACK_FORMAT, VRAM_RESERVE_MIB
 from strata.errors import InputError
 from strata_prefill import checks, refcache
@@ -43,12 +44,13 @@ def add_parser(sub, name: str) -> None:
                    metavar="FILE|N",
                    help="a file of token ids (whitespace/comma separated, or a 1-D integer .npy), "
                         f"or N for a seeded random prompt of N tokens (default {DEFAULT_PROMPT_TOKENS})")
-    p.add_argument("--seed", type=checks.non_negative_int, default=None,
+    p.add_argument("--seed", type=checks.seed, default=None,
                    help=f"seed of the random prompt (default {DEFAULT_PROMPT_SEED}; a prompt file takes no seed)")
     p.add_argument("--prefill", type=checks.chunk_size, default="auto", metavar="auto|N",
                    help="chunk size (auto = 8192)")
-    p.add_argument("--greedy", type=checks.non_negative_int, default=DEFAULT_GREEDY, metavar="N",
-                   help=f"greedy tokens after the prompt (default {DEFAULT_GREEDY})")
+    p.add_argument("--greedy", type=checks.greedy_count, default=DEFAULT_GREEDY, metavar="N",
+                   help=f"greedy tokens after the prompt (default {DEFAULT_GREEDY}); the prompt and "
+                        "the greedy tokens but the last fit the pack's context")
     p.add_argument("--impl", choices=["reference", "fast"], default="reference",
                    help="which implementation runs (default reference)")
     p.add_argument("--dump-dir", type=checks.output_dir,
@@ -286,6 +288,16 @@ def refuse_idle_flags(args) -> None:
                          f"({args.prompt_tokens}) takes no seed")
 
 
+def check_counts(args, file_ids, config, where: str = "") -> None:
+    """The prompt's tokens with the greedy tokens, and --top, against the pack's context and
+    vocabulary (checks.counts_fit), from its header alone: before the prompt is made."""
+    if file_ids is None:
+        n, label = args.prompt_tokens, None
+    else:
+        n, label = int(file_ids.size), f"--prompt-tokens {args.prompt_tokens} ({file_ids.size:,} tokens)"
+    checks.counts_fit(config, n, label, greedy=args.greedy, top=args.top, where=where)
+
+
 def check_paths(args, labels: dict, pack_path: Path) -> None:
     """No file the run writes is the pack, the prompt file, or another of its outputs."""
     pack_label = "--pack" if args.pack else "the default pack"
@@ -413,10 +425,13 @@ def main(args) -> int:
     timing = timing_asked(args)
     ref_cache = reference_cache_of(args)
     file_ids = None if isinstance(args.prompt_tokens, int) else read_prompt_file(args.prompt_tokens)
+    if not args.pack:  # the default pack's shape is its preset's: checked before it is made
+        check_counts(args, file_ids, PRESETS[DEFAULT_PRESET], "the default pack")
     args.explain = args.explain or (not args.pack and not default_pack_path().exists())
     pack_path = Path(args.pack) if args.pack else default_pack()
     pack = Pack.open(pack_path)
     cfg = pack.config
+    check_counts(args, file_ids, cfg)  # before the prompt is made or any layer runs
     if args.impl == "fast":
         checks.fast_switches_used(fast_engine_kwargs(args), backend_of(args), cfg, flag_of)
     if file_ids is None:
