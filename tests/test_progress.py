@@ -190,3 +190,35 @@ def test_make_pack_off_a_terminal_names_the_tensor_it_writes(tmp_path, monkeypat
     assert any("blk." in ln for ln in lines), lines
     assert all(re.fullmatch(r"writing p\.gguf (starting|token_embd|output|output_norm|blk\.\d+\.\w+) "
                                       r"\(\d+\.\d\d of \d+\.\d\d GiB, \d+ s\)", ln) for ln in lines), lines
+
+
+def test_the_host_tier_fill_names_its_layer_off_a_terminal(monkeypatch, capsys):
+    """fast/cuda/tiers.py's fill of page-locked memory (no GPU needed for the fill itself:
+    the object is made without its constructor, with a host array and a fake pack)."""
+    from fast.cuda import tiers
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.001)
+    t = object.__new__(tiers.ExpertTiers)
+
+    class Placement:
+        resident = np.zeros((2, 3), bool)
+
+        def streamed(self, layer):
+            return np.arange(3)
+
+    class Pack:
+        def expert_blob(self, layer, expert):
+            time.sleep(0.01)
+            return np.full(1000, 3 * layer + expert + 1, np.uint8)
+
+    t.placement = Placement()
+    t.host_offset = np.arange(6).reshape(2, 3) * 1000
+    t.host, t.host_bytes = np.zeros(6000, np.uint8), 6000
+    t._fill_host(Pack(), None)
+    assert (t.host.reshape(6, 1000)[:, 0] == np.arange(1, 7)).all()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].startswith("host tier: 6 experts")
+    beats = lines[:-1]
+    assert any("layer 2/2" in ln for ln in beats), lines
+    assert all(re.fullmatch(r"host tier (starting|layer [12]/2) \(0\.00 of 0\.00 GiB, \d+ s\)", ln)
+               for ln in beats), lines

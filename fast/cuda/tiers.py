@@ -17,6 +17,7 @@ import numpy as np
 
 from strata.constants import GROUP_TAIL_BYTES
 from strata.errors import DeviceError
+from strata.progress import Progress
 
 from fast.cuda import runtime
 from fast.experts import adjacent_runs
@@ -75,23 +76,17 @@ class ExpertTiers:
         todo = [(l, int(e)) for l in range(p.resident.shape[0]) for e in p.streamed(l)]
         if not todo:
             return
-        show = sys.stderr.isatty() if progress is None else progress
-        bar = None
-        if show:
-            from tqdm import tqdm
-
-            bar = tqdm(total=self.host_bytes, unit="B", unit_scale=True, desc="host tier", leave=False,
-                       file=sys.stderr)
+        # None: a bar on a terminal, else a line every 10 s of a long fill (strata/progress.py)
+        n_layer = p.resident.shape[0]
         t0 = time.perf_counter()
-        for l, e in todo:
-            off = int(self.host_offset[l, e])
-            blob = pack.expert_blob(l, e)
-            self.host[off:off + blob.nbytes] = blob
-            if bar is not None:
-                bar.update(blob.nbytes)
+        with Progress(self.host_bytes, "host tier", "B", progress, unit_scale=True) as bar:
+            for l, e in todo:
+                bar.at(f"layer {l + 1}/{n_layer}")
+                off = int(self.host_offset[l, e])
+                blob = pack.expert_blob(l, e)
+                self.host[off:off + blob.nbytes] = blob
+                bar.step(blob.nbytes)
         dt = time.perf_counter() - t0
-        if bar is not None:
-            bar.close()
         print(f"host tier: {len(todo)} experts, {self.host_bytes / 1e9:.2f} GB read into page-locked memory "
               f"in {dt:.2f} s ({self.host_bytes / 1e9 / max(dt, 1e-9):.2f} GB/s)", file=sys.stderr)
 
