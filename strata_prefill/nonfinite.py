@@ -27,7 +27,7 @@ def refusal_line(logits, pack, dump_dir: Path | None = None, dump_r: Path | None
         first = nonfinite.in_records(records, nonfinite.q8_layouts(pack), cfg.n_expert_used)
     if first is None and in_logits is None and in_resid is None and greedy_nonfinite is None:
         return None
-    head = "strata-prefill: the run computed non-finite values: "
+    head = "strata-prefill: error: the run computed non-finite values: "  # as every failure
     if first is not None:
         line = head + first.summary()
         if dump_level != "ops":  # the layer level records the router, q8_1 buffers, residual

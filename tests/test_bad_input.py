@@ -34,6 +34,10 @@ def files(make_test_pack, tmp_path_factory):
     np.save(d / "two-d.npy", rng.integers(0, 100, (3, 4), dtype=np.int32))
     np.save(d / "floats.npy", rng.standard_normal(5).astype(np.float32))
     (d / "too-big-id.txt").write_text("1 2 99999")
+    ff = bytearray(pack.read_bytes())  # the tensor data all 0xFF: every half and float NaN
+    start = int(make_test_pack("tiny", "Q8_0").reader.data_offset)
+    ff[start:] = b"\xff" * (len(ff) - start)
+    (d / "ff.gguf").write_bytes(bytes(ff))
     return {"pack": str(pack), "dir": str(d), **{p.name: str(p) for p in d.iterdir()}}
 
 
@@ -71,6 +75,12 @@ CASES = [
     (["run", "--pack", "{head100.gguf}"], "corrupt or truncated GGUF file", None),
     (["run", "--pack", "{folder}"], "pack is not a file", None),
     (["run", "--pack", "{dir}/missing.gguf"], "pack not found", None),
+    # run: a pack whose values are NaN (tests/test_nonfinite.py: the records name the op);
+    # refused after the prefill, which is short, with exit 1 and no NumPy warning
+    (["run", "--pack", "{ff.gguf}", "--prompt-tokens", "8", "--greedy", "0"],
+     "the run computed non-finite values: NaN first in the logits", None),
+    (["run", "--pack", "{ff.gguf}", "--prompt-tokens", "8", "--greedy", "2", "--impl", "fast",
+      "--backend", "sim"], "the run computed non-finite values: NaN first in the logits", None),
     # make-pack
     (["make-pack", "{dir}/missing/x.gguf"], "folder {dir}/missing does not exist", "{dir}/missing"),
     (["make-pack", "{folder}"], "is a folder, not a file name", None),
