@@ -158,7 +158,13 @@ KERNEL_ROWS = [
     (KERNELS + ["--jobs", "4.0"], "--jobs: must be a positive integer, got '4.0' (in digits: 4)", {}),
 ]
 
-CASES = RUN_ROWS + BENCH_ROWS + MAKE_PACK_ROWS + KERNEL_ROWS
+PLOT_ROWS = [
+    (["plot", "{trace}", "{dir}/out.png", "--chunk", "-1"], "plot: argument --chunk: must be an integer >= 0, got '-1'", {}),
+    (["plot", "{trace}", "{dir}/out.png", "--chunk", "1e3"], "--chunk: must be an integer >= 0, got '1e3' (in digits: "
+                                                            "1000)", {}),
+]
+
+CASES = RUN_ROWS + BENCH_ROWS + MAKE_PACK_ROWS + KERNEL_ROWS + PLOT_ROWS
 
 
 def _row_id(case) -> str:
@@ -189,6 +195,43 @@ def test_a_number_is_refused_in_one_line_before_any_work(inputs, long_prompt, cl
     assert out == ""
     assert took < WORK_S, f"refused after {took:.2f} s"
     assert _files(inputs["dir"], clean_env) == before  # no input changed, no output (or default pack) appeared
+
+
+# the cases, as a user runs them: a process of its own, its exit status, nothing made (no
+# OUT.gguf, no default pack in the cache home), in the time a process takes to start and refuse
+AS_A_USER = [
+    (["run", "--prompt-tokens", HUGE], f"run: argument --prompt-tokens: {INT32}"),
+    (["run", "--prompt-tokens", "1000000000"], "--prompt-tokens 1000000000 with --greedy 8 needs 1,000,000,007 "
+                                               "positions (1,000,000,000 + 7 greedy tokens fed back), beyond the "
+                                               "default pack's context length (32,768)"),
+    (["make-pack", "{dir}/user.gguf", "--seed", str(2**64)], f"make-pack: argument --seed: {SEED64}"),
+    (["make-pack", "{dir}/user.gguf", "--preset", "strata", "--layers", "100000"],
+     "not enough free disk for {dir}/user.gguf"),
+]
+
+
+@pytest.mark.parametrize("template, needle", AS_A_USER, ids=[_row_id((c[0], c[1], {})) for c in AS_A_USER])
+def test_refused_in_a_process_of_its_own(inputs, tmp_path, template, needle):
+    import os
+    import subprocess
+    import sys
+
+    from test_cli_paths_and_flags import ROOT
+
+    args = [_fill(a, inputs) for a in template]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    before = _files(inputs["dir"], tmp_path)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "strata_prefill", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    took = time.perf_counter() - t0
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith("strata-prefill: error: ")
+    assert _fill(needle, inputs) in proc.stderr
+    assert _files(inputs["dir"], tmp_path) == before
+    assert took < 15, f"refused after {took:.1f} s"  # was 61 s, 87 s and 4 GB, or never
 
 
 # ---- the parser and the context check on their own: the edges a row cannot reach cheaply -----
