@@ -44,7 +44,7 @@ WORKERS_MAX = 1024
 #: free disk, checked from the arguments before anything is written, is the tighter bound
 LAYERS_MAX = 2**32 - 1
 #: any other count (expert-cache slots, ring slots, reps, --top, --vram-reserve-mib): what NumPy's
-#: int64 and the kernels' 64-bit arguments hold
+#: int64 sizes and indices hold (the pack, once open, bounds most of them far lower)
 COUNT_MAX = 2**63 - 1
 #: the longest value echoed in a message (a 5,000-digit number is shown cut, not in full)
 SHOWN_MAX = 32
@@ -60,7 +60,7 @@ def integer(text: str, minimum: int = 0, maximum: int = COUNT_MAX, why: str = ""
     if not re.fullmatch(r"[+-]?[0-9]+", word):
         raise argparse.ArgumentTypeError(f"must be {_at_least(minimum)}, got {_shown(text)}{_digits_hint(word)}")
     digits = word.lstrip("+-").lstrip("0")
-    n = int(word) if len(digits) <= len(str(COUNT_MAX)) + 2 else None  # None: far beyond any limit
+    n = int(word) if len(digits) <= len(str(abs(maximum))) + 1 else None  # None: far past the limit
     if n is not None and n < minimum or n is None and word.startswith("-"):
         raise argparse.ArgumentTypeError(f"must be {_at_least(minimum)}, got {_shown(text)}")
     if n is None or n > maximum:
