@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata import dumps, q8_1, quants
 from strata.dense import FLOAT_TYPES, decode_float
-from strata.records import read_timeline
+from strata.records import op_of, read_timeline
 from strata.report import _sort_key as computed_order  # the order the first-difference report walks
 
 SLAB_BYTES = 32 << 20  # a pack tensor is scanned this much at a time (its decode is 4x that)
@@ -52,6 +52,7 @@ class Found:
     op: str | None = None
     position: int | None = None
     rank: int | None = None
+    element: str = "element"  # what index[-1] counts (a q8_1 record's: its header values)
 
     @property
     def kind(self) -> str:
@@ -75,7 +76,7 @@ class Found:
             parts.append(f", position {self.position}")
             if self.rank is not None:
                 parts.append(f" (top-K rank {self.rank})")
-        parts.append(f", element {self.index[-1] if self.index else 0}")
+        parts.append(f", {self.element} {self.index[-1] if self.index else 0}")
         return "".join(parts)
 
     def summary(self) -> str:
@@ -141,10 +142,10 @@ def in_records(path: str | Path, layouts: dict | None = None,
                k_used: int | None = None) -> Found | None:
     """The first record of a record file, in the order the run computed it, holding a NaN
     or an Inf (module docstring); None when all are finite. layouts (q8_layouts): read the
-    q8_1 buffers' scales too (without it they are skipped); k_used: experts per token where
+    q8_1 buffers' headers too (without it they are skipped; the quantize zeroes a block
+    holding a NaN, strata/blockquant.py, so the float records before it are where that NaN
+    shows, an Inf makes the scale +inf); k_used: experts per token where
     a layer recorded no top-K ids (pair rows name their position through it)."""
-    from strata.records import op_of
-
     for chunk in read_timeline(path):
         for name in sorted(chunk.records, key=computed_order):
             a = chunk.records[name]
@@ -173,7 +174,8 @@ def in_records(path: str | Path, layouts: dict | None = None,
                     position = int(pos[row])
             f = _found(name, a)
             return Found(name, idx, f.value, f.count, f.size, chunk=chunk.index, layer=layer,
-                         op=None if op is None else op.name, position=position, rank=rank)
+                         op=None if op is None else op.name, position=position, rank=rank,
+                         element="header value" if op is not None and op.kind == "q8pair" else "element")
     return None
 
 

@@ -332,3 +332,28 @@ def test_info_check_names_the_tensor_it_reads_while_it_lasts(healthy, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert err and all(l.startswith("info --check: tensor values ") and ".weight (" in l and "GiB" in l
                        for l in err), err
+
+
+@pytest.mark.parametrize("layout", list(__import__("strata.q8_1", fromlist=["Layout"]).Layout),
+                         ids=lambda l: l.name)
+def test_a_q8_1_record_is_read_by_its_layout(tmp_path, layout):
+    """An Inf quantized into a q8_1 buffer shows in its header (the scale of its 32 values is
+    +inf): named with the pack's layout, skipped without one (its bytes read as nothing
+    else). (A NaN block the quantize zeroes, strata/blockquant.py: the float records before
+    it hold the NaN.)"""
+    from strata import q8_1
+    from strata.dumps import RecordWriter
+
+    rng = np.random.default_rng(int(layout) + 20)
+    x = rng.standard_normal((8, 256)).astype(np.float32)
+    x[5, 200] = np.inf  # value 200: the q8_1 row's 32-value group 6 (64-value group 3 for D2S6)
+    path = tmp_path / "q.spd"
+    with RecordWriter(path) as w:
+        w.write("chunk", np.array([0], np.int64))
+        w.write("positions", np.arange(10, 14, dtype=np.int64))
+        w.write("L00.topk_ids", rng.integers(0, 8, (4, 2)).astype(np.int32))
+        w.write("L00.moe_in_q8_1", q8_1.quantize_rows(x, layout))
+    assert nonfinite.in_records(path) is None
+    f = nonfinite.in_records(path, {("L00", "moe_in_q8_1"): layout})
+    assert (f.layer, f.op, f.position, f.rank) == (0, "moe_in_q8_1", 12, 1)
+    assert f.kind == "Inf" and f.where().endswith("header value 6")
