@@ -37,6 +37,8 @@ permissions (0o666 less the umask), not a replaced file's.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import os
 import secrets
@@ -113,12 +115,13 @@ class AtomicFile:
                 self.file.flush()
                 os.fsync(self.file.fileno())
                 self.file.close()
-                now = _identity(self.path)
-                if now != self._before:
-                    self.raced = True
-                    print(f"{PROG}: {self.shown} was written by another process meanwhile; "
-                          "this run's file replaced it", file=sys.stderr, flush=True)
-                os.replace(self.temp, self.path)
+                with _folder_locked(self.path.parent):  # the look and the rename as one step
+                    now = _identity(self.path)
+                    if now != self._before:
+                        self.raced = True
+                        print(f"{PROG}: {self.shown} was written by another process meanwhile; "
+                              "this run's file replaced it", file=sys.stderr, flush=True)
+                    os.replace(self.temp, self.path)
                 self.done = True
                 _fsync_folder(self.path.parent)
         except BaseException:
@@ -223,6 +226,19 @@ def _renamed_error(exc: BaseException | None, af: AtomicFile) -> OSError | None:
     if exc.filename is not None and os.fsdecode(exc.filename) != os.fsdecode(af.temp):
         return None
     return type(exc)(exc.errno, exc.strerror, str(af.shown))
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: Path):
+    """An exclusive flock on the target's folder while a writer looks at the target and renames
+    onto it: without it two writers could each look before either renamed, and neither would
+    be told (a lock on the folder itself leaves no lock file behind)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _fsync_folder(folder: Path) -> None:
