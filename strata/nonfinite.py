@@ -26,13 +26,11 @@ from gguf import GGMLQuantizationType as QT
 
 from strata import dumps, q8_1, quants
 from strata.dense import FLOAT_TYPES, decode_float
-from strata.records import op_of, read_timeline
+from strata.records import op_of, q8_layouts, read_timeline  # noqa: F401 - q8_layouts for callers
 from strata.report import _sort_key as computed_order  # the order the first-difference report walks
 
 SLAB_BYTES = 32 << 20  # a pack tensor is scanned this much at a time (its decode is 4x that)
 
-# q8_1 records -> which expert type's layout they have (Pack.expert_types: gate/up, down)
-Q8_RECORDS = {"moe_in_q8_1": 0, "down_in_q8_1": 1}
 
 
 @dataclass(frozen=True)
@@ -118,16 +116,6 @@ def in_residual_dump(path: str | Path, n_embd: int) -> Found | None:
     if f is None:
         return None
     return Found(f.what, f.index, f.value, f.count, f.size, position=int(positions[f.index[0]]))
-
-
-def q8_layouts(pack) -> dict:
-    """{("Lnn", q8_1 record name): layout} of a pack: how its q8_1 records' headers read."""
-    out = {}
-    for layer in range(pack.config.n_layer):
-        types = pack.expert_types(layer)
-        for name, which in Q8_RECORDS.items():
-            out[(f"L{layer:02d}", name)] = q8_1.layout_for(types[which])
-    return out
 
 
 def _q8_scales(rows: np.ndarray, layout) -> np.ndarray:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from strata import q8_1
 from strata.dumps import iter_records
 
 K = "fast/cuda/kernels/"
@@ -69,6 +70,21 @@ OPS: tuple[Op, ...] = (
 )
 OP = {op.name: op for op in OPS}
 ORDER = {op.name: i for i, op in enumerate(OPS)}
+
+# The q8_1 records, and which expert matrix's type decides each one's layout (Pack.expert_types:
+# 0 gate/up, 1 down): how their block headers read.
+Q8_RECORDS = {"moe_in_q8_1": 0, "down_in_q8_1": 1}
+
+
+def q8_layouts(pack) -> dict:
+    """{("Lnn", q8_1 record name): q8_1.Layout} of a pack's layers."""
+    out = {}
+    for layer in range(pack.config.n_layer):
+        types = pack.expert_types(layer)
+        for name, which in Q8_RECORDS.items():
+            out[(f"L{layer:02d}", name)] = q8_1.layout_for(types[which])
+    return out
+
 
 # Records outside the layers: the chunk's input and the run's first-token logits.
 GLOBALS = {

@@ -212,25 +212,9 @@ AS_A_USER = [
 
 @pytest.mark.parametrize("template, needle", AS_A_USER, ids=[_row_id((c[0], c[1], {})) for c in AS_A_USER])
 def test_refused_in_a_process_of_its_own(inputs, tmp_path, template, needle):
-    import os
-    import subprocess
-    import sys
+    from test_cli_paths_and_flags import refused_as_a_user
 
-    from test_cli_paths_and_flags import ROOT
-
-    args = [_fill(a, inputs) for a in template]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
-    env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "cache"))
-    before = _files(inputs["dir"], tmp_path)
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "strata_prefill", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    took = time.perf_counter() - t0
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == "" and "Traceback" not in proc.stderr
-    assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith("strata-prefill: error: ")
-    assert _fill(needle, inputs) in proc.stderr
-    assert _files(inputs["dir"], tmp_path) == before
+    took = refused_as_a_user(inputs, tmp_path, template, needle)
     assert took < 15, f"refused after {took:.1f} s"  # was 61 s, 87 s and 4 GB, or never
 
 

@@ -279,8 +279,9 @@ AS_A_USER = [
 ]
 
 
-@pytest.mark.parametrize("template, needle", AS_A_USER, ids=[_row_id((c[0], c[1], {})) for c in AS_A_USER])
-def test_refused_in_a_process_of_its_own(inputs, tmp_path, template, needle):
+def refused_as_a_user(inputs, tmp_path, template, needle) -> float:
+    """Run the command line in a process of its own, as a user would, and assert the refusal:
+    exit 2, one line holding the needle, no traceback, nothing written; the seconds it took."""
     import subprocess
     import sys
 
@@ -288,10 +289,18 @@ def test_refused_in_a_process_of_its_own(inputs, tmp_path, template, needle):
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "cache"))
     before = _files(inputs["dir"], tmp_path)
+    t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "strata_prefill", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
+    took = time.perf_counter() - t0
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [proc.stderr.strip()] and proc.stderr.startswith("strata-prefill: error: ")
     assert _fill(needle, inputs) in proc.stderr
     assert _files(inputs["dir"], tmp_path) == before
+    return took
+
+
+@pytest.mark.parametrize("template, needle", AS_A_USER, ids=[_row_id((c[0], c[1], {})) for c in AS_A_USER])
+def test_refused_in_a_process_of_its_own(inputs, tmp_path, template, needle):
+    refused_as_a_user(inputs, tmp_path, template, needle)

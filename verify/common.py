@@ -6,19 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from strata import q8_1
-from strata.records import read_timeline
+from strata.records import q8_layouts, read_timeline
 from strata.report import compare_timelines, diff_array
 from strata.session import Session
-
-# (buffer name in the dumps, which expert matrix selects its layout)
-Q8_RECORDS = {"moe_in_q8_1": 0, "down_in_q8_1": 1}
-
-
-# Prompts up to this many tokens record every op (--dump-level ops), so that a failure names
-# the first op that went wrong; longer ones record the layer level only (their per-pair
-# products run to hundreds of megabytes a run).
-OPS_DUMP_MAX_TOKENS = 256
+from verify.cases import OPS_DUMP_MAX_TOKENS
 
 
 @dataclass
@@ -43,20 +34,11 @@ def run_engine(engine, ids, chunk, out_dir: Path, greedy: int = 2, layer_dumps: 
     return Run(res.logits, res.greedy, timeline, (out_dir / "r.bin").read_bytes())
 
 
-def layouts_of(pack) -> dict:
-    out = {}
-    for layer in range(pack.config.n_layer):
-        types = pack.expert_types(layer)
-        for name, which in Q8_RECORDS.items():
-            out[(f"L{layer:02d}", name)] = q8_1.layout_for(types[which])
-    return out
-
-
 def assert_same_run(a: Run, b: Run, pack, what: str) -> None:
     """Byte for byte: every dump record, the residual dump, the first-token logits, the
     greedy tokens. A failure names the first op that differs (strata/report.py)."""
     k = pack.config.n_expert_used
-    miss = compare_timelines(a.timeline, b.timeline, layouts_of(pack), k)
+    miss = compare_timelines(a.timeline, b.timeline, q8_layouts(pack), k)
     assert miss is None, f"{what}:\n{miss}"
     logits = diff_array("first-token logits", a.logits[None], b.logits[None])
     assert logits is None, f"{what}: {logits}"
