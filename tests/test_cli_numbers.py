@@ -10,15 +10,13 @@ nothing on stdout, under a second (no prompt made, no prefill, no pack planned o
 file appeared (no OUT.gguf, no default pack) and every input is byte for byte what it was."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
 
 from strata_prefill import checks
-from strata_prefill.cli import main
 from test_cli_paths_and_flags import (AB, BENCH, DEFAULT_PACK, FAST, RUN, WORK_S, _files, _fill,  # noqa: F401
-                                      clean_env, inputs)
+                                      clean_env, inputs, refused_as_a_user, refused_in_process)
 
 HUGE = str(10**25)
 DIGITS_5000 = "7" * 5000  # int() itself refuses 4,300 digits: the parser must not reach it
@@ -180,21 +178,8 @@ def test_a_number_is_refused_in_one_line_before_any_work(inputs, long_prompt, cl
     args = [_fill(a, names) for a in template]
     for var, value in env.items():
         monkeypatch.setenv(var, _fill(value, names))
-    before = _files(inputs["dir"], clean_env)
-    t0 = time.perf_counter()
-    status = main(args)
-    took = time.perf_counter() - t0
-    out, err = capsys.readouterr()
-    assert status == 2, err
-    assert "Traceback" not in err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("strata-prefill: error: "), lines[0]
-    assert _fill(needle, names) in lines[0], lines[0]
-    assert len(lines[0]) < 400, lines[0]  # a 5,000-digit value is shown cut
-    assert out == ""
-    assert took < WORK_S, f"refused after {took:.2f} s"
-    assert _files(inputs["dir"], clean_env) == before  # no input changed, no output (or default pack) appeared
+    line = refused_in_process(args, _fill(needle, names), inputs, clean_env, capsys)  # nor the default pack
+    assert len(line) < 400, line  # a 5,000-digit value is shown cut
 
 
 # the issue's cases, as a user runs them: a process of its own, its exit status, nothing made (no
@@ -212,8 +197,6 @@ AS_A_USER = [
 
 @pytest.mark.parametrize("template, needle", AS_A_USER, ids=[_row_id((c[0], c[1], {})) for c in AS_A_USER])
 def test_refused_in_a_process_of_its_own(inputs, tmp_path, template, needle):
-    from test_cli_paths_and_flags import refused_as_a_user
-
     took = refused_as_a_user(inputs, tmp_path, template, needle)
     assert took < 15, f"refused after {took:.1f} s"  # was 61 s, 87 s and 4 GB, or never
 

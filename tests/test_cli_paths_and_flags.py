@@ -228,6 +228,12 @@ def test_refused_in_one_line_before_any_work(inputs, clean_env, monkeypatch, cap
         monkeypatch.setenv(var, _fill(value, names))
     if any(DEFAULT_PACK.split("/")[0] in a for a in template):  # the default pack's folder, empty
         (clean_env / "cache" / "strata-prefill").mkdir(parents=True)
+    refused_in_process(args, _fill(needle, names), inputs, clean_env, capsys)
+
+
+def refused_in_process(args, needle, inputs, clean_env, capsys) -> str:
+    """main(args) refuses: exit 2, one `strata-prefill: error:` line holding the needle, no
+    traceback, nothing on stdout, before any work, no input changed and no output made; the line."""
     before = _files(inputs["dir"], clean_env)
     t0 = time.perf_counter()
     status = main(args)
@@ -238,10 +244,11 @@ def test_refused_in_one_line_before_any_work(inputs, clean_env, monkeypatch, cap
     lines = err.splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("strata-prefill: error: "), lines[0]
-    assert _fill(needle, names) in lines[0], lines[0]
+    assert needle in lines[0], lines[0]
     assert out == ""
     assert took < WORK_S, f"refused after {took:.2f} s"
     assert _files(inputs["dir"], clean_env) == before  # no input changed, no output appeared
+    return lines[0]
 
 
 def test_every_fast_switch_of_run_has_a_row():
