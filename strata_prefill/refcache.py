@@ -41,6 +41,8 @@ from typing import Callable
 
 import numpy as np
 
+from strata.cache_home import user_cache_dir
+
 ENV = "STRATA_PREFILL_REFERENCE_CACHE"
 OFF = ("off", "0", "none")
 META = "meta.json"
@@ -58,12 +60,6 @@ _CHUNK = 1 << 22  # bytes hashed at a time
 _STATS = {"hits": 0, "misses": 0, "recomputed": 0}
 _SOURCE_DIGESTS: dict[tuple, str] = {}
 _PACK_DIGESTS: dict[tuple[str, int, int], str] = {}
-
-
-def user_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/strata-prefill, else ~/.cache/strata-prefill."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "strata-prefill"
 
 
 def default_dir() -> Path:

@@ -38,10 +38,9 @@ _plan: dict = {}
 
 
 def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    from strata.parallel import available_cpus
+
+    return available_cpus()
 
 
 def gpu_name() -> str | None:
@@ -212,8 +211,9 @@ def packs_dir() -> Path | None:
         return None
     if env:
         return Path(env)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "strata-prefill" / "test-packs"
+    from strata.cache_home import user_cache_dir
+
+    return user_cache_dir() / "test-packs"
 
 
 def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path:

@@ -33,6 +33,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from strata.cache_home import user_cache_dir
 from strata.errors import DeviceError, InputError
 
 __all__ = ["ENV", "OFF", "cache_dir", "default_dir", "cubin_path", "build", "build_all", "check_modules",
@@ -50,10 +51,7 @@ _release: dict = {}
 def default_dir() -> str:
     """$XDG_CACHE_HOME/strata-prefill/kernels, or ~/.cache/strata-prefill/kernels where
     XDG_CACHE_HOME is unset or not absolute (the XDG rule: a relative value is ignored)."""
-    base = os.environ.get("XDG_CACHE_HOME", "").strip()
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "strata-prefill", "kernels")
+    return str(user_cache_dir() / "kernels")
 
 
 def cache_dir() -> str | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from strata import atomic
+from strata.cache_home import user_cache_dir
 from strata.config import PRESETS
 from strata.constants import PACK_FORMAT, VRAM_RESERVE_MIB
 from strata.errors import InputError
@@ -161,13 +162,9 @@ def make_engine(impl: str, pack, args=None):
     return make_fast_engine(pack, backend_of(args), **fast_engine_kwargs(args))
 
 
-def cache_dir() -> Path:
-    return refcache.user_cache_dir()
-
-
 def default_pack_path() -> Path:
     """Where the built-in pack is kept (made or not). Its name carries the pack format."""
-    return cache_dir() / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}-f{PACK_FORMAT}.gguf"
+    return user_cache_dir() / f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}-f{PACK_FORMAT}.gguf"
 
 
 def default_pack() -> Path:
