@@ -41,6 +41,7 @@ from typing import Callable
 
 import numpy as np
 
+from strata import atomic
 from strata.cache_home import user_cache_dir
 
 ENV = "STRATA_PREFILL_REFERENCE_CACHE"
@@ -328,9 +329,7 @@ class Cache:
                 index = self._read_index(index_path)
                 index[str(path)] = {**mark, "sha256": digest}
                 index = {p: v for p, v in index.items() if _still(p, v)}
-                tmp = index_path.with_name(f"{_PACKS}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(index, indent=1, sort_keys=True))
-                os.replace(tmp, index_path)
+                atomic.write_text(index_path, json.dumps(index, indent=1, sort_keys=True))
         except OSError:  # the index only saves time; an unwritable one costs a rehash next time
             pass
         return digest

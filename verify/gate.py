@@ -239,13 +239,8 @@ def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
         return path
     with open(folder / f"{path.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            part = folder / f".{path.name}.{os.getpid()}.part"
-            try:
-                make_pack(part, preset, expert_type=expert_type, progress=False, **kw)
-                os.replace(part, path)
-            finally:
-                part.unlink(missing_ok=True)
+        if not path.exists():  # make_pack writes it whole (strata/atomic.py)
+            make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
     return path
 
 

@@ -33,6 +33,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from strata import atomic
 from strata.cache_home import user_cache_dir
 from strata.errors import DeviceError, InputError
 
@@ -141,7 +142,7 @@ def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
           base_options: tuple[str, ...], on_compile=None) -> str:
     """The cubin's path, compiling it with nvcc first if the folder lacks it. The builder holds
     the cubin's lock: a second process (or thread) asking for it meanwhile waits, then finds it.
-    The file appears whole or not at all (written aside, then renamed). ``on_compile``: a
+    The file appears whole or not at all (strata/atomic.py). ``on_compile``: a
     context manager factory, entered around nvcc only when this call compiles (the runtime's
     message; nothing when the cubin was there)."""
     path = cubin_path(folder, name, source, defines, arch, base_options)
@@ -167,10 +168,8 @@ def _compile(folder, path, name, source, defines, arch, base_options) -> None:
         if r.returncode != 0 or not os.path.exists(out):
             tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-12:])
             raise DeviceError(f"compiling {name}.cu failed ({' '.join(cmd[1:-1])}):\n{tail}")
-        fd, part = tempfile.mkstemp(prefix=f".{name}-", suffix=".part", dir=folder)
-        os.close(fd)
-        shutil.copyfile(out, part)
-        os.replace(part, path)
+        with open(out, "rb") as f:
+            atomic.write_bytes(path, f.read())
 
 
 def define_text(defines: dict | None) -> str:
