@@ -74,8 +74,8 @@ class KVCache:
         self.v_scale[layer][:, positions] = vd[..., 0].T
 
 
-# Bound on the [heads, queries, keys] float32 scratch of the query tiles computed at once.
-_TILE_BYTES = 48 << 20
+# Bound on one piece's [heads, queries, keys] float32 scratch (a piece runs on one thread).
+_TILE_BYTES = 64 << 20
 # Queries of a tile at most: a tile visits every key block up to its last query, so tiles
 # of one key block's length compute the fewest masked scores.
 _TILE_QUERIES = KEY_BLOCK
@@ -92,45 +92,44 @@ def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray) -> 
     out = np.empty_like(q, dtype=F32)
     n_keys = int(positions.max()) + 1
     n_blk = -(-n_keys // KEY_BLOCK)
+    n_k = n_blk * KEY_BLOCK
     group = n_head // cache.n_head_kv
-    per_query = 4 * group * n_blk * KEY_BLOCK * 4
-    at_once = min(parallel.workers(), cache.n_head_kv * n_tok)
-    tile = max(1, min(_TILE_QUERIES, _TILE_BYTES // (per_query * at_once)))
+    per_query = 4 * group * n_k * 4
+    tile = max(1, min(_TILE_QUERIES, _TILE_BYTES // per_query))
     pieces = [(t0, kvh) for t0 in range(0, n_tok, tile) for kvh in range(cache.n_head_kv)]
 
-    # Q's int8 blocks (32 values each, so per head and query), for all pieces at once.
+    # Q's int8 blocks (32 values each, so per head and query), for all pieces at once; each
+    # KV head's keys and values widened to float32 once, for all of its tiles.
     qc, qd = quantize_int8(q, QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
+    kv = [(cache.k_codes[layer][kvh, :n_k].astype(F32), np.ascontiguousarray(cache.k_scale[layer][kvh, :n_k].T),
+           cache.v_codes[layer][kvh, :n_k].astype(F32), cache.v_scale[layer][kvh, :n_k])
+          for kvh in range(cache.n_head_kv)]
 
     def run(piece):
         t0, kvh = piece
         rows, heads = slice(t0, t0 + tile), slice(kvh * group, (kvh + 1) * group)
         pos = positions[rows]
         # a tile visits only the key blocks up to its last query's position
-        out[rows, heads] = _attend_tile(cache, layer, kvh, qc[rows, heads], qd[rows, heads], pos,
+        out[rows, heads] = _attend_tile(kv[kvh], qc[rows, heads], qd[rows, heads], pos,
                                         int(pos.max()) // KEY_BLOCK + 1)
 
     parallel.map_ordered(run, pieces)
     return out
 
 
-def _attend_tile(cache: KVCache, layer: int, kvh: int, qc: np.ndarray, qd: np.ndarray,
-                 pos: np.ndarray, n_blk: int) -> np.ndarray:
-    """The query heads that KV head `kvh` serves (GQA), as int8 blocks qc [T, group, hd]
-    with scales qd [T, group, hd/32], over key blocks 0..n_blk-1."""
+def _attend_tile(kv, qc: np.ndarray, qd: np.ndarray, pos: np.ndarray, n_blk: int) -> np.ndarray:
+    """The query heads that one KV head serves (GQA), as int8 blocks qc [T, group, hd] with
+    scales qd [T, group, hd/32], over key blocks 0..n_blk-1. kv: that head's keys and values,
+    shared by its query heads (broadcast over them): K codes as float32 [keys, hd], K scales
+    [hd/32, keys], V codes as float32 [keys, hd], V scales [keys]."""
     n_tok, n_head, hd = qc.shape
     n_k = n_blk * KEY_BLOCK
-
-    # The KV head's keys and values, shared by its query heads (broadcast over them).
-    kc = cache.k_codes[layer][kvh, :n_k].astype(F32)  # [n_k, hd]
-    kd = cache.k_scale[layer][kvh, :n_k]  # [n_k, hd/32]
-    vc = cache.v_codes[layer][kvh, :n_k].astype(F32)  # [n_k, hd]
-    vd = cache.v_scale[layer][kvh, :n_k]  # [n_k]
+    kc, kd, vc, vd = kv[0][:n_k], kv[1][:, :n_k], kv[2][:n_k], kv[3][:n_k]
 
     # Scores: per 32-value block an exact integer dot, then the float epilogue in block order:
     # s = s + (qd * kd) * sumi per element.
     qc = np.ascontiguousarray(qc.astype(F32).transpose(1, 0, 2)).reshape(n_head * n_tok, hd)
     qd = np.ascontiguousarray(qd.transpose(2, 1, 0))  # [nb, H, T]
-    kd = np.ascontiguousarray(kd.T)  # [nb, n_k]
     s = np.zeros((n_head, n_tok, n_k), dtype=F32)
     t = np.empty_like(s)
     for b in range(hd // QK_BLOCK):

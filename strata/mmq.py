@@ -19,9 +19,6 @@ from strata import parallel, q8_1, quants
 
 F32 = np.float32
 
-# Bound on the [nb, rows, N] float32 scratch of the passes running at once; rows are
-# independent, so the product is computed in slabs of rows without changing a bit.
-_SCRATCH_BYTES = 64 << 20
 # Rows below which a product is not split across threads (a thread's share would cost
 # less than handing it over).
 _MIN_ROWS_PER_THREAD = 64
@@ -31,10 +28,13 @@ _MIN_ROWS_PER_THREAD = 64
 class PreparedWeights:
     """Weight rows in the form the products consume, decoded once.
 
-    w   float32 [nb, 32, N]  codes times their integer sub-scales (exact integers)
+    w   int8 or int16 [nb, N, 32]  codes times their integer sub-scales (exact integers; int8
+                                   where every sub-scale is 1); a product widens one block of
+                                   it at a time to float32, so a matrix is kept in a quarter
+                                   or half of its float32 size
     dw  float32 [N, nb]      per-block float scale
     mw  float32 [N, nb]      Q4_1 min / Q2_K dmin, else None
-    wm  float32 [nb, 32, N]  Q2_K min sub-scales per value, else None
+    wm  int8 [nb, N, 32]     Q2_K min sub-scales per value, else None
     """
 
     qtype: QT
@@ -45,7 +45,11 @@ class PreparedWeights:
 
     @property
     def n_out(self) -> int:
-        return self.w.shape[2]
+        return self.w.shape[1]
+
+    @property
+    def n_blocks(self) -> int:
+        return self.w.shape[0]
 
     @property
     def nbytes(self) -> int:
@@ -59,7 +63,7 @@ _PREPARE_SLAB_ROWS = 4096
 
 def prepare(qtype, raw: np.ndarray) -> PreparedWeights:
     """Decode raw weight rows [N, row_bytes] once. Rows decode independently, so a tall matrix
-    is decoded in row slabs on the pool, each written into its columns of the result."""
+    is decoded in row slabs on the pool, each written into its rows of the result."""
     qtype = QT(qtype)
     n = raw.shape[0]
     pieces = parallel.slabs(n, parallel.workers(), _PREPARE_SLAB_ROWS)
@@ -67,22 +71,24 @@ def prepare(qtype, raw: np.ndarray) -> PreparedWeights:
         return _prepare_rows(qtype, raw)
     probe = _prepare_rows(qtype, raw[:1])
 
-    def tall(a):  # a's layout with n rows: [nb, 32, N] keeps its rows last, [N, nb] first
+    def tall(a):  # a's layout with n rows: [nb, N, 32] keeps its rows second, [N, nb] first
         if a is None:
             return None
-        return np.empty(a.shape[:-1] + (n,) if a.ndim == 3 else (n,) + a.shape[1:], a.dtype)
+        return np.empty(a.shape[:1] + (n,) + a.shape[2:] if a.ndim == 3 else (n,) + a.shape[1:], a.dtype)
 
     out = PreparedWeights(qtype, tall(probe.w), tall(probe.dw), tall(probe.mw), tall(probe.wm))
 
     def fill(piece):
         r0, r1 = piece
         part = _prepare_rows(qtype, raw[r0:r1])
-        out.w[..., r0:r1] = part.w
+        if part.w.dtype != out.w.dtype:  # this slab needs sub-scales where the probe had none
+            raise AssertionError("prepare: slabs of one matrix decoded to different widths")
+        out.w[:, r0:r1] = part.w
         out.dw[r0:r1] = part.dw
         if out.mw is not None:
             out.mw[r0:r1] = part.mw
         if out.wm is not None:
-            out.wm[..., r0:r1] = part.wm
+            out.wm[:, r0:r1] = part.wm
 
     parallel.map_ordered(fill, pieces)
     return out
@@ -90,18 +96,25 @@ def prepare(qtype, raw: np.ndarray) -> PreparedWeights:
 
 def _prepare_rows(qtype: QT, raw: np.ndarray) -> PreparedWeights:
     dec = quants.decode(qtype, raw)
-    # quants.folded_codes and folded_mins, built directly in the [nb, 32, N] layout: the
-    # int8 codes are moved, not their float32 products; code times sub-scale is an exact
-    # small integer either way.
-    w = np.multiply(dec.codes.transpose(1, 2, 0), _halves(dec.sub), dtype=F32, order="C")
-    wm = _halves(dec.msub) if qtype == QT.Q2_K else None
+    # quants.folded_codes and folded_mins, in the [nb, N, 32] layout: code times sub-scale is
+    # an exact small integer (at most 127 for a type without sub-scales, 2,000 with them).
+    codes = dec.codes.transpose(1, 0, 2)
+    if qtype in _UNIT_SUB:
+        w = np.ascontiguousarray(codes)
+    else:
+        w = np.multiply(codes, _halves(dec.sub), dtype=np.int16)
+    wm = _halves(dec.msub).astype(np.int8) if qtype == QT.Q2_K else None
     return PreparedWeights(qtype, w, dec.dw, dec.mw, wm)
 
 
+# Types whose sub-scales are all 1 (quants.decode), so that their codes are the products' integers.
+_UNIT_SUB = (QT.Q8_0, QT.Q4_1)
+
+
 def _halves(sub: np.ndarray) -> np.ndarray:
-    """float32 [nb, 32, N]: the sub-scale of each value's half (v0 x16, v1 x16) from
+    """int16 [nb, N, 32]: the sub-scale of each value's half (v0 x16, v1 x16) from
     sub [N, nb, 2]."""
-    return np.repeat(sub.transpose(1, 2, 0).astype(F32), 16, axis=1)
+    return np.repeat(sub.transpose(1, 0, 2), 16, axis=2)
 
 
 def row_slice(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
@@ -114,65 +127,79 @@ def mmq_prepared(pw: PreparedWeights, act: q8_1.Q8Rows) -> np.ndarray:
     """out[r, n] = sum over weight blocks b (ascending) of the type's epilogue.
 
     act: activation rows decoded from a q8_1 buffer of the layout the type selects; only
-    its first nb blocks are read (the rest is row padding). Rows are independent: they are
-    computed in slabs, on the threads of strata.parallel, each row by the same operations.
+    its first nb blocks are read (the rest is row padding). Rows and output columns are
+    independent: they are computed in tiles, on the threads of strata.parallel, each element
+    by the same operations.
     """
-    nb = pw.w.shape[0]
     n_rows, n_out = act.codes.shape[0], pw.n_out
     out = np.zeros((n_rows, n_out), dtype=F32)
     if n_rows == 0 or n_out == 0:
         return out
     pieces = parallel.slabs(n_rows, parallel.workers(), _MIN_ROWS_PER_THREAD)
-    slab = max(1, _SCRATCH_BYTES // (4 * nb * n_out * len(pieces)))
-    ranges = [(r0, min(r1, r0 + slab)) for p0, r1 in pieces for r0 in range(p0, r1, slab)]
-
-    def run(r):
-        _rows_product(pw, row_slice(act, r[0], r[1]), out[r[0]:r[1]])
-
-    parallel.map_ordered(run, ranges)
+    # Few rows (the output head's one): the threads split the columns instead.
+    if len(pieces) == 1 and parallel.workers() > 1 and n_out >= 2 * _TILE_COLS:
+        cols = parallel.slabs(n_out, parallel.workers(), _TILE_COLS)
+        parallel.map_ordered(lambda c: _rows_product(pw, act, out, c[0], c[1]), cols)
+        return out
+    parallel.map_ordered(lambda p: _rows_product(pw, row_slice(act, p[0], p[1]), out[p[0]:p[1]], 0, n_out),
+                         pieces)
     return out
 
 
-def _rows_product(pw: PreparedWeights, act: q8_1.Q8Rows, out: np.ndarray) -> None:
-    """The product of a slab of rows into `out` (zeros, [R, N]). Per output element, block
-    by block ascending: ``out = out + epilogue_b``, each epilogue the written sequence of
-    float32 operations in its written operand order, computed in place (no temporaries
-    allocated per block)."""
-    nb = pw.w.shape[0]
+# A tile of the product is [rows, cols] float32 per operand, sized to stay in a core's cache
+# while its blocks are added up: the product's time is its epilogue's passes over the tile.
+_TILE_ELEMENTS = 1 << 15
+_TILE_COLS = 2048
+
+
+def _rows_product(pw: PreparedWeights, act: q8_1.Q8Rows, out: np.ndarray, c0: int, c1: int) -> None:
+    """The product of a slab of rows into columns c0..c1 of `out` (zeros, [R, N]), tile by
+    tile. Per output element, block by block ascending: ``out = out + epilogue_b``, each
+    epilogue the written sequence of float32 operations in its written operand order."""
+    nb = pw.n_blocks
+    n_rows = act.codes.shape[0]
     a = np.ascontiguousarray(act.codes[:, :nb].transpose(1, 0, 2), dtype=F32)  # [nb, R, 32]
-    sumi = np.matmul(a, pw.w)  # [nb, R, N] exact integers
     da = np.ascontiguousarray(act.d[:, :nb].T)  # [nb, R]
-    dw = np.ascontiguousarray(pw.dw.T)  # [nb, N]
-    t = np.empty_like(out)
-    if pw.qtype == QT.Q4_1:
-        # out + ((dw * da) * sumi + mw * sa)
-        sa, mw = np.ascontiguousarray(act.s[:, :nb].T), np.ascontiguousarray(pw.mw.T)
-        u = np.empty_like(out)
-        for b in range(nb):
-            np.multiply(dw[b, None, :], da[b, :, None], out=t)
-            np.multiply(t, sumi[b], out=t)
+    sa = np.ascontiguousarray(act.s[:, :nb].T) if pw.qtype == QT.Q4_1 else None
+    cols = min(c1 - c0, _TILE_COLS)
+    rows = max(1, min(n_rows, _TILE_ELEMENTS // cols))
+    for j0 in range(c0, c1, cols):
+        j1 = min(c1, j0 + cols)
+        dw = np.ascontiguousarray(pw.dw[j0:j1].T)  # [nb, n]
+        mw = np.ascontiguousarray(pw.mw[j0:j1].T) if pw.mw is not None else None
+        for r0 in range(0, n_rows, rows):
+            r1 = min(n_rows, r0 + rows)
+            _tile(pw, a[:, r0:r1], da[:, r0:r1], None if sa is None else sa[:, r0:r1], dw, mw,
+                  j0, j1, out[r0:r1, j0:j1])
+
+
+def _tile(pw, a, da, sa, dw, mw, j0, j1, out) -> None:
+    """One [r, n] tile of the product: per block, the exact integer sums (float32 matmul of
+    small integers: every partial sum stays below 2^24), then the epilogue in place."""
+    nb = pw.n_blocks
+    wb = np.empty((j1 - j0, 32), F32)  # one block of weights, widened
+    s = np.empty(out.shape, F32)
+    t = np.empty_like(s)
+    u = np.empty_like(s) if pw.qtype in (QT.Q4_1, QT.Q2_K) else None
+    mi = np.empty_like(s) if pw.qtype == QT.Q2_K else None
+    for b in range(nb):
+        np.copyto(wb, pw.w[b, j0:j1], casting="unsafe")
+        np.matmul(a[b], wb.T, out=s)  # exact integers
+        np.multiply(dw[b, None, :], da[b, :, None], out=t)
+        np.multiply(t, s, out=t)
+        if pw.qtype == QT.Q4_1:
+            # out + ((dw * da) * sumi + mw * sa)
             np.multiply(mw[b, None, :], sa[b, :, None], out=u)
             np.add(t, u, out=t)
-            np.add(out, t, out=out)
-    elif pw.qtype == QT.Q2_K:
-        # out + ((dw * da) * sumi - (mw * da) * mi)
-        mi = np.matmul(a, pw.wm)
-        mw = np.ascontiguousarray(pw.mw.T)
-        u = np.empty_like(out)
-        for b in range(nb):
-            dab = da[b, :, None]
-            np.multiply(dw[b, None, :], dab, out=t)
-            np.multiply(t, sumi[b], out=t)
-            np.multiply(mw[b, None, :], dab, out=u)
-            np.multiply(u, mi[b], out=u)
+        elif pw.qtype == QT.Q2_K:
+            # out + ((dw * da) * sumi - (mw * da) * mi)
+            np.copyto(wb, pw.wm[b, j0:j1], casting="unsafe")
+            np.matmul(a[b], wb.T, out=mi)
+            np.multiply(mw[b, None, :], da[b, :, None], out=u)
+            np.multiply(u, mi, out=u)
             np.subtract(t, u, out=t)
-            np.add(out, t, out=out)
-    else:
-        # out + (dw * da) * sumi
-        for b in range(nb):
-            np.multiply(dw[b, None, :], da[b, :, None], out=t)
-            np.multiply(t, sumi[b], out=t)
-            np.add(out, t, out=out)
+        # else: out + (dw * da) * sumi
+        np.add(out, t, out=out)
 
 
 def mmq(qtype, weight_raw: np.ndarray, act_rows: q8_1.Q8Rows) -> np.ndarray:

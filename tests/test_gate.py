@@ -77,3 +77,34 @@ def test_a_stopped_run_does_not_wait_for_work_started_ahead(monkeypatch):
         hold.set()
         proc.kill()
         proc.wait()
+
+
+def _fake_config(args=()):
+    opt = SimpleNamespace(numprocesses=None, collectonly=False, usepdb=False)
+    return SimpleNamespace(option=opt, args=list(args), pluginmanager=SimpleNamespace(hasplugin=lambda name: True))
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H200", None])
+def test_workers_yield_to_the_work_ahead_on_a_gpu_machine(monkeypatch, gpu):
+    for var in (*gate.THREAD_VARS, gate.ENV_NICE, gate.ENV_WORKERS, "PYTEST_XDIST_WORKER"):
+        monkeypatch.setenv(var, "")  # remembered, so that what plan_workers sets is undone
+        monkeypatch.delenv(var)
+    monkeypatch.setattr(gate, "_plan", {})
+    monkeypatch.setattr(gate, "gpu_name", lambda: gpu)
+    monkeypatch.setattr(gate, "cores", lambda: 16)
+    config = _fake_config()
+    gate.plan_workers(config)
+    assert config.option.numprocesses == (gate.GPU_WORKERS if gpu else 16)
+    import os
+
+    assert os.environ.get(gate.ENV_NICE) == (str(gate.WORKER_NICE) if gpu else None)
+
+
+def test_a_worker_takes_the_niceness_it_is_given():
+    # in a child, so that this process keeps its own
+    code = ("import os; from types import SimpleNamespace as N; from verify import gate; before = os.nice(0); "
+            "gate.configure(N(addinivalue_line=lambda *a: None)); print(os.nice(0) - before)")
+    env = dict(__import__("os").environ, PYTEST_XDIST_WORKER="gw0", **{gate.ENV_NICE: "3"})
+    out = subprocess.run([sys.executable, "-c", code], cwd=gate.ROOT, env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "3"

@@ -7,7 +7,8 @@ pytest-xdist installed and no `-n` given, a run gets `GPU_WORKERS` workers on a 
 CUDA device and one per core on a machine without, and each worker its share of the cores for
 BLAS and for the reference's own threads. `STRATA_PREFILL_WORKERS=N` (or `off`) overrides the
 choice; `-n` on the command line always wins. Benchmarks are never spread (pytest-benchmark
-turns itself off under xdist), nor is a run of named test ids.
+turns itself off under xdist), nor is a run of named test ids. On a GPU machine the workers run
+at niceness WORKER_NICE, below the kernels and references computed ahead of them.
 
 Test packs. `make_test_pack` packs are made once per (preset, type, options, pack-making source)
 and kept in a folder under the user cache dir (`STRATA_PREFILL_TEST_PACKS=DIR` moves it, `off`
@@ -26,6 +27,11 @@ import os
 from pathlib import Path
 
 GPU_WORKERS = 4  # workers per GPU: the fastest in docs/benchmarks.md's table
+# Niceness of the workers on a GPU machine: the work started ahead of them (the kernels'
+# compiles, the references' long NumPy runs) is what the slowest rows wait for, so it goes
+# first where they compete for cores; where nothing competes, niceness changes nothing.
+WORKER_NICE = 5
+ENV_NICE = "STRATA_PREFILL_GATE_NICE"  # set by the gate for its workers; not a user setting
 ENV_WORKERS = "STRATA_PREFILL_WORKERS"
 ENV_PACKS = "STRATA_PREFILL_TEST_PACKS"
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "STRATA_PREFILL_THREADS")
@@ -107,6 +113,8 @@ def plan_workers(config) -> None:
     threads = max(1, n_cores // n)
     for var in THREAD_VARS:
         os.environ.setdefault(var, str(threads))
+    if gpu:
+        os.environ[ENV_NICE] = str(WORKER_NICE)
     opt.numprocesses = n
     if hasattr(opt, "benchmark_disable"):  # what pytest-benchmark does under xdist anyway, without its warning
         opt.benchmark_disable = True
@@ -251,6 +259,8 @@ def configure(config) -> None:
     config.addinivalue_line("markers", "quick: the quick tier (pytest verify/ -m quick)")
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(Summary(), "strata-gate-summary")
+    elif os.environ.get(ENV_NICE, "").isdigit():
+        os.nice(int(os.environ[ENV_NICE]))  # a worker yields to the work ahead (WORKER_NICE)
 
 
 class Summary:

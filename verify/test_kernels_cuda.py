@@ -303,9 +303,9 @@ def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows
             assert np.array_equal(got, want), (
                 f"{qt.name} N={N} K={K} rows={rows} tile_rows={tr} config={cfg}: "
                 + _f32_report(got, want, N))
-    pw = mmq.prepare(qt, wq[0])  # w: [nb, 32, N]
-    codes = np.ascontiguousarray(dec_act.codes[:, :pw.w.shape[0]].transpose(1, 0, 2), dtype=np.float32)
-    return float(np.abs(np.matmul(codes, pw.w)).max())
+    pw = mmq.prepare(qt, wq[0])  # w: [nb, N, 32] exact integers
+    codes = np.ascontiguousarray(dec_act.codes[:, :pw.n_blocks].transpose(1, 0, 2), dtype=np.float32)
+    return float(np.abs(np.matmul(codes, pw.w.transpose(0, 2, 1).astype(np.float32))).max())
 
 
 def _mmq_options(case) -> dict:
