@@ -128,7 +128,7 @@ def mmq_prepared(pw: PreparedWeights, act: q8_1.Q8Rows) -> np.ndarray:
 
     act: activation rows decoded from a q8_1 buffer of the layout the type selects; only
     its first nb blocks are read (the rest is row padding). Rows and output columns are
-    independent: they are computed in tiles, on the threads of strata.parallel, each element
+    independent: they are computed in slabs, on the threads of strata.parallel, each element
     by the same operations.
     """
     n_rows, n_out = act.codes.shape[0], pw.n_out
@@ -137,8 +137,8 @@ def mmq_prepared(pw: PreparedWeights, act: q8_1.Q8Rows) -> np.ndarray:
         return out
     pieces = parallel.slabs(n_rows, parallel.workers(), _MIN_ROWS_PER_THREAD)
     # Few rows (the output head's one): the threads split the columns instead.
-    if len(pieces) == 1 and parallel.workers() > 1 and n_out >= 2 * _TILE_COLS:
-        cols = parallel.slabs(n_out, parallel.workers(), _TILE_COLS)
+    if len(pieces) == 1 and parallel.workers() > 1 and n_out >= 2 * _MIN_COLS_PER_THREAD:
+        cols = parallel.slabs(n_out, parallel.workers(), _MIN_COLS_PER_THREAD)
         parallel.map_ordered(lambda c: _rows_product(pw, act, out, c[0], c[1]), cols)
         return out
     parallel.map_ordered(lambda p: _rows_product(pw, row_slice(act, p[0], p[1]), out[p[0]:p[1]], 0, n_out),
@@ -146,60 +146,64 @@ def mmq_prepared(pw: PreparedWeights, act: q8_1.Q8Rows) -> np.ndarray:
     return out
 
 
-# A tile of the product is [rows, cols] float32 per operand, sized to stay in a core's cache
-# while its blocks are added up: the product's time is its epilogue's passes over the tile.
-_TILE_ELEMENTS = 1 << 15
-_TILE_COLS = 2048
+# A slab's passes run over [nb, rows, cols] float32 arrays of about this many elements (and
+# widen [nb, cols, 32] weights): each NumPy call does enough work that the threads spend their
+# time in it, not waiting for the interpreter lock between calls.
+_SLAB_ELEMENTS = 1 << 21
+_MIN_COLS_PER_THREAD = 2048
 
 
 def _rows_product(pw: PreparedWeights, act: q8_1.Q8Rows, out: np.ndarray, c0: int, c1: int) -> None:
-    """The product of a slab of rows into columns c0..c1 of `out` (zeros, [R, N]), tile by
-    tile. Per output element, block by block ascending: ``out = out + epilogue_b``, each
-    epilogue the written sequence of float32 operations in its written operand order."""
+    """The product of a slab of rows into columns c0..c1 of `out` ([R, N]), slab by slab.
+    Per output element, block by block ascending: ``out = out + epilogue_b`` from out = 0,
+    each epilogue the written sequence of float32 operations in its written operand order."""
     nb = pw.n_blocks
     n_rows = act.codes.shape[0]
     a = np.ascontiguousarray(act.codes[:, :nb].transpose(1, 0, 2), dtype=F32)  # [nb, R, 32]
     da = np.ascontiguousarray(act.d[:, :nb].T)  # [nb, R]
     sa = np.ascontiguousarray(act.s[:, :nb].T) if pw.qtype == QT.Q4_1 else None
-    cols = min(c1 - c0, _TILE_COLS)
-    rows = max(1, min(n_rows, _TILE_ELEMENTS // cols))
+    cols = max(1, min(c1 - c0, _SLAB_ELEMENTS // (32 * nb)))
+    rows = max(1, min(n_rows, _SLAB_ELEMENTS // (nb * cols)))
     for j0 in range(c0, c1, cols):
         j1 = min(c1, j0 + cols)
+        w = pw.w[:, j0:j1].astype(F32).transpose(0, 2, 1)  # [nb, 32, n], exact integers
+        wm = pw.wm[:, j0:j1].astype(F32).transpose(0, 2, 1) if pw.wm is not None else None
         dw = np.ascontiguousarray(pw.dw[j0:j1].T)  # [nb, n]
         mw = np.ascontiguousarray(pw.mw[j0:j1].T) if pw.mw is not None else None
         for r0 in range(0, n_rows, rows):
             r1 = min(n_rows, r0 + rows)
-            _tile(pw, a[:, r0:r1], da[:, r0:r1], None if sa is None else sa[:, r0:r1], dw, mw,
-                  j0, j1, out[r0:r1, j0:j1])
+            out[r0:r1, j0:j1] = _slab(pw.qtype, a[:, r0:r1], da[:, r0:r1, None],
+                                      None if sa is None else sa[:, r0:r1, None], w, wm, dw[:, None, :],
+                                      None if mw is None else mw[:, None, :])
 
 
-def _tile(pw, a, da, sa, dw, mw, j0, j1, out) -> None:
-    """One [r, n] tile of the product: per block, the exact integer sums (float32 matmul of
-    small integers: every partial sum stays below 2^24), then the epilogue in place."""
-    nb = pw.n_blocks
-    wb = np.empty((j1 - j0, 32), F32)  # one block of weights, widened
-    s = np.empty(out.shape, F32)
-    t = np.empty_like(s)
-    u = np.empty_like(s) if pw.qtype in (QT.Q4_1, QT.Q2_K) else None
-    mi = np.empty_like(s) if pw.qtype == QT.Q2_K else None
-    for b in range(nb):
-        np.copyto(wb, pw.w[b, j0:j1], casting="unsafe")
-        np.matmul(a[b], wb.T, out=s)  # exact integers
-        np.multiply(dw[b, None, :], da[b, :, None], out=t)
-        np.multiply(t, s, out=t)
-        if pw.qtype == QT.Q4_1:
-            # out + ((dw * da) * sumi + mw * sa)
-            np.multiply(mw[b, None, :], sa[b, :, None], out=u)
-            np.add(t, u, out=t)
-        elif pw.qtype == QT.Q2_K:
-            # out + ((dw * da) * sumi - (mw * da) * mi)
-            np.copyto(wb, pw.wm[b, j0:j1], casting="unsafe")
-            np.matmul(a[b], wb.T, out=mi)
-            np.multiply(mw[b, None, :], da[b, :, None], out=u)
-            np.multiply(u, mi, out=u)
-            np.subtract(t, u, out=t)
-        # else: out + (dw * da) * sumi
-        np.add(out, t, out=out)
+def _slab(qtype, a, da, sa, w, wm, dw, mw) -> np.ndarray:
+    """[r, n]: every block's epilogue of one slab at once, then their sum in block order."""
+    sumi = np.matmul(a, w)  # [nb, r, n] exact integers (every partial sum below 2^24)
+    t = np.multiply(dw, da)
+    np.multiply(t, sumi, out=t)  # (dw * da) * sumi
+    if qtype == QT.Q4_1:  # + mw * sa
+        np.add(t, np.multiply(mw, sa), out=t)
+    elif qtype == QT.Q2_K:  # - (mw * da) * mi
+        u = np.multiply(mw, da)
+        np.multiply(u, np.matmul(a, wm), out=u)
+        np.subtract(t, u, out=t)
+    return block_sum(t)
+
+
+def block_sum(t: np.ndarray) -> np.ndarray:
+    """((0 + t[0]) + t[1]) + ... over the first axis of t [nb, ...] float32, strictly in block
+    order: the first addition (which turns -0 into +0), then NumPy's reduction over the outer
+    axis, which adds each block's slice into the running result in turn. A reduction over a
+    single element's run (one output element) would be NumPy's pairwise sum instead, so that
+    case adds in a loop."""
+    np.add(t[0], F32(0.0), out=t[0])
+    if t[0].size < 2:
+        acc = t[0].copy()
+        for b in range(1, t.shape[0]):
+            np.add(acc, t[b], out=acc)
+        return acc
+    return np.add.reduce(t, axis=0)
 
 
 def mmq(qtype, weight_raw: np.ndarray, act_rows: q8_1.Q8Rows) -> np.ndarray:

@@ -143,3 +143,18 @@ def test_keys_and_extra_info_are_json():
     for c in KERNEL_CASES:
         json.dumps({"shape": key_of(c.shape), "config": key_of(c.config)})
     assert key_of({"positions": range(3, 9), "rows": (1, 2)}) == {"positions": {"range": [3, 9]}, "rows": [1, 2]}
+
+
+def test_the_gate_compiles_ahead_every_configuration_the_kernel_rows_load():
+    from verify.cases import ahead_modules, kernel_rows, mmq_configs
+
+    mods = {(name, tuple(sorted(d.items()))) for name, d in ahead_modules()}
+    earlier = [c for c in mmq_configs() if c is not None and c.get("MMQ_Q8DEC") == 0]
+    assert earlier and all(("mmq", tuple(sorted(c.items()))) in mods for c in earlier)
+    for c in kernel_rows("attention_pair_config"):
+        assert any(name == "attention_mma" and set(c.config.items()) <= set(d) for name, d in mods), c.id
+    assert {m for m in mods if m[0] == "attention_mma"} >= {
+        ("attention_mma", tuple(sorted({"MMA_WARPS": c.config["MMA_WARPS"], "MMA_EPI": c.config["MMA_EPI"]}.items())))
+        for c in kernel_rows("attention_mma_config")}
+    quick = {(name, tuple(sorted(d.items()))) for name, d in ahead_modules(quick=True)}
+    assert quick <= mods

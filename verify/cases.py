@@ -432,6 +432,40 @@ def params(rows) -> list:
     return [pytest.param(c, id=c.id, marks=[pytest.mark.quick] if c.quick else []) for c in rows]
 
 
+def mmq_configs() -> list:
+    """The MMQ tile configurations every MMQ row runs under: None (the default), each automatic
+    configuration, the earlier decode and product forms, and any of STRATA_MMQ_TEST_CONFIGS
+    (JSON objects separated by ';')."""
+    import json
+    import os
+
+    from fast.cuda import products
+
+    earlier = dict(products.AUTO_CONFIGS[-1][1], MMQ_SUBFMA=0, MMQ_Q8DEC=0, MMQ_MIX=0)
+    return [None] + [c for _, c in products.AUTO_CONFIGS] + [earlier] + [
+        json.loads(c) for c in os.environ.get("STRATA_MMQ_TEST_CONFIGS", "").split(";") if c.strip()]
+
+
+def ahead_modules(quick: bool = False) -> list[tuple[str, dict]]:
+    """The (kernel module, defines) pairs the kernel rows (the quick tier's only, when `quick`)
+    load besides the fast path's own (fast/cuda/kernel_cache.py:default_modules): the MMQ
+    configurations and the attention configuration rows', so that the gate compiles them ahead
+    of the rows that wait for them."""
+    from fast.cuda import attention, products
+
+    def rows(op):
+        return [c for c in kernel_rows(op) if c.quick or not quick]
+
+    out = []
+    if any(c.op.startswith("mmq") and (c.quick or not quick) for c in KERNEL_CASES):  # MMQ rows sweep them
+        out += [("mmq", products._with_extra(c)) for c in mmq_configs() if c is not None]
+    for c in rows("attention_mma_config"):  # the test sets ATTEND_MMA_CONFIG to these two alone
+        out.append(("attention_mma", {"MMA_WARPS": c.config["MMA_WARPS"], "MMA_EPI": c.config["MMA_EPI"]}))
+    for c in rows("attention_pair_config"):
+        out.append(("attention_mma", {**attention.ATTEND_PAIR_CONFIG, **c.config}))
+    return out
+
+
 # ============================================================================ parity cases
 
 # The switch designs: names, then arms (the defaults first; every pair of switches meets all

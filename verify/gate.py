@@ -157,9 +157,12 @@ def start_ahead(config) -> None:
         return
     from fast.cuda import kernel_cache
 
+    from verify.cases import ahead_modules
+
     folder = kernel_cache.cache_dir()
+    quick = (config.option.markexpr or "").strip() == "quick"
     if folder is not None:
-        modules = kernel_cache.wanted(folder)
+        modules = kernel_cache.check_modules(kernel_cache._unique(kernel_cache.wanted(folder) + ahead_modules(quick)))
         _ahead["kernels"] = len(modules)
 
         def build():
@@ -176,7 +179,7 @@ def start_ahead(config) -> None:
     if _runs_parity(config):
         env = dict(os.environ, **{v: str(cores()) for v in THREAD_VARS if v != "OPENBLAS_NUM_THREADS"})
         env["OPENBLAS_NUM_THREADS"] = "1"
-        quick = ["--quick"] if (config.option.markexpr or "").strip() == "quick" else []
+        quick = ["--quick"] if quick else []
         # its own session: an interrupted gate (Ctrl-C, a time limit) does not lose the
         # reference in progress; it is finished and kept for the next run
         _ahead["refs"] = subprocess.Popen([sys.executable, "-m", "verify.precompute", *quick], cwd=ROOT, env=env,

@@ -203,15 +203,6 @@ def test_quantize_gather_scatter(cu, dev, case):
 # (None: automatic by rows per expert), each automatic choice, the largest one with the kept
 # earlier forms (MMQ_SUBFMA=0, MMQ_Q8DEC=0, MMQ_MIX=0), and more from STRATA_MMQ_TEST_CONFIGS (JSON
 # objects, ";"-separated).
-def _configs():
-    from fast.cuda import products
-
-    earlier = dict(products.AUTO_CONFIGS[-1][1], MMQ_SUBFMA=0, MMQ_Q8DEC=0, MMQ_MIX=0)
-    return [None] + [c for _, c in products.AUTO_CONFIGS] + [earlier] + [
-        json.loads(c) for c in os.environ.get("STRATA_MMQ_TEST_CONFIGS", "").split(";") if c.strip()]
-
-
-
 def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
     f = {k: (v[r0:r1] if isinstance(v, np.ndarray) else v) for k, v in vars(act).items()}
     return q8_1.Q8Rows(**f)
@@ -294,7 +285,7 @@ def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows
     wd = _dev(cu, wbuf)
     ad = _dev(cu, abuf)
     bd = _dev(cu, np.array(bounds, np.int32).reshape(-1))
-    for cfg in _configs():
+    for cfg in mmq_configs():
         bn = products.mmq_geometry(cfg)["BN"]
         for tr in sorted({min(t, bn) for t in tile_rows}, reverse=True):
             out = _poisoned(cu, R_total * N * 4)
@@ -413,7 +404,7 @@ def test_mmq_pair_is_two_launches_in_one(cu, dev, case):
     b0, b1 = bounds[3]  # the definition, for one expert's rows: the pair is not merely self-consistent
     want_up = mmq.mmq(qt, wbuf[3 * stride + mat: 3 * stride + 2 * mat].reshape(N, rb), _slice_rows(dec, b0, b1))
     nbytes = R_total * N * 4
-    for cfg in _configs():
+    for cfg in mmq_configs():
         tr = products.mmq_geometry(cfg)["BN"]  # a configuration's tiles hold at most BN rows
         one_g, one_u, pair_g, pair_u = (_poisoned(cu, nbytes) for _ in range(4))
         products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, len(rows), one_g, config=cfg, tile_rows=tr)
@@ -475,7 +466,7 @@ def _tile_list_case(cu, dev, qt, N, K, rows, seed, keep=False):
     want = [got_def["gate"], got_def["up"]]
     cd, ad = _dev(cu, cache), _dev(cu, q8_1.pack_rows(act_rows))
     mean = float(np.mean(rows))
-    for cfg in _configs():
+    for cfg in mmq_configs():
         c = products.tile_config(mean) if cfg is None else cfg
         tiles = products.row_tiles(bounds, slots.astype(np.int64) * blob, products.tile_rows_for(c))
         td = _dev(cu, tiles)
