@@ -14,6 +14,7 @@ from strata.pack import Pack
 
 from reference.attention_half import attention_half
 from reference.moe_half import moe_half, quantize
+from reference.weights import PreparedCache
 
 
 class ReferenceEngine:
@@ -28,7 +29,7 @@ class ReferenceEngine:
         cfg = self.config
         self.kv = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self._rope = numerics.RopeTable(cfg.head_dim, cfg.rope_base)
-        self._weights = mmq.PreparedCache()
+        self._weights = PreparedCache()
         self._floats: dict = {}  # float matrices decoded to float32, by key
 
     def product(self, key, matrix, act) -> np.ndarray:

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import EXPERT_TYPES
 from reference import ReferenceEngine
+from reference.weights import PreparedCache
 from strata import attention, dense, mmq, parallel, q8_1
 from strata.errors import InputError
 from strata.make_pack import make_pack
@@ -171,7 +172,7 @@ def test_prepared_cache_keeps_what_it_holds_past_its_budget(make_test_pack, monk
     pack = make_test_pack("tiny", "Q4_1")
     mats = [(("gate", e), pack.layer(0).ffn_gate_exps.expert(e)) for e in range(6)]
     one = mmq.prepare(mats[0][1].qtype, mats[0][1].data).nbytes
-    cache = mmq.PreparedCache(max_bytes=4 * one)
+    cache = PreparedCache(max_bytes=4 * one)
     monkeypatch.setenv(ENV, "3")
     first = parallel.map_ordered(lambda km: cache.get(km[0], km[1].qtype, km[1].data), mats)
     kept = dict(cache._items)
