@@ -1,6 +1,6 @@
 """Dump files: Strata's two formats, and the project's own record file.
 
-Strata's formats (DESIGN.md section 7):
+Strata's formats, shared with the Strata engine (docs/dumps.md):
 - first-token logits (`STRATA_DUMP_FIRST_LOGITS`): the raw float32 logits, no header.
 - residuals (`STRATA_PREFILL_DUMP_R`): for each position with pos % 64 == 0, an int64
   position then the final residual row as float32; truncated on a run's first chunk and
