@@ -3,6 +3,12 @@
 `ReferenceEngine` plugs into `strata.session.Session`, which cuts the prompt into chunks,
 runs the layers, records the dumps and continues greedily. Each layer is the attention half
 (reference/attention_half.py) then the MoE half (reference/moe_half.py).
+
+The operations those halves call (the q8_1 quantization, the MMQ product of each weight type,
+attention, routing, SwiGLU, the combine) are vectorized NumPy in strata/; reference/scalar.py
+states each of them element by element, in docs/numerics.md's order, as plain loops that the
+tests compare with the vectorized code byte for byte. Decoded weights are kept between chunks
+in reference/weights.py.
 """
 from __future__ import annotations
 

@@ -1,36 +1,26 @@
-"""Independent oracles for the shared NumPy definitions (docs/numerics.md, sections 3-7).
+"""The vectorized NumPy definitions (docs/numerics.md, sections 2-7) against their scalar
+loops in reference/scalar.py, byte for byte.
 
-Each oracle is a literal scalar loop written from the contract, one np.float32 operation per
-step, in the order the document gives; it never calls the definition it checks. It compares
-byte for byte with the definition on tiny random cases (1-3 rows, 1-3 blocks), so a changed
-order, scale or formula in strata/mmq.py, strata/attention.py, strata/routing.py,
-strata/moe.py or strata/numerics.py' sigmoid/silu turns this file red on a CPU.
-
-What the oracles do call, and why that is allowed:
-- ``strata.numerics.exp`` and ``strata.numerics.roundf``: the contract defines them as *the*
-  shared primitives (section 1) that every rule uses; they have their own scalar tests in
-  tests/test_numerics.py.
-- ``strata.quants.decode`` for a weight's integer form (codes, sub-scales, dw, mw): the weight
-  formats are pinned against ``gguf.quants.dequantize`` in tests/test_quants.py; the product's
-  epilogue is what is checked here.
-- ``strata.q8_1.quantize_rows`` to make the activation bytes (pinned in tests/test_q8_1.py);
-  the oracle reads the 144-byte blocks itself.
+reference/scalar.py states each rule element by element, in the contract's order, one float32
+operation per step, without calling the definition it states. Here each is compared with the
+vectorized definition on tiny random cases (1-3 rows, 1-3 blocks), so a changed order, scale or
+formula in strata/q8_1.py, strata/blockquant.py, strata/mmq.py, strata/attention.py,
+strata/routing.py, strata/moe.py or strata/numerics.py' sigmoid/silu turns this file red on a
+CPU.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
+import pytest
 from gguf import GGMLQuantizationType as QT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata import mmq, moe, numerics, q8_1, quants, routing
+from reference import scalar
+from strata import blockquant, mmq, moe, numerics, q8_1, quants, routing
 from strata.attention import KVCache, attend
 
 F32 = np.float32
-ZERO = F32(0.0)
-ONE = F32(1.0)
 SETTINGS = settings(max_examples=25, deadline=None)
 TYPES = [QT.Q8_0, QT.Q4_1, QT.Q2_K, QT.IQ2_XS, QT.IQ3_XXS, QT.IQ3_S]
 
@@ -42,61 +32,44 @@ def rand(rng, shape, spread=2):
     return (m * np.exp2(rng.integers(-spread, spread + 1, shape))).astype(F32)
 
 
-def exp(x):
-    return numerics.exp(F32(x))[()]
-
-
-def roundf(x):
-    return numerics.roundf(F32(x))[()]
-
-
 def same(a, b) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+# --------------------------------------------------------------------------- int8 blocks, q8_1 (section 2)
+
+
+@pytest.mark.parametrize("case", ["zeros", "negative zeros", "tiny", "nan", "inf", "-inf", "mixed"])
+def test_int8_block_edges(case):
+    """The defined edge cases of one group: scale 0 and codes 0 where 127/amax is not finite;
+    an infinite value: scale +inf, codes 0."""
+    x = rand(np.random.default_rng(7), 32)
+    x = {"zeros": np.zeros(32, F32), "negative zeros": np.full(32, -0.0, F32),
+         "tiny": np.full(32, F32(1e-38)), "mixed": x}.get(case, x)
+    if case in ("nan", "inf", "-inf"):
+        x[5] = F32({"nan": np.nan, "inf": np.inf, "-inf": -np.inf}[case])
+    codes, d = blockquant.quantize_blocks(x, 32)
+    want_codes, want_d = scalar.int8_block(x.tolist())
+    assert same(codes, np.array(want_codes, np.int8)) and same(d, np.array([want_d], F32))
+
+
+@SETTINGS
+@given(layout=st.sampled_from(list(q8_1.Layout)), seed=st.integers(0, 2**32 - 1),
+       n_rows=st.integers(1, 3), K=st.sampled_from([32, 100, 512, 640]), spread=st.integers(0, 30),
+       zero_group=st.booleans(), cancelling=st.booleans())
+def test_q8_1_quantize(layout, seed, n_rows, K, spread, zero_group, cancelling):
+    rng = np.random.default_rng(seed)
+    x = rand(rng, (n_rows, K), spread)
+    if cancelling:  # +-2^14 cancel and a 2^-14 beside them survives or not by the order of the
+        # sums, whose halves keep 2^-14 (the smallest normal half)
+        x = rng.choice(np.array([2.0**14, -2.0**14, 2.0**-14, -2.0**-14, 1.0, -1.0], F32), (n_rows, K))
+    if zero_group:  # an all-zero 32-value group inside the first row
+        x[0, :32] = 0.0
+    assert same(q8_1.quantize_rows(x, layout), scalar.q8_1_rows(x, layout))
+
+
 # --------------------------------------------------------------------------- MMQ (section 3)
-
-
-def read_q8_1_block(blk: bytes, layout, j: int):
-    """32-value block j (0..3) of one 144-byte block_q8_1_mmq: (codes, da, sa)."""
-    codes = np.frombuffer(blk, np.int8, 32, 16 + 32 * j).tolist()
-    if layout == q8_1.Layout.D4:
-        return codes, np.frombuffer(blk, "<f4", 1, 4 * j)[0], None
-    h = np.frombuffer(blk, "<f2", 8, 0).astype(F32)
-    if layout == q8_1.Layout.DS4:
-        return codes, h[2 * j], h[2 * j + 1]
-    return codes, h[j // 2], None  # D2S6: d0 for values 0..63, d1 for 64..127
-
-
-def mmq_oracle(qt, raw: np.ndarray, buf: np.ndarray, n_rows: int) -> np.ndarray:
-    layout = q8_1.layout_for(qt)
-    dec = quants.decode(qt, raw)  # codes [N, nb, 32], sub [N, nb, 2], dw, mw, msub
-    n_out, nb = dec.dw.shape
-    blocks = q8_1.unpack_rows(buf, n_rows)  # [R, Kp/128, 144]
-    out = np.zeros((n_rows, n_out), F32)
-    for r in range(n_rows):
-        for n in range(n_out):
-            acc = ZERO
-            for b in range(nb):  # ascending blocks from acc = 0.0f
-                a, da, sa = read_q8_1_block(blocks[r, b // 4].tobytes(), layout, b % 4)
-                c = dec.codes[n, b].tolist()
-                u0, u1 = (int(v) for v in dec.sub[n, b])
-                sumi = (u0 * sum(c[i] * a[i] for i in range(16))
-                        + u1 * sum(c[i] * a[i] for i in range(16, 32)))
-                dw = dec.dw[n, b]
-                if qt == QT.Q4_1:
-                    mw = dec.mw[n, b]
-                    acc = acc + ((dw * da) * F32(sumi) + mw * sa)
-                elif qt == QT.Q2_K:
-                    v0, v1 = (int(v) for v in dec.msub[n, b])
-                    mi = v0 * sum(a[:16]) + v1 * sum(a[16:])
-                    mw = dec.mw[n, b]
-                    acc = acc + ((dw * da) * F32(sumi) - (mw * da) * F32(mi))
-                else:
-                    acc = acc + (dw * da) * F32(sumi)
-            out[r, n] = acc
-    return out
 
 
 @SETTINGS
@@ -113,76 +86,10 @@ def test_mmq_epilogue(qt, seed, n_rows, n_out, n_super, offset):
     x = rand(rng, (n_rows, K)) + F32(offset)
     buf = q8_1.pack_rows(q8_1.quantize_rows(x, layout))
     got = mmq.mmq(qt, raw, q8_1.decode_rows(buf, n_rows, layout))
-    assert same(got, mmq_oracle(qt, raw, buf, n_rows))
+    assert same(got, scalar.mmq(qt, raw, buf, n_rows))
 
 
 # --------------------------------------------------------------------------- attention (section 5)
-
-
-def int8_block(vals):
-    """amax, d_inv = 127/amax, roundf, d = 1/d_inv; a non-finite d_inv: scale 0, codes 0."""
-    amax = ZERO
-    for v in vals:
-        amax = max(amax, abs(F32(v)))
-    with np.errstate(divide="ignore", over="ignore"):
-        d_inv = F32(127.0) / amax
-    if not np.isfinite(d_inv):
-        return [0] * len(vals), ZERO
-    return [int(roundf(F32(v) * d_inv)) for v in vals], ONE / d_inv
-
-
-def int8_row(vals, block):
-    codes, scales = [], []
-    for i in range(0, len(vals), block):
-        c, d = int8_block(vals[i:i + block])
-        codes += c
-        scales.append(d)
-    return codes, scales
-
-
-def tree(v):
-    while len(v) > 1:
-        h = len(v) // 2
-        v = [v[i] + v[i + h] for i in range(h)]
-    return v[0]
-
-
-def attention_oracle(q, k, v, qpos, n_head_kv):
-    """q [T, H, hd] at positions qpos; k, v [n_keys, n_head_kv, hd] at positions 0..n_keys-1."""
-    n_tok, n_head, hd = q.shape
-    kq = [[int8_row(k[j, g].tolist(), 32) for g in range(n_head_kv)] for j in range(k.shape[0])]
-    vq = [[int8_row(v[j, g].tolist(), hd) for g in range(n_head_kv)] for j in range(v.shape[0])]
-    kq_scale = F32(1.0 / math.sqrt(hd))  # float64, rounded once
-    out = np.zeros(q.shape, F32)
-    for t in range(n_tok):
-        P = int(qpos[t])
-        for h in range(n_head):
-            g = h // (n_head // n_head_kv)
-            qc, qd = int8_row(q[t, h].tolist(), 32)
-            s = {}
-            for j in range(P + 1):
-                kc, kd = kq[j][g]
-                acc = ZERO
-                for b in range(hd // 32):
-                    sumi = sum(qc[i] * kc[i] for i in range(32 * b, 32 * b + 32))
-                    acc = acc + (qd[b] * kd[b]) * F32(sumi)
-                s[j] = acc * kq_scale
-            M, L, O = F32(-np.inf), ZERO, [ZERO] * hd
-            for c in range(P // 64 + 1):
-                keys = range(64 * c, 64 * c + 64)
-                m_new = max(M, max(s[j] for j in keys if j <= P))
-                alpha = exp(M - m_new)
-                p = [exp(s[j] - m_new) if j <= P else ZERO for j in keys]
-                lsum = tree(p)
-                w = [p[i] * vq[j][g][1][0] if j <= P else ZERO for i, j in enumerate(keys)]
-                wq, wd = int8_block(w)
-                L = L * alpha + lsum
-                for i in range(hd):
-                    pv = sum(wq[jj] * vq[j][g][0][i] for jj, j in enumerate(keys) if j <= P)
-                    O[i] = O[i] * alpha + wd * F32(pv)
-                M = m_new
-            out[t, h] = [O[i] / L for i in range(hd)]
-    return out
 
 
 @settings(max_examples=16, deadline=None)
@@ -201,36 +108,10 @@ def test_attention(seed, n_tok, n_keys_extra, hd, gqa):
     cache = KVCache(1, n_head_kv, hd)
     cache.write(0, np.arange(n_keys), k, v)
     got = attend(cache, 0, q, qpos)
-    assert same(got, attention_oracle(q, k, v, qpos, n_head_kv))
+    assert same(got, scalar.attention(q, k, v, qpos, n_head_kv))
 
 
 # --------------------------------------------------------------------------- router (section 4)
-
-
-def router_oracle(logits, k):
-    ids, weights = [], []
-    for row in logits:
-        n = len(row)
-        m = max(F32(x) for x in row)
-        e = [exp(F32(x) - m) for x in row]
-        lanes = [ZERO] * 32  # lane_sum: 32 strided partials, then the halving tree
-        for i in range(n):
-            lanes[i % 32] = lanes[i % 32] + e[i]
-        p = [e[i] / tree(lanes) for i in range(n)]
-        picked = []
-        for _ in range(k):  # the largest remaining p; on a tie the lower id (strict >)
-            best = -1
-            for i in range(n):
-                if i not in picked and (best < 0 or p[i] > p[best]):
-                    best = i
-            picked.append(best)
-        s = ZERO
-        for i in picked:
-            s = s + p[i]
-        floor = max(s, F32(6.1035e-5))
-        ids.append(picked)
-        weights.append([p[i] / floor for i in picked])
-    return np.array(ids, np.int32), np.array(weights, F32)
 
 
 @SETTINGS
@@ -242,7 +123,7 @@ def test_router(seed, n_tok, n_expert, k, levels):
     # logits from a few levels, so equal probabilities (ties) are common
     logits = (rng.integers(0, levels, (n_tok, n_expert)) * F32(0.375) - F32(4)).astype(F32)
     ids, w = routing.top_k(logits, k)
-    want_ids, want_w = router_oracle(logits, k)
+    want_ids, want_w = scalar.top_k(logits, k)
     assert same(ids, want_ids) and same(w, want_w)
 
 
@@ -254,17 +135,14 @@ def test_router(seed, n_tok, n_expert, k, levels):
 def test_swiglu(seed, n, d):
     rng = np.random.default_rng(seed)
     g, u = rand(rng, (n, d), 4), rand(rng, (n, d), 4)
-    want = np.array([[(g[r, i] / (ONE + exp(-g[r, i]))) * u[r, i] for i in range(d)]
-                     for r in range(n)], F32)
-    assert same(moe.swiglu(g, u), want)
+    assert same(moe.swiglu(g, u), scalar.swiglu(g, u))
 
 
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 40))
 def test_shared_expert_gate(seed, n):
     x = rand(np.random.default_rng(seed), n, 6)
-    want = np.array([ONE / (ONE + exp(-x[i])) for i in range(n)], F32)
-    assert same(numerics.sigmoid(x), want)
+    assert same(numerics.sigmoid(x), scalar.sigmoid(x))
 
 
 # --------------------------------------------------------------------------- combine (section 7)
@@ -280,13 +158,4 @@ def test_combine(seed, n_tok, k, d, with_shared):
     slot = rng.permutation(n_tok * k).astype(np.int32)
     y = rand(rng, (n_tok * k, d), 6)
     shared = (rand(rng, n_tok), rand(rng, (n_tok, d), 6)) if with_shared else None
-    want = np.zeros((n_tok, d), F32)
-    for t in range(n_tok):
-        for j in range(d):
-            acc = ZERO
-            for r in range(k):  # rank order
-                acc = acc + w[t, r] * y[slot[t * k + r], j]
-            if shared is not None:
-                acc = acc + shared[0][t] * shared[1][t, j]
-            want[t, j] = x[t, j] + acc
-    assert same(moe.combine(x, w, slot, y, shared), want)
+    assert same(moe.combine(x, w, slot, y, shared), scalar.combine(x, w, slot, y, shared))

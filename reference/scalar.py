@@ -1,0 +1,341 @@
+"""The contract element by element: docs/numerics.md's rules as plain scalar loops.
+
+Read this file to see what a product, a quantization or the attention computes, value by
+value. Each function states one section of docs/numerics.md and names the vectorized NumPy
+function that it defines (the one the reference runs and the CUDA kernels name); the loops go
+over elements and blocks in the contract's order, and every float is an ``np.float32`` scalar,
+so each ``+``, ``*`` and ``/`` rounds to float32 once, as written. Where the order of float
+operations matters, each line holds one of them.
+
+These loops are slow, and nothing but the tests and the docs uses them: tests/test_oracles.py
+compares every vectorized definition with its loop here, byte for byte, on tiny random cases,
+so a changed order, scale or formula in strata/ shows there.
+
+A loop never calls the function it defines. What it does call from strata/, and why:
+
+- ``strata.numerics.exp`` and ``strata.numerics.roundf`` (through :func:`exp` and
+  :func:`roundf`): the contract defines them as *the* shared primitives (section 1) that every
+  rule uses; they have their own scalar tests in tests/test_numerics.py.
+- ``strata.quants.decode`` for a weight's integer form (codes, sub-scales, dw, mw): the weight
+  formats are pinned against ``gguf.quants.dequantize`` in tests/test_quants.py; the product's
+  epilogue is what is stated here.
+- ``strata.q8_1.unpack_rows``, ``strata.q8_1.padded_len`` and ``strata.q8_1.Layout``: where a
+  row's 144-byte blocks sit in a buffer, how long a padded row is, and the layouts' names.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from strata import numerics, q8_1, quants
+
+F32 = np.float32
+ZERO = F32(0.0)
+ONE = F32(1.0)
+
+
+# --------------------------------------------------------------------------- primitives (section 1)
+
+
+def exp(x) -> np.float32:
+    """Section 1, exp: the shared primitive on one float32."""
+    return numerics.exp(F32(x))[()]
+
+
+def roundf(x) -> np.float32:
+    """Section 1, roundf (C roundf, half away from zero): the shared primitive on one float32."""
+    return numerics.roundf(F32(x))[()]
+
+
+def tree_sum(v: list) -> np.float32:
+    """Section 1, Reductions, tree_sum (``strata.numerics.tree_sum``): ``v = v[:h] + v[h:]``
+    over a power-of-two length until one value."""
+    while len(v) > 1:
+        h = len(v) // 2
+        v = [v[i] + v[i + h] for i in range(h)]
+    return v[0]
+
+
+def lane_sum(v: list) -> np.float32:
+    """Section 1, Reductions, lane_sum (``strata.numerics.lane_sum``): 32 strided partials from
+    0.0f, then the halving tree over them."""
+    lanes = [ZERO] * 32
+    for i in range(len(v)):
+        lanes[i % 32] = lanes[i % 32] + v[i]
+    return tree_sum(lanes)
+
+
+def softmax(row: list) -> list:
+    """Section 1, softmax (``strata.numerics.softmax``) over one row."""
+    m = max(F32(x) for x in row)
+    e = [exp(F32(x) - m) for x in row]
+    s = lane_sum(e)
+    return [e_i / s for e_i in e]
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Section 1 (the shared expert's gate, section 6): ``1.0f / (1.0f + exp(-x))`` for each
+    element (``strata.numerics.sigmoid``)."""
+    out = np.zeros(x.shape, F32)
+    for i in np.ndindex(x.shape):
+        e = exp(-x[i])
+        d = ONE + e
+        out[i] = ONE / d
+    return out
+
+
+def silu(x) -> np.float32:
+    """Section 1, silu, on one float32: ``x / (1.0f + exp(-x))`` (``strata.numerics.silu``)."""
+    e = exp(-F32(x))
+    d = ONE + e
+    return F32(x) / d
+
+
+# --------------------------------------------------------------------------- int8 blocks, q8_1 (section 2)
+
+
+def int8_block(vals: list) -> tuple[list[int], np.float32]:
+    """Section 2, one scale group by the INVERSE rule (q8_1 groups; the KV cache, Q and the
+    folded P of section 5): ``strata.blockquant.quantize_blocks`` on one block. Returns
+    (codes, d). A group whose 127/amax is not finite (all zeros, amax too small, a NaN) has
+    d = 0 and codes 0; a product ``x_i * d_inv`` that is not finite (an infinite input) gives
+    code 0."""
+    amax = ZERO
+    for v in vals:
+        amax = np.maximum(amax, np.abs(F32(v)))  # np.maximum keeps a NaN, as the block's max does
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        d_inv = F32(127.0) / amax
+        if not np.isfinite(d_inv):
+            return [0] * len(vals), ZERO
+        codes = []
+        for v in vals:
+            p = F32(v) * d_inv
+            codes.append(int(roundf(p)) if np.isfinite(p) else 0)
+        d = ONE / d_inv
+    return codes, d
+
+
+def int8_row(vals: list, block: int) -> tuple[list[int], list]:
+    """A row cut into groups of ``block`` values, each by :func:`int8_block`: (codes of the
+    whole row, one d per group) (``strata.attention.quantize_int8``)."""
+    codes, scales = [], []
+    for i in range(0, len(vals), block):
+        c, d = int8_block(vals[i:i + block])
+        codes += c
+        scales.append(d)
+    return codes, scales
+
+
+def q8_1_sum(vals: list) -> np.float32:
+    """Section 2, block sums: runs of 4 left to right, then the halving tree over them."""
+    s4 = []
+    for i in range(0, len(vals), 4):
+        s = F32(vals[i]) + F32(vals[i + 1])
+        s = s + F32(vals[i + 2])
+        s = s + F32(vals[i + 3])
+        s4.append(s)
+    return tree_sum(s4)
+
+
+def _halves(vals) -> bytes:
+    """binary16 little-endian, float32 -> half to nearest even, overflow to infinity."""
+    with np.errstate(over="ignore"):
+        return np.array(vals, F32).astype("<f2").tobytes()
+
+
+def q8_1_block(vals: list, layout) -> bytes:
+    """Section 2, The buffer: the 144 bytes of one 128-value block_q8_1_mmq (its 16-byte
+    header by layout, then 128 int8 codes)."""
+    assert len(vals) == 128
+    if layout == q8_1.Layout.D2S6:
+        c0, d0 = int8_block(vals[:64])  # one scale per 64 values
+        c1, d1 = int8_block(vals[64:])
+        sums = [q8_1_sum(vals[16 * j:16 * j + 16]) for j in range(6)]  # values 0..95
+        header = _halves([d0, d1, *sums])
+        codes = c0 + c1
+    else:
+        codes, ds, ss = [], [], []
+        for j in range(4):
+            c, d = int8_block(vals[32 * j:32 * j + 32])
+            codes += c
+            ds.append(d)
+            ss.append(q8_1_sum(vals[32 * j:32 * j + 32]))
+        if layout == q8_1.Layout.D4:
+            header = np.array(ds, "<f4").tobytes()
+        else:  # DS4: (d_j, s_j) half pairs
+            header = _halves([v for pair in zip(ds, ss) for v in pair])
+    return header + np.array(codes, np.int8).tobytes()
+
+
+def q8_1_rows(x: np.ndarray, layout) -> np.ndarray:
+    """Section 2: float32 rows [R, K] -> their blocks uint8 [R, Kp/128, 144], each row padded
+    with zeros to Kp (``strata.q8_1.quantize_rows``)."""
+    R, K = x.shape
+    Kp = q8_1.padded_len(K)
+    out = np.zeros((R, Kp // 128, 144), np.uint8)
+    for r in range(R):
+        row = [F32(v) for v in x[r]] + [ZERO] * (Kp - K)
+        for kb in range(Kp // 128):
+            out[r, kb] = np.frombuffer(q8_1_block(row[128 * kb:128 * kb + 128], layout), np.uint8)
+    return out
+
+
+def q8_1_read(block: bytes, layout, j: int) -> tuple[list[int], np.float32, np.float32 | None]:
+    """Section 2, Decoded for the products: 32-value group j (0..3) of one 144-byte block as
+    (codes a, da, sa) (``strata.q8_1.decode_rows``); sa is DS4's sum, else None."""
+    codes = np.frombuffer(block, np.int8, 32, 16 + 32 * j).tolist()
+    if layout == q8_1.Layout.D4:
+        return codes, np.frombuffer(block, "<f4", 1, 4 * j)[0], None
+    h = np.frombuffer(block, "<f2", 8, 0).astype(F32)
+    if layout == q8_1.Layout.DS4:
+        return codes, h[2 * j], h[2 * j + 1]
+    return codes, h[j // 2], None  # D2S6: d0 for values 0..63, d1 for 64..127
+
+
+# --------------------------------------------------------------------------- products (section 3)
+
+
+def mmq(qt, raw: np.ndarray, buf: np.ndarray, n_rows: int) -> np.ndarray:
+    """Section 3, Products (MMQ): raw weight rows [N, row_bytes] of type qt times the n_rows
+    rows of the flat q8_1 buffer buf (the layout qt selects): [n_rows, N] float32
+    (``strata.mmq.mmq_prepared``, through ``strata.mmq.mmq``)."""
+    layout = q8_1.layout_for(qt)
+    dec = quants.decode(qt, raw)  # codes [N, nb, 32], sub [N, nb, 2], dw, mw, msub
+    n_out, nb = dec.dw.shape
+    blocks = q8_1.unpack_rows(buf, n_rows)  # [R, Kp/128, 144]
+    out = np.zeros((n_rows, n_out), F32)
+    for r in range(n_rows):
+        for n in range(n_out):
+            acc = ZERO
+            for b in range(nb):  # the weight's blocks, ascending; the row's padding is never read
+                a, da, sa = q8_1_read(blocks[r, b // 4].tobytes(), layout, b % 4)
+                c = dec.codes[n, b].tolist()
+                u0, u1 = (int(v) for v in dec.sub[n, b])
+                # exact integers: Python ints, no rounding
+                sumi = u0 * sum(c[i] * a[i] for i in range(16)) + u1 * sum(c[i] * a[i] for i in range(16, 32))
+                dw = dec.dw[n, b]
+                t = dw * da
+                t = t * F32(sumi)
+                if qt == QT.Q4_1:
+                    m = dec.mw[n, b] * sa
+                    t = t + m
+                elif qt == QT.Q2_K:
+                    v0, v1 = (int(v) for v in dec.msub[n, b])
+                    mi = v0 * sum(a[:16]) + v1 * sum(a[16:])
+                    m = dec.mw[n, b] * da
+                    m = m * F32(mi)
+                    t = t - m
+                acc = acc + t
+            out[r, n] = acc
+    return out
+
+
+# --------------------------------------------------------------------------- routing (section 4)
+
+
+def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Section 4, Routing: softmax over all experts, the top k by probability (ties to the
+    lower id), renormalized: (ids int32 [T, k], weights float32 [T, k])
+    (``strata.routing.top_k``)."""
+    ids, weights = [], []
+    for row in logits:
+        p = softmax(row)
+        picked = []
+        for _ in range(k):  # the largest remaining p; on a tie the lower id (strict >)
+            best = -1
+            for i in range(len(p)):
+                if i not in picked and (best < 0 or p[i] > p[best]):
+                    best = i
+            picked.append(best)
+        s = ZERO
+        for i in picked:  # rank order
+            s = s + p[i]
+        floor = max(s, F32(6.1035e-5))
+        ids.append(picked)
+        weights.append([p[i] / floor for i in picked])
+    return np.array(ids, np.int32), np.array(weights, F32)
+
+
+# --------------------------------------------------------------------------- attention (section 5)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos, n_head_kv: int) -> np.ndarray:
+    """Section 5, Attention: queries q [T, H, hd] at positions qpos over keys and values
+    k, v [n_keys, n_head_kv, hd] at positions 0..n_keys-1, through the int8 KV cache:
+    [T, H, hd] float32 (``strata.attention.KVCache.write``, then ``strata.attention.attend``)."""
+    n_tok, n_head, hd = q.shape
+    # the KV cache: K one scale per 32 values, V one scale per head_dim row
+    kq = [[int8_row(k[j, g].tolist(), 32) for g in range(n_head_kv)] for j in range(k.shape[0])]
+    vq = [[int8_row(v[j, g].tolist(), hd) for g in range(n_head_kv)] for j in range(v.shape[0])]
+    kq_scale = F32(1.0 / math.sqrt(hd))  # float64, rounded once
+    out = np.zeros(q.shape, F32)
+    for t in range(n_tok):
+        P = int(qpos[t])
+        for h in range(n_head):
+            g = h // (n_head // n_head_kv)
+            qc, qd = int8_row(q[t, h].tolist(), 32)
+            # scores of the keys at positions 0..P
+            s = {}
+            for j in range(P + 1):
+                kc, kd = kq[j][g]
+                acc = ZERO
+                for b in range(hd // 32):
+                    sumi = sum(qc[i] * kc[i] for i in range(32 * b, 32 * b + 32))  # exact
+                    d = qd[b] * kd[b]
+                    acc = acc + d * F32(sumi)
+                s[j] = acc * kq_scale
+            # online softmax over key blocks of 64, ascending
+            M, L, O = F32(-np.inf), ZERO, [ZERO] * hd
+            for c in range(P // 64 + 1):
+                keys = range(64 * c, 64 * c + 64)
+                m_new = max(M, max(s[j] for j in keys if j <= P))
+                alpha = exp(M - m_new)
+                p = [exp(s[j] - m_new) if j <= P else ZERO for j in keys]
+                lsum = tree_sum(p)
+                w = [p[i] * vq[j][g][1][0] if j <= P else ZERO for i, j in enumerate(keys)]
+                wq, dw = int8_block(w)
+                L = L * alpha
+                L = L + lsum
+                for i in range(hd):
+                    pv = sum(wq[jj] * vq[j][g][0][i] for jj, j in enumerate(keys) if j <= P)  # exact
+                    ob = dw * F32(pv)
+                    O[i] = O[i] * alpha
+                    O[i] = O[i] + ob
+                M = m_new
+            out[t, h] = [O[i] / L for i in range(hd)]
+    return out
+
+
+# --------------------------------------------------------------------------- the MoE half (section 6)
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """Section 6: ``H = silu(g) * u`` for each element (``strata.moe.swiglu``)."""
+    out = np.zeros(gate.shape, F32)
+    for i in np.ndindex(gate.shape):
+        out[i] = silu(gate[i]) * up[i]
+    return out
+
+
+# --------------------------------------------------------------------------- combine (section 7)
+
+
+def combine(x: np.ndarray, w: np.ndarray, slot: np.ndarray, y: np.ndarray, shared=None) -> np.ndarray:
+    """Section 7, Combine: per token and value, the routed outputs in rank order, then the
+    shared expert (shared = (g [T], Ysh [T, D]) or None), then the residual
+    (``strata.moe.combine``)."""
+    n_tok, k = w.shape
+    out = np.zeros(x.shape, F32)
+    for t in range(n_tok):
+        for j in range(x.shape[1]):
+            acc = ZERO
+            for r in range(k):  # rank order
+                m = w[t, r] * y[slot[t * k + r], j]
+                acc = acc + m
+            if shared is not None:
+                m = shared[0][t] * shared[1][t, j]
+                acc = acc + m
+            out[t, j] = x[t, j] + acc
+    return out
