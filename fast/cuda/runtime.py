@@ -268,6 +268,10 @@ def function(module: str, name: str, fmt: str, defines: dict | None = None):
     with _lock:
         f = _functions.get(key)
         if f is None:
+            # a format unlike the C signature packs the arguments at wrong offsets, silently
+            from . import signatures  # noqa: PLC0415  (it imports this module)
+
+            signatures.check(module, name, fmt, defines)
             f = load_module(module, defines).get_function(name)
             f.prepare(fmt)
             _functions[key] = f
