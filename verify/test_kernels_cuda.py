@@ -29,7 +29,7 @@ from fast.cuda.runtime import cuda_available
 from strata import moe, mmq, q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP, WEIGHT_TAIL_BYTES
 from strata.routing import routing_tables
-from verify.cases import kernel_rows, params, sample_index
+from verify.cases import kernel_rows, mmq_configs, params, sample_index
 from verify.kernel_refs import kept, worth_keeping
 
 _OK, _WHY = cuda_available()
