@@ -93,7 +93,7 @@ class Kernel:
     file: str    # the file and line of the declaration (of the macro use, for a macro's kernel)
     line: int
     macro: str | None = None          # the function-like macro that declared it, if one did
-    conditions: tuple[str, ...] = ()  # the #if lines around it (include guards left out)
+    conditions: tuple[str, ...] = ()  # the #if lines around any part of it (not include guards)
 
     @property
     def format(self) -> str:
@@ -162,18 +162,21 @@ class _Expr:
         return v
 
     def apply(self, op: str, a: int, b: int) -> int:
-        if op in ("/", "%") and b == 0:
-            self.fail("division by zero")
+        if op in ("/", "%"):
+            if b == 0:
+                self.fail("division by zero")
+            q = abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)  # C truncates toward zero
+            return q if op == "/" else a - b * q
+        if op == "||":
+            return int(bool(a) or bool(b))
+        if op == "&&":
+            return int(bool(a) and bool(b))
         return {
-            "||": lambda: int(bool(a) or bool(b)), "&&": lambda: int(bool(a) and bool(b)),
-            "|": lambda: a | b, "^": lambda: a ^ b, "&": lambda: a & b,
-            "==": lambda: int(a == b), "!=": lambda: int(a != b), "<": lambda: int(a < b),
-            "<=": lambda: int(a <= b), ">": lambda: int(a > b), ">=": lambda: int(a >= b),
-            "<<": lambda: a << b, ">>": lambda: a >> b, "+": lambda: a + b, "-": lambda: a - b,
-            "*": lambda: a * b,
-            "/": lambda: int(a / b) if abs(a) < 2**52 else a // b,  # C truncates toward zero
-            "%": lambda: a - b * (int(a / b) if abs(a) < 2**52 else a // b),
-        }[op]()
+            "|": a | b, "^": a ^ b, "&": a & b, "==": int(a == b), "!=": int(a != b),
+            "<": int(a < b), "<=": int(a <= b), ">": int(a > b), ">=": int(a >= b),
+            "+": a + b, "-": a - b, "*": a * b,
+            "<<": a << b if b >= 0 else 0, ">>": a >> b if b >= 0 else 0,
+        }[op]
 
     def unary(self) -> int:
         t = self.take()
@@ -374,7 +377,7 @@ class _Pre:
                     if not name:
                         raise ValueError(f"{where}: #{word} without a name")
                     take = (name in self.macros) == (word == "ifdef")
-                label = None if (guard and lineno == guard) else f"#{word} {rest}"
+                label = None if (guard and lineno == guard) else f"{where}: #{word} {rest}"
                 stack.append([take, take, label, outer])
             elif word == "elif":
                 if not stack:
@@ -382,16 +385,12 @@ class _Pre:
                 top = stack[-1]
                 take = top[3] and not top[1] and bool(self.evaluate(rest))
                 top[0], top[1] = take, top[1] or take
-                if top[2] is not None:
-                    top[2] = f"{top[2]} / #elif {rest}"
             elif word == "else":
                 if not stack:
                     raise ValueError(f"{where}: #else without #if")
                 top = stack[-1]
                 top[0] = top[3] and not top[1]
                 top[1] = True
-                if top[2] is not None:
-                    top[2] = f"{top[2]} / #else"
             elif word == "endif":
                 if not stack:
                     raise ValueError(f"{where}: #endif without #if")
@@ -536,7 +535,7 @@ class _Unit:
                 i = end
                 continue
             if t == "typedef":
-                j = toks.index(";", i) if ";" in toks[i:] else len(toks)
+                j = next((k for k in range(i, len(toks)) if toks[k] == ";"), len(toks))
                 decl = toks[i + 1:j]
                 if len(decl) >= 3 and decl[0] == "struct" and "{" in decl[:3]:
                     k = decl.index("{")
@@ -586,6 +585,8 @@ class _Unit:
             return j
         args, end = _macro_args(toks, j, name)
         where = f"{file}:{line}"
+        for n in range(i, end):  # a parameter under an #if depends on it as much as the name
+            conds = tuple(dict.fromkeys(conds + origin(n)[3]))
         params = tuple(self._param(a, where, name) for a in args if a != ["void"])
         k = Kernel(name, params, file, line, macro, conds)
         have = self.kernels.get(name)
