@@ -6,128 +6,50 @@ switches, the rings and the buffers are exercised on machines with no GPU. The e
 into `strata.session.Session` like the reference does. The expert walk itself is
 fast/walk.py; where experts live and how rings are filled, fast/experts.py.
 
-Switches (each a Python argument, a CLI flag and an environment variable):
-  group_gather   STRATA_PREFILL_GROUP_GATHER   1: one wait, gather and event per MMQ group (default)
-                                               0: one wait, gather and event per expert
-  quant_gather   STRATA_QUANT_GATHER           1: per-row gather quantize of the MoE input
-                                               0: per-token scatter (default)
-  expert_cache   --expert-cache N|auto         VRAM slots for resident experts (auto: free
-                                               memory less vram_reserve_mib)
-  ring           STRATA_PREFILL_RING           ring slots of the streamed walk (default 96,
-                                               384 when >= 90% of streamed bytes are pinned)
-  stream_min     STRATA_PREFILL_STREAM_MIN     chunks from this many tokens stream every
-                                               streamed expert; smaller ones stage (1024)
-  copy_coalesce  STRATA_PREFILL_COPY_COALESCE  1: adjacent ring slots of adjacent host blobs in
-                                               one copy; 0: one copy per expert (default)
-  fuse_group     STRATA_PREFILL_FUSE_GROUP     1: a group's gate and up products in one launch,
-                                               SwiGLU and the quantize of H in one (4 launches
-                                               a group, default); 0: one launch each (6)
-  lean_attention STRATA_PREFILL_LEAN_ATTENTION 1: attention_mma.cu's lean per-(query, key) float
-                                               work (MMA_EPI=2, default); 0: the earlier form
-                                               (the mma kernel's; see pair_attention)
-  pair_attention STRATA_PREFILL_PAIR_ATTENTION 1: prefill attention by the pair kernel (a
-                                               16-query group on two warps, half the
-                                               registers each, default); 0: the mma kernel
-  tiled_dense    STRATA_PREFILL_TILED_DENSE    1: float products of 8+ tokens by the tiled
-                                               float_dense.cu kernel (default); 0: one warp per
-                                               row and 4 tokens
-  widen_float    STRATA_PREFILL_WIDEN_FLOAT    1: F16/BF16 weights (the router, float dense
-                                               matrices) widened once to F32 on the device, whose
-                                               float_dense.cu forms are faster, the same products
-                                               (default); 0: read as stored
-  in_place       STRATA_PREFILL_IN_PLACE       1: a layer's routed resident experts are multiplied
-                                               where they lie in the expert cache, one launch for
-                                               all their gate/up products, one SwiGLU+quantize H,
-                                               one down; only streamed experts are gathered, in
-                                               groups (default); 0: every routed expert goes
-                                               through the group buffers
-  overlap_plan   STRATA_PREFILL_OVERLAP_PLAN   1: the MoE-input quantize and the shared expert
-                                               are queued before the host reads the routing
-                                               counts back, so the device runs them while the
-                                               host plans the walk (default); 0: the host waits
-                                               for the counts right after the router and the
-                                               shared expert runs after the walk
+The switches (each a keyword argument, a `run` flag and mostly an environment variable) are
+declared once, in fast/options.py; the engine resolves them once (fast.options.resolve) into
+`self.options`, which it hands to the backend too.
 """
 from __future__ import annotations
 
-import os
+import dataclasses
 
 import numpy as np
 
 from strata import dense, q8_1
-from strata.constants import (MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS,
-                              STREAM_MIN, VRAM_RESERVE_MIB)
+from strata.constants import MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS
 from strata.errors import InputError
 
+from fast import options
 from fast.experts import Ring, RingStream, place_experts
 from fast.walk import LayerWalk, plan_groups, split_resident
 
 F32 = np.float32
 
 
-def switch(value, env: str, default: bool) -> bool:
-    """A switch from its argument, else its environment variable, else its default."""
-    if value is None:
-        raw = os.environ.get(env)
-        if raw is None or raw == "":
-            return default
-        if raw not in ("0", "1"):
-            raise InputError(f"{env} must be 0 or 1, got {raw!r}")
-        return raw == "1"
-    return bool(int(value))
-
-
-def count(value, env: str, default, what: str, minimum: int = 0) -> int | None:
-    """A count from its argument, else its environment variable, else its default."""
-    raw = value if value is not None else (os.environ.get(env) or None)
-    if raw is None:
-        return default
-    try:
-        n = int(raw)
-    except (TypeError, ValueError):
-        raise InputError(f"{what} must be an integer, got {raw!r}") from None
-    if n < minimum:
-        raise InputError(f"{what} must be >= {minimum}, got {n}")
-    return n
-
-
 class FastEngine:
     name = "fast"
 
-    def __init__(self, pack, backend, group_gather=None, quant_gather=None, group_size: int = MMQ_GROUP,
-                 expert_cache="auto", vram_reserve_mib: int = VRAM_RESERVE_MIB, ring=None, stream_min=None,
-                 copy_coalesce=None, overlap_plan=None, fuse_group=None, lean_attention=None, tiled_dense=None,
-                 in_place=None, widen_float=None, pair_attention=None):
+    def __init__(self, pack, backend, group_size: int = MMQ_GROUP, **switches):
+        """`switches`: fast/options.py's keywords (None: not given, its variable or default)."""
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
-        self.group_gather = switch(group_gather, "STRATA_PREFILL_GROUP_GATHER", True)
-        self.quant_gather = switch(quant_gather, "STRATA_QUANT_GATHER", False)
-        self.copy_coalesce = switch(copy_coalesce, "STRATA_PREFILL_COPY_COALESCE", False)
-        self.overlap_plan = switch(overlap_plan, "STRATA_PREFILL_OVERLAP_PLAN", True)
-        self.fuse_group = switch(fuse_group, "STRATA_PREFILL_FUSE_GROUP", True)
-        self.lean_attention = switch(lean_attention, "STRATA_PREFILL_LEAN_ATTENTION", True)
-        self.tiled_dense = switch(tiled_dense, "STRATA_PREFILL_TILED_DENSE", True)
-        self.in_place = switch(in_place, "STRATA_PREFILL_IN_PLACE", True)
-        self.widen_float = switch(widen_float, "STRATA_PREFILL_WIDEN_FLOAT", True)
-        self.pair_attention = switch(pair_attention, "STRATA_PREFILL_PAIR_ATTENTION", True)
-        backend.kernel_forms(lean_attention=self.lean_attention, tiled_dense=self.tiled_dense,
-                             widen_float=self.widen_float, pair_attention=self.pair_attention)
+        o = options.resolve(switches)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
         self.group_size = group_size
-        self.stream_min = count(stream_min, "STRATA_PREFILL_STREAM_MIN", STREAM_MIN, "the stream threshold", 1)
-        ring_slots = count(ring, "STRATA_PREFILL_RING", None, "the ring size", 1)
-        if vram_reserve_mib is None or int(vram_reserve_mib) < 0:
-            raise InputError(f"--vram-reserve-mib must be >= 0, got {vram_reserve_mib}")
+        ring_slots = o.ring
         if ring_slots is None:  # Strata's rule: a deep ring only where the host side is pinned
             pinned = backend.streamed_bytes_pinned() >= PINNED_SHARE
             ring_slots = RING_SLOTS_PINNED if pinned else RING_SLOTS
-        if expert_cache is None or expert_cache == "auto":
-            n_cache = backend.expert_cache_capacity(pack, reserve_mib=int(vram_reserve_mib), ring_slots=ring_slots,
+        self.options = o = dataclasses.replace(o, ring=ring_slots)
+        backend.use_options(o)  # before the cache is sized: widen_float adds to the weights' bytes
+        if o.expert_cache == options.AUTO:
+            n_cache = backend.expert_cache_capacity(pack, reserve_mib=o.vram_reserve_mib, ring_slots=ring_slots,
                                                     staging_slots=STAGING_SLOTS)
         else:
-            n_cache = count(expert_cache, "", None, "--expert-cache", 0)
+            n_cache = o.expert_cache
         self.placement = place_experts(cfg.n_layer, cfg.n_expert, n_cache)
         self.ring = Ring("ring", ring_slots)
         self.staging = Ring("stage", STAGING_SLOTS)
@@ -138,6 +60,13 @@ class FastEngine:
                                f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
             self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=STAGING_SLOTS)
         self.name = f"fast/{backend.name}"
+
+    def __getattr__(self, name):
+        """A switch by its keyword (engine.group_gather): its resolved value."""
+        o = self.__dict__.get("options")
+        if o is None or name not in options.BY_KEYWORD:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(o, name)
 
     @property
     def counters(self):
@@ -182,14 +111,14 @@ class FastEngine:
         (layer, id) order through the ring; its first copies start now, before layer 0's
         attention. Smaller chunks stage each layer's routed streamed experts after routing."""
         self._stream = None
-        if n_tok >= self.stream_min and self.placement.n_streamed:
+        if n_tok >= self.options.stream_min and self.placement.n_streamed:
             p = self.placement
             entries = [(l, int(e)) for l in range(self.config.n_layer) for e in p.streamed(l)]
             self._stream = self._new_pass(self.ring, entries)
 
     def _new_pass(self, ring: Ring, entries) -> RingStream:
         self._passes += 1
-        stream = RingStream(self.be, ring, entries, self._passes, self.copy_coalesce)
+        stream = RingStream(self.be, ring, entries, self._passes, self.options.copy_coalesce)
         with self.be.host_phase("host planning"):  # enqueueing the first copies is host work
             stream.copy_ahead()
         return stream
@@ -271,7 +200,7 @@ class FastEngine:
             self._rec(dump, layer, "router_logits", logits)
             ids, weights = be.top_k(logits, k_used)
             tab = be.routing_tables(ids, cfg.n_expert)
-            if not self.overlap_plan:
+            if not self.options.overlap_plan:
                 tab.order  # noqa: B018 - reading the counts makes the host wait for them here
         n_rows = n_tok * k_used
 
@@ -280,7 +209,7 @@ class FastEngine:
         in_layout = q8_1.layout_for(gu_t)
         moe_in = be.alloc_q8(n_rows, cfg.n_embd)
         with be.phase("quantize", layer=layer):
-            if self.quant_gather:
+            if self.options.quant_gather:
                 be.quantize_gather(x=h, src=tab.src, n_rows=n_rows, layout=in_layout, out=moe_in, row0=0,
                                    n_rows_total=n_rows)
             else:
@@ -289,7 +218,7 @@ class FastEngine:
 
         # 4. the shared expert needs no routing: queued here, the device runs it while the host
         # waits for the routing counts and plans the walk (no idle gap before the first gather)
-        shared = self._shared_phase(layer, p, h) if self.overlap_plan else None
+        shared = self._shared_phase(layer, p, h) if self.options.overlap_plan else None
 
         # 5. the walk: groups of group_size consecutive routed experts, in id order
         down_layout = q8_1.layout_for(down_t)
@@ -299,7 +228,7 @@ class FastEngine:
         y = be.alloc_f32((n_rows, cfg.n_embd))
         resident = self.placement.resident[layer]
         with be.host_phase("host planning"):
-            if self.in_place:  # the routed resident experts are one batch; groups hold streamed ones
+            if self.options.in_place:  # the routed resident experts are one batch; groups hold streamed ones
                 batch, walked = split_resident(tab.order, tab.cnt, tab.off, resident)
             else:
                 batch, walked = None, tab.order
@@ -308,7 +237,7 @@ class FastEngine:
 
         def swiglu_h(r0: int, r1: int, args: dict) -> None:
             with be.phase("swiglu+quantize H", **args):
-                if not self.fuse_group or (dump is not None and dump.ops):  # op records keep H: two launches
+                if not self.options.fuse_group or (dump is not None and dump.ops):  # op records keep H: two launches
                     hh = be.swiglu_rows(gate, up, r0, r1)
                     self._rec_rows(dump, "swiglu_h", hh, r0, n_rows)
                     be.quantize_gather(x=hh, src=None, n_rows=r1 - r0, layout=down_layout, out=down_in,
@@ -321,7 +250,7 @@ class FastEngine:
             args = dict(layer=layer, experts=len(grp.experts), rows=grp.n_rows)
             with be.phase("gate/up", **args):
                 be.mmq_group_gate_up(layer=layer, group=grp, bounds=gb, act=moe_in, n_rows=n_rows, gate=gate,
-                                     up=up, one_launch=self.fuse_group)
+                                     up=up, one_launch=self.options.fuse_group)
             swiglu_h(grp.row_begin, grp.row_end, args)
             with be.phase("down", **args):
                 be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=down_in, n_rows=n_rows, y=y)
@@ -340,8 +269,8 @@ class FastEngine:
             bargs = dict(layer=layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
             with be.phase("gate/up", **bargs):
                 be.mmq_batch_gate_up(layer=layer, batch=batch, act=moe_in, n_rows=n_rows, gate=gate, up=up,
-                                     one_launch=self.fuse_group)
-        LayerWalk(be, layer, self.placement, stream, self.group_gather, products).run(groups, bounds, visit)
+                                     one_launch=self.options.fuse_group)
+        LayerWalk(be, layer, self.placement, stream, self.options.group_gather, products).run(groups, bounds, visit)
         if in_batch:
             # SwiGLU over the rows from the batch's first to its last: when streamed experts'
             # rows lie between, they are computed again from the same gate and up, the same bytes
@@ -350,7 +279,7 @@ class FastEngine:
                 be.mmq_batch_down(layer=layer, batch=batch, act=down_in, n_rows=n_rows, y=y)
 
         # 6. combine (the shared expert here when it was not queued early)
-        if not self.overlap_plan:
+        if not self.options.overlap_plan:
             shared = self._shared_phase(layer, p, h)
         with be.phase("combine", layer=layer):
             out = be.combine(x, weights, tab.slot, y, shared)

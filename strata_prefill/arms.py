@@ -1,16 +1,20 @@
 """Arms of `strata-prefill bench`: a set of the fast path's switches, read from a spec such as
-`STRATA_PREFILL_GROUP_GATHER=0,expert-cache=5` or `default`, as FastEngine keyword arguments.
+`group-gather=0,expert-cache=5` or `default`, as FastEngine keyword arguments; and the command
+line's side of the switch table (fast/options.py): each switch's check, `run` flag and help.
 
-A switch is named by its environment variable, its FastEngine keyword (`group_gather`) or its
-`run` flag (`group-gather`, `--group-gather`). The values are checked as `run` checks its flags,
-so a bad spec ends the command before any pack is opened. The environment is never changed:
-each arm's engine gets its switches as arguments.
+A switch is named by its environment variable (or an older name of it), its FastEngine keyword
+(`group_gather`) or its `run` flag (`group-gather`, `--group-gather`). The values are checked as
+`run` checks its flags, so a bad spec ends the command before any pack is opened. The
+environment is never changed: each arm's engine gets its switches as arguments.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
+from fast import options
+from fast.options import Count, OnOff, Switch
 from strata.errors import InputError
 from strata_prefill import checks
 
@@ -21,38 +25,64 @@ def zero_one(text: str) -> int:
     return int(text)
 
 
-# FastEngine keyword -> (environment variable or None, value check); each is also a `run` flag
-# (run.add_fast_switches, whose dests are these keywords: a test holds the two sets equal)
-SWITCHES = {
-    "group_gather": ("STRATA_PREFILL_GROUP_GATHER", zero_one),
-    "quant_gather": ("STRATA_QUANT_GATHER", zero_one),
-    "expert_cache": (None, checks.cache_size),
-    "vram_reserve_mib": (None, checks.non_negative_int),
-    "ring": ("STRATA_PREFILL_RING", checks.positive_int),
-    "stream_min": ("STRATA_PREFILL_STREAM_MIN", checks.positive_int),
-    "copy_coalesce": ("STRATA_PREFILL_COPY_COALESCE", zero_one),
-    "overlap_plan": ("STRATA_PREFILL_OVERLAP_PLAN", zero_one),
-    "fuse_group": ("STRATA_PREFILL_FUSE_GROUP", zero_one),
-    "lean_attention": ("STRATA_PREFILL_LEAN_ATTENTION", zero_one),
-    "tiled_dense": ("STRATA_PREFILL_TILED_DENSE", zero_one),
-    "in_place": ("STRATA_PREFILL_IN_PLACE", zero_one),
-    "widen_float": ("STRATA_PREFILL_WIDEN_FLOAT", zero_one),
-    "pair_attention": ("STRATA_PREFILL_PAIR_ATTENTION", zero_one),
-}
+def value_check(sw: Switch):
+    """The check of a switch's value as text (an arm spec, a variable), by its value type: the
+    integers through checks.integer, as every number a user types."""
+    if isinstance(sw.value, OnOff):
+        return zero_one
+    assert isinstance(sw.value, Count)
+    if sw.value.auto:
+        assert sw.value.minimum == 0, "checks.cache_size takes auto or an integer >= 0"
+        return checks.cache_size
+    return checks.bounded(sw.value.minimum)
+
+
+def add_flags(group) -> None:
+    """A `run` flag for each switch of the table, its dest the switch's keyword; not given: None
+    (the engine then reads the variable, else the default)."""
+    for sw in options.SWITCHES:
+        if isinstance(sw.value, OnOff):  # 0 or 1 as argparse's int choices, `{0,1}` in --help
+            kind = dict(type=int, choices=[0, 1])
+        else:
+            kind = dict(type=value_check(sw), metavar=sw.value.metavar)
+        env = ", ".join(sw.variables)
+        text = f"{sw.help} (default {sw.shown_default()}{'; env ' + env if env else ''})"
+        group.add_argument(sw.flag, dest=sw.keyword, default=None, **kind,
+                           help=text.replace("%", "%%"))  # argparse expands %(...)s in help
+
+
+# FastEngine keyword -> (environment variable or None, value check), from the table: what
+# checks.environment_values and checks.fast_switches_used read; each is also a `run` flag
+SWITCHES = {sw.keyword: (sw.variable, value_check(sw)) for sw in options.SWITCHES}
+
+
+def environment_aliases() -> None:
+    """Refuse a bad value in an older name of a switch variable that the engine would read (its
+    new name unset), before any work, as checks.environment_values does for the new names."""
+    for sw in options.SWITCHES:
+        for alias in sw.aliases:
+            raw = os.environ.get(alias)
+            if not raw or (sw.variable and os.environ.get(sw.variable)):
+                continue
+            try:
+                SWITCHES[sw.keyword][1](raw)
+            except argparse.ArgumentTypeError as exc:
+                raise InputError(f"{alias} {exc}") from None
+
 
 DEFAULT = "default"
 
 
 def switch_names() -> str:
     """The names a spec may use, for error messages."""
-    return ", ".join(env or kw.replace("_", "-") for kw, (env, _) in SWITCHES.items())
+    return ", ".join(sw.variable or sw.keyword.replace("_", "-") for sw in options.SWITCHES)
 
 
 def keyword_of(name: str) -> str | None:
     """The FastEngine keyword a spec's switch name stands for, or None."""
-    for kw, (env, _) in SWITCHES.items():
-        if name == env:
-            return kw
+    for sw in options.SWITCHES:
+        if name in sw.variables:
+            return sw.keyword
     kw = name.removeprefix("--").replace("-", "_")
     return kw if kw in SWITCHES else None
 
@@ -92,13 +122,9 @@ def describe(keywords: dict) -> str:
 
 
 def engine_settings(engine) -> dict:
-    """What an arm's engine runs with, its switches resolved (argument, environment, default)."""
-    p = engine.placement
-    return {"group_gather": int(engine.group_gather), "quant_gather": int(engine.quant_gather),
-            "copy_coalesce": int(engine.copy_coalesce), "overlap_plan": int(engine.overlap_plan),
-            "fuse_group": int(engine.fuse_group), "lean_attention": int(engine.lean_attention),
-            "tiled_dense": int(engine.tiled_dense), "in_place": int(engine.in_place),
-            "widen_float": int(engine.widen_float), "pair_attention": int(engine.pair_attention),
-            "stream_min": engine.stream_min,
-            "ring": engine.ring.n_slots, "resident_experts": int(p.n_resident),
-            "experts": int(p.resident.size)}
+    """What an arm's engine runs with: its switches resolved (argument, environment, default;
+    0/1 as integers, the ring's slots), and where its experts live."""
+    o, p = engine.options, engine.placement
+    out = {sw.keyword: int(v) if isinstance(v, bool) else v
+           for sw in options.SWITCHES for v in [getattr(o, sw.keyword)]}
+    return {**out, "resident_experts": int(p.n_resident), "experts": int(p.resident.size)}

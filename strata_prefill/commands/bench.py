@@ -1,6 +1,6 @@
 """`strata-prefill bench`: two arms of the fast path, A/B, interleaved on fresh prompts.
 
-    strata-prefill bench --pack P --a STRATA_PREFILL_GROUP_GATHER=0 --b default --tokens 1024,8192
+    strata-prefill bench --pack P --a group-gather=0 --b default --tokens 1024,8192
 
 Each arm is its own engine on the same pack, its switches given as arguments (strata_prefill/
 arms.py). Per prompt length: one untimed warm-up prefill per arm, then `--reps` fresh seeded
@@ -237,6 +237,7 @@ def main(args) -> int:
 
     keywords = {"A": arms.parse_arm(args.a, "--a"), "B": arms.parse_arm(args.b, "--b")}
     checks.environment_values()
+    arms.environment_aliases()
     for var in DUMP_ENV.values():  # a Session would grow the dump in a temp and drop it
         if os.environ.get(var):
             raise InputError(f"{var} names a dump of a run: bench writes none (unset it)")

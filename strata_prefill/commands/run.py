@@ -19,9 +19,9 @@ import numpy as np
 from strata import atomic
 from strata.cache_home import user_cache_dir
 from strata.config import PRESETS
-from strata.constants import PACK_FORMAT, VRAM_RESERVE_MIB
+from strata.constants import PACK_FORMAT
 from strata.errors import InputError
-from strata_prefill import checks, refcache
+from strata_prefill import arms, checks, refcache
 from strata_prefill.arms import SWITCHES
 
 DEFAULT_PROMPT_TOKENS = 200
@@ -88,57 +88,11 @@ def add_parser(sub, name: str) -> None:
 
 
 def add_fast_switches(p) -> None:
-    """The fast path's switches; each also has an environment variable."""
+    """The fast path's flags: --backend and the switches (fast/options.py)."""
     g = p.add_argument_group("fast path switches (--impl fast)")
     g.add_argument("--backend", choices=["cuda", "sim"], default=None,
                    help="cuda (PyCUDA, default) or sim (the same walk with NumPy kernels, no GPU)")
-    g.add_argument("--group-gather", type=int, choices=[0, 1], default=None,
-                   help="1: one gather launch per MMQ group (default); 0: one per expert "
-                        "(env STRATA_PREFILL_GROUP_GATHER)")
-    g.add_argument("--quant-gather", type=int, choices=[0, 1], default=None,
-                   help="1: per-row gather quantize; 0: per-token scatter (default) "
-                        "(env STRATA_QUANT_GATHER)")
-    g.add_argument("--expert-cache", type=checks.cache_size, default=None, metavar="N|auto",
-                   help="VRAM slots for resident experts; the rest stream from page-locked host "
-                        "memory (default auto: what free memory less --vram-reserve-mib holds; sim: "
-                        "all); at most the pack's experts (layers x experts)")
-    g.add_argument("--vram-reserve-mib", type=checks.non_negative_int, default=None,
-                   metavar="MIB", help=f"device memory --expert-cache auto leaves free on cuda "
-                                       f"(default {VRAM_RESERVE_MIB})")
-    g.add_argument("--ring", type=checks.positive_int, default=None, metavar="N",
-                   help="ring slots of the streamed walk (default 96, 384 when the host tier is "
-                        "page-locked) (env STRATA_PREFILL_RING)")
-    g.add_argument("--stream-min", type=checks.positive_int, default=None, metavar="N",
-                   help="chunks of at least N tokens stream every streamed expert; smaller ones "
-                        "stage the routed ones (default 1024) (env STRATA_PREFILL_STREAM_MIN)")
-    g.add_argument("--copy-coalesce", type=int, choices=[0, 1], default=None,
-                   help="1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy "
-                        "per expert (default) (env STRATA_PREFILL_COPY_COALESCE)")
-    g.add_argument("--overlap-plan", type=int, choices=[0, 1], default=None,
-                   help="1: the device runs the MoE-input quantize and the shared expert while the "
-                        "host waits for the routing counts and plans (default); 0: the host waits "
-                        "right after the router (env STRATA_PREFILL_OVERLAP_PLAN)")
-    g.add_argument("--fuse-group", type=int, choices=[0, 1], default=None,
-                   help="1: a group's gate and up in one launch, SwiGLU and the quantize of H in one "
-                        "(default); 0: one launch each (env STRATA_PREFILL_FUSE_GROUP)")
-    g.add_argument("--lean-attention", type=int, choices=[0, 1], default=None,
-                   help="1: the attention kernel's lean per-(query, key) float work (default); 0: "
-                        "the earlier form, same bits (env STRATA_PREFILL_LEAN_ATTENTION)")
-    g.add_argument("--tiled-dense", type=int, choices=[0, 1], default=None,
-                   help="1: float products of 8 or more tokens by the tiled kernel (default); 0: "
-                        "one warp per row and 4 tokens, same bits (env STRATA_PREFILL_TILED_DENSE)")
-    g.add_argument("--in-place", type=int, choices=[0, 1], default=None,
-                   help="1: a layer's routed resident experts are multiplied where they lie in the "
-                        "expert cache, one launch for all (default); 0: every routed expert is "
-                        "gathered into the group buffers (env STRATA_PREFILL_IN_PLACE)")
-    g.add_argument("--widen-float", type=int, choices=[0, 1], default=None,
-                   help="1: F16/BF16 weights widened once to F32 on the device, the faster float "
-                        "product form, same bits (default); 0: read as stored "
-                        "(env STRATA_PREFILL_WIDEN_FLOAT)")
-    g.add_argument("--pair-attention", type=int, choices=[0, 1], default=None,
-                   help="1: prefill attention by the pair kernel, two warps a 16-query group "
-                        "(default); 0: the mma kernel, one warp a group, same bits "
-                        "(env STRATA_PREFILL_PAIR_ATTENTION)")
+    arms.add_flags(g)  # the switches of fast/options.py's table
 
 
 def fast_engine_kwargs(args) -> dict:
@@ -418,6 +372,7 @@ def main(args) -> int:
     labels = check_env_dumps(args)
     refuse_idle_flags(args)
     checks.environment_values()
+    arms.environment_aliases()
     check_paths(args, labels, Path(args.pack) if args.pack else default_pack_path())
     timing = timing_asked(args)
     ref_cache = reference_cache_of(args)

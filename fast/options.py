@@ -1,0 +1,244 @@
+"""The fast path's switches, each declared once: SWITCHES below. Every one changes speed only,
+never a byte of the results.
+
+A switch is a FastEngine keyword (`group_gather`), a `strata-prefill run` flag (`--group-gather`,
+made from the keyword), mostly an environment variable (`STRATA_PREFILL_GROUP_GATHER`) and a name
+in `bench`'s arm specs (any of the three). `resolve` reads them once for an engine: a keyword
+argument, else its variable (then the variable's older names), else the default; the engine and
+the backends read the one FastOptions it returns. The command line's own, stricter checks
+(strata_prefill/checks.py) are picked from each switch's value type (strata_prefill/arms.py).
+
+The kinds: a `schedule` switch changes what the engine enqueues (launches, gathers, copies,
+waits); a `kernel form` picks which form of a kernel the cuda backend launches (the sim runs the
+NumPy definitions whatever it says).
+
+`python3 -m fast.options README.md` rewrites the README's switch table (markdown_table) between
+its markers; tests/test_switch_table.py holds it current.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+
+from strata.constants import PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STREAM_MIN, VRAM_RESERVE_MIB
+from strata.errors import InputError
+
+SCHEDULE = "schedule"
+KERNEL_FORM = "kernel form"
+KINDS = (SCHEDULE, KERNEL_FORM)
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class OnOff:
+    """0 or 1. A variable holds exactly one of those two words; a keyword argument is any
+    integer, nonzero meaning on."""
+    metavar = "0|1"
+    values = "0, 1"
+
+    def from_keyword(self, value, label: str) -> bool:
+        try:
+            return bool(int(value))
+        except (TypeError, ValueError):
+            raise InputError(f"{label} must be 0 or 1, got {value!r}") from None
+
+    def from_variable(self, raw: str, label: str) -> bool:
+        if raw not in ("0", "1"):
+            raise InputError(f"{label} must be 0 or 1, got {raw!r}")
+        return raw == "1"
+
+    @staticmethod
+    def shown(value) -> str:
+        return str(int(value))
+
+
+@dataclass(frozen=True)
+class Count:
+    """An integer of at least `minimum`, or with `auto` also the word auto (the engine sizes it)."""
+    minimum: int
+    auto: bool = False
+    metavar: str = "N"
+
+    @property
+    def values(self) -> str:
+        bound = f"integer >= {self.minimum}"
+        return f"{AUTO}, {bound}" if self.auto else bound
+
+    def from_keyword(self, value, label: str):
+        if self.auto and value == AUTO:
+            return AUTO
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise InputError(f"{label} must be an integer, got {value!r}") from None
+        if n < self.minimum:
+            raise InputError(f"{label} must be >= {self.minimum}, got {n}")
+        return n
+
+    from_variable = from_keyword
+
+    @staticmethod
+    def shown(value) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Switch:
+    keyword: str  # FastEngine's keyword argument; the run flag is made from it
+    variable: str | None  # the environment variable, None where only the argument sets it
+    default: object  # None: a rule the engine applies (default_text says which)
+    kind: str  # SCHEDULE or KERNEL_FORM
+    value: OnOff | Count
+    help: str  # one line: what it does
+    aliases: tuple[str, ...] = ()  # older names of the variable, read when it is unset
+    default_text: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.keyword.replace("_", "-")
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The names the engine reads, the one that wins first."""
+        return ((self.variable,) if self.variable else ()) + self.aliases
+
+    def shown_default(self) -> str:
+        return self.default_text if self.default_text is not None else self.value.shown(self.default)
+
+    def resolve(self, value, environ):
+        """The keyword argument `value` (None: not given), else the first variable set to a
+        non-empty word, else the default."""
+        if value is not None:
+            return self.value.from_keyword(value, self.flag)
+        for name in self.variables:
+            raw = environ.get(name)
+            if raw:  # unset or empty: the default
+                return self.value.from_variable(raw, name)
+        return self.default
+
+
+ON, OFF = True, False
+SWITCHES = (
+    Switch("group_gather", "STRATA_PREFILL_GROUP_GATHER", ON, SCHEDULE, OnOff(),
+           "1: one wait, gather and event per MMQ group; 0: one each per expert"),
+    Switch("quant_gather", "STRATA_PREFILL_QUANT_GATHER", OFF, SCHEDULE, OnOff(),
+           "1: the MoE input quantized by a per-row gather; 0: by a per-token scatter",
+           aliases=("STRATA_QUANT_GATHER",)),
+    Switch("expert_cache", None, AUTO, SCHEDULE, Count(0, auto=True, metavar="N|auto"),
+           "VRAM slots for resident experts, the rest stream from page-locked host memory (auto: "
+           "what free memory less --vram-reserve-mib holds; sim: all); at most the pack's experts "
+           "(layers x experts)"),
+    Switch("vram_reserve_mib", None, VRAM_RESERVE_MIB, SCHEDULE, Count(0, metavar="MIB"),
+           "device memory (MiB) --expert-cache auto leaves free on cuda"),
+    Switch("ring", "STRATA_PREFILL_RING", None, SCHEDULE, Count(1),
+           "ring slots of the streamed walk",
+           default_text=f"{RING_SLOTS}, {RING_SLOTS_PINNED} when at least {PINNED_SHARE:.0%} of the "
+                        "streamed bytes are page-locked"),
+    Switch("stream_min", "STRATA_PREFILL_STREAM_MIN", STREAM_MIN, SCHEDULE, Count(1),
+           "chunks of at least this many tokens stream every streamed expert; smaller ones stage "
+           "the routed ones"),
+    Switch("copy_coalesce", "STRATA_PREFILL_COPY_COALESCE", OFF, SCHEDULE, OnOff(),
+           "1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy per expert"),
+    Switch("overlap_plan", "STRATA_PREFILL_OVERLAP_PLAN", ON, SCHEDULE, OnOff(),
+           "1: the MoE-input quantize and the shared expert are queued before the host reads the "
+           "routing counts, so the device runs them while the host plans the walk; 0: the host "
+           "waits for the counts right after the router, the shared expert runs after the walk"),
+    Switch("fuse_group", "STRATA_PREFILL_FUSE_GROUP", ON, SCHEDULE, OnOff(),
+           "1: a group's gate and up products in one launch, SwiGLU and the quantize of H in one "
+           "(4 launches a group); 0: one launch each (6)"),
+    Switch("lean_attention", "STRATA_PREFILL_LEAN_ATTENTION", ON, KERNEL_FORM, OnOff(),
+           "1: the attention kernel's lean per-(query, key) float work (MMA_EPI=2); 0: the earlier "
+           "form (the mma kernel's: see --pair-attention)"),
+    Switch("tiled_dense", "STRATA_PREFILL_TILED_DENSE", ON, KERNEL_FORM, OnOff(),
+           "1: float products of 8 or more tokens by the tiled float_dense.cu kernel; 0: one warp "
+           "per row and 4 tokens"),
+    Switch("in_place", "STRATA_PREFILL_IN_PLACE", ON, SCHEDULE, OnOff(),
+           "1: a layer's routed resident experts are multiplied where they lie in the expert cache "
+           "(one launch for all their gate/up products, one SwiGLU+quantize of H, one down), only "
+           "streamed experts are gathered, in groups; 0: every routed expert goes through the "
+           "group buffers"),
+    Switch("widen_float", "STRATA_PREFILL_WIDEN_FLOAT", ON, KERNEL_FORM, OnOff(),
+           "1: F16/BF16 weights (the router, float dense matrices) widened once to F32 on the "
+           "device, whose float_dense.cu forms are faster; 0: read as stored"),
+    Switch("pair_attention", "STRATA_PREFILL_PAIR_ATTENTION", ON, KERNEL_FORM, OnOff(),
+           "1: prefill attention by the pair kernel (a 16-query group on two warps, half the "
+           "registers each); 0: the mma kernel (one warp a group)"),
+)
+BY_KEYWORD = {sw.keyword: sw for sw in SWITCHES}
+#: the switches the backends read (fast/backend_base.py); the engine reads the others
+KERNEL_FORMS = tuple(sw.keyword for sw in SWITCHES if sw.kind == KERNEL_FORM)
+
+#: one engine's switches, resolved: a field per switch, in the table's order
+FastOptions = dataclasses.make_dataclass(
+    "FastOptions", [(sw.keyword, object) for sw in SWITCHES], frozen=True,
+    namespace={"__doc__": "The fast path's switches, resolved (fast/options.py: resolve).",
+               "__module__": __name__})
+#: the table's defaults, what a backend reads before an engine gives it its own
+DEFAULTS = FastOptions(**{sw.keyword: sw.default for sw in SWITCHES})
+
+
+def resolve(keywords: dict | None = None, environ=None) -> FastOptions:
+    """Each switch from `keywords` (FastEngine's keyword arguments; None: not given), else its
+    environment variable (`environ`, default os.environ), else its default. A bad value is an
+    InputError naming the keyword's flag or the variable; an unknown keyword a TypeError."""
+    keywords = dict(keywords or {})
+    unknown = [k for k in keywords if k not in BY_KEYWORD]
+    if unknown:
+        raise TypeError(f"unknown fast-path switch {', '.join(map(repr, unknown))} "
+                        f"(switches: {', '.join(BY_KEYWORD)})")
+    environ = os.environ if environ is None else environ
+    return FastOptions(**{sw.keyword: sw.resolve(keywords.get(sw.keyword), environ) for sw in SWITCHES})
+
+
+# ---- the README's table ---------------------------------------------------------------------
+BEGIN = "<!-- switches: made by fast/options.py (python3 -m fast.options README.md); do not edit -->"
+END = "<!-- end of switches -->"
+
+
+def _variable_cell(sw: Switch) -> str:
+    if not sw.variable:
+        return "-"
+    cell = f"`{sw.variable}`"
+    if sw.aliases:
+        cell += " (also " + ", ".join(f"`{a}`" for a in sw.aliases) + ", an older name; this one wins)"
+    return cell
+
+
+def markdown_table() -> str:
+    """The switches as a Markdown table: one row each, in the table's order."""
+    rows = ["| keyword | `run` flag | variable | default | kind | values | what it does |",
+            "|---|---|---|---|---|---|---|"]
+    for sw in SWITCHES:
+        rows.append(f"| `{sw.keyword}` | `{sw.flag}` | {_variable_cell(sw)} | {sw.shown_default()} | "
+                    f"{sw.kind} | {sw.value.values} | {sw.help} |")
+    return "\n".join(rows)
+
+
+def with_table(text: str) -> str:
+    """`text` (the README) with the lines between BEGIN and END replaced by markdown_table()."""
+    head, sep, rest = text.partition(BEGIN + "\n")
+    if not sep:
+        raise ValueError(f"no line {BEGIN!r}")
+    _, sep, tail = rest.partition(END)
+    if not sep:
+        raise ValueError(f"no {END!r} after {BEGIN!r}")
+    return f"{head}{BEGIN}\n{markdown_table()}\n{END}{tail}"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python3 -m fast.options README.md   (rewrites its switch table)", file=sys.stderr)
+        return 2
+    from strata import atomic
+
+    path = argv[0]
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    atomic.write_text(path, with_table(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
