@@ -30,8 +30,9 @@ KERNELS = Path(runtime.KERNEL_DIR)
 PY_FILES = sorted([*ROOT.glob("fast/cuda/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("verify/*.py")])
 
 #: (python file, function) of a launch site that does not resolve statically -> what it misses:
-#: "module" (a kernel file's name), "kernel" (its kernel names) or "source" (the module-level
-#: constant of that python file holding the CUDA source it compiles); the format comes from the site
+#: "module" (a kernel file's name), "kernel" (its kernel names), "fmt" (the format) or "source"
+#: (the module-level constant of that python file holding the CUDA source it compiles, in place of
+#: "module")
 DYNAMIC = {
     # the module object is passed around in a state dict; names: _MMQ_KERNEL's values (resolved)
     ("fast/cuda/products.py", "_mmq_func"): {"module": "mmq"},
@@ -39,7 +40,6 @@ DYNAMIC = {
     ("bench/bench_mmq_cuda.py", "__init__"): {"source": "PEAK_SRC"},
     ("bench/bench_mmq_cuda.py", "measure_peak"): {"source": "PEAK_SRC", "kernel": ("peak_k32", "peak_k16")},
 }
-ROLES = ("module", "kernel", "fmt")
 
 
 # ------------------------------------------------------------------------------ resolving values
@@ -298,6 +298,8 @@ def cases_of(site: Site) -> list[Case]:
         roles["kernel"] = Known(frozenset(extra["kernel"]))
     if "module" in extra:
         roles["module"] = Known(frozenset([extra["module"]]))
+    if "fmt" in extra:
+        roles["fmt"] = Known(frozenset([extra["fmt"]]))
     if "source" in extra:
         modules = [(f"{site.pf.rel}:{extra['source']}", source_kernels(site.pf, extra["source"]))]
     else:
