@@ -158,6 +158,8 @@ KERNEL_ROWS = [
 
 PLOT_ROWS = [
     (["plot", "{trace}", "{dir}/out.png", "--chunk", "-1"], "plot: argument --chunk: must be an integer >= 0, got '-1'", {}),
+    (["plot", "{trace}", "{dir}/out.png", "--min-gap-us", "inf"], "--min-gap-us must be a finite number >= 0, got inf", {}),
+    (["plot", "{trace}", "{dir}/out.png", "--min-gap-us", "nan"], "--min-gap-us must be a finite number >= 0, got nan", {}),
     (["plot", "{trace}", "{dir}/out.png", "--chunk", "1e3"], "--chunk: must be an integer >= 0, got '1e3' (in digits: "
                                                             "1000)", {}),
 ]

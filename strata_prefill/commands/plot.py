@@ -7,6 +7,7 @@ where nothing runs, and waits for copies). matplotlib is the optional extra `plo
 from __future__ import annotations
 
 import collections
+import math
 
 from strata.atomic import atomic_write
 from strata.errors import InputError
@@ -51,8 +52,8 @@ def pyplot():
 def main(args) -> int:
     from fast.trace import chunk_spans, chunks_of, idle_gaps, read_trace
 
-    if not args.min_gap_us >= 0:
-        raise InputError(f"--min-gap-us must be >= 0, got {args.min_gap_us}")
+    if not (args.min_gap_us >= 0 and math.isfinite(args.min_gap_us)):  # inf would mark no gap, silently
+        raise InputError(f"--min-gap-us must be a finite number >= 0, got {args.min_gap_us}")
     checks.distinct_files("plot", [("TRACE.json", args.trace, "the trace")], [("OUT.png", args.out)])
     spans = read_trace(args.trace)
     lanes = chunk_spans(spans, args.chunk)
