@@ -35,8 +35,7 @@ AUTO = "auto"
 class OnOff:
     """0 or 1. A variable holds exactly one of those two words; a keyword argument is any
     integer, nonzero meaning on."""
-    metavar = "0|1"
-    values = "0, 1"
+    values = "0, 1"  # as the README's table says it
 
     def from_keyword(self, value, label: str) -> bool:
         try:
