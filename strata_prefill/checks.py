@@ -310,6 +310,14 @@ STREAMING = ("ring", "stream_min", "copy_coalesce")
 CUDA_FORMS = ("lean_attention", "tiled_dense", "widen_float", "pair_attention")
 
 
+def _given_or_default(switches: dict, keyword: str):
+    """The switch's value as given, else its default (fast/options.py)."""
+    from fast.options import DEFAULTS
+
+    value = switches.get(keyword)
+    return getattr(DEFAULTS, keyword) if value is None else value
+
+
 def fast_switches_used(switches: dict, backend: str, config, label, where: str = "") -> None:
     """Refuse (InputError) a fast-path switch that would do nothing on this pack, or an expert
     cache larger than the pack: `switches` are the FastEngine keywords given (None values: not
@@ -348,7 +356,15 @@ def fast_switches_used(switches: dict, backend: str, config, label, where: str =
     if isinstance(ring, int) and ring > total:
         raise InputError(f"{where}{ring_label} {ring}: the pack has {total} experts ({config.n_layer} "
                          f"layers x {config.n_expert}): a ring of more slots never fills them: at most {total}")
+    if backend == "cuda" and switches.get("lean_attention") is not None and _given_or_default(switches, "pair_attention"):
+        raise InputError(f"{where}{label('lean_attention')} picks the mma attention kernel's float form: with "
+                         f"{label('pair_attention')} 1 (the default) prefill runs the pair kernel and never the mma "
+                         f"one: it does nothing (add {label('pair_attention')} 0)")
     every = (fixed and slots >= total) or (backend == "sim" and not fixed)
+    if every and switches.get("group_gather") is not None and _given_or_default(switches, "in_place"):
+        raise InputError(f"{where}{label('group_gather')} picks how a group's streamed experts are gathered: "
+                         f"every expert is resident and multiplied where it lies ({label('in_place')} 1, the "
+                         f"default): none is gathered: it does nothing")
     if every:
         for kw in STREAMING:
             if switches.get(kw) is not None:

@@ -85,7 +85,7 @@ def test_a_planted_logits_difference_is_reported_and_the_run_finishes(make_test_
         return seconds, logits, counts, phases
 
     monkeypatch.setattr(bench, "timed_prefill", flip_in_arm_a)
-    status, out = bench_run(pack, tmp_path, "--a", "group_gather=0", "--b", "default")
+    status, out = bench_run(pack, tmp_path, "--a", "group_gather=0,in_place=0", "--b", "default")
     text = capsys.readouterr().out
     assert status == 1
     line = [ln for ln in text.splitlines() if ln.startswith("logits")]

@@ -154,6 +154,12 @@ IDLE = [
                                                         "with --expert-cache 0 none is resident", {}),
     (CUDA + ["--expert-cache", "32", "--ring", "8"], "--ring shapes how streamed experts are copied: none "
                                                      "stream when every expert is resident (--expert-cache 32 holds all 32)", {}),
+    (FAST + ["--group-gather", "0"], "--group-gather picks how a group's streamed experts are gathered: every "
+                                     "expert is resident and multiplied where it lies (--in-place 1, the default)", {}),
+    (CUDA + ["--expert-cache", "32", "--in-place", "1", "--group-gather", "1"], "--group-gather picks how", {}),
+    (CUDA + ["--lean-attention", "0"], "--lean-attention picks the mma attention kernel's float form: with "
+                                       "--pair-attention 1 (the default) prefill runs the pair kernel", {}),
+    (CUDA + ["--pair-attention", "1", "--lean-attention", "1"], "--lean-attention picks the mma attention", {}),
     # environment values the code would not take
     (RUN, "STRATA_PREFILL_TIMING must be 0 or 1, got 'yes'", {"STRATA_PREFILL_TIMING": "yes"}),
     (FAST, "STRATA_PREFILL_TIMING must be 0 or 1, got 'true'", {"STRATA_PREFILL_TIMING": "true"}),
@@ -173,6 +179,7 @@ IDLE = [
     (BENCH + ["--a", "STRATA_PREFILL_PAIR_ATTENTION=0,STRATA_PREFILL_LEAN_ATTENTION=0", "--b", "default"],
      "--a: lean-attention picks a cuda kernel's form", {}),
     (BENCH + ["--a", "default", "--b", "expert-cache=0,in-place=0"], "--b: in-place picks how resident", {}),
+    (BENCH + ["--a", "STRATA_PREFILL_GROUP_GATHER=0", "--b", "default"], "--a: group-gather picks how a group's", {}),
     (BENCH + ["--a", "vram-reserve-mib=10", "--b", "default"], "--a: vram-reserve-mib sizes the cuda backend's", {}),
     (["bench", "--pack", "{pack}", "--tokens", "8", "--json", "{dir}/out.json", "--a", "expert-cache=4,vram-reserve-mib=10",
       "--b", "default"], "--a: vram-reserve-mib sizes expert-cache auto: with expert-cache 4 it does nothing", {}),

@@ -100,7 +100,7 @@ def test_a_session_off_a_terminal_names_chunk_and_layer_in_its_heartbeat(make_te
                             rf"\(\d+/{3 * n} chunk-layers, \d+ s\)", ln) for ln in lines), lines
 
 
-BENCH = ["--backend", "sim", "--a", "default", "--b", "STRATA_PREFILL_GROUP_GATHER=0",
+BENCH = ["--backend", "sim", "--a", "default", "--b", "STRATA_PREFILL_IN_PLACE=0",
          "--tokens", "16,24", "--reps", "2"]
 
 
