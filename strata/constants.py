@@ -13,10 +13,11 @@ RING_SLOTS_PINNED = 384  # the default where at least PINNED_SHARE of streamed b
 PINNED_SHARE = 0.90
 STAGING_SLOTS = 8  # the staged path's ring (chunks below STREAM_MIN)
 STREAM_MIN = 1024  # STRATA_PREFILL_STREAM_MIN default: chunks from here walk the stream
-COALESCE_MAX = 8  # experts one coalesced copy takes at most: 8 x 2.7 MB reach the link's peak,
-# and the walk's first gather of a run waits for no more than that
-COPY_BYTES_PER_S = 55.3e9  # host-to-device rate of page-locked copies measured on the H200
-# (docs/performance.md's floor); the sim's modelled copy time in traces
+COALESCE_MAX = 8  # experts one coalesced copy takes at most: copies of eight experts reach the
+# link's peak rate (docs/benchmarks.md, "The machine"), and the walk's first gather of a run
+# waits for no more than that
+COPY_BYTES_PER_S = 55.3e9  # host-to-device rate of page-locked copies on the H200 (docs/benchmarks.md,
+# "The machine"): the floor of a streamed walk, and the sim's modelled copy time in traces
 VRAM_RESERVE_MIB = 2048  # --vram-reserve-mib default, kept free by --expert-cache auto
 
 # ---- q8_1 buffers (block_q8_1_mmq) --------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Workers. One GPU time-slices the processes that share it, and every NumPy starts a BLAS thread
 per core, so `-n` as large as the core count is the slowest choice there is on a GPU machine
-(docs/benchmarks.md, "The gate's workers", has the table measured on the H200). With
+(docs/results/2026-12-01-gate.md has the table measured on the H200). With
 pytest-xdist installed and no `-n` given, a run gets `GPU_WORKERS` workers on a machine with a
 CUDA device and one per core on a machine without, and each worker its share of the cores for
 BLAS and for the reference's own threads. `STRATA_PREFILL_WORKERS=N` (or `off`) overrides the
@@ -26,7 +26,7 @@ import json
 import os
 from pathlib import Path
 
-GPU_WORKERS = 4  # workers per GPU: the fastest in docs/benchmarks.md's table
+GPU_WORKERS = 4  # workers per GPU: the fastest in docs/results/2026-12-01-gate.md's table
 # Niceness of the workers on a GPU machine: the work started ahead of them (the kernels'
 # compiles, the references' long NumPy runs) is what the slowest rows wait for, so it goes
 # first where they compete for cores; where nothing competes, niceness changes nothing.
