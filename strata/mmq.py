@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from strata import parallel, q8_1, quants
+from strata import parallel, q8_1, qformats, quants
+from strata.qformats import Epilogue
 
 F32 = np.float32
 
@@ -98,16 +99,13 @@ def _prepare_rows(qtype: QT, raw: np.ndarray) -> PreparedWeights:
     # quants.folded_codes and folded_mins, in the [nb, N, 32] layout: code times sub-scale is
     # an exact small integer (at most 127 for a type without sub-scales, 2,000 with them).
     codes = dec.codes.transpose(1, 0, 2)
-    if qtype in _UNIT_SUB:
+    fmt = qformats.lookup(qtype)
+    if fmt.unit_sub:  # sub-scales all 1: the codes are the products' integers
         w = np.ascontiguousarray(codes)
     else:
         w = np.multiply(codes, _halves(dec.sub), dtype=np.int16)
-    wm = _halves(dec.msub).astype(np.int8) if qtype == QT.Q2_K else None
+    wm = _halves(dec.msub).astype(np.int8) if fmt.epilogue is Epilogue.DMIN else None
     return PreparedWeights(qtype, w, dec.dw, dec.mw, wm)
-
-
-# Types whose sub-scales are all 1 (quants.decode), so that their codes are the products' integers.
-_UNIT_SUB = (QT.Q8_0, QT.Q4_1)
 
 
 def _halves(sub: np.ndarray) -> np.ndarray:
@@ -160,7 +158,8 @@ def _rows_product(pw: PreparedWeights, act: q8_1.Q8Rows, out: np.ndarray, c0: in
     n_rows = act.codes.shape[0]
     a = np.ascontiguousarray(act.codes[:, :nb].transpose(1, 0, 2), dtype=F32)  # [nb, R, 32]
     da = np.ascontiguousarray(act.d[:, :nb].T)  # [nb, R]
-    sa = np.ascontiguousarray(act.s[:, :nb].T) if pw.qtype == QT.Q4_1 else None
+    epilogue = qformats.lookup(pw.qtype).epilogue
+    sa = np.ascontiguousarray(act.s[:, :nb].T) if epilogue is Epilogue.MIN else None
     cols = max(1, min(c1 - c0, _SLAB_ELEMENTS // (32 * nb)))
     rows = max(1, min(n_rows, _SLAB_ELEMENTS // (nb * cols)))
     for j0 in range(c0, c1, cols):
@@ -171,19 +170,19 @@ def _rows_product(pw: PreparedWeights, act: q8_1.Q8Rows, out: np.ndarray, c0: in
         mw = np.ascontiguousarray(pw.mw[j0:j1].T) if pw.mw is not None else None
         for r0 in range(0, n_rows, rows):
             r1 = min(n_rows, r0 + rows)
-            out[r0:r1, j0:j1] = _slab(pw.qtype, a[:, r0:r1], da[:, r0:r1, None],
+            out[r0:r1, j0:j1] = _slab(epilogue, a[:, r0:r1], da[:, r0:r1, None],
                                       None if sa is None else sa[:, r0:r1, None], w, wm, dw[:, None, :],
                                       None if mw is None else mw[:, None, :])
 
 
-def _slab(qtype, a, da, sa, w, wm, dw, mw) -> np.ndarray:
+def _slab(epilogue: Epilogue, a, da, sa, w, wm, dw, mw) -> np.ndarray:
     """[r, n]: every block's epilogue of one slab at once, then their sum in block order."""
     sumi = np.matmul(a, w)  # [nb, r, n] exact integers (every partial sum below 2^24)
     t = np.multiply(dw, da)
     np.multiply(t, sumi, out=t)  # (dw * da) * sumi
-    if qtype == QT.Q4_1:  # + mw * sa
+    if epilogue is Epilogue.MIN:  # + mw * sa
         np.add(t, np.multiply(mw, sa), out=t)
-    elif qtype == QT.Q2_K:  # - (mw * da) * mi
+    elif epilogue is Epilogue.DMIN:  # - (mw * da) * mi
         u = np.multiply(mw, da)
         np.multiply(u, np.matmul(a, wm), out=u)
         np.subtract(t, u, out=t)

@@ -5,9 +5,9 @@ of 512) and cut into 128-value blocks of 144 bytes: a 16-byte header (layout-dep
 128 int8 codes. Blocks are stored column-block-major: block ``(kb, r)`` is at index
 ``kb * R + r``.
 
-Header by layout:
+Header by layout (which one a weight type reads: its strata.qformats class's q8_1_layout):
 
-- ``D4``:   ``float d[4]``, one float32 scale per 32 values (Q8_0, IQ2_XS, IQ3_XXS, IQ3_S)
+- ``D4``:   ``float d[4]``, one float32 scale per 32 values (the types without a min)
 - ``DS4``:  ``half2 ds[4]``: d0 s0 d1 s1 d2 s2 d3 s3, scale and float sum per 32 values (Q4_1)
 - ``D2S6``: ``half[8]``: d0 d1 (one scale per 64 values), s0..s5 (sums of the 16-value groups
   of values 0..95) (Q2_K)
@@ -75,29 +75,24 @@ LAYOUT_D4 = Layout.D4
 LAYOUT_DS4 = Layout.DS4
 LAYOUT_D2S6 = Layout.D2S6
 
-_LAYOUT_OF = {
-    QT.Q8_0: Layout.D4,
-    QT.IQ2_XS: Layout.D4,
-    QT.IQ3_XXS: Layout.D4,
-    QT.IQ3_S: Layout.D4,
-    QT.Q4_1: Layout.DS4,
-    QT.Q2_K: Layout.D2S6,
-}
-
 
 def layout_for(qtype) -> Layout:
-    """The q8_1 layout a weight type's MMQ kernel reads; PackError for unsupported types."""
+    """The q8_1 layout a weight type's MMQ kernel reads (its strata.qformats class's
+    q8_1_layout); PackError for unsupported types."""
+    # strata.qformats names this module's Layout, so it is imported here, not above
+    from strata import qformats
+
     try:
         qt = QT(int(qtype))
     except (ValueError, TypeError):
         raise PackError(f"unknown GGML quantization type {qtype!r}") from None
-    try:
-        return _LAYOUT_OF[qt]
-    except KeyError:
-        supported = ", ".join(t.name for t in _LAYOUT_OF)
+    fmt = qformats.lookup(qt)
+    if fmt is None:
+        supported = ", ".join(f.qtype.name for f in qformats.formats())
         raise PackError(
             f"weight type {qt.name} has no MMQ path here (supported: {supported})"
-        ) from None
+        )
+    return fmt.q8_1_layout
 
 
 def _layout(layout) -> Layout:

@@ -22,7 +22,7 @@ from strata.attention import KVCache, attend
 
 F32 = np.float32
 SETTINGS = settings(max_examples=25, deadline=None)
-TYPES = [QT.Q8_0, QT.Q4_1, QT.Q2_K, QT.IQ2_XS, QT.IQ3_XXS, QT.IQ3_S]
+TYPES = list(quants.SUPPORTED_TYPES)
 
 
 def rand(rng, shape, spread=2):

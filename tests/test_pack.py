@@ -23,7 +23,6 @@ from strata.pack import Pack, QMatrix
 W = ".weight"  # llama.cpp's converters name every weight <logical name>.weight
 
 EXPERT_TYPES = [t.name for t in quants.SUPPORTED_TYPES]
-assert set(EXPERT_TYPES) == {"Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S"}
 
 
 # ---------------------------------------------------------------------------------------

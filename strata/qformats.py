@@ -1,0 +1,399 @@
+"""The weight quant formats: one class per supported type, registered by subclassing
+(``class Q8_0(QuantFormat, qtype=QT.Q8_0)``, as gguf's own ``gguf/quants.py`` registers its
+types). A class holds everything strata and the CUDA path know of its format: block layout,
+integer decoding, the MMQ epilogue it needs, the q8_1 layout its kernel reads, its IQ grid,
+how to make random valid blocks, and its kernel's name. Adding a type is adding one class;
+:mod:`strata.quants`, :mod:`strata.q8_1` and :mod:`strata.mmq` read the registry.
+
+Decoding gives the integer form the MMQ contract works on (docs/numerics.md section 3): per
+32-value block, int codes ``c[32]``, integer sub-scales ``u0, u1`` (values 0..15 and 16..31),
+a float scale ``dw``, and for the min epilogues a float min ``mw`` (Q2_K also integer min
+sub-scales ``v0, v1``).
+
+Block layouts are little endian; "half" is IEEE binary16. Values and bytes per block come
+from gguf's ``GGML_QUANT_SIZES``.
+
+The IQ grids and the sign table are taken from the gguf package's own data and expanded once
+(lazily) to int8 tables; nothing else in strata holds them. The CUDA MMQ kernel reads them
+from one table buffer (:func:`table_layout`): the sign masks, then each grid in registration
+order.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from strata.q8_1 import Layout
+
+QT = GGMLQuantizationType
+
+
+class Epilogue(enum.Enum):
+    """The float epilogue of a product's block (strata/mmq.py:_slab)."""
+
+    PLAIN = "plain"  # (dw * da) * sumi
+    MIN = "min"  # + mw * sa  (a float min per block: Q4_1)
+    DMIN = "dmin"  # - (mw * da) * mi  (dmin and integer min sub-scales: Q2_K)
+
+
+_REGISTRY: dict[QT, type[QuantFormat]] = {}
+
+
+class QuantFormat:
+    """One weight quant type. Subclasses set the class attributes and :meth:`decode_blocks`,
+    and register themselves with ``qtype=``."""
+
+    qtype: ClassVar[QT]
+    #: values and bytes of one block (gguf's GGML_QUANT_SIZES)
+    block_values: ClassVar[int]
+    block_bytes: ClassVar[int]
+    #: byte offsets of the block's half-precision fields, by name (the main scale first)
+    half_fields: ClassVar[dict[str, int]]
+    epilogue: ClassVar[Epilogue] = Epilogue.PLAIN
+    #: every sub-scale decodes to 1: the codes are the products' integers
+    unit_sub: ClassVar[bool] = False
+    q8_1_layout: ClassVar[Layout] = Layout.D4
+    #: fast/cuda/kernels/mmq.cu's kernel for this type
+    mmq_kernel: ClassVar[str]
+    #: the gguf.quants class whose grid this type indexes, and the grid's name in mmq.cu's
+    #: table buffer (TAB_<name>); None without a grid
+    grid_source: ClassVar[str | None] = None
+    table_name: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, qtype: QT | None = None, **kw) -> None:
+        super().__init_subclass__(**kw)
+        if qtype is None:  # a base shared by several formats, not a format itself
+            return
+        qt = QT(qtype)
+        if qt in _REGISTRY:
+            raise TypeError(f"quant format {qt.name} registered twice")
+        cls.qtype = qt
+        vals, nbytes = GGML_QUANT_SIZES[qt]
+        cls.block_values, cls.block_bytes = int(vals), int(nbytes)
+        if cls.block_values % 32:
+            raise TypeError(f"{qt.name} blocks are not whole 32-value blocks")
+        if (cls.grid_source is None) != (cls.table_name is None):
+            raise TypeError(f"{qt.name}: a grid needs both its gguf source and its table name")
+        _REGISTRY[qt] = cls
+
+    @classmethod
+    def decode_blocks(cls, blk: np.ndarray):
+        """blk uint8 [N, block_bytes] -> (codes [N, n32, 32], sub [N, n32, 2], dw [N * n32]
+        or [N, n32], mw or None, msub or None), n32 = block_values / 32; dtypes are fixed by
+        strata.quants.decode."""
+        raise NotImplementedError
+
+    @classmethod
+    def unit_std(cls) -> float:
+        """Standard deviation of the dequantized values of a block with random code bits and
+        its main scale set to 1 (and the min chosen by :meth:`set_scales` to centre them)."""
+        raise NotImplementedError
+
+    @classmethod
+    def set_scales(cls, blk: np.ndarray, d: np.ndarray) -> None:
+        """Make random block bytes blk [N, block_bytes] valid with main scale d [N] float32:
+        write the half fields (and clamp codes where some bit patterns are not codes)."""
+        _put_half(blk, cls.half_fields["d"], d)
+
+    @classmethod
+    def grid(cls) -> np.ndarray | None:
+        """int8 [entries, width] grid this type indexes (expanded once), or None."""
+        return None if cls.grid_source is None else _gguf_grid(cls.grid_source)
+
+
+def formats() -> tuple[type[QuantFormat], ...]:
+    """Every registered format, in registration order."""
+    return tuple(_REGISTRY.values())
+
+
+def lookup(qtype) -> type[QuantFormat] | None:
+    """The format of a GGML type (a GGMLQuantizationType or its int), None if unsupported."""
+    try:
+        return _REGISTRY.get(QT(qtype))
+    except (ValueError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------------------- #
+# Byte helpers
+
+
+def _half(blk: np.ndarray, off: int) -> np.ndarray:
+    """float32 [N] from the half at byte offset `off` of each block row of blk [N, bpb]."""
+    h = np.ascontiguousarray(blk[:, off : off + 2]).view("<f2")[:, 0]
+    return h.astype(np.float32)
+
+
+def _put_half(blk: np.ndarray, off: int, v: np.ndarray) -> None:
+    blk[:, off : off + 2] = v.astype("<f2").view(np.uint8).reshape(-1, 2)
+
+
+def _u32(b: np.ndarray) -> np.ndarray:
+    """uint32 [..., n/4] from little-endian bytes uint8 [..., n]."""
+    return np.ascontiguousarray(b).view("<u4").astype(np.uint32)
+
+
+def _u16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view("<u2").astype(np.uint16)
+
+
+# --------------------------------------------------------------------------- #
+# IQ tables (from gguf's own data, expanded once)
+
+_SIGN_ENTRIES, _SIGN_WIDTH = 128, 8
+_grids: dict[str, np.ndarray] = {}
+_signs: list[np.ndarray] = []
+
+
+def sign_table() -> np.ndarray:
+    """int8 [128, 8] of +-1: the 128-entry sign table (7 stored bits plus an implied parity
+    bit), bit j of entry k giving the sign of value j."""
+    if not _signs:
+        from gguf import quants as gq
+
+        ks = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)
+        assert ks.shape == (_SIGN_ENTRIES,)
+        bits = (ks[:, None] >> np.arange(_SIGN_WIDTH, dtype=np.uint8)[None, :]) & np.uint8(1)
+        tab = (np.int8(1) - np.int8(2) * bits.astype(np.int8)).astype(np.int8)
+        tab.flags.writeable = False
+        _signs.append(tab)
+    return _signs[0]
+
+
+def _gguf_class(name: str):
+    from gguf import quants as gq
+
+    return getattr(gq, name)
+
+
+def _gguf_grid(name: str) -> np.ndarray:
+    g = _grids.get(name)
+    if g is None:
+        cls = _gguf_class(name)
+        cls.init_grid()
+        f = np.asarray(cls.grid, dtype=np.float32).reshape(cls.grid_shape)
+        g = f.astype(np.int8)
+        assert np.array_equal(g.astype(np.float32), f)
+        g.flags.writeable = False
+        _grids[name] = g
+    return g
+
+
+def table_layout() -> dict[str, tuple[int, int]]:
+    """The CUDA MMQ table buffer: {name: (byte offset, bytes)} for "SIGN" (the sign table as
+    byte masks) and each registered grid's table_name in registration order (int8 entries),
+    plus "BYTES": (0, total). fast/cuda/kernels/mmq.cu's TAB_<name> defines must equal these
+    offsets (tests/test_quant_registry.py)."""
+    out = {"SIGN": (0, _SIGN_ENTRIES * _SIGN_WIDTH)}
+    off = out["SIGN"][1]
+    for f in formats():
+        if f.grid_source is not None:
+            shape = _gguf_class(f.grid_source).grid_shape
+            size = int(np.prod(shape))
+            out[f.table_name] = (off, size)
+            off += size
+    out["BYTES"] = (0, off)
+    return out
+
+
+def _odd_sub_mean_square() -> float:
+    """E[(2*ls+1)^2] for a 4-bit ls uniform: the IQ types' sub-scales."""
+    return float(np.mean((2.0 * np.arange(16) + 1.0) ** 2))
+
+
+# --------------------------------------------------------------------------- #
+# The formats
+
+
+class Q8_0(QuantFormat, qtype=QT.Q8_0):
+    """32 values, 34 B: d: half, qs: int8[32]."""
+
+    half_fields = {"d": 0}
+    unit_sub = True
+    mmq_kernel = "mmq_q8_0"
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        dw = _half(blk, 0)
+        codes = blk[:, 2:34].view(np.int8).reshape(N, 1, 32)
+        sub = np.ones((N, 1, 2), np.int16)
+        return codes, sub, dw, None, None
+
+    @classmethod
+    def unit_std(cls):
+        return float(np.sqrt(np.mean(np.arange(-127, 128, dtype=np.float64) ** 2)))
+
+    @classmethod
+    def set_scales(cls, blk, d):
+        q = blk[:, 2:].view(np.int8)
+        np.maximum(q, np.int8(-127), out=q)  # codes in -127..127
+        _put_half(blk, 0, d)
+
+
+class Q4_1(QuantFormat, qtype=QT.Q4_1):
+    """32 values, 20 B: d: half, m: half, qs: uint8[16]; value i < 16 is the low nibble of
+    qs[i], value 16 + i the high nibble."""
+
+    half_fields = {"d": 0, "m": 2}
+    epilogue = Epilogue.MIN
+    unit_sub = True
+    q8_1_layout = Layout.DS4
+    mmq_kernel = "mmq_q4_1"
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        dw = _half(blk, 0)
+        mw = _half(blk, 2)
+        qs = blk[:, 4:20]
+        codes = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=1)
+        codes = codes.view(np.int8).reshape(N, 1, 32)
+        sub = np.ones((N, 1, 2), np.int16)
+        return codes, sub, dw, mw, None
+
+    @classmethod
+    def unit_std(cls):
+        return float(np.std(np.arange(16, dtype=np.float64)))
+
+    @classmethod
+    def set_scales(cls, blk, d):
+        _put_half(blk, 0, d)
+        _put_half(blk, 2, d * np.float32(-7.5))  # m centres the codes 0..15
+
+
+class Q2_K(QuantFormat, qtype=QT.Q2_K):
+    """256 values, 84 B: scales: uint8[16] (low nibble scale, high nibble min, one per 16
+    values), qs: uint8[64], d: half, dmin: half. Value 128*h + 32*j + i is bits 2j..2j+1 of
+    qs[32*h + i]."""
+
+    half_fields = {"d": 80, "dmin": 82}
+    epilogue = Epilogue.DMIN
+    q8_1_layout = Layout.D2S6
+    mmq_kernel = "mmq_q2_k"
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        sc = blk[:, 0:16]
+        qs = blk[:, 16:80].reshape(N, 2, 1, 32)
+        shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+        codes = ((qs >> shifts) & np.uint8(3)).view(np.int8).reshape(N, 8, 32)
+        sub = (sc & np.uint8(15)).astype(np.int16).reshape(N, 8, 2)
+        msub = (sc >> np.uint8(4)).astype(np.int16).reshape(N, 8, 2)
+        dw = np.repeat(_half(blk, 80), 8)
+        mw = np.repeat(_half(blk, 82), 8)
+        return codes, sub, dw, mw, msub
+
+    @classmethod
+    def unit_std(cls):
+        # x = u*c - 1.5*v with u, v uniform 0..15 and c uniform 0..3: mean 0.
+        u = np.arange(16, dtype=np.float64)
+        eu, eu2, ec, ec2 = u.mean(), (u**2).mean(), 1.5, 3.5
+        var = eu2 * ec2 - 2 * 1.5 * eu * ec * eu + 2.25 * eu2
+        return float(np.sqrt(var))
+
+    @classmethod
+    def set_scales(cls, blk, d):
+        _put_half(blk, 80, d)
+        _put_half(blk, 82, d * np.float32(1.5))  # dmin: E[u*c] = 1.5 E[v]
+
+
+class _IQFormat(QuantFormat):
+    """The IQ types: codes from a grid of int8 entries times signs, odd sub-scales 2*ls+1
+    from 4-bit ls, and dw the half d times a fixed factor."""
+
+    #: dw = d * dw_factor (None: dw = d, no multiplication)
+    dw_factor: ClassVar[float | None] = None
+
+    @classmethod
+    def _dw(cls, d: np.ndarray) -> np.ndarray:
+        return np.repeat(d if cls.dw_factor is None else d * np.float32(cls.dw_factor), 8)
+
+    @classmethod
+    def unit_std(cls):
+        g2 = float(np.mean(cls.grid().astype(np.float64) ** 2))
+        k = 1.0 if cls.dw_factor is None else cls.dw_factor
+        return float(k * np.sqrt(_odd_sub_mean_square() * g2))
+
+
+class IQ2_XS(_IQFormat, qtype=QT.IQ2_XS):
+    """256 values, 74 B: d: half, qs: uint16[32] (low 9 bits grid index into a 512 x 8 grid,
+    high 7 bits index into the 128-entry sign table), scales: uint8[8] (one nibble per 16
+    values, low nibble first)."""
+
+    half_fields = {"d": 0}
+    dw_factor = 0.125
+    mmq_kernel = "mmq_iq2_xs"
+    grid_source, table_name = "IQ2_XS", "IQ2XS"
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        d = _half(blk, 0)
+        q = _u16(blk[:, 2:66])  # [N, 32]
+        g = cls.grid()[q & np.uint16(511)]  # [N, 32, 8]
+        s = sign_table()[q >> np.uint16(9)]  # [N, 32, 8]
+        codes = (g * s).reshape(N, 8, 32)
+        sc = blk[:, 66:74]
+        ls = np.stack([sc & np.uint8(15), sc >> np.uint8(4)], axis=-1).astype(np.int16)
+        sub = (2 * ls + 1).reshape(N, 8, 2)
+        return codes, sub, cls._dw(d), None, None
+
+
+class IQ3_XXS(_IQFormat, qtype=QT.IQ3_XXS):
+    """256 values, 98 B: d: half, qs: uint8[64] (grid indices into a 256 x 4 grid), aux:
+    uint32[8], one per 32 values: bits 7k..7k+6 index the sign table for the k-th 8 values,
+    bits 28..31 the scale."""
+
+    half_fields = {"d": 0}
+    dw_factor = 0.25
+    mmq_kernel = "mmq_iq3_xxs"
+    grid_source, table_name = "IQ3_XXS", "IQ3XXS"
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        d = _half(blk, 0)
+        g = cls.grid()[blk[:, 2:66]]  # [N, 64, 4]
+        aux = _u32(blk[:, 66:98])  # [N, 8]
+        sh = np.array([0, 7, 14, 21], np.uint32)
+        sidx = (aux[:, :, None] >> sh) & np.uint32(127)  # [N, 8, 4]
+        s = sign_table()[sidx]  # [N, 8, 4, 8]
+        codes = (g.reshape(N, 8, 4, 8) * s).reshape(N, 8, 32)
+        ls = (aux >> np.uint32(28)).astype(np.int16)  # [N, 8]
+        u = 2 * ls + 1
+        sub = np.stack([u, u], axis=-1)
+        return codes, sub, cls._dw(d), None, None
+
+
+class IQ3_S(_IQFormat, qtype=QT.IQ3_S):
+    """256 values, 110 B: d: half, qs: uint8[64] (low 8 bits of a 9-bit index into a 512 x 4
+    grid), qh: uint8[8] (bit 8 of the indices, one byte per 32 values), signs: uint8[32] (one
+    bit per value), scales: uint8[4] (one nibble per 32 values, low nibble first)."""
+
+    half_fields = {"d": 0}
+    mmq_kernel = "mmq_iq3_s"
+    grid_source, table_name = "IQ3_S", "IQ3S"
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        d = _half(blk, 0)
+        qs = blk[:, 2:66].astype(np.uint16)
+        qh = blk[:, 66:74]
+        bit = np.arange(8, dtype=np.uint8)
+        hi = ((qh[:, :, None] >> bit) & np.uint8(1)).reshape(N, 64).astype(np.uint16)
+        g = cls.grid()[qs | (hi << np.uint16(8))]  # [N, 64, 4]
+        sb = ((blk[:, 74:106, None] >> bit) & np.uint8(1)).view(np.int8)  # [N, 32, 8]
+        s = np.int8(1) - np.int8(2) * sb
+        codes = (g.reshape(N, 256) * s.reshape(N, 256)).reshape(N, 8, 32)
+        sc = blk[:, 106:110]
+        ls = np.stack([sc & np.uint8(15), sc >> np.uint8(4)], axis=-1).astype(np.int16)
+        u = (2 * ls + 1).reshape(N, 8)
+        sub = np.stack([u, u], axis=-1)
+        return codes, sub, cls._dw(d), None, None
