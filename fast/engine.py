@@ -20,9 +20,8 @@ from strata import dense, q8_1
 from strata.constants import MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS
 from strata.errors import InputError
 
-from fast import options
-from fast.experts import Ring, RingStream, place_experts
-from fast.walk import LayerWalk, plan_groups, split_resident
+from fast import options, walk
+from fast.experts import Passes, Ring, place_experts
 
 F32 = np.float32
 
@@ -53,9 +52,8 @@ class FastEngine:
         self.placement = place_experts(cfg.n_layer, cfg.n_expert, n_cache)
         self.ring = Ring("ring", ring_slots)
         self.staging = Ring("stage", STAGING_SLOTS)
-        self._stream = None  # the chunk's streamed-walk pass, when the chunk streams
-        self._passes = 0
-        self._held = {}  # op records of buffers that live one group at a time (_rec_rows)
+        self.passes = Passes(backend, o.copy_coalesce)
+        self._chunk_pass = None  # the chunk's streamed-walk pass, when the chunk streams
         with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk) with "
                                f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
             self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=STAGING_SLOTS)
@@ -110,18 +108,11 @@ class FastEngine:
         """A chunk from stream_min tokens streams every streamed expert of every layer in
         (layer, id) order through the ring; its first copies start now, before layer 0's
         attention. Smaller chunks stage each layer's routed streamed experts after routing."""
-        self._stream = None
+        self._chunk_pass = None
         if n_tok >= self.options.stream_min and self.placement.n_streamed:
             p = self.placement
             entries = [(l, int(e)) for l in range(self.config.n_layer) for e in p.streamed(l)]
-            self._stream = self._new_pass(self.ring, entries)
-
-    def _new_pass(self, ring: Ring, entries) -> RingStream:
-        self._passes += 1
-        stream = RingStream(self.be, ring, entries, self._passes, self.options.copy_coalesce)
-        with self.be.host_phase("host planning"):  # enqueueing the first copies is host work
-            stream.copy_ahead()
-        return stream
+            self._chunk_pass = self.passes.open(self.ring, entries)
 
     # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
     def _rec(self, dump, layer: int, op: str, array, slot=None, on_host: bool = False) -> None:
@@ -131,14 +122,6 @@ class FastEngine:
         if dump is not None and dump.ops:
             host = array if array is None or on_host else self.be.download(array)
             dump.op(layer, op, host, slot)
-
-    def _rec_rows(self, dump, op: str, array, row0: int, n_rows: int) -> None:
-        """Keep rows row0.. of an expert-sorted buffer that lives one group at a time (H);
-        `self._held.pop(op)` is then recorded whole."""
-        if dump is not None and dump.ops:
-            part = self.be.download(array)
-            held = self._held.setdefault(op, np.full((n_rows, *part.shape[1:]), np.nan, part.dtype))
-            held[row0:row0 + part.shape[0]] = part
 
     # ---- pieces -----------------------------------------------------------------------
     def _quantize(self, x, w):
@@ -187,12 +170,14 @@ class FastEngine:
         return x
 
     def moe_half(self, layer: int, x, dump=None):
-        be, cfg = self.be, self.config
+        """x [T, n_embd] residual in, residual out: reference/moe_half.py's steps on the device."""
+        be, cfg, o = self.be, self.config, self.options
         p = f"blk.{layer}."
         n_tok, k_used = be.shape(x)[0], cfg.n_expert_used
+        n_rows = n_tok * k_used
 
-        # 1. norm, router, top-K; 2. routing tables (device), their counts on the host when the walk
-        # first reads them
+        # 1. Norm and router. 2. Routing tables (device); their counts reach the host when the
+        # walk first reads them.
         with be.phase("router", layer=layer):
             h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
             logits = self._dense(be.w(p + "ffn_gate_inp"), h)
@@ -200,101 +185,51 @@ class FastEngine:
             self._rec(dump, layer, "router_logits", logits)
             ids, weights = be.top_k(logits, k_used)
             tab = be.routing_tables(ids, cfg.n_expert)
-            if not self.options.overlap_plan:
+            if not o.overlap_plan:
                 tab.order  # noqa: B018 - reading the counts makes the host wait for them here
-        n_rows = n_tok * k_used
 
-        # 3. the MoE input, quantized once per token (scatter) or once per row (gather)
+        # 3. The MoE input, quantized once per token (scatter) or once per row (gather).
         gu_t, down_t = be.expert_types(layer)
         in_layout = q8_1.layout_for(gu_t)
         moe_in = be.alloc_q8(n_rows, cfg.n_embd)
         with be.phase("quantize", layer=layer):
-            if self.options.quant_gather:
+            if o.quant_gather:
                 be.quantize_gather(x=h, src=tab.src, n_rows=n_rows, layout=in_layout, out=moe_in, row0=0,
                                    n_rows_total=n_rows)
             else:
                 be.quantize_scatter(x=h, slot=tab.slot, n_tok=n_tok, k_used=k_used, layout=in_layout,
                                     out=moe_in)
 
-        # 4. the shared expert needs no routing: queued here, the device runs it while the host
-        # waits for the routing counts and plans the walk (no idle gap before the first gather)
-        shared = self._shared_phase(layer, p, h) if self.options.overlap_plan else None
+        # 5 before 4 with overlap_plan: the shared expert needs no routing, so it is queued first and
+        # the device runs it while the host waits for the routing counts and plans the walk (no
+        # idle gap before the first gather)
+        shared = self._shared_phase(layer, p, h) if o.overlap_plan else None
 
-        # 5. the walk: groups of group_size consecutive routed experts, in id order
-        down_layout = q8_1.layout_for(down_t)
-        gate = be.alloc_f32((n_rows, cfg.n_ff_exp))
-        up = be.alloc_f32((n_rows, cfg.n_ff_exp))
-        down_in = be.alloc_q8(n_rows, cfg.n_ff_exp)
-        y = be.alloc_f32((n_rows, cfg.n_embd))
-        resident = self.placement.resident[layer]
-        with be.host_phase("host planning"):
-            if self.options.in_place:  # the routed resident experts are one batch; groups hold streamed ones
-                batch, walked = split_resident(tab.order, tab.cnt, tab.off, resident)
-            else:
-                batch, walked = None, tab.order
-            groups = plan_groups(walked, tab.cnt, tab.off, self.group_size)
-            bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
+        # 4. The per-expert walk (fast/walk.py).
+        rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
+                                down_layout=q8_1.layout_for(down_t), placement=self.placement,
+                                chunk_pass=self._chunk_pass, passes=self.passes, staging=self.staging, options=o,
+                                group_size=self.group_size, keep_h=dump is not None and dump.ops)
 
-        def swiglu_h(r0: int, r1: int, args: dict) -> None:
-            with be.phase("swiglu+quantize H", **args):
-                if not self.options.fuse_group or (dump is not None and dump.ops):  # op records keep H: two launches
-                    hh = be.swiglu_rows(gate, up, r0, r1)
-                    self._rec_rows(dump, "swiglu_h", hh, r0, n_rows)
-                    be.quantize_gather(x=hh, src=None, n_rows=r1 - r0, layout=down_layout, out=down_in,
-                                       row0=r0, n_rows_total=n_rows)
-                else:  # one launch, H never written
-                    be.swiglu_quantize(gate=gate, up=up, r0=r0, r1=r1, layout=down_layout, out=down_in, row0=r0,
-                                       n_rows_total=n_rows)
-
-        def products(grp, gb):
-            args = dict(layer=layer, experts=len(grp.experts), rows=grp.n_rows)
-            with be.phase("gate/up", **args):
-                be.mmq_group_gate_up(layer=layer, group=grp, bounds=gb, act=moe_in, n_rows=n_rows, gate=gate,
-                                     up=up, one_launch=self.options.fuse_group)
-            swiglu_h(grp.row_begin, grp.row_end, args)
-            with be.phase("down", **args):
-                be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=down_in, n_rows=n_rows, y=y)
-
-        walked = [int(e) for e in walked]
-        if self._stream is not None:  # streamed walk: this layer's entries, routed or not
-            stream = self._stream
-            with be.host_phase("host planning"):
-                visit = sorted(set(walked) | set(int(e) for e in self.placement.streamed(layer)))
-        else:  # staged: the routed streamed experts, through the staging ring
-            stream = self._new_pass(self.staging, [(layer, e) for e in walked if not resident[e]])
-            visit = walked
-        # the resident batch's gate/up first: the device multiplies while the copies land
-        in_batch = batch is not None and len(batch.experts) > 0
-        if in_batch:
-            bargs = dict(layer=layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
-            with be.phase("gate/up", **bargs):
-                be.mmq_batch_gate_up(layer=layer, batch=batch, act=moe_in, n_rows=n_rows, gate=gate, up=up,
-                                     one_launch=self.options.fuse_group)
-        LayerWalk(be, layer, self.placement, stream, self.options.group_gather, products).run(groups, bounds, visit)
-        if in_batch:
-            # SwiGLU over the rows from the batch's first to its last: when streamed experts'
-            # rows lie between, they are computed again from the same gate and up, the same bytes
-            swiglu_h(int(batch.bounds[:, 0].min()), int(batch.bounds[:, 1].max()), bargs)
-            with be.phase("down", **bargs):
-                be.mmq_batch_down(layer=layer, batch=batch, act=down_in, n_rows=n_rows, y=y)
-
-        # 6. combine (the shared expert here when it was not queued early)
-        if not self.options.overlap_plan:
+        # 5. The shared expert, where it was not queued before the walk.
+        if not o.overlap_plan:
             shared = self._shared_phase(layer, p, h)
-        with be.phase("combine", layer=layer):
-            out = be.combine(x, weights, tab.slot, y, shared)
 
-        if dump is not None:
+        # 6. Combine in rank order, then the shared expert, then the residual.
+        with be.phase("combine", layer=layer):
+            out = be.combine(x, weights, tab.slot, rows.y, shared)
+
+        if dump is not None:  # in the order computed (strata/records.py)
             slot = be.download(tab.slot)
             dump.layer(layer, "topk_ids", be.download(ids))
             dump.layer(layer, "topk_w", be.download(weights))
             dump.layer(layer, "slot", slot)
             dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(be.download(moe_in), n_rows)[slot])
-            self._rec(dump, layer, "gate", gate, slot)
-            self._rec(dump, layer, "up", up, slot)
-            self._rec(dump, layer, "swiglu_h", self._held.pop("swiglu_h", None), slot, on_host=True)
-            dump.layer(layer, "down_in_q8_1", q8_1.unpack_rows(be.download(down_in), n_rows)[slot])
-            self._rec(dump, layer, "y", y, slot)
+            self._rec(dump, layer, "gate", rows.gate, slot)
+            self._rec(dump, layer, "up", rows.up, slot)
+            self._rec(dump, layer, "swiglu_h", rows.h, slot, on_host=True)
+            dump.layer(layer, "down_in_q8_1", q8_1.unpack_rows(be.download(rows.down_in), n_rows)[slot])
+            self._rec(dump, layer, "y", rows.y, slot)
             if shared is not None:
                 self._rec(dump, layer, "shexp_g", shared[0])
                 self._rec(dump, layer, "shexp", shared[1])

@@ -12,9 +12,10 @@ depends only on (n_layer, n_expert, N):
 Spreading them (rather than taking the lowest ids) makes every MMQ group mix resident and
 streamed experts, as a cache filled by use would.
 
-The copy side (`RingStream`): a ring of VRAM slots filled in entry order by the copy stream.
-Entry k goes to slot k % n_slots, after the release of entry k - n_slots (the event named by
-`used_of[slot]`), so copies run ahead of compute by at most the ring's depth.
+The copy side (`RingPass`): one pass of entries through a ring of VRAM slots, filled in entry
+order by the copy stream. Entry k goes to slot k % n_slots, after the release of entry
+k - n_slots (the event named by `used_of[slot]`), so copies run ahead of compute by at most the
+ring's depth. `Passes` opens them.
 """
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ class Ring:
         self.tag_of = [None] * self.n_slots
 
 
-class RingStream:
+class RingPass:
     """One pass of entries (layer, expert) through a ring: a chunk's streamed walk (every
     streamed expert of every layer) or a layer's staging (its routed streamed experts)."""
 
@@ -109,16 +110,16 @@ class RingStream:
         Coalescing hands the backend up to COALESCE_MAX entries a call (it merges the ones whose
         host blobs and slots are adjacent into one copy, with one event for them); otherwise one
         call, one copy and one event per entry."""
-        n_slots, batch = self.ring.n_slots, []
+        n_slots, due = self.ring.n_slots, []
         while self.next_copy < len(self.entries):
             k = self.next_copy
             if k >= n_slots and not self.released[k - n_slots]:
                 break
-            batch.append(k)
+            due.append(k)
             self.next_copy += 1
         step = COALESCE_MAX if self.coalesce else 1
-        for i in range(0, len(batch), step):
-            self._copy(batch[i:i + step])
+        for i in range(0, len(due), step):
+            self._copy(due[i:i + step])
 
     def _copy(self, run: list[int]) -> None:
         ring = self.ring
@@ -144,6 +145,23 @@ class RingStream:
             ring.copied_of[s] = None
             self.released[k] = True
         self.copy_ahead()
+
+
+class Passes:
+    """Opens an engine's ring passes. One count numbers the passes of all its rings (a copy's
+    tag names its pass, so a stale copy from an earlier pass is told apart)."""
+
+    def __init__(self, be, coalesce: bool):
+        self.be, self.coalesce = be, coalesce
+        self.count = 0
+
+    def open(self, ring: Ring, entries: list[tuple[int, int]]) -> RingPass:
+        """A new pass of `entries` through `ring`, its first copies enqueued."""
+        self.count += 1
+        ring_pass = RingPass(self.be, ring, entries, self.count, self.coalesce)
+        with self.be.host_phase("host planning"):  # enqueueing the first copies is host work
+            ring_pass.copy_ahead()
+        return ring_pass
 
 
 def adjacent_runs(slots, experts, host_index: np.ndarray, blob_bytes: list, slot_bytes: int) -> list[list[int]]:

@@ -1,7 +1,7 @@
-"""The walk over a layer's routed experts: which groups, which rows, and in what order the
-waits, gathers, releases and products happen. It knows nothing of PyCUDA: a backend carries
-out each step (fast/cuda/backend.py on the GPU, fast/sim.py in NumPy); the copy side of the
-rings is fast/experts.py.
+"""The walk over a layer's routed experts (step 4 of the MoE half, `run_experts`): which
+groups, which rows, and in what order the waits, gathers, releases and products happen. It
+knows nothing of PyCUDA: a backend carries out each step (fast/cuda/backend.py on the GPU,
+fast/sim.py in NumPy); the copy side of the rings is fast/experts.py.
 
 The routed experts are visited in id order, in groups of `group_size` (MMQ_GROUP) consecutive
 routed experts, resident and streamed mixed. A streamed expert is a ring entry: in the
@@ -26,8 +26,9 @@ A group is flushed when it is complete, and earlier when
 Then the group's products run: gate/up over its rows, SwiGLU, the quantize of H, down.
 
 With in_place (the default) only streamed experts make groups: the layer's routed resident
-experts are one Batch, multiplied where they lie in the expert cache (fast/engine.py runs its
-gate/up before the walk and its SwiGLU and down after it), so the walk never meets them.
+experts are one Batch, multiplied where they lie in the expert cache (its gate/up before the
+groups, its SwiGLU and down after them), so the groups never meet them. "Batch" means that
+only; the members one flush gathers together are a flush's members.
 """
 from __future__ import annotations
 
@@ -104,21 +105,75 @@ class Member:
     entry: int | None
 
 
+@dataclass
+class ExpertRows:
+    """A layer's expert-sorted buffers (n_rows = T*K rows): the quantized MoE input, the gate
+    and up products, H quantized in the layout of the down type (down_in), the experts'
+    outputs y; h: the host copy of H when op records ask for it (H itself lives one group at
+    a time when SwiGLU and its quantize are one launch)."""
+
+    n_rows: int
+    moe_in: object
+    gate: object
+    up: object
+    down_in: object
+    y: object
+    h: np.ndarray | None = None
+
+
+def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout, placement, chunk_pass, passes,
+                staging, options, group_size: int, keep_h: bool = False) -> ExpertRows:
+    """Step 4 of the MoE half: every routed expert's gate/up, SwiGLU, quantize of H and down,
+    over the routing tables `tab` and the quantized MoE input `moe_in` (n_rows rows). Plans
+    the groups (and with in_place the resident Batch), takes the layer's streamed experts
+    through `chunk_pass` (the chunk's streamed-walk pass; None: a new pass of the `staging`
+    ring, opened by `passes`) and returns the filled buffers. keep_h: keep H on the host for
+    the op records."""
+    n_ff = config.n_ff_exp
+    rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
+                      down_in=be.alloc_q8(n_rows, n_ff), y=be.alloc_f32((n_rows, config.n_embd)))
+    resident = placement.resident[layer]
+    with be.host_phase("host planning"):
+        if options.in_place:  # the routed resident experts are one batch; groups hold streamed ones
+            batch, walked = split_resident(tab.order, tab.cnt, tab.off, resident)
+        else:
+            batch, walked = None, tab.order
+        groups = plan_groups(walked, tab.cnt, tab.off, group_size)
+        bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
+    walked = [int(e) for e in walked]
+    if chunk_pass is not None:  # streamed walk: this layer's entries, routed or not
+        ring_pass = chunk_pass
+        with be.host_phase("host planning"):
+            visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer)))
+    else:  # staged: the routed streamed experts, through the staging ring
+        ring_pass = passes.open(staging, [(layer, e) for e in walked if not resident[e]])
+        visit = walked
+    in_place = batch if batch is not None and len(batch.experts) > 0 else None
+    LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h).run(groups, bounds, visit, in_place)
+    return rows
+
+
 class LayerWalk:
     """One layer's walk. `stream` is the ring pass the layer's streamed experts come through;
-    `products(group, bounds)` runs a group's products once its buffers are complete."""
+    `rows` the expert-sorted buffers the products read and write."""
 
-    def __init__(self, be, layer: int, placement, stream, group_gather: bool, products):
+    def __init__(self, be, layer: int, placement, stream, options, rows: ExpertRows, down_layout,
+                 keep_h: bool = False):
         self.be, self.layer, self.stream = be, layer, stream
         self.resident = placement.resident[layer]
-        self.group_gather = group_gather
-        self.products = products
+        self.options = options
+        self.group_gather = options.group_gather
+        self.rows, self.down_layout, self.keep_h = rows, down_layout, keep_h
         self.members: list[Member] = []  # the open group's members
         self.flushed = 0  # members[:flushed] are gathered
 
-    def run(self, groups: list[Group], bounds: list, visit: list[int]) -> None:
+    def run(self, groups: list[Group], bounds: list, visit: list[int], batch: Batch | None = None) -> None:
         """Visit `visit` (ascending ids: the routed experts, and in the streamed walk every
-        streamed expert of the layer) and walk the groups."""
+        streamed expert of the layer) and walk the groups; a resident `batch`'s gate/up go
+        first (the device multiplies while the copies land), its SwiGLU and down last."""
+        if batch is not None:
+            bargs = dict(layer=self.layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
+            self.batch_gate_up(batch, bargs)
         routed_group = {e: gi for gi, g in enumerate(groups) for e in g.experts}
         gi = 0
         for e in visit:
@@ -135,6 +190,8 @@ class LayerWalk:
                 self.products(groups[gi], bounds[gi])
                 self.members, self.flushed = [], 0
                 gi += 1
+        if batch is not None:
+            self.batch_rest(batch, bargs)
 
     def held_streamed(self) -> int:
         return sum(m.entry is not None for m in self.members[self.flushed:])
@@ -151,15 +208,14 @@ class LayerWalk:
         todo = self.members[self.flushed:]
         if not todo:
             return
-        batches = [todo] if self.group_gather else [[m] for m in todo]
-        for batch in batches:
-            self.gather(batch)
+        for members in [todo] if self.group_gather else [[m] for m in todo]:
+            self.gather(members)
         self.flushed = len(self.members)
 
-    def gather(self, batch: list[Member]) -> None:
+    def gather(self, members: list[Member]) -> None:
         """One wait (on the last streamed member's copy), one gather launch, one event."""
         be, stream = self.be, self.stream
-        streamed = [m.entry for m in batch if m.entry is not None]
+        streamed = [m.entry for m in members if m.entry is not None]
         if streamed:
             last = streamed[-1]
             slot = stream.slot_of(last)
@@ -167,8 +223,8 @@ class LayerWalk:
                 be.wait(event=stream.ring.copied_of[slot],
                         what=f"the copy of expert {stream.entries[last][1]} of layer {self.layer} "
                              f"into {stream.ring.name} slot {slot}")
-        with be.phase("gather", layer=self.layer, experts=len(batch), streamed=len(streamed)):
-            be.gather(layer=self.layer, members=self._places(batch), q0=batch[0].q)
+        with be.phase("gather", layer=self.layer, experts=len(members), streamed=len(streamed)):
+            be.gather(layer=self.layer, members=self._places(members), q0=members[0].q)
         if streamed:
             stream.release(streamed, be.record())
 
@@ -182,3 +238,51 @@ class LayerWalk:
             else:
                 out.append((self.stream.ring.name, self.stream.slot_of(m.entry), self.stream.tag(m.entry)))
         return out
+
+    # ---- the products -------------------------------------------------------------------
+    def products(self, grp: Group, gb) -> None:
+        """A gathered group's products: gate/up over its rows, SwiGLU and the quantize of H, down."""
+        be, r, layer = self.be, self.rows, self.layer
+        args = dict(layer=layer, experts=len(grp.experts), rows=grp.n_rows)
+        with be.phase("gate/up", **args):
+            be.mmq_group_gate_up(layer=layer, group=grp, bounds=gb, act=r.moe_in, n_rows=r.n_rows, gate=r.gate,
+                                 up=r.up, one_launch=self.options.fuse_group)
+        self.swiglu_h(grp.row_begin, grp.row_end, args)
+        with be.phase("down", **args):
+            be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=r.down_in, n_rows=r.n_rows, y=r.y)
+
+    def batch_gate_up(self, batch: Batch, args: dict) -> None:
+        be, r = self.be, self.rows
+        with be.phase("gate/up", **args):
+            be.mmq_batch_gate_up(layer=self.layer, batch=batch, act=r.moe_in, n_rows=r.n_rows, gate=r.gate, up=r.up,
+                                 one_launch=self.options.fuse_group)
+
+    def batch_rest(self, batch: Batch, args: dict) -> None:
+        """The batch's SwiGLU over the rows from its first to its last: when streamed experts'
+        rows lie between, they are computed again from the same gate and up, the same bytes."""
+        be, r = self.be, self.rows
+        self.swiglu_h(int(batch.bounds[:, 0].min()), int(batch.bounds[:, 1].max()), args)
+        with be.phase("down", **args):
+            be.mmq_batch_down(layer=self.layer, batch=batch, act=r.down_in, n_rows=r.n_rows, y=r.y)
+
+    def swiglu_h(self, r0: int, r1: int, args: dict) -> None:
+        """H = silu(gate) * up over rows r0..r1, quantized into down_in."""
+        be, r = self.be, self.rows
+        with be.phase("swiglu+quantize H", **args):
+            if not self.options.fuse_group or self.keep_h:  # op records keep H: two launches
+                hh = be.swiglu_rows(r.gate, r.up, r0, r1)
+                if self.keep_h:
+                    self._keep_h(hh, r0)
+                be.quantize_gather(x=hh, src=None, n_rows=r1 - r0, layout=self.down_layout, out=r.down_in,
+                                   row0=r0, n_rows_total=r.n_rows)
+            else:  # one launch, H never written
+                be.swiglu_quantize(gate=r.gate, up=r.up, r0=r0, r1=r1, layout=self.down_layout, out=r.down_in,
+                                   row0=r0, n_rows_total=r.n_rows)
+
+    def _keep_h(self, hh, r0: int) -> None:
+        """Rows r0.. of H into the host copy (rows no product wrote stay NaN)."""
+        part = self.be.download(hh)
+        r = self.rows
+        if r.h is None:
+            r.h = np.full((r.n_rows, *part.shape[1:]), np.nan, part.dtype)
+        r.h[r0:r0 + part.shape[0]] = part

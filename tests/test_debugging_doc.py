@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from fast import engine, walk
+from fast import walk
 from strata_prefill.cli import main
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "debugging.md"
@@ -31,7 +31,7 @@ def test_the_doc_transcript_is_what_the_report_prints(make_test_pack, tmp_path, 
         bounds[15, 1] -= 1  # the 16th routed expert loses its last row
         return walk.Batch(batch.experts, bounds), streamed
 
-    monkeypatch.setattr(engine, "split_resident", split_resident)
+    monkeypatch.setattr(walk, "split_resident", split_resident)
     # the sim fills new buffers with NaN: the run itself says where the unwritten row is (exit 1)
     assert main(["run", "--impl", "fast", "--backend", "sim", "--dump-dir", "B", *common]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
@@ -39,7 +39,7 @@ def test_the_doc_transcript_is_what_the_report_prints(make_test_pack, tmp_path, 
     assert "NaN first in layer 0, op gate (L00.gate) of chunk 0, position 28 (top-K rank 5)" in DOC.read_text()
     assert main(["diff", "A", "B"]) == 1
     assert capsys.readouterr().out == doc_transcript()
-    monkeypatch.setattr(engine, "split_resident", orig)
+    monkeypatch.setattr(walk, "split_resident", orig)
     assert main(["run", "--impl", "fast", "--backend", "sim", "--dump-dir", "C", *common]) == 0
     capsys.readouterr()
     assert main(["diff", "A", "C"]) == 0  # step 4: the fix

@@ -40,8 +40,6 @@ def runs(make_test_pack, tmp_path, monkeypatch):
 
 def test_wrong_resident_bound_is_named_at_the_gate_product(runs):
     """The in-place batch's bound of one resident expert one row short (fast.walk.split_resident)."""
-    from fast import engine
-
     clean, planted = runs
 
     def off_by_one(orig):
@@ -52,7 +50,7 @@ def test_wrong_resident_bound_is_named_at_the_gate_product(runs):
             return walk.Batch(batch.experts, bounds), streamed
         return split_resident
 
-    miss = compare_timelines(clean, planted("split_resident", off_by_one, owner=engine))
+    miss = compare_timelines(clean, planted("split_resident", off_by_one, owner=walk))
     text = str(miss)
     assert miss.record == "L00.gate", text
     ids = clean[0].records["L00.topk_ids"]

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fast import make_fast_engine
-from fast.experts import RingStream, place_experts
+from fast.experts import RingPass, place_experts
 from fast.sim_streams import POLICIES, ScheduleHazard
 from fast.walk import LayerWalk
 from reference import ReferenceEngine
@@ -88,11 +88,11 @@ def _copy_without_waiting(self, run):
 
 BROKEN = {
     "release before the group's gather": (LayerWalk, "gather", _release_before_gather, dict(ring=4)),
-    "stale used_of after a per-slot release": (RingStream, "release", _stale_used_of,
+    "stale used_of after a per-slot release": (RingPass, "release", _stale_used_of,
                                                dict(ring=4, group_gather=0)),
     "no flush of an open group at a skipped entry": (LayerWalk, "skip", _skip_without_flush,
                                                      dict(ring=4, stream_min=1)),
-    "refill without waiting": (RingStream, "_copy", _copy_without_waiting, dict(ring=4)),
+    "refill without waiting": (RingPass, "_copy", _copy_without_waiting, dict(ring=4)),
     "wait on the group's first copy": (LayerWalk, "gather", _wait_on_first_copy, dict(ring=8)),
 }
 
@@ -113,7 +113,7 @@ def test_broken_schedules_are_caught(make_test_pack, tmp_path, monkeypatch, case
 def test_wait_on_nothing_is_a_hazard(make_test_pack, tmp_path, monkeypatch):
     """A gather whose copy was never enqueued waits on no event: reported, not run."""
     pack = make_test_pack("tiny", "Q8_0")
-    monkeypatch.setattr(RingStream, "copy_ahead", lambda self: None)
+    monkeypatch.setattr(RingPass, "copy_ahead", lambda self: None)
     with pytest.raises(ScheduleHazard, match="nothing will record"):
         _run(pack, tmp_path, expert_cache=0, ring=8)
 
