@@ -3,9 +3,10 @@ plumbing (workers sized to the machine, its last lines: verify/gate.py)."""
 import pytest
 
 from strata.make_pack import make_pack
+from strata.quants import SUPPORTED_TYPES
 from verify import gate
 
-EXPERT_TYPES = ["Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S"]
+EXPERT_TYPES = [t.name for t in SUPPORTED_TYPES]  # the registry's (strata/qformats.py)
 
 
 @pytest.hookimpl(tryfirst=True)
