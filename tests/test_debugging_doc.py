@@ -1,5 +1,6 @@
 """docs/debugging.md's transcript is what the report prints for the bug the doc plants: the
-16th routed expert's bound one row short, in the sim. Regenerated here, compared line by line."""
+16th routed expert's bound one row short, in the sim. The doc's own planting snippet is run
+here, and the transcript regenerated and compared line by line."""
 import re
 from pathlib import Path
 
@@ -17,6 +18,13 @@ def doc_transcript() -> str:
     return m.group(1)
 
 
+def doc_plant() -> str:
+    """The doc's Python snippet that plants the bug."""
+    m = re.search(r"Planted in the sim.*?```python\n(.*?)```", DOC.read_text(), re.S)
+    assert m, "the planting snippet is missing from docs/debugging.md"
+    return m.group(1)
+
+
 def test_the_doc_transcript_is_what_the_report_prints(make_test_pack, tmp_path, monkeypatch, capsys):
     pack = make_test_pack("small", "Q8_0")  # = strata-prefill make-pack small.gguf --preset small
     monkeypatch.chdir(tmp_path)
@@ -24,14 +32,9 @@ def test_the_doc_transcript_is_what_the_report_prints(make_test_pack, tmp_path, 
               "--dump-level", "ops", "--no-progress"]
     assert main(["run", "--impl", "reference", "--dump-dir", "A", *common]) == 0
     orig = walk.split_resident
-
-    def split_resident(*args):
-        batch, streamed = orig(*args)
-        bounds = batch.bounds.copy()
-        bounds[15, 1] -= 1  # the 16th routed expert loses its last row
-        return walk.Batch(batch.experts, bounds), streamed
-
-    monkeypatch.setattr(walk, "split_resident", split_resident)
+    monkeypatch.setattr(walk, "split_resident", orig)  # undone at the end, whatever the snippet does
+    exec(doc_plant(), {})
+    assert walk.split_resident is not orig, "the doc's snippet planted nothing"
     # the sim fills new buffers with NaN: the run itself says where the unwritten row is (exit 1)
     assert main(["run", "--impl", "fast", "--backend", "sim", "--dump-dir", "B", *common]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
