@@ -1,134 +1,278 @@
 #!/usr/bin/env python3
-"""Build every CUDA kernel of two git revisions as sm_90 cubins, the way the runtime builds
-them, and compare them: first the cubin bytes, then, where those differ, the SASS of each
-kernel function (cuobjdump -sass), so a file that lost a dead body still shows that the
-kernels it keeps compile to the same instructions.
+"""Compile the CUDA kernels of two trees the way the fast path builds them and compare them
+kernel by kernel: each kernel's PTX body first, then, where the PTX is equal, the cubin that
+ptxas makes of that kernel alone. A kernel edit that should change no instruction (a dead form
+removed, a file split) is checked this way without a GPU.
 
-    python3 dev/compare_cubins.py 04719c8 HEAD [--keep DIR]
+    python3 dev/compare_cubins.py --base REV [--new REV] [--cache DIR] [--jobs N] [--no-cubin]
 
-Needs git and nvcc on PATH and cuobjdump (on PATH, or named by $CUOBJDUMP; the pip package
-nvidia-cuda-cuobjdump has one, and it calls nvdisasm, from nvidia-cuda-nvdisasm); no GPU. The builds mirror fast/cuda/runtime.py:
-project headers (`#include "x.cuh"`) inlined into the source, `--fmad=false`, `-arch=sm_90`,
-and the defines each wrapper passes (BUILDS below: the MMQ tile configurations and the two
-attention warp counts). A build that does not exist in one revision (a removed file or
-configuration) is reported as such.
+--base is a git revision; --new one too, or the working tree when absent. The (module, defines)
+pairs are the new tree's fast-path and gate builds (fast.cuda.kernel_cache.default_modules()
+and verify.cases.ahead_modules(), read in that tree); each is compiled in both trees with the
+new tree's nvcc options (fast/cuda/runtime.py NVCC_OPTIONS) for runtime.DEFAULT_ARCH. A module
+the base lacks is looked up under its earlier name (RENAMES, or --rename NEW=OLD); kernels are
+matched by name. Labels and local depots carry the function's index in its module, so they are
+numbered afresh per kernel before the bodies are compared. Builds and cubins are kept in the
+cache folder, keyed by source and options, so a second run against one base compiles only
+what changed. Prints one row per (module, defines, kernel); exits 1 if a kernel present in
+both trees differs in PTX, or its cubin differs though the PTX is equal. Needs git, nvcc and
+ptxas; no GPU.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
-ARCH = "sm_90"
-NVCC_OPTIONS = ("--fmad=false",)
-MMQ_SMALL = {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2}
-MMQ_LARGE = {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2}
-#: kernel file -> the define sets the wrappers compile it with (default: none)
-BUILDS = {
-    "mmq": [MMQ_SMALL, MMQ_LARGE, {"MMQ_V2": 0}],
-    "attention_mma": [{"MMA_WARPS": 4}, {"MMA_WARPS": 8}],
-}
-_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.M)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: new module name -> the module that held its kernels before (file splits)
+RENAMES: dict[str, str] = {}
+
+# Run inside a tree: its build list, nvcc options, architecture and every kernel source (headers inlined).
+_PROBE = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from fast.cuda import kernel_cache, runtime
+mods = kernel_cache.default_modules()
+try:
+    from verify import cases
+    mods += cases.ahead_modules()
+except ImportError:
+    pass
+names = sorted(f[:-3] for f in os.listdir(runtime.KERNEL_DIR) if f.endswith(".cu"))
+print(json.dumps({"modules": kernel_cache._unique(mods), "options": list(runtime.NVCC_OPTIONS),
+                  "arch": runtime.DEFAULT_ARCH, "sources": {n: runtime.kernel_source(n) for n in names}}))
+"""
+
+_ENTRY = re.compile(r"^(?:\.visible\s+|\.weak\s+)?(\.entry|\.func)\b(?:\s*\([^)]*\))?\s*([A-Za-z_$][\w$]*)", re.M)
+_DECL = re.compile(r"^(?:\.visible\s+|\.extern\s+|\.weak\s+)*\.(?:global|const|shared)\b[^;=\[]*?([A-Za-z_$][\w$]*)\s*(?:\[[^\]]*\])?\s*(?:=|;)")
+_LABELS = ((re.compile(r"\$L__(BB|tmp|func_begin|func_end)\d+_"), r"$L__\1_"),
+           (re.compile(r"__local_depot\d+"), "__local_depot"))
 
 
-def export(rev: str, dest: str) -> str:
-    """The rev's kernel folder (the one holding mmq.cu) extracted under dest; returns its path."""
-    names = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev], check=True, capture_output=True,
-                           text=True).stdout.splitlines()
-    found = [n for n in names if n.endswith("/mmq.cu")]
-    if len(found) != 1:
-        sys.exit(f"compare_cubins: {rev} has {len(found)} mmq.cu files, expected one")
-    kd = os.path.dirname(found[0])
-    archive = subprocess.run(["git", "archive", rev, kd], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
-    return os.path.join(dest, kd)
+def tree_of(rev: str | None, cache: str) -> str:
+    """The folder of rev's files (git archive into the cache), or the working tree for None."""
+    if rev is None:
+        return REPO
+    sha = subprocess.run(["git", "-C", REPO, "rev-parse", f"{rev}^{{commit}}"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    dest = os.path.join(cache, "trees", sha)
+    if not os.path.isdir(dest):
+        tmp = tempfile.mkdtemp(dir=os.path.join(cache, "trees"))
+        archive = subprocess.run(["git", "-C", REPO, "archive", sha], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        os.rename(tmp, dest)
+    return dest
 
 
-def inlined(kdir: str, name: str) -> str:
-    def read(fname):
-        with open(os.path.join(kdir, fname), encoding="utf-8") as f:
-            return f.read()
-    return _LOCAL_INCLUDE.sub(lambda m: read(m.group(1)), read(f"{name}.cu"))
+def probe(tree: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}  # the defaults, not a run's
+    r = subprocess.run([sys.executable, "-c", _PROBE], cwd=tree, env=env, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"compare_cubins: reading the build list in {tree} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout)
 
 
 def tag(defines: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(defines.items())) or "-"
 
 
-def build(kdir: str, name: str, defines: dict, out_dir: str) -> str | None:
-    """The cubin path, or None when the source does not compile with these defines."""
-    src = os.path.join(out_dir, f"{name}.{tag(defines)}.cu")
-    with open(src, "w", encoding="utf-8") as f:
-        f.write(inlined(kdir, name))
-    cubin = src[:-3] + ".cubin"
-    cmd = ["nvcc", "-cubin", f"-arch={ARCH}", *NVCC_OPTIONS, *(f"-D{k}={v}" for k, v in sorted(defines.items())),
-           "-o", cubin, src]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    return cubin if r.returncode == 0 else None
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode("utf-8"))
+        h.update(b"\x01")
+    return h.hexdigest()[:32]
 
 
-def sass_by_function(cubin: str) -> dict:
-    tool = os.environ.get("CUOBJDUMP", "cuobjdump")
-    text = subprocess.run([tool, "-sass", cubin], check=True, capture_output=True, text=True).stdout
-    funcs, cur = {}, None
-    for line in text.splitlines():
-        m = re.match(r"\s*Function : (\S+)", line)
+def ptx(cache: str, name: str, source: str, defines: dict, options: list, arch: str) -> str | None:
+    """The PTX text of source compiled with defines (cached), or None when it does not compile."""
+    opts = list(options) + [f"-D{k}={v}" for k, v in sorted(defines.items())]
+    key = _digest(name, source, "\0".join(opts), arch)
+    out = os.path.join(cache, "ptx", f"{name}-{key}.ptx")
+    if not os.path.exists(out):
+        src = os.path.join(cache, "ptx", f"{name}-{key}.cu")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write(source)
+        r = subprocess.run(["nvcc", "-ptx", *opts, "-arch", arch, "-o", out + ".tmp", src], capture_output=True, text=True)
+        if r.returncode:
+            sys.stderr.write(f"{name} [{tag(defines)}] does not compile:\n{r.stderr[-1500:]}\n")
+            return None
+        os.rename(out + ".tmp", out)
+    with open(out, encoding="utf-8") as f:
+        return f.read()
+
+
+def split(text: str) -> tuple[str, dict, dict]:
+    """(header, {function name: (kind, body text)}, {declared name: line}) of one PTX module."""
+    lines = text.splitlines()
+    header = [ln for ln in lines if ln.startswith((".version", ".target", ".address_size"))]
+    funcs, decls, i = {}, {}, 0
+    while i < len(lines):
+        ln = lines[i]
+        m = _ENTRY.match(ln)
         if m:
-            cur = m.group(1)
-            funcs[cur] = []
-        elif cur is not None and line.strip():
-            funcs[cur].append(" ".join(line.split()))  # the listing's column widths vary per file
-    return funcs
+            j = i
+            while lines[j].strip() != "{" and not lines[j].rstrip().endswith(";"):
+                j += 1
+            if lines[j].rstrip().endswith(";"):  # a prototype (declaration of a .func)
+                i = j + 1
+                continue
+            depth, k = 0, j
+            while True:
+                depth += lines[k].count("{") - lines[k].count("}")
+                if depth == 0:
+                    break
+                k += 1
+            funcs[m.group(2)] = (m.group(1), "\n".join(lines[i:k + 1]))
+            i = k + 1
+            continue
+        d = _DECL.match(ln)
+        if d:
+            decls[d.group(1)] = ln
+        i += 1
+    return "\n".join(header), funcs, decls
+
+
+def normalized(body: str) -> str:
+    for pat, rep in _LABELS:
+        body = pat.sub(rep, body)
+    return body
+
+
+def standalone(header: str, funcs: dict, decls: dict, name: str) -> str:
+    """A PTX module holding only function `name`, the functions it calls and the names it uses."""
+    need, todo = [], [name]
+    while todo:
+        fn = todo.pop()
+        if fn in need:
+            continue
+        need.append(fn)
+        words = set(re.findall(r"[A-Za-z_$][\w$]*", funcs[fn][1]))
+        todo += [f for f in funcs if f in words and f not in need]
+    words = set(re.findall(r"[A-Za-z_$][\w$]*", "\n".join(funcs[f][1] for f in need)))
+    used = [line for d, line in decls.items() if d in words]
+    return "\n".join([header, *used, *(funcs[f][1] for f in reversed(need))]) + "\n"
+
+
+def cubin(cache: str, side: str, text: str, options: list, arch: str) -> bytes | None:
+    """ptxas's cubin of one standalone PTX module; side keeps each tree's build apart."""
+    fmad = [o for o in options if o.startswith("--fmad")]
+    key = _digest(side, text, "\0".join(fmad), arch)
+    out = os.path.join(cache, "cubin", f"{key}.cubin")
+    if not os.path.exists(out):
+        src = out[:-6] + ".ptx"
+        with open(src, "w", encoding="utf-8") as f:
+            f.write(text)
+        r = subprocess.run(["ptxas", f"-arch={arch}", *fmad, "-o", out + ".tmp", src], capture_output=True, text=True)
+        if r.returncode:
+            sys.stderr.write(f"ptxas failed on {src}:\n{r.stderr[-1500:]}\n")
+            return None
+        os.rename(out + ".tmp", out)
+    with open(out, "rb") as f:
+        return f.read()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("rev_a")
-    ap.add_argument("rev_b")
-    ap.add_argument("--keep", help="build here and keep the sources and cubins")
+    ap.add_argument("--base", required=True, help="git revision to compare against")
+    ap.add_argument("--new", help="git revision (default: the working tree)")
+    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "strata-compare-cubins"),
+                    help="folder for trees, PTX and cubins (kept between runs)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--no-cubin", action="store_true", help="compare PTX only")
+    ap.add_argument("--rename", action="append", default=[], metavar="NEW=OLD",
+                    help="the base's name of a module the new tree renamed")
+    ap.add_argument("--only", action="append", default=[], metavar="MODULE", help="compare these modules only")
     args = ap.parse_args()
-    root = args.keep or tempfile.mkdtemp(prefix="cubins-")
-    dirs = {}
-    for side, rev in (("a", args.rev_a), ("b", args.rev_b)):
-        d = os.path.join(root, side)
-        os.makedirs(d, exist_ok=True)
-        dirs[side] = (export(rev, d), d)
-    names = sorted({f[:-3] for kd, _ in dirs.values() for f in os.listdir(kd) if f.endswith(".cu")})
-    same_all = True
-    for name in names:
-        for defines in BUILDS.get(name, [{}]):
-            label = f"{name}.cu [{tag(defines)}]"
-            cub = {}
-            for side, (kd, d) in dirs.items():
-                has = os.path.exists(os.path.join(kd, f"{name}.cu"))
-                cub[side] = build(kd, name, defines, d) if has else None
-            if cub["a"] is None or cub["b"] is None:
-                which = "both" if cub["a"] is cub["b"] is None else ("a" if cub["a"] is None else "b")
-                print(f"{label}: absent in {which} (no such file, or it does not build with these defines)")
-                continue
-            with open(cub["a"], "rb") as fa, open(cub["b"], "rb") as fb:
-                if fa.read() == fb.read():
-                    print(f"{label}: cubin identical")
-                    continue
-            sa, sb = sass_by_function(cub["a"]), sass_by_function(cub["b"])
-            parts = []
-            for fn in sorted(set(sa) | set(sb)):
-                if fn not in sb:
-                    parts.append(f"{fn} removed")
-                elif fn not in sa:
-                    parts.append(f"{fn} added")
-                elif sa[fn] != sb[fn]:
-                    parts.append(f"{fn} SASS DIFFERS")
-                    same_all = False
-            kept_same = [fn for fn in sa if fn in sb and sa[fn] == sb[fn]]
-            print(f"{label}: cubin differs; SASS equal for {len(kept_same)} kept function(s)"
-                  + (f"; {'; '.join(parts)}" if parts else ""))
-    print("every kernel present in both: SASS identical" if same_all
-          else "some kernel present in both has different SASS (listed above)")
-    return 0 if same_all else 1
+    renames = dict(RENAMES, **dict(r.split("=", 1) for r in args.rename))
+    for sub in ("trees", "ptx", "cubin"):
+        os.makedirs(os.path.join(args.cache, sub), exist_ok=True)
+    new, base = probe(tree_of(args.new, args.cache)), probe(tree_of(args.base, args.cache))
+    options, arch = new["options"], new["arch"]
+    if base["options"] != options:
+        print(f"note: the base's nvcc options {base['options']} differ; both built with {options}")
+
+    jobs, dropped = [], []  # (module, defines, base module or None)
+    for name, defines in new["modules"]:
+        if args.only and name not in args.only:
+            continue
+        unused = [k for k in defines if not re.search(rf"\b{k}\b", new["sources"][name])]
+        if unused:  # a build of a form the new tree removed: nothing of the new tree to compare
+            dropped.append((name, defines, unused))
+            continue
+        old = name if name in base["sources"] else renames.get(name)
+        jobs.append((name, defines, old if old in base["sources"] else None))
+    # the base's builds that no new build continues (same module, or one renamed from it, and defines)
+    carried = {(renames.get(n, n), tag(d)) for n, d in new["modules"]} | {(n, tag(d)) for n, d in new["modules"]}
+    wanted = {renames.get(o, o) for o in args.only} | set(args.only)
+    gone = [(n, d) for n, d in base["modules"] if (n, tag(d)) not in carried and (not wanted or n in wanted)]
+
+    def compile_pair(job):
+        name, defines, old = job
+        a = ptx(args.cache, old, base["sources"][old], defines, options, arch) if old else None
+        b = ptx(args.cache, name, new["sources"][name], defines, options, arch)
+        return a, b
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        built = list(pool.map(compile_pair, jobs))
+
+    rows, checks = [], []
+    for (name, defines, old), (a, b) in zip(jobs, built):
+        label = name if old in (None, name) else f"{name} (base {old})"
+        if b is None:
+            rows.append([label, tag(defines), "-", "NEW DOES NOT COMPILE"])
+            continue
+        if a is None:
+            rows.append([label, tag(defines), "-", "absent in base" if old is None else "BASE DOES NOT COMPILE"])
+            continue
+        ha, fa, da = split(a)
+        hb, fb, db = split(b)
+        for fn in sorted(set(fa) | set(fb)):
+            if fn not in fb:
+                rows.append([label, tag(defines), fn, "removed"])
+            elif fn not in fa:
+                rows.append([label, tag(defines), fn, "added"])
+            else:
+                same = normalized(fa[fn][1]) == normalized(fb[fn][1])
+                rows.append([label, tag(defines), fn, "same" if same else "DIFFERENT"])
+                if same and not args.no_cubin:
+                    checks.append((len(rows) - 1, standalone(ha, fa, da, fn), standalone(hb, fb, db, fn)))
+        for d in sorted(set(da) & set(db)):
+            if da[d] != db[d]:
+                rows.append([label, tag(defines), d, "DIFFERENT (declaration)"])
+
+    def assemble(check):
+        i, ta, tb = check
+        return i, cubin(args.cache, "base", ta, options, arch), cubin(args.cache, "new", tb, options, arch)
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for i, ca, cb in pool.map(assemble, checks):
+            if ca is None or cb is None:
+                rows[i][3] = "same PTX, PTXAS FAILED"
+            elif ca == cb:
+                rows[i][3] = "same (PTX and cubin)"
+            else:
+                rows[i][3] = "same PTX, CUBIN DIFFERENT"
+
+    widths = [max(len(r[c]) for r in rows + [["module", "defines", "kernel", "result"]]) for c in range(4)]
+    for r in [["module", "defines", "kernel", "result"]] + rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    for n, d, unused in dropped:
+        print(f"not compared: {n} [{tag(d)}] (the new source no longer reads {', '.join(unused)}: a removed form)")
+    for n, d in gone:
+        print(f"base build with no new build of the same defines: {n} [{tag(d)}]")
+    bad = [r for r in rows if any(w in r[3] for w in ("DIFFERENT", "FAILED", "NOT COMPILE"))]
+    compared = [r for r in rows if r[3].startswith(("same", "DIFFERENT"))]
+    print(f"{len(compared)} kernel builds compared in {len(jobs)} module builds: "
+          + ("all same" if not bad else f"{len(bad)} DIFFERENT or failed (above)"))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
