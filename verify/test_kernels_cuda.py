@@ -317,7 +317,7 @@ def test_mmq_group(cu, dev, case):
 
 @pytest.mark.parametrize("case", params(kernel_rows("mmq_extreme")))
 def test_mmq_extreme_sub_scaled_sums(cu, dev, case):
-    """The largest block sums the sub-scale step carries (MMQ_SUBFMA: u * S as one exact fused
+    """The largest block sums the sub-scale step carries (u * S as one exact fused
     multiply-add, scaled_magic): maximal sub-scales and grid entries, activations +-127 aligned
     with the weights' signs. IQ2_XS's sub-scaled sum of a block passes 2^22 here, the range no
     single magic-number conversion of the integer sum could carry."""

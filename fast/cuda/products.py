@@ -60,9 +60,9 @@ DEFAULT_TILE_ROWS = 128
 #: and two CTAs per SM. Each is checked byte for byte by verify/test_kernels_cuda.py. A
 #: configuration changes speed only, never a bit.
 AUTO_CONFIGS = (
-    (8, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_WN": 1, "MMQ_BN": 16, "MMQ_MINB": 3}),
-    (64, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2}),
-    (None, {"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2}),
+    (8, {"MMQ_WM": 4, "MMQ_WN": 1, "MMQ_BN": 16, "MMQ_MINB": 3}),
+    (64, {"MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2}),
+    (None, {"MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2}),
 )
 
 _Q8_THREADS = 256
@@ -193,8 +193,8 @@ def default_config() -> dict | None:
 
 def extra_defines() -> dict:
     """mmq.cu defines added to every configuration, automatic or STRATA_MMQ_CONFIG's: the
-    environment variable STRATA_MMQ_DEFINES (JSON), for A/B of a kernel form kept behind a
-    define (e.g. '{"MMQ_MIX": 0}'); empty when unset. Changes speed only, never a bit."""
+    environment variable STRATA_MMQ_DEFINES (JSON), for A/B of a tuning define over every
+    configuration (e.g. '{"MMQ_MIX_MIN": 0}'); empty when unset. Changes speed only, never a bit."""
     raw = os.environ.get("STRATA_MMQ_DEFINES", "").strip()
     if not raw:
         return {}

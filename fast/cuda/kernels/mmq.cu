@@ -53,12 +53,12 @@
 // TOP/s (bench/bench_in_place_cuda.py); the query and output projections (Q8_0, dense) 172-186
 // TOP/s at 8K (bench/bench_dense_mmq_ab_cuda.py).
 //
-// What bounds it (Nsight Compute, the IQ2_XS gate/up in place at 8K, before MMQ_MIX): 3.06 G
-// warp instructions, of which the contract's epilogue (6 FP32 instructions per output and
+// What bounds it (Nsight Compute, the IQ2_XS gate/up in place at 8K, before the mixed decode):
+// 3.06 G warp instructions, of which the contract's epilogue (6 FP32 instructions per output and
 // 32-value block for IQ2_XS, 4 for Q8_0: convert, dw * da, * sumi, + acc) is about half; 64% of
 // issue slots busy. The products issue well; the decode (dependent shared-memory lookups), the
 // staging and the chunk barrier held a quarter of the instructions and half of the stall
-// samples; MMQ_MIX interleaves the decode with the products. The epilogue alone at one
+// samples; the mixed decode interleaves it with the products. The epilogue alone at one
 // instruction a cycle on every scheduler is the floor bench/phase_floors.py draws: about 3.3x
 // under today's gate/up.
 
@@ -89,45 +89,25 @@
 // The decoded chunk (codes and scales) is double-buffered, so warps decode chunk kc+1 while
 // others still multiply chunk kc: one barrier per chunk; the staging ring needs 3 slots.
 static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
-// MMQ_V2=2 (default): a warp multiplies exactly its n8 tiles; 1: whole pairs of them (an odd
-// last tile multiplies stale shared rows it never stores). Same bits either way.
-#ifndef MMQ_V2
-#define MMQ_V2 2
-#endif
-static_assert(MMQ_V2 == 1 || MMQ_V2 == 2, "MMQ_V2 is 1 or 2");
 // CTAs per SM asked of the compiler (__launch_bounds__ min blocks): caps registers per thread.
-// MMQ_SUBFMA=1 (default): an integer sub-scale times a block sum is one exact fused multiply-add
-// (sub_sum), 6 FP32 instructions an IQ2_XS output and block instead of 8, 4 instead of 5 for the
-// IQ3 types; 0 keeps the two-instruction form. Same bits either way.
-// MMQ_Q8DEC=1 (default): Q8_0's decode reads a block's codes as nine words from one base; 0: a
-// two-word load and shift per code word (ldw). Same bytes.
-#ifndef MMQ_Q8DEC
-#define MMQ_Q8DEC 1
-#endif
-#ifndef MMQ_SUBFMA
-#define MMQ_SUBFMA 1
-#endif
 #ifndef MMQ_MINB
 #define MMQ_MINB 1
 #endif
-// MMQ_MIX=1 (default): when this chunk and the next are whole (4 blocks, all BM weight rows)
-// and the tile holds more than MMQ_BN / 2 activation rows, the next chunk's decode (weights
-// and activation scales) is written inside this chunk's unrolled products, before block
-// MMQ_MIX_AT, with no branch, so the compiler interleaves its dependent shared-memory loads
-// with the epilogue's float work instead of every warp stalling on them before the products;
-// 0: the decode runs before the products, as a loop with bound checks. The decode writes the
-// other buffer of the pair the products read, between the same two barriers either way: same
-// bytes. Tiles of few rows keep the checked form: their products are too short to hide the
-// decode, and the unchecked one copies scales for all BN rows (H200, a layer in place: -3.8%
-// to -5.0% at 80-row tiles, +2.5% at 20 rows mixed).
-#ifndef MMQ_MIX
-#define MMQ_MIX 1
-#endif
+// The decode mixed into the products: when this chunk and the next are whole (4 blocks, all BM
+// weight rows) and the tile holds more than MMQ_MIX_MIN activation rows, the next chunk's
+// decode (weights and activation scales) is written inside this chunk's unrolled products,
+// before block MMQ_MIX_AT, with no branch, so the compiler interleaves its dependent
+// shared-memory loads with the epilogue's float work instead of every warp stalling on them
+// before the products; other chunks decode before the products, as a loop with bound checks.
+// The decode writes the other buffer of the pair the products read, between the same two
+// barriers either way: same bytes. Tiles of few rows keep the checked form: their products are
+// too short to hide the decode, and the unchecked one copies scales for all BN rows
+// (docs/performance.md).
 #ifndef MMQ_MIX_AT
 #define MMQ_MIX_AT 2
 #endif
-// MMQ_MIX applies to tiles of more than MMQ_MIX_MIN activation rows (default MMQ_BN / 2; 0: every
-// whole tile)
+// the mixed decode applies to tiles of more than MMQ_MIX_MIN activation rows (default
+// MMQ_BN / 2; 0: every whole tile)
 #ifndef MMQ_MIX_MIN
 #define MMQ_MIX_MIN (MMQ_BN / 2)
 #endif
@@ -268,7 +248,6 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
         // the 32 codes at bytes p + 2 .. p + 33: nine aligned words from the one holding byte
         // p + 2, each code word two of them shifted by the one offset (ldw per word would
         // recompute both addresses eight times)
-#if MMQ_Q8DEC
         const uint32_t* wd = reinterpret_cast<const uint32_t*>(rowb) + ((p + 2) >> 2);
         const int sh = ((p + 2) & 3) * 8;
         uint32_t v[9];
@@ -276,10 +255,6 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
         for (int k = 0; k < 9; ++k) v[k] = wd[k];
 #pragma unroll
         for (int k = 0; k < 8; ++k) c[k] = __funnelshift_r(v[k], v[k + 1], sh);
-#else
-#pragma unroll
-        for (int k = 0; k < 8; ++k) c[k] = ldw(rowb, p + 2 + 4 * k);
-#endif
     } else if constexpr (QT == QT_Q4_1) {
         const int p = o + 20 * j;
         dw = h2f(ldh(rowb, p));
@@ -360,17 +335,10 @@ __device__ __forceinline__ void epi_one(float (&ac)[4], const int (&d)[4], float
         ac[2] = ac[2] + (dwB * da.x) * ifl(d[2]);
         ac[3] = ac[3] + (dwB * da.y) * ifl(d[3]);
     } else if constexpr (QT == QT_IQ3_XXS || QT == QT_IQ3_S) {
-#if MMQ_SUBFMA
         ac[0] = ac[0] + (dwA * da.x) * sub_sum(xA, 0, d[0]);
         ac[1] = ac[1] + (dwA * da.y) * sub_sum(xA, 0, d[1]);
         ac[2] = ac[2] + (dwB * da.x) * sub_sum(xB, 0, d[2]);
         ac[3] = ac[3] + (dwB * da.y) * sub_sum(xB, 0, d[3]);
-#else
-        ac[0] = ac[0] + (dwA * da.x) * (xA[0] * ifl(d[0]));
-        ac[1] = ac[1] + (dwA * da.y) * (xA[0] * ifl(d[1]));
-        ac[2] = ac[2] + (dwB * da.x) * (xB[0] * ifl(d[2]));
-        ac[3] = ac[3] + (dwB * da.y) * (xB[0] * ifl(d[3]));
-#endif
     } else if constexpr (QT == QT_Q4_1) {
         const float2 sa = *reinterpret_cast<const float2*>(asc + (4 + j) * MMQ_BN + col);
         ac[0] = ac[0] + ((dwA * da.x) * ifl(d[0]) + xA[0] * sa.x);
@@ -385,34 +353,20 @@ __device__ __forceinline__ void epi_split(float (&ac)[4], const int (&d0)[4], co
                                           float dwB, const float (&xA)[NX], const float (&xB)[NX], float2 da,
                                           const float* asc, int j, int col) {
     if constexpr (QT == QT_IQ2_XS) {
-#if MMQ_SUBFMA
         ac[0] = ac[0] + (dwA * da.x) * (sub_sum(xA, 0, d0[0]) + sub_sum(xA, 1, d1[0]));
         ac[1] = ac[1] + (dwA * da.y) * (sub_sum(xA, 0, d0[1]) + sub_sum(xA, 1, d1[1]));
         ac[2] = ac[2] + (dwB * da.x) * (sub_sum(xB, 0, d0[2]) + sub_sum(xB, 1, d1[2]));
         ac[3] = ac[3] + (dwB * da.y) * (sub_sum(xB, 0, d0[3]) + sub_sum(xB, 1, d1[3]));
-#else
-        ac[0] = ac[0] + (dwA * da.x) * (xA[0] * ifl(d0[0]) + xA[1] * ifl(d1[0]));
-        ac[1] = ac[1] + (dwA * da.y) * (xA[0] * ifl(d0[1]) + xA[1] * ifl(d1[1]));
-        ac[2] = ac[2] + (dwB * da.x) * (xB[0] * ifl(d0[2]) + xB[1] * ifl(d1[2]));
-        ac[3] = ac[3] + (dwB * da.y) * (xB[0] * ifl(d0[3]) + xB[1] * ifl(d1[3]));
-#endif
     } else if constexpr (QT == QT_Q2_K) {
         // x: u0 u1 v0 v1 mw; asc[1], asc[2]: integer sums of the activation halves
         const float2 s0 = *reinterpret_cast<const float2*>(asc + (4 + j) * MMQ_BN + col);
         const float2 s1 = *reinterpret_cast<const float2*>(asc + (8 + j) * MMQ_BN + col);
         const float mi0 = xA[2] * s0.x + xA[3] * s1.x, mi1 = xA[2] * s0.y + xA[3] * s1.y;
         const float mi2 = xB[2] * s0.x + xB[3] * s1.x, mi3 = xB[2] * s0.y + xB[3] * s1.y;
-#if MMQ_SUBFMA
         ac[0] = ac[0] + ((dwA * da.x) * (sub_sum(xA, 0, d0[0]) + sub_sum(xA, 1, d1[0])) - (xA[4] * da.x) * mi0);
         ac[1] = ac[1] + ((dwA * da.y) * (sub_sum(xA, 0, d0[1]) + sub_sum(xA, 1, d1[1])) - (xA[4] * da.y) * mi1);
         ac[2] = ac[2] + ((dwB * da.x) * (sub_sum(xB, 0, d0[2]) + sub_sum(xB, 1, d1[2])) - (xB[4] * da.x) * mi2);
         ac[3] = ac[3] + ((dwB * da.y) * (sub_sum(xB, 0, d0[3]) + sub_sum(xB, 1, d1[3])) - (xB[4] * da.y) * mi3);
-#else
-        ac[0] = ac[0] + ((dwA * da.x) * (xA[0] * ifl(d0[0]) + xA[1] * ifl(d1[0])) - (xA[4] * da.x) * mi0);
-        ac[1] = ac[1] + ((dwA * da.y) * (xA[0] * ifl(d0[1]) + xA[1] * ifl(d1[1])) - (xA[4] * da.y) * mi1);
-        ac[2] = ac[2] + ((dwB * da.x) * (xB[0] * ifl(d0[2]) + xB[1] * ifl(d1[2])) - (xB[4] * da.x) * mi2);
-        ac[3] = ac[3] + ((dwB * da.y) * (xB[0] * ifl(d0[3]) + xB[1] * ifl(d1[3])) - (xB[4] * da.y) * mi3);
-#endif
     }
 }
 
@@ -422,13 +376,13 @@ __device__ __forceinline__ void epi_split(float (&ac)[4], const int (&d0)[4], co
 //   number of n8 tile pairs (P) and on whether the chunk holds all 4 blocks: every ldmatrix
 //   of a 32-block is issued up front, and pair p+1's mma is issued before pair p's epilogue,
 //   so tensor, shared-memory and FP32 latencies overlap within a warp; the warp's tile count
-//   (MMQ_V2 above) selects the unrolled body;
+//   selects the unrolled body;
 // - activation staging is one linear copy (the chunk's rows are contiguous in the q8_1
 //   buffer and the shared row stride is the global one); weight staging uses per-thread piece
 //   offsets fixed for the whole launch;
 // - MMQ_MINB CTAs per SM in __launch_bounds__ (registers <= 64K / (MMQ_NT * MMQ_MINB)).
 
-// MID: call mid() (the next chunk's decode, MMQ_MIX) inside the unrolled body, before block MMQ_MIX_AT.
+// MID: call mid() (the next chunk's decode, mixed in) inside the unrolled body, before block MMQ_MIX_AT.
 template <int QT, int T, bool FULL, bool MID, class F>
 __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wdec_s, const float* wsc,
                                            const float* asc, uint32_t act_s, int jlim, uint32_t a_off,
@@ -488,7 +442,7 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
     }
 }
 
-// MIXED: this chunk and the next are whole and mid() decodes the next one (MMQ_MIX); otherwise
+// MIXED: this chunk and the next are whole and mid() decodes the next one; otherwise
 // mid() is empty and the caller decoded before.
 template <int QT, int T, bool MIXED, class F>
 __device__ __forceinline__ void mmq2_chunk_any(float (&acc)[MMQ_NT8][4], uint32_t wdec_s, const float* wsc,
@@ -715,21 +669,19 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
 
         const uint32_t a_off = (uint32_t)((wm * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * WSTR + (lane >> 4) * 16);
         const int rA = wm * 16 + (lane >> 2), rB = rA + 8;
-        // this warp's n8 tiles: wn, wn + WN, ... below ceil(nvalid / 8); pairs of them
+        // this warp's n8 tiles: wn, wn + WN, ... below ceil(nvalid / 8); it multiplies exactly these
         const int nt8 = (nvalid + 7) >> 3;
-        const int mine = nt8 > wn ? (nt8 - wn + WN - 1) / WN : 0;
-        // MMQ_V2=1: whole pairs (an odd last tile multiplies stale rows); 2: exactly its tiles
-        const int ntw = MMQ_V2 >= 2 ? mine : ((mine + 1) & ~1);
+        const int ntw = nt8 > wn ? (nt8 - wn + WN - 1) / WN : 0;
         const bool active = (n0 + wm * 16) < N;  // a warp whose 16 weight rows are all past N idles
 
-        // MMQ_MIX: chunk kc + 1 is decoded inside chunk kc's products when both are whole and the
+        // the mixed decode: chunk kc + 1 is decoded inside chunk kc's products when both are whole and the
         // tile has more than MMQ_MIX_MIN rows
         const bool mix_tile = nrow_ok == BM && nvalid > MMQ_MIX_MIN;
         for (int kc = 0; kc < nch; ++kc) {
             const int db = kc & 1;
             const uint32_t wd_s = smem_u32(wdec0 + db * G::WDEC_B), act_s = smem_u32(act + (kc % STAGES) * (BN * ASTR));
             const float *wsc = wsc0 + db * G::WSC_F, *asc = asc0 + db * G::ASC_F;
-            const bool mixed = MMQ_MIX && mix_tile && kc + 1 < nch && nb - (kc + 1) * NBLK >= NBLK;
+            const bool mixed = mix_tile && kc + 1 < nch && nb - (kc + 1) * NBLK >= NBLK;
             if (mixed) {
                 auto mid = [&]() { prep(kc + 1, std::false_type{}); };
                 if (active)
