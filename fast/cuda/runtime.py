@@ -175,11 +175,17 @@ def kernel_source(name: str) -> str:
     return _LOCAL_INCLUDE.sub(lambda m: read(m.group(1)), read(f"{name}.cu"))
 
 
+# Seconds between the lines that say a compile is still running (a module compiles for up to a
+# minute; nothing else is printed meanwhile).
+COMPILE_HEARTBEAT_S = 10.0
+
+
 @contextlib.contextmanager
-def _announce(name: str, defines: dict, target: str, folder: str):
-    """The one message of a compile, on stderr: ``compiling kernel NAME (DEFINES) for ARCH ...
-    48.2 s`` on one line at a terminal; elsewhere (pytest, logs, parallel workers) a line when
-    it starts and one when it ends, so neither a wait nor an interleaving hides it."""
+def _announce(name: str, defines: dict, target: str, folder: str, heartbeat_s: float | None = None):
+    """The messages of a compile, on stderr: ``compiling kernel NAME (DEFINES) for ARCH ...
+    10 s ... 20 s ... 48.2 s`` on one line at a terminal; elsewhere (pytest, logs, parallel
+    workers) a line when it starts, one every COMPILE_HEARTBEAT_S while it runs and one when it
+    ends, so neither a wait nor an interleaving hides it."""
     label = f"{name} ({kernel_cache.define_text(defines)})" if defines else name
     err = sys.stderr
     tty = bool(getattr(err, "isatty", lambda: False)())
@@ -187,11 +193,24 @@ def _announce(name: str, defines: dict, target: str, folder: str):
     err.write(f"{head} ..." if tty else f"{head} ...\n")
     err.flush()
     t0 = time.perf_counter()
+    every = COMPILE_HEARTBEAT_S if heartbeat_s is None else heartbeat_s
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(every):
+            secs = time.perf_counter() - t0
+            err.write(f" {secs:.0f} s ..." if tty else f"compiling kernel {label}: still compiling, {secs:.0f} s\n")
+            err.flush()
+
+    ticker = threading.Thread(target=beat, name="compile-heartbeat", daemon=True)
+    ticker.start()
     ok = False
     try:
         yield
         ok = True
     finally:
+        stop.set()
+        ticker.join()
         secs = time.perf_counter() - t0
         tail = f"{secs:.1f} s" if ok else f"failed after {secs:.1f} s"
         err.write(f" {tail}\n" if tty else f"compiling kernel {label}: {tail}\n")
