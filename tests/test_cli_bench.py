@@ -72,6 +72,27 @@ def test_group_gather_arms_same_bytes_and_the_counts_they_must_differ_in(make_te
             assert a["copies"] == b["copies"] > 0 and a["copy_bytes"] == b["copy_bytes"] > 0
 
 
+def test_equal_non_finite_logits_are_no_agreement(make_test_pack, tmp_path, capsys, monkeypatch):
+    pack = make_test_pack("tiny", "Q8_0")
+    real = bench.timed_prefill
+
+    def nan_in_both_arms(engine, ids, chunk):
+        seconds, logits, counts, phases = real(engine, ids, chunk)
+        logits = logits.copy()
+        logits[11] = np.nan  # the same NaN in both arms: the bytes agree, the run is still wrong
+        return seconds, logits, counts, phases
+
+    monkeypatch.setattr(bench, "timed_prefill", nan_in_both_arms)
+    status, out = bench_run(pack, tmp_path, "--a", "default", "--b", "default")
+    text = capsys.readouterr().out
+    assert status == 1
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("logits")]
+    assert line.startswith("logits NOT FINITE in 4 of 4 prompt pairs, first at ")
+    assert "1 NaN or Inf values, the first at token id 11 (nan)" in line
+    data = json.loads(out.read_text())
+    assert data["logits_identical"] is True and data["logits_finite"] is False
+
+
 def test_a_planted_logits_difference_is_reported_and_the_run_finishes(make_test_pack, tmp_path, capsys,
                                                                       monkeypatch):
     pack = make_test_pack("tiny", "Q8_0")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from strata import atomic, nonfinite
 from strata.errors import InputError
 from strata_prefill import arms, checks
 
@@ -159,6 +160,10 @@ def _run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int, 
                 bar.step()
                 row[arm] = {"ms": 1e3 * seconds, **counts,
                             **({"phases_ms": {k: 1e3 * v for k, v in phases.items()}} if phases else {})}
+            bad = {arm: nonfinite.in_logits(logits[arm]) for arm in order}
+            bad = {arm: {"index": f.index[0], "value": repr(f.value), "count": f.count} for arm, f in bad.items() if f}
+            if bad:  # two arms' equal NaNs are no agreement (strata/nonfinite.py)
+                row["nonfinite"] = bad
             diff = first_difference(logits["A"], logits["B"])
             row["logits_identical"] = diff is None
             if diff is not None:
@@ -216,8 +221,15 @@ def format_table(results: list[dict], spec_a: str, spec_b: str, backend: str, re
 
 
 def logits_line(results: list[dict]) -> tuple[bool, str]:
-    """Whether every prompt pair gave the same logits bytes, and the line that says so."""
+    """Whether every prompt pair gave the same, finite logits bytes, and the line that says so."""
     pairs = [(res["tokens"], row) for res in results for row in res["reps"]]
+    bad = [(n, row) for n, row in pairs if row.get("nonfinite")]
+    if bad:
+        n, row = bad[0]
+        arm, f = sorted(row["nonfinite"].items())[0]
+        return False, (f"logits NOT FINITE in {len(bad)} of {len(pairs)} prompt pairs, first at {n:,} tokens "
+                       f"rep {row['rep']}, arm {arm}: {f['count']:,} NaN or Inf values, the first at token id "
+                       f"{f['index']:,} ({f['value']}); `strata-prefill run` with --dump-dir names the layer and op")
     differ = [(n, row) for n, row in pairs if not row["logits_identical"]]
     if not differ:
         return True, f"logits: identical bytes in all {len(pairs)} prompt pairs"
@@ -281,10 +293,12 @@ def main(args) -> int:
         from fast.cuda.runtime import device_name
 
         setup["gpu"] = device_name()
-    json_path.write_text(json.dumps({"setup": setup, "logits_identical": same, "lengths": results},
-                                    indent=1) + "\n")
+    reps = [row for res in results for row in res["reps"]]
+    atomic.write_text(json_path, json.dumps({"setup": setup, "logits_identical": all(r["logits_identical"] for r in reps),
+                                             "logits_finite": not any(r.get("nonfinite") for r in reps),
+                                             "lengths": results}, indent=1) + "\n")
     if args.markdown is not None:
-        args.markdown.write_text(f"{table}\n\n{line}\n")
+        atomic.write_text(args.markdown, f"{table}\n\n{line}\n")
     print(table)
     print()
     print(line)
