@@ -108,3 +108,20 @@ def test_a_worker_takes_the_niceness_it_is_given():
     out = subprocess.run([sys.executable, "-c", code], cwd=gate.ROOT, env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "3"
+
+
+def test_old_versions_of_a_test_pack_are_removed_but_the_newest_kept(tmp_path):
+    import os
+
+    name = "small-IQ2_XS"
+    paths = [tmp_path / f"{name}-{k:016x}.gguf" for k in range(5)]
+    for i, p in enumerate(paths):
+        p.write_bytes(b"x")
+        (tmp_path / f"{p.name}.lock").write_text("")
+        os.utime(p, (1000 + i, 1000 + i))  # paths[4] the newest
+    other = tmp_path / f"{name}-layers2-{0:016x}.gguf"  # another pack whose name starts alike
+    other.write_bytes(b"y")
+    gate._prune(tmp_path, name, paths[4])
+    kept = sorted(p.name for p in tmp_path.glob("*.gguf"))
+    assert kept == sorted([paths[4].name, paths[3].name, other.name])  # the new one and one earlier
+    assert not (tmp_path / f"{paths[0].name}.lock").exists()

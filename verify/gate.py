@@ -252,7 +252,30 @@ def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():  # make_pack writes it whole (strata/atomic.py)
             make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
+            _prune(folder, name, path)
     return path
+
+
+# Versions of one test pack kept (one per pack-making source, newest first): two trees compared
+# side by side keep theirs, and the folder does not grow with every edit of strata/.
+PACK_VERSIONS_KEPT = 2
+
+
+def _prune(folder: Path, name: str, new: Path) -> None:
+    """Remove all but the PACK_VERSIONS_KEPT newest versions of the pack `name` (with their
+    locks); a version another process holds the lock of is left alone."""
+    versions = [p for p in folder.glob(f"{name}-*.gguf") if p != new and p.name[len(name) + 1:-5].isalnum()
+                and len(p.name) == len(new.name)]
+    versions.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in versions[PACK_VERSIONS_KEPT - 1:]:
+        lock_path = folder / f"{old.name}.lock"
+        with open(lock_path, "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # being made or read under its lock right now
+                continue
+            old.unlink(missing_ok=True)
+        lock_path.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- last lines
