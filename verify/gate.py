@@ -13,7 +13,8 @@ at niceness WORKER_NICE, below the kernels and references computed ahead of them
 Test packs. `make_test_pack` packs are made once per (preset, type, options, pack-making source)
 and kept in a folder under the user cache dir (`STRATA_PREFILL_TEST_PACKS=DIR` moves it, `off`
 makes them per session), so workers share one file and the reference cache, keyed by a pack's
-content, hits across sessions. A file lock keeps two workers from making the same pack.
+content, hits across sessions. A file lock keeps two workers from making the same pack; of each
+pack the two newest versions are kept (PACK_VERSIONS_KEPT).
 
 Last lines. The gate ends with what passed: kernel rows, parity rows and the cases (pack,
 prompt) they cover, the reference cache's hits and misses, the slowest five tests.
