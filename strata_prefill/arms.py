@@ -31,10 +31,8 @@ def value_check(sw: Switch):
     if isinstance(sw.value, OnOff):
         return zero_one
     assert isinstance(sw.value, Count)
-    if sw.value.auto:
-        assert sw.value.minimum == 0, "checks.cache_size takes auto or an integer >= 0"
-        return checks.cache_size
-    return checks.bounded(sw.value.minimum)
+    count = checks.bounded(sw.value.minimum)
+    return checks.auto_or(count) if sw.value.auto else count
 
 
 def add_flags(group) -> None:

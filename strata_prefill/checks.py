@@ -74,6 +74,7 @@ def bounded(minimum: int, maximum: int = COUNT_MAX, why: str = ""):
     def check(text: str) -> int:
         return integer(text, minimum, maximum, why)
     check.__name__ = f"integer_{minimum}_{maximum}"
+    check.minimum = minimum  # what auto_or's refusal says a number must be
     return check
 
 
@@ -120,43 +121,37 @@ workers = bounded(1, WORKERS_MAX, "each is a thread of this process")
 layer_count = bounded(1, LAYERS_MAX, "a GGUF header holds block_count as a uint32")
 
 
-def chunk_size(text: str) -> str | int:
-    """`auto` or a positive integer (the prefill's chunk)."""
-    if text == "auto":
-        return text
+def _count_or(count, text: str, refusal: str) -> int:
+    """count(text), its refusal of a number past the limit as it is (that says the limit and
+    why); any other refusal replaced by `refusal`, which names what else `text` may be."""
     try:
-        return token_count(text)
+        return count(text)
     except argparse.ArgumentTypeError as exc:
         if "at most" in str(exc):
             raise
-        raise argparse.ArgumentTypeError(
-            f"must be 'auto' or a positive integer, got {_shown(text)}{_digits_hint(text.strip())}") from None
+        raise argparse.ArgumentTypeError(refusal) from None
 
 
-def cache_size(text: str) -> str | int:
-    """`auto` or an integer >= 0 (expert-cache slots)."""
-    if text == "auto":
-        return text
-    try:
-        return non_negative_int(text)
-    except argparse.ArgumentTypeError as exc:
-        if "at most" in str(exc):
-            raise
-        raise argparse.ArgumentTypeError(
-            f"must be 'auto' or an integer >= 0, got {_shown(text)}{_digits_hint(text.strip())}") from None
+def auto_or(count):
+    """An argparse `type=` that takes `auto` or what `count` (a `bounded` check) takes."""
+    def check(text: str) -> str | int:
+        if text == "auto":
+            return text
+        return _count_or(count, text, f"must be 'auto' or {_at_least(count.minimum)}, "
+                                      f"got {_shown(text)}{_digits_hint(text.strip())}")
+    check.__name__ = f"auto_or_{count.__name__}"
+    return check
+
+
+#: `auto` or a positive integer (the prefill's chunk); a switch's `auto` or count: strata_prefill/arms.py
+chunk_size = auto_or(token_count)
 
 
 def prompt_source(text: str) -> int | Path:
     """A token count (a positive integer) or an existing prompt file. A word that looks like a
     number (1e3, -5, 2.5) and is not a file is refused as a count."""
     if re.fullmatch(r"[+-]?\d+", text.strip()):
-        try:
-            return token_count(text)
-        except argparse.ArgumentTypeError as exc:
-            if "at most" in str(exc):
-                raise
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a token count (a count is a positive integer)") from None
+        return _count_or(token_count, text, f"{text!r} is not a token count (a count is a positive integer)")
     path = Path(text)
     if _number_like(text) and not path.exists():
         hint = _digits_hint(text.strip())
