@@ -1,10 +1,9 @@
-"""q8_1 buffers (docs/numerics.md section 2): strata/q8_1.py against a hand-written scalar
-quantizer, the byte layout, and gather == scatter over random routings."""
+"""q8_1 buffers (docs/numerics.md section 2): strata/q8_1.py against the scalar quantizer of
+reference/scalar.py (q8_1_rows, q8_1_block), the byte layout, and gather == scatter over random
+routings."""
 
 from __future__ import annotations
 
-import math
-import struct
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from gguf import GGMLQuantizationType as QT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reference import scalar
 from strata import q8_1
 from strata.errors import PackError
 from strata.q8_1 import BLOCK_BYTES, LAYOUT_D2S6, LAYOUT_D4, LAYOUT_DS4
@@ -24,80 +24,6 @@ def rand_rows(rng, shape, spread=6):
     m = rng.standard_normal(shape)
     e = rng.integers(-spread, spread + 1, size=shape)
     return (m * np.exp2(e)).astype(np.float32)
-
-
-# --------------------------------------------------------------------------- scalar oracle
-
-
-def c_roundf(v: float) -> float:
-    return math.copysign(math.floor(abs(v) + 0.5), v)
-
-
-def ref_group(vals):
-    """One scale group, literally: amax, d_inv = 127/amax, q = roundf(x*d_inv), d = 1/d_inv."""
-    amax = F32(0.0)
-    for v in vals:
-        amax = max(amax, abs(F32(v)))
-    if amax == 0:
-        return [0] * len(vals), F32(0.0)
-    d_inv = F32(127.0) / amax
-    codes = [int(c_roundf(float(F32(v) * d_inv))) for v in vals]
-    assert all(-127 <= c <= 127 for c in codes)
-    return codes, F32(1.0) / d_inv
-
-
-def ref_sum(vals):
-    s4 = [((F32(vals[i]) + F32(vals[i + 1])) + F32(vals[i + 2])) + F32(vals[i + 3])
-          for i in range(0, len(vals), 4)]
-    while len(s4) > 1:
-        h = len(s4) // 2
-        s4 = [s4[i] + s4[i + h] for i in range(h)]
-    return s4[0]
-
-
-def pack_halves(vals) -> bytes:
-    """binary16, round to nearest even (struct's 'e'), overflow to infinity."""
-    out = b""
-    for v in vals:
-        try:
-            out += struct.pack("<e", float(v))
-        except OverflowError:
-            out += struct.pack("<H", 0x7C00 if v > 0 else 0xFC00)
-    return out
-
-
-def ref_block(vals, layout) -> bytes:
-    """One 128-value block's 144 bytes (struct does the float32 and binary16 packing)."""
-    assert len(vals) == 128
-    if layout == LAYOUT_D2S6:
-        c0, d0 = ref_group(vals[:64])
-        c1, d1 = ref_group(vals[64:])
-        sums = [ref_sum(vals[16 * j:16 * j + 16]) for j in range(6)]
-        header = pack_halves([d0, d1, *sums])
-        codes = c0 + c1
-    else:
-        codes, ds, ss = [], [], []
-        for j in range(4):
-            c, d = ref_group(vals[32 * j:32 * j + 32])
-            codes += c
-            ds.append(d)
-            ss.append(ref_sum(vals[32 * j:32 * j + 32]))
-        if layout == LAYOUT_D4:
-            header = struct.pack("<4f", *map(float, ds))
-        else:
-            header = pack_halves([v for pair in zip(ds, ss) for v in pair])
-    return header + struct.pack("<128b", *codes)
-
-
-def ref_quantize_rows(x, layout) -> np.ndarray:
-    R, K = x.shape
-    Kp = -(-K // 512) * 512
-    out = np.zeros((R, Kp // 128, BLOCK_BYTES), dtype=np.uint8)
-    for r in range(R):
-        row = [F32(v) for v in x[r]] + [F32(0.0)] * (Kp - K)
-        for kb in range(Kp // 128):
-            out[r, kb] = np.frombuffer(ref_block(row[128 * kb:128 * kb + 128], layout), np.uint8)
-    return out
 
 
 # --------------------------------------------------------------------------- basics
@@ -140,7 +66,7 @@ def test_quantize_rows_matches_scalar_oracle(layout, K):
         x[1, 32:64] = 0.0  # an all-zero 32-block inside a row
     got = q8_1.quantize_rows(x, layout)
     assert got.dtype == np.uint8 and got.shape == (3, q8_1.padded_len(K) // 128, 144)
-    assert np.array_equal(got, ref_quantize_rows(x, layout))
+    assert np.array_equal(got, scalar.q8_1_rows(x, layout))
 
 
 @settings(max_examples=30, deadline=None)
@@ -149,7 +75,7 @@ def test_quantize_rows_matches_scalar_oracle(layout, K):
 def test_quantize_rows_matches_scalar_oracle_random(layout, R, K, seed, spread):
     rng = np.random.default_rng(seed)
     x = rand_rows(rng, (R, K), spread=spread)
-    assert np.array_equal(q8_1.quantize_rows(x, layout), ref_quantize_rows(x, layout))
+    assert np.array_equal(q8_1.quantize_rows(x, layout), scalar.q8_1_rows(x, layout))
 
 
 def test_quantize_refuses_float64():
@@ -243,7 +169,7 @@ def test_negative_zero_block():
     assert not q8_1.quantize_rows(x, LAYOUT_D4).any()
     b = q8_1.quantize_rows(x, LAYOUT_DS4)[0, 0]
     assert list(b[:16].view("<u2")) == [0, 0x8000] * 4 and not b[16:].any()
-    assert np.array_equal(b, np.frombuffer(ref_block([F32(-0.0)] * 128, LAYOUT_DS4), np.uint8))
+    assert np.array_equal(b, np.frombuffer(scalar.q8_1_block([F32(-0.0)] * 128, LAYOUT_DS4), np.uint8))
 
 
 def test_ties_round_half_away():
