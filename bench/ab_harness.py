@@ -13,6 +13,7 @@ the sizes an A/B runs, the definition of every row would take minutes). `markdow
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable
@@ -20,6 +21,16 @@ from typing import Callable
 import numpy as np
 
 from gpu_timing import interleaved
+
+
+def parser(doc: str, tokens: str, reps: int) -> argparse.ArgumentParser:
+    """The command line of an A/B script: its docstring's first paragraph as the
+    description, --tokens (comma-separated lengths, default `tokens`) and --reps (default
+    `reps`); a script adds its own flags to it."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--tokens", default=tokens)
+    ap.add_argument("--reps", type=int, default=reps)
+    return ap
 
 
 @dataclass

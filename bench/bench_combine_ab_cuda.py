@@ -14,7 +14,6 @@ prints last.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -23,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ab_harness import Arm, Definition, measure, markdown  # noqa: E402
+from ab_harness import Arm, Definition, markdown, measure, parser  # noqa: E402
 from fast.cuda import elementwise, runtime  # noqa: E402
 from gpu_timing import stream_device  # noqa: E402
 from strata import moe  # noqa: E402
@@ -35,10 +34,7 @@ CHECKED_TOKENS = 64  # tokens of each length compared with the NumPy definition
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", default="1024,8192,32768")
-    ap.add_argument("--reps", type=int, default=9)
-    args = ap.parse_args()
+    args = parser(__doc__, "1024,8192,32768", 9).parse_args()
     got = stream_device("bench_combine_ab_cuda")
     if got is None:
         return 0

@@ -13,7 +13,6 @@ and the warp form's bytes elsewhere (exit 1 if not). GFLOP/s counts the row's fl
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -24,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
-from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
+from ab_harness import Arm, Definition, markdown, measure, parser  # noqa: E402
 from fast.cuda import dense, runtime  # noqa: E402
 from gpu_timing import PycudaClock  # noqa: E402
 from strata.dense import decode_float, encode_float, float_matmul  # noqa: E402
@@ -37,10 +36,7 @@ CHECKED_TOKENS = 32  # tokens of each row compared with the NumPy definition
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", default="1024,8192,32768")
-    ap.add_argument("--reps", type=int, default=7)
-    args = ap.parse_args()
+    args = parser(__doc__, "1024,8192,32768", 7).parse_args()
     ok, why = runtime.cuda_available()
     if not ok:
         print(f"bench_float_dense_ab_cuda: CUDA backend unavailable: {why}")
