@@ -130,9 +130,14 @@ class SharedExpert:
     down: QMatrix      # [n_embd rows, n_ff_shexp]
 
 
+#: the block tensors a Layer holds as float32 vectors (Pack.vector); the others are QMatrix
+BLOCK_NORMS = frozenset({tn.T.ATTN_NORM, tn.T.ATTN_Q_NORM, tn.T.ATTN_K_NORM, tn.T.FFN_NORM})
+
+
 @dataclass(frozen=True)
 class Layer:
-    """The tensors of block `index`. Matrices are QMatrix, norms float32 vectors."""
+    """The tensors of block `index`, a field each, named as its tensor is in the block
+    (tensor_names.BLOCK, then SHEXP). Matrices are QMatrix, norms float32 vectors (BLOCK_NORMS)."""
 
     index: int
     attn_norm: np.ndarray      # [n_embd]
@@ -473,32 +478,13 @@ class Pack:
         lay = self._layers.get(l)
         if lay is not None:
             return lay
-        p = f"blk.{l}."
-        m, v = self.matrix, self.vector
+        p = f"blk.{l}."  # a Layer field is named as its tensor without this
+        kinds = tn.BLOCK + (tn.SHEXP if p + "ffn_gate_shexp" in self._tensors else ())
         kw: dict[str, Any] = {}
-        if p + "ffn_gate_shexp" in self._tensors:
-            kw = dict(
-                ffn_gate_inp_shexp=m(p + "ffn_gate_inp_shexp"),
-                ffn_gate_shexp=m(p + "ffn_gate_shexp"),
-                ffn_up_shexp=m(p + "ffn_up_shexp"),
-                ffn_down_shexp=m(p + "ffn_down_shexp"),
-            )
-        lay = Layer(
-            index=l,
-            attn_norm=v(p + "attn_norm"),
-            attn_q=m(p + "attn_q"),
-            attn_k=m(p + "attn_k"),
-            attn_v=m(p + "attn_v"),
-            attn_output=m(p + "attn_output"),
-            attn_q_norm=v(p + "attn_q_norm"),
-            attn_k_norm=v(p + "attn_k_norm"),
-            ffn_norm=v(p + "ffn_norm"),
-            ffn_gate_inp=m(p + "ffn_gate_inp"),
-            ffn_gate_exps=m(p + "ffn_gate_exps"),
-            ffn_up_exps=m(p + "ffn_up_exps"),
-            ffn_down_exps=m(p + "ffn_down_exps"),
-            **kw,
-        )
+        for t in kinds:
+            name = tn.name(t, l)
+            kw[name.removeprefix(p)] = (self.vector if t in BLOCK_NORMS else self.matrix)(name)
+        lay = Layer(index=l, **kw)
         self._layers[l] = lay
         return lay
 
@@ -602,8 +588,7 @@ def _validate(cfg: ModelConfig, tensors: dict[str, Any]) -> ModelConfig:
     cfg = cfg.replace(n_vocab=n_vocab, n_ff_shexp=n_ff_shexp if shexp_layers else 0)
     expected = _expected_shapes(cfg, tn.name(T.OUTPUT) in tensors, shexp_layers)
     quant_ok = tuple(quants.SUPPORTED_TYPES)
-    vectors = {T.ATTN_NORM, T.ATTN_Q_NORM, T.ATTN_K_NORM, T.FFN_NORM, T.OUTPUT_NORM,
-               T.FFN_GATE_INP_SHEXP}
+    vectors = BLOCK_NORMS | {T.OUTPUT_NORM, T.FFN_GATE_INP_SHEXP}
     experts = {T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP}
     kind_of = {tn.name(t, l): t for l in range(cfg.n_layer) for t in tn.BLOCK + tn.SHEXP}
     kind_of.update({tn.name(t): t for t in tn.MODEL})
