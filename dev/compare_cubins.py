@@ -6,7 +6,8 @@ removed, a file split) is checked this way without a GPU.
 
     python3 dev/compare_cubins.py --base REV [--new REV] [--cache DIR] [--jobs N] [--no-cubin]
 
---base is a git revision; --new one too, or the working tree when absent. The (module, defines)
+--base is a git revision; --new one too (or a folder holding a tree), or the working tree when
+absent. The (module, defines)
 pairs are the new tree's fast-path and gate builds (fast.cuda.kernel_cache.default_modules()
 and verify.cases.ahead_modules(), read in that tree); each is compiled in both trees with the
 new tree's nvcc options (fast/cuda/runtime.py NVCC_OPTIONS) for runtime.DEFAULT_ARCH. A module
@@ -60,6 +61,8 @@ def tree_of(rev: str | None, cache: str) -> str:
     """The folder of rev's files (git archive into the cache), or the working tree for None."""
     if rev is None:
         return REPO
+    if os.path.isdir(rev):  # a folder holding a tree (e.g. a commit with some files over it)
+        return os.path.abspath(rev)
     sha = subprocess.run(["git", "-C", REPO, "rev-parse", f"{rev}^{{commit}}"], check=True, capture_output=True,
                          text=True).stdout.strip()
     dest = os.path.join(cache, "trees", sha)
@@ -182,7 +185,7 @@ def cubin(cache: str, side: str, text: str, options: list, arch: str) -> bytes |
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="git revision to compare against")
-    ap.add_argument("--new", help="git revision (default: the working tree)")
+    ap.add_argument("--new", help="git revision or a tree's folder (default: the working tree)")
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "strata-compare-cubins"),
                     help="folder for trees, PTX and cubins (kept between runs)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)

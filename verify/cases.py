@@ -340,8 +340,7 @@ def _model_rows() -> list[KernelCase]:
             for warps, epi in [(4, 1), (4, 2), (8, 1), (8, 2)]:
                 rows.append(kernel_case("attention_mma_config", f"{name}-s{scale:g}-warps{warps}-epi{epi}", shape, form="mma",
                                  config={"MMA_WARPS": warps, "MMA_EPI": epi}, quick=i == 1 and scale == 4.0))
-    pair_configs = [{}, {"PAIR_VT": 0}, {"PAIR_VT": 0, "PAIR_COPY": 1}, {"PAIR_QG": 6}, {"PAIR_STAGES": 2},
-                    {"PAIR_QG": 4, "PAIR_MINB": 2}]
+    pair_configs = [{}, {"PAIR_QG": 6}, {"PAIR_STAGES": 2}, {"PAIR_QG": 4, "PAIR_MINB": 2}]
     for i in (1, 5, 6, 7):  # gqa4-cross64-hd128, mqa-T200-hd64, prefill-1000, chunk-1500
         for scale in (4.0, 16.0):
             name, shape = _attention_shape(i, scale, seed=900 + i)

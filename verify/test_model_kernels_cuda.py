@@ -364,9 +364,7 @@ def test_attention_mma_configs(dev, monkeypatch, case):
 @pytest.mark.parametrize("case", params(kernel_rows("attention_pair_config")))
 def test_attention_pair_configs(dev, case):
     """The pair kernel under each configuration (ATTEND_PAIR_CONFIG: PAIR_QG groups a CTA,
-    PAIR_STAGES key blocks in flight, PAIR_MINB, PAIR_VT, P.V from the transposed V blocks (1,
-    default) or from V rows with byte permutes (0), and PAIR_COPY, the first (1, with PAIR_VT 0)
-    and the default (2) way of issuing the copies)."""
+    PAIR_STAGES key blocks in flight, PAIR_MINB CTAs per SM)."""
     cache, q, positions, want = _config_case(case)
     config = dict(case.config)
     out = _poisoned(q.shape, F32)

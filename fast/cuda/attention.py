@@ -217,8 +217,8 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     :data:`ATTEND_VARIANT`); ``max_pos`` (the largest position) sizes the split-K grid when the
     positions are a GPUArray (else the capacity does); ``config``: attention_mma.cu defines over
     ATTEND_MMA_CONFIG for the mma kernel, over ATTEND_PAIR_CONFIG for the pair kernel; ``v_t``:
-    the cache's transposed V blocks (see :func:`kv_write`), which the pair kernel reads
-    (PAIR_VT, default); without them it transposes v_codes first (:func:`v_transpose`, into
+    the cache's transposed V blocks (see :func:`kv_write`), which the pair kernel reads;
+    without them it transposes v_codes first (:func:`v_transpose`, into
     scratch). Returns out, float32 [T, n_head, hd]."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
     vt = _checked_vt(v_t, n_kv, cap, hd)
@@ -253,7 +253,7 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     elif v == "pair":
         defines = {**ATTEND_PAIR_CONFIG, **(config or {})}
         f, smem, tile, threads = _pair_func(hd, defines)
-        if int(defines.get("PAIR_VT", 1)) and not vt:  # a cache without its transposed V blocks
+        if not vt:  # a cache without its transposed V blocks
             top = cap if max_pos is None else min(int(max_pos) + 1, cap)
             vt = ptr(v_transpose(dev, v_codes, top, out=_vt_scratch(dev, n_kv, cap, hd)))
         dev.launch(f, "attention", (-(-T // tile), H, 1), (threads, 1, 1), ptr(q), H * hd, ptr(pos), T,

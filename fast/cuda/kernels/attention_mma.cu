@@ -38,7 +38,7 @@
 
 #include <stdint.h>
 #include "strata_numerics.cuh"  // strata_exp, roundf_away_int, q8_*, warp_max, quad_max, warp_sum
-#include "v_blocks.cuh"         // the transposed V blocks the pair kernel reads (PAIR_VT)
+#include "v_blocks.cuh"         // the transposed V blocks the pair kernel reads
 
 #define KEY_BLOCK 64
 #ifndef MMA_WARPS
@@ -565,7 +565,7 @@ __device__ __forceinline__ void attend_mma_body(
 }
 
 // One entry point per kernel and head_dim: attend_<KIND>_hd<HD>, the same parameters, its body
-// attend_<KIND>_body<HD>. v_t (v_blocks.cuh) is read by the pair kernel with PAIR_VT only.
+// attend_<KIND>_body<HD>. v_t (v_blocks.cuh) is read by the pair kernel only.
 #define ATTEND_KERNEL(KIND, HD, THREADS, MINB)                                                     \
     extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                    \
     attend_##KIND##_hd##HD(const float* __restrict__ q, long long ldq, const int* __restrict__ positions,\
@@ -595,12 +595,12 @@ ATTEND_KERNEL(mma, 128, 32 * MMA_WARPS, MMA_MINB)
 //   its HD/2 output dims, in the definition's order per output.
 //   Staging: cp.async into a ring of PAIR_STAGES key blocks (no registers held across the
 //   compute); K and V rows land at row 32 (kappa & 1) + (kappa >> 1), so each warp's keys are
-//   consecutive rows (conflict-free ldmatrix). K fragments: ldmatrix; V fragments (PAIR_VT,
-//   default): ldmatrix of the cache's transposed V block (v_blocks.cuh), HD rows of 64 key
-//   bytes at a pitch of 80 (conflict-free), each 8-row matrix one n8 tile's b0 or b1 as the
-//   mma reads it; PAIR_VT 0: ldmatrix .trans of V rows on 2-byte pairs (keys 2tq, 2tq + 1 of
-//   a dim pair) and a byte permute into the dim 2g and 2g + 1 fragments. Either way the n8
-//   tiles of a 16-dim group are its even and its odd dims. Q has its own shared
+//   consecutive rows (conflict-free ldmatrix). K fragments: ldmatrix; V fragments: ldmatrix of
+//   the cache's transposed V block (v_t, v_blocks.cuh: per dim, the block's keys in the P
+//   fragment's k order), HD rows of 64 key bytes at a pitch of 80 (conflict-free), each 8-row
+//   matrix one n8 tile's b0 or b1 as the mma reads it, with no byte permute; the n8 tiles of a
+//   16-dim group are its even and its odd dims. A thread's K chunks of a key block share one
+//   offset and one bound check, the head's row from a division done once. Q has its own shared
 //   memory, so the first key blocks are in flight while it is quantized.
 //   Per block and row, alpha (skipped while every row of the warp keeps a finite maximum:
 //   exp(0) = 1) and the two divisions of the P quantization run once a lane, one row each.
@@ -613,22 +613,7 @@ ATTEND_KERNEL(mma, 128, 32 * MMA_WARPS, MMA_MINB)
 #ifndef PAIR_MINB
 #define PAIR_MINB 1    // __launch_bounds__ minimum CTAs per SM
 #endif
-// PAIR_COPY: how a thread issues its cp.async chunks of a key block; both copy the same bytes.
-//   2 (default): its K and V chunk share one offset and one bound check, the head's row from a
-//      division done once; 1: the first form, offsets and the head row worked out each block.
-#ifndef PAIR_COPY
-#define PAIR_COPY 2
-#endif
-static_assert(PAIR_COPY == 1 || PAIR_COPY == 2, "PAIR_COPY is 1 or 2");
 static_assert(PAIR_STAGES >= 2, "a ring of at least two key blocks");
-// PAIR_VT=1 (default): P.V's B fragments by plain ldmatrix from the cache's transposed V blocks
-// (v_t, v_blocks.cuh: per dim, the block's keys in the P fragment's k order), staged as HD rows
-// of 64 bytes; 0: V rows staged as stored, ldmatrix .trans and a byte permute per fragment
-// (4 PRMT per k-step and 16-dim group). Same bits.
-#ifndef PAIR_VT
-#define PAIR_VT 1
-#endif
-static_assert(PAIR_VT == 0 || PAIR_COPY == 2, "the transposed V blocks are staged by PAIR_COPY 2");
 #define PAIR_THREADS (64 * PAIR_QG)
 #define PAIR_TILE (16 * PAIR_QG)
 
@@ -653,11 +638,6 @@ __device__ __forceinline__ void ldsm_x4(unsigned addr, int& r0, int& r1, int& r2
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_trans(unsigned addr, int& r0, int& r1, int& r2, int& r3)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
 __device__ __forceinline__ void pair_barrier(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
 
 // The dynamic shared memory of attend_pair_hd<HD> (bytes), and its parts' offsets.
@@ -668,7 +648,7 @@ struct PairSmem {
     static constexpr int VTP = 80;                     // transposed V row pitch: 64 key bytes + 16
     static constexpr int K_OFF = 0;
     static constexpr int V_OFF = KEY_BLOCK * KP;
-    static constexpr int V_BYTES = PAIR_VT ? HD * VTP : KEY_BLOCK * KP;
+    static constexpr int V_BYTES = HD * VTP;
     static constexpr int KS_OFF = V_OFF + V_BYTES;     // k scales, NB floats a key
     static constexpr int VS_OFF = KS_OFF + KEY_BLOCK * NB * 4;
     static constexpr int STAGE = VS_OFF + KEY_BLOCK * 4;
@@ -688,7 +668,7 @@ template <int HD>
 __device__ __forceinline__ void attend_pair_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int group,
     const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,
-    const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale,
+    const int8_t* __restrict__ /* v_codes: V is read from v_t */, const float* __restrict__ v_scale,
     const int8_t* __restrict__ v_t, int cap,
     float kq_scale, float* __restrict__ out, long long ldo)
 {
@@ -730,12 +710,11 @@ __device__ __forceinline__ void attend_pair_body(
     const int pminpos = __reduce_min_sync(0xffffffffu, min(pos0, pos1));   // -1 with padding rows
 
     // key block c -> ring stage c % PAIR_STAGES (stage_in, advanced by issue); key kappa at row
-    // 32 (kappa & 1) + (kappa >> 1). A thread's chunks are the same K and V bytes of the same
-    // keys every block, so one offset and one bound check serve both.
+    // 32 (kappa & 1) + (kappa >> 1). A thread's K chunks are the same bytes of the same keys
+    // every block; the transposed V block is one contiguous run of HD * 64 bytes.
     const int kvh = blockIdx.y / group;
     int stage_in = 0;
     auto issue = [&](int c) {
-#if PAIR_COPY == 2
         if (c < n_blk) {
             const int j0 = c * KEY_BLOCK;
             const long long row0 = (long long)kvh * cap + j0;  // the block's first key in the cache rows
@@ -750,12 +729,8 @@ __device__ __forceinline__ void attend_pair_body(
                     const bool ok = j0 + kap < cap;
                     const long long off = ok ? (row0 + kap) * HD + 16 * part : 0;
                     cp_async<16>(dst + SM::K_OFF, k_codes + off, ok);
-#if !PAIR_VT
-                    cp_async<16>(dst + SM::V_OFF, v_codes + off, ok);
-#endif
                 }
             }
-#if PAIR_VT
             {  // the block's transposed V: HD rows of 64 bytes, HD * 4 chunks (as many as K's)
                 const int8_t* vb = v_t + ((long long)kvh * vt_blocks(cap) + c) * (HD * 64);
                 const unsigned vst = st + SM::V_OFF;
@@ -766,7 +741,6 @@ __device__ __forceinline__ void attend_pair_body(
                         cp_async<16>(vst + (idx >> 2) * SM::VTP + 16 * (idx & 3), vb + 16 * idx, true);
                 }
             }
-#endif
             if (tid < KEY_BLOCK) {
                 const int row = 32 * (tid & 1) + (tid >> 1);
                 const bool ok = j0 + tid < cap;
@@ -776,46 +750,6 @@ __device__ __forceinline__ void attend_pair_body(
             }
             stage_in = (stage_in + 1 == PAIR_STAGES) ? 0 : stage_in + 1;
         }
-#else  // PAIR_COPY 1: the first form, each block's chunks and head rows worked out afresh
-        if (c < n_blk) {
-            const int j0 = c * KEY_BLOCK;
-            // the head's rows from the parameters here, not held in registers across the compute
-            const long long head_row0 = (long long)(blockIdx.y / group) * cap;
-            const int8_t* kbase = k_codes + head_row0 * HD;
-            const int8_t* vbase = v_codes + head_row0 * HD;
-            const float* ksbase = k_scale + head_row0 * NB;
-            const float* vsbase = v_scale + head_row0;
-            const unsigned st = ring + (unsigned)(stage_in * SM::STAGE);
-            constexpr int CH = HD / 16;  // 16-byte chunks of a row
-            constexpr int NCH = 2 * KEY_BLOCK * CH;  // K then V
-#pragma unroll
-            for (int i = 0; i < (NCH + PAIR_THREADS - 1) / PAIR_THREADS; ++i) {
-                const int idx = tid + i * PAIR_THREADS;
-                if (NCH % PAIR_THREADS == 0 || idx < NCH) {
-                    const int isv = idx >= KEY_BLOCK * CH;
-                    const int i2 = idx - isv * KEY_BLOCK * CH;
-                    const int kap = i2 / CH, part = i2 % CH;
-                    const int row = 32 * (kap & 1) + (kap >> 1);
-                    const bool ok = j0 + kap < cap;
-                    const int8_t* src = (isv ? vbase : kbase) + (ok ? (long long)(j0 + kap) * HD + 16 * part : 0);
-                    cp_async<16>(st + (isv ? SM::V_OFF : SM::K_OFF) + row * KP + 16 * part, src, ok);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < (2 * KEY_BLOCK + PAIR_THREADS - 1) / PAIR_THREADS; ++i) {
-                const int kap = tid + i * PAIR_THREADS;
-                if (kap < 2 * KEY_BLOCK) {
-                    const int isv = kap >= KEY_BLOCK;
-                    const int k2 = kap - isv * KEY_BLOCK;
-                    const int row = 32 * (k2 & 1) + (k2 >> 1);
-                    const bool ok = j0 + k2 < cap;
-                    if (isv) cp_async<4>(st + SM::VS_OFF + 4 * row, vsbase + (ok ? j0 + k2 : 0), ok);
-                    else cp_async<4 * NB>(st + SM::KS_OFF + 4 * NB * row, ksbase + (ok ? (long long)(j0 + k2) * NB : 0), ok);
-                }
-            }
-            stage_in = (stage_in + 1 == PAIR_STAGES) ? 0 : stage_in + 1;
-        }
-#endif
         cp_async_commit();  // every thread commits a group per block, empty or not
     };
 
@@ -1017,18 +951,12 @@ __device__ __forceinline__ void attend_pair_body(
 #pragma unroll
                     for (int ks = 0; ks < 2; ++ks) {
                         int R0, R1, R2, R3;
-#if PAIR_VT
                         // matrix m = lane / 8: the group's even (m < 2) or odd dims, k 0-15 (m even)
                         // or 16-31 of k-step ks: the B fragments b0, b1 of the two n8 tiles
                         ldsm_x4(st + SM::V_OFF + (16 * G + 8 * ((lane >> 4) & 1) + (lane & 7)) * SM::VTP +
                                     32 * ks + 16 * ((lane >> 3) & 1), R0, R1, R2, R3);
                         mma_s8(acc[0], pa[ks], R0, R1);
                         mma_s8(acc[1], pa[ks], R2, R3);
-#else
-                        ldsm_x4_trans(st + SM::V_OFF + (32 * ks + lane) * KP + 16 * G, R0, R1, R2, R3);
-                        mma_s8(acc[0], pa[ks], (int)__byte_perm(R0, R1, 0x6420), (int)__byte_perm(R2, R3, 0x6420));
-                        mma_s8(acc[1], pa[ks], (int)__byte_perm(R0, R1, 0x7531), (int)__byte_perm(R2, R3, 0x7531));
-#endif
                     }
 #pragma unroll
                     for (int eo = 0; eo < 2; ++eo) {
