@@ -218,7 +218,8 @@ class SimBackend(BackendBase):
                           lambda: dense.float_matmul(dense.decode_float(w.qtype, w.data), x))
 
     def _make_rope(self, n_pos: int):
-        return numerics.rope_table(n_pos, self.config.head_dim, self.config.rope_base)
+        return numerics.rope_table(n_pos, self.config.head_dim, self.config.rope_base,
+                                   self.config.rope_scaling)
 
     def rope(self, x, positions):
         table = self.rope_table(int(positions.max()) + 1)

@@ -34,7 +34,7 @@ class ReferenceEngine:
         self.config = pack.config
         cfg = self.config
         self.kv = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
-        self._rope = numerics.RopeTable(cfg.head_dim, cfg.rope_base)
+        self._rope = numerics.RopeTable(cfg.head_dim, cfg.rope_base, scaling=cfg.rope_scaling)
         self._weights = PreparedCache()
         self._floats: dict = {}  # float matrices decoded to float32, by key
 

@@ -31,9 +31,42 @@ KEYS = {
     "rms_eps": _P + "attention.layer_norm_rms_epsilon", "rope_base": _P + "rope.freq_base",
     "context_length": _P + "context_length",
 }
+#: RopeScaling field -> the metadata key it is read from (llama.cpp's generic rope keys)
+ROPE_KEYS = {
+    "type": _P + "rope.scaling.type", "factor": _P + "rope.scaling.factor",
+    "original_context": _P + "rope.scaling.original_context_length",
+    "attn_factor": _P + "rope.scaling.attn_factor",
+}
+ROPE_FACTOR_OLD_KEY = _P + "rope.scale_linear"  # the factor's older name, read when it is absent
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+#: keys llama.cpp's qwen3moe loader does not read, with the value it uses instead: a pack
+#: that sets one to another value would run differently there, so it is refused
+ROPE_UNREAD_KEYS = {
+    _P + "rope.scaling.yarn_beta_fast": 32.0, _P + "rope.scaling.yarn_beta_slow": 1.0,
+    _P + "rope.scaling.yarn_ext_factor": None, _P + "rope.scaling.yarn_attn_factor": 1.0,
+    _P + "rope.scaling.yarn_log_multiplier": 0.0,
+}
 VALUE_LENGTH_KEY = _P + "attention.value_length"  # V's head size: this project has one head size
 TOKENS_KEY = "tokenizer.ggml.tokens"
 _BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How the RoPE table is scaled (strata/numerics.py:rope_table, docs/numerics.md "RoPE
+    scaling"), as llama.cpp's qwen3moe path runs it. Fields a type does not use hold their
+    defaults: factor is 1 for ``none``, original_context 0 unless ``yarn``. ext_factor and the
+    betas are llama.cpp's fixed values for this architecture (1 for yarn, 32 and 1)."""
+    type: str = "none"
+    factor: float = 1.0
+    original_context: int = 0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    @property
+    def ext_factor(self) -> float:
+        return 1.0 if self.type == "yarn" else 0.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +84,7 @@ class ModelConfig:
     rms_eps: float = 1e-6
     rope_base: float = 1e6
     context_length: int = 32768
+    rope_scaling: RopeScaling = RopeScaling()
     expert_gu_type: QT = QT.Q8_0    # type of ffn_gate_exps / ffn_up_exps (layer 0)
     expert_down_type: QT = QT.Q8_0  # type of ffn_down_exps (layer 0)
     dense_type: QT = QT.Q8_0        # type of the attention matrices (layer 0) as stored
@@ -100,6 +134,7 @@ class ModelConfig:
             value = getattr(self, field)
             if not (math.isfinite(value) and value > 0):
                 out.append(f"{k[field]} {value}: must be a finite number > 0")
+        out += _rope_problems(self.rope_scaling, self.rope_base)
         return out
 
     def cuda_problems(self) -> list[str]:
@@ -188,6 +223,7 @@ class ModelConfig:
             rms_eps=get(k["rms_eps"], kind=float),
             rope_base=get(k["rope_base"], 10000.0, kind=float),
             context_length=get(k["context_length"]),
+            rope_scaling=_rope_scaling(get, fields, get(k["context_length"]), where),
         )
         problems = cfg.problems()
         if k["head_dim"] not in fields and n_head > 0 and n_embd % n_head:
@@ -204,6 +240,53 @@ class ModelConfig:
         if problems:
             raise PackError(where + "; ".join(problems))
         return cfg
+
+
+def _rope_scaling(get, fields: Mapping[str, Any], context_length: int, where: str) -> RopeScaling:
+    """The RoPE scaling keys as llama.cpp reads them: an absent type is ``linear`` (``none``
+    when the factor is absent too: the same table), a factor of 0 or absent is 1, the original
+    context defaults to the context length. A type outside ROPE_SCALING_TYPES is refused here;
+    the values' ranges are `_rope_problems`'."""
+    rk = ROPE_KEYS
+    factor_key = rk["factor"] if rk["factor"] in fields or ROPE_FACTOR_OLD_KEY not in fields \
+        else ROPE_FACTOR_OLD_KEY
+    factor = get(factor_key, 0.0, kind=float) or 1.0
+    kind = get(rk["type"], "none" if factor == 1.0 else "linear", kind=str)
+    if kind not in ROPE_SCALING_TYPES:
+        raise PackError(f"{where}{rk['type']} {kind!r} is not supported (supported: "
+                        f"{', '.join(ROPE_SCALING_TYPES)})")
+    for key, default in ROPE_UNREAD_KEYS.items():
+        if key in fields:
+            value = get(key, kind=float)
+            used = (1.0 if kind == "yarn" else 0.0) if default is None else default
+            if value != used:
+                raise PackError(f"{where}{key} {value:g}: llama.cpp's qwen3moe loader does not read it "
+                                f"(it uses {used:g}); only {used:g} is accepted")
+    return RopeScaling(
+        type=kind, factor=1.0 if kind == "none" else factor,
+        original_context=get(rk["original_context"], context_length) if kind == "yarn" else 0,
+        attn_factor=get(rk["attn_factor"], 1.0, kind=float))
+
+
+def _rope_problems(r: RopeScaling, base: float) -> list[str]:
+    """What in a RoPE scaling no table can be built from, one phrase each (as problems())."""
+    rk, out = ROPE_KEYS, []
+    if r.type == "yarn" and not base > 1:
+        # the correction dimensions divide by ln(base)
+        out.append(f"{KEYS['rope_base']} {base}: yarn needs a base > 1")
+    if r.type not in ROPE_SCALING_TYPES:
+        out.append(f"{rk['type']} {r.type!r} is not supported (supported: "
+                   f"{', '.join(ROPE_SCALING_TYPES)})")
+    # yarn's factor below 1 is refused: llama.cpp's releases disagree on its magnitude there
+    least = 1.0 if r.type == "yarn" else 0.0
+    if not (math.isfinite(r.factor) and r.factor > 0 and r.factor >= least):
+        out.append(f"{rk['factor']} {r.factor}: must be a finite number "
+                   + (">= 1 for yarn" if r.type == "yarn" else "> 0"))
+    if not (math.isfinite(r.attn_factor) and r.attn_factor > 0):
+        out.append(f"{rk['attn_factor']} {r.attn_factor}: must be a finite number > 0")
+    if r.type == "yarn" and r.original_context < 1:
+        out.append(f"{rk['original_context']} {r.original_context}: must be at least 1")
+    return out
 
 
 def _layout_problems(cfg: ModelConfig, shapes: Mapping[str, list[int]],

@@ -71,7 +71,7 @@ from gguf.gguf_writer import WriterState
 from strata import dense, quants
 from strata import tensor_names as tn
 from strata.atomic import AtomicFile
-from strata.config import ARCH, PRESETS, ModelConfig
+from strata.config import ARCH, PRESETS, ROPE_KEYS, ModelConfig
 from strata.progress import Progress
 from strata.constants import PACK_FORMAT
 from strata.errors import InputError
@@ -262,6 +262,13 @@ def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, exper
     w.add_uint32(a + "attention.key_length", cfg.head_dim)
     w.add_uint32(a + "attention.value_length", cfg.head_dim)
     w.add_float32(a + "rope.freq_base", float(cfg.rope_base))
+    r = cfg.rope_scaling
+    if r != type(r)():  # an unscaled pack keeps the header it always had
+        w.add_string(ROPE_KEYS["type"], r.type)
+        w.add_float32(ROPE_KEYS["factor"], float(r.factor))
+        w.add_float32(ROPE_KEYS["attn_factor"], float(r.attn_factor))
+        if r.type == "yarn":
+            w.add_uint32(ROPE_KEYS["original_context"], int(r.original_context))
     w.add_float32(a + "attention.layer_norm_rms_epsilon", float(cfg.rms_eps))
     w.add_uint32(a + "expert_count", cfg.n_expert)
     w.add_uint32(a + "expert_used_count", cfg.n_expert_used)

@@ -281,12 +281,19 @@ def from_half(h) -> np.ndarray:
 # --------------------------------------------------------------------------- RoPE
 
 
-def rope_table(n_pos: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+def rope_table(n_pos: int, head_dim: int, base: float, scaling=None) -> tuple[np.ndarray, np.ndarray]:
     """NEOX RoPE table: float32 ``(cos, sin)``, each [n_pos, head_dim // 2].
 
     Computed in float64 as ``theta = p * base ** (-2.0 * i / hd)`` (exactly that expression
     and order), then cos and sin rounded to float32 once. The GPU never recomputes it: the
     table is uploaded.
+
+    ``scaling`` (a strata.config.RopeScaling; None or type ``none`` with attn_factor 1: the
+    table above, bit for bit) rescales the angles and the magnitudes as llama.cpp's rope does
+    (docs/numerics.md, "RoPE scaling"): ``linear`` divides every angle by the factor; ``yarn``
+    blends, per pair, the divided angle and the original one by a ramp between the correction
+    dimensions of beta_fast and beta_slow, and multiplies cos and sin by
+    ``attn_factor * (1 + 0.1 ln factor)``. Still float64 throughout, rounded once.
     """
     if head_dim % 2:
         raise ValueError(f"rope_table: head_dim must be even, got {head_dim}")
@@ -294,17 +301,52 @@ def rope_table(n_pos: int, head_dim: int, base: float) -> tuple[np.ndarray, np.n
     p = np.arange(n_pos, dtype=np.float64)[:, None]
     i = np.arange(half, dtype=np.float64)[None, :]
     theta = p * float(base) ** (-2.0 * i / float(head_dim))
-    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    kind = "none" if scaling is None else scaling.type
+    if kind == "none" and (scaling is None or scaling.attn_factor == 1.0):
+        # the unscaled table stays the expression above, untouched
+        return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    mscale = float(scaling.attn_factor)
+    if kind == "linear":
+        theta = theta / float(scaling.factor)
+    elif kind == "yarn":
+        factor = float(scaling.factor)
+        low, high = _yarn_corr_dims(head_dim, scaling.original_context, float(base),
+                                   float(scaling.beta_fast), float(scaling.beta_slow))
+        # ramp 1 (the original angle) for the pairs below low: they turn many times within
+        # the original context; 0 (the angle divided by factor) above high; linear between
+        ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+        mix = ramp * float(scaling.ext_factor)
+        theta = (theta / factor) * (1.0 - mix) + theta * mix
+        if float(scaling.ext_factor) != 0.0:
+            mscale *= 1.0 + 0.1 * float(np.log(factor))
+    elif kind != "none":
+        raise ValueError(f"rope_table: unknown scaling type {kind!r}")
+    return ((np.cos(theta) * mscale).astype(np.float32),
+            (np.sin(theta) * mscale).astype(np.float32))
+
+
+def _yarn_corr_dims(head_dim: int, original_context: int, base: float, beta_fast: float,
+                   beta_slow: float) -> tuple[float, float]:
+    """YaRN's correction range (low, high) over the pair index: the pair that turns
+    ``beta`` times within ``original_context`` positions sits at
+    ``hd * ln(ctx / (2 pi beta)) / (2 ln base)``; low is that of beta_fast floored (at least
+    0), high that of beta_slow ceiled (at most hd - 1), in float64."""
+    def dim(beta: float) -> float:
+        return float(head_dim * np.log(original_context / (beta * 2.0 * np.pi)) / (2.0 * np.log(base)))
+    return max(0.0, float(np.floor(dim(beta_fast)))), min(float(head_dim - 1), float(np.ceil(dim(beta_slow))))
 
 
 class RopeTable:
     """A :func:`rope_table` that grows on demand, by doubling: ``covering(n)`` returns the
     (cos, sin) of at least positions 0..n-1, rebuilt with ``max(n, 2 * rows, ROPE_MIN_ROWS)``
     rows when it holds fewer than n. An entry depends only on its position, so growing never
-    changes one. ``build(n_pos, head_dim, base)`` makes the table (default :func:`rope_table`; a
-    device backend passes one that also uploads it)."""
+    changes one. ``build(n_pos, head_dim, base)`` makes the table (default :func:`rope_table`
+    with ``scaling``; a device backend passes one that also uploads it)."""
 
-    def __init__(self, head_dim: int, base: float, build=rope_table):
+    def __init__(self, head_dim: int, base: float, build=None, scaling=None):
+        if build is None:
+            def build(n_pos, hd, b):
+                return rope_table(n_pos, hd, b, scaling)
         self.head_dim, self.base, self._build = int(head_dim), base, build
         self._table = None
         self.rows = 0  # positions the current table covers

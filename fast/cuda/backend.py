@@ -314,7 +314,8 @@ class CudaBackend(BackendBase):
         return out
 
     def _make_rope(self, n_pos: int):
-        return ops.rope_table(self.dev, n_pos, self.config.head_dim, self.config.rope_base)
+        return ops.rope_table(self.dev, n_pos, self.config.head_dim, self.config.rope_base,
+                              self.config.rope_scaling)
 
     def rope(self, x, positions):
         return ops.rope_neox(self.dev, x, np.asarray(positions, np.int32),

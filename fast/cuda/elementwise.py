@@ -77,10 +77,11 @@ def rmsnorm(dev, x, w, eps: float, out=None):
     return out
 
 
-def rope_table(dev, n_pos: int, head_dim: int, base: float):
+def rope_table(dev, n_pos: int, head_dim: int, base: float, scaling=None):
     """(cos, sin): float32 GPUArrays [n_pos, head_dim/2] of strata.numerics.rope_table
-    (computed on the host in float64, rounded once, uploaded on the stream)."""
-    cos, sin = numerics.rope_table(int(n_pos), int(head_dim), base)
+    (computed on the host in float64, rounded once, uploaded on the stream; ``scaling`` a
+    strata.config.RopeScaling, None for none)."""
+    cos, sin = numerics.rope_table(int(n_pos), int(head_dim), base, scaling)
     return dev.upload(cos), dev.upload(sin)
 
 

@@ -32,6 +32,19 @@ def _size(n: int) -> str:
     return f"{n:,} bytes"
 
 
+def _rope_line(r) -> str:
+    """The RoPE scaling as the table uses it (strata.config.RopeScaling)."""
+    if r.type == "none":
+        return "none" + (f", attn factor {r.attn_factor:g}" if r.attn_factor != 1.0 else "")
+    line = f"{r.type}, factor {r.factor:g}"
+    if r.type == "yarn":
+        line += (f", original context {r.original_context}, attn factor {r.attn_factor:g}, "
+                 f"beta fast {r.beta_fast:g}, beta slow {r.beta_slow:g}, ext factor {r.ext_factor:g}")
+    elif r.attn_factor != 1.0:
+        line += f", attn factor {r.attn_factor:g}"
+    return line
+
+
 def describe(pack: Pack) -> list[str]:
     """The lines `info` prints."""
     c = pack.config
@@ -50,6 +63,7 @@ def describe(pack: Pack) -> list[str]:
         f"heads:          {c.n_head} (kv {c.n_head_kv}), head_dim {c.head_dim}",
         f"vocab:          {c.n_vocab}",
         f"context:        {c.context_length}, rope base {c.rope_base:g}, rms eps {c.rms_eps:.3g}",
+        "rope scaling:   " + _rope_line(c.rope_scaling),
         f"experts:        {c.n_expert}, top-{c.n_expert_used}, expert ff {c.n_ff_exp}",
         "shared expert:  " + (f"yes (ff {c.n_ff_shexp})" if c.has_shexp else "no"),
         f"types:          expert gate/up {c.expert_gu_type.name}, down {c.expert_down_type.name}, "
