@@ -71,7 +71,7 @@ from gguf.gguf_writer import WriterState
 from strata import dense, quants
 from strata import tensor_names as tn
 from strata.atomic import AtomicFile
-from strata.config import ARCH, PRESETS, ROPE_KEYS, ModelConfig
+from strata.config import ARCH, PRESETS, ROPE_KEYS, ModelConfig, RopeScaling
 from strata.progress import Progress
 from strata.constants import PACK_FORMAT
 from strata.errors import InputError
@@ -373,7 +373,8 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
               expert_type: Any = "Q8_0", seed: int = 0, dense_type: Any = "Q8_0",
               tie_embeddings: bool = False, progress: bool | None = None,
               config: ModelConfig | None = None, workers: int | None = None,
-              on_size: Callable[[int], None] | None = None, router_type: Any = None) -> Path:
+              on_size: Callable[[int], None] | None = None, router_type: Any = None,
+              rope_scaling: RopeScaling | None = None) -> Path:
     """Write a synthetic pack of `preset` (or of `config`, named `preset`) to `path`.
 
     layers: override the preset's layer count; expert_type: one of quants.SUPPORTED_TYPES
@@ -386,7 +387,9 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
     open, before any byte is written. A pack the disk cannot hold (check_free_disk) is
     refused before anything is written. Written atomically (strata.atomic: a temp of this
     process's beside `path`, renamed onto it at the end, removed on any failure or SIGTERM /
-    SIGHUP), so no half pack is ever left at `path`. Returns the path."""
+    SIGHUP), so no half pack is ever left at `path`. rope_scaling: a strata.config.RopeScaling
+    written as the pack's rope.scaling keys (None: the preset's or config's, unscaled for
+    every preset). Returns the path."""
     if config is None:
         if preset not in PRESETS:
             raise InputError(f"unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
@@ -397,6 +400,12 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
         config = config.replace(n_layer=int(layers))
     if int(seed) < 0:
         raise InputError(f"--seed must be non-negative, got {seed}")
+    if rope_scaling is not None:
+        # written as the rope.scaling keys (_add_metadata); refused here, not when read back
+        config = config.replace(rope_scaling=rope_scaling)
+        bad = config.problems()
+        if bad:
+            raise InputError("--rope-scaling: " + "; ".join(bad))
     xt = parse_qtype(expert_type, tuple(quants.SUPPORTED_TYPES), "expert type")
     dt = parse_qtype(dense_type, DENSE_TYPES, "dense type")
     rt = parse_qtype(PRESET_ROUTER_TYPE.get(preset, ROUTER_TYPE_DEFAULT) if router_type is None

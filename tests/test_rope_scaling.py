@@ -211,3 +211,28 @@ def test_info_shows_the_rope_settings(packs, tmp_path):
             "beta slow 1, ext factor 1") in proc.stdout.splitlines()
     proc = _cli(["info", str(packs["plain"])], tmp_path)
     assert "rope scaling:   none" in proc.stdout.splitlines()
+
+
+def test_make_pack_writes_the_scaling_it_is_given(tmp_path):
+    proc = _cli(["make-pack", "y.gguf", "--rope-scaling", "yarn:8:2048", "--no-progress"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with Pack.open(tmp_path / "y.gguf") as p:
+        assert p.config.rope_scaling == RopeScaling("yarn", 8.0, 2048)
+    proc = _cli(["make-pack", "l.gguf", "--rope-scaling", "linear:2", "--no-progress"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with Pack.open(tmp_path / "l.gguf") as p:
+        assert p.config.rope_scaling == RopeScaling("linear", 2.0)
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("yarn:0.5:4096", "--rope-scaling: qwen3moe.rope.scaling.factor 0.5: must be a finite number >= 1"),
+    ("yarn:4:0", "qwen3moe.rope.scaling.original_context_length 0: must be at least 1"),
+    ("dynamic:2", "'dynamic:2' is not yarn:FACTOR:ORIG_CTX or linear:FACTOR"),
+    ("yarn:4", "'yarn:4' is not yarn:FACTOR:ORIG_CTX or linear:FACTOR"),
+])
+def test_make_pack_refuses_a_bad_scaling_in_one_line(tmp_path, spec, needle):
+    proc = _cli(["make-pack", "bad.gguf", "--rope-scaling", spec, "--no-progress"], tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], proc.stderr
+    assert not (tmp_path / "bad.gguf").exists()

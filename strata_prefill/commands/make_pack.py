@@ -43,6 +43,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                         "keep it, BF16 for the strata preset as Strata does (default by preset)")
     p.add_argument("--seed", type=checks.seed, default=0,
                    help="random seed, 0 to 2**64-1 (default: 0)")
+    p.add_argument("--rope-scaling", type=rope_scaling, default=None, metavar="SPEC",
+                   help="RoPE scaling written as the pack's rope.scaling keys, as llama.cpp "
+                        "reads them: yarn:FACTOR:ORIG_CTX or linear:FACTOR (default: none)")
     p.add_argument("--tie-embeddings", action="store_true",
                    help="write no `output` tensor: the lm_head is token_embd")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
@@ -52,6 +55,23 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="no progress at all")
     p.set_defaults(func=main)
     return p
+
+
+def rope_scaling(text: str):
+    """--rope-scaling's SPEC: yarn:FACTOR:ORIG_CTX or linear:FACTOR, a strata.config.RopeScaling
+    (its values' ranges are make_pack's, ModelConfig.problems)."""
+    from strata.config import RopeScaling
+
+    parts = text.split(":")
+    try:
+        if parts[0] == "yarn" and len(parts) == 3:
+            return RopeScaling("yarn", float(parts[1]), int(parts[2]))
+        if parts[0] == "linear" and len(parts) == 2:
+            return RopeScaling("linear", float(parts[1]))
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not yarn:FACTOR:ORIG_CTX or linear:FACTOR (e.g. yarn:4:4096)")
 
 
 def data_bytes(args: argparse.Namespace) -> int:
@@ -93,7 +113,8 @@ def main(args: argparse.Namespace) -> int:
     path = make_pack(args.out, preset=args.preset, layers=args.layers,
                      expert_type=args.expert_type, seed=args.seed, dense_type=args.dense_type,
                      tie_embeddings=args.tie_embeddings, progress=args.progress,
-                     on_size=announce, router_type=args.router_type)
+                     on_size=announce, router_type=args.router_type,
+                     rope_scaling=args.rope_scaling)
     dt = time.perf_counter() - t0
     size = os.path.getsize(path)
     print(f"wrote {path}: preset {args.preset}, expert type {args.expert_type}, "
