@@ -78,7 +78,7 @@ if [[ $MODE == kernels ]]; then
   python3 bench/bench_attention_ab_cuda.py --sass "$LOG/sass" 2>&1 | tee "$LOG/attention_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 bench/bench_float_dense_ab_cuda.py 2>&1 | tee "$LOG/float_dense_ab.log" | tail -n 12 >> "$SUMMARY"
   python3 bench/bench_dense_mmq_ab_cuda.py --configs \
-      '{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_Q8DEC": 0};{"MMQ_V2": 2, "MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_MIX": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 13 >> "$SUMMARY"
+      '{"MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2};{"MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_MIX_MIN": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 13 >> "$SUMMARY"
   python3 bench/bench_combine_ab_cuda.py 2>&1 | tee "$LOG/combine_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 7 >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_PAIR_ATTENTION=0 --b default \

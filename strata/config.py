@@ -68,6 +68,14 @@ class RopeScaling:
     def ext_factor(self) -> float:
         return 1.0 if self.type == "yarn" else 0.0
 
+    def __str__(self) -> str:
+        """make-pack --rope-scaling's spelling: none, linear:FACTOR or yarn:FACTOR:ORIG_CTX (plus
+        :attn_factor when it is not 1)."""
+        if self.type == "none":
+            return "none"
+        bits = [self.type, f"{self.factor:g}"] + ([str(self.original_context)] if self.type == "yarn" else [])
+        return ":".join(bits + ([f"{self.attn_factor:g}"] if self.attn_factor != 1.0 else []))
+
 
 @dataclass(frozen=True)
 class ModelConfig:

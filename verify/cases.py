@@ -433,15 +433,14 @@ def params(rows) -> list:
 
 def mmq_configs() -> list:
     """The MMQ tile configurations every MMQ row runs under: None (the default), each automatic
-    configuration, the earlier decode and product forms, and any of STRATA_MMQ_TEST_CONFIGS
+    configuration, and any of STRATA_MMQ_TEST_CONFIGS
     (JSON objects separated by ';')."""
     import json
     import os
 
     from fast.cuda import products
 
-    earlier = dict(products.AUTO_CONFIGS[-1][1], MMQ_SUBFMA=0, MMQ_Q8DEC=0, MMQ_MIX=0)
-    return [None] + [c for _, c in products.AUTO_CONFIGS] + [earlier] + [
+    return [None] + [c for _, c in products.AUTO_CONFIGS] + [
         json.loads(c) for c in os.environ.get("STRATA_MMQ_TEST_CONFIGS", "").split(";") if c.strip()]
 
 
@@ -603,6 +602,13 @@ def _cuda_rows() -> list[ParityCase]:
             rows.append(_row("cuda", "tiny", "Q4_1", 70, 64, {"widen_float": wf}, seed=3,
                              pack_options=(("router_type", router), ("dense_type", dense)),
                              quick=(router, dense, wf) == ("BF16", "F16", 0)))
+    # YaRN rope scaling (only the host-built RoPE table changes, docs/numerics.md): a prompt
+    # past the original context, through the pair and the mma attention kernels.
+    from strata.config import RopeScaling
+
+    for arm in ({}, {"pair_attention": 0}):
+        rows.append(_row("cuda", "tiny", "Q8_0", 600, "auto", arm, seed=5, quick=not arm,
+                         pack_options=(("rope_scaling", RopeScaling("yarn", 4.0, 64)),)))
     # Experts streamed from the host tier: caches of none, a third and all; rings of 8 to 384;
     # streamed and staged chunks; every streamed arm.
     for preset, etype in (("tiny", "Q8_0"), ("tiny", "IQ2_XS"), ("tiny", "Q2_K"), ("tiny", "Q4_1"),

@@ -199,10 +199,8 @@ def test_quantize_gather_scatter(cu, dev, case):
 # ---------------------------------------------------------------- mmq
 
 
-# MMQ tile configurations every mmq case runs (the reference computed once): the default
-# (None: automatic by rows per expert), each automatic choice, the largest one with the kept
-# earlier forms (MMQ_SUBFMA=0, MMQ_Q8DEC=0, MMQ_MIX=0), and more from STRATA_MMQ_TEST_CONFIGS (JSON
-# objects, ";"-separated).
+# MMQ tile configurations every mmq case runs (the reference computed once): verify/cases.py's
+# mmq_configs, the default, each automatic choice and any from STRATA_MMQ_TEST_CONFIGS.
 def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
     f = {k: (v[r0:r1] if isinstance(v, np.ndarray) else v) for k, v in vars(act).items()}
     return q8_1.Q8Rows(**f)

@@ -55,8 +55,8 @@ __all__ = [
 DEFAULT_TILE_ROWS = 128
 #: the default MMQ tile configurations (mmq.cu defines), picked per launch by the mean number
 #: of activation rows per expert: (below this mean, config); the last one has no bound. Below
-#: 8 rows: 4 warps, 16 activation rows a CTA, three CTAs per SM (bench/bench_in_place_cuda.py,
-#: H200: 14% less time than the next one at 5 rows an expert, 34% more at 20); then 8 warps
+#: 8 rows: 4 warps, 16 activation rows a CTA, three CTAs per SM (bench/bench_in_place_cuda.py;
+#: docs/performance.md, "Figures from the kernels' comments"); then 8 warps
 #: and two CTAs per SM. Each is checked byte for byte by verify/test_kernels_cuda.py. A
 #: configuration changes speed only, never a bit.
 AUTO_CONFIGS = (
@@ -410,13 +410,9 @@ def dense_config(N: int, R: int, sms: int) -> dict:
     """The automatic configuration of a dense product (N weight rows, R activation rows) on a
     device of `sms` SMs: the rows' AUTO_CONFIGS entry (with STRATA_MMQ_DEFINES), except that a
     launch of fewer CTAs than SMs under it takes the next smaller tile (AUTO_CONFIGS' BN 64
-    entry), which doubles the CTAs. Below one CTA an SM most of the device idles: on the H200
-    (bench/bench_dense_mmq_ab_cuda.py) the key/value projections (N 512) at 512 / 1,024 / 2,048
-    tokens and the shared expert's gate/up (N 640) at 512 / 1,024 took 0.045 / 0.047 / 0.063 and
-    0.046 / 0.064 ms with BN 64 against 0.061 / 0.060 / 0.067 and 0.060 / 0.071 with BN 128.
-    From one CTA an SM up BN 128 was faster or within 4%, except the shared expert's down
-    product at 1,024 tokens (320 CTAs: 0.059 ms with BN 64 against 0.069), which this rule
-    leaves at BN 128."""
+    entry), which doubles the CTAs. Below one CTA an SM most of the device idles; from one CTA
+    an SM up BN 128 is as fast or faster (bench/bench_dense_mmq_ab_cuda.py; measured in
+    docs/performance.md, "Figures from the kernels' comments")."""
     base = _auto_entry(float(R))
     cfg = _with_extra(base)
     if base is AUTO_CONFIGS[-1][1]:  # (fewer rows already take a smaller tile)

@@ -83,8 +83,8 @@ __device__ __forceinline__ void float_dense_rows(const W* __restrict__ w, const 
 #define FT_KC 64
 #define FT_THREADS (32 * FT_WN * FT_WT)
 // CTAs per SM asked of the compiler (__launch_bounds__): the staged form runs best at 2 (128
-// registers a thread), the direct one at 1 (its 16 loads in flight need the registers; H200,
-// 8K tokens x 512 x 2560 F32: 1.34 ms at 1 against 1.62 at 2)
+// registers a thread), the direct one at 1 (its 16 loads in flight need the registers; measured
+// in docs/performance.md, "Figures from the kernels' comments")
 #ifndef FT_MINB
 #define FT_MINB 2
 #endif
@@ -132,8 +132,8 @@ __device__ __forceinline__ void tree_store(float (&v)[FT_R * FT_C], int lane, fl
 // The direct form, for F32 weights: each lane loads its 8 + 8 values of a k step straight
 // from global memory (coalesced over the lanes) and the tile's loads stay in flight together.
 // For 16-bit weights the compiler, at the register cap, serializes those loads (one 2-byte
-// load, its use, the next); the staged form below is their path (H200, 8K tokens x 512 x 2560:
-// F32 direct 1.33 ms against staged 1.89; BF16 direct 4.14 ms against staged 2.20).
+// load, its use, the next); the staged form below is their path (measured in
+// docs/performance.md, "Figures from the kernels' comments").
 template <typename W>
 __device__ __forceinline__ void float_dense_tile_direct(const W* __restrict__ w, const float* __restrict__ x,
                                                         long long ldx, float* __restrict__ y, long long ldy,

@@ -47,20 +47,10 @@
 // exact integers below 2^24 (u * S, u0 * S0 + u1 * S1): the same value as (float)sumi.
 
 //
-// Speed (H200, the automatic configurations of fast/cuda/products.py, bytes identical to the
-// earlier forms; the history is in docs/performance.md): a layer's 512 experts read in place
-// (one tile-list launch), 8K tokens: IQ2_XS gate/up 4.8 ms = 111 TOP/s, Q8_0 down 2.1 ms = 126
-// TOP/s (bench/bench_in_place_cuda.py); the query and output projections (Q8_0, dense) 172-186
-// TOP/s at 8K (bench/bench_dense_mmq_ab_cuda.py).
-//
-// What bounds it (Nsight Compute, the IQ2_XS gate/up in place at 8K, before the mixed decode):
-// 3.06 G warp instructions, of which the contract's epilogue (6 FP32 instructions per output and
-// 32-value block for IQ2_XS, 4 for Q8_0: convert, dw * da, * sumi, + acc) is about half; 64% of
-// issue slots busy. The products issue well; the decode (dependent shared-memory lookups), the
-// staging and the chunk barrier held a quarter of the instructions and half of the stall
-// samples; the mixed decode interleaves it with the products. The epilogue alone at one
-// instruction a cycle on every scheduler is the floor bench/phase_floors.py draws: about 3.3x
-// under today's gate/up.
+// Its speed and what bounds it (the contract's epilogue is about half of its instructions; the
+// decode, the staging and the chunk barrier hold most of its stalls) are measured in
+// docs/performance.md, "What limits each kernel" and "Figures from the kernels' comments";
+// earlier measurements are in docs/results/.
 
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -594,7 +584,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         // every unit is decoded and activation scales are copied for all BN staged rows (those
         // past the tile's rows are stale and feed only outputs that are never stored). A row
         // test there costs more than the copies it saves: it splits the unrolled body the decode
-        // is mixed into (H200, 8K prefill: down 15.0 -> 16.0 ms with it).
+        // is mixed into (measured: docs/performance.md, "Figures from the kernels' comments").
         auto prep = [&](int kc, auto CHECK) {
             constexpr bool checked = decltype(CHECK)::value;
             const int slot = kc % STAGES;
