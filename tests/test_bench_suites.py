@@ -21,7 +21,7 @@ def bench_pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     # a run under pytest-xdist leaves its worker variables behind; pytest-benchmark, seeing
     # them, would disable itself in the child
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # keep the user's
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
