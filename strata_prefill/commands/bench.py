@@ -160,8 +160,8 @@ def _run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int, 
                 bar.step()
                 row[arm] = {"ms": 1e3 * seconds, **counts,
                             **({"phases_ms": {k: 1e3 * v for k, v in phases.items()}} if phases else {})}
-            bad = {arm: nonfinite.in_logits(logits[arm]) for arm in order}
-            bad = {arm: {"index": f.index[0], "value": repr(f.value), "count": f.count} for arm, f in bad.items() if f}
+            found = {arm: nonfinite.in_logits(logits[arm]) for arm in order}
+            bad = {arm: {"index": f.index[0], "value": repr(f.value), "count": f.count} for arm, f in found.items() if f}
             if bad:  # two arms' equal NaNs are no agreement (strata/nonfinite.py)
                 row["nonfinite"] = bad
             diff = first_difference(logits["A"], logits["B"])
