@@ -6,7 +6,8 @@
 #   bash bench/gate_timings.sh workers  # the full gate (warm) at each of WORKERS (default "2 3 4 6")
 #   bash bench/gate_timings.sh all      # cold, warm, edit, workers
 # Caches live under $GATE_CACHES (default /tmp/gate-caches), so a cold run starts from nothing;
-# logs go to $OUT (or ./gpu-logs); GATE_LIMIT (s) interrupts a run that takes longer.
+# logs go to $OUT (or ./gpu-logs); GATE_LIMIT (s) interrupts a run that takes longer; GATE_ARGS
+# adds pytest arguments to every run (e.g. --durations=0).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
@@ -22,7 +23,7 @@ gate() {  # gate NAME [pytest args...]: one timed run, its log, a table row
   local name=$1; shift
   local t0=$SECONDS
   # SIGINT at the limit: pytest still prints its summary, durations and the gate's lines
-  timeout -s INT "${GATE_LIMIT:-600}" python3 -m pytest verify/ -q -p no:cacheprovider --durations=25 "$@" \
+  timeout -s INT "${GATE_LIMIT:-600}" python3 -m pytest verify/ -q -p no:cacheprovider --durations=25 ${GATE_ARGS:-} "$@" \
       > "$LOG/gate-$name.log" 2>&1
   local wall=$((SECONDS - t0))
   local plan; plan=$(grep -o '^gate: [0-9]* workers.*threads each' "$LOG/gate-$name.log" | head -n 1 | sed 's/^gate: //')
