@@ -18,7 +18,9 @@ matrix whose rows are not a multiple of 256 (the `strata` preset's down projecti
 640; the `small` preset's, 384) falls back to `FALLBACK_TYPE` = Q8_0, the one 32-value type
 every implementation decodes exactly (llama.cpp's quantizer falls back the same way, to
 IQ4_NL/Q5_x, which strata does not support). The fallback is recorded in the pack
-(`strata.fallback`: the tensor names; `strata.fallback_type`) and `info` shows it.
+(`strata.fallback`: the tensor names; `strata.fallback_type`) and `info` shows it. Float
+expert types (F16, BF16, F32: EXPERT_TYPES) have no blocks and never fall back; their values
+are drawn as the float dense matrices' are.
 Attention matrices, shared-expert matrices, token_embd and output are in the dense type
 (Q8_0, F16, BF16 or F32); norms are F32 around 1.0. The router (`ffn_gate_inp`) is in the
 router type: F32 by default, as llama.cpp's converters keep it, BF16 for the `strata` preset
@@ -80,6 +82,9 @@ from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_P
                          KEY_TENSOR_DIGESTS, KEY_WRITER, tensor_digest_root)
 
 FALLBACK_TYPE = QT.Q8_0
+#: the routed experts' types: the quantized ones of the registry, then the float ones (multiplied
+#: in float32 on their unquantized rows, docs/numerics.md section 6)
+EXPERT_TYPES: tuple[QT, ...] = (*quants.SUPPORTED_TYPES, QT.F16, QT.BF16, QT.F32)
 DENSE_TYPES: tuple[QT, ...] = (QT.Q8_0, QT.F16, QT.BF16, QT.F32)
 ROUTER_TYPES: tuple[QT, ...] = (QT.F32, QT.BF16, QT.Q8_0)
 ROUTER_TYPE_DEFAULT = QT.F32
@@ -119,8 +124,8 @@ def parse_qtype(name: Any, allowed: tuple[QT, ...], what: str) -> QT:
 
 def expert_types(cfg: ModelConfig, expert_type: Any) -> tuple[QT, QT, list[str]]:
     """(gate/up type, down type, names of the matrices that fell back) for a config."""
-    qt = parse_qtype(expert_type, tuple(quants.SUPPORTED_TYPES), "expert type")
-    vals, _ = quants.block_size(qt)
+    qt = parse_qtype(expert_type, EXPERT_TYPES, "expert type")
+    vals = 1 if dense.is_float(qt) else quants.block_size(qt)[0]  # a float row has no blocks
     gu = qt if cfg.n_embd % vals == 0 else FALLBACK_TYPE
     down = qt if cfg.n_ff_exp % vals == 0 else FALLBACK_TYPE
     fell = [n for n, t in (("ffn_gate_exps", gu), ("ffn_up_exps", gu), ("ffn_down_exps", down))
@@ -377,8 +382,8 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
               rope_scaling: RopeScaling | None = None) -> Path:
     """Write a synthetic pack of `preset` (or of `config`, named `preset`) to `path`.
 
-    layers: override the preset's layer count; expert_type: one of quants.SUPPORTED_TYPES
-    (by name or enum); dense_type: Q8_0, F16, BF16 or F32; router_type: F32, BF16 or Q8_0
+    layers: override the preset's layer count; expert_type: one of EXPERT_TYPES (by name or
+    enum); dense_type: Q8_0, F16, BF16 or F32; router_type: F32, BF16 or Q8_0
     (None: BF16 for the `strata` preset, else F32); progress: a tqdm bar on stderr naming
     the tensor being written (None: for packs over 50 MB, where stderr is a terminal, else a
     line every 10 s; strata/progress.py); workers: threads
@@ -406,7 +411,7 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
         bad = config.problems()
         if bad:
             raise InputError("--rope-scaling: " + "; ".join(bad))
-    xt = parse_qtype(expert_type, tuple(quants.SUPPORTED_TYPES), "expert type")
+    xt = parse_qtype(expert_type, EXPERT_TYPES, "expert type")
     dt = parse_qtype(dense_type, DENSE_TYPES, "dense type")
     rt = parse_qtype(PRESET_ROUTER_TYPE.get(preset, ROUTER_TYPE_DEFAULT) if router_type is None
                      else router_type, ROUTER_TYPES, "router type")

@@ -3,8 +3,8 @@
 `Pack.open(path)` memory-maps the file with `gguf.GGUFReader`, validates it (architecture,
 every tensor present with the shape and a type the project supports, every tensor's data
 inside the file) and exposes it as `QMatrix` views into the map: tensors are never copied.
-Float matrices (F32/F16/BF16) keep their type (`strata.dense` multiplies them in float32);
-norms are read as float32 vectors.
+Float matrices (F32/F16/BF16), stacked experts included, keep their type (`strata.dense`
+multiplies them in float32); norms are read as float32 vectors.
 
 Names: the file holds llama.cpp's names (`blk.0.attn_q.weight`, strata.tensor_names); callers
 ask for logical names without the suffix (`pack.matrix("blk.0.attn_q")`). A pack of the old
@@ -589,7 +589,6 @@ def _validate(cfg: ModelConfig, tensors: dict[str, Any]) -> ModelConfig:
     expected = _expected_shapes(cfg, tn.name(T.OUTPUT) in tensors, shexp_layers)
     quant_ok = tuple(quants.SUPPORTED_TYPES)
     vectors = BLOCK_NORMS | {T.OUTPUT_NORM, T.FFN_GATE_INP_SHEXP}
-    experts = {T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP}
     kind_of = {tn.name(t, l): t for l in range(cfg.n_layer) for t in tn.BLOCK + tn.SHEXP}
     kind_of.update({tn.name(t): t for t in tn.MODEL})
 
@@ -605,15 +604,9 @@ def _validate(cfg: ModelConfig, tensors: dict[str, Any]) -> ModelConfig:
         except ValueError:
             qt = None
         is_vector = kind_of[name] in vectors
-        is_expert = kind_of[name] in experts
-        if is_vector:
-            allowed = FLOAT_TYPES
-        elif is_expert:
-            allowed = quant_ok
-        else:
-            allowed = quant_ok + FLOAT_TYPES
+        allowed = FLOAT_TYPES if is_vector else quant_ok + FLOAT_TYPES
         if qt not in allowed:
-            what = ("norms/vectors" if is_vector else "expert tensors" if is_expert else "matrices")
+            what = "norms/vectors" if is_vector else "matrices"
             raise PackError(
                 f"tensor {f(name)} has unsupported type {_type_name(t.tensor_type)} "
                 f"(supported for {what}: {', '.join(a.name for a in allowed)})")

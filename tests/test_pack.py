@@ -536,9 +536,9 @@ def test_unsupported_type(tmp_path, capsys):
     for t in EXPERT_TYPES:
         assert t in msg
     assert_cli_error(path, capsys, "unsupported type Q4_K", "blk.0.ffn_gate_exps", "IQ2_XS")
-    # a float expert tensor cannot be sliced from the file: refused too
+    # a float expert tensor opens (multiplied in float32, docs/numerics.md section 6)
     path = write_micro(tmp_path / "f32x.gguf", types={"blk.0.ffn_down_exps": QT.F32})
-    assert_cli_error(path, capsys, "blk.0.ffn_down_exps", "unsupported type F32")
+    assert Pack.open(path).expert_types(0)[1] == QT.F32
     # a quantized norm
     path = write_micro(tmp_path / "qnorm.gguf", types={"blk.0.attn_norm": QT.Q8_0})
     assert_cli_error(path, capsys, "blk.0.attn_norm", "unsupported type Q8_0", "F32")

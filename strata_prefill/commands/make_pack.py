@@ -6,13 +6,12 @@ import os
 import sys
 import time
 
-from strata import quants
 from strata.config import PRESETS
 from strata_prefill import checks
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
-    from strata.make_pack import DENSE_TYPES, FALLBACK_TYPE, ROUTER_TYPES
+    from strata.make_pack import DENSE_TYPES, EXPERT_TYPES, FALLBACK_TYPE, ROUTER_TYPES
 
     p = subparsers.add_parser(
         name,
@@ -33,9 +32,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
                    help="number of layers (default: the preset's); the pack's size is checked "
                         "against the free disk before anything is written")
     p.add_argument("--expert-type", default="Q8_0", metavar="T",
-                   choices=[t.name for t in quants.SUPPORTED_TYPES],
-                   help="routed experts' type: " + ", ".join(t.name for t in quants.SUPPORTED_TYPES)
-                   + " (default: Q8_0)")
+                   choices=[t.name for t in EXPERT_TYPES],
+                   help="routed experts' type: " + ", ".join(t.name for t in EXPERT_TYPES)
+                   + " (default: Q8_0; F16, BF16 and F32 experts are multiplied in float32)")
     p.add_argument("--dense-type", default="Q8_0", choices=[t.name for t in DENSE_TYPES],
                    help="attention, shared expert, token_embd and output (default: Q8_0)")
     p.add_argument("--router-type", default=None, choices=[t.name for t in ROUTER_TYPES],
