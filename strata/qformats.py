@@ -57,8 +57,9 @@ class QuantFormat:
     #: every sub-scale decodes to 1: the codes are the products' integers
     unit_sub: ClassVar[bool] = False
     q8_1_layout: ClassVar[Layout] = Layout.D4
-    #: fast/cuda/kernels/mmq.cu's kernel for this type
-    mmq_kernel: ClassVar[str]
+    #: fast/cuda/kernels/mmq.cu's kernel for this type (fast/cuda/products.py launches it by this
+    #: name); None: no CUDA MMQ kernel (the reference and the sim only)
+    mmq_kernel: ClassVar[str | None] = None
     #: the gguf.quants class whose grid this type indexes, and the grid's name in mmq.cu's
     #: table buffer (TAB_<name>); None without a grid
     grid_source: ClassVar[str | None] = None

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from fast.cuda import runtime, signatures
+from strata import qformats
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = Path(runtime.KERNEL_DIR)
@@ -32,10 +33,14 @@ PY_FILES = sorted([*ROOT.glob("fast/cuda/*.py"), *ROOT.glob("bench/*.py"), *ROOT
 #: (python file, function) of a launch site that does not resolve statically -> what it misses:
 #: "module" (a kernel file's name), "kernel" (its kernel names), "fmt" (the format) or "source"
 #: (the module-level constant of that python file holding the CUDA source it compiles, in place of
-#: "module")
+#: "module"); "via": the attribute the site reads its kernel names from (then the file need not
+#: spell them)
 DYNAMIC = {
-    # the module object is passed around in a state dict; names: _MMQ_KERNEL's values (resolved)
-    ("fast/cuda/products.py", "_mmq_func"): {"module": "mmq"},
+    # the module object is passed around in a state dict; the kernel names are the registry's
+    # (read through the attribute "via" names, not written in the file)
+    ("fast/cuda/products.py", "_mmq_func"): {
+        "module": "mmq", "kernel": tuple(f.mmq_kernel for f in qformats.formats() if f.mmq_kernel),
+        "via": "mmq_kernel"},
     # a module compiled from the file's own source text, passed in as an argument
     ("bench/bench_mmq_cuda.py", "__init__"): {"source": "PEAK_SRC"},
     ("bench/bench_mmq_cuda.py", "measure_peak"): {"source": "PEAK_SRC", "kernel": ("peak_k32", "peak_k16")},
@@ -368,7 +373,7 @@ def test_every_unresolved_site_is_in_the_table():
             continue
         entry = DYNAMIC.get((s.pf.rel, s.function))
         assert entry is not None, f"{s.where}: {', '.join(sorted(missing))} unresolved: add it to DYNAMIC"
-        supplied = {"module" if k == "source" else k for k in entry}
+        supplied = {"module" if k == "source" else k for k in entry if k != "via"}
         assert supplied == missing, f"{s.where}: DYNAMIC supplies {sorted(supplied)}, the site lacks {sorted(missing)}"
 
 
@@ -379,7 +384,10 @@ def test_table_entries_still_exist(key):
     assert at, f"{rel} has no unresolved launch site in {function} any more: drop it from DYNAMIC"
     pf = at[0].pf
     entry = DYNAMIC[key]
-    for name in (entry.get("module"), *entry.get("kernel", ())):
+    via = entry.get("via")
+    if via is not None:
+        assert re.search(rf"\.{via}\b", pf.text), f"{rel} no longer reads .{via}"
+    for name in (entry.get("module"), *(() if via else entry.get("kernel", ()))):
         if name is not None:
             assert name in pf.strings, f"{rel} no longer mentions {name!r}"
     if "source" in entry:

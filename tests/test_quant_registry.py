@@ -3,11 +3,11 @@ by hand, and against gguf's own dequantization.
 
 fast/cuda/kernels/mmq.cu states each type's block size, values, q8_1 layout and table use
 (``Tr<QT_...>``), the type numbers (``QT_...``), its kernels (``MMQ_ENTRY``) and the table
-buffer's offsets (``TAB_*``); fast/cuda/products.py names the kernels (``_MMQ_KERNEL``), the
-256-value types (``_SUPER``) and fills the table buffer (``_tables_host``). All are read here
-as text (the .cu) or with ast (products.py, so no device library is needed), and must agree
-with the registry; planted changes on either side must be caught. Lists of type names kept in
-verify/cases.py and conftest.py must equal the registry's too.
+buffer's offsets (``TAB_*``): read here as text, they must agree with the registry, and planted
+changes on either side must be caught. fast/cuda/ keeps no table of its own: the products take
+kernel names, block sizes and the table buffer from the registry (checked live, and by a scan of
+fast/cuda/*.py for any type named there). Lists of type names kept in verify/cases.py and
+conftest.py must equal the registry's too.
 """
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from gguf import GGMLQuantizationType as QT
 from gguf import quants as gq
 
 from strata import mmq, q8_1, qformats, quants
-from strata.errors import PackError
+from strata.errors import InputError, PackError
 
 ROOT = Path(__file__).resolve().parents[1]
 MMQ_CU = ROOT / "fast" / "cuda" / "kernels" / "mmq.cu"
-PRODUCTS = ROOT / "fast" / "cuda" / "products.py"
 FORMATS = qformats.formats()
 NAMES = [f.qtype.name for f in FORMATS]
+CUDA_FORMATS = [f for f in FORMATS if f.mmq_kernel is not None]
 
 
 # --------------------------------------------------------------------------- parsers
@@ -45,33 +45,6 @@ def cu_facts(text: str) -> dict:
     return {"tab": tab, "qt": qt, "tr": tr, "entries": entries}
 
 
-def _qt_name(node: ast.AST) -> str:
-    """'Q8_0' from the expression QT.Q8_0."""
-    assert isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name), ast.dump(node)
-    assert node.value.id == "QT", ast.dump(node)
-    return node.attr
-
-
-def products_facts(source: str) -> dict:
-    """What products.py states, read with ast: {"kernel": {type name: kernel}, "super": set of
-    type names, "tables": [(type name, offset, bytes)] from _tables_host's grid loop}."""
-    tree = ast.parse(source)
-    out: dict = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name, value = node.targets[0].id, node.value
-            if name == "_MMQ_KERNEL":
-                out["kernel"] = {_qt_name(k): ast.literal_eval(v) for k, v in zip(value.keys, value.values)}
-            elif name == "_SUPER":
-                out["super"] = {_qt_name(e) for e in value.elts}
-        elif isinstance(node, ast.FunctionDef) and node.name == "_tables_host":
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.For) and isinstance(sub.iter, ast.Tuple):
-                    out["tables"] = [(_qt_name(t.elts[0]), ast.literal_eval(t.elts[1]), ast.literal_eval(t.elts[2]))
-                                     for t in sub.iter.elts]
-    return out
-
-
 # --------------------------------------------------------------------------- comparisons
 
 
@@ -82,7 +55,7 @@ def cu_mismatches(facts: dict) -> list[str]:
     want_tab["BYTES"] = layout["BYTES"][1]
     if facts["tab"] != want_tab:
         bad.append(f"TAB_*: mmq.cu {facts['tab']} != registry {want_tab}")
-    for f in FORMATS:
+    for f in CUDA_FORMATS:
         n = f.qtype.name
         if facts["qt"].get(n) != int(f.qtype):
             bad.append(f"QT_{n}: mmq.cu {facts['qt'].get(n)} != {int(f.qtype)}")
@@ -93,24 +66,9 @@ def cu_mismatches(facts: dict) -> list[str]:
             bad.append(f"Tr<QT_{n}>: mmq.cu {tr} != registry {want}")
         if facts["entries"].get(f.mmq_kernel) != n:
             bad.append(f"MMQ_ENTRY({f.mmq_kernel}, QT_{n}) missing from mmq.cu")
-    extra = set(facts["entries"].values()) - set(NAMES)
+    extra = set(facts["entries"].values()) - {f.qtype.name for f in CUDA_FORMATS}
     if extra:
         bad.append(f"mmq.cu has kernels for unregistered types {sorted(extra)}")
-    return bad
-
-
-def products_mismatches(facts: dict) -> list[str]:
-    bad = []
-    want_kernel = {f.qtype.name: f.mmq_kernel for f in FORMATS}
-    if facts.get("kernel") != want_kernel:
-        bad.append(f"_MMQ_KERNEL {facts.get('kernel')} != registry {want_kernel}")
-    want_super = {f.qtype.name for f in FORMATS if f.block_values != 32}
-    if facts.get("super") != want_super:
-        bad.append(f"_SUPER {facts.get('super')} != registry's 256-value types {want_super}")
-    layout = qformats.table_layout()
-    want_tables = [(f.qtype.name, *layout[f.table_name]) for f in FORMATS if f.table_name is not None]
-    if facts.get("tables") != want_tables:
-        bad.append(f"_tables_host grids {facts.get('tables')} != registry {want_tables}")
     return bad
 
 
@@ -123,31 +81,69 @@ def test_mmq_cu_agrees_with_registry():
     assert cu_mismatches(facts) == []
 
 
-def test_products_agrees_with_registry():
-    facts = products_facts(PRODUCTS.read_text())
-    assert products_mismatches(facts) == []
+def test_products_read_the_registry():
+    """The products' kernel names, block checks and table buffer are the registry's."""
+    from fast.cuda import products
 
-
-def test_products_imported_agrees_with_its_source():
-    """Where products.py imports (it needs no device library to), its live tables equal what
-    the ast read: the ast reading is of the tables actually used."""
-    try:
-        from fast.cuda import products
-    except ImportError:
-        pytest.skip("fast.cuda.products does not import here")
-    facts = products_facts(PRODUCTS.read_text())
-    assert {qt.name: k for qt, k in products._MMQ_KERNEL.items()} == facts["kernel"]
-    assert {qt.name for qt in products._SUPER} == facts["super"]
+    for f in FORMATS:
+        if f.mmq_kernel is None:
+            with pytest.raises(InputError, match="no CUDA MMQ kernel"):
+                products._format(f.qtype)
+            continue
+        assert products._format(f.qtype) is f and products._format(f.qtype.name.lower()) is f
+        for bad_k in (f.block_values + 16, f.block_values + 32 if f.block_values > 32 else 0):
+            with pytest.raises(InputError, match=f"multiple of the {f.qtype.name} block"):
+                products._checked_pair(f, bad_k, None, None)
+        assert products._checked_pair(f, 2 * f.block_values, "out", None) == (0, "out")
+    with pytest.raises(InputError, match="no CUDA MMQ kernel"):
+        products._format(QT.Q5_K if qformats.lookup(QT.Q5_K) is None else 99999)
+    with pytest.raises(InputError, match="unknown weight type"):
+        products._format("Q9_9")
     tab = products._tables_host()
     layout = qformats.table_layout()
     assert tab.size == layout["BYTES"][1]
-    signs = quants._sign_table()
     off, size = layout["SIGN"]
-    assert np.array_equal(tab[off:off + size], np.where(signs.reshape(-1) < 0, 0xFF, 0).astype(np.uint8))
+    masks = np.where(qformats.sign_table().reshape(-1) < 0, 0xFF, 0).astype(np.uint8)
+    assert np.array_equal(tab[off:off + size], masks)
     for f in FORMATS:
         if f.table_name is not None:
             off, size = layout[f.table_name]
             assert np.array_equal(tab[off:off + size].view(np.int8), f.grid().reshape(-1))
+
+
+def _is_type(node: ast.AST) -> bool:
+    """A registered type as code names it: QT.Q8_0 (any object's attribute Q8_0), "Q8_0" or its
+    kernel's name "mmq_q8_0"."""
+    kernels = {f.mmq_kernel for f in FORMATS if f.mmq_kernel}
+    if isinstance(node, ast.Attribute):
+        return node.attr in NAMES
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+        node.value.upper() in NAMES or node.value in kernels)
+
+
+def type_tables(source: str) -> list[str]:
+    """The literal dicts, sets, lists and tuples of source that hold two or more registered types
+    (a dict by its keys or its values): each a per-type table, as code."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Dict):
+            groups = [[k for k in node.keys if k is not None], node.values]
+        elif isinstance(node, (ast.Set, ast.List, ast.Tuple)):
+            groups = [node.elts]
+        else:
+            continue
+        if any(sum(map(_is_type, g)) >= 2 for g in groups):
+            out.append(ast.unparse(node))
+    return out
+
+
+def test_fast_cuda_keeps_no_type_table():
+    """No per-type list in fast/cuda/: a table of quant types there is a second copy of the
+    registry's facts."""
+    found = {p.name: type_tables(p.read_text()) for p in sorted((ROOT / "fast" / "cuda").glob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {}
+    planted = '_K = {QT.Q8_0: "mmq_q8_0", QT.Q2_K: "mmq_q2_k"}\nS = {"q4_1", "IQ3_S"}\nF = {QT.F16: 1, QT.Q8_0: 2}\n'
+    assert len(type_tables(planted)) == 2  # the scan finds them (a float type is no registry type)
 
 
 @pytest.mark.parametrize("plant", [
@@ -170,29 +166,11 @@ def test_planted_tr_change_is_caught():
     assert cu_mismatches(cu_facts(text.replace(line, line.replace("BS = 20", "BS = 18")))) != []
 
 
-@pytest.mark.parametrize("plant", [
-    ('"mmq_iq2_xs"', '"mmq_iq2xs"'),
-    ("QT.IQ3_XXS, 5120, 1024", "QT.IQ3_XXS, 5120, 2048"),
-])
-def test_planted_products_change_is_caught(plant):
-    src = PRODUCTS.read_text()
-    old, new = plant
-    assert old in src
-    assert products_mismatches(products_facts(src.replace(old, new, 1))) != []
-
-
-def test_planted_super_change_is_caught():
-    src = PRODUCTS.read_text()
-    m = re.search(r"^_SUPER = \{(.*)\}", src, re.M)
-    assert m
-    assert products_mismatches(products_facts(src.replace(m[0], "_SUPER = {QT.Q2_K}"))) != []
-
-
 def test_planted_registry_change_is_caught(monkeypatch):
     """The other side: a format whose kernel name or layout changes no longer matches."""
-    cu, pr = cu_facts(MMQ_CU.read_text()), products_facts(PRODUCTS.read_text())
+    cu = cu_facts(MMQ_CU.read_text())
     monkeypatch.setattr(qformats.IQ3_S, "mmq_kernel", "mmq_iq3s")
-    assert cu_mismatches(cu) != [] and products_mismatches(pr) != []
+    assert cu_mismatches(cu) != []
     monkeypatch.undo()
     monkeypatch.setattr(qformats.Q2_K, "q8_1_layout", q8_1.Layout.DS4)
     assert cu_mismatches(cu) != []

@@ -24,7 +24,7 @@ import os
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from strata import q8_1, quants
+from strata import q8_1, qformats
 from strata.constants import MMQ_GROUP
 from strata.errors import DeviceError, InputError
 
@@ -69,27 +69,22 @@ _Q8_THREADS = 256
 _Q8_WARPS = 8
 _GATHER_THREADS = 256
 
-_MMQ_KERNEL = {
-    QT.Q8_0: "mmq_q8_0",
-    QT.Q4_1: "mmq_q4_1",
-    QT.Q2_K: "mmq_q2_k",
-    QT.IQ2_XS: "mmq_iq2_xs",
-    QT.IQ3_XXS: "mmq_iq3_xxs",
-    QT.IQ3_S: "mmq_iq3_s",
-}
-_SUPER = {QT.Q2_K, QT.IQ2_XS, QT.IQ3_XXS, QT.IQ3_S}  # 256-value blocks
-
-
-def _qtype(qtype) -> QT:
+def _format(qtype) -> type[qformats.QuantFormat]:
+    """The registered format of a weight type (a name, a GGMLQuantizationType or its int) that
+    has a CUDA MMQ kernel (strata/qformats.py: its mmq_kernel), or a one-line InputError."""
     if isinstance(qtype, str):
         try:
-            return QT[qtype.upper()]
+            qtype = QT[qtype.upper()]
         except KeyError:
             raise InputError(f"unknown weight type {qtype!r}") from None
-    qt = QT(int(qtype))
-    if qt not in _MMQ_KERNEL:
-        raise InputError(f"weight type {qt.name} has no CUDA MMQ kernel")
-    return qt
+    fmt = qformats.lookup(qtype)
+    if fmt is None or fmt.mmq_kernel is None:
+        try:
+            name = QT(int(qtype)).name
+        except ValueError:
+            name = repr(qtype)
+        raise InputError(f"weight type {name} has no CUDA MMQ kernel")
+    return fmt
 
 
 # --------------------------------------------------------------------------- quantize
@@ -160,15 +155,19 @@ _mmq_state: dict = {}
 
 
 def _tables_host() -> np.ndarray:
-    """The 8 KiB table buffer the MMQ kernel reads (layout in mmq.cu): sign masks and the
-    three IQ grids, all from strata.quants."""
-    t = np.zeros(8192, dtype=np.uint8)
-    signs = quants._sign_table()  # int8 [128, 8] of +-1
-    t[0:1024] = np.where(signs.reshape(-1) < 0, 0xFF, 0x00).astype(np.uint8)
-    for qt, off, size in ((QT.IQ2_XS, 1024, 4096), (QT.IQ3_XXS, 5120, 1024), (QT.IQ3_S, 6144, 2048)):
-        g = np.ascontiguousarray(quants._grid(qt))
+    """The table buffer the MMQ kernel reads (strata.qformats.table_layout: the sign masks, then
+    each registered grid), from strata.qformats' tables."""
+    layout = qformats.table_layout()
+    t = np.zeros(layout["BYTES"][1], dtype=np.uint8)
+    off, size = layout["SIGN"]
+    t[off:off + size] = np.where(qformats.sign_table().reshape(-1) < 0, 0xFF, 0x00).astype(np.uint8)
+    for f in qformats.formats():
+        if f.table_name is None:
+            continue
+        off, size = layout[f.table_name]
+        g = np.ascontiguousarray(f.grid())
         if g.size != size or g.min() < 1:
-            raise DeviceError(f"unexpected {qt.name} grid from strata.quants: {g.shape}")
+            raise DeviceError(f"unexpected {f.qtype.name} grid from strata.qformats: {g.shape}")
         t[off:off + size] = g.reshape(-1).view(np.uint8)
     return t
 
@@ -247,15 +246,15 @@ def _mmq_mod(config: dict | None):
     return st
 
 
-def _mmq_func(st, qt: QT):
-    f = st["funcs"].get(qt)
+def _mmq_func(st, fmt):
+    f = st["funcs"].get(fmt.qtype)
     if f is None:
-        name = _MMQ_KERNEL[qt]
+        name = fmt.mmq_kernel
         (smem,) = runtime.module_ints(st["mod"], name + "_smem", 1)
         f = runtime.allow_dynamic_smem(st["mod"].get_function(name), smem)
         f.prepare("PqiiPiPiPqPiqPPi")
         f.smem = smem
-        st["funcs"][qt] = f
+        st["funcs"][fmt.qtype] = f
     return f
 
 
@@ -266,12 +265,12 @@ def mmq_geometry(config: dict | None = None) -> dict:
     return {k: st[k] for k in ("BM", "BN", "threads", "max_exp")}
 
 
-def _checked_pair(qt: QT, K: int, out, pair) -> tuple[int, object]:
+def _checked_pair(fmt, K: int, out, pair) -> tuple[int, object]:
     """The checks both MMQ launch forms share: K a whole number of the type's blocks, and the
     second matrix of a pair (w_pair, out2) at an even offset. Returns (w_pair, out2); without a
     pair, (0, out): the kernel then never writes out2."""
-    if K <= 0 or K % (256 if qt in _SUPER else 32):
-        raise InputError(f"K={K} is not a multiple of the {qt.name} block")
+    if K <= 0 or K % fmt.block_values:
+        raise InputError(f"K={K} is not a multiple of the {fmt.qtype.name} block ({fmt.block_values} values)")
     w_pair, out2 = (0, out) if pair is None else (int(pair[0]), pair[1])
     if w_pair % 2:
         raise InputError("the second matrix's offset must be 2-byte aligned")
@@ -302,11 +301,11 @@ def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, b
        products into out2 (float32 [R_total, ldo]), the same bounds and activation rows; the
        same bytes as a second call with w + w_pair and out2. None: one matrix.
     """
-    qt = _qtype(qtype)
+    fmt = _format(qtype)
     N, K, R_total, n_exp = int(N), int(K), int(R_total), int(n_exp)
     if n_exp < 0 or n_exp > MMQ_GROUP:
         raise InputError(f"an MMQ group holds 1..{MMQ_GROUP} experts, got {n_exp}")
-    w_pair, out2 = _checked_pair(qt, K, out, pair)
+    w_pair, out2 = _checked_pair(fmt, K, out, pair)
     if int(w_stride) % 2 or ptr(w) % 2:
         raise InputError("weight buffer and stride must be 2-byte aligned")
     if n_exp == 0 or N <= 0:
@@ -325,7 +324,7 @@ def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, b
     st = _mmq_mod(config)
     if tile_rows % 8 or not 8 <= tile_rows <= st["BN"]:
         raise InputError(f"tile_rows must be a multiple of 8 in [8, {st['BN']}], got {tile_rows}")
-    f = _mmq_func(st, qt)
+    f = _mmq_func(st, fmt)
     ntm = -(-N // st["BM"])
     tiles = ntm * (-(-n_rows // tile_rows) + n_exp)
     if tiles <= 0:
@@ -372,15 +371,15 @@ def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: 
     a matrix's last row: keep that much allocated after each. tile_rows_mean: the mean rows per
     expert, which picks the automatic configuration (config None and STRATA_MMQ_CONFIG unset);
     pair: (w_pair, out2) as in :func:`mmq_group`."""
-    qt = _qtype(qtype)
+    fmt = _format(qtype)
     N, K, R_total, n_tiles = int(N), int(K), int(R_total), int(n_tiles)
-    w_pair, out2 = _checked_pair(qt, K, out, pair)
+    w_pair, out2 = _checked_pair(fmt, K, out, pair)
     if ptr(w) % 2:
         raise InputError("the weight base must be 2-byte aligned")
     if n_tiles <= 0 or N <= 0:
         return
     st = _mmq_mod(tile_config(tile_rows_mean) if config is None else config)
-    f = _mmq_func(st, qt)
+    f = _mmq_func(st, fmt)
     tiles_n = n_tiles * -(-N // st["BM"])
     grid = (min(tiles_n, 1 << 30), 1 if pair is None else 2, 1)
     dev.launch(f, "mmq", grid, (st["threads"], 1, 1),
