@@ -19,6 +19,8 @@ A loop never calls the function it defines. What it does call from strata/, and 
 - ``strata.quants.decode`` for a weight's integer form (codes, sub-scales, dw, mw): the weight
   formats are pinned against ``gguf.quants.dequantize`` in tests/test_quants.py; the product's
   epilogue is what is stated here.
+- ``strata.qformats.lookup(qt).epilogue`` for which of section 3's three epilogues a weight
+  type takes (PLAIN, MIN, DMIN); each is written out below.
 - ``strata.q8_1.unpack_rows``, ``strata.q8_1.padded_len`` and ``strata.q8_1.Layout``: where a
   row's 144-byte blocks sit in a buffer, how long a padded row is, and the layouts' names.
 """
@@ -27,9 +29,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT
 
-from strata import numerics, q8_1, quants
+from strata import numerics, q8_1, qformats, quants
+from strata.qformats import Epilogue
 
 F32 = np.float32
 ZERO = F32(0.0)
@@ -202,6 +204,7 @@ def mmq(qt, raw: np.ndarray, buf: np.ndarray, n_rows: int) -> np.ndarray:
     rows of the flat q8_1 buffer buf (the layout qt selects): [n_rows, N] float32
     (``strata.mmq.mmq_prepared``, through ``strata.mmq.mmq``)."""
     layout = q8_1.layout_for(qt)
+    epilogue = qformats.lookup(qt).epilogue  # which of the three written epilogues
     dec = quants.decode(qt, raw)  # codes [N, nb, 32], sub [N, nb, 2], dw, mw, msub
     n_out, nb = dec.dw.shape
     blocks = q8_1.unpack_rows(buf, n_rows)  # [R, Kp/128, 144]
@@ -218,10 +221,10 @@ def mmq(qt, raw: np.ndarray, buf: np.ndarray, n_rows: int) -> np.ndarray:
                 dw = dec.dw[n, b]
                 t = dw * da
                 t = t * F32(sumi)
-                if qt == QT.Q4_1:
+                if epilogue is Epilogue.MIN:
                     m = dec.mw[n, b] * sa
                     t = t + m
-                elif qt == QT.Q2_K:
+                elif epilogue is Epilogue.DMIN:
                     v0, v1 = (int(v) for v in dec.msub[n, b])
                     mi = v0 * sum(a[:16]) + v1 * sum(a[16:])
                     m = dec.mw[n, b] * da

@@ -398,3 +398,8 @@ class IQ3_S(_IQFormat, qtype=QT.IQ3_S):
         u = (2 * ls + 1).reshape(N, 8)
         sub = np.stack([u, u], axis=-1)
         return codes, sub, cls._dw(d), None, None
+
+
+# The K-quants and the legacy quants of llama-quantize's default mixes, registered after the
+# formats above (their module imports this one's base class).
+from strata import kquants  # noqa: E402,F401

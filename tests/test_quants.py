@@ -8,6 +8,7 @@ from gguf import quants as gq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from strata import qformats
 from strata import quants as Q
 from strata.errors import PackError
 
@@ -22,6 +23,13 @@ HALF_FIELDS = {
     QT.IQ2_XS: (0,),
     QT.IQ3_XXS: (0,),
     QT.IQ3_S: (0,),
+    QT.Q4_0: (0,),
+    QT.Q5_0: (0,),
+    QT.Q5_1: (0, 2),
+    QT.Q4_K: (0, 2),
+    QT.Q5_K: (0, 2),
+    QT.Q6_K: (208,),
+    QT.Q3_K: (108,),
 }
 
 
@@ -69,9 +77,16 @@ def test_block_sizes_and_row_bytes():
     assert Q.block_size(QT.IQ2_XS) == (256, 74)
     assert Q.block_size(QT.IQ3_XXS) == (256, 98)
     assert Q.block_size(QT.IQ3_S) == (256, 110)
+    assert Q.block_size(QT.Q4_0) == (32, 18)
+    assert Q.block_size(QT.Q5_0) == (32, 22)
+    assert Q.block_size(QT.Q5_1) == (32, 24)
+    assert Q.block_size(QT.Q4_K) == (256, 144)
+    assert Q.block_size(QT.Q5_K) == (256, 176)
+    assert Q.block_size(QT.Q6_K) == (256, 210)
+    assert Q.block_size(QT.Q3_K) == (256, 110)
 
 
-@pytest.mark.parametrize("qt", [QT.F32, QT.F16, QT.Q4_0, QT.Q4_K, QT.IQ2_XXS, 9999, "junk"])
+@pytest.mark.parametrize("qt", [QT.F32, QT.F16, QT.IQ4_NL, QT.IQ2_XXS, QT.TQ1_0, 9999, "junk"])
 def test_unsupported_type(qt):
     with pytest.raises(PackError, match="unsupported quant type .* \\(supported: Q8_0, Q4_1"):
         Q.block_size(qt)
@@ -153,6 +168,34 @@ def test_dequantize_sub_scale_extremes():
 # --------------------------------------------------------------------------- decoded form
 
 
+# What each type's integer form holds: the codes' values, the sub-scales' values (None: all 1),
+# the min sub-scales' values (None: no min sub-scales), whether mw is present, whether dw and
+# mw are one per 256-value superblock, and whether a 32-block's two sub-scales are equal.
+_IQ_CODES = {QT.IQ2_XS: {8, 25, 43}, QT.IQ3_XXS: {4, 12, 20, 28, 36, 44, 52, 62},
+             QT.IQ3_S: {1, 3, 5, 7, 9, 11, 13, 15}}
+FORM = {
+    QT.Q8_0: dict(codes=range(-128, 128), sub=None, msub=None, mw=False),
+    QT.Q4_1: dict(codes=range(16), sub=None, msub=None, mw=True),
+    QT.Q2_K: dict(codes=range(4), sub=range(16), msub=range(16), mw=True, superblock=True),
+    QT.Q4_0: dict(codes=range(-8, 8), sub=None, msub=None, mw=False),
+    QT.Q5_0: dict(codes=range(-16, 16), sub=None, msub=None, mw=False),
+    QT.Q5_1: dict(codes=range(32), sub=None, msub=None, mw=True),
+    QT.Q4_K: dict(codes=range(16), sub=range(64), msub=range(64), mw=True, superblock=True, equal=True),
+    QT.Q5_K: dict(codes=range(32), sub=range(64), msub=range(64), mw=True, superblock=True, equal=True),
+    QT.Q6_K: dict(codes=range(-32, 32), sub=range(-128, 128), msub=None, mw=False, superblock=True),
+    QT.Q3_K: dict(codes=range(-4, 4), sub=range(-32, 32), msub=None, mw=False, superblock=True),
+}
+
+
+def takes(a, values):
+    """a holds only these values, and every one of them where a has 16 draws per value (the
+    chance that random bytes miss one is then below 1e-5)."""
+    got = set(np.unique(a).tolist())
+    assert got <= set(values)
+    if a.size >= 16 * len(values):
+        assert got == set(values)
+
+
 @pytest.mark.parametrize("qt", TYPES)
 def test_decoded_shapes_and_ranges(qt):
     rng = np.random.default_rng(int(qt))
@@ -165,35 +208,9 @@ def test_decoded_shapes_and_ranges(qt):
     assert dec.sub.shape == (2, 3, nb32, 2) and dec.sub.dtype == np.int16
     assert dec.dw.shape == (2, 3, nb32) and dec.dw.dtype == np.float32
     c, u = dec.codes.astype(int), dec.sub.astype(int)
-    if qt in (QT.Q4_1, QT.Q2_K):
-        assert dec.mw.shape == (2, 3, nb32) and dec.mw.dtype == np.float32
-    else:
-        assert dec.mw is None
-    if qt == QT.Q2_K:
-        assert dec.msub.shape == (2, 3, nb32, 2) and dec.msub.dtype == np.int16
-        assert dec.msub.min() >= 0 and dec.msub.max() <= 15
-    else:
-        assert dec.msub is None
-        with pytest.raises(PackError):
-            Q.folded_mins(dec)
-
-    if qt == QT.Q8_0:
-        assert c.min() >= -128 and c.max() <= 127
-        assert (u == 1).all()
-    elif qt == QT.Q4_1:
-        assert set(np.unique(c)) == set(range(16))
-        assert (u == 1).all()
-    elif qt == QT.Q2_K:
-        assert set(np.unique(c)) == set(range(4))
-        assert set(np.unique(u)) <= set(range(16))
-        # one d / dmin per 256-value superblock
-        assert (dec.dw.reshape(2, 3, 5, 8) == dec.dw.reshape(2, 3, 5, 8)[..., :1]).all()
-        assert (dec.mw.reshape(2, 3, 5, 8) == dec.mw.reshape(2, 3, 5, 8)[..., :1]).all()
-    else:
+    if qt in _IQ_CODES:
         assert (u % 2 == 1).all() and u.min() >= 1 and u.max() <= 31
-        gmap = {QT.IQ2_XS: {8, 25, 43}, QT.IQ3_XXS: {4, 12, 20, 28, 36, 44, 52, 62},
-                QT.IQ3_S: {1, 3, 5, 7, 9, 11, 13, 15}}[qt]
-        assert set(np.unique(np.abs(c))) <= gmap
+        assert set(np.unique(np.abs(c))) <= _IQ_CODES[qt]
         assert (c < 0).any() and (c > 0).any()
         if qt != QT.IQ2_XS:
             assert (u[..., 0] == u[..., 1]).all()
@@ -202,6 +219,36 @@ def test_decoded_shapes_and_ranges(qt):
         d = np.ascontiguousarray(raw.reshape(2, 3, 5, nbytes)[..., 0:2]).view("<f2")[..., 0]
         expect = np.repeat(d.astype(np.float32) * np.float32(k), 8, axis=-1)
         np.testing.assert_array_equal(bits(dec.dw), bits(expect))
+        assert dec.mw is None and dec.msub is None
+        return
+    form = FORM[qt]
+    takes(c, form["codes"])
+    if form["sub"] is None:
+        assert (u == 1).all()
+    else:
+        takes(u, form["sub"])
+        if form.get("equal"):
+            assert (u[..., 0] == u[..., 1]).all()
+    if form["mw"]:
+        assert dec.mw.shape == (2, 3, nb32) and dec.mw.dtype == np.float32
+    else:
+        assert dec.mw is None
+    if form["msub"] is None:
+        assert dec.msub is None
+        with pytest.raises(PackError):
+            Q.folded_mins(dec)
+    else:
+        assert dec.msub.shape == (2, 3, nb32, 2) and dec.msub.dtype == np.int16
+        takes(dec.msub, form["msub"])
+        if form.get("equal"):
+            assert (dec.msub[..., 0] == dec.msub[..., 1]).all()
+    # the main scale (and the min) is the half at its offset, one per block of the type
+    halves = [np.ascontiguousarray(raw.reshape(2, 3, 5, nbytes)[..., o:o + 2]).view("<f2")[..., 0]
+              for o in HALF_FIELDS[qt]]
+    per = 8 if form.get("superblock") else 1
+    np.testing.assert_array_equal(bits(dec.dw), bits(np.repeat(halves[0].astype(np.float32), per, axis=-1)))
+    if form["mw"]:
+        np.testing.assert_array_equal(bits(dec.mw), bits(np.repeat(halves[1].astype(np.float32), per, axis=-1)))
 
 
 def test_q8_0_q4_1_decode_fields():
@@ -269,7 +316,7 @@ def test_folded_codes_float_matmul_is_exact_int_dot(qt, seed, valid):
     np.testing.assert_array_equal(sumi_f.astype(np.int64), sumi)
     assert (sumi_f == sumi.astype(np.float32)).all()
 
-    if qt == QT.Q2_K:
+    if dec.msub is not None:
         fm = Q.folded_mins(dec)
         assert fm.dtype == np.float32 and fm.shape == (rows, nb32, 32)
         mi_f = np.matmul(fm[:, :, None, :], a.astype(np.float32)[None, :, :, None])[..., 0, 0]
@@ -281,7 +328,8 @@ def test_folded_codes_float_matmul_is_exact_int_dot(qt, seed, valid):
 def test_folded_codes_worst_case_within_float_exact_range():
     # The largest |code * sub| of each type times 127, over 32 values, stays below 2^24.
     worst = {QT.Q8_0: 128, QT.Q4_1: 15, QT.Q2_K: 3 * 15, QT.IQ2_XS: 43 * 31,
-             QT.IQ3_XXS: 62 * 31, QT.IQ3_S: 15 * 31}
+             QT.IQ3_XXS: 62 * 31, QT.IQ3_S: 15 * 31, QT.Q4_0: 8, QT.Q5_0: 16, QT.Q5_1: 31,
+             QT.Q4_K: 15 * 63, QT.Q5_K: 31 * 63, QT.Q6_K: 32 * 128, QT.Q3_K: 4 * 32}
     rng = np.random.default_rng(11)
     for qt in TYPES:
         dec = Q.decode(qt, random_raw(qt, (8, 4), rng))
@@ -298,11 +346,12 @@ def test_dequantize_decoded_formula():
         c = dec.codes.astype(np.float32)
         u = np.repeat(dec.sub.astype(np.float32), 16, axis=-1)
         dw = dec.dw[..., None]
-        if qt == QT.Q8_0:
+        epilogue = qformats.lookup(qt).epilogue
+        if qt in FORM and FORM[qt]["sub"] is None:  # no sub-scales
             y = dw * c
-        elif qt == QT.Q4_1:
-            y = dw * c + dec.mw[..., None]
-        elif qt == QT.Q2_K:
+            if epilogue is qformats.Epilogue.MIN:
+                y = y + dec.mw[..., None]
+        elif epilogue is qformats.Epilogue.DMIN:
             v = np.repeat(dec.msub.astype(np.float32), 16, axis=-1)
             y = (dw * u) * c - dec.mw[..., None] * v
         else:
@@ -331,9 +380,11 @@ def test_random_blocks_valid_and_scaled(qt, std):
     dec = Q.decode(qt, a)
     if qt == QT.Q8_0:
         assert dec.codes.min() >= -127 and dec.codes.max() <= 127
-    # scale nibbles random
-    if qt != QT.Q8_0 and qt != QT.Q4_1:
+    # sub-scale bits random: every sub-scale value of the type appears
+    if qt in _IQ_CODES:
         assert len(np.unique(dec.sub)) == 16
+    elif FORM[qt]["sub"] is not None:
+        assert set(np.unique(dec.sub)) == set(FORM[qt]["sub"])
     # halves are finite and positive (mins of Q4_1 negative)
     for off in HALF_FIELDS[qt]:
         h = np.ascontiguousarray(a[:, off : off + 2]).view("<f2")[:, 0]
