@@ -141,13 +141,22 @@ class Backend(Protocol):
     def quantize_scatter(self, *, x: Array, slot: Array, n_tok: int, k_used: int, layout, out: Q8) -> None:
         """Each token's row quantized once and written to its rows slot[t*k_used + k]."""
 
+    def gather_rows(self, *, x: Array, src: Array, n_rows: int) -> Array:
+        """float32 [n_rows, K]: row r is x[src[r]] (strata.moe.gather_rows), the MoE input of
+        float gate/up experts."""
+
+    def scatter_rows(self, *, x: Array, slot: Array, n_tok: int, k_used: int) -> Array:
+        """float32 [n_tok * k_used, K]: row slot[t*k_used + k] is x[t] (strata.moe.scatter_rows)."""
+
     def group_bounds(self, bounds_list: list) -> list:
         """The layer's group bounds uploaded at once; one handle per group."""
 
     def mmq_group_gate_up(self, *, layer: int, group, bounds, act: Q8, n_rows: int, gate: Array,
                           up: Array, one_launch: bool = True) -> None:
         """Gate and up products of the group buffers' experts over their rows (bounds), in one
-        launch (or one each: one_launch False)."""
+        launch (or one each: one_launch False). Float experts (F16, BF16, F32): the float product
+        of act's float32 rows, one launch per expert and matrix (group.bounds on the host); the
+        same for every product step below."""
 
     def mmq_batch_gate_up(self, *, layer: int, batch, act: Q8, n_rows: int, gate: Array, up: Array,
                           one_launch: bool = True) -> None:
@@ -157,8 +166,9 @@ class Backend(Protocol):
     def mmq_batch_down(self, *, layer: int, batch, act: Q8, n_rows: int, y: Array) -> None:
         """Down products of a batch of resident experts, read in place, into their rows of y."""
 
-    def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int) -> Array:
-        """H = silu(gate) * up over rows r0 .. r1."""
+    def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int, out: Array | None = None) -> Array:
+        """H = silu(gate) * up over rows r0 .. r1 (out given: written into its rows r0 .. r1,
+        and that view returned)."""
 
     def swiglu_quantize(self, *, gate: Array, up: Array, r0: int, r1: int, layout, out: Q8, row0: int,
                         n_rows_total: int) -> None:

@@ -188,17 +188,25 @@ class FastEngine:
             if not o.overlap_plan:
                 tab.order  # noqa: B018 - reading the counts makes the host wait for them here
 
-        # 3. The MoE input, quantized once per token (scatter) or once per row (gather).
+        # 3. The MoE input, quantized once per token (scatter) or once per row (gather); float
+        # gate/up experts take the rows themselves, copied per token or per row the same way.
         gu_t, down_t = be.expert_types(layer)
-        in_layout = q8_1.layout_for(gu_t)
-        moe_in = be.alloc_q8(n_rows, cfg.n_embd)
-        with be.phase("quantize", layer=layer):
-            if o.quant_gather:
-                be.quantize_gather(x=h, src=tab.src, n_rows=n_rows, layout=in_layout, out=moe_in, row0=0,
-                                   n_rows_total=n_rows)
-            else:
-                be.quantize_scatter(x=h, slot=tab.slot, n_tok=n_tok, k_used=k_used, layout=in_layout,
-                                    out=moe_in)
+        if dense.is_float(gu_t):
+            with be.phase("gather rows", layer=layer):
+                if o.quant_gather:
+                    moe_in = be.gather_rows(x=h, src=tab.src, n_rows=n_rows)
+                else:
+                    moe_in = be.scatter_rows(x=h, slot=tab.slot, n_tok=n_tok, k_used=k_used)
+        else:
+            in_layout = q8_1.layout_for(gu_t)
+            moe_in = be.alloc_q8(n_rows, cfg.n_embd)
+            with be.phase("quantize", layer=layer):
+                if o.quant_gather:
+                    be.quantize_gather(x=h, src=tab.src, n_rows=n_rows, layout=in_layout, out=moe_in, row0=0,
+                                       n_rows_total=n_rows)
+                else:
+                    be.quantize_scatter(x=h, slot=tab.slot, n_tok=n_tok, k_used=k_used, layout=in_layout,
+                                        out=moe_in)
 
         # 5 before 4 with overlap_plan: the shared expert needs no routing, so it is queued first and
         # the device runs it while the host waits for the routing counts and plans the walk (no
@@ -207,7 +215,8 @@ class FastEngine:
 
         # 4. The per-expert walk (fast/walk.py).
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
-                                down_layout=q8_1.layout_for(down_t), placement=self.placement,
+                                down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
+                                placement=self.placement,
                                 chunk_pass=self._chunk_pass, passes=self.passes, staging=self.staging, options=o,
                                 group_size=self.group_size, keep_h=dump is not None and dump.ops)
 
@@ -224,11 +233,13 @@ class FastEngine:
             dump.layer(layer, "topk_ids", be.download(ids))
             dump.layer(layer, "topk_w", be.download(weights))
             dump.layer(layer, "slot", slot)
-            dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(be.download(moe_in), n_rows)[slot])
+            if not dense.is_float(gu_t):  # float experts have no q8_1 buffers to record
+                dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(be.download(moe_in), n_rows)[slot])
             self._rec(dump, layer, "gate", rows.gate, slot)
             self._rec(dump, layer, "up", rows.up, slot)
             self._rec(dump, layer, "swiglu_h", rows.h, slot, on_host=True)
-            dump.layer(layer, "down_in_q8_1", q8_1.unpack_rows(be.download(rows.down_in), n_rows)[slot])
+            if not dense.is_float(down_t):
+                dump.layer(layer, "down_in_q8_1", q8_1.unpack_rows(be.download(rows.down_in), n_rows)[slot])
             self._rec(dump, layer, "y", rows.y, slot)
             if shared is not None:
                 self._rec(dump, layer, "shexp_g", shared[0])

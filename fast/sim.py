@@ -23,7 +23,7 @@ import numpy as np
 
 from strata import attention, dense, mmq, numerics, q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
-from strata.moe import combine, swiglu
+from strata.moe import combine, gather_rows, scatter_rows, swiglu
 from strata.routing import routing_tables, top_k
 
 from fast.backend_base import BackendBase
@@ -278,13 +278,23 @@ class SimBackend(BackendBase):
     def quantize_scatter(self, *, x, slot, n_tok, k_used, layout, out: Q8Buf):
         self._launch("q8_1_scatter", lambda: q8_1.scatter_quantize(x, slot, k_used, layout, out.data))
 
+    def gather_rows(self, *, x, src, n_rows):
+        return self._step("gather_rows", self.alloc_f32((n_rows, x.shape[1])), lambda: gather_rows(x, src))
+
+    def scatter_rows(self, *, x, slot, n_tok, k_used):
+        return self._step("scatter_rows", self.alloc_f32((n_tok * k_used, x.shape[1])),
+                          lambda: scatter_rows(x, slot, k_used))
+
     @staticmethod
     def group_bounds(bounds_list):
         return bounds_list
 
-    def _mmq(self, qtype, n_out, k_in, act: Q8Buf, bounds, weights, outs):
+    def _mmq(self, qtype, n_out, k_in, act, bounds, weights, outs):
         """One MMQ launch (as mmq.cu's): for each (offset, out) of outs and each i of bounds,
-        the n_out-row matrix at weights(i)[offset:] times rows bounds[i] of act into out."""
+        the n_out-row matrix at weights(i)[offset:] times rows bounds[i] of act into out. A
+        float type: float_matmul of act's float rows instead (_float_experts)."""
+        if dense.is_float(qtype):
+            return self._float_experts(qtype, n_out, k_in, act, bounds, weights, outs)
         rb = quants.row_bytes(qtype, k_in)
         layout = q8_1.layout_for(qtype)
 
@@ -297,6 +307,22 @@ class SimBackend(BackendBase):
                         out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, b0, b1, layout))
 
         self._launch("mmq", run)
+
+    def _float_experts(self, qtype, n_out, k_in, x, bounds, weights, outs):
+        """Float experts (as the cuda backend launches float_dense.cu): for each (offset, out)
+        and each expert i with rows, one launch: its matrix at weights(i)[offset:] times rows
+        bounds[i] of the float rows x into out (strata.dense.float_matmul)."""
+        rb = dense.row_bytes(qtype, k_in)
+        jobs = [(offset, out, int(b0), int(b1), i) for offset, out in outs
+                for i, (b0, b1) in enumerate(bounds) if int(b1) > int(b0)]
+
+        def run():
+            for offset, out, b0, b1, i in jobs:
+                w = weights(i)[offset:offset + n_out * rb].reshape(n_out, rb)
+                out[b0:b1] = dense.float_matmul(dense.decode_float(qtype, w), x[b0:b1])
+
+        if jobs:
+            self._launch("float_dense", run, len(jobs))
 
     def _mmq_group(self, qtype, wbuf, stride, n_out, k_in, n_exp, act: Q8Buf, bounds, outs):
         """One launch of the bounds form: expert q's matrices at wbuf[offset + q * stride]."""
@@ -343,9 +369,9 @@ class SimBackend(BackendBase):
         cfg = self.config
         self._mmq_batch(layer, d_t, cfg.n_embd, cfg.n_ff_exp, batch, act, ((2 * gu_bytes, y),))
 
-    def swiglu_rows(self, gate, up, r0, r1):
-        return self._step("swiglu", self.alloc_f32((r1 - r0, gate.shape[1])),
-                          lambda: swiglu(gate[r0:r1], up[r0:r1]))
+    def swiglu_rows(self, gate, up, r0, r1, out=None):
+        dst = self.alloc_f32((r1 - r0, gate.shape[1])) if out is None else out[r0:r1]
+        return self._step("swiglu", dst, lambda: swiglu(gate[r0:r1], up[r0:r1]))
 
     def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Buf, row0, n_rows_total):
         def run():

@@ -24,6 +24,10 @@ A group is flushed when it is complete, and earlier when
   - the group holds as many streamed members as the ring has slots (the 8-slot staging ring,
     or any ring smaller than a group): the next copy needs one of them released.
 Then the group's products run: gate/up over its rows, SwiGLU, the quantize of H, down.
+Float experts (F16, BF16, F32) take the same walk, rings and gathers (their blobs are bytes
+like any others); the backend multiplies them by the float product, one launch per expert and
+matrix, on float rows: the MoE input is the normed rows themselves and H is not quantized
+(down_layout None), docs/numerics.md section 6.
 
 With in_place (the default) only streamed experts make groups: the layer's routed resident
 experts are one Batch, multiplied where they lie in the expert cache (its gate/up before the
@@ -110,7 +114,8 @@ class ExpertRows:
     """A layer's expert-sorted buffers (n_rows = T*K rows): the quantized MoE input, the gate
     and up products, H quantized in the layout of the down type (down_in), the experts'
     outputs y; h: the host copy of H when op records ask for it (H itself lives one group at
-    a time when SwiGLU and its quantize are one launch)."""
+    a time when SwiGLU and its quantize are one launch). Float experts: moe_in holds float32
+    rows (float gate/up), down_in H itself, float32 (float down)."""
 
     n_rows: int
     moe_in: object
@@ -128,10 +133,11 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     the groups (and with in_place the resident Batch), takes the layer's streamed experts
     through `chunk_pass` (the chunk's streamed-walk pass; None: a new pass of the `staging`
     ring, opened by `passes`) and returns the filled buffers. keep_h: keep H on the host for
-    the op records."""
+    the op records. down_layout None: a float down type, whose input H is not quantized."""
     n_ff = config.n_ff_exp
+    down_in = be.alloc_f32((n_rows, n_ff)) if down_layout is None else be.alloc_q8(n_rows, n_ff)
     rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
-                      down_in=be.alloc_q8(n_rows, n_ff), y=be.alloc_f32((n_rows, config.n_embd)))
+                      down_in=down_in, y=be.alloc_f32((n_rows, config.n_embd)))
     resident = placement.resident[layer]
     with be.host_phase("host planning"):
         if options.in_place:  # the routed resident experts are one batch; groups hold streamed ones
@@ -266,10 +272,15 @@ class LayerWalk:
             be.mmq_batch_down(layer=self.layer, batch=batch, act=r.down_in, n_rows=r.n_rows, y=r.y)
 
     def swiglu_h(self, r0: int, r1: int, args: dict) -> None:
-        """H = silu(gate) * up over rows r0..r1, quantized into down_in."""
+        """H = silu(gate) * up over rows r0..r1, quantized into down_in (a float down type:
+        written there as it is, one launch)."""
         be, r = self.be, self.rows
         with be.phase("swiglu+quantize H", **args):
-            if not self.options.fuse_group or self.keep_h:  # op records keep H: two launches
+            if self.down_layout is None:
+                hh = be.swiglu_rows(r.gate, r.up, r0, r1, out=r.down_in)
+                if self.keep_h:
+                    self._keep_h(hh, r0)
+            elif not self.options.fuse_group or self.keep_h:  # op records keep H: two launches
                 hh = be.swiglu_rows(r.gate, r.up, r0, r1)
                 if self.keep_h:
                     self._keep_h(hh, r0)

@@ -35,8 +35,7 @@ class ReferenceEngine:
         cfg = self.config
         self.kv = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self._rope = numerics.RopeTable(cfg.head_dim, cfg.rope_base, scaling=cfg.rope_scaling)
-        self._weights = PreparedCache()
-        self._floats: dict = {}  # float matrices decoded to float32, by key
+        self._weights = PreparedCache()  # decoded quantized matrices and float32 float ones
 
     def product(self, key, matrix, act) -> np.ndarray:
         """matrix (a quantized QMatrix) times decoded q8_1 rows, its decoded form cached
@@ -45,11 +44,9 @@ class ReferenceEngine:
 
     def float_product(self, key, matrix, x: np.ndarray) -> np.ndarray:
         """matrix (an F32/F16/BF16 QMatrix) times float32 rows x, in float32
-        (strata.dense.float_matmul); x is not quantized."""
-        w = self._floats.get(key)
-        if w is None:
-            w = self._floats[key] = matrix.dequantize()
-        return dense.float_matmul(w, x)
+        (strata.dense.float_matmul); x is not quantized. Its float32 values are cached under
+        key within the cache's budget (a pack's float experts may not all fit)."""
+        return dense.float_matmul(self._weights.get(key, matrix.qtype, matrix.data), x)
 
     def rope(self, n_pos: int):
         """The RoPE (cos, sin) covering positions 0..n_pos-1."""

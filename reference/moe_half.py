@@ -5,10 +5,13 @@
             (a float router: float32 products of h itself, strata.dense; never quantized)
     routing tables: cnt, off, slot, src, order       (strata/routing.py)
     per-row GATHER quantize: row r of the MoE input buffer is q8_1(h[src[r]])
+        (float gate/up experts: row r is h[src[r]] itself, never quantized)
     per-expert walk (each expert alone; the experts run side by side on threads):
         gate = W_gate[e] . rows,  up = W_up[e] . rows
-        H    = silu(gate) * up, quantized to q8_1 (the layout of the down type)
+        H    = silu(gate) * up, quantized to q8_1 (the layout of the down type;
+               a float down type: H itself)
         Y[rows] = W_down[e] . H
+        (a float matrix: float32 products, strata.dense.float_matmul; else MMQ)
     shared expert (where the pack has one), gated by sigmoid(ffn_gate_inp_shexp . h)
     combine per token in rank order, plus the shared expert, plus the residual
 
@@ -22,7 +25,7 @@ import numpy as np
 from strata import numerics, parallel, q8_1
 from strata.constants import Q8_1_BLOCK_BYTES
 from strata.mmq import row_slice
-from strata.moe import combine, swiglu
+from strata.moe import combine, gather_rows, swiglu
 from strata.routing import routing_tables, top_k
 
 F32 = np.float32
@@ -42,6 +45,14 @@ def dense_product(model, key, w, x: np.ndarray) -> np.ndarray:
     return model.product(key, w, quantize(x, w.qtype))
 
 
+def expert_product(model, key, w, act) -> np.ndarray:
+    """An expert matrix w times its rows: float32 rows for a float w (act: float32 [rows, K]),
+    else MMQ (act: decoded q8_1 rows)."""
+    if w.is_float:
+        return model.float_product(key, w, act)
+    return model.product(key, w, act)
+
+
 def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     """x [T, n_embd] residual in, residual out."""
     cfg = model.config
@@ -56,28 +67,37 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     # 2. Routing tables.
     tab = routing_tables(ids, cfg.n_expert)
 
-    # 3. Per-row gather quantize of the MoE input into T*K expert-sorted rows.
+    # 3. Per-row gather quantize of the MoE input into T*K expert-sorted rows (float gate/up
+    # experts: the rows gathered as they are).
     gate_exps, up_exps, down_exps = L.ffn_gate_exps, L.ffn_up_exps, L.ffn_down_exps
-    in_layout = q8_1.layout_for(gate_exps.qtype)
-    moe_in = q8_1.alloc_buffer(tab.n_rows, cfg.n_embd)
-    q8_1.gather_quantize(h, tab.src, in_layout, moe_in)
-    moe_in_rows = q8_1.decode_rows(moe_in, tab.n_rows, in_layout)
+    moe_in = None
+    if gate_exps.is_float:
+        moe_in_rows = gather_rows(h, tab.src)
+    else:
+        in_layout = q8_1.layout_for(gate_exps.qtype)
+        moe_in = q8_1.alloc_buffer(tab.n_rows, cfg.n_embd)
+        q8_1.gather_quantize(h, tab.src, in_layout, moe_in)
+        moe_in_rows = q8_1.decode_rows(moe_in, tab.n_rows, in_layout)
 
     # 4. The per-expert walk.
-    down_layout = q8_1.layout_for(down_exps.qtype)
-    down_in = np.zeros((tab.n_rows, q8_1.blocks_per_row(cfg.n_ff_exp), Q8_1_BLOCK_BYTES), np.uint8)
+    down_layout = None if down_exps.is_float else q8_1.layout_for(down_exps.qtype)
+    down_in = None if down_layout is None else \
+        np.zeros((tab.n_rows, q8_1.blocks_per_row(cfg.n_ff_exp), Q8_1_BLOCK_BYTES), np.uint8)
     y = np.zeros((tab.n_rows, cfg.n_embd), dtype=F32)
     gate_all, up_all, h_all = (np.zeros((tab.n_rows, cfg.n_ff_exp), F32) for _ in range(3))  # op records
 
     def expert(e):  # writes only the expert's own rows
         rows = tab.rows_of(e)
-        act = row_slice(moe_in_rows, rows.start, rows.stop)
-        gate = model.product((layer, "gate", e), gate_exps.expert(e), act)
-        up = model.product((layer, "up", e), up_exps.expert(e), act)
+        act = moe_in_rows[rows] if gate_exps.is_float else row_slice(moe_in_rows, rows.start, rows.stop)
+        gate = expert_product(model, (layer, "gate", e), gate_exps.expert(e), act)
+        up = expert_product(model, (layer, "up", e), up_exps.expert(e), act)
         gate_all[rows], up_all[rows], h_all[rows] = gate, up, swiglu(gate, up)
-        down_in[rows] = q8_1.quantize_rows(h_all[rows], down_layout)
-        act_h = q8_1.decode_rows(down_in[rows], rows.stop - rows.start, down_layout)
-        y[rows] = model.product((layer, "down", e), down_exps.expert(e), act_h)
+        if down_layout is None:
+            act_h = h_all[rows]
+        else:
+            down_in[rows] = q8_1.quantize_rows(h_all[rows], down_layout)
+            act_h = q8_1.decode_rows(down_in[rows], rows.stop - rows.start, down_layout)
+        y[rows] = expert_product(model, (layer, "down", e), down_exps.expert(e), act_h)
 
     # Experts share nothing but their inputs, so they run on the pool's threads; the
     # largest first, so that the last to finish is a small one.
@@ -97,11 +117,13 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
         dump.layer(layer, "topk_ids", ids)
         dump.layer(layer, "topk_w", weights)
         dump.layer(layer, "slot", tab.slot)
-        dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(moe_in, tab.n_rows)[tab.slot])
+        if moe_in is not None:  # float experts have no q8_1 buffers to record
+            dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(moe_in, tab.n_rows)[tab.slot])
         dump.op(layer, "gate", gate_all, slot=tab.slot)
         dump.op(layer, "up", up_all, slot=tab.slot)
         dump.op(layer, "swiglu_h", h_all, slot=tab.slot)
-        dump.layer(layer, "down_in_q8_1", down_in[tab.slot])
+        if down_in is not None:
+            dump.layer(layer, "down_in_q8_1", down_in[tab.slot])
         dump.op(layer, "y", y, slot=tab.slot)
         if shared is not None:
             dump.op(layer, "shexp_g", shared[0])

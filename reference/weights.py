@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 
+from strata import dense
 from strata.mmq import PreparedWeights, prepare
 
 
@@ -15,7 +16,8 @@ class PreparedCache:
     new one is not kept (dropping the least recently used instead would drop each matrix
     just before its next use, and nothing would hit). Safe to share between threads: two
     threads asking for one missing key may both decode it (the same bytes), and the
-    bookkeeping is under a lock."""
+    bookkeeping is under a lock. A float matrix (F32, F16, BF16: a float expert's, or a dense
+    one) is kept as its float32 values (strata.dense.decode_float, exact), under the same budget."""
 
     def __init__(self, max_bytes: int = 1 << 30):
         self.max_bytes = max_bytes
@@ -23,12 +25,13 @@ class PreparedCache:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key, qtype, raw: np.ndarray) -> PreparedWeights:
+    def get(self, key, qtype, raw: np.ndarray) -> PreparedWeights | np.ndarray:
         with self._lock:
             pw = self._items.get(key)
         if pw is not None:
             return pw
-        pw = prepare(qtype, raw)  # outside the lock: decodes run in parallel
+        # outside the lock: decodes run in parallel
+        pw = dense.decode_float(qtype, raw) if dense.is_float(qtype) else prepare(qtype, raw)
         with self._lock:
             if key not in self._items and self._bytes + pw.nbytes <= self.max_bytes:
                 self._items[key] = pw

@@ -15,6 +15,21 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return numerics.silu(gate) * up
 
 
+def gather_rows(x: np.ndarray, src) -> np.ndarray:
+    """The MoE input of float gate/up experts: float32 [R, K], row r = x[src[r]] (the normed
+    rows themselves, never quantized; docs/numerics.md section 6)."""
+    return np.ascontiguousarray(np.asarray(x, F32)[np.asarray(src, np.int64)])
+
+
+def scatter_rows(x: np.ndarray, slot, k_used: int) -> np.ndarray:
+    """The same rows written per token: row slot[t*k_used + k] = x[t] for every k (the bytes of
+    gather_rows over the same routing, since slot and src are inverse)."""
+    x = np.asarray(x, F32)
+    out = np.empty((x.shape[0] * int(k_used), x.shape[1]), F32)
+    out[np.asarray(slot, np.int64)] = np.repeat(x, int(k_used), axis=0)
+    return out
+
+
 def combine(x, weights, slot, y, shared=None) -> np.ndarray:
     """x + (sum_k w[t,k] * Y[slot[t*K+k]] in rank order, then + g_t * Ysh[t]).
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from strata import q8_1
+from strata.dense import is_float
 from strata.dumps import iter_records
 
 K = "fast/cuda/kernels/"
@@ -72,17 +73,19 @@ OP = {op.name: op for op in OPS}
 ORDER = {op.name: i for i, op in enumerate(OPS)}
 
 # The q8_1 records, and which expert matrix's type decides each one's layout (Pack.expert_types:
-# 0 gate/up, 1 down): how their block headers read.
+# 0 gate/up, 1 down): how their block headers read. A float type's input is not quantized:
+# that record is not written.
 Q8_RECORDS = {"moe_in_q8_1": 0, "down_in_q8_1": 1}
 
 
 def q8_layouts(pack) -> dict:
-    """{("Lnn", q8_1 record name): q8_1.Layout} of a pack's layers."""
+    """{("Lnn", q8_1 record name): q8_1.Layout} of a pack's layers (its q8_1 records only)."""
     out = {}
     for layer in range(pack.config.n_layer):
         types = pack.expert_types(layer)
         for name, which in Q8_RECORDS.items():
-            out[(f"L{layer:02d}", name)] = q8_1.layout_for(types[which])
+            if not is_float(types[which]):
+                out[(f"L{layer:02d}", name)] = q8_1.layout_for(types[which])
     return out
 
 

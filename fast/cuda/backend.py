@@ -29,7 +29,8 @@ from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
 from strata.errors import DeviceError, InternalError
 
 from fast.backend_base import BackendBase
-from fast.cuda import attention, dense as cuda_dense, elementwise as ops, kernel_cache, products, runtime, stress
+from fast.cuda import attention, dense as cuda_dense, elementwise as ops, float_rows, kernel_cache, products, runtime
+from fast.cuda import stress
 from fast.cuda.tiers import ExpertTiers
 from fast.phases import PhaseRecorder, timing_enabled
 from fast.trace import Span
@@ -373,6 +374,24 @@ class CudaBackend(BackendBase):
     def quantize_scatter(self, *, x, slot, n_tok, k_used, layout, out: Q8Dev):
         products.quantize_scatter(self.dev, x, slot, n_tok, k_used, int(x.shape[1]), layout, out.buf)
 
+    def gather_rows(self, *, x, src, n_rows):
+        return float_rows.gather_rows(self.dev, x, src, n_rows)
+
+    def scatter_rows(self, *, x, slot, n_tok, k_used):
+        return float_rows.scatter_rows(self.dev, x, slot, k_used)
+
+    def _float_experts(self, qtype, n_out: int, k_in: int, x, bounds, w_of, outs) -> None:
+        """Float experts: for each (offset, out) of outs and each expert i with rows, one
+        float_dense.cu launch: the n_out x k_in matrix at device address w_of(i) + offset times
+        rows bounds[i] (host int pairs) of the float32 rows x into the same rows of out."""
+        variant = "auto" if self.tiled_dense else "warp"
+        for offset, out in outs:
+            for i, (b0, b1) in enumerate(np.asarray(bounds).reshape(-1, 2).tolist()):
+                if b1 > b0:
+                    cuda_dense.float_dense(self.dev, qtype, w_of(i) + offset, n_out, k_in,
+                                           int(x.gpudata) + 4 * b0 * k_in, b1 - b0,
+                                           int(out.gpudata) + 4 * b0 * n_out, variant=variant)
+
     def group_bounds(self, bounds_list):
         """All of a layer's group bounds in one upload; one device address per group."""
         if not bounds_list:
@@ -399,6 +418,11 @@ class CudaBackend(BackendBase):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
+        if dense.is_float(gu_t):  # expert q's gate at q * (2 * gu_bytes) of the group buffer, its up after it
+            base = int(self._gu_buf.gpudata)
+            self._float_experts(gu_t, cfg.n_ff_exp, cfg.n_embd, act, group.bounds, lambda q: base + q * 2 * gu_bytes,
+                                ((0, gate), (gu_bytes, up)))
+            return
         for w, out, pair in self._gate_up_launches(int(self._gu_buf.gpudata), gu_bytes, gate, up, one_launch):
             products.mmq_group(self.dev, gu_t, w, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows,
                                bounds, len(group.experts), out, rows=group.n_rows, pair=pair)
@@ -407,6 +431,11 @@ class CudaBackend(BackendBase):
         _, d_t = self.expert_types(layer)
         _, d_bytes = self._blob_bytes[layer]
         cfg = self.config
+        if dense.is_float(d_t):
+            base = int(self._d_buf.gpudata)
+            self._float_experts(d_t, cfg.n_embd, cfg.n_ff_exp, act, group.bounds, lambda q: base + q * d_bytes,
+                                ((0, y),))
+            return
         products.mmq_group(self.dev, d_t, self._d_buf, d_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows,
                            bounds, len(group.experts), y, rows=group.n_rows)
 
@@ -425,10 +454,19 @@ class CudaBackend(BackendBase):
         self._tiles_keep = (batch, base, dev, len(host), cfg, rows_mean)  # alive for the batch's launches
         return self._tiles_keep[1:]
 
+    def _cache_blobs(self, layer: int, batch):
+        """Device address of each of the batch's experts' blobs in the expert cache, by position."""
+        base, woff = self.tiers.cache_offsets(layer, batch.experts)
+        return lambda i: base + int(woff[i])
+
     def mmq_batch_gate_up(self, *, layer, batch, act: Q8Dev, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
+        if dense.is_float(gu_t):  # each read where it lies in the expert cache: no tiles
+            self._float_experts(gu_t, cfg.n_ff_exp, cfg.n_embd, act, batch.bounds, self._cache_blobs(layer, batch),
+                                ((0, gate), (gu_bytes, up)))
+            return
         base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
         for w, out, pair in self._gate_up_launches(base, gu_bytes, gate, up, one_launch):
             products.mmq_tiles(self.dev, gu_t, w, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows, tiles, n_tiles, out,
@@ -438,6 +476,10 @@ class CudaBackend(BackendBase):
         _, d_t = self.expert_types(layer)
         gu_bytes, _ = self._blob_bytes[layer]
         cfg = self.config
+        if dense.is_float(d_t):
+            self._float_experts(d_t, cfg.n_embd, cfg.n_ff_exp, act, batch.bounds, self._cache_blobs(layer, batch),
+                                ((2 * gu_bytes, y),))
+            return
         base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
         products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows, tiles,
                            n_tiles, y, tile_rows_mean=mean, config=mcfg)
@@ -476,8 +518,8 @@ class CudaBackend(BackendBase):
                                          int(self._gu_buf.gpudata) + q0 * 2 * gu,
                                          int(self._d_buf.gpudata) + q0 * d)
 
-    def swiglu_rows(self, gate, up, r0, r1):
-        return ops.swiglu(self.dev, gate, up, r0=r0, r1=r1)
+    def swiglu_rows(self, gate, up, r0, r1, out=None):
+        return ops.swiglu(self.dev, gate, up, None if out is None else out[r0:r1], r0=r0, r1=r1)
 
     def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Dev, row0, n_rows_total):
         products.swiglu_quantize(self.dev, gate, up, r0, r1, layout, out.buf, row0=row0, R_total=n_rows_total)
