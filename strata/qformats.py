@@ -57,8 +57,9 @@ class QuantFormat:
     #: every sub-scale decodes to 1: the codes are the products' integers
     unit_sub: ClassVar[bool] = False
     q8_1_layout: ClassVar[Layout] = Layout.D4
-    #: fast/cuda/kernels/mmq.cu's kernel for this type (fast/cuda/products.py launches it by this
-    #: name); None: no CUDA MMQ kernel (the reference and the sim only)
+    #: fast/cuda/kernels/mmq.cu's kernel for this type (its kernel list is written from these
+    #: names, fast/cuda/generated.py, and fast/cuda/products.py launches it by this name); None: no
+    #: CUDA MMQ kernel (the reference and the sim only)
     mmq_kernel: ClassVar[str | None] = None
     #: the gguf.quants class whose grid this type indexes, and the grid's name in mmq.cu's
     #: table buffer (TAB_<name>); None without a grid
@@ -187,8 +188,8 @@ def _gguf_grid(name: str) -> np.ndarray:
 def table_layout() -> dict[str, tuple[int, int]]:
     """The CUDA MMQ table buffer: {name: (byte offset, bytes)} for "SIGN" (the sign table as
     byte masks) and each registered grid's table_name in registration order (int8 entries),
-    plus "BYTES": (0, total). fast/cuda/kernels/mmq.cu's TAB_<name> defines must equal these
-    offsets (tests/test_quant_registry.py)."""
+    plus "BYTES": (0, total). fast/cuda/kernels/mmq.cu's TAB_<name> defines are written from these
+    offsets when it is compiled (fast/cuda/generated.py)."""
     out = {"SIGN": (0, _SIGN_ENTRIES * _SIGN_WIDTH)}
     off = out["SIGN"][1]
     for f in formats():

@@ -545,3 +545,21 @@ def test_preprocessing(tmp_path):
     (tmp_path / "bad.cu").write_text('struct S { int4 v; };\nextern "C" __global__ void k(S s) {}\n')
     with pytest.raises(ValueError, match="no known PyCUDA letter"):
         signatures.kernels("bad", kernel_dir=d)
+
+
+def test_list_macros_and_generated_headers(tmp_path, monkeypatch):
+    """A list macro applied to a kernel macro declares its kernels (mmq.cu's MMQ_KERNELS), and a
+    header fast/cuda/generated.py writes is read as that text, no file, and read again when it
+    changes."""
+    from fast.cuda import generated
+
+    text = "#define LIST(X) X(a, int) X(b, float)\n"
+    monkeypatch.setitem(generated.HEADERS, "list.cuh", lambda: text)
+    (tmp_path / "lst.cu").write_text('#include "list.cuh"\n'
+                                     '#define ENTRY(N, T) extern "C" __global__ void k_##N(T* p, T v) {}\n'
+                                     "LIST(ENTRY)\n")
+    got = signatures.kernels("lst", kernel_dir=str(tmp_path))
+    assert {n: k.format for n, k in got.items()} == {"k_a": "Pi", "k_b": "Pf"}
+    assert got["k_b"].line == 3 and got["k_b"].macro == "ENTRY"
+    text = "#define LIST(X) X(a, long long)\n"
+    assert {n: k.format for n, k in signatures.kernels("lst", kernel_dir=str(tmp_path)).items()} == {"k_a": "Pq"}

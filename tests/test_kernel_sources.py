@@ -88,3 +88,18 @@ def test_combine_row_form_k_limit_matches_the_host():
     text = (Path(KERNEL_DIR) / "combine.cu").read_text()
     m = re.search(r"#define COMBINE_MAXK (\d+)", text)
     assert m and int(m.group(1)) == elementwise.COMBINE_MAXK
+
+
+def test_generated_headers_are_inlined_and_no_files():
+    """A header fast/cuda/generated.py writes is inlined as its text wherever a kernel includes it,
+    and no file of its name lies in the kernel folder (a stale copy nobody regenerates)."""
+    from fast.cuda import generated
+
+    assert generated.HEADERS
+    for name in generated.HEADERS:
+        assert not (Path(KERNEL_DIR) / name).exists(), f"{name} is generated: remove the file"
+        users = [p for p in KERNELS if f'#include "{name}"' in p.read_text()]
+        assert users, f"no kernel includes the generated {name}"
+        for p in users:
+            assert generated.header(name) in kernel_source(p.stem)
+    assert generated.header("no_such.cuh") is None

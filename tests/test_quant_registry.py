@@ -1,10 +1,11 @@
 """The quant format registry (strata/qformats.py) against the places that still state its facts
 by hand, and against gguf's own dequantization.
 
-fast/cuda/kernels/mmq.cu states each type's block size, values, q8_1 layout and table use
-(``Tr<QT_...>``), the type numbers (``QT_...``), its kernels (``MMQ_ENTRY``) and the table
-buffer's offsets (``TAB_*``): read here as text, they must agree with the registry, and planted
-changes on either side must be caught. fast/cuda/ keeps no table of its own: the products take
+fast/cuda/kernels/mmq.cu is compiled with a header written from the registry
+(fast/cuda/generated.py: type numbers, block sizes, q8_1 layouts, half-field offsets, scale
+factors, the table buffer's offsets, the kernel list), and states none of those facts itself: the
+tests check the header against the registry (planted changes caught) and that it is what the
+kernel is compiled with (and digested by the kernel cache). fast/cuda/ keeps no table of its own: the products take
 kernel names, block sizes and the table buffer from the registry (checked live, and by a scan of
 fast/cuda/*.py for any type named there). Lists of type names kept in verify/cases.py and
 conftest.py must equal the registry's too.
@@ -20,6 +21,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import quants as gq
 
+from fast.cuda import generated, kernel_cache, runtime, signatures
 from strata import mmq, q8_1, qformats, quants
 from strata.errors import InputError, PackError
 
@@ -30,55 +32,114 @@ NAMES = [f.qtype.name for f in FORMATS]
 CUDA_FORMATS = [f for f in FORMATS if f.mmq_kernel is not None]
 
 
-# --------------------------------------------------------------------------- parsers
+# --------------------------------------------------------------------------- the header
 
 
-def cu_facts(text: str) -> dict:
-    """What mmq.cu states: {"tab": {name: offset}, "qt": {name: value}, "tr": {name: {field:
-    value}}, "entries": {kernel: type name}}."""
-    tab = {m[1]: int(m[2]) for m in re.finditer(r"^#define TAB_(\w+) (\d+)\s*$", text, re.M)}
-    qt = {m[1]: int(m[2]) for m in re.finditer(r"^#define QT_(\w+) (\d+)\s*$", text, re.M)}
-    tr = {}
-    for m in re.finditer(r"^template <> struct Tr<QT_(\w+)>\s*\{\s*enum\s*\{([^}]*)\}", text, re.M):
-        tr[m[1]] = {k.strip(): int(v) for k, v in (f.split("=") for f in m[2].split(","))}
-    entries = {m[1]: m[2] for m in re.finditer(r"^MMQ_ENTRY\((\w+), QT_(\w+)\)", text, re.M)}
-    return {"tab": tab, "qt": qt, "tr": tr, "entries": entries}
+def header_facts(text: str) -> dict:
+    """What a qformats.cuh text states: {"tab": {name: offset}, "qt": {name: value}, "layout":
+    {name: value}, "format": {type name: {field: value}}, "kernels": {kernel: type name}}."""
+    defs = dict(re.findall(r"^#define (\w+) (-?\d+)\s*$", text, re.M))
+    pick = lambda pre: {k[len(pre):]: int(v) for k, v in defs.items() if k.startswith(pre)}  # noqa: E731
+    fmt = {}
+    for m in re.finditer(r"^template <> struct QFormat<QT_(\w+)> \{ enum \{ ([^}]*) \};(.*)\}", text, re.M):
+        fields = dict(f.split(" = ") for f in m[2].split(", "))
+        fmt[m[1]] = {k: int(defs.get(v, v)) for k, v in fields.items()}
+        dw = re.search(r"DW_FACTOR = ([\d.e+-]+)f;", m[3])
+        if dw:
+            fmt[m[1]]["DW_FACTOR"] = float(dw[1])
+    lst = re.search(r"^#define MMQ_KERNELS\(X\) (.*)$", text, re.M)
+    kernels = dict(re.findall(r"X\((\w+), QT_(\w+)\)", lst[1])) if lst else {}
+    return {"tab": pick("TAB_"), "qt": pick("QT_"), "layout": pick("LAYOUT_"), "format": fmt, "kernels": kernels}
 
 
-# --------------------------------------------------------------------------- comparisons
-
-
-def cu_mismatches(facts: dict) -> list[str]:
+def header_mismatches(facts: dict) -> list[str]:
+    """Where a header's facts differ from the registry's."""
     bad = []
     layout = qformats.table_layout()
     want_tab = {name: off for name, (off, _) in layout.items() if name != "BYTES"}
     want_tab["BYTES"] = layout["BYTES"][1]
     if facts["tab"] != want_tab:
-        bad.append(f"TAB_*: mmq.cu {facts['tab']} != registry {want_tab}")
+        bad.append(f"TAB_*: {facts['tab']} != registry {want_tab}")
+    if facts["layout"] != {lay.name: int(lay) for lay in q8_1.Layout}:
+        bad.append(f"LAYOUT_*: {facts['layout']}")
+    if facts["qt"] != {f.qtype.name: int(f.qtype) for f in CUDA_FORMATS}:
+        bad.append(f"QT_*: {facts['qt']}")
     for f in CUDA_FORMATS:
-        n = f.qtype.name
-        if facts["qt"].get(n) != int(f.qtype):
-            bad.append(f"QT_{n}: mmq.cu {facts['qt'].get(n)} != {int(f.qtype)}")
-        tr = facts["tr"].get(n)
         want = {"BS": f.block_bytes, "VPB": f.block_values, "LAY": int(f.q8_1_layout),
-                "TAB": int(f.grid_source is not None)}
-        if tr is None or {k: tr.get(k) for k in want} != want:
-            bad.append(f"Tr<QT_{n}>: mmq.cu {tr} != registry {want}")
-        if facts["entries"].get(f.mmq_kernel) != n:
-            bad.append(f"MMQ_ENTRY({f.mmq_kernel}, QT_{n}) missing from mmq.cu")
-    extra = set(facts["entries"].values()) - {f.qtype.name for f in CUDA_FORMATS}
-    if extra:
-        bad.append(f"mmq.cu has kernels for unregistered types {sorted(extra)}")
+                "TAB": int(f.table_name is not None), **{f"HALF_{k.upper()}": v for k, v in f.half_fields.items()}}
+        if getattr(f, "dw_factor", None) is not None:
+            want["DW_FACTOR"] = f.dw_factor
+        if facts["format"].get(f.qtype.name) != want:
+            bad.append(f"QFormat<QT_{f.qtype.name}>: {facts['format'].get(f.qtype.name)} != registry {want}")
+    if facts["kernels"] != {f.mmq_kernel: f.qtype.name for f in CUDA_FORMATS}:
+        bad.append(f"MMQ_KERNELS: {facts['kernels']}")
     return bad
 
 
 # --------------------------------------------------------------------------- the checks
 
 
-def test_mmq_cu_agrees_with_registry():
-    facts = cu_facts(MMQ_CU.read_text())
-    assert facts["tab"] and facts["tr"] and facts["entries"]  # the parser found them at all
-    assert cu_mismatches(facts) == []
+def test_generated_header_states_the_registry():
+    facts = header_facts(generated.qformats_header())
+    assert facts["tab"] and facts["format"] and facts["kernels"]  # the parser found them at all
+    assert header_mismatches(facts) == []
+
+
+def test_mmq_is_compiled_with_the_generated_header():
+    """The source mmq.cu is compiled from (and the kernel cache's digest is taken over) holds the
+    header written from the registry, and mmq.cu itself states none of its facts."""
+    text = MMQ_CU.read_text()
+    assert re.search(r'^#include "qformats\.cuh"', text, re.M)
+    assert not (Path(runtime.KERNEL_DIR) / "qformats.cuh").exists()  # no stale copy to find instead
+    assert generated.qformats_header() in runtime.kernel_source("mmq")
+    code = "\n".join(ln.split("//")[0] for ln in text.splitlines())
+    assert not re.search(r"#define (QT|TAB|LAYOUT)_\w+ \d", code)
+    assert not re.search(r"\b(BS|VPB|LAY|TAB|HALF_\w+) = \d", code)  # the formats' facts, in Tr
+    assert not re.search(r"^MMQ_ENTRY\(", code, re.M)  # the kernel list is the header's
+    # the kernels a launch finds are the registry's, read through the preprocessor
+    assert sorted(signatures.kernels("mmq")) == sorted(f.mmq_kernel for f in CUDA_FORMATS)
+    # and this kernel's own part of each format: a Tr for every type with a kernel, no other
+    assert sorted(re.findall(r"struct Tr<QT_(\w+)>", code)) == sorted(f.qtype.name for f in CUDA_FORMATS)
+
+
+def test_registry_change_changes_the_compiled_source(monkeypatch):
+    """A changed registry fact is a changed source, so a changed cubin digest (never a stale
+    cubin), and the header's facts follow it."""
+    options, arch = list(runtime.NVCC_OPTIONS), "sm_90"
+    before = kernel_cache.digest("mmq", runtime.kernel_source("mmq"), options, arch, "nvcc")
+    monkeypatch.setattr(qformats.IQ3_S, "mmq_kernel", "mmq_iq3s")
+    src = runtime.kernel_source("mmq")
+    assert "X(mmq_iq3s, QT_IQ3_S)" in src
+    assert kernel_cache.digest("mmq", src, options, arch, "nvcc") != before
+    assert "mmq_iq3s" in signatures.kernels("mmq")  # the signature reader is not stale either
+    monkeypatch.setattr(qformats.IQ2_XS, "dw_factor", 0.0625)
+    assert header_facts(generated.qformats_header())["format"]["IQ2_XS"]["DW_FACTOR"] == 0.0625
+    monkeypatch.setattr(qformats, "table_layout", lambda: {"SIGN": (0, 1024), "IQ3S": (1024, 2048),
+                                                           "BYTES": (0, 3072)})
+    assert "#define TAB_IQ3S 1024" in runtime.kernel_source("mmq")
+
+
+@pytest.mark.parametrize("plant", [
+    ("#define TAB_IQ3XXS 5120", "#define TAB_IQ3XXS 5124"),
+    ("#define TAB_BYTES 8192", "#define TAB_BYTES 8448"),
+    ("#define QT_IQ3_S 21", "#define QT_IQ3_S 22"),
+    ("X(mmq_q2_k, QT_Q2_K)", "X(mmq_q2k, QT_Q2_K)"),
+    ("HALF_DMIN = 82", "HALF_DMIN = 80"),
+    ("DW_FACTOR = 0.25f", "DW_FACTOR = 0.5f"),
+    ("LAY = LAYOUT_DS4", "LAY = LAYOUT_D4"),
+])
+def test_planted_header_change_is_caught(plant):
+    """The header check is no tautology: a header that says otherwise is caught."""
+    text = generated.qformats_header()
+    old, new = plant
+    assert old in text
+    assert header_mismatches(header_facts(text.replace(old, new))) != []
+
+
+def test_float_factors_are_exact():
+    with pytest.raises(ValueError, match="not exactly a float32"):
+        generated._float(0.1, "x")
+    assert generated._float(0.125, "x") == "0.125f"
 
 
 def test_products_read_the_registry():
@@ -96,7 +157,7 @@ def test_products_read_the_registry():
                 products._checked_pair(f, bad_k, None, None)
         assert products._checked_pair(f, 2 * f.block_values, "out", None) == (0, "out")
     with pytest.raises(InputError, match="no CUDA MMQ kernel"):
-        products._format(QT.Q5_K if qformats.lookup(QT.Q5_K) is None else 99999)
+        products._format(99999)
     with pytest.raises(InputError, match="unknown weight type"):
         products._format("Q9_9")
     tab = products._tables_host()
@@ -146,36 +207,6 @@ def test_fast_cuda_keeps_no_type_table():
     assert len(type_tables(planted)) == 2  # the scan finds them (a float type is no registry type)
 
 
-@pytest.mark.parametrize("plant", [
-    ("#define TAB_IQ3XXS 5120", "#define TAB_IQ3XXS 5124"),
-    ("#define TAB_BYTES 8192", "#define TAB_BYTES 8448"),
-    ("#define QT_IQ3_S 21", "#define QT_IQ3_S 22"),
-    ("MMQ_ENTRY(mmq_q2_k, QT_Q2_K)", "MMQ_ENTRY(mmq_q2k, QT_Q2_K)"),
-])
-def test_planted_cu_change_is_caught(plant):
-    text = MMQ_CU.read_text()
-    old, new = plant
-    assert old in text
-    assert cu_mismatches(cu_facts(text.replace(old, new))) != []
-
-
-def test_planted_tr_change_is_caught():
-    text = MMQ_CU.read_text()
-    line = next(ln for ln in text.splitlines() if ln.startswith("template <> struct Tr<QT_Q4_1>"))
-    assert cu_mismatches(cu_facts(text.replace(line, line.replace("LAY = 1", "LAY = 0")))) != []
-    assert cu_mismatches(cu_facts(text.replace(line, line.replace("BS = 20", "BS = 18")))) != []
-
-
-def test_planted_registry_change_is_caught(monkeypatch):
-    """The other side: a format whose kernel name or layout changes no longer matches."""
-    cu = cu_facts(MMQ_CU.read_text())
-    monkeypatch.setattr(qformats.IQ3_S, "mmq_kernel", "mmq_iq3s")
-    assert cu_mismatches(cu) != []
-    monkeypatch.undo()
-    monkeypatch.setattr(qformats.Q2_K, "q8_1_layout", q8_1.Layout.DS4)
-    assert cu_mismatches(cu) != []
-
-
 # --------------------------------------------------------------------------- the registry
 
 
@@ -187,7 +218,7 @@ def test_registry_names_are_the_supported_types():
         assert quants.block_size(f.qtype) == (f.block_values, f.block_bytes)
         assert quants._F16_OFFSETS[f.qtype] == f.half_fields
         assert q8_1.layout_for(f.qtype) == f.q8_1_layout
-    assert qformats.lookup(QT.Q5_K) is None and qformats.lookup(99999) is None
+    assert qformats.lookup(QT.Q8_K) is None and qformats.lookup(99999) is None  # Q8_K: no weight type
 
 
 def test_hand_lists_elsewhere_equal_the_registry():
@@ -195,8 +226,9 @@ def test_hand_lists_elsewhere_equal_the_registry():
     import conftest
     from verify import cases
 
-    assert list(cases.MMQ_TYPES) == NAMES
-    assert list(cases.EXPERT_TYPES) == NAMES
+    # cases.py's lists: the types with a CUDA MMQ kernel (its kernel rows and cuda parity rows)
+    assert list(cases.MMQ_TYPES) == [f.qtype.name for f in CUDA_FORMATS]
+    assert list(cases.EXPERT_TYPES) == [f.qtype.name for f in CUDA_FORMATS]
     assert list(conftest.EXPERT_TYPES) == NAMES
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from strata.errors import DeviceError, InputError
 
-from . import kernel_cache
+from . import generated, kernel_cache
 
 __all__ = [
     "DeviceError",
@@ -167,8 +167,13 @@ _LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.M)
 
 def kernel_source(name: str) -> str:
     """The text of fast/cuda/kernels/<name>.cu with the project's own headers (`#include "x.cuh"`)
-    inlined, so the compiled source, and PyCUDA's compile cache key, hold all of it."""
+    inlined, so the compiled source, and PyCUDA's compile cache key, hold all of it. A header
+    written from Python (fast/cuda/generated.py: ``qformats.cuh``) is inlined as that text; it is
+    no file."""
     def read(fname: str) -> str:
+        text = generated.header(fname)
+        if text is not None:
+            return text
         with open(os.path.join(KERNEL_DIR, fname), encoding="utf-8") as f:
             return f.read()
 

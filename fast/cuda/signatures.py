@@ -6,8 +6,10 @@ Only as much of the preprocessor runs as the signatures need: comments and line 
 conditionals (``#if``/``#ifdef``/``#ifndef``/``#elif``/``#else``) are evaluated over the file's own
 ``#define``s and the ``defines`` a module is built with (``-DKEY=VALUE``, as
 fast/cuda/runtime.py passes them), the project's own headers (``#include "x.cuh"``) are read in
-place, and the function-like macros that declare kernels (``#define ENTRY(NAME, T) extern "C"
-__global__ ...``) are expanded (``##`` pasting, ``#`` stringizing). Object-like macros expand
+place (one that fast/cuda/generated.py writes, as that text), and the function-like macros that
+declare kernels (``#define ENTRY(NAME, T) extern "C" __global__ ...``) are expanded (``##``
+pasting, ``#`` stringizing), also where a list macro applies one to each entry
+(``#define LIST(X) X(a, int) X(b, float)``, then ``LIST(ENTRY)``). Object-like macros expand
 inside parameter types and ``#if`` expressions. System headers are not read.
 
 A kernel is a ``__global__`` function with C linkage (``extern "C"`` before it, or an
@@ -26,6 +28,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from . import generated
 from .runtime import KERNEL_DIR
 
 __all__ = [
@@ -283,6 +286,7 @@ class _Pre:
             self.macros[k] = _Macro(None, _tokens(v), "<defines>", 0, ())
         self.lines: list[_Line] = []
         self.files: list[str] = []  # every file read, for the cache's staleness check
+        self.generated: list[tuple[str, str]] = []  # (name, text) of each generated header read
         self.depth = 0
 
     # -- expansion of object-like macros (types, #if expressions)
@@ -405,6 +409,11 @@ class _Pre:
                 inc = re.match(r'"([^"]+)"', rest)
                 if inc is None:
                     continue  # <system header>: not read
+                text = generated.header(inc.group(1))
+                if text is not None:  # written from Python (fast/cuda/generated.py), no file
+                    self.generated.append((inc.group(1), text))
+                    self.run_text(text, inc.group(1), here)
+                    continue
                 base = self.include_dir or here
                 path = os.path.join(base or ".", inc.group(1))
                 if not os.path.isfile(path) and here and base != here:
@@ -555,6 +564,17 @@ class _Unit:
         i = 0
         while i < len(toks):
             t = toks[i]
+            m = self.pre.macros.get(t) if _is_ident(t) and t not in hide else None
+            if (m is not None and m.params is not None and t not in kernel_macros and i + 1 < len(toks)
+                    and toks[i + 1] == "("):
+                args, end = _macro_args(toks, i + 1, t)
+                if any(len(a) == 1 and a[0] in kernel_macros for a in args):  # a list macro given one
+                    body = _substitute(m, args)
+                    file, line, _macro, conds = origin(i)
+                    conds = tuple(dict.fromkeys(conds + m.conditions))
+                    self.scan(body, lambda _k, f=file, ln=line, c=conds: (f, ln, None, c), hide | {t})
+                    i = end
+                    continue
             if t in kernel_macros and i + 1 < len(toks) and toks[i + 1] == "(":
                 m = self.pre.macros[t]
                 args, end = _macro_args(toks, i + 1, t)
@@ -763,7 +783,8 @@ def kernels(module: str, defines: dict | None = None, *, kernel_dir: str | None 
     folder = os.path.abspath(kernel_dir or KERNEL_DIR)
     key = (folder, module, _defines_key(defines))
     got = _cache.get(key)
-    if got is not None and all(_stat(p) == s for p, s in got[0]):
+    if got is not None and all(_stat(p) == s for p, s in got[0]) \
+            and all(generated.header(n) == t for n, t in got[2]):
         return got[1]
     path = os.path.join(folder, f"{module}.cu")
     if not os.path.isfile(path):
@@ -771,7 +792,7 @@ def kernels(module: str, defines: dict | None = None, *, kernel_dir: str | None 
     pre = _Pre(folder, defines)
     pre.run(path, f"{module}.cu")
     found = _unit_kernels(pre)
-    _cache[key] = ([(p, _stat(p)) for p in pre.files], found)
+    _cache[key] = ([(p, _stat(p)) for p in pre.files], found, pre.generated)
     return found
 
 

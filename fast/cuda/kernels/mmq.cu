@@ -56,13 +56,11 @@
 #include <stdint.h>
 #include <type_traits>
 #include "strata_numerics.cuh"  // MAGIC_I, MAGIC_F
-
-#define QT_Q4_1 3
-#define QT_Q8_0 8
-#define QT_Q2_K 10
-#define QT_IQ2_XS 17
-#define QT_IQ3_XXS 18
-#define QT_IQ3_S 21
+// QT_*, LAYOUT_*, TAB_*, QFormat<QT> and MMQ_KERNELS: written from strata/qformats.py at compile
+// time (fast/cuda/generated.py; no file of this name): every fact of a format the host also
+// knows (type numbers, block sizes, q8_1 layouts, half-field offsets, scale factors, the table
+// buffer's offsets, the kernel names) comes from there, so the two cannot disagree.
+#include "qformats.cuh"
 
 #ifndef MMQ_WM
 #define MMQ_WM 8
@@ -107,30 +105,23 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #define MMQ_NT8 (MMQ_BN / (8 * MMQ_WN))
 #define MMQ_MAX_EXP 16
 
-// Table buffer (uploaded by fast/cuda/products.py from strata.quants):
-//   [0, 1024)     sign masks: 128 entries x 8 bytes, 0xFF where the sign table says -1
-//   [1024, 5120)  IQ2_XS grid 512 x 8 (int8)
-//   [5120, 6144)  IQ3_XXS grid 256 x 4
-//   [6144, 8192)  IQ3_S grid 512 x 4
-#define TAB_SIGN 0
-#define TAB_IQ2XS 1024
-#define TAB_IQ3XXS 5120
-#define TAB_IQ3S 6144
-#define TAB_BYTES 8192
+// Table buffer (uploaded by fast/cuda/products.py from strata.qformats; offsets TAB_*): at
+// TAB_SIGN the sign masks, 128 entries x 8 bytes, 0xFF where the sign table says -1; then each
+// IQ grid (int8 entries: IQ2_XS 512 x 8, IQ3_XXS 256 x 4, IQ3_S 512 x 4) at TAB_<its name>.
 
 
 static_assert(MMQ_NT8 % 2 == 0, "need an even number of n8 tiles per warp");
 
 template <int QT> struct Tr;
-// BS: bytes per GGUF block; VPB: values per GGUF block; SPLIT: the two 16-value halves need
-// separate sums; NAUX: float weight scales besides dw; LAY: q8_1 layout (0 D4, 1 DS4,
-// 2 D2S6); TAB: needs the IQ tables.
-template <> struct Tr<QT_Q8_0>    { enum { BS = 34,  VPB = 32,  SPLIT = 0, NAUX = 0, LAY = 0, TAB = 0 }; };
-template <> struct Tr<QT_Q4_1>    { enum { BS = 20,  VPB = 32,  SPLIT = 0, NAUX = 1, LAY = 1, TAB = 0 }; };
-template <> struct Tr<QT_Q2_K>    { enum { BS = 84,  VPB = 256, SPLIT = 1, NAUX = 5, LAY = 2, TAB = 0 }; };
-template <> struct Tr<QT_IQ2_XS>  { enum { BS = 74,  VPB = 256, SPLIT = 1, NAUX = 2, LAY = 0, TAB = 1 }; };
-template <> struct Tr<QT_IQ3_XXS> { enum { BS = 98,  VPB = 256, SPLIT = 0, NAUX = 1, LAY = 0, TAB = 1 }; };
-template <> struct Tr<QT_IQ3_S>   { enum { BS = 110, VPB = 256, SPLIT = 0, NAUX = 1, LAY = 0, TAB = 1 }; };
+// The format's facts (QFormat: BS, VPB, LAY, TAB, HALF_*, DW_FACTOR), and what only this kernel
+// knows of it: SPLIT, the two 16-value halves need separate sums; NAUX, float weight scales
+// besides dw.
+template <> struct Tr<QT_Q8_0>    : QFormat<QT_Q8_0>    { enum { SPLIT = 0, NAUX = 0 }; };
+template <> struct Tr<QT_Q4_1>    : QFormat<QT_Q4_1>    { enum { SPLIT = 0, NAUX = 1 }; };
+template <> struct Tr<QT_Q2_K>    : QFormat<QT_Q2_K>    { enum { SPLIT = 1, NAUX = 5 }; };
+template <> struct Tr<QT_IQ2_XS>  : QFormat<QT_IQ2_XS>  { enum { SPLIT = 1, NAUX = 2 }; };
+template <> struct Tr<QT_IQ3_XXS> : QFormat<QT_IQ3_XXS> { enum { SPLIT = 0, NAUX = 1 }; };
+template <> struct Tr<QT_IQ3_S>   : QFormat<QT_IQ3_S>   { enum { SPLIT = 0, NAUX = 1 }; };
 
 template <int QT> struct Geo {
     enum {
@@ -141,7 +132,7 @@ template <int QT> struct Geo {
         RAWB = PMAX * 16 + ((PMAX % 2) ? 0 : 16),                 // staged bytes per row (odd x 16)
         ASTR = 144,                                               // act row stride in smem
         WSTR = KC + 16,                                           // decoded weight row stride
-        NAA = (Tr<QT>::LAY == 0) ? 1 : ((Tr<QT>::LAY == 1) ? 2 : 3),  // act scale arrays
+        NAA = (Tr<QT>::LAY == LAYOUT_D4) ? 1 : ((Tr<QT>::LAY == LAYOUT_DS4) ? 2 : 3),  // act scale arrays
         TABB = Tr<QT>::TAB ? TAB_BYTES : 0,
         OFF_RAW = TABB,
         OFF_ACT = OFF_RAW + MMQ_STAGES * MMQ_BM * RAWB,
@@ -233,8 +224,8 @@ template <int QT>
 __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, const uint8_t* tab,
                                             uint32_t (&c)[8], float& dw, float (&aux)[5]) {
     if constexpr (QT == QT_Q8_0) {
-        const int p = o + 34 * j;
-        dw = h2f(ldh(rowb, p));
+        const int p = o + Tr<QT>::BS * j;
+        dw = h2f(ldh(rowb, p + Tr<QT>::HALF_D));
         // the 32 codes at bytes p + 2 .. p + 33: nine aligned words from the one holding byte
         // p + 2, each code word two of them shifted by the one offset (ldw per word would
         // recompute both addresses eight times)
@@ -246,9 +237,9 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
 #pragma unroll
         for (int k = 0; k < 8; ++k) c[k] = __funnelshift_r(v[k], v[k + 1], sh);
     } else if constexpr (QT == QT_Q4_1) {
-        const int p = o + 20 * j;
-        dw = h2f(ldh(rowb, p));
-        aux[0] = h2f(ldh(rowb, p + 2));
+        const int p = o + Tr<QT>::BS * j;
+        dw = h2f(ldh(rowb, p + Tr<QT>::HALF_D));
+        aux[0] = h2f(ldh(rowb, p + Tr<QT>::HALF_M));
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const uint32_t w = ldw(rowb, p + 4 + 4 * k);
@@ -260,14 +251,14 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
 #pragma unroll
         for (int k = 0; k < 8; ++k) c[k] = (ldw(rowb, o + 16 + 32 * h + 4 * k) >> sh) & 0x03030303u;
         const uint32_t s0 = ldb(rowb, o + 2 * j), s1 = ldb(rowb, o + 2 * j + 1);
-        dw = h2f(ldh(rowb, o + 80));
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D));
         aux[0] = (float)(s0 & 15);  // u0
         aux[1] = (float)(s1 & 15);  // u1
         aux[2] = (float)(s0 >> 4);  // v0
         aux[3] = (float)(s1 >> 4);  // v1
-        aux[4] = h2f(ldh(rowb, o + 82));  // mw = dmin
+        aux[4] = h2f(ldh(rowb, o + Tr<QT>::HALF_DMIN));  // mw = dmin
     } else if constexpr (QT == QT_IQ2_XS) {
-        dw = h2f(ldh(rowb, o)) * 0.125f;
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D)) * Tr<QT>::DW_FACTOR;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const uint32_t q = ldh(rowb, o + 2 + 2 * (4 * j + l));
@@ -280,7 +271,7 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
         aux[0] = (float)(2 * (sc & 15) + 1);
         aux[1] = (float)(2 * (sc >> 4) + 1);
     } else if constexpr (QT == QT_IQ3_XXS) {
-        dw = h2f(ldh(rowb, o)) * 0.25f;
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D)) * Tr<QT>::DW_FACTOR;
         const uint32_t a32 = ldw(rowb, o + 66 + 4 * j);
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
@@ -294,7 +285,7 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
         }
         aux[0] = (float)(2 * (a32 >> 28) + 1);
     } else if constexpr (QT == QT_IQ3_S) {
-        dw = h2f(ldh(rowb, o));
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D));
         const uint32_t qh = ldb(rowb, o + 66 + j);
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
@@ -622,9 +613,9 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 const int r = u % BN, j = u / BN;
                 if (checked && r >= nvalid) continue;
                 const uint8_t* hb = actb + r * ASTR;
-                if constexpr (LAY == 0) {
+                if constexpr (LAY == LAYOUT_D4) {
                     asc[j * BN + r] = *reinterpret_cast<const float*>(hb + 4 * j);
-                } else if constexpr (LAY == 1) {
+                } else if constexpr (LAY == LAYOUT_DS4) {
                     asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j));
                     asc[(NBLK + j) * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j + 2));
                 } else {
@@ -729,12 +720,8 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
     }                                                                                                    \
     extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
 
-MMQ_ENTRY(mmq_q8_0, QT_Q8_0)
-MMQ_ENTRY(mmq_q4_1, QT_Q4_1)
-MMQ_ENTRY(mmq_q2_k, QT_Q2_K)
-MMQ_ENTRY(mmq_iq2_xs, QT_IQ2_XS)
-MMQ_ENTRY(mmq_iq3_xxs, QT_IQ3_XXS)
-MMQ_ENTRY(mmq_iq3_s, QT_IQ3_S)
+// one kernel per type with an mmq_kernel in strata/qformats.py, named as it says
+MMQ_KERNELS(MMQ_ENTRY)
 
 // Geometry for the host (read with get_global): {BM, BN, threads, max experts}.
 extern "C" __device__ int mmq_geometry[4] = {MMQ_BM, MMQ_BN, MMQ_NT, MMQ_MAX_EXP};

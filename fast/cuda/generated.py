@@ -1,0 +1,79 @@
+"""Kernel headers written from Python facts when a kernel is compiled, so that a fact the host
+and a kernel both use is stated once, in Python.
+
+``#include "NAME"`` of a name in :data:`HEADERS` reads no file: fast/cuda/runtime.py
+(kernel_source) inlines the text HEADERS[NAME]() returns, so the compiled source, and with it the
+kernel cache's digest (fast/cuda/kernel_cache.py), hold it; fast/cuda/signatures.py reads the same
+text. There is no such file to edit: edit the Python it is written from.
+
+- ``qformats.cuh`` (:func:`qformats_header`): from strata/qformats.py, for the types with an MMQ
+  kernel (fast/cuda/kernels/mmq.cu): their GGML type numbers, block sizes, q8_1 layouts,
+  half-field offsets and scale factors, the MMQ table buffer's offsets
+  (strata.qformats.table_layout) and the list of MMQ kernels (their names and types).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from strata import q8_1, qformats
+
+__all__ = ["HEADERS", "header", "qformats_header"]
+
+
+def _float(v: float, what: str) -> str:
+    """A C float literal of exactly v (refused where v is not a float32)."""
+    f = np.float32(v)
+    if float(f) != float(v) or not np.isfinite(f):
+        raise ValueError(f"{what} = {v!r} is not exactly a float32")
+    return f"{float(f)!r}f"
+
+
+def qformats_header() -> str:
+    """The text of ``qformats.cuh``: everything mmq.cu knows of a quant format that
+    strata/qformats.py states, for the registered formats with an ``mmq_kernel``."""
+    fmts = [f for f in qformats.formats() if f.mmq_kernel is not None]
+    out = [
+        "// qformats.cuh: written by fast/cuda/generated.py from strata/qformats.py when a kernel is",
+        "// compiled (fast/cuda/runtime.py kernel_source inlines it); there is no such file.",
+        "#ifndef STRATA_QFORMATS_CUH",
+        "#define STRATA_QFORMATS_CUH",
+        "",
+        "// the GGML type numbers of the types with an MMQ kernel",
+    ]
+    out += [f"#define QT_{f.qtype.name} {int(f.qtype)}" for f in fmts]
+    out += ["", "// q8_1 activation layouts (strata.q8_1.Layout)"]
+    out += [f"#define LAYOUT_{lay.name} {int(lay)}" for lay in q8_1.Layout]
+    out += ["", "// the MMQ table buffer (strata.qformats.table_layout): byte offsets, and its size"]
+    layout = qformats.table_layout()
+    out += [f"#define TAB_{name} {off}" for name, (off, _size) in layout.items() if name != "BYTES"]
+    out += [f"#define TAB_BYTES {layout['BYTES'][1]}"]
+    out += [
+        "",
+        "// per type: BS bytes and VPB values of a GGUF block, LAY the q8_1 layout its kernel reads,",
+        "// TAB whether it reads the table buffer, HALF_<field> the byte offset of each half field,",
+        "// DW_FACTOR (where the type has one) the factor of the main scale",
+        "template <int QT> struct QFormat;",
+    ]
+    for f in fmts:
+        fields = [f"BS = {f.block_bytes}", f"VPB = {f.block_values}", f"LAY = LAYOUT_{f.q8_1_layout.name}",
+                  f"TAB = {int(f.table_name is not None)}"]
+        fields += [f"HALF_{name.upper()} = {off}" for name, off in f.half_fields.items()]
+        body = f"enum {{ {', '.join(fields)} }};"
+        factor = getattr(f, "dw_factor", None)
+        if factor is not None:
+            body += f" static constexpr float DW_FACTOR = {_float(factor, f'{f.qtype.name}.dw_factor')};"
+        out.append(f"template <> struct QFormat<QT_{f.qtype.name}> {{ {body} }};")
+    out += ["", "// X(kernel name, type) for each type with an MMQ kernel, in registration order"]
+    out.append("#define MMQ_KERNELS(X) " + " ".join(f"X({f.mmq_kernel}, QT_{f.qtype.name})" for f in fmts))
+    out += ["", "#endif", ""]
+    return "\n".join(out)
+
+
+#: the generated headers, by the name an #include gives
+HEADERS = {"qformats.cuh": qformats_header}
+
+
+def header(name: str) -> str | None:
+    """The text of generated header ``name``, or None where no header of that name is generated."""
+    make = HEADERS.get(name)
+    return None if make is None else make()
