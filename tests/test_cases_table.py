@@ -14,7 +14,8 @@ import pytest
 from verify.cases import KERNEL_CASES, MMQ_TYPES, kernel_rows, key_of, params, sample_index
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL_FILES = ["verify/test_kernels_cuda.py", "verify/test_model_kernels_cuda.py", "verify/test_float_dense_cuda.py"]
+KERNEL_FILES = ["verify/test_kernels_cuda.py", "verify/test_model_kernels_cuda.py", "verify/test_float_dense_cuda.py",
+                "verify/test_float_rows_cuda.py"]
 BENCH_KERNEL_SUITES = ["bench/test_bench_q8_1_cuda.py", "bench/test_bench_gather_cuda.py", "bench/test_bench_mmq_cuda.py",
                        "bench/test_bench_attention_cuda.py", "bench/test_bench_router_cuda.py"]
 BY_ID = {c.id: c for c in KERNEL_CASES}

@@ -415,7 +415,18 @@ def _float_dense_rows() -> list[KernelCase]:
     return rows
 
 
-KERNEL_CASES: tuple[KernelCase, ...] = tuple(_kernels_rows() + _model_rows() + _float_dense_rows())
+def _float_rows_rows() -> list[KernelCase]:
+    """verify/test_float_rows_cuda.py: float_rows.cu, the MoE input of float gate/up experts,
+    gathered by src or scattered by slot (T tokens of K values routed to k of E experts)."""
+    rows = []
+    for T, K, E, k in [(1, 256, 16, 4), (37, 256, 16, 4), (23, 2560, 512, 10), (9, 200, 5, 2), (130, 96, 8, 3)]:
+        for form in ("gather", "scatter"):
+            rows.append(kernel_case("float_rows", f"T{T}-K{K}-E{E}-k{k}-{form}", dict(T=T, K=K, E=E, k=k), form=form,
+                                    quick=T == 1))
+    return rows
+
+
+KERNEL_CASES: tuple[KernelCase, ...] = tuple(_kernels_rows() + _model_rows() + _float_dense_rows() + _float_rows_rows())
 
 
 def kernel_rows(op: str, **where) -> list[KernelCase]:
@@ -482,6 +493,8 @@ RINGS = [8, 16, 96, 128, 384]
 # top-10, a shared expert).
 STRATA2 = ("strata", "IQ2_XS", (("layers", 2),))
 EXPERT_TYPES = ("Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S")
+#: float experts: the float product on unquantized rows (docs/numerics.md section 6)
+FLOAT_EXPERT_TYPES = ("F16", "BF16", "F32")
 # Prompts up to this many tokens record every op (dump level "ops"), so that a failure names the
 # first op that went wrong; longer ones the layer level (per-pair products run to hundreds of MB).
 OPS_DUMP_MAX_TOKENS = 256
@@ -645,6 +658,27 @@ def _cuda_rows() -> list[ParityCase]:
                 {**arm_of(1), "expert_cache": n_all}):
         rows.append(_row("cuda", preset, etype, 32768, "auto", arm, greedy=1, records=False, base="resident",
                          pack_options=opts))
+    # Float experts: every length with the defaults, every other arm of the design twice, the
+    # small pack (64 experts, top-8); streamed from the host tier (no cache and a third, rings
+    # of 8 and 16, streamed and staged chunks, every streamed arm), and a routing that skips
+    # ring entries inside open groups.
+    spread = lengths["tiny"]
+    for ti, etype in enumerate(FLOAT_EXPERT_TYPES):
+        for n, chunk in spread:
+            rows.append(_row("cuda", "tiny", etype, n, chunk, quick=n == 63))
+        for i in range(1, len(CUDA_SWITCHES)):
+            for j in (i + ti, i + ti + 3):
+                n, chunk = spread[j % len(spread)]
+                rows.append(_row("cuda", "tiny", etype, n, chunk, arm_of(i)))
+        rows.append(_row("cuda", "small", etype, 600, "auto"))
+        n_all = _all_experts("tiny")
+        for i, (gg, qg, co) in enumerate(STREAM_SWITCHES):
+            n, chunk, stream_min = ((130, 64, 64), (1100, "auto", None))[i % 2]
+            arm = dict(group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=(0, n_all // 3)[(i // 2) % 2],
+                       ring=(8, 16, 96)[i % 3], stream_min=stream_min, in_place=1 - (i // 4) % 2)
+            rows.append(_row("cuda", "tiny", etype, n, chunk, arm, quick=(etype, i) == ("BF16", 0)))
+        rows.append(_row("cuda", "tiny", etype, 200, 64, dict(expert_cache=n_all // 3, ring=8, stream_min=16),
+                         prompt="few", open_skip=True))
     # Under the stress mode: the streaming and overlap cases once.
     for preset, etype, n, chunk, arm in (
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8, stream_min=64)),
@@ -686,6 +720,21 @@ def _sim_rows() -> list[ParityCase]:
                            ring=ring, stream_min=64)
                 rows.append(_row("sim", "tiny", etype, 130, 64, arm, seed=ring, sim_seed=i,
                                  quick=(etype, ring, i) == ("Q8_0", 8, 0)))
+    # Float experts: every arm of the design; streamed (no cache and some, rings of 8 and 16,
+    # streamed and staged chunks, every streamed arm); the small pack; skips in open groups.
+    n_all = _all_experts("tiny")
+    for etype in FLOAT_EXPERT_TYPES:
+        for sw in SIM_SWITCHES:
+            rows.append(_row("sim", "tiny", etype, 63, 64, dict(zip(SIM_SWITCH_NAMES, sw)), seed=21,
+                             quick=sw == SIM_SWITCHES[0]))
+        for i, (gg, qg, co) in enumerate(STREAM_SWITCHES):
+            arm = dict(group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=(0, 11)[(i // 2) % 2],
+                       ring=(8, 16)[i % 2], stream_min=(64, 256)[(i // 4) % 2], in_place=1 - i % 2)
+            rows.append(_row("sim", "tiny", etype, 130, 64, arm, seed=22, sim_seed=i))
+        rows.append(_row("sim", "small", etype, 130, 64, dict(expert_cache=_all_experts("small") // 3, ring=16,
+                                                               stream_min=64), seed=23))
+        rows.append(_row("sim", "tiny", etype, 200, 64, dict(expert_cache=10, ring=8, stream_min=16), prompt="few",
+                         open_skip=True, sim_seed=1))
     n_cache = _all_experts("small") // 3
     for gg in (1, 0):
         rows.append(_row("sim", "small", "IQ3_S", 600, 512, dict(group_gather=gg, expert_cache=n_cache, ring=16,
