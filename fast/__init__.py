@@ -31,10 +31,11 @@ def make_backend(name: str = "cuda", **sim_options):
 
 def make_fast_engine(pack, backend: str = "cuda", sim_options: dict | None = None, **engine_options):
     """A FastEngine on `backend`; engine_options are FastEngine's switches. A pack the CUDA
-    kernels cannot run (strata/limits.py) is refused before the backend is made."""
+    kernels cannot run (strata/limits.py, or a matrix whose type has no CUDA MMQ kernel) is
+    refused before the backend is made."""
     from fast.engine import FastEngine
 
-    if backend == "cuda" and (problems := pack.config.cuda_problems()):
+    if backend == "cuda" and (problems := pack.config.cuda_problems() + pack.cuda_type_problems()):
         raise PackError(f"{pack.path}: the cuda backend cannot run this pack: " + "; ".join(problems)
                         + " (--backend sim or --impl reference can)")
 

@@ -27,7 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 
-from strata import dense, quants
+from strata import dense, qformats, quants
 from strata import tensor_names as tn
 from strata.config import ARCH, ModelConfig
 from strata.dense import FLOAT_TYPES
@@ -321,11 +321,16 @@ class Pack:
                     f"truncated pack {path}: tensor {t.name} ends at byte "
                     f"{t.data_offset + t.n_bytes} but the file has {file_size} bytes")
         tensors = _logical_tensors(path, reader)
-        # every value and count the metadata gives, against the limits and the tensors
-        # present, in one line naming each key (strata/config.py, strata/limits.py)
-        config = ModelConfig.from_metadata(reader.fields, {n: _ne(t) for n, t in tensors.items()},
-                                           where=f"{path}: ")
-        config = _validate(config, tensors)
+        # one refusal for every reason: the tensors of types this loader does not read, all
+        # of them, beside every problem of the metadata (its values and counts against the
+        # limits and the tensors present, each key named: strata/config.py, strata/limits.py)
+        # or, where the metadata is sound, of the tensors' names and shapes
+        unread = _type_problems(tensors)
+        try:
+            config = ModelConfig.from_metadata(reader.fields, {n: _ne(t) for n, t in tensors.items()})
+        except PackError as exc:
+            raise PackError(f"{path}: " + "; ".join([str(exc), *unread])) from None
+        config = _validate(config, tensors, unread, where=f"{path}: ")
         return cls(path, reader, config, tensors, file_size)
 
     def close(self) -> None:
@@ -404,6 +409,24 @@ class Pack:
     def tensor_names(self) -> list[str]:
         """Logical names (without `.weight`) of the file's weights."""
         return list(self._tensors)
+
+    def cuda_type_problems(self) -> list[str]:
+        """One phrase naming, grouped by type, the matrices whose type has no CUDA MMQ kernel
+        (strata.qformats: mmq_kernel None), or [] if every one has: for the cuda backend to
+        refuse the pack before it loads anything. An untied token_embd is only looked up
+        (decoded on the host, strata.quants), so any type serves it."""
+        bad = []
+        for name in self.tensor_names():
+            qt = self.tensor_type(name)
+            fmt = qformats.lookup(qt)
+            if fmt is None or fmt.mmq_kernel is not None or tensor_kind(name) in VECTORS:
+                continue
+            if name == tn.name(tn.T.TOKEN_EMBD) and not self.tied_embeddings:
+                continue
+            bad.append((name, qt.name))
+        if not bad:
+            return []
+        return [f"no CUDA MMQ kernel decodes {by_type(bad)}"]
 
     def tensor_type(self, name: str) -> QT:
         return QT(self._tensor(name).tensor_type)
@@ -569,13 +592,101 @@ def _expected_shapes(cfg: ModelConfig, has_output: bool, shexp_layers: set[int])
     return ex
 
 
-def _validate(cfg: ModelConfig, tensors: dict[str, Any]) -> ModelConfig:
-    """Check names, shapes and types; return the config completed from the tensors.
-    Messages name tensors as the file does (with `.weight`)."""
+#: the tensors read as float vectors (norms and the shared expert's gate): a float type only
+VECTORS = BLOCK_NORMS | {tn.T.OUTPUT_NORM, tn.T.FFN_GATE_INP_SHEXP}
+#: a block tensor's kind by its name less `blk.N.`
+_BLOCK_KINDS = {tn.name(t, 0).removeprefix("blk.0."): t for t in tn.BLOCK + tn.SHEXP}
+_MODEL_KINDS = {tn.name(t): t for t in tn.MODEL}
+
+
+def tensor_kind(logical: str):
+    """The MODEL_TENSOR of a logical name (`blk.3.attn_q`: ATTN_Q), None for a tensor a qwen3moe
+    pack does not hold."""
+    if logical.startswith("blk."):
+        layer, _, rest = logical[4:].partition(".")
+        return _BLOCK_KINDS.get(rest) if layer.isdigit() else None
+    return _MODEL_KINDS.get(logical)
+
+
+def allowed_types(kind) -> tuple[QT, ...]:
+    """The types the loader reads for a tensor of this kind: a float type for a vector, any
+    registered quant type or a float type for a matrix (stacked experts included)."""
+    return FLOAT_TYPES if kind in VECTORS else tuple(quants.SUPPORTED_TYPES) + FLOAT_TYPES
+
+
+def folded(names: list[str]) -> str:
+    """File names of logical names, a block tensor's layers folded into one name
+    (`token_embd.weight, blk.{0,2,5..9}.attn_v.weight`), in the order they first appear."""
+    layers: dict[str, list[int]] = {}
+    for name in names:
+        layer, _, rest = name[4:].partition(".")
+        if name.startswith("blk.") and layer.isdigit():
+            layers.setdefault("blk.{}." + rest, []).append(int(layer))
+        else:
+            layers.setdefault(name, [])
+    return ", ".join(tn.file_name(pattern.format(_layer_set(ids)) if ids else pattern)
+                     for pattern, ids in layers.items())
+
+
+def by_type(named: list[tuple[str, str]]) -> str:
+    """'Q6_K: token_embd.weight, blk.{0..47}.ffn_down_exps.weight; Q3_K: ...' from (logical
+    name, type name) pairs: one group per type, in the order the types first appear, each
+    group's names folded (:func:`folded`)."""
+    groups: dict[str, list[str]] = {}
+    for name, typ in named:
+        groups.setdefault(typ, []).append(name)
+    return "; ".join(f"{typ}: {folded(names)}" for typ, names in groups.items())
+
+
+def _layer_set(ids: list[int]) -> str:
+    """'3' for one layer, else '{0..47}' or '{0,2,5..9}' (runs of three or more as a..b)."""
+    ids = sorted(set(ids))
+    if len(ids) == 1:
+        return str(ids[0])
+    runs, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            run = ids[start:i]
+            runs += [f"{run[0]}..{run[-1]}"] if len(run) >= 3 else [str(x) for x in run]
+            start = i
+    return "{" + ",".join(runs) + "}"
+
+
+def _type_problems(tensors: dict[str, Any]) -> list[str]:
+    """The tensors of types the loader does not read, all of them, in one phrase grouped by
+    type with the types each kind takes ([] if none): from the names and types alone, so it
+    stands beside the metadata's problems whatever they are."""
+    bad, kinds = [], set()
+    for name, t in tensors.items():
+        kind = tensor_kind(name)
+        if kind is None:
+            continue  # not a qwen3moe tensor: never read
+        try:
+            qt = QT(int(t.tensor_type))
+        except ValueError:
+            qt = None
+        if qt not in allowed_types(kind):
+            bad.append((name, _type_name(t.tensor_type)))
+            kinds.add(kind in VECTORS)
+    if not bad:
+        return []
+    takes = [f"{what} {', '.join(a.name for a in allowed_types(kind))}"
+             for vec, what, kind in ((False, "matrices", tn.T.ATTN_Q), (True, "norms and vectors", tn.T.ATTN_NORM))
+             if vec in kinds]
+    return [f"{len(bad)} tensor{'s' * (len(bad) > 1)} of unsupported types ({by_type(bad)}); "
+            f"supported: {'; '.join(takes)}"]
+
+
+def _validate(cfg: ModelConfig, tensors: dict[str, Any], unread: list[str] = (),
+              where: str = "") -> ModelConfig:
+    """Check names, shapes and block sizes; return the config completed from the tensors.
+    Every problem found is listed in one PackError with `unread` (the tensors of unsupported
+    types, _type_problems), `where` prefixed. Messages name tensors as the file does (with
+    `.weight`)."""
     T, f = tn.T, tn.file_name
     embd = tn.name(T.TOKEN_EMBD)
     if embd not in tensors:
-        raise PackError(f"missing tensor {f(embd)}")
+        raise PackError(where + "; ".join([f"missing tensor {f(embd)}", *unread]))
     n_vocab = cfg.n_vocab or _ne(tensors[embd])[-1]
     shexp_layers = {l for l in range(cfg.n_layer)
                     if any(tn.name(t, l) in tensors for t in tn.SHEXP)}
@@ -583,46 +694,43 @@ def _validate(cfg: ModelConfig, tensors: dict[str, Any]) -> ModelConfig:
     if shexp_layers and n_ff_shexp == 0:
         gate = tn.name(T.FFN_GATE_SHEXP, min(shexp_layers))
         if gate not in tensors:
-            raise PackError(f"missing tensor {f(gate)}")
+            raise PackError(where + "; ".join([f"missing tensor {f(gate)}", *unread]))
         n_ff_shexp = _ne(tensors[gate])[-1]
     cfg = cfg.replace(n_vocab=n_vocab, n_ff_shexp=n_ff_shexp if shexp_layers else 0)
     expected = _expected_shapes(cfg, tn.name(T.OUTPUT) in tensors, shexp_layers)
     quant_ok = tuple(quants.SUPPORTED_TYPES)
-    vectors = BLOCK_NORMS | {T.OUTPUT_NORM, T.FFN_GATE_INP_SHEXP}
-    kind_of = {tn.name(t, l): t for l in range(cfg.n_layer) for t in tn.BLOCK + tn.SHEXP}
-    kind_of.update({tn.name(t): t for t in tn.MODEL})
-
+    missing, problems = [], []
     for name, ne in expected.items():
         t = tensors.get(name)
         if t is None:
-            raise PackError(f"missing tensor {f(name)}")
+            missing.append(name)
+            continue
         got = _ne(t)
         if got != ne:
-            raise PackError(f"tensor {f(name)} has the wrong shape: expected {ne}, got {got}")
+            problems.append(f"tensor {f(name)} has the wrong shape: expected {ne}, got {got}")
+            continue
         try:
             qt = QT(int(t.tensor_type))
         except ValueError:
             qt = None
-        is_vector = kind_of[name] in vectors
-        allowed = FLOAT_TYPES if is_vector else quant_ok + FLOAT_TYPES
-        if qt not in allowed:
-            what = "norms/vectors" if is_vector else "matrices"
-            raise PackError(
-                f"tensor {f(name)} has unsupported type {_type_name(t.tensor_type)} "
-                f"(supported for {what}: {', '.join(a.name for a in allowed)})")
-        if qt in quant_ok:
+        if qt in quant_ok and qt in allowed_types(tensor_kind(name)):
             vals, _ = quants.block_size(qt)
             if ne[0] % vals:
-                raise PackError(
+                problems.append(
                     f"tensor {f(name)}: rows of {ne[0]} values are not a multiple of the "
                     f"{qt.name} block size ({vals})")
-    first = {t: tensors[tn.name(t, 0)] for t in (T.FFN_GATE_EXP, T.FFN_DOWN_EXP, T.ATTN_Q)}
     for l in range(cfg.n_layer):
-        g, u = tensors[tn.name(T.FFN_GATE_EXP, l)], tensors[tn.name(T.FFN_UP_EXP, l)]
-        if int(g.tensor_type) != int(u.tensor_type):
-            raise PackError(
+        g, u = tensors.get(tn.name(T.FFN_GATE_EXP, l)), tensors.get(tn.name(T.FFN_UP_EXP, l))
+        if g is not None and u is not None and int(g.tensor_type) != int(u.tensor_type):
+            problems.append(
                 f"blk.{l}: {g.name} ({_type_name(g.tensor_type)}) and {u.name} "
                 f"({_type_name(u.tensor_type)}) must have the same type")
+    if missing:
+        problems.insert(0, f"missing tensor{'s' * (len(missing) > 1)} {folded(missing)}")
+    problems += unread
+    if problems:
+        raise PackError(where + "; ".join(problems))
+    first = {t: tensors[tn.name(t, 0)] for t in (T.FFN_GATE_EXP, T.FFN_DOWN_EXP, T.ATTN_Q)}
     return cfg.replace(
         expert_gu_type=QT(int(first[T.FFN_GATE_EXP].tensor_type)),
         expert_down_type=QT(int(first[T.FFN_DOWN_EXP].tensor_type)),

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType as QT
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 from gguf import GGUFWriter
 
-from strata import limits
+from strata import limits, quants
 from strata.config import PRESETS, ModelConfig
 from strata.errors import PackError
 from strata_prefill.cli import main
@@ -75,9 +75,10 @@ def metadata(cfg: ModelConfig) -> dict[str, tuple[object, VT]]:
 
 
 def write_pack(path: Path, cfg: ModelConfig = TINY, n_layer: int | None = None,
-               edits: dict | None = None) -> Path:
+               edits: dict | None = None, types: dict | None = None) -> Path:
     """A pack of cfg's tensors (n_layer blocks, default cfg's), its metadata that of cfg with
-    `edits` (key -> (value, type), or None to leave the key out) applied."""
+    `edits` (key -> (value, type), or None to leave the key out) applied; `types` (file name
+    -> GGML type) writes those tensors as random bytes of that type instead."""
     rng = np.random.default_rng(24)
     md = {**metadata(cfg), **(edits or {})}
     w = GGUFWriter(path, "qwen3moe")
@@ -90,7 +91,11 @@ def write_pack(path: Path, cfg: ModelConfig = TINY, n_layer: int | None = None,
         else:
             w.add_key_value(key, value, vtype)
     for name, ne in tensor_shapes(cfg, cfg.n_layer if n_layer is None else n_layer).items():
-        if len(ne) == 1 or ".ffn_gate_inp." in name:  # norms and the router: F32
+        if name in (types or {}):
+            vals, nbytes = GGML_QUANT_SIZES[types[name]]
+            raw = rng.integers(0, 256, (*reversed(ne[1:]), ne[0] // vals * nbytes), dtype=np.uint8)
+            w.add_tensor(name, raw, raw_dtype=types[name])
+        elif len(ne) == 1 or ".ffn_gate_inp." in name:  # norms and the router: F32
             values = rng.standard_normal(tuple(reversed(ne))).astype(np.float32)
             w.add_tensor(name, values * np.float32(0.1) + np.float32(1.0 if len(ne) == 1 else 0.0))
         else:
@@ -252,4 +257,86 @@ def test_a_pack_the_kernels_cannot_run_is_refused_before_the_backend(tmp_path):
         make_fast_engine(pack, "cuda")
     msg = str(err.value)
     assert "cuda backend cannot run this pack" in msg and "96" in msg and "\n" not in msg
+    make_fast_engine(pack, "sim")  # the sim runs it
+
+
+# Tensors of types the loader does not read (gguf knows them all) and two bad keys, in one file.
+UNREAD = {"blk.0.attn_q.weight": QT.TQ1_0, "blk.1.attn_q.weight": QT.TQ1_0,
+          **{f"blk.{l}.ffn_{m}_exps.weight": QT.IQ4_NL for l in (0, 1) for m in ("gate", "up")},
+          "blk.1.attn_norm.weight": QT.Q8_0}
+
+
+def test_every_unsupported_tensor_and_key_in_one_refusal(tmp_path):
+    """One refusal, every reason: each tensor of an unsupported type, grouped by type (a block
+    tensor's layers folded), with the types each kind takes, beside every bad key."""
+    path = write_pack(tmp_path / "many.gguf", types=UNREAD,
+                      edits={EPS: (-1.0, VT.FLOAT32), BASE: (0.0, VT.FLOAT32)})
+    with pytest.raises(PackError) as err:
+        from strata.pack import Pack
+
+        Pack.open(path)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: ")
+    for needle in (EPS + " -1.0: must be a finite number > 0", BASE + " 0.0",
+                   "7 tensors of unsupported types (TQ1_0: blk.{0,1}.attn_q.weight; "
+                   "IQ4_NL: blk.{0,1}.ffn_gate_exps.weight, blk.{0,1}.ffn_up_exps.weight; "
+                   "Q8_0: blk.1.attn_norm.weight)",
+                   "supported: matrices Q8_0, Q4_1, Q2_K", "norms and vectors F32, F16, BF16"):
+        assert needle in msg, (needle, msg)
+    # the same in one line on the command line, nothing run
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "strata_prefill", "info", str(path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"strata-prefill: error: {msg}"]
+
+
+def test_sound_metadata_every_tensor_problem_in_one_refusal(tmp_path):
+    """With the metadata sound: missing tensors, a wrong shape and the unsupported types, all
+    in one message."""
+    from strata.pack import Pack
+
+    path = write_pack(tmp_path / "t.gguf", types={"blk.0.ffn_down_exps.weight": QT.IQ4_NL})
+    data = path.read_bytes()
+    # rename two tensors so the pack lacks them (the same length keeps every offset)
+    for old, new in ((b"blk.1.attn_k.weight", b"blk.1.attn_x.weight"), (b"blk.0.attn_k.weight", b"blk.0.attn_x.weight")):
+        assert data.count(old) == 1
+        data = data.replace(old, new)
+    path.write_bytes(data)
+    with pytest.raises(PackError) as err:
+        Pack.open(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: missing tensors blk.{{0,1}}.attn_k.weight; ")
+    assert msg.endswith("1 tensor of unsupported types (IQ4_NL: blk.0.ffn_down_exps.weight); supported: matrices "
+                        + ", ".join(t.name for t in (*quants.SUPPORTED_TYPES, QT.F32, QT.F16, QT.BF16)))
+
+
+def test_folded_names():
+    from strata.pack import by_type, folded
+
+    assert folded(["token_embd", "blk.3.attn_v"]) == "token_embd.weight, blk.3.attn_v.weight"
+    layers = [0, 2, 5, 6, 7, 8, 9, 11, 12]
+    assert folded([f"blk.{l}.attn_v" for l in layers]) == "blk.{0,2,5..9,11,12}.attn_v.weight"
+    assert folded([f"blk.{l}.x" for l in range(48)][::-1]) == "blk.{0..47}.x.weight"
+    assert by_type([("output", "Q6_K"), ("blk.0.attn_v", "Q3_K"), ("blk.1.attn_v", "Q3_K"),
+                    ("blk.1.ffn_down_exps", "Q6_K")]) == (
+        "Q6_K: output.weight, blk.1.ffn_down_exps.weight; Q3_K: blk.{0,1}.attn_v.weight")
+
+
+def test_cuda_refuses_a_type_without_a_kernel_before_the_backend(tmp_path):
+    """A matrix of a type with no CUDA MMQ kernel runs on the reference and the sim; the cuda
+    backend refuses the pack in one line naming the tensors and their types, before it looks
+    for a GPU. An untied token_embd of such a type is only looked up: not named."""
+    from fast import make_fast_engine
+    from strata.pack import Pack
+
+    types = {"token_embd.weight": QT.Q6_K, "blk.0.attn_v.weight": QT.Q3_K, "blk.1.attn_v.weight": QT.Q3_K,
+             "blk.1.ffn_down_exps.weight": QT.Q5_K}
+    pack = Pack.open(write_pack(tmp_path / "k.gguf", types=types))
+    with pytest.raises(PackError) as err:
+        make_fast_engine(pack, "cuda")
+    msg = str(err.value)
+    assert "\n" not in msg and "the cuda backend cannot run this pack" in msg
+    assert "no CUDA MMQ kernel decodes Q3_K: blk.{0,1}.attn_v.weight; Q5_K: blk.1.ffn_down_exps.weight" in msg
+    assert "token_embd" not in msg
     make_fast_engine(pack, "sim")  # the sim runs it

@@ -527,21 +527,23 @@ def test_wrong_shape(tmp_path, capsys):
 
 
 def test_unsupported_type(tmp_path, capsys):
-    path = write_micro(tmp_path / "q4k.gguf", types={"blk.0.ffn_gate_exps": QT.Q4_K,
-                                                       "blk.0.ffn_up_exps": QT.Q4_K})
+    path = write_micro(tmp_path / "iq4nl.gguf", types={"blk.0.ffn_gate_exps": QT.IQ4_NL,
+                                                         "blk.0.ffn_up_exps": QT.IQ4_NL})
     with pytest.raises(PackError) as ei:
         Pack.open(path)
     msg = str(ei.value)
-    assert "blk.0.ffn_gate_exps" in msg and "Q4_K" in msg
+    assert "blk.0.ffn_gate_exps" in msg and "IQ4_NL" in msg
     for t in EXPERT_TYPES:
         assert t in msg
-    assert_cli_error(path, capsys, "unsupported type Q4_K", "blk.0.ffn_gate_exps", "IQ2_XS")
+    assert_cli_error(path, capsys, "unsupported types (IQ4_NL: blk.0.ffn_gate_exps.weight, "
+                     "blk.0.ffn_up_exps.weight)", "IQ2_XS")
     # a float expert tensor opens (multiplied in float32, docs/numerics.md section 6)
     path = write_micro(tmp_path / "f32x.gguf", types={"blk.0.ffn_down_exps": QT.F32})
     assert Pack.open(path).expert_types(0)[1] == QT.F32
     # a quantized norm
     path = write_micro(tmp_path / "qnorm.gguf", types={"blk.0.attn_norm": QT.Q8_0})
-    assert_cli_error(path, capsys, "blk.0.attn_norm", "unsupported type Q8_0", "F32")
+    assert_cli_error(path, capsys, "unsupported types (Q8_0: blk.0.attn_norm.weight)",
+                     "norms and vectors F32")
 
 
 def test_corrupt_header(tmp_path, tiny_path, capsys):
@@ -588,7 +590,7 @@ def test_cli_info_tiny(tiny_path, capsys):
 
 
 def test_cli_make_pack_bad_args(tmp_path, capsys):
-    assert cli(["make-pack", "--expert-type", "Q4_K", str(tmp_path / "x.gguf")]) == 2
+    assert cli(["make-pack", "--expert-type", "IQ4_NL", str(tmp_path / "x.gguf")]) == 2
     assert cli(["make-pack", "--layers", "0", str(tmp_path / "x.gguf")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2
