@@ -146,21 +146,31 @@ class _Rows:
                 self.parts.setdefault(name, []).append((pos, rows))
 
     def lookup(self, name: str, positions: np.ndarray):
-        """b's rows of `name` at these positions, or (None, first missing position)."""
+        """b's rows of `name` at these positions, or (None, first missing position). Where b
+        recorded a position twice (a chunk run again), its later row counts."""
         if name not in self.index:
-            self.index[name] = {}
-            for pi, (pos, _) in enumerate(self.parts.get(name, [])):
-                for j, p in enumerate(pos):
-                    self.index[name][int(p)] = (pi, j)
-        idx = self.index[name]
-        rows = []
-        for p in positions:
-            got = idx.get(int(p))
-            if got is None:
-                return None, int(p)
-            rows.append(self.parts[name][got[0]][1][got[1]])
-        return np.stack(rows), None
+            self.index[name] = self._index(name)
+        found = self.index[name]
+        if found is None:
+            return None, int(positions[0]) if len(positions) else 0
+        known, where, rows = found
+        positions = np.asarray(positions, np.int64)
+        at = np.minimum(np.searchsorted(known, positions), len(known) - 1)
+        hit = known[at] == positions
+        if not hit.all():
+            return None, int(positions[np.argmin(hit)])
+        return rows[where[at]], None
 
+    def _index(self, name: str):
+        """(sorted known positions, row of each in `rows`, every row joined), or None when
+        b has no row of `name`."""
+        parts = self.parts.get(name, [])
+        if not parts or not sum(len(p) for p, _ in parts):
+            return None
+        pos = np.concatenate([np.asarray(p, np.int64) for p, _ in parts])
+        rows = parts[0][1] if len(parts) == 1 else np.concatenate([r for _, r in parts])
+        last = len(pos) - 1 - np.unique(pos[::-1], return_index=True)[1]  # the later row of a repeat
+        return pos[last], last, rows
 
 def _token_major(a: np.ndarray, op: Op, k_used: int | None) -> np.ndarray:
     """Pair-order records as [T, K, ...] so that their rows follow tokens."""

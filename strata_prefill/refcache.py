@@ -107,6 +107,12 @@ def reset_stats() -> None:
 
 
 # ---- digests -------------------------------------------------------------------------
+# entry folder -> its files' (name, size, mtime_ns, ctime_ns, inode) when this process last
+# hashed them all and found them whole (Cache._valid)
+_CHECKED: dict[str, tuple] = {}
+_RACY_S = 2.0
+
+
 def _file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -263,7 +269,12 @@ class Cache:
         return meta
 
     def _valid(self, entry: Path) -> bool:
-        """Every file meta.json lists is there with its size and sha256, and no other."""
+        """Every file meta.json lists is there with its size and sha256, and no other.
+
+        An entry this process checked whole is not hashed again while every file's (size,
+        mtime_ns, ctime_ns, inode) stays what it was, unless a file was written within
+        _RACY_S of that check (its timestamp could then hide a later write in the same clock
+        tick: git's "racily clean" rule)."""
         meta = self.read_meta(entry)
         if meta is None or meta.get("digest") != entry.name:
             return False
@@ -271,12 +282,19 @@ class Cache:
             present = {p.relative_to(entry).as_posix() for p in entry.rglob("*") if p.is_file()}
             if present != set(meta["files"]) | {META}:
                 return False
+            stats = {rel: os.stat(entry / rel) for rel in sorted(present)}
+            marks = tuple((rel, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) for rel, st in stats.items())
+            if _CHECKED.get(str(entry)) == marks:
+                return True
             for rel, want in meta["files"].items():
                 path = entry / rel
-                if path.stat().st_size != want["size"] or _file_sha256(path) != want["sha256"]:
+                if stats[rel].st_size != want["size"] or _file_sha256(path) != want["sha256"]:
                     return False
         except (OSError, KeyError, TypeError):
             return False
+        newest = max(st.st_mtime_ns for st in stats.values())
+        if time.time_ns() - newest > _RACY_S * 1e9:
+            _CHECKED[str(entry)] = marks
         return True
 
     def _remove(self, entry: Path) -> None:

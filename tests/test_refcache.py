@@ -228,6 +228,46 @@ def test_a_damaged_entry_is_recomputed_never_trusted(pack, cache, damage):
     assert refcache.reference_run(pack, ids, greedy=1, cache=cache).hit
 
 
+def _age(entry: Path, seconds: float) -> None:
+    """Set every file of the entry `seconds` into the past (older than the racy window)."""
+    then = time.time() - seconds
+    for p in entry.iterdir():
+        os.utime(p, (then, then))
+
+
+@pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_missing])
+def test_a_checked_entry_is_not_hashed_again_until_a_file_changes(pack, cache, damage, monkeypatch):
+    ids = prompt(pack)
+    a = refcache.reference_run(pack, ids, greedy=1, cache=cache)
+    _age(a.entry, 60)
+    hashed = []
+    real = refcache._file_sha256
+    monkeypatch.setattr(refcache, "_file_sha256", lambda p: hashed.append(p) or real(p))
+    assert refcache.reference_run(pack, ids, greedy=1, cache=cache).hit  # hashed whole, remembered
+    n = len(hashed)
+    assert n >= 3
+    assert refcache.reference_run(pack, ids, greedy=1, cache=cache).hit
+    assert len(hashed) == n  # nothing hashed again
+    damage(a.entry)  # the same size for a flip: the timestamps and the check say so
+    b = refcache.reference_run(pack, ids, greedy=1, cache=cache)
+    assert not b.hit and len(hashed) > n
+    same(a, b)
+
+
+def test_an_entry_written_just_now_is_hashed_at_every_check(pack, cache, monkeypatch):
+    """Within the racy window a write in the same clock tick could keep a file's timestamps:
+    such an entry is never remembered as checked."""
+    ids = prompt(pack)
+    refcache.reference_run(pack, ids, greedy=1, cache=cache)
+    monkeypatch.setattr(refcache, "_RACY_S", 1e6)
+    hashed = []
+    real = refcache._file_sha256
+    monkeypatch.setattr(refcache, "_file_sha256", lambda p: hashed.append(p) or real(p))
+    for _ in range(2):
+        assert refcache.reference_run(pack, ids, greedy=1, cache=cache).hit
+    assert len(hashed) >= 6 and len(hashed) % 2 == 0
+
+
 def test_off_computes_every_time(pack, tmp_path, monkeypatch):
     for value in ("off", "0", "none", "OFF"):
         monkeypatch.setenv(refcache.ENV, value)

@@ -284,10 +284,23 @@ def _prune(folder: Path, name: str, new: Path) -> None:
 
 def configure(config) -> None:
     config.addinivalue_line("markers", "quick: the quick tier (pytest verify/ -m quick)")
+    if config.pluginmanager.hasplugin("hypothesispytest"):
+        # its end-of-run summary imports hypothesis (a second or more), in every worker and then
+        # in the main process, after the last test: imported now, beside the run, it is not
+        import threading
+
+        threading.Thread(target=_import_hypothesis, daemon=True).start()
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(Summary(), "strata-gate-summary")
     elif os.environ.get(ENV_NICE, "").isdigit():
         os.nice(int(os.environ[ENV_NICE]))  # a worker yields to the work ahead (WORKER_NICE)
+
+
+def _import_hypothesis() -> None:
+    try:
+        import hypothesis.internal.observability  # noqa: F401
+    except Exception:  # its own summary will say what is wrong
+        pass
 
 
 class Summary:
@@ -295,7 +308,11 @@ class Summary:
     in whichever process ran it) and prints the gate's last lines."""
 
     def __init__(self):
+        import time
+
         self.tests: dict = {}  # nodeid -> {"outcome", "seconds", props...}
+        self.t0 = time.time()  # the session's start, as the reports' start and stop are stamped
+        self.spans: dict = {}  # worker -> [first start, last stop, seconds in tests]
 
     def pytest_report_header(self, config):
         return report_header()
@@ -303,6 +320,12 @@ class Summary:
     def pytest_runtest_logreport(self, report):
         t = self.tests.setdefault(report.nodeid, {"outcome": "passed", "seconds": 0.0})
         t["seconds"] += report.duration
+        start, stop = getattr(report, "start", None), getattr(report, "stop", None)
+        if start is not None and stop is not None:
+            node = getattr(report, "node", None)
+            worker = getattr(getattr(node, "gateway", None), "id", "main")
+            span = self.spans.setdefault(worker, [start, stop, 0.0])
+            span[0], span[1], span[2] = min(span[0], start), max(span[1], stop), span[2] + (stop - start)
         for k, v in report.user_properties:
             if k.startswith("gate_"):
                 t[k[5:]] = v
@@ -331,7 +354,26 @@ class Summary:
         out.append(f"gate: reference cache: {hits} hits, {misses} misses")
         slow = sorted(self.tests.items(), key=lambda kv: -kv[1]["seconds"])[:5]
         out.append("gate: slowest: " + "; ".join(f"{t['seconds']:.1f} s {k.split('/')[-1]}" for k, t in slow))
+        if self.spans:
+            out.append(self.time_line())
         return out
+
+    def time_line(self) -> str:
+        """Where the wall time went: when the workers took their first test (start-up:
+        imports, collection, the CUDA context), the seconds each spent in tests, and when each
+        finished its last (the spread is the tail one worker runs alone)."""
+        import time
+
+        wall = time.time() - self.t0
+        first = [s[0] - self.t0 for s in self.spans.values()]
+        last = [s[1] - self.t0 for s in self.spans.values()]
+        busy = [s[2] for s in self.spans.values()]
+
+        def span(v):
+            return f"{min(v):.1f}-{max(v):.1f} s" if len(v) > 1 else f"{v[0]:.1f} s"
+
+        return (f"gate: time: {wall:.1f} s wall; {len(self.spans)} workers took their first test at {span(first)}, "
+                f"spent {span(busy)} in tests and took their last at {span(last)}")
 
     def pytest_terminal_summary(self, terminalreporter):
         lines = self.lines()
