@@ -45,6 +45,13 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return r
 
 
+def one_line(stderr: str) -> str:
+    """The run's one line (the test names every line where there are more)."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, f"{len(lines)} lines on stderr, not one: {lines}"
+    return lines[0]
+
+
 def reseal(path: Path) -> None:
     """Rewrite a pack's tensor digests to match its data, as if make-pack had written the
     edited bytes (the digests' hex strings keep their length, so they are patched in place)."""
@@ -143,7 +150,7 @@ def test_the_records_name_the_first_op(ff_pack, tmp_path, impl):
     r = cli("run", "--pack", str(ff_pack), *PROMPT, *impl, "--dump-dir", str(tmp_path / "d"),
             "--dump-level", "ops", "--dump-first-logits", str(tmp_path / "l.f32"))
     assert r.returncode == 1
-    (line,) = r.stderr.strip().splitlines()
+    line = one_line(r.stderr)
     # the token embeddings are the first thing a chunk computes
     assert "NaN first in the token embeddings (embed) of chunk 0, position 0, element 0" in line
     assert "the first-token logits hold 512 non-finite of 512" in line
@@ -165,7 +172,7 @@ def test_a_bad_scale_in_layer_1_is_named_at_layer_1(healthy, tmp_path, value, ki
     r = cli("run", "--pack", str(pack), *PROMPT, *impl, "--dump-dir", str(tmp_path / "d"),
             "--dump-level", "ops")
     assert r.returncode == 1, r.stdout + r.stderr
-    (line,) = r.stderr.strip().splitlines()
+    line = one_line(r.stderr)
     # the down product of position 0's first expert, at the row whose scale is bad
     assert (f"first in layer 1, op y (L01.y) of chunk 0, position 0 (top-K rank 0), "
             f"element {BAD_ROW}") in line, line
@@ -301,7 +308,7 @@ def test_the_residual_dump_alone_names_a_position(ff_pack, tmp_path, capsys):
     assert main(["run", "--pack", str(ff_pack), "--prompt-tokens", "130", "--greedy", "0",
                  "--no-progress", "--dump-r", str(r_bin)]) == 1
     out, err = capsys.readouterr()
-    (line,) = err.strip().splitlines()
+    line = one_line(err)
     assert ("NaN first in the residual dump (the last layer's output), position 0, element 0 "
             "(768 of 768 values non-finite)") in line  # positions 0, 64, 128 of 256 values each
     assert "--dump-dir DIR --dump-level ops names the layer and op" in line
@@ -328,7 +335,7 @@ def test_a_greedy_step_with_non_finite_logits_is_refused(healthy, monkeypatch, c
     assert main(["run", "--pack", str(healthy[0]), "--prompt-tokens", "20", "--greedy", "4",
                  "--no-progress"]) == 1
     out, err = capsys.readouterr()
-    (line,) = err.strip().splitlines()
+    line = one_line(err)
     assert ("NaN or Inf first in the logits greedy token 2 was picked from (the first-token "
             "logits are finite)") in line and out == ""
 
