@@ -77,15 +77,18 @@ from strata.config import ARCH, PRESETS, ROPE_KEYS, ModelConfig, RopeScaling
 from strata.progress import Progress
 from strata.constants import PACK_FORMAT
 from strata.errors import InputError
-from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_PACK_FORMAT,
+from strata.mixes import MIXES, mix_types, parse_mix
+from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_MIX, KEY_PACK_FORMAT,
                          KEY_PRESET, KEY_ROUTER_TYPE, KEY_SEED, KEY_TENSOR_DIGEST,
-                         KEY_TENSOR_DIGESTS, KEY_WRITER, tensor_digest_root)
+                         KEY_TENSOR_DIGESTS, KEY_WRITER, folded, tensor_digest_root)
 
 FALLBACK_TYPE = QT.Q8_0
 #: the routed experts' types: the quantized ones of the registry, then the float ones (multiplied
 #: in float32 on their unquantized rows, docs/numerics.md section 6)
 EXPERT_TYPES: tuple[QT, ...] = (*quants.SUPPORTED_TYPES, QT.F16, QT.BF16, QT.F32)
-DENSE_TYPES: tuple[QT, ...] = (QT.Q8_0, QT.F16, QT.BF16, QT.F32)
+#: attention, shared-expert, token_embd and output matrices: every registered quant type (Q8_0
+#: first, the default), then the float ones
+DENSE_TYPES: tuple[QT, ...] = (*quants.SUPPORTED_TYPES, QT.F16, QT.BF16, QT.F32)
 ROUTER_TYPES: tuple[QT, ...] = (QT.F32, QT.BF16, QT.Q8_0)
 ROUTER_TYPE_DEFAULT = QT.F32
 PRESET_ROUTER_TYPE = {"strata": QT.BF16}  # presets whose router is not ROUTER_TYPE_DEFAULT
@@ -211,8 +214,11 @@ def _out_std(n_cols: int) -> float:
 
 
 def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
-                 tie_embeddings: bool = False, router_type: QT = ROUTER_TYPE_DEFAULT) -> list[_Plan]:
-    """Every tensor of a pack, in file order, by logical name (tensor_names.name)."""
+                 tie_embeddings: bool = False, router_type: QT = ROUTER_TYPE_DEFAULT,
+                 types: dict[str, QT] | None = None) -> list[_Plan]:
+    """Every tensor of a pack, in file order, by logical name (tensor_names.name). types:
+    {logical name: type} of the matrices whose type is their own (a mix, strata.mixes); the
+    others as the arguments say."""
     D, E, F, V = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp, cfg.n_vocab
     T, n = tn.T, tn.name
     shexp_gate_type = router_type if router_type in (QT.F32, QT.BF16) else QT.F32
@@ -245,7 +251,59 @@ def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
                 _Plan(n(T.FFN_UP_SHEXP, l), dense_type, (S, D), "blocks", _in_std(D)),
                 _Plan(n(T.FFN_DOWN_SHEXP, l), dense_type, (D, S), "blocks", _out_std(S)),
             ]
+    for p in plans if types else ():
+        p.qtype = types.get(p.name, p.qtype)
     return plans
+
+
+@dataclass(frozen=True)
+class PackTypes:
+    """The types of a pack make_pack writes, resolved from its arguments (pack_types)."""
+
+    expert: QT  # the experts' type asked (a mix's base type)
+    dense: QT  # the dense matrices' type asked (a mix's base type)
+    router: QT
+    gu: QT  # layer 0's expert gate/up and down types (the latter after a fallback)
+    down: QT
+    fell: tuple[str, ...]  # the expert matrices that fell back to FALLBACK_TYPE, by kind
+    mix: str | None = None  # the llama-quantize mix (strata.mixes), or None
+    per_tensor: dict | None = None  # a mix's {logical name: type}
+
+
+def pack_types(config: ModelConfig, preset: str, expert_type: Any = None, dense_type: Any = None,
+               router_type: Any = None, mix: Any = None, tie_embeddings: bool = False) -> PackTypes:
+    """make_pack's types: the expert, dense and router types asked (None: Q8_0, Q8_0 and the
+    preset's router type), or a mix, which sets every matrix's type (an expert type, if given,
+    must be the mix's base type; a dense type may not be given). A dense type whose block does
+    not divide a dense matrix's rows is refused, naming them (only the experts fall back, and a
+    mix as llama-quantize does)."""
+    rt = parse_qtype(PRESET_ROUTER_TYPE.get(preset, ROUTER_TYPE_DEFAULT) if router_type is None
+                     else router_type, ROUTER_TYPES, "router type")
+    if mix is not None:
+        mix = parse_mix(mix)
+        base = MIXES[mix]
+        if dense_type is not None:
+            raise InputError(f"--mix {mix} sets the dense matrices' types: give no --dense-type")
+        if expert_type is not None and parse_qtype(expert_type, EXPERT_TYPES, "expert type") != base:
+            raise InputError(f"--mix {mix} writes its experts in {base.name} (and its own types): "
+                             f"give no other --expert-type")
+        per = mix_types(config, mix, tie_embeddings)
+        gu, down = per[tn.name(tn.T.FFN_GATE_EXP, 0)], per[tn.name(tn.T.FFN_DOWN_EXP, 0)]
+        return PackTypes(base, base, rt, gu, down, (), mix, per)
+    xt = parse_qtype("Q8_0" if expert_type is None else expert_type, EXPERT_TYPES, "expert type")
+    dt = parse_qtype("Q8_0" if dense_type is None else dense_type, DENSE_TYPES, "dense type")
+    if not dense.is_float(dt):
+        vals = quants.block_size(dt)[0]
+        one = plan_tensors(config.replace(n_layer=1), xt, xt, dt, tie_embeddings, rt)  # shapes: any layer's
+        bad = [p.name for p in one
+               if p.qtype == dt and p.kind == "blocks" and p.n_cols % vals and not p.name.endswith("_exps")]
+        if bad:
+            bad = [n for n in bad if not n.startswith("blk.")] + [
+                n.replace("blk.0.", f"blk.{l}.", 1) for l in range(config.n_layer) for n in bad if n.startswith("blk.")]
+            raise InputError(f"dense type {dt.name}: the rows of {folded(bad)} are not a multiple of its "
+                             f"{vals}-value block (a 32-value type, or --mix, fits them)")
+    gu, down, fell = expert_types(config, xt)
+    return PackTypes(xt, dt, rt, gu, down, tuple(fell))
 
 
 # ---------------------------------------------------------------------------------------
@@ -253,7 +311,8 @@ def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
 
 
 def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, expert_type: QT,
-                  dense_type: QT, router_type: QT, fallbacks: list[str], n_tensors: int) -> None:
+                  dense_type: QT, router_type: QT, fallbacks: list[str], n_tensors: int,
+                  mix: str | None = None) -> None:
     a = ARCH + "."
     w.add_name(f"strata synthetic {preset}")
     w.add_type("model")
@@ -287,6 +346,8 @@ def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, exper
     w.add_string(KEY_EXPERT_TYPE, expert_type.name)
     w.add_string("strata.dense_type", dense_type.name)
     w.add_string(KEY_ROUTER_TYPE, router_type.name)
+    if mix is not None:  # a pack of no mix keeps the header it always had
+        w.add_string(KEY_MIX, mix)
     w.add_uint32(KEY_PACK_FORMAT, PACK_FORMAT)
     if fallbacks:
         w.add_string(KEY_FALLBACK_TYPE, FALLBACK_TYPE.name)
@@ -375,15 +436,17 @@ def _ahead(pool: ThreadPoolExecutor, makers: Iterator[Callable[[], np.ndarray]],
 
 
 def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | None = None,
-              expert_type: Any = "Q8_0", seed: int = 0, dense_type: Any = "Q8_0",
+              expert_type: Any = None, seed: int = 0, dense_type: Any = None,
               tie_embeddings: bool = False, progress: bool | None = None,
               config: ModelConfig | None = None, workers: int | None = None,
               on_size: Callable[[int], None] | None = None, router_type: Any = None,
-              rope_scaling: RopeScaling | None = None) -> Path:
+              rope_scaling: RopeScaling | None = None, mix: str | None = None) -> Path:
     """Write a synthetic pack of `preset` (or of `config`, named `preset`) to `path`.
 
     layers: override the preset's layer count; expert_type: one of EXPERT_TYPES (by name or
-    enum); dense_type: Q8_0, F16, BF16 or F32; router_type: F32, BF16 or Q8_0
+    enum; None: Q8_0); dense_type: one of DENSE_TYPES (None: Q8_0); mix: a llama-quantize
+    mix of strata.mixes.MIXES (Q4_K_M, Q2_K), which sets every matrix's type (pack_types
+    says which arguments it takes with it); router_type: F32, BF16 or Q8_0
     (None: BF16 for the `strata` preset, else F32); progress: a tqdm bar on stderr naming
     the tensor being written (None: for packs over 50 MB, where stderr is a terminal, else a
     line every 10 s; strata/progress.py); workers: threads
@@ -411,14 +474,11 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
         bad = config.problems()
         if bad:
             raise InputError("--rope-scaling: " + "; ".join(bad))
-    xt = parse_qtype(expert_type, EXPERT_TYPES, "expert type")
-    dt = parse_qtype(dense_type, DENSE_TYPES, "dense type")
-    rt = parse_qtype(PRESET_ROUTER_TYPE.get(preset, ROUTER_TYPE_DEFAULT) if router_type is None
-                     else router_type, ROUTER_TYPES, "router type")
-    gu, down, fell = expert_types(config, xt)
-    config = config.replace(expert_gu_type=gu, expert_down_type=down, dense_type=dt)
-    fallbacks = [f"blk.{l}.{n}" for l in range(config.n_layer) for n in fell]
-    plans = plan_tensors(config, gu, down, dt, tie_embeddings, rt)
+    ty = pack_types(config, preset, expert_type, dense_type, router_type, mix, tie_embeddings)
+    xt, dt, rt = ty.expert, ty.dense, ty.router
+    config = config.replace(expert_gu_type=ty.gu, expert_down_type=ty.down, dense_type=dt)
+    fallbacks = [f"blk.{l}.{n}" for l in range(config.n_layer) for n in ty.fell]
+    plans = plan_tensors(config, ty.gu, ty.down, dt, tie_embeddings, rt, ty.per_tensor)
 
     workers = max(1, int(workers or min(4, os.cpu_count() or 1)))
     path = Path(path)
@@ -427,7 +487,7 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
         progress = False  # None: a bar on a terminal, else a line every 10 s (strata/progress.py)
 
     def described(w: GGUFWriter) -> GGUFWriter:
-        _add_metadata(w, config, preset, int(seed), xt, dt, rt, fallbacks, len(plans))
+        _add_metadata(w, config, preset, int(seed), xt, dt, rt, fallbacks, len(plans), ty.mix)
         for p in plans:
             # dtype float32 with raw_dtype set: the writer takes the shape as element counts
             w.add_tensor_info(tn.file_name(p.name), p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=p.qtype)

@@ -41,6 +41,7 @@ KEY_PRESET = "strata.preset"
 KEY_SEED = "strata.seed"
 KEY_PACK_FORMAT = "strata.pack_format"  # uint32: strata.constants.PACK_FORMAT when written
 KEY_ROUTER_TYPE = "strata.router_type"  # str: the router type asked for
+KEY_MIX = "strata.mix"                  # str: the llama-quantize mix make-pack mirrored (strata.mixes)
 KEY_WRITER = "strata.writer"            # str: what wrote the pack ("strata-prefill 0.1.0 make-pack")
 # The digests a loader checks on demand (Pack.check_digest, `info --check`), lowercase sha256
 # hex: one per tensor, in the order of the tensor infos (which is the data's file order), and

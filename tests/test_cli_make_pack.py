@@ -14,6 +14,9 @@ Usage = namedtuple("Usage", "total used free")
 @pytest.mark.parametrize("args", [
     ["--preset", "tiny"],
     ["--preset", "small", "--layers", "1", "--expert-type", "IQ2_XS", "--tie-embeddings"],
+    ["--mix", "q4_k_m"],
+    ["--preset", "small", "--layers", "3", "--mix", "Q2_K", "--tie-embeddings"],
+    ["--dense-type", "Q6_K", "--expert-type", "Q5_1"],
 ])
 def test_the_announced_size_is_the_size_written(tmp_path, capsys, args):
     out = tmp_path / "p.gguf"

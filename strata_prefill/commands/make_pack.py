@@ -12,6 +12,7 @@ from strata_prefill import checks
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     from strata.make_pack import DENSE_TYPES, EXPERT_TYPES, FALLBACK_TYPE, ROUTER_TYPES
+    from strata.mixes import MIXES
 
     p = subparsers.add_parser(
         name,
@@ -31,12 +32,19 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--layers", type=checks.layer_count, default=None, metavar="N",
                    help="number of layers (default: the preset's); the pack's size is checked "
                         "against the free disk before anything is written")
-    p.add_argument("--expert-type", default="Q8_0", metavar="T",
+    p.add_argument("--expert-type", default=None, metavar="T",
                    choices=[t.name for t in EXPERT_TYPES],
                    help="routed experts' type: " + ", ".join(t.name for t in EXPERT_TYPES)
                    + " (default: Q8_0; F16, BF16 and F32 experts are multiplied in float32)")
-    p.add_argument("--dense-type", default="Q8_0", choices=[t.name for t in DENSE_TYPES],
-                   help="attention, shared expert, token_embd and output (default: Q8_0)")
+    p.add_argument("--dense-type", default=None, metavar="T", choices=[t.name for t in DENSE_TYPES],
+                   help="attention, shared expert, token_embd and output: "
+                   + ", ".join(t.name for t in DENSE_TYPES) + " (default: Q8_0; a type whose block "
+                   "does not divide a matrix's rows is refused)")
+    p.add_argument("--mix", default=None, type=str.upper, choices=list(MIXES),
+                   help="every matrix's type as llama-quantize's " + " or ".join(MIXES) + " file "
+                   "type picks it (token_embd, output, attn_v, attn_output, ffn_down each its own; "
+                   "rows its block does not divide fall back as llama-quantize's do); takes no "
+                   "--dense-type"),
     p.add_argument("--router-type", default=None, choices=[t.name for t in ROUTER_TYPES],
                    help="ffn_gate_inp (and the shared-expert gate): F32 as llama.cpp's converters "
                         "keep it, BF16 for the strata preset as Strata does (default by preset)")
@@ -76,20 +84,35 @@ def rope_scaling(text: str):
 def data_bytes(args: argparse.Namespace) -> int:
     """The bytes of the pack's tensor data, from the arguments alone: one layer is planned
     (strata.make_pack.plan_tensors, the types as make_pack resolves them) and its bytes counted
-    once per layer, so a pack of 100,000 layers is sized at once. The header and the tensors'
-    alignment come on top: a lower bound of the file's size."""
+    once per layer, so a pack of 100,000 layers is sized at once (a mix: one layer of each of
+    its two kinds, strata.mixes.layer_types, counted as often as the layers of that kind). The
+    header and the tensors' alignment come on top: a lower bound of the file's size."""
     from strata import make_pack as mp
+    from strata import mixes
+    from strata import tensor_names as tn
 
-    config = PRESETS[args.preset].replace(n_layer=1)
     router = args.router_type or mp.PRESET_ROUTER_TYPE.get(args.preset, mp.ROUTER_TYPE_DEFAULT)
-    rt = mp.parse_qtype(router, mp.ROUTER_TYPES, "router type")
-    dt = mp.parse_qtype(args.dense_type, mp.DENSE_TYPES, "dense type")
-    gu, down, _fell = mp.expert_types(config, args.expert_type)
-    plans = mp.plan_tensors(config, gu, down, dt, args.tie_embeddings, rt)
-    per_layer = sum(p.nbytes for p in plans if p.name.startswith("blk.0."))
-    fixed = sum(p.nbytes for p in plans) - per_layer
     layers = PRESETS[args.preset].n_layer if args.layers is None else args.layers
-    return fixed + layers * per_layer
+    mix = getattr(args, "mix", None)
+    full, one = PRESETS[args.preset].replace(n_layer=layers), PRESETS[args.preset].replace(n_layer=1)
+    if mix is None:
+        ty = mp.pack_types(full, args.preset, args.expert_type, args.dense_type, router, None,
+                           args.tie_embeddings)
+        kinds = [(None, layers)]
+    else:
+        ty = mp.pack_types(one, args.preset, args.expert_type, args.dense_type, router, mix,
+                           args.tie_embeddings)
+        n_more = mixes.more_bits_layers(layers)
+        kinds = [(True, n_more), (False, layers - n_more)]
+    total = 0
+    for more, count in kinds:
+        per = None if more is None else {
+            **mixes.head_types(full, mix, args.tie_embeddings),
+            **{tn.name(k, 0): t for k, t in mixes.layer_types(full, mix, more).items()}}
+        plans = mp.plan_tensors(one, ty.gu, ty.down, ty.dense, args.tie_embeddings, ty.router, per)
+        per_layer = sum(p.nbytes for p in plans if p.name.startswith("blk.0."))
+        total += count * per_layer
+    return total + sum(p.nbytes for p in plans if not p.name.startswith("blk."))
 
 
 def refuse_what_the_disk_cannot_hold(args: argparse.Namespace) -> None:
@@ -113,10 +136,11 @@ def main(args: argparse.Namespace) -> int:
                      expert_type=args.expert_type, seed=args.seed, dense_type=args.dense_type,
                      tie_embeddings=args.tie_embeddings, progress=args.progress,
                      on_size=announce, router_type=args.router_type,
-                     rope_scaling=args.rope_scaling)
+                     rope_scaling=args.rope_scaling, mix=args.mix)
     dt = time.perf_counter() - t0
     size = os.path.getsize(path)
-    print(f"wrote {path}: preset {args.preset}, expert type {args.expert_type}, "
-          f"dense {args.dense_type}, seed {args.seed}, {size:,} bytes in {dt:.2f} s "
+    types = (f"mix {args.mix}" if args.mix else
+             f"expert type {args.expert_type or 'Q8_0'}, dense {args.dense_type or 'Q8_0'}")
+    print(f"wrote {path}: preset {args.preset}, {types}, seed {args.seed}, {size:,} bytes in {dt:.2f} s "
           f"({size / 1e6 / max(dt, 1e-9):.0f} MB/s)", file=sys.stdout)
     return 0
