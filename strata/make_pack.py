@@ -22,7 +22,11 @@ IQ4_NL/Q5_x, which strata does not support). The fallback is recorded in the pac
 expert types (F16, BF16, F32: EXPERT_TYPES) have no blocks and never fall back; their values
 are drawn as the float dense matrices' are.
 Attention matrices, shared-expert matrices, token_embd and output are in the dense type
-(Q8_0, F16, BF16 or F32); norms are F32 around 1.0. The router (`ffn_gate_inp`) is in the
+(any registered quant type, F16, BF16 or F32; a quant type whose block does not divide a dense
+matrix's rows is refused, naming them: the dense matrices never fall back); norms are F32
+around 1.0. A mix (`mix="Q4_K_M"` or `"Q2_K"`, strata/mixes.py) instead gives every matrix the
+type llama-quantize picks for that file type, its own fallbacks included (Q4_0, Q5_0, Q5_1,
+Q8_0: not recorded as make-pack fallbacks, they are the mix's), and records `strata.mix`. The router (`ffn_gate_inp`) is in the
 router type: F32 by default, as llama.cpp's converters keep it, BF16 for the `strata` preset
 (Strata keeps its router in BF16), or Q8_0; the shared expert's gate vector
 (`ffn_gate_inp_shexp`, a norm-like vector that must be float) follows a float router type and
