@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from hypothesis import given, settings, strategies as st
 from gguf.quants import dequantize
 
 from fast import make_fast_engine
@@ -81,14 +82,20 @@ def test_make_pack_refuses_an_unknown_expert_type_naming_the_float_ones(tmp_path
     assert not (tmp_path / "p.gguf").exists()
 
 
-def test_gather_and_scatter_rows_are_one_definition():
-    rng = np.random.default_rng(3)
-    T, E, k = 29, 11, 3
-    x = rng.standard_normal((T, 40), dtype=np.float32)
+@settings(max_examples=60, deadline=None)
+@given(T=st.integers(1, 40), E=st.integers(1, 12), K=st.integers(1, 70), seed=st.integers(0, 2**32 - 1),
+       data=st.data())
+def test_gather_and_scatter_rows_are_one_definition(T, E, K, seed, data):
+    """Over any routing, the rows gathered by src and scattered by slot are the same bytes:
+    row r holds its token's row, the expert-sorted order of the routing tables."""
+    k = data.draw(st.integers(1, E))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, K), dtype=np.float32)
     ids = np.stack([rng.permutation(E)[:k] for _ in range(T)]).astype(np.int32)
     tab = routing_tables(ids, E)
     g = gather_rows(x, tab.src)
-    assert g.shape == (T * k, 40) and np.array_equal(g, x[tab.src])
+    assert g.shape == (T * k, K) and np.array_equal(g, x[tab.src])
+    assert np.array_equal(g[tab.slot], np.repeat(x, k, axis=0))  # pair t*k+j's row is token t's
     assert np.array_equal(g.view(np.uint32), scatter_rows(x, tab.slot, k).view(np.uint32))
 
 
