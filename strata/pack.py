@@ -186,6 +186,7 @@ class _CheckedReader(GGUFReader):
 
     def _build_tensors(self, start_offs, fields):  # noqa: D401 - gguf internal hook
         size = int(self.data.shape[0])
+        misfit = []  # every tensor whose rows are not whole blocks of its type, named at once
         for field in fields:
             try:
                 _nl, name_data, _nd, dims, raw_dtype, offset_tensor = field.parts
@@ -199,9 +200,10 @@ class _CheckedReader(GGUFReader):
             if end > size:
                 raise _Truncated(name, end, size)
             if len(dims) and int(dims[0]) % vals:
-                raise PackError(
-                    f"tensor {name} ({qt.name}): rows of {int(dims[0])} values are not a "
-                    f"multiple of the {qt.name} block size ({vals})")
+                misfit.append(f"tensor {name} ({qt.name}): rows of {int(dims[0])} values are not a "
+                              f"multiple of the {qt.name} block size ({vals})")
+        if misfit:
+            raise PackError("; ".join(misfit))
         return super()._build_tensors(start_offs, fields)
 
 

@@ -340,3 +340,36 @@ def test_cuda_refuses_a_type_without_a_kernel_before_the_backend(tmp_path):
     assert "no CUDA MMQ kernel decodes Q3_K: blk.{0,1}.attn_v.weight; Q5_K: blk.1.ffn_down_exps.weight" in msg
     assert "token_embd" not in msg
     make_fast_engine(pack, "sim")  # the sim runs it
+
+
+def test_every_tensor_of_broken_blocks_in_one_refusal(tmp_path):
+    """Rows that are not whole blocks of their type (a broken writer: the file's sizes cannot
+    even be read as blocks) are named all at once, before the metadata is looked at."""
+    import struct
+
+    from strata.pack import Pack
+
+    path = tmp_path / "rows.gguf"
+    w = GGUFWriter(path, "qwen3moe")
+    names = {"blk.0.attn_q.weight": QT.Q4_K, "blk.1.attn_v.weight": QT.Q6_K, "output.weight": QT.Q8_0}
+    for name, qt in names.items():  # 2 rows of 256 values (gguf-py writes whole blocks only)
+        vals, nbytes = GGML_QUANT_SIZES[qt]
+        w.add_tensor(name, np.zeros((2, 256 * nbytes // vals), np.uint8), raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    # the K-quants' tensor infos made 4 rows of 128 values: the same bytes, half blocks
+    data = bytearray(path.read_bytes())
+    for name in ("blk.0.attn_q.weight", "blk.1.attn_v.weight"):
+        tag = struct.pack("<Q", len(name)) + name.encode()
+        at = data.index(tag) + len(tag)
+        assert struct.unpack_from("<IQQ", data, at) == (2, 256, 2)
+        struct.pack_into("<IQQ", data, at, 2, 128, 4)
+    path.write_bytes(bytes(data))
+    with pytest.raises(PackError) as err:
+        Pack.open(path)
+    assert str(err.value) == (
+        "tensor blk.0.attn_q.weight (Q4_K): rows of 128 values are not a multiple of the Q4_K "
+        "block size (256); tensor blk.1.attn_v.weight (Q6_K): rows of 128 values are not a "
+        "multiple of the Q6_K block size (256)")
