@@ -33,8 +33,8 @@ class PreparedWeights:
                                    it at a time to float32, so a matrix is kept in a quarter
                                    or half of its float32 size
     dw  float32 [N, nb]      per-block float scale
-    mw  float32 [N, nb]      Q4_1 min / Q2_K dmin, else None
-    wm  int8 [nb, N, 32]     Q2_K min sub-scales per value, else None
+    mw  float32 [N, nb]      the min (Q4_1, Q5_1) or dmin (Q2_K, Q4_K, Q5_K), else None
+    wm  int8 [nb, N, 32]     the integer min sub-scales per value (Q2_K, Q4_K, Q5_K), else None
     """
 
     qtype: QT

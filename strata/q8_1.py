@@ -8,7 +8,7 @@ of 512) and cut into 128-value blocks of 144 bytes: a 16-byte header (layout-dep
 Header by layout (which one a weight type reads: its strata.qformats class's q8_1_layout):
 
 - ``D4``:   ``float d[4]``, one float32 scale per 32 values (the types without a min)
-- ``DS4``:  ``half2 ds[4]``: d0 s0 d1 s1 d2 s2 d3 s3, scale and float sum per 32 values (Q4_1)
+- ``DS4``:  ``half2 ds[4]``: d0 s0 d1 s1 d2 s2 d3 s3, scale and float sum per 32 values (Q4_1, Q5_1)
 - ``D2S6``: ``half[8]``: d0 d1 (one scale per 64 values), s0..s5 (sums of the 16-value groups
   of values 0..95) (Q2_K)
 

@@ -148,7 +148,8 @@ def folded_codes(dec: Decoded) -> np.ndarray:
 
 
 def folded_mins(dec: Decoded) -> np.ndarray:
-    """float32 [..., nb32, 32]: Q2_K min sub-scale of each value's half (v0 x16, v1 x16)."""
+    """float32 [..., nb32, 32]: the min sub-scale of each value's half (v0 x16, v1 x16), for
+    the types with integer min sub-scales (the DMIN epilogue: Q2_K, Q4_K, Q5_K)."""
     if dec.msub is None:
         raise PackError(f"{dec.qtype.name} has no min sub-scales")
     return np.repeat(dec.msub.astype(np.float32), 16, axis=-1)
