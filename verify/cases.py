@@ -744,11 +744,13 @@ def _sim_rows() -> list[ParityCase]:
     for etype in [f.qtype.name for f in _qformats.formats() if f.mmq_kernel is None]:
         for n in (63, 130):
             for sw in SIM_SWITCHES[:2]:
-                rows.append(_row("sim", "tiny", etype, n, 64, dict(zip(SIM_SWITCH_NAMES, sw)), seed=21))
+                rows.append(_row("sim", "tiny", etype, n, 64, dict(zip(SIM_SWITCH_NAMES, sw)), seed=21,
+                                 quick=n == 63 and sw == SIM_SWITCHES[0]))
         rows.append(_row("sim", "tiny", "Q8_0", 70, 64, seed=22, pack_options=(("dense_type", etype),)))
     for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
         base = {"Q4_K_M": "Q4_K", "Q2_K": "Q2_K"}[mix]
-        rows.append(_row("sim", preset, base, 130, 64, seed=23, pack_options=(("mix", mix),)))
+        rows.append(_row("sim", preset, base, 130, 64, seed=23, pack_options=(("mix", mix),),
+                         quick=(preset, mix) == ("tiny", "Q4_K_M")))
     n_cache = _all_experts("small") // 3
     for gg in (1, 0):
         rows.append(_row("sim", "small", "IQ3_S", 600, 512, dict(group_gather=gg, expert_cache=n_cache, ring=16,
