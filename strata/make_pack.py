@@ -81,7 +81,7 @@ from strata.config import ARCH, PRESETS, ROPE_KEYS, ModelConfig, RopeScaling
 from strata.progress import Progress
 from strata.constants import PACK_FORMAT
 from strata.errors import InputError
-from strata.mixes import MIXES, mix_types, parse_mix
+from strata.mixes import MIXES, file_type, mix_types, parse_mix
 from strata.pack import (KEY_EXPERT_TYPE, KEY_FALLBACK, KEY_FALLBACK_TYPE, KEY_MIX, KEY_PACK_FORMAT,
                          KEY_PRESET, KEY_ROUTER_TYPE, KEY_SEED, KEY_TENSOR_DIGEST,
                          KEY_TENSOR_DIGESTS, KEY_WRITER, folded, tensor_digest_root)
@@ -352,6 +352,7 @@ def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, exper
     w.add_string(KEY_ROUTER_TYPE, router_type.name)
     if mix is not None:  # a pack of no mix keeps the header it always had
         w.add_string(KEY_MIX, mix)
+        w.add_file_type(int(file_type(mix)))  # general.file_type, as llama-quantize records it
     w.add_uint32(KEY_PACK_FORMAT, PACK_FORMAT)
     if fallbacks:
         w.add_string(KEY_FALLBACK_TYPE, FALLBACK_TYPE.name)

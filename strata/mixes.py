@@ -26,6 +26,7 @@ Then the fallback of a matrix whose rows are not a multiple of its type's block:
 from __future__ import annotations
 
 from gguf import GGMLQuantizationType as QT
+from gguf import LlamaFileType
 
 from strata import quants
 from strata import tensor_names as tn
@@ -36,6 +37,11 @@ T = tn.T
 MIXES: dict[str, QT] = {"Q4_K_M": QT.Q4_K, "Q2_K": QT.Q2_K}
 #: tensor_type_fallback: a type whose block does not fit the rows -> the 32-value type used instead
 FALLBACK = {QT.Q2_K: QT.Q4_0, QT.Q3_K: QT.Q4_0, QT.Q4_K: QT.Q5_0, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}
+
+
+def file_type(mix: str) -> LlamaFileType:
+    """The llama_ftype a file of this mix records as general.file_type (gguf's LlamaFileType)."""
+    return LlamaFileType[f"MOSTLY_{parse_mix(mix)}"]
 
 
 def use_more_bits(i: int, n: int) -> bool:

@@ -130,6 +130,7 @@ def test_make_pack_writes_the_mix(tmp_path):
     assert all(types[k] == "F32" for k in types if k not in want)  # norms and the router
     pack = Pack.open(path)
     assert pack.field("strata.mix") == "Q4_K_M" and pack.fallbacks == []
+    assert pack.field("general.file_type") == 15  # llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_K_M
     assert [pack.expert_types(l)[1].name for l in range(4)] == ["Q5_0", "Q5_0", "Q8_0", "Q8_0"]
     # the same arguments, the same bytes; the mix's base expert type may be given
     again = make_pack(tmp_path / "m2.gguf", "small", layers=4, mix="Q4_K_M", expert_type="Q4_K", seed=2)
