@@ -284,7 +284,7 @@ def _prune(folder: Path, name: str, new: Path) -> None:
 
 def configure(config) -> None:
     config.addinivalue_line("markers", "quick: the quick tier (pytest verify/ -m quick)")
-    if config.pluginmanager.hasplugin("hypothesispytest"):
+    if getattr(config, "pluginmanager", None) is not None and config.pluginmanager.hasplugin("hypothesispytest"):
         # its end-of-run summary imports hypothesis (a second or more), in every worker and then
         # in the main process, after the last test: imported now, beside the run, it is not
         import threading
