@@ -82,7 +82,8 @@ def main() -> int:
                 sel = sample_index(tokens, CHECKED_ROWS)
                 return Definition(sel, mmq.mmq(QTYPE, w, q8_1.decode_rows(act_rows[sel], len(sel), layout)))
 
-            arms = [Arm(n, (lambda o=o, c=c: products.mmq_dense(dev, QTYPE, wd, N, K, act, tokens, o, config=c)),
+            arms = [Arm(n, (lambda o=o, c=c: products.mmq_dense(dev, QTYPE, wd, N=N, K=K, act=act, R=tokens, out=o,
+                                                                config=c)),
                         (lambda o=o: output(o))) for n, o, c in zip(names, outs, configs)]
             res = measure(clock, case, arms, args.reps, definition)
             results.append(res)

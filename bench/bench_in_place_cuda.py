@@ -160,13 +160,14 @@ def main():
                 at = 0
                 for g, members in enumerate(groups):
                     n = len(members)
-                    products.gather_native_group(dev, [int(cache) + int(e) * blob for e in members], gu_b, d_b,
-                                                 GROUP_TAIL_BYTES, gu_buf, d_buf)
+                    products.gather_native_group(dev, [int(cache) + int(e) * blob for e in members], gu_bytes=gu_b,
+                                                 d_bytes=d_b, tail_bytes=GROUP_TAIL_BYTES, gu_buf=gu_buf, d_buf=d_buf)
                     bd = int(gb_dev) + at * 8
                     n_r = int(gbounds[g][-1, 1] - gbounds[g][0, 0])
-                    products.mmq_group(dev, GU, gu_buf, 2 * gu_b, N_FF, N_EMBD, ad_in, rows, bd, n, o[0],
-                                       rows=n_r, pair=(gu_b, o[1]))
-                    products.mmq_group(dev, DOWN, d_buf, d_b, N_EMBD, N_FF, ad_dn, rows, bd, n, o[2], rows=n_r)
+                    products.mmq_group(dev, GU, gu_buf, w_stride=2 * gu_b, N=N_FF, K=N_EMBD, act=ad_in, R_total=rows,
+                                       bounds=bd, n_exp=n, out=o[0], rows=n_r, pair=(gu_b, o[1]))
+                    products.mmq_group(dev, DOWN, d_buf, w_stride=d_b, N=N_EMBD, K=N_FF, act=ad_dn, R_total=rows,
+                                       bounds=bd, n_exp=n, out=o[2], rows=n_r)
                     at += n
             return run
 
@@ -177,11 +178,11 @@ def main():
 
             def run():
                 if "gate/up" in which:
-                    products.mmq_tiles(dev, GU, cache, N_FF, N_EMBD, ad_in, rows, td, len(t), o[0],
-                                       tile_rows_mean=mean, config=cfg, pair=(gu_b, o[1]))
+                    products.mmq_tiles(dev, GU, cache, N=N_FF, K=N_EMBD, act=ad_in, R_total=rows, tiles=td,
+                                       n_tiles=len(t), out=o[0], tile_rows_mean=mean, config=cfg, pair=(gu_b, o[1]))
                 if "down" in which:
-                    products.mmq_tiles(dev, DOWN, int(cache) + 2 * gu_b, N_EMBD, N_FF, ad_dn, rows, td, len(t),
-                                       o[2], tile_rows_mean=mean, config=cfg)
+                    products.mmq_tiles(dev, DOWN, int(cache) + 2 * gu_b, N=N_EMBD, K=N_FF, act=ad_dn, R_total=rows,
+                                       tiles=td, n_tiles=len(t), out=o[2], tile_rows_mean=mean, config=cfg)
             run.keep = td
             return run
 

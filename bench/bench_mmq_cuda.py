@@ -234,9 +234,10 @@ def bench(args):
                 bufs_q = {how: runtime.alloc(nbytes, "q8_1 activations") for how in ("scatter", "gather")}
                 case = kernel_case("quantize", f"T{tokens}-K{K}-E{N_EXPERT}-k{TOP_K}-{lay.name}",
                                    dict(T=tokens, K=K, E=N_EXPERT, k=TOP_K), config=lay.name)
-                fns = {"scatter": lambda: products.quantize_scatter(dev, xd, slot_d, tokens, TOP_K, K, lay,
-                                                                    bufs_q["scatter"]),
-                       "gather": lambda: products.quantize_gather(dev, xd, src_d, rows, K, lay, bufs_q["gather"])}
+                fns = {"scatter": lambda: products.quantize_scatter(dev, xd, slot_d, T=tokens, K_used=TOP_K, K=K,
+                                                                    layout=lay, out=bufs_q["scatter"]),
+                       "gather": lambda: products.quantize_gather(dev, xd, src_d, n_rows=rows, K=K, layout=lay,
+                                                                  out=bufs_q["gather"])}
 
                 def q_output(buf, nbytes=nbytes):
                     h = np.empty(nbytes, np.uint8)
@@ -278,9 +279,9 @@ def bench(args):
 
                     def layer(out=out, cfg=cfg, tile_rows=tile_rows):
                         for g in range(N_EXPERT // GROUP):
-                            products.mmq_group(dev, qt, bufs[g % len(bufs)], stride, N, K, ad, rows,
-                                               int(bounds_dev) + g * GROUP * 8, GROUP, out,
-                                               rows=groups[g], tile_rows=tile_rows, config=cfg)
+                            products.mmq_group(dev, qt, bufs[g % len(bufs)], w_stride=stride, N=N, K=K, act=ad,
+                                               R_total=rows, bounds=int(bounds_dev) + g * GROUP * 8, n_exp=GROUP,
+                                               out=out, rows=groups[g], tile_rows=tile_rows, config=cfg)
 
                     def output(out=out):
                         h = np.empty((rows, N), np.float32)

@@ -36,10 +36,12 @@ def test_group_gather(gpu_benchmark, cuda_device, mode, case):
         s = next(turn) % SETS
         addrs = [int(src) + (s * n + q) * blob for q in range(n)]
         if mode == "one_launch":
-            products.gather_native_group(dev, addrs, gu, d, tail, gu_buf, d_buf)
+            products.gather_native_group(dev, addrs, gu_bytes=gu, d_bytes=d, tail_bytes=tail, gu_buf=gu_buf,
+                                         d_buf=d_buf)
         else:
             for q, a in enumerate(addrs):
-                products.gather_native_one(dev, a, q, gu, d, gu_buf, d_buf, tail_bytes=tail if q == n - 1 else 0)
+                products.gather_native_one(dev, a, q=q, gu_bytes=gu, d_bytes=d, gu_buf=gu_buf, d_buf=d_buf,
+                                           tail_bytes=tail if q == n - 1 else 0)
 
     gpu_benchmark(run, stream=dev.stream, counters=dev.counters, rounds=20, case=case, copied_bytes=n * blob,
                   experts=n, blob_bytes=blob, mode=mode)

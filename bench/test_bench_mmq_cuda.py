@@ -60,7 +60,7 @@ def test_mmq_layer(gpu_benchmark, cuda_device, group_weights, case):
     bufs, mat = group_weights(tname, N, K, mats)
     x = dev.upload(np.random.default_rng(tokens).standard_normal((tokens, K), dtype=np.float32))
     act = dev.empty((q8_1.buffer_nbytes(r.rows, K),), np.uint8)
-    products.quantize_gather(dev, x, dev.upload(r.src), r.rows, K, q8_1.layout_for(qt), act)
+    products.quantize_gather(dev, x, dev.upload(r.src), n_rows=r.rows, K=K, layout=q8_1.layout_for(qt), out=act)
     bounds = dev.upload(r.bounds.reshape(-1))
     outs = [dev.empty((r.rows, N), np.float32) for _ in range(mats)]
 
@@ -69,8 +69,8 @@ def test_mmq_layer(gpu_benchmark, cuda_device, group_weights, case):
             w = int(bufs[g % len(bufs)])
             b = int(bounds.gpudata) + g * MMQ_GROUP * 8
             pair = (mat, outs[1]) if mats == 2 else None  # up sits after gate in each expert's slot
-            products.mmq_group(dev, qt, w, mats * mat, N, K, act, r.rows, b, MMQ_GROUP, outs[0],
-                               rows=int(r.group_rows[g]), pair=pair)
+            products.mmq_group(dev, qt, w, w_stride=mats * mat, N=N, K=K, act=act, R_total=r.rows, bounds=b,
+                               n_exp=MMQ_GROUP, out=outs[0], rows=int(r.group_rows[g]), pair=pair)
 
     assert case.flops == 2 * r.rows * N * K * mats
     gpu_benchmark(layer, stream=dev.stream, counters=dev.counters, rounds=5, case=case, tokens=tokens, rows=r.rows,

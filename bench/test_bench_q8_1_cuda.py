@@ -34,12 +34,12 @@ def test_quantize(gpu_benchmark, cuda_device, how, case):
         src = dev.upload(r.src)
 
         def run():
-            products.quantize_gather(dev, x, src, r.rows, K, layout, out)
+            products.quantize_gather(dev, x, src, n_rows=r.rows, K=K, layout=layout, out=out)
     else:
         slot = dev.upload(r.slot)
 
         def run():
-            products.quantize_scatter(dev, x, slot, tokens, top_k, K, layout, out)
+            products.quantize_scatter(dev, x, slot, T=tokens, K_used=top_k, K=K, layout=layout, out=out)
 
     gpu_benchmark(run, stream=dev.stream, counters=dev.counters, rounds=10, case=case, tokens=tokens, rows=r.rows,
                   K=K, layout=layout.name, how=how)

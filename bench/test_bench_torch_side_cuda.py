@@ -44,7 +44,8 @@ def q8_act(dev, rows_src, tokens, K, qt):
     """A q8_1 buffer of len(rows_src) rows of random tokens in qt's layout."""
     x = dev.upload(np.random.default_rng(tokens).standard_normal((tokens, K), dtype=np.float32))
     act = dev.empty((q8_1.buffer_nbytes(len(rows_src), K),), np.uint8)
-    products.quantize_gather(dev, x, dev.upload(rows_src), len(rows_src), K, q8_1.layout_for(qt), act)
+    products.quantize_gather(dev, x, dev.upload(rows_src), n_rows=len(rows_src), K=K, layout=q8_1.layout_for(qt),
+                             out=act)
     return act
 
 
@@ -68,8 +69,8 @@ def test_grouped_gate_up(gpu_benchmark, torch_ratio, cuda_device, tname):
         for g in range(N_GROUPS):
             b = int(bounds.gpudata) + g * MMQ_GROUP * 8
             for j, out in enumerate(outs):
-                products.mmq_group(dev, qt, int(w) + j * mat, 2 * mat, N, K, act, r.rows, b, MMQ_GROUP, out,
-                                   rows=int(r.group_rows[g]))
+                products.mmq_group(dev, qt, int(w) + j * mat, w_stride=2 * mat, N=N, K=K, act=act, R_total=r.rows,
+                                   bounds=b, n_exp=MMQ_GROUP, out=out, rows=int(r.group_rows[g]))
 
     t_ours = gpu_benchmark(ours, stream=dev.stream, counters=dev.counters, rounds=ROUNDS, warmup_rounds=WARMUP,
                            ops=4 * r.rows * N * K, tokens=tokens, rows=r.rows, type=tname)
@@ -120,8 +121,8 @@ def test_in_place_gate_up(gpu_benchmark, torch_ratio, cuda_device, tname, tokens
     outs = [dev.empty((r.rows, N), np.float32) for _ in range(2)]
 
     def ours():
-        products.mmq_tiles(dev, qt, w, N, K, act, r.rows, tiles_dev, len(tiles), outs[0], tile_rows_mean=mean,
-                           pair=(mat, outs[1]))
+        products.mmq_tiles(dev, qt, w, N=N, K=K, act=act, R_total=r.rows, tiles=tiles_dev, n_tiles=len(tiles),
+                           out=outs[0], tile_rows_mean=mean, pair=(mat, outs[1]))
 
     t_ours = gpu_benchmark(ours, stream=dev.stream, counters=dev.counters, rounds=ROUNDS, warmup_rounds=WARMUP,
                            ops=4 * r.rows * N * K, tokens=tokens, rows=r.rows, type=tname)
@@ -138,7 +139,7 @@ def test_dense(gpu_benchmark, torch_ratio, cuda_device, rows):
     out = dev.empty((rows, N), np.float32)
 
     def ours():
-        products.mmq_dense(dev, qt, w, N, K, act, rows, out)
+        products.mmq_dense(dev, qt, w, N=N, K=K, act=act, R=rows, out=out)
 
     t_ours = gpu_benchmark(ours, stream=dev.stream, counters=dev.counters, rounds=ROUNDS, warmup_rounds=WARMUP,
                            ops=2 * rows * N * K, rows=rows, N=N, K=K, type=qt.name)

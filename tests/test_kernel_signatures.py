@@ -40,7 +40,10 @@ DYNAMIC = {
     # (read through the attribute "via" names, not written in the file)
     ("fast/cuda/products.py", "_mmq_func"): {
         "module": "mmq", "kernel": tuple(f.mmq_kernel for f in qformats.formats() if f.mmq_kernel),
-        "via": "mmq_kernel"},
+        "via": "mmq_kernel",
+        # the format is the letters of the kernel's parameters, read from its C signature
+        # (test_mmq_launches_pass_every_parameter_by_name checks what is packed into it)
+        "fmt": signatures.expected_format("mmq", "mmq_q8_0")},
     # a module compiled from the file's own source text, passed in as an argument
     ("bench/bench_mmq_cuda.py", "__init__"): {"source": "PEAK_SRC"},
     ("bench/bench_mmq_cuda.py", "measure_peak"): {"source": "PEAK_SRC", "kernel": ("peak_k32", "peak_k16")},
@@ -563,3 +566,48 @@ def test_list_macros_and_generated_headers(tmp_path, monkeypatch):
     assert got["k_b"].line == 3 and got["k_b"].macro == "ENTRY"
     text = "#define LIST(X) X(a, long long)\n"
     assert {n: k.format for n, k in signatures.kernels("lst", kernel_dir=str(tmp_path)).items()} == {"k_a": "Pq"}
+
+
+# ------------------------------------------------------------------------------ MMQ's arguments
+
+def test_mmq_launches_pass_every_parameter_by_name():
+    """Each MMQ launch in products.py names every parameter of the kernels' C signature, and no
+    other, and the names are packed in the signature's order; the packer refuses a missing or an
+    unknown name in one line."""
+    from fast.cuda import products
+    from strata.errors import InputError
+
+    kernels = [f.mmq_kernel for f in qformats.formats() if f.mmq_kernel]
+    found = signatures.kernels("mmq")
+    names = [p.name for p in found[kernels[0]].params]
+    assert len(names) == len(set(names)) == 16 and all(names)
+    for k in kernels:
+        assert [p.name for p in found[k].params] == names
+        assert "".join(lt for _, lt in products._mmq_fields(k)) == found[k].format
+    pf = PyFile(ROOT / "fast/cuda/products.py")
+    calls = [n for n in ast.walk(pf.tree) if isinstance(n, ast.Call) and is_call_to(n, "_mmq_args")]
+    assert len(calls) == 2  # the bounds form and the tile-list form
+    for c in calls:
+        assert sorted(k.arg for k in c.keywords) == sorted(names), ast.unparse(c)[:80]
+    given = {n: i for i, n in enumerate(reversed(names))}
+    assert products._mmq_args(kernels[0], **given) == tuple(given[n] for n in names)
+    with pytest.raises(InputError, match=r"missing \['n_tiles'\]"):
+        products._mmq_args(kernels[0], **{k: v for k, v in given.items() if k != "n_tiles"})
+    with pytest.raises(InputError, match=r"unknown parameters \['W'\]"):
+        products._mmq_args(kernels[0], W=0, **given)
+
+
+def test_products_wrappers_are_keyword_only_past_their_inputs():
+    """Every launch wrapper of products.py takes the device and at most two more arguments by
+    position (a type and weights, or the rows it reads); everything else by name."""
+    import inspect
+
+    from fast.cuda import products
+
+    wrappers = [n for n in products.__all__ if callable(getattr(products, n))
+                and next(iter(inspect.signature(getattr(products, n)).parameters), None) == "dev"]
+    assert {"quantize_gather", "mmq_group", "mmq_tiles", "gather_native_one"} <= set(wrappers)
+    for name in wrappers:
+        params = inspect.signature(getattr(products, name)).parameters.values()
+        positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+        assert positional[0] == "dev" and len(positional) <= 3, (name, positional)

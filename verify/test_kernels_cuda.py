@@ -181,7 +181,7 @@ def test_quantize_gather_scatter(cu, dev, case):
     slotd = _dev(cu, rt.slot.astype(np.int32))
 
     out = _poisoned(cu, nbytes)
-    products.quantize_gather(dev, xd, srcd, R, K, layout, out)
+    products.quantize_gather(dev, xd, srcd, n_rows=R, K=K, layout=layout, out=out)
     got = _get(cu, out, nbytes)
     if case.check is not None:
         _no_poisoned_block(got, R, "gather")
@@ -189,7 +189,7 @@ def test_quantize_gather_scatter(cu, dev, case):
     assert np.array_equal(got, want_g), "gather: " + _q8_report(got, want_g, R, K, layout)
 
     out2 = _poisoned(cu, nbytes)
-    products.quantize_scatter(dev, xd, slotd, T, k, K, layout, out2)
+    products.quantize_scatter(dev, xd, slotd, T=T, K_used=k, K=K, layout=layout, out=out2)
     got2 = _get(cu, out2, nbytes)
     assert np.array_equal(got2, want_s), "scatter: " + _q8_report(got2, want_s, R, K, layout)
     if case.check is not None:
@@ -287,7 +287,8 @@ def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows
         bn = products.mmq_geometry(cfg)["BN"]
         for tr in sorted({min(t, bn) for t in tile_rows}, reverse=True):
             out = _poisoned(cu, R_total * N * 4)
-            products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, n_exp, out, tile_rows=tr, config=cfg)
+            products.mmq_group(dev, qt, wd, w_stride=stride, N=N, K=K, act=ad, R_total=R_total, bounds=bd,
+                               n_exp=n_exp, out=out, tile_rows=tr, config=cfg)
             got = _get(cu, out, R_total * N * 4)
             assert np.array_equal(got, want), (
                 f"{qt.name} N={N} K={K} rows={rows} tile_rows={tr} config={cfg}: "
@@ -342,7 +343,7 @@ def test_mmq_dense(cu, dev, case):
     wpad = np.concatenate([w.reshape(-1), np.zeros(WEIGHT_TAIL_BYTES, np.uint8)])
     wd, ad = _dev(cu, wpad), _dev(cu, q8_1.pack_rows(act_rows))
     out = _poisoned(cu, R * N * 4)
-    products.mmq_dense(dev, qt, wd, N, K, ad, R, out)
+    products.mmq_dense(dev, qt, wd, N=N, K=K, act=ad, R=R, out=out)
     got = _get(cu, out, R * N * 4)
     assert np.array_equal(got, want), f"dense {qt.name}: " + _f32_report(got, want, N)
 
@@ -405,12 +406,13 @@ def test_mmq_pair_is_two_launches_in_one(cu, dev, case):
     for cfg in mmq_configs():
         tr = products.mmq_geometry(cfg)["BN"]  # a configuration's tiles hold at most BN rows
         one_g, one_u, pair_g, pair_u = (_poisoned(cu, nbytes) for _ in range(4))
-        products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, len(rows), one_g, config=cfg, tile_rows=tr)
-        products.mmq_group(dev, qt, int(wd) + mat, stride, N, K, ad, R_total, bd, len(rows), one_u, config=cfg,
-                           tile_rows=tr)
+        products.mmq_group(dev, qt, wd, w_stride=stride, N=N, K=K, act=ad, R_total=R_total, bounds=bd,
+                           n_exp=len(rows), out=one_g, config=cfg, tile_rows=tr)
+        products.mmq_group(dev, qt, int(wd) + mat, w_stride=stride, N=N, K=K, act=ad, R_total=R_total, bounds=bd,
+                           n_exp=len(rows), out=one_u, config=cfg, tile_rows=tr)
         before = dict(dev.counters)
-        products.mmq_group(dev, qt, wd, stride, N, K, ad, R_total, bd, len(rows), pair_g, config=cfg, tile_rows=tr,
-                           pair=(mat, pair_u))
+        products.mmq_group(dev, qt, wd, w_stride=stride, N=N, K=K, act=ad, R_total=R_total, bounds=bd,
+                           n_exp=len(rows), out=pair_g, config=cfg, tile_rows=tr, pair=(mat, pair_u))
         assert dev.counters["launches"] - before.get("launches", 0) == 1
         assert dev.counters["mmq"] - before.get("mmq", 0) == 1
         for what, got, want in (("gate", pair_g, one_g), ("up", pair_u, one_u)):
@@ -470,8 +472,8 @@ def _tile_list_case(cu, dev, qt, N, K, rows, seed, keep=False):
         td = _dev(cu, tiles)
         g, u = _poisoned(cu, R_total * N * 4), _poisoned(cu, R_total * N * 4)
         before = dev.counters["launches"]
-        products.mmq_tiles(dev, qt, cd, N, K, ad, R_total, td, len(tiles), g, tile_rows_mean=mean, config=cfg,
-                           pair=(mat, u))
+        products.mmq_tiles(dev, qt, cd, N=N, K=K, act=ad, R_total=R_total, tiles=td, n_tiles=len(tiles), out=g,
+                           tile_rows_mean=mean, config=cfg, pair=(mat, u))
         assert dev.counters["launches"] - before == 1
         for what, got, w in (("gate", g, want[0]), ("up", u, want[1])):
             gb = _get(cu, got, R_total * N * 4)
@@ -510,15 +512,16 @@ def test_mmq_layer(cu, dev, case):
     x = np.random.default_rng(tokens).standard_normal((tokens, K), dtype=np.float32)
     layout = q8_1.layout_for(qt)
     act = _poisoned(cu, q8_1.buffer_nbytes(r.rows, K))
-    products.quantize_gather(dev, _dev(cu, x), _dev(cu, r.src), r.rows, K, layout, act)
+    products.quantize_gather(dev, _dev(cu, x), _dev(cu, r.src), n_rows=r.rows, K=K, layout=layout, out=act)
     wd = [_dev(cu, b) for b in bufs]
     bd = _dev(cu, r.bounds.reshape(-1))
     nbytes = r.rows * N * 4
     outs = [_poisoned(cu, nbytes) for _ in range(mats)]
     for g in range(N_GROUPS):
         pair = (mat, outs[1]) if mats == 2 else None  # up sits after gate in each expert's slot
-        products.mmq_group(dev, qt, int(wd[g % n_buf]), mats * mat, N, K, act, r.rows, int(bd) + g * MMQ_GROUP * 8,
-                           MMQ_GROUP, outs[0], rows=int(r.group_rows[g]), pair=pair)
+        products.mmq_group(dev, qt, int(wd[g % n_buf]), w_stride=mats * mat, N=N, K=K, act=act, R_total=r.rows,
+                           bounds=int(bd) + g * MMQ_GROUP * 8, n_exp=MMQ_GROUP, out=outs[0],
+                           rows=int(r.group_rows[g]), pair=pair)
     got = [_get(cu, o, nbytes) for o in outs]
     names = ("gate", "up") if mats == 2 else ("down",)
     for what, g in zip(names, got):
@@ -585,10 +588,10 @@ def test_swiglu_quantize_is_the_two_steps(cu, dev, case):
     nbytes = q8_1.buffer_nbytes(R_total, n)
     two, one = _poisoned(cu, nbytes), _poisoned(cu, nbytes)
     h = elementwise.swiglu(dev, gd, ud, r0=r0, r1=r1)
-    products.quantize_gather(dev, h, _gpu(np.arange(rows, dtype=np.int32)), rows, n, layout,
-                             int(two) + row0 * q8_1.BLOCK_BYTES, R_total=R_total)
+    products.quantize_gather(dev, h, _gpu(np.arange(rows, dtype=np.int32)), n_rows=rows, K=n, layout=layout,
+                             out=int(two) + row0 * q8_1.BLOCK_BYTES, R_total=R_total)
     before = dev.counters["launches"]
-    products.swiglu_quantize(dev, gd, ud, r0, r1, layout, one, row0=row0, R_total=R_total)
+    products.swiglu_quantize(dev, gd, ud, r0=r0, r1=r1, layout=layout, out=one, row0=row0, R_total=R_total)
     assert dev.counters["launches"] - before == 1
     got, want = _get(cu, one, nbytes), _get(cu, two, nbytes)
     assert np.array_equal(got, want), f"fused vs two steps, {layout.name}: " + _q8_report(got, want, R_total, n, layout)

@@ -595,10 +595,11 @@ def test_gather(dev, case):
         gu = _poisoned((gu_n + guard,), np.uint8)
         dn = _poisoned((d_n + guard,), np.uint8)
         if mode == "group":
-            cu_prod.gather_native_group(dev, ptrs, gu_bytes, d_bytes, tail, gu, dn)
+            cu_prod.gather_native_group(dev, ptrs, gu_bytes=gu_bytes, d_bytes=d_bytes, tail_bytes=tail, gu_buf=gu,
+                                        d_buf=dn)
         else:
             for q in range(n):
-                cu_prod.gather_native_one(dev, ptrs[q], q, gu_bytes, d_bytes, gu, dn,
+                cu_prod.gather_native_one(dev, ptrs[q], q=q, gu_bytes=gu_bytes, d_bytes=d_bytes, gu_buf=gu, d_buf=dn,
                                       tail_bytes=tail if q == n - 1 else 0)
         poison = np.full(guard, POISON, np.uint8)
         assert_same(_get(gu), np.concatenate([want_gu, poison]), f"gather {mode} gate/up n={n} ({offsets})")
@@ -613,7 +614,7 @@ def test_gather_counts_one_launch(dev, case):
     gu = _poisoned((n * 2 * gub + tail,), np.uint8)
     dn = _poisoned((n * db + tail,), np.uint8)
     before = dev.counters["launches"]
-    cu_prod.gather_native_group(dev, blobs, gub, db, tail, gu, dn)
+    cu_prod.gather_native_group(dev, blobs, gu_bytes=gub, d_bytes=db, tail_bytes=tail, gu_buf=gu, d_buf=dn)
     assert dev.counters["launches"] - before == 1
     want_gu, want_d = moe.group_buffers([b.get() for b in blobs], gub, db, tail)
     assert_same(_get(gu), want_gu, "gather 16 GPUArray blobs gate/up")

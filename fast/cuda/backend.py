@@ -299,12 +299,12 @@ class CudaBackend(BackendBase):
     def quantize_rows(self, x, layout):
         R, K = (int(s) for s in x.shape)
         out = self.alloc_q8(R, K)
-        products.quantize_gather(self.dev, x, self._iota(R), R, K, layout, out.buf)
+        products.quantize_gather(self.dev, x, self._iota(R), n_rows=R, K=K, layout=layout, out=out.buf)
         return out
 
     def mmq_dense(self, w: DevWeight, act: Q8Dev):
         out = self.dev.empty((act.n_rows, w.n_rows), np.float32)
-        products.mmq_dense(self.dev, w.qtype, w.data, w.n_rows, w.n_cols, act.buf, act.n_rows, out)
+        products.mmq_dense(self.dev, w.qtype, w.data, N=w.n_rows, K=w.n_cols, act=act.buf, R=act.n_rows, out=out)
         return out
 
     def float_dense(self, w: DevWeight, x):
@@ -368,11 +368,12 @@ class CudaBackend(BackendBase):
     def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Dev, row0, n_rows_total):
         K = int(x.shape[1])
         src = self._iota(n_rows) if src is None else src
-        products.quantize_gather(self.dev, x, src, n_rows, K, layout,
-                                 int(out.buf.gpudata) + row0 * q8_1.BLOCK_BYTES, R_total=n_rows_total)
+        products.quantize_gather(self.dev, x, src, n_rows=n_rows, K=K, layout=layout,
+                                 out=int(out.buf.gpudata) + row0 * q8_1.BLOCK_BYTES, R_total=n_rows_total)
 
     def quantize_scatter(self, *, x, slot, n_tok, k_used, layout, out: Q8Dev):
-        products.quantize_scatter(self.dev, x, slot, n_tok, k_used, int(x.shape[1]), layout, out.buf)
+        products.quantize_scatter(self.dev, x, slot, T=n_tok, K_used=k_used, K=int(x.shape[1]), layout=layout,
+                                  out=out.buf)
 
     def gather_rows(self, *, x, src, n_rows):
         return float_rows.gather_rows(self.dev, x, src, n_rows)
@@ -424,8 +425,9 @@ class CudaBackend(BackendBase):
                                 ((0, gate), (gu_bytes, up)))
             return
         for w, out, pair in self._gate_up_launches(int(self._gu_buf.gpudata), gu_bytes, gate, up, one_launch):
-            products.mmq_group(self.dev, gu_t, w, 2 * gu_bytes, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows,
-                               bounds, len(group.experts), out, rows=group.n_rows, pair=pair)
+            products.mmq_group(self.dev, gu_t, w, w_stride=2 * gu_bytes, N=cfg.n_ff_exp, K=cfg.n_embd, act=act.buf,
+                               R_total=n_rows, bounds=bounds, n_exp=len(group.experts), out=out, rows=group.n_rows,
+                               pair=pair)
 
     def mmq_group_down(self, *, layer, group, bounds, act: Q8Dev, n_rows, y):
         _, d_t = self.expert_types(layer)
@@ -436,8 +438,8 @@ class CudaBackend(BackendBase):
             self._float_experts(d_t, cfg.n_embd, cfg.n_ff_exp, act, group.bounds, lambda q: base + q * d_bytes,
                                 ((0, y),))
             return
-        products.mmq_group(self.dev, d_t, self._d_buf, d_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows,
-                           bounds, len(group.experts), y, rows=group.n_rows)
+        products.mmq_group(self.dev, d_t, self._d_buf, w_stride=d_bytes, N=cfg.n_embd, K=cfg.n_ff_exp, act=act.buf,
+                           R_total=n_rows, bounds=bounds, n_exp=len(group.experts), out=y, rows=group.n_rows)
 
     def _batch_tiles(self, layer: int, batch):
         """The batch's row tiles (products.row_tiles, offsets into the layer's expert cache) on
@@ -469,8 +471,8 @@ class CudaBackend(BackendBase):
             return
         base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
         for w, out, pair in self._gate_up_launches(base, gu_bytes, gate, up, one_launch):
-            products.mmq_tiles(self.dev, gu_t, w, cfg.n_ff_exp, cfg.n_embd, act.buf, n_rows, tiles, n_tiles, out,
-                               tile_rows_mean=mean, config=mcfg, pair=pair)
+            products.mmq_tiles(self.dev, gu_t, w, N=cfg.n_ff_exp, K=cfg.n_embd, act=act.buf, R_total=n_rows,
+                               tiles=tiles, n_tiles=n_tiles, out=out, tile_rows_mean=mean, config=mcfg, pair=pair)
 
     def mmq_batch_down(self, *, layer, batch, act: Q8Dev, n_rows, y):
         _, d_t = self.expert_types(layer)
@@ -481,8 +483,8 @@ class CudaBackend(BackendBase):
                                 ((2 * gu_bytes, y),))
             return
         base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
-        products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, cfg.n_embd, cfg.n_ff_exp, act.buf, n_rows, tiles,
-                           n_tiles, y, tile_rows_mean=mean, config=mcfg)
+        products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, N=cfg.n_embd, K=cfg.n_ff_exp, act=act.buf,
+                           R_total=n_rows, tiles=tiles, n_tiles=n_tiles, out=y, tile_rows_mean=mean, config=mcfg)
 
     # ---- streaming -------------------------------------------------------------------
     def copy_experts(self, *, ring, slots, experts, tags, wait_for):
@@ -511,18 +513,19 @@ class CudaBackend(BackendBase):
         addrs = [self.tiers.addr(layer, where, index) for where, index, _tag in members]
         self.counters["gathers"] += 1
         if len(addrs) == 1:
-            products.gather_native_one(self.dev, addrs[0], q0, gu, d, self._gu_buf, self._d_buf,
-                                       tail_bytes=GROUP_TAIL_BYTES)
+            products.gather_native_one(self.dev, addrs[0], q=q0, gu_bytes=gu, d_bytes=d, gu_buf=self._gu_buf,
+                                       d_buf=self._d_buf, tail_bytes=GROUP_TAIL_BYTES)
         else:
-            products.gather_native_group(self.dev, addrs, gu, d, GROUP_TAIL_BYTES,
-                                         int(self._gu_buf.gpudata) + q0 * 2 * gu,
-                                         int(self._d_buf.gpudata) + q0 * d)
+            products.gather_native_group(self.dev, addrs, gu_bytes=gu, d_bytes=d, tail_bytes=GROUP_TAIL_BYTES,
+                                         gu_buf=int(self._gu_buf.gpudata) + q0 * 2 * gu,
+                                         d_buf=int(self._d_buf.gpudata) + q0 * d)
 
     def swiglu_rows(self, gate, up, r0, r1, out=None):
         return ops.swiglu(self.dev, gate, up, None if out is None else out[r0:r1], r0=r0, r1=r1)
 
     def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Dev, row0, n_rows_total):
-        products.swiglu_quantize(self.dev, gate, up, r0, r1, layout, out.buf, row0=row0, R_total=n_rows_total)
+        products.swiglu_quantize(self.dev, gate, up, r0=r0, r1=r1, layout=layout, out=out.buf, row0=row0,
+                                 R_total=n_rows_total)
 
     def combine(self, x, weights, slot, y, shared):
         return ops.combine(self.dev, x, weights, slot, y, shared, out=x)

@@ -1,8 +1,10 @@
 """The products and what feeds them: q8_1 quantization of activation rows (gather and
 scatter), the grouped and dense MMQ launches with their tile configurations, and the
 expert-group gathers that build the group weight buffers. Device buffers in, device buffers
-out; every wrapper takes the backend's :class:`fast.cuda.runtime.Device` first and launches
-through it.
+out; every wrapper takes the backend's :class:`fast.cuda.runtime.Device` first, then its
+leading inputs (a type, the weights or the rows it reads), everything else by keyword, and
+launches through it. The MMQ kernels' 16 arguments (two launch forms) are given by name and
+put in the order their C signature declares (:func:`_mmq_args`).
 
 Device buffers may be given as a GPUArray, anything with ``__cuda_array_interface__``, a
 ``DeviceAllocation`` or a plain int address (``int(buf) + offset``).
@@ -28,7 +30,7 @@ from strata import q8_1, qformats
 from strata.constants import MMQ_GROUP
 from strata.errors import DeviceError, InputError
 
-from fast.cuda import runtime
+from fast.cuda import runtime, signatures
 from fast.cuda.runtime import check, ptr
 
 __all__ = [
@@ -95,7 +97,7 @@ def _q8_grid(tasks: int) -> tuple[int, int, int]:
     return (blocks, 1, 1)
 
 
-def quantize_gather(dev, x, src, n_rows: int, K: int, layout, out, *, ldx: int | None = None,
+def quantize_gather(dev, x, src, *, n_rows: int, K: int, layout, out, ldx: int | None = None,
                     R_total: int | None = None) -> None:
     """Rows r < n_rows of the q8_1 buffer ``out`` (R_total rows, default n_rows) <- the
     quantized ``x[src[r]]``. x: float32 device rows of ``ldx`` floats (default K);
@@ -111,7 +113,7 @@ def quantize_gather(dev, x, src, n_rows: int, K: int, layout, out, *, ldx: int |
                ptr(x), ldx, ptr(src), int(n_rows), int(K), lay, ptr(out), R_total)
 
 
-def quantize_scatter(dev, x, slot, T: int, K_used: int, K: int, layout, out, *,
+def quantize_scatter(dev, x, slot, *, T: int, K_used: int, K: int, layout, out,
                      ldx: int | None = None) -> None:
     """Token t < T of x (float32 device rows of ``ldx`` floats, default K) quantized once and
     written to rows ``slot[t*K_used + k]`` (slot: int32 device [T*K_used]) of the q8_1 buffer
@@ -126,7 +128,7 @@ def quantize_scatter(dev, x, slot, T: int, K_used: int, K: int, layout, out, *,
                ptr(x), ldx, ptr(slot), int(T), int(K_used), int(K), lay, ptr(out), int(T) * int(K_used))
 
 
-def swiglu_quantize(dev, g, u, r0: int, r1: int, layout, out, *, row0: int, R_total: int) -> None:
+def swiglu_quantize(dev, g, u, *, r0: int, r1: int, layout, out, row0: int, R_total: int) -> None:
     """H = silu(g) * u over rows r0 .. r1 of g, u (float32 device [R, n]), quantized into rows
     row0 .. row0 + (r1 - r0) of the q8_1 buffer ``out`` (R_total rows of n values) in one
     launch. The same bytes as elementwise.swiglu then :func:`quantize_gather` of H's rows in
@@ -246,14 +248,35 @@ def _mmq_mod(config: dict | None):
     return st
 
 
+def _mmq_fields(kernel: str) -> tuple[tuple[str, str], ...]:
+    """The MMQ kernel's parameters (kernels/mmq.cu MMQ_ENTRY): (name, PyCUDA letters) in the
+    order its C signature declares them, read from it (fast/cuda/signatures.py)."""
+    got = _mmq_state.get(("fields", kernel))
+    if got is None:
+        params = signatures.kernels("mmq")[kernel].params
+        got = _mmq_state[("fields", kernel)] = tuple((p.name, p.letters) for p in params)
+    return got
+
+
+def _mmq_args(kernel: str, **fields) -> tuple:
+    """The MMQ kernel's arguments in its signature's order, from every parameter by name: a name
+    the signature lacks, or one left out, is a one-line error before any launch."""
+    names = [n for n, _ in _mmq_fields(kernel)]
+    extra, missing = sorted(set(fields) - set(names)), [n for n in names if n not in fields]
+    if extra or missing:
+        raise InputError(f"{kernel} (kernels/mmq.cu): unknown parameters {extra}, missing {missing}")
+    return tuple(fields[n] for n in names)
+
+
 def _mmq_func(st, fmt):
     f = st["funcs"].get(fmt.qtype)
     if f is None:
         name = fmt.mmq_kernel
         (smem,) = runtime.module_ints(st["mod"], name + "_smem", 1)
         f = runtime.allow_dynamic_smem(st["mod"].get_function(name), smem)
-        f.prepare("PqiiPiPiPqPiqPPi")
+        f.prepare("".join(letters for _, letters in _mmq_fields(name)))
         f.smem = smem
+        f.kernel = name
         st["funcs"][fmt.qtype] = f
     return f
 
@@ -277,8 +300,8 @@ def _checked_pair(fmt, K: int, out, pair) -> tuple[int, object]:
     return w_pair, out2
 
 
-def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, bounds, n_exp: int,
-              out, *, ldo: int | None = None, rows: int | None = None,
+def mmq_group(dev, qtype, w, *, w_stride: int, N: int, K: int, act, R_total: int, bounds, n_exp: int,
+              out, ldo: int | None = None, rows: int | None = None,
               tile_rows: int = DEFAULT_TILE_ROWS, config: dict | None = None, pair=None) -> None:
     """Grouped product: for q < n_exp (at most MMQ_GROUP), out[r, n] (r in [row_begin_q,
     row_end_q), n < N) = strata.mmq.mmq(weights of expert q, activation row r)[n].
@@ -330,10 +353,11 @@ def mmq_group(dev, qtype, w, w_stride: int, N: int, K: int, act, R_total: int, b
     if tiles <= 0:
         return
     grid = (min(tiles, 1 << 30), 1 if pair is None else 2, 1)  # blockIdx.y 1: the second matrix
-    dev.launch(f, "mmq", grid, (st["threads"], 1, 1),
-               ptr(w), int(w_stride), N, K, ptr(act), R_total, ptr(bounds), n_exp,
-               ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]), tile_rows,
-               w_pair, ptr(out2), 0, 0, shared_size=f.smem)
+    args = _mmq_args(f.kernel, w=ptr(w), act=ptr(act), bounds=ptr(bounds), out=ptr(out), out2=ptr(out2),
+                     tab=int(_mmq_state["tables"]), tiles=0, w_stride=int(w_stride),
+                     ldo=int(N if ldo is None else ldo), w_pair=w_pair, N=N, K=K, R_total=R_total,
+                     n_exp=n_exp, tile_rows=tile_rows, n_tiles=0)
+    dev.launch(f, "mmq", grid, (st["threads"], 1, 1), *args, shared_size=f.smem)
 
 
 def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
@@ -361,7 +385,7 @@ def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
     return out.astype(np.uint32).view(np.int32) if len(out) else np.zeros((0, 4), np.int32)
 
 
-def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: int, out, *,
+def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tiles: int, out,
               ldo: int | None = None, tile_rows_mean: float, config: dict | None = None, pair=None) -> None:
     """Tile-list product: for each row tile (row_begin, row_end, offset) of ``tiles`` (int32
     device [n_tiles, 4], :func:`row_tiles`), out[r, n] (r in the tile's rows, n < N) =
@@ -382,10 +406,11 @@ def mmq_tiles(dev, qtype, w, N: int, K: int, act, R_total: int, tiles, n_tiles: 
     f = _mmq_func(st, fmt)
     tiles_n = n_tiles * -(-N // st["BM"])
     grid = (min(tiles_n, 1 << 30), 1 if pair is None else 2, 1)
-    dev.launch(f, "mmq", grid, (st["threads"], 1, 1),
-               ptr(w), 0, N, K, ptr(act), R_total, 0, 0,
-               ptr(out), int(N if ldo is None else ldo), int(_mmq_state["tables"]), DEFAULT_TILE_ROWS,
-               w_pair, ptr(out2), ptr(tiles), n_tiles, shared_size=f.smem)
+    args = _mmq_args(f.kernel, w=ptr(w), act=ptr(act), bounds=0, out=ptr(out), out2=ptr(out2),
+                     tab=int(_mmq_state["tables"]), tiles=ptr(tiles), w_stride=0,
+                     ldo=int(N if ldo is None else ldo), w_pair=w_pair, N=N, K=K, R_total=R_total,
+                     n_exp=0, tile_rows=DEFAULT_TILE_ROWS, n_tiles=n_tiles)
+    dev.launch(f, "mmq", grid, (st["threads"], 1, 1), *args, shared_size=f.smem)
 
 
 def tile_config(rows_per_expert: float) -> dict:
@@ -422,7 +447,7 @@ def dense_config(N: int, R: int, sms: int) -> dict:
     return cfg
 
 
-def mmq_dense(dev, qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | None = None,
+def mmq_dense(dev, qtype, w, *, N: int, K: int, act, R: int, out, ldo: int | None = None,
               config: dict | None = None) -> None:
     """Plain product of one matrix (N x K, GGUF blocks) with all R rows of a q8_1 buffer:
     out float32 [R, ldo] = strata.mmq.mmq. One "expert" covering rows [0, R)."""
@@ -446,7 +471,8 @@ def mmq_dense(dev, qtype, w, N: int, K: int, act, R: int, out, *, ldo: int | Non
         config, tile_rows = got
     else:  # an explicit configuration tiles rows by its own BN
         tile_rows = mmq_geometry(config)["BN"]
-    mmq_group(dev, qtype, w, 0, N, K, act, R, b, 1, out, ldo=ldo, rows=R, config=config, tile_rows=tile_rows)
+    mmq_group(dev, qtype, w, w_stride=0, N=N, K=K, act=act, R_total=R, bounds=b, n_exp=1, out=out, ldo=ldo,
+              rows=R, config=config, tile_rows=tile_rows)
 
 
 # --------------------------------------------------------------------------- group gathers
@@ -462,7 +488,7 @@ def _gather_grid(nbytes: int) -> int:
     return max(1, min(256, -(-int(nbytes) // (_GATHER_THREADS * 16 * 8))))
 
 
-def gather_native_group(dev, blobs, gu_bytes: int, d_bytes: int, tail_bytes: int, gu_buf, d_buf) -> None:
+def gather_native_group(dev, blobs, *, gu_bytes: int, d_bytes: int, tail_bytes: int, gu_buf, d_buf) -> None:
     """ONE launch gathering up to MMQ_GROUP experts (strata.moe.group_buffers): blobs is a
     sequence of device addresses (ints, DeviceAllocations or GPUArrays) of each expert's
     [gate | up | down] bytes (2*gu_bytes + d_bytes), passed by value in the kernel parameters.
@@ -482,7 +508,7 @@ def gather_native_group(dev, blobs, gu_bytes: int, d_bytes: int, tail_bytes: int
                ptr(gu_buf), ptr(d_buf))
 
 
-def gather_native_one(dev, blob, q: int, gu_bytes: int, d_bytes: int, gu_buf, d_buf,
+def gather_native_one(dev, blob, *, q: int, gu_bytes: int, d_bytes: int, gu_buf, d_buf,
                       tail_bytes: int = 0) -> None:
     """One expert per launch (the opt-out path): blob (device address of [gate | up | down]) to
     slot q of the group buffers, as :func:`gather_native_group` places it; when tail_bytes > 0,

@@ -9,20 +9,22 @@
 //
 // Compiled with --fmad=false: every `a * b + c` below is two roundings, as in NumPy.
 //
-// Launch: one launch multiplies up to 16 "experts". Expert q's weight matrix (N rows of K
-// values, GGUF blocks, row-major) starts at W + q * w_stride; its activation rows are rows
-// [bounds[2q], bounds[2q+1]) of the q8_1 buffer A (R_total rows, column-block-major,
+// Launch (the names below are the kernels' parameters; fast/cuda/products.py passes each by its
+// name, in the order this signature gives, read from it by fast/cuda/signatures.py):
+// one launch multiplies up to 16 "experts". Expert q's weight matrix (N rows of K
+// values, GGUF blocks, row-major) starts at w + q * w_stride; its activation rows are rows
+// [bounds[2q], bounds[2q+1]) of the q8_1 buffer act (R_total rows, column-block-major,
 // block_q8_1_mmq, the layout the weight type selects). out is float32 [R_total, ldo];
 // out[r, n] is written for rows inside a bound and n < N only.
 // A pair of matrices per expert (gate and up) in one launch: gridDim.y = 2, and the CTAs with
-// blockIdx.y == 1 multiply the matrix at W + w_pair + q * w_stride into out2 (same bounds,
-// same activation rows, same tiles). gridDim.y = 1 multiplies W into out only (w_pair and
+// blockIdx.y == 1 multiply the matrix at w + w_pair + q * w_stride into out2 (same bounds,
+// same activation rows, same tiles). gridDim.y = 1 multiplies w into out only (w_pair and
 // out2 unused). Each output element's arithmetic is the same either way: one launch saves
 // the host a launch per group, not a bit of the result.
 //
 // A tile list instead of bounds (tiles != NULL; bounds and n_exp unused): any number of
 // experts in one launch, each read where it lies. Entry i of tiles (int4) is one row tile:
-// activation rows [x, y) of one expert whose matrix starts at W + (z | (long long)w << 32)
+// activation rows [x, y) of one expert whose matrix starts at w + (z | (long long)(its w) << 32)
 // (a byte offset, even). CTA tile t multiplies entry t / ceil(N / MMQ_BM) with weight-row
 // tile t % ceil(N / MMQ_BM). The host cuts each expert's rows as the bounds path does
 // (fast/cuda/products.py row_tiles); how rows are cut changes which CTA computes an output
@@ -704,18 +706,19 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
 }
 
 // out2 carries no __restrict__: a single-matrix launch passes out again (and never writes it).
+// The parameters are the host's field names (products._mmq_args packs them by name).
 #define MMQ_ENTRY(NAME, QT)                                                                              \
     extern "C" __global__ void __launch_bounds__(MMQ_NT, MMQ_MINB)                                      \
-        NAME(const uint8_t* __restrict__ W, long long w_stride, int N, int K,                          \
-             const uint8_t* __restrict__ A, int R_total, const int* __restrict__ bounds, int n_exp,     \
+        NAME(const uint8_t* __restrict__ w, long long w_stride, int N, int K,                          \
+             const uint8_t* __restrict__ act, int R_total, const int* __restrict__ bounds, int n_exp,   \
              float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows,   \
              long long w_pair, float* out2, const int4* __restrict__ tiles, int n_tiles) {             \
         const bool second = blockIdx.y != 0;                                                             \
         if (tiles != nullptr)                                                                            \
-            mmq_body<QT, true>(second ? W + w_pair : W, w_stride, N, K, A, R_total, bounds, 0,          \
+            mmq_body<QT, true>(second ? w + w_pair : w, w_stride, N, K, act, R_total, bounds, 0,        \
                                second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);               \
         else                                                                                             \
-            mmq_body<QT, false>(second ? W + w_pair : W, w_stride, N, K, A, R_total, bounds, n_exp,     \
+            mmq_body<QT, false>(second ? w + w_pair : w, w_stride, N, K, act, R_total, bounds, n_exp,   \
                                 second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);              \
     }                                                                                                    \
     extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
