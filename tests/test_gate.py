@@ -4,6 +4,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -125,3 +126,52 @@ def test_old_versions_of_a_test_pack_are_removed_but_the_newest_kept(tmp_path):
     kept = sorted(p.name for p in tmp_path.glob("*.gguf"))
     assert kept == sorted([paths[4].name, paths[3].name, other.name])  # the new one and one earlier
     assert not (tmp_path / f"{paths[0].name}.lock").exists()
+
+
+def test_recorded_durations_order_the_next_run_longest_first(tmp_path, monkeypatch):
+    """A run records its tests' seconds beside the test packs; the next run of the same
+    reference source gives its workers one copy and each orders its collection longest first
+    (tests never timed before all others); a run of another source is not ordered by them."""
+    from verify import conftest as vconf
+
+    monkeypatch.setenv(gate.ENV_PACKS, str(tmp_path))
+    monkeypatch.setattr(gate, "_order", {})
+    tests = {f"verify/t.py::t[{i}]": {"outcome": o, "seconds": float(i)} for i, o in
+             enumerate(("passed", "failed", "skipped", "passed"))}
+    gate.record_durations(tests)
+    got = gate.read_durations(tmp_path / gate.DURATIONS)
+    assert got == {"verify/t.py::t[0]": 0.0, "verify/t.py::t[1]": 1.0, "verify/t.py::t[3]": 3.0}  # no skipped one
+    gate.record_durations({"verify/t.py::t[0]": {"outcome": "passed", "seconds": 9.0}})  # merged, the newest wins
+    assert gate.read_durations(tmp_path / gate.DURATIONS)["verify/t.py::t[0]"] == 9.0
+
+    gate.share_durations()
+    shared = gate.os.environ[gate.ENV_ORDER]
+    items = [SimpleNamespace(nodeid=f"verify/t.py::t[{i}]") for i in (1, 3, 0, 7)]
+    vconf.pytest_collection_modifyitems(items)
+    assert [it.nodeid[-2] for it in items] == ["7", "0", "3", "1"]
+    gate.record_durations({"verify/t.py::t[1]": {"outcome": "passed", "seconds": 99.0}})
+    monkeypatch.setattr(gate, "_order", {})
+    vconf.pytest_collection_modifyitems(items)  # a worker started now reads the copy, not the record
+    assert [it.nodeid[-2] for it in items] == ["7", "0", "3", "1"]
+    monkeypatch.delenv(gate.ENV_ORDER)
+    Path(shared).unlink()
+
+    monkeypatch.setattr(gate, "_source", lambda: "another source")
+    assert gate.read_durations(tmp_path / gate.DURATIONS) == {}
+    gate.share_durations()
+    assert gate.ENV_ORDER not in gate.os.environ
+
+
+def test_the_gate_spreads_by_work_stealing_unless_told(monkeypatch):
+    monkeypatch.setattr(gate, "_plan", {})
+    monkeypatch.setattr(gate, "cores", lambda: 8)
+    monkeypatch.setattr(gate, "gpu_name", lambda: None)
+    for var in gate.THREAD_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv(gate.ENV_WORKERS, raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    for dist, want in (("no", "worksteal"), ("loadgroup", "loadgroup")):
+        opt = SimpleNamespace(numprocesses=None, collectonly=False, usepdb=False, dist=dist)
+        config = SimpleNamespace(option=opt, args=[], pluginmanager=SimpleNamespace(hasplugin=lambda name: True))
+        gate.plan_workers(config)
+        assert (opt.numprocesses, opt.dist) == (8, want)

@@ -19,7 +19,15 @@ def pytest_collection_modifyitems(items):
     (32K against the fast path's own resident run) first, then the kernel rows (the benchmarked
     sizes, largest first), then the parity rows from the cheapest reference up, while verify/precompute.py computes the
     references from the costliest down (a stable sort: every worker collects the same order,
-    as pytest-xdist needs)."""
+    as pytest-xdist needs). Where the gate has recorded this source's test times
+    (verify/gate.py:record_durations), the longest first instead."""
+    from verify import gate
+
+    seconds = gate.durations_for_order()
+    if seconds:  # the last runs' times of this source: the longest first, a test not yet timed before all
+        items.sort(key=lambda item: -seconds.get(item.nodeid, float("inf")))
+        return
+
     def order(item):
         row = _row_of(item)
         if isinstance(row, KernelCase):  # the benchmarked sizes (up to 32K tokens) first

@@ -117,6 +117,10 @@ def plan_workers(config) -> None:
     if gpu:
         os.environ[ENV_NICE] = str(WORKER_NICE)
     opt.numprocesses = n
+    if getattr(opt, "dist", "no") == "no":
+        # tests from 5 ms to 5 s: a worker out of work takes half of the busiest one's queue,
+        # so the run does not end with one worker alone on a queue it was handed early
+        opt.dist = "worksteal"
     if hasattr(opt, "benchmark_disable"):  # what pytest-benchmark does under xdist anyway, without its warning
         opt.benchmark_disable = True
     _plan.update(workers=n, why=why, threads=os.environ["OPENBLAS_NUM_THREADS"], cores=n_cores)
@@ -282,8 +286,85 @@ def _prune(folder: Path, name: str, new: Path) -> None:
 # ---------------------------------------------------------------- last lines
 
 
+# ---------------------------------------------------------------- the order of the tests
+
+DURATIONS = "durations.json"  # in packs_dir(): each test's seconds in the last runs of this source
+ENV_ORDER = "STRATA_PREFILL_GATE_ORDER"  # set by the gate for its workers; not a user setting
+_order: dict = {}
+
+
+def _durations_path() -> Path | None:
+    folder = packs_dir()
+    return folder / DURATIONS if folder is not None else None
+
+
+def _source() -> str:
+    from strata_prefill import refcache
+
+    return refcache.source_digest()
+
+
+def read_durations(path: Path | None) -> dict:
+    """{nodeid: seconds} of the runs recorded at `path` for the current reference source
+    (a run after an edit of strata/ or reference/ recomputes references: its slow rows are
+    others, so the recorded times do not order it); {} where there are none."""
+    if path is None:
+        return {}
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(got, dict) or got.get("source") != _source() or not isinstance(got.get("seconds"), dict):
+        return {}
+    return {str(k): float(v) for k, v in got["seconds"].items() if isinstance(v, (int, float))}
+
+
+def share_durations() -> None:
+    """In the main process, before the workers start: a copy of the recorded durations for
+    the workers to order their collection by (all of them the same order, as pytest-xdist
+    needs, even if another run records new durations meanwhile)."""
+    import atexit
+    import tempfile
+
+    seconds = read_durations(_durations_path())
+    if not seconds:
+        os.environ.pop(ENV_ORDER, None)
+        return
+    fd, name = tempfile.mkstemp(prefix="strata-prefill-gate-order-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(seconds, f)
+    os.environ[ENV_ORDER] = name
+    atexit.register(lambda: Path(name).unlink(missing_ok=True))
+
+
+def durations_for_order() -> dict:
+    """The durations this process orders its collection by (share_durations' copy)."""
+    if "seconds" not in _order:
+        name = os.environ.get(ENV_ORDER)
+        try:
+            _order["seconds"] = json.loads(Path(name).read_text()) if name else {}
+        except (OSError, ValueError):
+            _order["seconds"] = {}
+    return _order["seconds"]
+
+
+def record_durations(tests: dict) -> None:
+    """Add this run's seconds per test (passed or failed) to the record (atomically)."""
+    from strata import atomic
+
+    path = _durations_path()
+    if path is None or not tests:
+        return
+    seconds = read_durations(path)
+    seconds.update({k: round(t["seconds"], 4) for k, t in tests.items() if t["outcome"] in ("passed", "failed")})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(path, json.dumps({"source": _source(), "seconds": seconds}, sort_keys=True))
+
+
 def configure(config) -> None:
     config.addinivalue_line("markers", "quick: the quick tier (pytest verify/ -m quick)")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        share_durations()
     if getattr(config, "pluginmanager", None) is not None and config.pluginmanager.hasplugin("hypothesispytest"):
         # its end-of-run summary imports hypothesis (a second or more), in every worker and then
         # in the main process, after the last test: imported now, beside the run, it is not
@@ -376,6 +457,10 @@ class Summary:
                 f"spent {span(busy)} in tests and took their last at {span(last)}")
 
     def pytest_terminal_summary(self, terminalreporter):
+        try:
+            record_durations({k: t for k, t in self.tests.items() if "kind" in t or k.startswith("verify/")})
+        except OSError:  # a read-only cache folder: the next run keeps the order it has
+            pass
         lines = self.lines()
         if lines:
             terminalreporter.write_sep("=", "gate")
