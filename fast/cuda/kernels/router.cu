@@ -9,7 +9,8 @@
 //   w_r = p_r / max(total, 6.1035e-5f).
 // One warp per token; the row's probabilities live in shared memory (E floats per warp).
 // logits: T rows of E floats, row t at + t * ld. ids int32 [T, K], weights float32 [T, K].
-// K <= 32 and K <= E (checked by the host).
+// K <= 32 and K <= E (checked by the host). A row whose probabilities are NaN (a NaN or
+// infinite logit) picks experts 0..K-1 with NaN weights, as the definition's stable sort does.
 
 #include <stdint.h>
 #include "strata_numerics.cuh"  // strata_exp, warp_max, warp_sum
@@ -47,12 +48,16 @@ router_topk(const float* __restrict__ logits, long long ld, int T, int E, int K,
     float my_p = 0.0f;
     int my_id = 0;
     for (int r = 0; r < K; ++r) {
-        float bp = -1.0f;  // probabilities are >= 0; taken ones are marked -1
+        // the pick's key: the probability (>= 0), a NaN one -0.5 (below every number, as
+        // numpy's sort puts NaN last), a taken one -1 (its mark); nothing is below -1, so
+        // every lane's pick is an expert id even where every probability is NaN
+        float bp = -1.0f;
         int bi = 0x7fffffff;
         for (int i = lane; i < E; i += 32) {
             const float pi = p[i];
-            if (pi > bp) {  // ascending i: the first of equal values (lowest id) stays
-                bp = pi;
+            const float key = pi != pi ? -0.5f : pi;
+            if (key > bp) {  // ascending i: the first of equal values (lowest id) stays
+                bp = key;
                 bi = i;
             }
         }
@@ -65,6 +70,7 @@ router_topk(const float* __restrict__ logits, long long ld, int T, int E, int K,
                 bi = oi;
             }
         }
+        bp = p[bi];  // the probability itself (a NaN key stands for a NaN)
         total = __fadd_rn(total, bp);
         if (lane == r) {
             my_p = bp;
