@@ -361,6 +361,8 @@ def _model_rows() -> list[KernelCase]:
                              quick=(T, ties) == (1, False)))
     for T in BENCH_TOKENS:
         rows.append(kernel_case("top_k", f"T{T}-E{E}-K{k}-spread-strata", dict(T=T, E=E, K=k, ties=False, check=64), timed=True))
+    # rows of NaN probabilities (a NaN or an infinite logit): experts 0..K-1, never an id past E
+    rows.append(kernel_case("top_k", "T9-E128-K8-nan", dict(T=9, E=128, K=8, ties=False, nan=True)))
     for T, E_, K, skew in [(1, 128, 8, False), (37, 128, 8, False), (1000, 512, 10, False), (4096, 512, 10, True),
                            (300, 64, 4, True)]:
         rows.append(kernel_case("routing_tables", f"T{T}-E{E_}-K{K}-{'skew' if skew else 'uniform'}",

@@ -435,10 +435,19 @@ def test_top_k(dev, case):
     T, E, K, ties = (case.shape[k] for k in ("T", "E", "K", "ties"))
     rng = np.random.default_rng(T * E + K + ties)
     x = _logits(rng, T, E, ties)
+    if case.shape.get("nan"):  # NaN and infinite logits: rows of NaN probabilities, beside sound rows
+        x[1, 5], x[2, :], x[3, 7], x[4, 0], x[5, 100:] = np.nan, np.nan, np.inf, -np.inf, -np.inf
     sel = sample_index(T, case.check)
     want_ids, want_w = routing.top_k(x if case.check is None else x[sel], K)
     ids, w = _poisoned((T, K), np.int32), _poisoned((T, K), F32)
     cu_ew.top_k(dev, _up(x), K, ids=ids, weights=w)
+    if case.shape.get("nan"):  # NaN is outside the byte contract (docs/numerics.md section 3): NaN where NaN
+        got_w, nan = _get(w), np.isnan(want_w)
+        assert np.isnan(want_w[[1, 2, 3]]).all() and np.isfinite(want_w[[0, 4, 5]]).all()
+        assert_same(_get(ids), want_ids, f"top_k ids with NaN rows T={T} E={E} K={K}")
+        assert np.array_equal(np.isnan(got_w), nan), f"top_k weights: NaN at {np.argwhere(np.isnan(got_w))[:4]}"
+        assert_same(np.where(nan, 0, got_w).astype(F32), np.where(nan, 0, want_w).astype(F32), "top_k weights")
+        return
     if case.check is None:
         assert_same(_get(ids), want_ids, f"top_k ids T={T} E={E} K={K} ties={ties}")
         assert_same(_get(w), want_w, f"top_k weights T={T} E={E} K={K} ties={ties}")
