@@ -179,3 +179,17 @@ def test_a_mix_is_sized_from_the_arguments_alone(tmp_path, preset, layers, mix, 
                               router_type=None, tie_embeddings=tie, mix=mix)
     assert data_bytes(args) == data
     assert data_bytes(argparse.Namespace(**{**vars(args), "layers": 10**9})) > 10**9 * data // (2 * layers)
+
+
+def test_info_names_the_mix_and_counts_the_tensors_by_type(tmp_path, capsys):
+    out = tmp_path / "mix.gguf"
+    make_pack(out, "tiny", mix="Q4_K_M", progress=False)
+    assert cli(["info", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "mix:            Q4_K_M (llama-quantize's choice of type per matrix, strata/mixes.py)" in lines
+    (types,) = [ln for ln in lines if ln.startswith("tensor types:   ")]
+    want = {}
+    for name, t in file_types(out).items():
+        want[t] = want.get(t, 0) + 1
+    got = dict(part.split(" ") for part in types[len("tensor types:   "):].split(", "))
+    assert {k: int(v) for k, v in got.items()} == want and "Q6_K" in want and "Q4_K" in want

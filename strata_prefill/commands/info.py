@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata import quants
 from strata.errors import PackError
-from strata.pack import Pack
+from strata.pack import KEY_MIX, Pack
 from strata_prefill import checks
 
 
@@ -79,6 +79,11 @@ def describe(pack: Pack) -> list[str]:
         + ("" if pack.field("strata.tensor_digest") is None
            else " (tensor digests recorded: `info --check` checks them)"),
     ]
+    by_type = Counter(QT(t.tensor_type).name for t in pack.reader.tensors)
+    lines.append("tensor types:   " + ", ".join(f"{k} {n}" for k, n in sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))))
+    mix = pack.field(KEY_MIX)
+    if mix:
+        lines.append(f"mix:            {mix} (llama-quantize's choice of type per matrix, strata/mixes.py)")
     fb = pack.fallbacks
     if fb:
         kinds = Counter(n.split(".", 2)[-1] for n in fb)
