@@ -157,6 +157,20 @@ class Q5_1(QuantFormat, qtype=QT.Q5_1):
 # --------------------------------------------------------------------------- K-quants (256 values)
 
 
+def _dmin_form(blk, codes, sc, mn):
+    """A Q4_K or Q5_K block's DMIN form: codes, sub-scales u, d and dmin repeated per 32-value
+    block, min sub-scales v."""
+    return (codes, _both_halves(sc), np.repeat(_half(blk, 0), 8), np.repeat(_half(blk, 2), 8),
+            _both_halves(mn))
+
+
+def _put_d_dmin(blk, d, mean_uc: float):
+    """d, and dmin = d * mean_uc: the mean of u*c, so that the min term is of the value's size
+    (E[u*c] = mean_uc E[v])."""
+    _put_half(blk, 0, d)
+    _put_half(blk, 2, d * np.float32(mean_uc))
+
+
 class Q4_K(QuantFormat, qtype=QT.Q4_K):
     """256 values, 144 B: d: half, dmin: half, scales: uint8[12], qs: uint8[128]; per 32 values
     a 6-bit scale u and min v (both halves of the block), codes 0..15, value
@@ -170,8 +184,7 @@ class Q4_K(QuantFormat, qtype=QT.Q4_K):
     def decode_blocks(cls, blk):
         sc, mn = _k_scale_min(blk[:, 4:16])
         codes = _k_codes(blk[:, 16:144]).view(np.int8)
-        return (codes, _both_halves(sc), np.repeat(_half(blk, 0), 8), np.repeat(_half(blk, 2), 8),
-                _both_halves(mn))
+        return _dmin_form(blk, codes, sc, mn)
 
     @classmethod
     def unit_std(cls):
@@ -179,8 +192,7 @@ class Q4_K(QuantFormat, qtype=QT.Q4_K):
 
     @classmethod
     def set_scales(cls, blk, d):
-        _put_half(blk, 0, d)
-        _put_half(blk, 2, d * np.float32(7.5))  # dmin: E[u*c] = 7.5 E[v]
+        _put_d_dmin(blk, d, 7.5)
 
 
 class Q5_K(QuantFormat, qtype=QT.Q5_K):
@@ -197,8 +209,7 @@ class Q5_K(QuantFormat, qtype=QT.Q5_K):
         sc, mn = _k_scale_min(blk[:, 4:16])
         hi = (blk[:, None, 16:48] >> _BYTE_SHIFTS.reshape(1, 8, 1)) & np.uint8(1)  # [N, 8, 32]
         codes = (_k_codes(blk[:, 48:176]) | (hi << np.uint8(4))).view(np.int8).reshape(n, 8, 32)
-        return (codes, _both_halves(sc), np.repeat(_half(blk, 0), 8), np.repeat(_half(blk, 2), 8),
-                _both_halves(mn))
+        return _dmin_form(blk, codes, sc, mn)
 
     @classmethod
     def unit_std(cls):
@@ -206,8 +217,7 @@ class Q5_K(QuantFormat, qtype=QT.Q5_K):
 
     @classmethod
     def set_scales(cls, blk, d):
-        _put_half(blk, 0, d)
-        _put_half(blk, 2, d * np.float32(15.5))  # dmin: E[u*c] = 15.5 E[v]
+        _put_d_dmin(blk, d, 15.5)
 
 
 class Q6_K(QuantFormat, qtype=QT.Q6_K):
