@@ -1,6 +1,7 @@
 """What the parity tests share: running an engine with dumps, and comparing two runs."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,24 @@ from strata.records import q8_layouts, read_timeline
 from strata.report import compare_timelines, diff_array
 from strata.session import Session
 from verify.cases import OPS_DUMP_MAX_TOKENS
+
+
+SIM_SKIP_REASON = "a GPU is here: the cuda rows check the walk on the card (STRATA_VERIFY_SIM=1 runs the sim rows too)"
+
+
+def cuda_here() -> tuple[bool, str]:
+    """(whether the cuda backend runs here, why not)."""
+    try:
+        from fast.cuda.runtime import cuda_available
+    except ImportError as exc:  # pragma: no cover - the runtime module itself is missing
+        return False, f"the cuda runtime does not import: {exc}"
+    return cuda_available()
+
+
+def sim_here() -> bool:
+    """Whether the sim's tests run: where there is no GPU (the CPU tier), or when asked
+    (STRATA_VERIFY_SIM=1); on a GPU machine the cuda rows check the same walk on the card."""
+    return not cuda_here()[0] or os.environ.get("STRATA_VERIFY_SIM") == "1"
 
 
 @dataclass

@@ -13,7 +13,6 @@ rows check the same walk on the real card, and `STRATA_VERIFY_SIM=1` runs the si
 """
 from __future__ import annotations
 
-import os
 import shutil
 import zlib
 
@@ -21,15 +20,10 @@ import pytest
 
 from strata_prefill import refcache
 from verify.cases import PARITY_CASES, ParityCase
-from verify.common import Run, assert_same_run, run_engine
+from verify.common import SIM_SKIP_REASON, Run, assert_same_run, cuda_here, run_engine, sim_here
 
-try:
-    from fast.cuda.runtime import cuda_available
-
-    _CUDA, _WHY = cuda_available()
-except ImportError as exc:  # pragma: no cover - the runtime module itself is missing
-    _CUDA, _WHY = False, f"the cuda runtime does not import: {exc}"
-_SIM_HERE = not _CUDA or os.environ.get("STRATA_VERIFY_SIM") == "1"
+_CUDA, _WHY = cuda_here()
+_SIM_HERE = sim_here()
 
 # (pack, backend, arm, stress) -> FastEngine: the cuda engines of the small packs, kept for the
 # rows that share one (most recent last; a worker keeps at most _KEEP, so its device and pinned
@@ -49,8 +43,7 @@ def _params():
         if c.backend == "cuda" and not _CUDA:
             marks.append(pytest.mark.skip(reason=f"cuda backend unavailable: {_WHY}"))
         elif c.backend == "sim" and not _SIM_HERE:
-            marks.append(pytest.mark.skip(reason="a GPU is here: the cuda rows check the walk on the card "
-                                                 "(STRATA_VERIFY_SIM=1 runs the sim rows too)"))
+            marks.append(pytest.mark.skip(reason=SIM_SKIP_REASON))
         out.append(pytest.param(c, id=c.name, marks=marks))
     return out
 

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from fast import make_fast_engine
-from verify.common import run_engine
+from verify.common import SIM_SKIP_REASON, run_engine, sim_here
+
+pytestmark = pytest.mark.skipif(not sim_here(), reason=SIM_SKIP_REASON)
 
 
 def prompt(pack, n, seed):
