@@ -124,7 +124,7 @@ def _f32_report(got: np.ndarray, want: np.ndarray, ncols: int) -> str:
 
 
 def _random_x(rng, T, K):
-    x = rng.standard_normal((T, K)).astype(np.float32)
+    x = rng.standard_normal((T, K), dtype=np.float32)
     scale = np.exp(rng.uniform(-6, 6, size=(T, 1))).astype(np.float32)
     x *= scale
     x[T // 2] = 0.0  # one all-zero token
@@ -136,7 +136,9 @@ def _random_x(rng, T, K):
 
 
 def _routing(rng, T, E, k):
-    ids = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int32)  # k distinct experts a token, in random order
+    keys = rng.random((T, E), dtype=np.float32)  # k distinct experts a token, in random order: the k smallest keys
+    top = np.argpartition(keys, k - 1, axis=1)[:, :k]
+    ids = np.take_along_axis(top, np.argsort(np.take_along_axis(keys, top, axis=1), axis=1), axis=1).astype(np.int32)
     return routing_tables(ids, E)
 
 

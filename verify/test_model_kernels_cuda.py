@@ -2,7 +2,7 @@
 products.py) against their NumPy definitions, byte for byte:
 
 rmsnorm.cu (strata.numerics.rmsnorm), rope.cu (rope_neox), kv_cache.cu (KVCache.write),
-attention_mma.cu (strata.attention.attend), router.cu (strata.routing.top_k), routing_tables.cu,
+attention_{mma,pair,split}.cu (strata.attention.attend), router.cu (strata.routing.top_k), routing_tables.cu,
 swiglu.cu (strata.moe.swiglu), combine.cu (strata.moe.combine, strata.numerics.sigmoid),
 embed.cu (Q8_0 strata.quants.dequantize), gather_group.cu (strata.moe.group_buffers), add.cu.
 
@@ -106,8 +106,11 @@ def assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
 def assert_rows(got: np.ndarray, want_rows: np.ndarray, sel: np.ndarray, what: str) -> None:
     """A sampled check: rows `sel` (the first axis) of `got` equal `want_rows` as bytes, and no
     element of `got` is still poison (every row was written)."""
-    flat = np.ascontiguousarray(got).reshape(-1).view(np.uint8).reshape(-1, got.dtype.itemsize)
-    left = np.flatnonzero((flat == POISON).all(axis=1))
+    got = np.ascontiguousarray(got)
+    if got.dtype.itemsize == 4:  # an element all poison bytes is the poison word
+        left = np.flatnonzero(got.reshape(-1).view("<u4") == np.uint32(int.from_bytes(bytes([POISON]) * 4, "little")))
+    else:
+        left = np.flatnonzero((got.reshape(-1).view(np.uint8).reshape(-1, got.dtype.itemsize) == POISON).all(axis=1))
     assert left.size == 0, f"{what}: {left.size} elements never written; first at index " \
                            f"{tuple(int(i) for i in np.unravel_index(int(left[0]), got.shape))}"
     assert_same(got[sel], want_rows, f"{what} (rows {sel[:4].tolist()}.. of {got.shape[0]})")
@@ -115,9 +118,9 @@ def assert_rows(got: np.ndarray, want_rows: np.ndarray, sel: np.ndarray, what: s
 
 def _randn(rng, shape, lo=-4.0, hi=4.0):
     """Normal values with a random power-of-e scale per leading row (never all zeros)."""
-    x = rng.standard_normal(shape).astype(F32)
-    scale = np.exp(rng.uniform(lo, hi, size=shape[:1] + (1,) * (len(shape) - 1))).astype(F32)
-    return (x * scale).astype(F32)
+    x = rng.standard_normal(shape, dtype=F32)  # drawn as float32: a 32K attention row draws 134M
+    x *= np.exp(rng.uniform(lo, hi, size=shape[:1] + (1,) * (len(shape) - 1))).astype(F32)
+    return x
 
 
 # ---------------------------------------------------------------- rmsnorm, rope, add
