@@ -128,6 +128,34 @@ def test_old_versions_of_a_test_pack_are_removed_but_the_newest_kept(tmp_path):
     assert not (tmp_path / f"{paths[0].name}.lock").exists()
 
 
+def test_a_pack_another_process_uses_is_not_pruned(tmp_path, monkeypatch):
+    """kept_pack holds a shared lock on the pack it returns for as long as its process lives;
+    a newer version made by another process (another tree's gate) then prunes around it."""
+    monkeypatch.setenv(gate.ENV_PACKS, str(tmp_path))
+    code = ("import sys, time; from verify import gate; "
+            "print(gate.kept_pack('tiny', 'Q8_0', {}, None), flush=True); sys.stdin.read()")
+    user = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=gate.ROOT)
+    try:
+        used = Path(user.stdout.readline().strip())
+        assert used.exists()
+        import os
+
+        os.utime(used, (1000, 1000))  # the oldest version of its pack
+        name = used.name[: -len("-0123456789abcdef.gguf")]
+        newer = [tmp_path / f"{name}-{k:016x}.gguf" for k in range(1, 4)]
+        for i, p in enumerate(newer):
+            p.write_bytes(b"x")
+            os.utime(p, (2000 + i, 2000 + i))
+        gate._prune(tmp_path, name, newer[-1])
+        assert used.exists()  # in use: kept although two newer versions are
+        assert not newer[0].exists() and newer[1].exists()
+    finally:
+        user.communicate("")
+    gate._prune(tmp_path, name, newer[-1])
+    assert not used.exists()  # its user gone, it goes too
+
+
 def test_recorded_durations_order_the_next_run_longest_first(tmp_path, monkeypatch):
     """A run records its tests' seconds beside the test packs; the next run of the same
     reference source gives its workers one copy and each orders its collection longest first

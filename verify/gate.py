@@ -251,14 +251,23 @@ def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
                                     default=str).encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}-{key}.gguf"
-    if path.exists():
-        return path
-    with open(folder / f"{path.name}.lock", "w") as lock:
+    lock = open(folder / f"{path.name}.lock", "a")
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():  # make_pack writes it whole (strata/atomic.py)
             make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
             _prune(folder, name, path)
+        # held shared while this process lives: another tree's gate pruning old versions
+        # leaves a pack alone while any process still uses it
+        fcntl.flock(lock, fcntl.LOCK_SH)
+    except BaseException:
+        lock.close()
+        raise
+    _in_use.append(lock)
     return path
+
+
+_in_use: list = []  # the lock files of the kept packs this process uses, each under a shared lock
 
 
 # Versions of one test pack kept (one per pack-making source, newest first): two trees compared
@@ -268,7 +277,8 @@ PACK_VERSIONS_KEPT = 2
 
 def _prune(folder: Path, name: str, new: Path) -> None:
     """Remove all but the PACK_VERSIONS_KEPT newest versions of the pack `name` (with their
-    locks); a version another process holds the lock of is left alone."""
+    locks); a version another process holds the lock of (making it, or using it: kept_pack's
+    shared lock) is left alone."""
     versions = [p for p in folder.glob(f"{name}-*.gguf") if p != new and p.name[len(name) + 1:-5].isalnum()
                 and len(p.name) == len(new.name)]
     versions.sort(key=lambda p: p.stat().st_mtime, reverse=True)
