@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""A/B of attention_mma.cu configurations, interleaved in one run, on the strata heads.
+"""A/B of attention kernel configurations (attention_mma.cu, attention_pair.cu), interleaved in
+one run, on the strata heads.
 
     python3 bench/bench_attention_ab_cuda.py [--tokens 4096,8192,32768] [--reps 5]
         [--arms '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2}'] [--sass DIR]
 
-An arm is a JSON object of attention_mma.cu defines; its key "variant" ("mma", the default, or
+An arm is a JSON object of the kernel file's defines; its key "variant" ("mma", the default, or
 "pair") picks the prefill kernel.
 
 One layer's int8 KV cache (32 query heads, 4 KV heads, head_dim 128) holds `tokens` random
@@ -52,14 +53,16 @@ DEFAULT_ARMS = '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2};{"
 
 
 def sass_histogram(defines: dict, out_dir: str, tag: str, kernel: str = "attend_mma_hd128") -> dict | None:
-    """Opcode counts of `kernel` compiled with `defines` (None without nvcc/cuobjdump)."""
+    """Opcode counts of `kernel` (attend_<variant>_hd<HD>, of kernels/attention_<variant>.cu)
+    compiled with `defines` (None without nvcc/cuobjdump)."""
     nvcc, dump = shutil.which("nvcc"), shutil.which("cuobjdump")
     if not nvcc or not dump:
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "attention_mma.cu")
+        module = "attention_" + kernel.split("_")[1]  # attend_pair_hd128 -> attention_pair
+        src = os.path.join(tmp, f"{module}.cu")
         with open(src, "w", encoding="utf-8") as f:
-            f.write(runtime.kernel_source("attention_mma"))
+            f.write(runtime.kernel_source(module))
         cubin = os.path.join(tmp, "a.cubin")
         cmd = [nvcc, "-cubin", f"-arch={runtime.arch()}", *runtime.NVCC_OPTIONS,
                *[f"-D{k}={v}" for k, v in defines.items()], src, "-o", cubin]

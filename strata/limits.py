@@ -12,12 +12,12 @@ from strata.constants import QK_BLOCK
 
 # ---- every path (the reference, the sim, the CUDA kernels) ------------------------------------
 #: the head size is a whole number of the int8 Q/K blocks attention scores in
-#: (strata/attention.py, kernels/attention_mma.cu); it is then even too, as NEOX RoPE's
+#: (strata/attention.py, kernels/attention_common.cuh); it is then even too, as NEOX RoPE's
 #: pairs need (strata/numerics.py:rope_table)
 HEAD_DIM_MULTIPLE = QK_BLOCK
 
 # ---- the CUDA kernels only -------------------------------------------------------------------
-#: head sizes attention_mma.cu is instantiated for (fast/cuda/attention.py:ATTEND_HEAD_DIMS)
+#: head sizes the attention kernels are instantiated for (fast/cuda/attention.py:ATTEND_HEAD_DIMS)
 CUDA_HEAD_DIMS = (64, 128)
 #: router.cu's top-K keeps the chosen experts of a token in one warp's lanes
 #: (fast/cuda/elementwise.py:top_k)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 #: a count of tokens or positions (a prompt, a chunk, greedy tokens, bench's lengths, the stream
 #: threshold): the CUDA kernels hold positions and token counts in int32 (kv_cache.cu,
-#: attention_mma.cu); the pack's context length, checked once it is open, is the tighter bound
+#: the attention kernels); the pack's context length, checked once it is open, is the tighter bound
 TOKENS_MAX = 2**31 - 1
 #: a seed: make-pack records its seed in the pack's header as a uint64 (strata.seed); the
 #: prompt seeds of run and bench are held to the same 64 bits

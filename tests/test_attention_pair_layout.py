@@ -1,4 +1,4 @@
-"""The pair attention kernel's layout (fast/cuda/kernels/attention_mma.cu, attend_pair_hd*)
+"""The pair attention kernel's layout (fast/cuda/kernels/attention_pair.cu, attend_pair_hd*)
 emulated in NumPy, lane by lane, and checked against the definitions it must keep
 (strata.numerics.tree_sum, plain integer dots). Runs without a GPU. It covers the three
 reorderings the kernel relies on:

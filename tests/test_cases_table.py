@@ -153,7 +153,7 @@ def test_the_gate_compiles_ahead_every_configuration_the_kernel_rows_load():
     configs = [c for c in mmq_configs() if c is not None]
     assert configs and all(("mmq", tuple(sorted(c.items()))) in mods for c in configs)
     for c in kernel_rows("attention_pair_config"):
-        assert any(name == "attention_mma" and set(c.config.items()) <= set(d) for name, d in mods), c.id
+        assert any(name == "attention_pair" and set(c.config.items()) <= set(d) for name, d in mods), c.id
     assert {m for m in mods if m[0] == "attention_mma"} >= {
         ("attention_mma", tuple(sorted({"MMA_WARPS": c.config["MMA_WARPS"], "MMA_EPI": c.config["MMA_EPI"]}.items())))
         for c in kernel_rows("attention_mma_config")}

@@ -317,7 +317,7 @@ def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
     keys = {(n, tuple(sorted(d.items()))) for n, d in mods}
     need = [("attention_mma", attention._mma_config()),
             ("attention_mma", attention._mma_config(backend.EARLIER_MMA_ATTENTION)),
-            ("attention_mma", dict(attention.ATTEND_PAIR_CONFIG)), ("float_dense", dict(dense.TILE_CONFIG)),
+            ("attention_pair", dict(attention.ATTEND_PAIR_CONFIG)), ("float_dense", dict(dense.TILE_CONFIG)),
             ("spin", {}), ("gather_group", {})]
     need += [("mmq", products.auto_config(rows)) for rows in (1, 20, 1e9)]
     for name, d in need:

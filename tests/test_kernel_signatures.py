@@ -408,12 +408,13 @@ def test_kernel_signatures_do_not_depend_on_defines():
 # ------------------------------------------------------------------------------ the checker itself
 
 def plant(tmp_path: Path, module: str, old: str, new: str) -> Path:
-    """A copy of the kernel folder in tmp_path with one edit of <module>.cu."""
+    """A copy of the kernel folder in tmp_path with one edit of <module>.cu (or of the header
+    <module>, a name ending .cuh)."""
     folder = tmp_path / "kernels"
     shutil.copytree(KERNELS, folder)
-    cu = folder / f"{module}.cu"
+    cu = folder / (module if module.endswith(".cuh") else f"{module}.cu")
     text = cu.read_text()
-    assert text.count(old) == 1, f"{module}.cu: {old!r} is not there once"
+    assert text.count(old) == 1, f"{cu.name}: {old!r} is not there once"
     cu.write_text(text.replace(old, new))
     return folder
 
@@ -432,12 +433,13 @@ def test_planted_parameter_change_is_caught(tmp_path):
 
 def test_planted_change_in_a_kernel_macro_is_caught(tmp_path):
     fmt = "PqPiiPPPPPifPq"
-    folder = plant(tmp_path, "attention_mma", "int cap, float kq_scale, float* __restrict__ out, long long ldo)  ",
+    # the macro both prefill kernels are declared by lives in their shared header
+    folder = plant(tmp_path, "attention_common.cuh", "int cap, float kq_scale, float* __restrict__ out, long long ldo)  ",
                    "unsigned cap, float kq_scale, float* __restrict__ out, long long ldo)")
-    for name in ("attend_mma_hd64", "attend_pair_hd128"):
-        with pytest.raises(ValueError, match=rf"attention_mma\.cu: kernel {name} .*position 10 .*'I' for parameter 'unsigned cap'"):
-            signatures.check("attention_mma", name, fmt, kernel_dir=str(folder))
-    signatures.check("attention_mma", "attend_split_scores_hd64", "PqPiiiPPifiPP", kernel_dir=str(folder))
+    for module, name in (("attention_mma", "attend_mma_hd64"), ("attention_pair", "attend_pair_hd128")):
+        with pytest.raises(ValueError, match=rf"{module}\.cu: kernel {name} .*position 10 .*'I' for parameter 'unsigned cap'"):
+            signatures.check(module, name, fmt, kernel_dir=str(folder))
+    signatures.check("attention_split", "attend_split_scores_hd64", "PqPiiiPPifiPP", kernel_dir=str(folder))
 
 
 def test_a_changed_format_is_caught():

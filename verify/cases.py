@@ -473,7 +473,7 @@ def ahead_modules(quick: bool = False) -> list[tuple[str, dict]]:
     for c in rows("attention_mma_config"):  # the test sets ATTEND_MMA_CONFIG to these two alone
         out.append(("attention_mma", {"MMA_WARPS": c.config["MMA_WARPS"], "MMA_EPI": c.config["MMA_EPI"]}))
     for c in rows("attention_pair_config"):
-        out.append(("attention_mma", {**attention.ATTEND_PAIR_CONFIG, **c.config}))
+        out.append(("attention_pair", {**attention.ATTEND_PAIR_CONFIG, **c.config}))
     return out
 
 

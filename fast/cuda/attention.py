@@ -5,7 +5,8 @@ pool and launches on its stream.
 
 Kernels and the NumPy functions they match bit for bit (docs/numerics.md):
 - :func:`kv_write` -> strata.attention.KVCache.write (kernels/kv_cache.cu)
-- :func:`attend`   -> strata.attention.attend        (kernels/attention_mma.cu)
+- :func:`attend`   -> strata.attention.attend        (kernels/attention_mma.cu, attention_pair.cu,
+  attention_split.cu: one kernel form each, their shared steps in attention_common.cuh)
 """
 from __future__ import annotations
 
@@ -28,28 +29,27 @@ __all__ = [
     "ATTEND_VARIANTS",
 ]
 
-#: head sizes attention_mma.cu is instantiated for (the tensor-core and the split-K kernels)
+#: head sizes the attention kernels are instantiated for (every variant)
 ATTEND_HEAD_DIMS = (64, 128)
 
-_SPLIT_WARPS = 8  # SPL_WARPS in attention_mma.cu (the merge runs MERGE_G = 4 threads per dim)
-
-#: attention kernels (attention_mma.cu), both bit-exact to strata.attention.attend:
-#: "mma"   one CTA per (16 * MMA_WARPS queries, head), int8 tensor cores;
-#: "pair"  the same work with each 16-query group split between two warps (keys by parity for
-#:         the scores, output dims by half for P.V), half the registers a warp, a cp.async ring;
-#: "split" split-K over key blocks in three launches (scores and block maxima, per-block P.V,
-#:         the ordered merge), for few queries (decode);
+#: attention kernels, each bit-exact to strata.attention.attend, each in its own file:
+#: "mma"   (attention_mma.cu) one CTA per (16 * MMA_WARPS queries, head), int8 tensor cores;
+#: "pair"  (attention_pair.cu) the same work with each 16-query group split between two warps
+#:         (keys by parity for the scores, output dims by half for P.V), half the registers a
+#:         warp, a cp.async ring;
+#: "split" (attention_split.cu) split-K over key blocks in three launches (scores and block
+#:         maxima, per-block P.V, the ordered merge), for few queries (decode);
 #: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else ATTEND_PREFILL.
 ATTEND_VARIANTS = ("mma", "pair", "split", "auto")
 #: the variant attend() runs when none is asked for
 ATTEND_VARIANT = "auto"
 #: the most queries "auto" sends to the split-K kernels
 ATTEND_SPLIT_MAX_T = 4
-#: attention_mma.cu tile configuration: MMA_WARPS (warps of 16 queries per CTA; 4 when absent),
+#: attention_mma.cu's tile configuration: MMA_WARPS (warps of 16 queries per CTA; 4 when absent),
 #: MMA_MINB (__launch_bounds__ minimum CTAs per SM, default 1), MMA_EPI (the per-(query, key)
 #: float work: 2, the default, or 1, the earlier form kept for A/B; the same bits)
 ATTEND_MMA_CONFIG: dict = {"MMA_WARPS": 8}
-#: the pair kernel's configuration: PAIR_QG (16-query groups per CTA, two warps each; 8 when
+#: attention_pair.cu's configuration: PAIR_QG (16-query groups per CTA, two warps each; 8 when
 #: absent), PAIR_STAGES (key blocks in the cp.async ring, 3), PAIR_MINB (CTAs per SM, 1)
 ATTEND_PAIR_CONFIG: dict = {}
 #: the kernel "auto" runs for more than ATTEND_SPLIT_MAX_T queries
@@ -157,6 +157,33 @@ def _mma_func(name: str, fmt: str, defines: dict | None = None):
     return runtime.function("attention_mma", name, fmt, _mma_config() if defines is None else dict(defines))
 
 
+_geometry: dict = {}  # (module, defines) -> its geometry ints, read once (a synchronous copy)
+
+
+def _geometry_of(module: str, name: str, n: int, defines: dict | None = None) -> tuple[int, ...]:
+    key = (module, tuple(sorted((defines or {}).items())))
+    got = _geometry.get(key)
+    if got is None:
+        got = _geometry[key] = runtime.module_ints(runtime.load_module(module, defines), name, n)
+    return got
+
+
+def _mma_geometry(defines: dict) -> tuple[int, int]:
+    """(warps, queries) of an attend_mma CTA built with `defines` (attend_mma_geometry)."""
+    return _geometry_of("attention_mma", "attend_mma_geometry", 2, defines)
+
+
+def _split_func(name: str, fmt: str):
+    """The prepared kernel `name` of attention_split.cu."""
+    return runtime.function("attention_split", name, fmt)
+
+
+def _split_geometry() -> tuple[int, int]:
+    """(warps of a split-K scores or P.V CTA, threads of the merge per output dim)
+    (attend_split_geometry)."""
+    return _geometry_of("attention_split", "attend_split_geometry", 2)
+
+
 def _split_buffer(dev, nbytes: int):
     """The split-K scratch of this Device, grown on demand; kernels on one stream use it in
     turn."""
@@ -198,7 +225,7 @@ def _pair_func(hd: int, defines: dict):
     key = (hd, tuple(sorted(defines.items())))
     got = _pair_funcs.get(key)
     if got is None:
-        mod = runtime.load_module("attention_mma", defines)
+        mod = runtime.load_module("attention_pair", defines)
         geo = runtime.module_ints(mod, "attend_pair_geometry", 4)
         smem = geo[0] if hd == 64 else geo[1]
         f = runtime.allow_dynamic_smem(mod.get_function(f"attend_pair_hd{hd}"), smem)
@@ -215,8 +242,9 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     written, and position < cap). GQA: head h reads KV head h // (n_head // n_kv).
     hd in ATTEND_HEAD_DIMS. ``variant`` picks the kernel (:data:`ATTEND_VARIANTS`; None =
     :data:`ATTEND_VARIANT`); ``max_pos`` (the largest position) sizes the split-K grid when the
-    positions are a GPUArray (else the capacity does); ``config``: attention_mma.cu defines over
-    ATTEND_MMA_CONFIG for the mma kernel, over ATTEND_PAIR_CONFIG for the pair kernel; ``v_t``:
+    positions are a GPUArray (else the capacity does); ``config``: attention_mma.cu's defines over
+    ATTEND_MMA_CONFIG for the mma kernel, attention_pair.cu's over ATTEND_PAIR_CONFIG for the
+    pair kernel; ``v_t``:
     the cache's transposed V blocks (see :func:`kv_write`), which the pair kernel reads;
     without them it transposes v_codes first (:func:`v_transpose`, into
     scratch). Returns out, float32 [T, n_head, hd]."""
@@ -225,7 +253,7 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     check(q, "attend q", np.float32, shape=(None, None, hd))
     T, H = int(q.shape[0]), int(q.shape[1])
     if hd not in ATTEND_HEAD_DIMS:
-        raise InputError(f"attention_mma.cu is built for head_dim in {ATTEND_HEAD_DIMS}, got {hd}")
+        raise InputError(f"the attention kernels are built for head_dim in {ATTEND_HEAD_DIMS}, got {hd}")
     if H % n_kv:
         raise InputError(f"n_head {H} is not a multiple of n_head_kv {n_kv}")
     if not hasattr(positions, "gpudata"):
@@ -245,8 +273,8 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     if v == "mma":
         defines = _mma_config(config)
         f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPPifPq", defines)
-        warps = int(defines.get("MMA_WARPS", 4))
-        grid = (-(-T // (16 * warps)), H, 1)
+        warps, tile = _mma_geometry(defines)
+        grid = (-(-T // tile), H, 1)
         dev.launch(f, "attention", grid, (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos), T,
                    H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), 0, cap,
                    kq, ptr(out), H * hd)
@@ -270,14 +298,15 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
         OB = MC + 4 * sizes[1]
         LS = OB + 4 * sizes[2]
         AL = LS + 4 * sizes[3]
-        f1 = _mma_func(f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
-        dev.launch(f1, None, (nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), ptr(q), H * hd, ptr(pos),
+        f1 = _split_func(f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
+        warps, merge_g = _split_geometry()
+        dev.launch(f1, None, (nblk, n_kv, 1), (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos),
                    T, H, H // n_kv, ptr(k_codes), ptr(k_scale), cap, kq, nblk, S, MC)
-        f2 = _mma_func(f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPP")
-        dev.launch(f2, None, (nblk, n_kv, 1), (32 * _SPLIT_WARPS, 1, 1), ptr(pos), T, H, H // n_kv,
+        f2 = _split_func(f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPP")
+        dev.launch(f2, None, (nblk, n_kv, 1), (32 * warps, 1, 1), ptr(pos), T, H, H // n_kv,
                    ptr(v_codes), ptr(v_scale), cap, nblk, S, MC, OB, LS, AL)
-        f3 = _mma_func(f"attend_split_merge_hd{hd}", "PiiPPPPq")
-        dev.launch(f3, "attention", (T, H, 1), (4 * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL, ptr(out),
+        f3 = _split_func(f"attend_split_merge_hd{hd}", "PiiPPPPq")
+        dev.launch(f3, "attention", (T, H, 1), (merge_g * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL, ptr(out),
                    H * hd)
     return out
 

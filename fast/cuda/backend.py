@@ -39,7 +39,7 @@ from fast.trace import Span
 #: a 16-bit float matrix is widened to F32 on the device (widen_float) up to this many F32 bytes;
 #: larger ones (a 16-bit output head) stay as stored
 WIDEN_MAX_BYTES = 256 << 20
-#: attention_mma.cu defines over its configuration when lean_attention is 0 (the earlier epilogue)
+#: attention_mma.cu's defines over its configuration when lean_attention is 0 (the earlier epilogue)
 EARLIER_MMA_ATTENTION = {"MMA_EPI": 1}
 
 

@@ -209,16 +209,17 @@ def manifest(folder: str) -> list[tuple[str, dict]]:
 
 def default_modules() -> list[tuple[str, dict]]:
     """The modules the fast path builds with the default settings and every switch: each kernel
-    file without defines, attention_mma.cu with the mma kernel's configuration (the split-K
-    decode kernels too) and its earlier epilogue (lean_attention 0), and mmq.cu in each
-    automatic tile configuration (with STRATA_MMQ_DEFINES). Test sweeps of other configurations
-    reach a folder through its manifest."""
+    file without defines (the pair and split-K attention kernels among them), attention_mma.cu
+    with the mma kernel's configuration and its earlier epilogue (lean_attention 0), and mmq.cu
+    in each automatic tile configuration (with STRATA_MMQ_DEFINES). Test sweeps of other
+    configurations reach a folder through its manifest."""
     from fast.cuda import attention, backend, products, runtime  # noqa: PLC0415 - runtime imports us
 
     names = sorted(f[:-3] for f in os.listdir(runtime.KERNEL_DIR) if f.endswith(".cu"))
     out = [(n, {}) for n in names]
     out += [("attention_mma", attention._mma_config()),
-            ("attention_mma", attention._mma_config(backend.EARLIER_MMA_ATTENTION))]
+            ("attention_mma", attention._mma_config(backend.EARLIER_MMA_ATTENTION)),
+            ("attention_pair", dict(attention.ATTEND_PAIR_CONFIG))]
     out += [("mmq", products._with_extra(cfg)) for _bound, cfg in products.AUTO_CONFIGS]
     return _unique(out)
 

@@ -1,0 +1,180 @@
+// The shared part of the attention kernels (attention_mma.cu, attention_pair.cu,
+// attention_split.cu): the definition they all compute (strata.attention.attend), KEY_BLOCK,
+// the tensor-core and quantization helpers, the per-(query, key) steps of the two prefill
+// kernels and their entry macro. Include strata_numerics.cuh first.
+//
+// Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit:
+//   Q quantized like K: int8 codes, one float32 scale per 32 values (the q8 block quantize of
+//     strata_numerics.cuh; an all-zero block: d = 0, codes 0).
+//   score of key j: s = 0.0f; for b ascending: s = s + (dq_b * dk_jb) * (float)sumi_b (sumi
+//     exact int32); s = s * kq_scale.
+//   keys in blocks of 64 at absolute positions, c = 0 .. pos/64 ascending; key j valid iff
+//     j <= pos. m_c = max valid s_j; m_new = max(M, m_c); alpha = exp(M - m_new) (exp(-inf) = 0);
+//   p_j = valid ? exp(s_j - m_new) : 0; lsum = tree_sum(p[0..63]) (p_l + p_{l+32}, then the
+//     halving tree 16..1); w_j = p_j * dv_j; (wq, dw) = int8 quantization of w[0..63] as one
+//     block; ob_i = dw * (float)(sum_j wq_j * vq_ji) (exact int32);
+//   L = L * alpha + lsum; O_i = O_i * alpha + ob_i; M = m_new; finally out_i = O_i / L.
+//   exp is the shared polynomial of strata.numerics.exp (strata_exp, never expf/__expf).
+// GQA: query head h reads KV head h / group (group = n_head / n_head_kv). Cache of one layer as
+// strata.attention.KVCache: k_codes [n_kv, cap, HD] int8, k_scale [n_kv, cap, HD/32] f32,
+// v_codes [n_kv, cap, HD] int8, v_scale [n_kv, cap] f32; keys at or past `cap` are never read.
+// Integer parts are exact int32 whatever the summation order (|sum| < 2^21), so they may run
+// on int8 tensor cores (mma.sync m16n8k32 s8) with any key order inside a block; every float
+// step keeps the definition's operations and order.
+// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
+#ifndef STRATA_ATTENTION_COMMON_CUH
+#define STRATA_ATTENTION_COMMON_CUH
+
+#define KEY_BLOCK 64
+
+__device__ __forceinline__ float magic_to_float(int acc)  // acc = MAGIC_I + exact int
+{
+    return __fsub_rn(__int_as_float(acc), MAGIC_F);
+}
+
+// c += a.b: A 16x32 s8 (row), B 32x8 s8 (col), C 16x8 s32; exact.
+__device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, int b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One query row of HD floats -> int8 codes (qc, HD bytes) and NB scales (qd), by one warp.
+// P codes of w >= 0 quantized with the row's di (d_inv, or 0 for a block whose 127/amax is not
+// finite: codes 0): round_nonneg_magic(w * di), byte 0 of each float's bits is its code.
+template <int NT>
+__device__ __forceinline__ void p_code_bits(const float (&w)[NT][4], float di0, float di1, unsigned (&cb)[NT][4])
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        cb[nt][0] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][0], di0)));
+        cb[nt][1] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][1], di0)));
+        cb[nt][2] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][2], di1)));
+        cb[nt][3] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][3], di1)));
+    }
+}
+
+// bytes 0 of a, b, c, d -> one word a | b << 8 | c << 16 | d << 24
+__device__ __forceinline__ int pack_lo(unsigned a, unsigned b, unsigned c, unsigned d)
+{
+    return (int)__byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+// The k32 A fragment of P from accumulators n0 .. n0 + 3: k = 4 tq + i <- lambda =
+// 8 (i >> 1) + 2 tq + (i & 1) (accumulators n0, n0 + 1), + 16 for registers 2 and 3 (n0 + 2, + 3);
+// registers 0 and 2 row r0, 1 and 3 row r1.
+template <int NT>
+__device__ __forceinline__ void p_fragment(const unsigned (&cb)[NT][4], int n0, int (&a)[4])
+{
+    a[0] = pack_lo(cb[n0][0], cb[n0][1], cb[n0 + 1][0], cb[n0 + 1][1]);
+    a[1] = pack_lo(cb[n0][2], cb[n0][3], cb[n0 + 1][2], cb[n0 + 1][3]);
+    a[2] = pack_lo(cb[n0 + 2][0], cb[n0 + 2][1], cb[n0 + 3][0], cb[n0 + 3][1]);
+    a[3] = pack_lo(cb[n0 + 2][2], cb[n0 + 2][3], cb[n0 + 3][2], cb[n0 + 3][3]);
+}
+
+template <int HD>
+__device__ __forceinline__ void quantize_row_warp(const float* __restrict__ qr, int8_t* qc, float* qd, int lane)
+{
+#pragma unroll
+    for (int b = 0; b < HD / 32; ++b) {
+        int8_t c;
+        float d;
+        q8_warp_block(qr[32 * b + lane], c, d);
+        qc[32 * b + lane] = c;
+        if (lane == 0) qd[b] = d;
+    }
+}
+
+// ============================================================================ tensor cores
+
+template <bool B>
+struct BoolTag {
+    static constexpr bool value = B;
+};
+
+// ---- the per-(query, key) steps both prefill kernels share. A thread holds NT x 4 scores of a
+// key block: accumulator (nt, e) is query row r0 (e < 2) or r1 (positions pos0, pos1) and the
+// absolute key key(nt, e), which each kernel's key layout gives. A key past its row's position
+// is invalid; FULL: the block lies below both rows, every key valid (no tests).
+
+// s = s * kq_scale, -inf where invalid; (mc0, mc1) = the rows' maxima over the lane quad.
+template <bool FULL, int NT, class Key>
+__device__ __forceinline__ void scale_mask_max(float (&s)[NT][4], float kq_scale, int pos0, int pos1, Key key,
+                                               float& mc0, float& mc1)
+{
+    const float NEG_INF = __int_as_float(0xff800000);
+    mc0 = NEG_INF;
+    mc1 = NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
+            const float sc = __fmul_rn(s[nt][e], kq_scale);
+            s[nt][e] = valid ? sc : NEG_INF;
+        }
+        mc0 = fmaxf(mc0, fmaxf(s[nt][0], s[nt][1]));
+        mc1 = fmaxf(mc1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mc0 = quad_max(mc0);
+    mc1 = quad_max(mc1);
+}
+
+// s = p = exp(s - m_new) of the row (strata_exp_nonpos where NONPOS: the argument is never
+// above 0), 0 where invalid.
+template <bool FULL, bool NONPOS, int NT, class Key>
+__device__ __forceinline__ void exp_masked(float (&s)[NT][4], float mn0, float mn1, int pos0, int pos1, Key key)
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
+            const float x = __fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1);
+            const float pe = NONPOS ? strata_exp_nonpos(x) : strata_exp(x);
+            s[nt][e] = valid ? pe : 0.0f;
+        }
+    }
+}
+
+// s = w = p * dv (dv(nt): the float2 scales of keys with e & 1 = 0 and 1), 0 where invalid;
+// (amax0, amax1) = the rows' max |w| over the lane quad.
+template <bool FULL, int NT, class Key, class DV>
+__device__ __forceinline__ void fold_v_scale(float (&s)[NT][4], int pos0, int pos1, Key key, DV dv,
+                                             float& amax0, float& amax1)
+{
+    amax0 = 0.0f;
+    amax1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float2 d = dv(nt);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
+            const float we = __fmul_rn(s[nt][e], (e & 1) ? d.y : d.x);
+            s[nt][e] = valid ? we : 0.0f;
+        }
+        amax0 = fmaxf(amax0, fmaxf(fabsf(s[nt][0]), fabsf(s[nt][1])));
+        amax1 = fmaxf(amax1, fmaxf(fabsf(s[nt][2]), fabsf(s[nt][3])));
+    }
+    amax0 = quad_max(amax0);
+    amax1 = quad_max(amax1);
+}
+
+// One entry point per kernel and head_dim: attend_<KIND>_hd<HD>, the same parameters, its body
+// attend_<KIND>_body<HD>. v_t (v_blocks.cuh) is read by the pair kernel only.
+#define ATTEND_KERNEL(KIND, HD, THREADS, MINB)                                                     \
+    extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                    \
+    attend_##KIND##_hd##HD(const float* __restrict__ q, long long ldq, const int* __restrict__ positions,\
+                           int T, int group, const int8_t* __restrict__ k_codes,                   \
+                           const float* __restrict__ k_scale, const int8_t* __restrict__ v_codes,  \
+                           const float* __restrict__ v_scale, const int8_t* __restrict__ v_t,     \
+                           int cap, float kq_scale, float* __restrict__ out, long long ldo)        \
+    {                                                                                              \
+        attend_##KIND##_body<HD>(q, ldq, positions, T, group, k_codes, k_scale, v_codes, v_scale,  \
+                                 v_t, cap, kq_scale, out, ldo);                                    \
+    }
+
+#endif  // STRATA_ATTENTION_COMMON_CUH

@@ -1,0 +1,298 @@
+// Causal attention over the int8 KV cache of one layer for few queries (decode): split-K over
+// key blocks in three launches, attend_split_{scores,pv,merge}_hd{64,128}.
+//
+// Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit; written out in
+// attention_common.cuh.
+//
+// attend_split_{scores,pv,merge}_hd{64,128}: split-K for few queries (decode). Pass 1, one
+//   CTA per (key block, KV head): scores and block maxima m_c of every (query, head of the
+//   group) into scratch. Pass 2, same grid: the running max after block c is the prefix max of
+//   m_0..m_c (max is exact in any order), before it the prefix max of m_0..m_{c-1}; hence
+//   alpha, p, lsum, the P quantization and ob of each block independently. Pass 3, one CTA per
+//   (query, head), one thread per output dim: the merge L = L*alpha + lsum, O = O*alpha + ob
+//   in ascending block order, out = O / L.
+// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
+
+#include <stdint.h>
+#include "strata_numerics.cuh"  // strata_exp, roundf_away_int, q8_*, warp_max, quad_max, warp_sum
+#include "attention_common.cuh"  // the definition, KEY_BLOCK, quantize_row_warp
+
+#define SPL_WARPS 8
+
+// V codes of keys j0 .. j0+63 transposed, 4 keys x 4 dims per step: word `slot` of dim row d
+// holds (byte u) key key_of(slot, u) at dim d. `vw` words per dim row.
+template <int HD, bool PERMUTED>
+__device__ __forceinline__ void stage_v(int* svt, int vw, const int8_t* __restrict__ vbase, int j0, int cap,
+                                        int tid, int nthreads)
+{
+    constexpr int QW = HD / 4;
+    for (int idx = tid; idx < (KEY_BLOCK / 4) * QW; idx += nthreads) {
+        const int slot = idx % (KEY_BLOCK / 4);  // word within the dim row (fastest: store banks)
+        const int m = idx / (KEY_BLOCK / 4);     // dims 4m .. 4m+3
+        int k0, kstep[4];
+        if (PERMUTED) {
+            // slot = 8 ks + 4 half + qq: keys 32ks + 16half + 2qq + {0, 1, 8, 9}
+            k0 = 32 * (slot >> 3) + 16 * ((slot >> 2) & 1) + 2 * (slot & 3);
+            kstep[0] = 0; kstep[1] = 1; kstep[2] = 8; kstep[3] = 9;
+        } else {
+            k0 = 4 * slot;
+            kstep[0] = 0; kstep[1] = 1; kstep[2] = 2; kstep[3] = 3;
+        }
+        unsigned r4[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int j = j0 + k0 + kstep[u];
+            r4[u] = (j < cap) ? reinterpret_cast<const unsigned*>(vbase + (long long)j * HD)[m] : 0u;
+        }
+        const unsigned lo01 = __byte_perm(r4[0], r4[1], 0x5140);
+        const unsigned hi01 = __byte_perm(r4[0], r4[1], 0x7362);
+        const unsigned lo23 = __byte_perm(r4[2], r4[3], 0x5140);
+        const unsigned hi23 = __byte_perm(r4[2], r4[3], 0x7362);
+        svt[(4 * m + 0) * vw + slot] = (int)__byte_perm(lo01, lo23, 0x5410);
+        svt[(4 * m + 1) * vw + slot] = (int)__byte_perm(lo01, lo23, 0x7632);
+        svt[(4 * m + 2) * vw + slot] = (int)__byte_perm(hi01, hi23, 0x5410);
+        svt[(4 * m + 3) * vw + slot] = (int)__byte_perm(hi01, hi23, 0x7632);
+    }
+}
+
+// ============================================================================ split-K
+// Scratch (float32), for U = T * n_head units (query t, head h: unit t * n_head + h) and nblk
+// blocks: S [U, nblk * 64] scores, MC [U, nblk] block maxima, OB [U, nblk, HD], LS and AL [U, nblk].
+
+// Pass 1: grid (nblk, n_kv), SPL_WARPS warps; a warp per (query, head of the group).
+template <int HD>
+__device__ __forceinline__ void split_scores_body(
+    const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int n_head,
+    int group, const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale, int cap,
+    float kq_scale, int nblk, float* __restrict__ S, float* __restrict__ MC)
+{
+    constexpr int NB = HD / 32;
+    constexpr int QW = HD / 4;
+    constexpr int KW = QW + 1;
+    constexpr int KDS = NB + 1;
+    __shared__ int sk[KEY_BLOCK * KW];
+    __shared__ float skd[KEY_BLOCK * KDS];
+    __shared__ int sq[SPL_WARPS * QW];
+    __shared__ float sqd[SPL_WARPS * NB];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int c = blockIdx.x, kvh = blockIdx.y;
+    const int j0 = c * KEY_BLOCK;
+    const long long head_row0 = (long long)kvh * cap;
+    const int8_t* kbase = k_codes + head_row0 * HD;
+    for (int idx = tid; idx < KEY_BLOCK * (HD / 16); idx += blockDim.x) {
+        const int key = idx / (HD / 16);
+        const int part = idx - key * (HD / 16);
+        int4 val = make_int4(0, 0, 0, 0);
+        if (j0 + key < cap) val = reinterpret_cast<const int4*>(kbase + (long long)(j0 + key) * HD)[part];
+        int* dst = sk + key * KW + part * 4;
+        dst[0] = val.x;
+        dst[1] = val.y;
+        dst[2] = val.z;
+        dst[3] = val.w;
+    }
+    for (int idx = tid; idx < KEY_BLOCK * NB; idx += blockDim.x) {
+        const int key = idx / NB;
+        const int b = idx - key * NB;
+        skd[key * KDS + b] = (j0 + key < cap) ? k_scale[(head_row0 + j0 + key) * NB + b] : 0.0f;
+    }
+    __syncthreads();
+
+    const int units = T * group;
+    for (int un = warp; un < units; un += SPL_WARPS) {
+        const int t = un / group;
+        const int h = kvh * group + (un - t * group);
+        const int pos = positions[t];
+        if (c > pos / KEY_BLOCK) continue;  // warp-uniform
+        int* qw = sq + warp * QW;
+        float* qd = sqd + warp * NB;
+        quantize_row_warp<HD>(q + (long long)t * ldq + (long long)h * HD, reinterpret_cast<int8_t*>(qw), qd, lane);
+        __syncwarp();
+        const long long unit = (long long)t * n_head + h;
+        float m = __int_as_float(0xff800000);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int key = lane + 32 * u;
+            const int* kr = sk + key * KW;
+            float acc = 0.0f;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                int sumi = 0;
+#pragma unroll
+                for (int w = 0; w < 8; ++w) sumi = __dp4a(qw[8 * b + w], kr[8 * b + w], sumi);
+                acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(qd[b], skd[key * KDS + b]), (float)sumi));
+            }
+            acc = __fmul_rn(acc, kq_scale);
+            const float s = (j0 + key <= pos) ? acc : __int_as_float(0xff800000);
+            S[unit * nblk * KEY_BLOCK + j0 + key] = s;
+            m = fmaxf(m, s);
+        }
+        m = warp_max(m);
+        if (lane == 0) MC[unit * nblk + c] = m;
+        __syncwarp();  // this warp's Q codes are read before the next unit overwrites them
+    }
+}
+
+// Pass 2: grid (nblk, n_kv), SPL_WARPS warps.
+template <int HD>
+__device__ __forceinline__ void split_pv_body(
+    const int* __restrict__ positions, int T, int n_head, int group,
+    const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale, int cap, int nblk,
+    const float* __restrict__ S, const float* __restrict__ MC, float* __restrict__ OB,
+    float* __restrict__ LS, float* __restrict__ AL)
+{
+    constexpr int VW = KEY_BLOCK / 4 + 1;
+    constexpr int R = HD / 32;
+    __shared__ int svt[HD * VW];
+    __shared__ float svd[KEY_BLOCK];
+    __shared__ int swq[SPL_WARPS * (KEY_BLOCK / 4)];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int c = blockIdx.x, kvh = blockIdx.y;
+    const int j0 = c * KEY_BLOCK;
+    const long long head_row0 = (long long)kvh * cap;
+    stage_v<HD, false>(svt, VW, v_codes + head_row0 * HD, j0, cap, tid, blockDim.x);
+    if (tid < KEY_BLOCK) svd[tid] = (j0 + tid < cap) ? v_scale[head_row0 + j0 + tid] : 0.0f;
+    __syncthreads();
+
+    const int units = T * group;
+    for (int un = warp; un < units; un += SPL_WARPS) {
+        const int t = un / group;
+        const int h = kvh * group + (un - t * group);
+        const int pos = positions[t];
+        if (c > pos / KEY_BLOCK) continue;  // warp-uniform
+        const long long unit = (long long)t * n_head + h;
+        // running max after block c (prefix max of m_0..m_c) and before it (m_0..m_{c-1})
+        const float* mrow = MC + unit * nblk;
+        float m_new = __int_as_float(0xff800000), m_old = __int_as_float(0xff800000);
+#pragma unroll 8
+        for (int i = lane; i <= c; i += 32) {
+            const float v = mrow[i];
+            m_new = fmaxf(m_new, v);
+            if (i < c) m_old = fmaxf(m_old, v);
+        }
+        m_new = warp_max(m_new);
+        m_old = warp_max(m_old);
+        const float alpha = strata_exp(__fsub_rn(m_old, m_new));
+        const float* srow = S + unit * nblk * KEY_BLOCK + j0;
+        float p[2], w[2];
+        bool valid[2];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            valid[u] = (j0 + lane + 32 * u) <= pos;
+            p[u] = valid[u] ? strata_exp(__fsub_rn(srow[lane + 32 * u], m_new)) : 0.0f;
+        }
+        float lsum = __fadd_rn(p[0], p[1]);
+        lsum = warp_sum(lsum);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) w[u] = valid[u] ? __fmul_rn(p[u], svd[lane + 32 * u]) : 0.0f;
+        const float amax = warp_max(fmaxf(fabsf(w[0]), fabsf(w[1])));
+        int8_t wq0 = 0, wq1 = 0;
+        float wd = 0.0f;
+        if (amax > 0.0f) {
+            const float d_inv = q8_inv_scale(amax);
+            wq0 = q8_code(w[0], d_inv);
+            wq1 = q8_code(w[1], d_inv);
+            wd = q8_scale(d_inv);
+        }
+        int8_t* wqb = reinterpret_cast<int8_t*>(swq + warp * (KEY_BLOCK / 4));
+        wqb[lane] = wq0;
+        wqb[lane + 32] = wq1;
+        __syncwarp();
+        const int* wqw = swq + warp * (KEY_BLOCK / 4);
+        float* obrow = OB + (unit * nblk + c) * HD;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int* vr = svt + (lane + 32 * r) * VW;
+            int acc = 0;
+#pragma unroll
+            for (int k4 = 0; k4 < KEY_BLOCK / 4; ++k4) acc = __dp4a(wqw[k4], vr[k4], acc);
+            obrow[lane + 32 * r] = __fmul_rn(wd, (float)acc);
+        }
+        if (lane == 0) {
+            LS[unit * nblk + c] = lsum;
+            AL[unit * nblk + c] = alpha;
+        }
+        __syncwarp();
+    }
+}
+
+// Pass 3: grid (T, n_head), MERGE_G * HD threads: per chunk of CH blocks all of them load the
+// block values into shared memory (many loads in flight), then the first HD threads (one per
+// output dim) run the ordered chain L = L*alpha + lsum, O = O*alpha + ob.
+#define MERGE_G 4
+template <int HD>
+__device__ __forceinline__ void split_merge_body(
+    const int* __restrict__ positions, int n_head, int nblk, const float* __restrict__ OB,
+    const float* __restrict__ LS, const float* __restrict__ AL, float* __restrict__ out, long long ldo)
+{
+    constexpr int CH = 8192 / HD;  // 32 KB of ob per chunk
+    __shared__ float sob[CH * HD];
+    __shared__ float sa[CH], sl[CH];
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, d = tid % HD, g = tid / HD;
+    const int last = positions[t] / KEY_BLOCK;
+    const long long unit = (long long)t * n_head + h;
+    const float* al = AL + unit * nblk;
+    const float* ls = LS + unit * nblk;
+    const float* ob = OB + unit * nblk * HD + d;
+    float O = 0.0f, L = 0.0f;
+    for (int c0 = 0; c0 <= last; c0 += CH) {
+        __syncthreads();  // the previous chunk is no longer read
+#pragma unroll
+        for (int k = 0; k < CH / MERGE_G; ++k) {
+            const int i = g + MERGE_G * k;
+            sob[i * HD + d] = ob[(long long)min(c0 + i, last) * HD];
+        }
+        for (int i = tid; i < CH; i += MERGE_G * HD) {
+            const int c = min(c0 + i, last);
+            sa[i] = al[c];
+            sl[i] = ls[c];
+        }
+        __syncthreads();
+        if (g == 0) {
+            const int n = min(CH, last + 1 - c0);
+            for (int i = 0; i < n; ++i) {
+                const float a = sa[i];
+                L = __fadd_rn(__fmul_rn(L, a), sl[i]);
+                O = __fadd_rn(__fmul_rn(O, a), sob[i * HD + d]);
+            }
+        }
+    }
+    if (g == 0) out[(long long)t * ldo + (long long)h * HD + d] = O / L;
+}
+
+#define ATTEND_SPLIT_KERNELS(HD)                                                                   \
+    extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
+    attend_split_scores_hd##HD(const float* __restrict__ q, long long ldq,                         \
+                               const int* __restrict__ positions, int T, int n_head, int group,    \
+                               const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,\
+                               int cap, float kq_scale, int nblk, float* __restrict__ S,           \
+                               float* __restrict__ MC)                                             \
+    {                                                                                              \
+        split_scores_body<HD>(q, ldq, positions, T, n_head, group, k_codes, k_scale, cap, kq_scale,\
+                              nblk, S, MC);                                                        \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
+    attend_split_pv_hd##HD(const int* __restrict__ positions, int T, int n_head, int group,        \
+                           const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale,  \
+                           int cap, int nblk, const float* __restrict__ S,                         \
+                           const float* __restrict__ MC, float* __restrict__ OB,                   \
+                           float* __restrict__ LS, float* __restrict__ AL)                         \
+    {                                                                                              \
+        split_pv_body<HD>(positions, T, n_head, group, v_codes, v_scale, cap, nblk, S, MC, OB, LS, AL);\
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MERGE_G * HD)                                     \
+    attend_split_merge_hd##HD(const int* __restrict__ positions, int n_head, int nblk,             \
+                              const float* __restrict__ OB, const float* __restrict__ LS,          \
+                              const float* __restrict__ AL, float* __restrict__ out, long long ldo)\
+    {                                                                                              \
+        split_merge_body<HD>(positions, n_head, nblk, OB, LS, AL, out, ldo);                       \
+    }
+
+ATTEND_SPLIT_KERNELS(64)
+ATTEND_SPLIT_KERNELS(128)
+
+// the warps of a scores or P.V CTA and the merge's threads per output dim, read by the host
+// (fast/cuda/attention.py)
+extern "C" __device__ int attend_split_geometry[2] = {SPL_WARPS, MERGE_G};
