@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
 from fast.cuda import attention as cu_att  # noqa: E402
 from fast.cuda import runtime  # noqa: E402
-from gpu_timing import PycudaClock  # noqa: E402
+from gpu_timing import stream_device  # noqa: E402
 from strata import attention  # noqa: E402
 from strata.constants import KEY_BLOCK  # noqa: E402
 from verify.cases import kernel_case, sample_index  # noqa: E402
@@ -101,13 +101,10 @@ def main() -> int:
     arms = [json.loads(a) for a in args.arms.split(";")]
     variants = [a.get("variant", "mma") for a in arms]                      # the kernel of each arm
     defines = [{k: v for k, v in a.items() if k != "variant"} for a in arms]  # and its defines
-    ok, why = runtime.cuda_available()
-    if not ok:
-        print(f"bench_attention_ab_cuda: CUDA backend unavailable: {why}")
+    got = stream_device("bench_attention_ab_cuda")
+    if got is None:
         return 0
-    runtime.context()
-    dev = runtime.Device()
-    clock = PycudaClock(dev.stream)
+    _cuda, dev, clock = got
     print(f"device: {runtime.device_name()} ({runtime.arch()}, {runtime.multiprocessor_count()} SMs)", flush=True)
     result = {"arms": arms, "lengths": []}
     if args.sass:

@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from ab_harness import Arm, Definition, markdown, measure, parser  # noqa: E402
 from fast.cuda import dense, runtime  # noqa: E402
-from gpu_timing import PycudaClock  # noqa: E402
+from gpu_timing import stream_device  # noqa: E402
 from strata.dense import decode_float, encode_float, float_matmul  # noqa: E402
 from verify.cases import kernel_case, sample_index  # noqa: E402
 
@@ -37,13 +37,10 @@ CHECKED_TOKENS = 32  # tokens of each row compared with the NumPy definition
 
 def main() -> int:
     args = parser(__doc__, "1024,8192,32768", 7).parse_args()
-    ok, why = runtime.cuda_available()
-    if not ok:
-        print(f"bench_float_dense_ab_cuda: CUDA backend unavailable: {why}")
+    got = stream_device("bench_float_dense_ab_cuda")
+    if got is None:
         return 0
-    runtime.context()
-    dev = runtime.Device()
-    clock = PycudaClock(dev.stream)
+    _cuda, dev, clock = got
     print(f"device: {runtime.device_name()} ({runtime.arch()})", flush=True)
     rng = np.random.default_rng(3)
     results = []

@@ -49,7 +49,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
 from fast.cuda import products, runtime  # noqa: E402
-from gpu_timing import PycudaClock  # noqa: E402
+from gpu_timing import stream_device  # noqa: E402
 from strata import mmq, q8_1, quants  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
 from verify.cases import kernel_case, sample_index  # noqa: E402
@@ -103,14 +103,10 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     args = ap.parse_args()
 
-    ok, why = runtime.cuda_available()
-    if not ok:
-        print(f"bench_in_place_cuda: CUDA backend unavailable: {why}")
+    got = stream_device("bench_in_place_cuda")
+    if got is None:
         return 0
-    cuda = runtime._driver()
-    runtime.context()
-    dev = runtime.Device(stream=cuda.Stream())
-    clock = PycudaClock(dev.stream)
+    cuda, dev, clock = got
     log(f"device: {runtime.device_name()} ({runtime.arch()}, {runtime.multiprocessor_count()} SMs)")
     bw = copy_bandwidth(cuda)
     log(f"device copy: {bw:.0f} GB/s read + written")

@@ -40,7 +40,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
 from fast.cuda import products, runtime  # noqa: E402
-from gpu_timing import PycudaClock  # noqa: E402
+from gpu_timing import PycudaClock, unavailable  # noqa: E402
 from strata import mmq, q8_1, quants  # noqa: E402
 from strata.constants import WEIGHT_TAIL_BYTES  # noqa: E402
 from verify.cases import kernel_case, sample_index  # noqa: E402
@@ -376,9 +376,7 @@ def main():
                     'e.g. {"MMQ_BN": 64}')
     ap.add_argument("--out", default=os.environ.get("OUT", ""))
     args = ap.parse_args()
-    ok, why = runtime.cuda_available()
-    if not ok:
-        print(f"bench_mmq_cuda: CUDA backend unavailable: {why}")
+    if unavailable("bench_mmq_cuda"):
         return 0
     t0 = time.time()
     results = bench(args)

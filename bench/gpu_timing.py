@@ -113,15 +113,24 @@ def per_call(counters, before: dict, calls: int) -> dict:
     return out
 
 
-def stream_device(script: str):
-    """(pycuda driver, a runtime.Device on a stream of its own, a PycudaClock on that stream) for
-    a GPU bench script, or None after printing why the CUDA backend is unavailable (the script
+def unavailable(script: str) -> bool:
+    """True, after one line saying why, where the CUDA backend cannot run (a GPU bench script
     then exits 0: no GPU is not a failure)."""
     from fast.cuda import runtime
 
     ok, why = runtime.cuda_available()
     if not ok:
         print(f"{script}: CUDA backend unavailable: {why}")
+    return not ok
+
+
+def stream_device(script: str):
+    """(pycuda driver, a runtime.Device on a stream of its own, a PycudaClock on that stream) for
+    a GPU bench script, or None after printing why the CUDA backend is unavailable (the script
+    then exits 0: no GPU is not a failure)."""
+    from fast.cuda import runtime
+
+    if unavailable(script):
         return None
     cuda = runtime._driver()
     runtime.context()
