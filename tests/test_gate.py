@@ -156,6 +156,29 @@ def test_a_pack_another_process_uses_is_not_pruned(tmp_path, monkeypatch):
     assert not used.exists()  # its user gone, it goes too
 
 
+def test_two_processes_use_one_kept_pack_at_once(tmp_path, monkeypatch):
+    """Users hold shared locks: a second process asking for a pack the first one holds gets it
+    at once, and a third asking for a pack not yet made waits only for its making."""
+    monkeypatch.setenv(gate.ENV_PACKS, str(tmp_path))
+    code = ("import sys; from verify import gate; "
+            "print(gate.kept_pack('tiny', 'Q8_0', {}, None), flush=True); sys.stdin.read()")
+    users = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, cwd=gate.ROOT) for _ in range(3)]
+    try:
+        import select
+
+        for u in users:  # each answers while the others hold it (an exclusive lock would wait forever)
+            assert select.select([u.stdout], [], [], 120)[0], "a process is still waiting for the pack"
+        paths = {u.stdout.readline().strip() for u in users}
+        assert len(paths) == 1 and Path(paths.pop()).exists()
+        t0 = time.perf_counter()
+        assert gate.kept_pack("tiny", "Q8_0", {}, None).exists()  # a fourth, in this process
+        assert time.perf_counter() - t0 < 5.0
+    finally:
+        for u in users:
+            u.communicate("", timeout=60)
+
+
 def test_recorded_durations_order_the_next_run_longest_first(tmp_path, monkeypatch):
     """A run records its tests' seconds beside the test packs; the next run of the same
     reference source gives its workers one copy and each orders its collection longest first

@@ -253,13 +253,20 @@ def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
     path = folder / f"{name}-{key}.gguf"
     lock = open(folder / f"{path.name}.lock", "a")
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():  # make_pack writes it whole (strata/atomic.py)
-            make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
-            _prune(folder, name, path)
-        # held shared while this process lives: another tree's gate pruning old versions
-        # leaves a pack alone while any process still uses it
-        fcntl.flock(lock, fcntl.LOCK_SH)
+        # a shared lock, held while this process lives, on a pack that is there: another
+        # tree's gate pruning old versions leaves a pack alone while any process uses it.
+        # Missing, it is made under the exclusive lock (no user holds one on a missing pack),
+        # then taken shared like any other.
+        while True:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            if path.exists():
+                break
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():  # make_pack writes it whole (strata/atomic.py)
+                make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
+                _prune(folder, name, path)
+            fcntl.flock(lock, fcntl.LOCK_UN)
     except BaseException:
         lock.close()
         raise
