@@ -90,6 +90,17 @@ class Backend(Protocol):
     def last_row(self, x: Array) -> Array:
         """x[-1:] as a view."""
 
+    def rows(self, x: Array, r0: int, r1: int) -> Array:
+        """x[r0:r1] as a view (a chunk of a layer-major window's residual)."""
+
+    def join_rows(self, x: Array, parts: Sequence[Array]) -> Array:
+        """The window residual whose consecutive row ranges are `parts` (the attention halves'
+        outputs for the chunks of x, in order): x itself where every part lies in place in x's
+        rows, else a new array holding them."""
+
+    def window_budget_bytes(self) -> int:
+        """The device bytes `--window auto` sizes a window's buffers from."""
+
     def alloc_f32(self, shape: tuple) -> Array:
         """An uninitialized float32 array."""
 

@@ -88,6 +88,10 @@ class BackendBase:
         n = int(x.shape[0])
         return x[n - 1:n]
 
+    @staticmethod
+    def rows(x, r0: int, r1: int):
+        return x[r0:r1]
+
     def rope_table(self, need: int):
         """The RoPE table covering positions 0..need-1: strata.numerics.RopeTable's growth, with
         the backend's `_make_rope(n)` building (and, on the GPU, uploading) each size."""

@@ -26,6 +26,22 @@ from fast.experts import Passes, Ring, place_experts
 F32 = np.float32
 
 
+def window_bytes_per_token(config) -> int:
+    """Device bytes a layer-major window holds per token, for `--window auto`: what the MoE half
+    of a layer allocates over all of the window's tokens. Per token: the residual in, its norm,
+    the combined output and the shared expert's output (float32 rows), the norm's q8_1 row, the
+    router logits, the top-K ids and weights and the routing tables' slot and src, the shared
+    expert's gate, up and H; per each of its K expert-sorted rows: the MoE input (q8_1, or
+    float32 for float experts), gate and up (float32), down's input (q8_1, or float32 H) and y
+    (float32). Attention's buffers are a chunk's, as without windows."""
+    c, k, f32 = config, config.n_expert_used, 4
+    per_row = (max(q8_1.buffer_nbytes(1, c.n_embd), f32 * c.n_embd) + 2 * f32 * c.n_ff_exp
+               + max(q8_1.buffer_nbytes(1, c.n_ff_exp), f32 * c.n_ff_exp) + f32 * c.n_embd)
+    per_token = (4 * f32 * c.n_embd + q8_1.buffer_nbytes(1, c.n_embd) + f32 * c.n_expert + 4 * 4 * k
+                 + 3 * f32 * c.n_ff_shexp)
+    return k * per_row + per_token
+
+
 class FastEngine:
     name = "fast"
 
@@ -94,6 +110,42 @@ class FastEngine:
         h = be.rmsnorm(x_last, be.w("output_norm"), self.config.rms_eps)
         logits = self._dense(be.w("output"), h)
         return be.download(logits)
+
+    def window_tokens(self, chunk: int, n_tok: int) -> int:
+        """The tokens of the layer-major windows (the window switch) a prompt of n_tok tokens cut
+        into chunks of `chunk` runs in: whole chunks; `chunk` itself (today's walk, one chunk a
+        window) where the switch is not given. auto: the most whole chunks whose window buffers
+        (window_bytes_per_token) fit in the backend's budget, at least one, at most the prompt's."""
+        w = self.options.window
+        if w is None:
+            return chunk
+        if w == options.AUTO:
+            fit = self.be.window_budget_bytes() // (window_bytes_per_token(self.config) * chunk)
+            return chunk * max(1, min(int(fit), -(-int(n_tok) // chunk)))
+        if w < chunk:
+            raise InputError(f"--window {w} is less than the chunk ({chunk} tokens, --prefill): a window "
+                             f"holds whole chunks")
+        return chunk * (w // chunk)
+
+    def window_layer(self, layer: int, x, spans: list, dump=None):
+        """One layer of a layer-major window: x [W, n_embd], the window's residual; spans: the
+        positions of each of its chunks, in order. The attention half per chunk, in chunk order
+        (each chunk's queries see the KV cache its earlier chunks wrote at this layer), then the
+        MoE half once over all W tokens: the window's ring pass brings each streamed expert of
+        the layer once (docs/numerics.md section 9: no bit depends on the grouping)."""
+        n_tok = sum(len(s) for s in spans)
+        if layer == 0:
+            self._begin_chunk(n_tok)
+        with self.be.oom_guard(f"the buffers of layer {layer} for a window of {n_tok} tokens in {len(spans)} "
+                               f"chunks (a smaller --window needs less)"):
+            parts, r0 = [], 0
+            for positions in spans:
+                with self.be.phase("attention", layer=layer):
+                    part = self.be.rows(x, r0, r0 + len(positions))
+                    parts.append(self.attention_half(layer, part, positions, dump))
+                r0 += len(positions)
+            x = self.be.join_rows(x, parts)
+            return self.moe_half(layer, x, dump)
 
     def layer(self, layer: int, x, positions: np.ndarray, dump=None):
         if layer == 0:

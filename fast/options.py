@@ -138,6 +138,13 @@ SWITCHES = (
     Switch("stream_min", "STRATA_PREFILL_STREAM_MIN", STREAM_MIN, SCHEDULE, Count(1),
            "chunks of at least this many tokens stream every streamed expert; smaller ones stage "
            "the routed ones"),
+    Switch("window", "STRATA_PREFILL_WINDOW", None, SCHEDULE, Count(1, auto=True, metavar="N|auto"),
+           "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
+           "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "
+           "expert is copied once per window and layer; auto: the most whole chunks whose window buffers "
+           "fit in half the free device memory (sim: a fixed 1 GiB), at most the prompt; run prints the "
+           "window taken",
+           default_text="one chunk (--prefill)"),
     Switch("copy_coalesce", "STRATA_PREFILL_COPY_COALESCE", OFF, SCHEDULE, OnOff(),
            "1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy per expert"),
     Switch("overlap_plan", "STRATA_PREFILL_OVERLAP_PLAN", ON, SCHEDULE, OnOff(),

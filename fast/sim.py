@@ -32,6 +32,8 @@ from fast.phases import HostClock, PhaseRecorder, timing_enabled
 from fast.sim_streams import ModelClock, SimEvent, SimStreams
 
 F32 = np.float32
+#: the device bytes `--window auto` may give a window's buffers on the sim (docs/how-it-works.md)
+SIM_WINDOW_BUDGET = 1 << 30
 
 
 @dataclass
@@ -156,6 +158,11 @@ class SimBackend(BackendBase):
     def streamed_bytes_pinned() -> float:
         return 1.0  # the simulated host tier stands for page-locked memory
 
+    @staticmethod
+    def window_budget_bytes() -> int:
+        """The sim has no device memory: `--window auto` sizes windows from a fixed budget."""
+        return SIM_WINDOW_BUDGET
+
     def reset_cache(self) -> None:
         cfg = self.config
         self.streams.synchronize()
@@ -237,6 +244,18 @@ class SimBackend(BackendBase):
 
     def add(self, x, y):
         return self._step("add", self.alloc_f32(x.shape), lambda: x + y)
+
+    def join_rows(self, x, parts):
+        """The window residual from its chunks' attention outputs. The sim's add writes a new
+        array (its poison shows a read before the write), so the parts are copied into one;
+        the cuda backend's add writes in place, where nothing is launched: not counted."""
+        out = self.alloc_f32((sum(p.shape[0] for p in parts), *x.shape[1:]))
+
+        def run():
+            out[...] = np.concatenate(parts, axis=0)
+
+        self.streams.enqueue("compute", "join_rows", run, *self._span("join_rows"))
+        return out
 
     def sigmoid(self, v):
         return self._step("sigmoid", self.alloc_f32((v.size,)), lambda: numerics.sigmoid(v.reshape(-1)))

@@ -7,6 +7,14 @@ lm_head on the chunk's last position: host float32 logits), `to_host(x)` and `co
 engine that times or traces per chunk (the fast one) also has `chunk_begin()`, called before a
 chunk's embedding, and `chunk_end()`, after its last layer. Everything else, including every
 dump switch, is here, so the two implementations cannot drift in how a run is cut or recorded.
+
+Layer-major windows (the fast engine's `window` switch): an engine with
+`window_tokens(chunk, n_tok)` names how many tokens of whole chunks a window holds. A window of
+more than one chunk is embedded at once and runs layer by layer through
+`window_layer(l, x, spans, dump)`: the attention half per chunk (spans: each chunk's
+positions, in order), the MoE half once over the window. A window is one unit of the record
+file (one header, its positions all of its chunks'), of the residual dump and of
+chunk_begin/chunk_end; a window of one chunk is exactly the chunk loop without windows.
 """
 from __future__ import annotations
 
@@ -91,6 +99,7 @@ class RunResult:
     # index of the first greedy token picked from logits holding NaN or Inf (after the first:
     # the first-token logits are `logits`), else None
     greedy_nonfinite: int | None = None
+    window: int = 0  # tokens of a layer-major window (whole chunks); the chunk without windows
 
 
 class Session:
@@ -110,6 +119,10 @@ class Session:
         # (strata/progress.py); True: the bar anyway; False: nothing
         self.progress = progress
         self.progress_desc = progress_desc
+        self.window_of = getattr(engine, "window_tokens", None)
+        if self.window_of is not None:
+            self.window_of(self.chunk, self.chunk)  # a bad window is refused before any work
+        self.window_taken = self.chunk  # the window of the last prefill
         self.n_past = 0
         self._chunks_done = 0  # the residual dump is truncated on a run's first chunk
         self._residuals: dumps.ResidualWriter | None = None
@@ -135,21 +148,28 @@ class Session:
     def prefill(self, ids) -> np.ndarray:
         """Run the prompt in chunks; return the logits after its last token."""
         ids = self._check_tokens(ids)
-        n_chunks = -(-ids.size // self.chunk)
-        # one step is one layer of one chunk; the bar names both
-        with Progress(n_chunks * self.config.n_layer, self.progress_desc, "chunk-layer",
-                      self.progress) as bar:
-            return self._prefill(ids, bar)
+        window = self.window_taken = self.window(ids.size)
+        n_windows = -(-ids.size // window)
+        # one step is one layer of one chunk (of one window); the bar names both
+        with Progress(n_windows * self.config.n_layer, self.progress_desc,
+                      "chunk-layer" if window == self.chunk else "window-layer", self.progress) as bar:
+            return self._prefill(ids, bar, window)
 
-    def _prefill(self, ids: np.ndarray, bar: Progress | None) -> np.ndarray:
+    def window(self, n_tok: int) -> int:
+        """The tokens of a window (whole chunks) for a prompt of n_tok: the chunk without windows."""
+        return self.chunk if self.window_of is None else self.window_of(self.chunk, n_tok)
+
+    def _prefill(self, ids: np.ndarray, bar: Progress | None, window: int | None = None) -> np.ndarray:
         n_layer = self.config.n_layer
-        starts = list(range(0, ids.size, self.chunk))
+        window = window or self.chunk
+        starts = list(range(0, ids.size, window))
         logits = None
         begin = getattr(self.engine, "chunk_begin", None)
         end = getattr(self.engine, "chunk_end", None)
         for index, c0 in enumerate(starts):
-            chunk_ids = ids[c0:c0 + self.chunk]
+            chunk_ids = ids[c0:c0 + window]
             positions = np.arange(self.n_past, self.n_past + chunk_ids.size, dtype=np.int64)
+            spans = [positions[i:i + self.chunk] for i in range(0, positions.size, self.chunk)]
             if begin is not None:
                 begin()
             x = self.engine.embed(chunk_ids)
@@ -157,10 +177,14 @@ class Session:
                 self.layer_dump.begin_chunk(self._chunks_done, positions)
                 if self.layer_dump.ops:
                     self.layer_dump.global_("embed", self.engine.to_host(x))
+            unit = "chunk" if window == self.chunk else "window"
             for layer in range(n_layer):
                 if bar is not None:
-                    bar.at(f"chunk {index + 1}/{len(starts)}, layer {layer + 1}/{n_layer}")
-                x = self.engine.layer(layer, x, positions, self.layer_dump)
+                    bar.at(f"{unit} {index + 1}/{len(starts)}, layer {layer + 1}/{n_layer}")
+                if len(spans) == 1:
+                    x = self.engine.layer(layer, x, positions, self.layer_dump)
+                else:
+                    x = self.engine.window_layer(layer, x, spans, self.layer_dump)
                 if self.layer_dump is not None:
                     keep = positions % dumps.RESIDUAL_STRIDE == 0
                     self.layer_dump.layer(layer, "resid_pos", positions[keep])
@@ -173,7 +197,7 @@ class Session:
                 if self._residuals is None:
                     self._residuals = dumps.ResidualWriter(self.dump_r)
                 self._residuals.write(positions, self.engine.to_host(x))
-            self._chunks_done += 1
+            self._chunks_done += len(spans)
             self.n_past += chunk_ids.size
             if c0 == starts[-1]:
                 logits = self.engine.last_logits(x)
@@ -228,7 +252,7 @@ class Session:
                 bar.step()
         t2 = time.perf_counter()
         n_chunks = -(-ids.size // self.chunk)
-        return RunResult(ids.size, self.chunk, n_chunks, first, out, t1 - t0, t2 - t1, bad)
+        return RunResult(ids.size, self.chunk, n_chunks, first, out, t1 - t0, t2 - t1, bad, self.window_taken)
 
 
 def greedy_token(logits: np.ndarray) -> int:

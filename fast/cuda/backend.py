@@ -336,6 +336,32 @@ class CudaBackend(BackendBase):
     def add(self, x, y):
         return ops.add(self.dev, x, y, out=x)
 
+    def join_rows(self, x, parts):
+        """add writes in place, so the chunks' attention outputs already lie in the window's rows:
+        x itself; parts elsewhere are copied into a new array on the compute stream."""
+        row = int(x.strides[0])
+        at, in_place = int(x.gpudata), True
+        for p in parts:
+            in_place = in_place and int(p.gpudata) == at
+            at += int(p.shape[0]) * row
+        if in_place and at == int(x.gpudata) + int(x.shape[0]) * row:
+            return x
+        import pycuda.driver as cuda
+
+        out = self.alloc_f32((sum(int(p.shape[0]) for p in parts), *x.shape[1:]))
+        at = int(out.gpudata)
+        for p in parts:
+            if p.nbytes:
+                cuda.memcpy_dtod_async(at, int(p.gpudata), int(p.nbytes), self.dev.stream)
+            at += int(p.nbytes)
+        return out
+
+    def window_budget_bytes(self) -> int:
+        """Half the free device memory: the rest is left to the chunks' own buffers and the KV
+        cache's growth."""
+        free, _total = runtime.mem_info()
+        return int(free) // 2
+
     def sigmoid(self, v):
         return ops.sigmoid(self.dev, v)
 

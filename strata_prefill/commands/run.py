@@ -158,6 +158,8 @@ def explain_output(pack_path: Path, impl: str) -> None:
         "after the first, a second",
     ]
     if impl == "fast":
+        lines.append("  window    with --window: the tokens of each layer-major window the prompt ran in "
+                     "(whole chunks), and how many")
         lines.append("  counters  what the fast path launched, gathered, copied and waited for, "
                      "and its resident experts")
         nxt = f"strata-prefill info {pack_path}   (the pack's shape and tensors)"
@@ -409,6 +411,10 @@ def main(args) -> int:
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
     print(f"impl      {engine.name}")
     print(f"prompt    {res.prompt_tokens} tokens in {res.n_chunks} chunk(s) of up to {res.chunk}")
+    asked_window = getattr(getattr(engine, "options", None), "window", None)
+    if asked_window is not None:  # the window the run took (auto: sized by the engine)
+        print(f"window    {res.window} tokens ({res.window // res.chunk} chunk(s) a window, "
+              f"{-(-res.prompt_tokens // res.window)} window(s); --window {asked_window})")
     print_logits(res.logits, res.greedy, args.top)
     print(speed_line(res.prompt_tokens, res.greedy, res.prefill_seconds, res.decode_seconds))
     counters = getattr(engine, "counters", None)
