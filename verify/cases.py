@@ -564,7 +564,7 @@ def _arm_name(arm: dict) -> str:
     short = {"group_gather": "gg", "quant_gather": "qg", "overlap_plan": "op", "fuse_group": "fg",
              "lean_attention": "la", "tiled_dense": "td", "in_place": "ip", "widen_float": "wf",
              "pair_attention": "pa", "copy_coalesce": "co", "expert_cache": "cache", "ring": "ring",
-             "stream_min": "smin", "group_size": "gs"}
+             "stream_min": "smin", "group_size": "gs", "window": "win"}
     return ",".join(f"{short.get(k, k)}{v}" for k, v in arm.items()) or "default"
 
 
@@ -692,6 +692,15 @@ def _cuda_rows() -> list[ParityCase]:
         rows.append(_row("cuda", preset, etype, n, chunk, arm, stress=True))
     rows.append(_row("cuda", "tiny", "Q8_0", 200, 64, dict(expert_cache=10, ring=8, stream_min=16), prompt="few",
                      open_skip=True, stress=True))
+    # Layer-major windows, streamed: windows that stream where their chunks stage (a last window
+    # of fewer chunks), windows and chunks both streamed, per-expert gathers, auto.
+    for preset, etype, n, chunk, arm in (
+            ("tiny", "Q8_0", 1100, 256, dict(window=1024, expert_cache=_all_experts("tiny") // 3, ring=16)),
+            ("tiny", "IQ2_XS", 600, 128, dict(window=384, expert_cache=0, ring=8, stream_min=64, group_gather=0)),
+            ("small", "IQ2_XS", 1100, 256, dict(window="auto", expert_cache=_all_experts("small") // 3, ring=16)),
+            ("small", "Q2_K", 2099, 700, dict(window=1400, expert_cache=_all_experts("small") // 3, stream_min=700,
+                                              copy_coalesce=1))):
+        rows.append(_row("cuda", preset, etype, n, chunk, arm, quick=etype == "IQ2_XS" and preset == "tiny"))
     return rows
 
 
@@ -761,6 +770,17 @@ def _sim_rows() -> list[ParityCase]:
             rows.append(_row("sim", "tiny", "Q8_0", 200, 64, dict(group_gather=gg, expert_cache=10, ring=ring,
                                                                    stream_min=16), prompt="few", open_skip=True,
                              sim_seed=ring))
+    # Layer-major windows (the window switch): windows that stream where their chunks stage,
+    # both streamed, both staged, auto (the sim's budget holds the whole prompt); a last window
+    # of fewer chunks; group and per-expert gathers.
+    for i, (window, stream_min) in enumerate(((96, 64), (64, 16), ("auto", 64), (160, 1024))):
+        for gg in (1, 0):
+            arm = dict(window=window, group_gather=gg, expert_cache=(0, 11)[i % 2], ring=(8, 16)[gg],
+                       stream_min=stream_min)
+            rows.append(_row("sim", "tiny", ("Q8_0", "IQ2_XS")[i % 2], 200, 32, arm, seed=31, sim_seed=i,
+                             quick=(i, gg) == (0, 1)))
+    rows.append(_row("sim", "small", "IQ2_XS", 600, 128, dict(window=384, expert_cache=n_cache, ring=16,
+                                                               stream_min=256), seed=12))
     return rows
 
 
