@@ -12,6 +12,8 @@ from fast.sim import SIM_WINDOW_BUDGET, SimBackend
 from fast.sim_streams import POLICIES
 from reference import ReferenceEngine
 from strata.errors import InputError
+from strata.records import q8_layouts
+from strata.report import compare_timelines
 from strata.session import Session
 from verify.common import assert_same_run, run_engine
 
@@ -149,6 +151,20 @@ def test_auto_window_same_bytes(make_test_pack, tmp_path):
     assert_same_run(ref, got, pack, "window auto")
     s = Session(_fast(pack, window="auto"), chunk=8, progress=False)
     assert s.run(ids).window == 56  # the sim's budget holds the whole prompt: one window
+    # the other way round too: the windowed run's one header lines up with the reference's chunks
+    assert compare_timelines(got.timeline, ref.timeline, q8_layouts(pack), pack.config.n_expert_used) is None
+
+
+def test_a_window_out_of_order_is_caught(make_test_pack, tmp_path, monkeypatch):
+    """The comparison sees a window whose chunks' rows are joined in the wrong order."""
+    pack = make_test_pack("tiny", "Q8_0")
+    ids = _prompt(pack, 40, 4)
+    ref = run_engine(ReferenceEngine(pack), ids, 8, tmp_path / "ref", greedy=0)
+    join = SimBackend.join_rows
+    monkeypatch.setattr(SimBackend, "join_rows", lambda self, x, parts: join(self, x, parts[::-1]))
+    got = run_engine(_fast(pack, window=16), ids, 8, tmp_path / "fast", greedy=0)
+    miss = compare_timelines(ref.timeline, got.timeline, q8_layouts(pack), pack.config.n_expert_used)
+    assert miss is not None and miss.record == "L00.ffn_norm", miss
 
 
 # ---- the command line ---------------------------------------------------------------------
