@@ -183,6 +183,10 @@ def test_run_prints_the_window_it_took(make_test_pack, capsys):
     assert main(base + ["--window", "auto"]) == 0
     auto = capsys.readouterr().out
     assert "window    80 tokens (5 chunk(s) a window, 1 window(s); --window auto)" in auto
+    assert main(base + ["--window", "40", "--explain"]) == 0
+    explained = capsys.readouterr()
+    assert "  window    the tokens of each layer-major window" in explained.err
+    assert "  window " not in flat  # explained only where printed (tests/test_progress.py)
     pick = [line for line in flat.splitlines() if line.startswith(("next", "greedy"))]
     for text in (out, auto):
         assert [line for line in text.splitlines() if line.startswith(("next", "greedy"))] == pick

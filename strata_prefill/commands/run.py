@@ -140,7 +140,7 @@ def default_pack() -> Path:
     return path
 
 
-def explain_output(pack_path: Path, impl: str) -> None:
+def explain_output(pack_path: Path, impl: str, window: bool = False) -> None:
     """What each line of a run's output means, one line each, and the next command to try
     (stderr: stdout stays the same whether or not it is explained)."""
     lines = [
@@ -158,8 +158,9 @@ def explain_output(pack_path: Path, impl: str) -> None:
         "after the first, a second",
     ]
     if impl == "fast":
-        lines.append("  window    with --window: the tokens of each layer-major window the prompt ran in "
-                     "(whole chunks), and how many")
+        if window:
+            lines.append("  window    the tokens of each layer-major window the prompt ran in (whole chunks, "
+                         "--window N|auto), and how many")
         lines.append("  counters  what the fast path launched, gathered, copied and waited for, "
                      "and its resident experts")
         nxt = f"strata-prefill info {pack_path}   (the pack's shape and tensors)"
@@ -426,7 +427,7 @@ def main(args) -> int:
               f"ring {engine.ring.n_slots} slots)")
     if args.explain:
         sys.stdout.flush()
-        explain_output(pack_path, args.impl)
+        explain_output(pack_path, args.impl, window=asked_window is not None)
     if timing or args.trace is not None:
         from strata_prefill.observe import observe
 
