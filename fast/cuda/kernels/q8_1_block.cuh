@@ -6,20 +6,24 @@
 // fast/cuda/runtime.py inlines one level of local headers, so this file includes none.
 #ifndef STRATA_Q8_1_BLOCK_CUH
 #define STRATA_Q8_1_BLOCK_CUH
+#ifndef LAYOUT_D4
+#error "include qformats.cuh (the q8_1 layouts' numbers) before q8_1_block.cuh"
+#endif
 
 __device__ __forceinline__ uint32_t h16(float v) {
     return (uint32_t)__half_as_ushort(__float2half_rn(v));
 }
 
 // Lane l holds values 4l..4l+3 of the block (0.0f past the row's end). Returns this lane's 4
-// codes; hdr receives header word `lane` in lanes 0..3. layout: 0 D4, 1 DS4, 2 D2S6.
+// codes; hdr receives header word `lane` in lanes 0..3. layout: LAYOUT_D4, LAYOUT_DS4 or LAYOUT_D2S6
+// (qformats.cuh, written from strata/q8_1.py's Layout: the includer includes it first).
 __device__ __forceinline__ uint32_t q8_1_block(float v0, float v1, float v2, float v3, int layout, int lane,
                                                uint32_t& hdr) {
     float amax = fmaxf(fmaxf(fabsf(v0), fabsf(v1)), fmaxf(fabsf(v2), fabsf(v3)));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-    if (layout == 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 8));
+    if (layout == LAYOUT_D2S6) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 8));
 
     float d = 0.0f;
     uint32_t codes = 0;
@@ -36,15 +40,15 @@ __device__ __forceinline__ uint32_t q8_1_block(float v0, float v1, float v2, flo
 
     // sums: run of 4, then the halving tree over 8 (DS4) or 4 (D2S6) runs
     float s = ((v0 + v1) + v2) + v3;
-    if (layout == 1) s = s + __shfl_xor_sync(0xffffffffu, s, 4);
+    if (layout == LAYOUT_DS4) s = s + __shfl_xor_sync(0xffffffffu, s, 4);
     s = s + __shfl_xor_sync(0xffffffffu, s, 2);
     s = s + __shfl_xor_sync(0xffffffffu, s, 1);
 
     const int w = lane & 3;
-    if (layout == 0) {
+    if (layout == LAYOUT_D4) {
         const float dw = __shfl_sync(0xffffffffu, d, 8 * w);
         hdr = __float_as_uint(dw);
-    } else if (layout == 1) {
+    } else if (layout == LAYOUT_DS4) {
         const float dw = __shfl_sync(0xffffffffu, d, 8 * w);
         const float sw = __shfl_sync(0xffffffffu, s, 8 * w);
         hdr = h16(dw) | (h16(sw) << 16);

@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "strata_numerics.cuh"  // q8_inv_scale, q8_round, q8_scale
+#include "qformats.cuh"         // LAYOUT_D4, LAYOUT_DS4, LAYOUT_D2S6 (written from strata/q8_1.py)
 #include "q8_1_block.cuh"       // q8_1_block, store_block, load4, for_each_block_task
 
 #define Q8_WARPS 8
