@@ -323,6 +323,8 @@ def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
     for name, d in need:
         assert (name, tuple(sorted(d.items()))) in keys, (name, d)
     assert len(keys) == len(mods)  # each once
+    for name in kernel_cache.CONFIGURED:  # built with a configuration only: no build without defines ahead
+        assert (name, ()) not in keys or any(not d for n, d in need if n == name), name
     kernel_cache.record(str(tmp_path), "mmq", {"MMQ_BN": 32})
     assert ("mmq", {"MMQ_BN": 32}) in kernel_cache.wanted(str(tmp_path), defaults=False)
     monkeypatch.setenv("STRATA_MMQ_DEFINES", '{"MMQ_MIX": 0}')
