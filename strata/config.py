@@ -175,10 +175,15 @@ class ModelConfig:
         token_embd. Every problem found is listed in one PackError (`where`: a prefix naming
         the file), so a pack is refused before any work."""
 
+        # a key missing or of the wrong kind is noted and read as a stand-in, so that one
+        # refusal names every such key (the values' own checks follow only where all were read)
+        unread: list[str] = []
+
         def get(key: str, default: Any = ..., kind: type = int) -> Any:
             if key not in fields:
                 if default is ...:
-                    raise PackError(f"{where}missing metadata key {key}")
+                    unread.append(f"missing metadata key {key}")
+                    return _STAND_IN[kind]
                 return default
             value = fields[key]
             if hasattr(value, "contents"):
@@ -201,11 +206,12 @@ class ModelConfig:
                     return float(np.format_float_scientific(np.float32(value), unique=True))
             except (TypeError, ValueError):
                 what = "an integer" if kind is int else "a number" if kind is float else "a string"
-                raise PackError(f"{where}metadata key {key} must be {what}, got {value!r}") from None
+                unread.append(f"metadata key {key} must be {what}, got {value!r}")
+                return _STAND_IN[kind] if default is ... else default
 
         arch = get("general.architecture", kind=str)
-        if arch != ARCH:
-            raise PackError(f"{where}wrong architecture: expected {ARCH}, got {arch}")
+        if unread or arch != ARCH:  # the other keys are named after the architecture: nothing else is read
+            raise PackError(where + (unread[0] if unread else f"wrong architecture: expected {ARCH}, got {arch}"))
         k = KEYS
         n_embd = get(k["n_embd"])
         n_head = get(k["n_head"])
@@ -231,8 +237,10 @@ class ModelConfig:
             rms_eps=get(k["rms_eps"], kind=float),
             rope_base=get(k["rope_base"], 10000.0, kind=float),
             context_length=get(k["context_length"]),
-            rope_scaling=_rope_scaling(get, fields, get(k["context_length"]), where),
+            rope_scaling=_rope_scaling(get, fields, get(k["context_length"]), unread),
         )
+        if unread:
+            raise PackError(where + "; ".join(unread))
         problems = cfg.problems()
         if k["head_dim"] not in fields and n_head > 0 and n_embd % n_head:
             problems.append(f"{k['head_dim']} absent and {k['n_embd']} {n_embd} is not a "
@@ -250,26 +258,32 @@ class ModelConfig:
         return cfg
 
 
-def _rope_scaling(get, fields: Mapping[str, Any], context_length: int, where: str) -> RopeScaling:
+#: what a missing or malformed key reads as while the others are read (never used: its
+#: refusal follows)
+_STAND_IN = {int: 1, float: 1.0, str: ""}
+
+
+def _rope_scaling(get, fields: Mapping[str, Any], context_length: int, unread: list) -> RopeScaling:
     """The RoPE scaling keys as llama.cpp reads them: an absent type is ``linear`` (``none``
     when the factor is absent too: the same table), a factor of 0 or absent is 1, the original
-    context defaults to the context length. A type outside ROPE_SCALING_TYPES is refused here;
-    the values' ranges are `_rope_problems`'."""
+    context defaults to the context length. A type outside ROPE_SCALING_TYPES, and a key the
+    loader would ignore with a value other than the one it uses, are added to `unread`; the
+    values' ranges are `_rope_problems`'."""
     rk = ROPE_KEYS
     factor_key = rk["factor"] if rk["factor"] in fields or ROPE_FACTOR_OLD_KEY not in fields \
         else ROPE_FACTOR_OLD_KEY
     factor = get(factor_key, 0.0, kind=float) or 1.0
     kind = get(rk["type"], "none" if factor == 1.0 else "linear", kind=str)
     if kind not in ROPE_SCALING_TYPES:
-        raise PackError(f"{where}{rk['type']} {kind!r} is not supported (supported: "
-                        f"{', '.join(ROPE_SCALING_TYPES)})")
+        unread.append(f"{rk['type']} {kind!r} is not supported (supported: {', '.join(ROPE_SCALING_TYPES)})")
+        kind = "none"
     for key, default in ROPE_UNREAD_KEYS.items():
         if key in fields:
             value = get(key, kind=float)
             used = (1.0 if kind == "yarn" else 0.0) if default is None else default
             if value != used:
-                raise PackError(f"{where}{key} {value:g}: llama.cpp's qwen3moe loader does not read it "
-                                f"(it uses {used:g}); only {used:g} is accepted")
+                unread.append(f"{key} {value:g}: llama.cpp's qwen3moe loader does not read it "
+                              f"(it uses {used:g}); only {used:g} is accepted")
     return RopeScaling(
         type=kind, factor=1.0 if kind == "none" else factor,
         original_context=get(rk["original_context"], context_length) if kind == "yarn" else 0,

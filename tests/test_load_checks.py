@@ -373,3 +373,22 @@ def test_every_tensor_of_broken_blocks_in_one_refusal(tmp_path):
         "tensor blk.0.attn_q.weight (Q4_K): rows of 128 values are not a multiple of the Q4_K "
         "block size (256); tensor blk.1.attn_v.weight (Q6_K): rows of 128 values are not a "
         "multiple of the Q6_K block size (256)")
+
+
+def test_every_missing_or_malformed_key_in_one_refusal(tmp_path):
+    """Keys the loader cannot read at all (missing, of the wrong kind, a rope scaling it does
+    not support, a key it would ignore) are named together, before any value is judged."""
+    from strata.pack import Pack
+
+    path = write_pack(tmp_path / "keys.gguf", edits={
+        A + "expert_count": None, A + "block_count": (2.5, VT.FLOAT32), A + "rope.scaling.type": ("longrope", VT.STRING),
+        A + "rope.scaling.yarn_ext_factor": (0.5, VT.FLOAT32), EPS: (-1.0, VT.FLOAT32)})
+    with pytest.raises(PackError) as err:
+        Pack.open(path)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: ")
+    for needle in ("missing metadata key qwen3moe.expert_count", "metadata key qwen3moe.block_count must be an integer",
+                   "qwen3moe.rope.scaling.type 'longrope' is not supported", "yarn_ext_factor 0.5"):
+        assert needle in msg, (needle, msg)
+    assert msg.count("; ") >= 2
+    assert "layer_norm_rms_epsilon" not in msg  # a value's range is judged once every key was read
