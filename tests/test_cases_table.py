@@ -151,7 +151,10 @@ def test_the_gate_compiles_ahead_every_configuration_the_kernel_rows_load():
 
     mods = {(name, tuple(sorted(d.items()))) for name, d in ahead_modules()}
     configs = [c for c in mmq_configs() if c is not None]
-    assert configs and all(("mmq", tuple(sorted(c.items()))) in mods for c in configs)
+    from fast.cuda import products
+
+    assert configs and all((name, tuple(sorted(d.items()))) in mods
+                           for c in configs for name, d in products.mmq_modules(c))  # every type's build
     for c in kernel_rows("attention_pair_config"):
         assert any(name == "attention_pair" and set(c.config.items()) <= set(d) for name, d in mods), c.id
     assert {m for m in mods if m[0] == "attention_mma"} >= {

@@ -319,7 +319,7 @@ def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
             ("attention_mma", attention._mma_config(backend.EARLIER_MMA_ATTENTION)),
             ("attention_pair", dict(attention.ATTEND_PAIR_CONFIG)), ("float_dense", dict(dense.TILE_CONFIG)),
             ("spin", {}), ("gather_group", {})]
-    need += [("mmq", products.auto_config(rows)) for rows in (1, 20, 1e9)]
+    need += [m for rows in (1, 20, 1e9) for m in products.mmq_modules(products.auto_config(rows))]
     for name, d in need:
         assert (name, tuple(sorted(d.items()))) in keys, (name, d)
     assert len(keys) == len(mods)  # each once
@@ -328,4 +328,4 @@ def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
     kernel_cache.record(str(tmp_path), "mmq", {"MMQ_BN": 32})
     assert ("mmq", {"MMQ_BN": 32}) in kernel_cache.wanted(str(tmp_path), defaults=False)
     monkeypatch.setenv("STRATA_MMQ_DEFINES", '{"MMQ_MIX": 0}')
-    assert ("mmq", products.auto_config(1e9)) in kernel_cache.default_modules()
+    assert products.mmq_modules(products.auto_config(1e9))[0] in kernel_cache.default_modules()

@@ -99,3 +99,43 @@ def test_dense_config_carries_the_defines(monkeypatch):
     monkeypatch.setenv("STRATA_MMQ_DEFINES", '{"MMQ_MIX": 0}')
     assert products.dense_config(512, 1024, 132) == {**products.AUTO_CONFIGS[-2][1], "MMQ_MIX": 0}
     assert products.dense_config(4096, 8192, 132) == {**products.AUTO_CONFIGS[-1][1], "MMQ_MIX": 0}
+
+
+def test_each_type_is_launched_from_its_own_module(monkeypatch):
+    """mmq.cu is built one module a type (MMQ_ONLY): a launch of a type's kernel finds it in
+    the build of that type under the launch's tile configuration, each build loaded once, the
+    geometry read from the configuration's first build. The runtime is a stand-in that holds
+    exactly the kernels signatures.py reads in each build (no GPU here)."""
+    from fast.cuda import products, runtime, signatures
+    from strata import qformats
+
+    loads = []
+
+    class Module:
+        def __init__(self, defines):
+            self.defines, self.kernels = defines, signatures.kernels("mmq", defines)
+
+        def get_function(self, name):
+            assert name in self.kernels, f"{name} is not in the build {self.defines}"
+            return type("F", (), {"prepare": lambda self, fmt: None})()
+
+    def load_module(name, defines=None):
+        assert name == "mmq"
+        loads.append(dict(defines))
+        return Module(dict(defines))
+
+    monkeypatch.setattr(products, "_mmq_state", {})
+    monkeypatch.setattr(runtime, "load_module", load_module)
+    monkeypatch.setattr(runtime, "module_ints", lambda mod, name, n: (64, 128, 256, 16)[:n])
+    monkeypatch.setattr(runtime, "allow_dynamic_smem", lambda f, nbytes: f)
+    monkeypatch.setattr(runtime, "to_device", lambda arr, what: object())
+    cfg = products.auto_config(1e9)
+    fmts = [f for f in qformats.formats() if f.mmq_kernel is not None]
+    for _ in range(2):  # a second round loads nothing
+        for fmt in fmts:
+            st = products._mmq_mod(cfg)
+            f = products._mmq_func(st, fmt)
+            assert f.kernel == fmt.mmq_kernel
+    assert loads == [{**cfg, "MMQ_ONLY": int(f.qtype)} for f in fmts]  # once each, the first for the geometry too
+    assert products.mmq_geometry(cfg) == {"BM": 64, "BN": 128, "threads": 256, "max_exp": 16}
+    assert products.mmq_modules(cfg) == [("mmq", d) for d in loads]

@@ -48,7 +48,9 @@ def header_facts(text: str) -> dict:
         if dw:
             fmt[m[1]]["DW_FACTOR"] = float(dw[1])
     lst = re.search(r"^#define MMQ_KERNELS\(X\) (.*)$", text, re.M)
-    kernels = dict(re.findall(r"X\((\w+), QT_(\w+)\)", lst[1])) if lst else {}
+    each = dict(re.findall(r"^#define MMQ_KERNEL_(\w+)\(X\) X\((\w+), QT_\1\)$", text, re.M))  # type -> kernel
+    listed = re.findall(r"MMQ_KERNEL_(\w+)\(X\)", lst[1]) if lst else []
+    kernels = {each[t]: t for t in listed if t in each}
     return {"tab": pick("TAB_"), "qt": pick("QT_"), "layout": pick("LAYOUT_"), "format": fmt, "kernels": kernels}
 
 

@@ -469,7 +469,7 @@ def ahead_modules(quick: bool = False) -> list[tuple[str, dict]]:
 
     out = []
     if any(c.op.startswith("mmq") and (c.quick or not quick) for c in KERNEL_CASES):  # MMQ rows sweep them
-        out += [("mmq", products._with_extra(c)) for c in mmq_configs() if c is not None]
+        out += [m for c in mmq_configs() if c is not None for m in products.mmq_modules(products._with_extra(c))]
     for c in rows("attention_mma_config"):  # the test sets ATTEND_MMA_CONFIG to these two alone
         out.append(("attention_mma", {"MMA_WARPS": c.config["MMA_WARPS"], "MMA_EPI": c.config["MMA_EPI"]}))
     for c in rows("attention_pair_config"):

@@ -63,8 +63,16 @@ def qformats_header() -> str:
         if factor is not None:
             body += f" static constexpr float DW_FACTOR = {_float(factor, f'{f.qtype.name}.dw_factor')};"
         out.append(f"template <> struct QFormat<QT_{f.qtype.name}> {{ {body} }};")
-    out += ["", "// X(kernel name, type) for each type with an MMQ kernel, in registration order"]
-    out.append("#define MMQ_KERNELS(X) " + " ".join(f"X({f.mmq_kernel}, QT_{f.qtype.name})" for f in fmts))
+    out += ["", "// X(kernel name, type) for each type with an MMQ kernel, in registration order; built with",
+            "// MMQ_ONLY=<a type's number>, the module holds that type's kernel alone (one module a type",
+            "// compiles in parallel, and faster in all than one module of every type)"]
+    for f in fmts:
+        out += [f"#if !defined(MMQ_ONLY) || MMQ_ONLY == {int(f.qtype)}",
+                f"#define MMQ_KERNEL_{f.qtype.name}(X) X({f.mmq_kernel}, QT_{f.qtype.name})",
+                "#else",
+                f"#define MMQ_KERNEL_{f.qtype.name}(X)",
+                "#endif"]
+    out.append("#define MMQ_KERNELS(X) " + " ".join(f"MMQ_KERNEL_{f.qtype.name}(X)" for f in fmts))
     out += ["", "#endif", ""]
     return "\n".join(out)
 

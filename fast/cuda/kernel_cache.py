@@ -217,7 +217,7 @@ def default_modules() -> list[tuple[str, dict]]:
     """The modules the fast path builds with the default settings and every switch: each kernel
     file without defines but those of CONFIGURED (the pair and split-K attention kernels among them), attention_mma.cu
     with the mma kernel's configuration and its earlier epilogue (lean_attention 0), and mmq.cu
-    in each automatic tile configuration (with STRATA_MMQ_DEFINES). Test sweeps of other
+    in each automatic tile configuration (with STRATA_MMQ_DEFINES), one build a type (products.mmq_modules). Test sweeps of other
     configurations reach a folder through its manifest."""
     from fast.cuda import attention, backend, products, runtime  # noqa: PLC0415 - runtime imports us
 
@@ -226,7 +226,7 @@ def default_modules() -> list[tuple[str, dict]]:
     out += [("attention_mma", attention._mma_config()),
             ("attention_mma", attention._mma_config(backend.EARLIER_MMA_ATTENTION)),
             ("attention_pair", dict(attention.ATTEND_PAIR_CONFIG))]
-    out += [("mmq", products._with_extra(cfg)) for _bound, cfg in products.AUTO_CONFIGS]
+    out += [m for _bound, cfg in products.AUTO_CONFIGS for m in products.mmq_modules(products._with_extra(cfg))]
     return _unique(out)
 
 

@@ -237,15 +237,33 @@ def _mmq_mod(config: dict | None):
     st = _mmq_state.get(key)
     if st is not None:
         return st
-    mod = runtime.load_module("mmq", dict(key))
+    first = _mmq_formats()[0]  # the geometry is the configuration's, the same in each type's module
+    mod = runtime.load_module("mmq", _type_defines(dict(key), first))
     geo = runtime.module_ints(mod, "mmq_geometry", 4)
     tab = _mmq_state.get("tables")
     if tab is None:
         tab = runtime.to_device(_tables_host(), "MMQ tables")
         _mmq_state["tables"] = tab
-    st = {"mod": mod, "BM": geo[0], "BN": geo[1], "threads": geo[2], "max_exp": geo[3], "funcs": {}}
+    st = {"config": dict(key), "mods": {first.qtype: mod}, "BM": geo[0], "BN": geo[1], "threads": geo[2],
+          "max_exp": geo[3], "funcs": {}}
     _mmq_state[key] = st
     return st
+
+
+def _mmq_formats() -> list:
+    """The registered formats with an MMQ kernel, in registration order."""
+    return [f for f in qformats.formats() if f.mmq_kernel is not None]
+
+
+def _type_defines(config: dict, fmt) -> dict:
+    """mmq.cu's defines for `fmt`'s kernel alone under a tile configuration (MMQ_ONLY: one
+    module a type, qformats.cuh)."""
+    return {**config, "MMQ_ONLY": int(fmt.qtype)}
+
+
+def mmq_modules(config: dict) -> list[tuple[str, dict]]:
+    """The (module, defines) builds of mmq.cu a tile configuration takes: one a type."""
+    return [("mmq", _type_defines(config, f)) for f in _mmq_formats()]
 
 
 def _mmq_fields(kernel: str) -> tuple[tuple[str, str], ...]:
@@ -272,8 +290,11 @@ def _mmq_func(st, fmt):
     f = st["funcs"].get(fmt.qtype)
     if f is None:
         name = fmt.mmq_kernel
-        (smem,) = runtime.module_ints(st["mod"], name + "_smem", 1)
-        f = runtime.allow_dynamic_smem(st["mod"].get_function(name), smem)
+        mod = st["mods"].get(fmt.qtype)
+        if mod is None:
+            mod = st["mods"][fmt.qtype] = runtime.load_module("mmq", _type_defines(st["config"], fmt))
+        (smem,) = runtime.module_ints(mod, name + "_smem", 1)
+        f = runtime.allow_dynamic_smem(mod.get_function(name), smem)
         f.prepare("".join(letters for _, letters in _mmq_fields(name)))
         f.smem = smem
         f.kernel = name
