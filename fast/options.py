@@ -93,6 +93,9 @@ class Switch:
     help: str  # one line: what it does
     aliases: tuple[str, ...] = ()  # older names of the variable, read when it is unset
     default_text: str | None = None
+    # on/off variables of the seeds that say the opposite (1 sets the switch to 0), read after
+    # the aliases: STRATA_PREFILL_GATHER_ONE=1 is group_gather 0
+    opposites: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -115,13 +118,18 @@ class Switch:
             raw = environ.get(name)
             if raw:  # unset or empty: the default
                 return self.value.from_variable(raw, name)
+        for name in self.opposites:
+            raw = environ.get(name)
+            if raw:
+                return not self.value.from_variable(raw, name)
         return self.default
 
 
 ON, OFF = True, False
 SWITCHES = (
     Switch("group_gather", "STRATA_PREFILL_GROUP_GATHER", ON, SCHEDULE, OnOff(),
-           "1: one wait, gather and event per MMQ group; 0: one each per expert"),
+           "1: one wait, gather and event per MMQ group; 0: one each per expert",
+           opposites=("STRATA_PREFILL_GATHER_ONE",)),
     Switch("quant_gather", "STRATA_PREFILL_QUANT_GATHER", OFF, SCHEDULE, OnOff(),
            "1: the MoE input quantized by a per-row gather; 0: by a per-token scatter",
            aliases=("STRATA_QUANT_GATHER",)),
@@ -209,6 +217,8 @@ def _variable_cell(sw: Switch) -> str:
     cell = f"`{sw.variable}`"
     if sw.aliases:
         cell += " (also " + ", ".join(f"`{a}`" for a in sw.aliases) + ", an older name; this one wins)"
+    if sw.opposites:
+        cell += " (also " + ", ".join(f"`{a}`" for a in sw.opposites) + ": 1 sets it to 0, the seeds' name; this one wins)"
     return cell
 
 

@@ -58,7 +58,7 @@ def environment_aliases() -> None:
     """Refuse a bad value in an older name of a switch variable that the engine would read (its
     new name unset), before any work, as checks.environment_values does for the new names."""
     for sw in options.SWITCHES:
-        for alias in sw.aliases:
+        for alias in sw.aliases + sw.opposites:
             raw = os.environ.get(alias)
             if not raw or (sw.variable and os.environ.get(sw.variable)):
                 continue
@@ -100,7 +100,8 @@ def parse_arm(spec: str, label: str) -> dict:
             raise InputError(f"{label}: '{DEFAULT}' stands alone, it cannot join switches ({spec!r})")
         if not eq or not name or not value:
             raise InputError(f"{label}: {word!r} is not NAME=VALUE (or '{DEFAULT}')")
-        kw = keyword_of(name)
+        opposite = next((sw.keyword for sw in options.SWITCHES if name in sw.opposites), None)
+        kw = opposite or keyword_of(name)
         if kw is None:
             raise InputError(f"{label}: unknown switch {name!r} (switches: {switch_names()})")
         if kw in out:
@@ -109,6 +110,8 @@ def parse_arm(spec: str, label: str) -> dict:
             out[kw] = SWITCHES[kw][1](value)
         except argparse.ArgumentTypeError as exc:
             raise InputError(f"{label}: {name} {exc}") from None
+        if opposite is not None:  # the seeds' name of the other setting: GATHER_ONE=1 is group_gather 0
+            out[kw] = 1 - int(out[kw])
     return out
 
 

@@ -16,7 +16,7 @@ from strata_prefill import arms, checks
 from strata_prefill.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
-ALL_VARIABLES = [name for sw in options.SWITCHES for name in sw.variables]
+ALL_VARIABLES = [name for sw in options.SWITCHES for name in sw.variables + sw.opposites]
 
 
 def other(sw) -> str:
@@ -208,3 +208,29 @@ def test_no_other_source_spells_a_switch_variable():
                 if m := pattern.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{n}: {m.group(0)}")
     assert not found, "switch variables named outside fast/options.py:\n" + "\n".join(found)
+
+
+def test_the_seeds_gather_one_is_group_gather_the_other_way_round(no_switch_variables):
+    """STRATA_PREFILL_GATHER_ONE=1 (seed #439's name) is one gather launch per expert:
+    group_gather 0; the table's own variable wins where both are set; a bad value is refused by
+    its name before any work; bench's arms take it too."""
+    sw = options.BY_KEYWORD["group_gather"]
+    assert sw.opposites == ("STRATA_PREFILL_GATHER_ONE",)
+    env = no_switch_variables
+    env.setenv("STRATA_PREFILL_GATHER_ONE", "1")
+    assert options.resolve().group_gather is False
+    env.setenv("STRATA_PREFILL_GATHER_ONE", "0")
+    assert options.resolve().group_gather is True
+    env.setenv("STRATA_PREFILL_GATHER_ONE", "1")
+    env.setenv("STRATA_PREFILL_GROUP_GATHER", "1")
+    assert options.resolve().group_gather is True  # both set: the table's name
+    env.delenv("STRATA_PREFILL_GROUP_GATHER")
+    env.setenv("STRATA_PREFILL_GATHER_ONE", "yes")
+    with pytest.raises(InputError, match="^STRATA_PREFILL_GATHER_ONE must be 0 or 1, got 'yes'"):
+        options.resolve()
+    with pytest.raises(InputError, match="^STRATA_PREFILL_GATHER_ONE "):
+        arms.environment_aliases()
+    env.delenv("STRATA_PREFILL_GATHER_ONE")
+    assert arms.parse_arm("STRATA_PREFILL_GATHER_ONE=1", "--a") == {"group_gather": 0}
+    assert arms.parse_arm("STRATA_PREFILL_GATHER_ONE=0", "--a") == {"group_gather": 1}
+    assert "`STRATA_PREFILL_GATHER_ONE`: 1 sets it to 0" in (ROOT / "README.md").read_text()
