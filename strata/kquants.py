@@ -171,14 +171,27 @@ def _put_d_dmin(blk, d, mean_uc: float):
     _put_half(blk, 2, d * np.float32(mean_uc))
 
 
-class Q4_K(QuantFormat, qtype=QT.Q4_K):
-    """256 values, 144 B: d: half, dmin: half, scales: uint8[12], qs: uint8[128]; per 32 values
-    a 6-bit scale u and min v (both halves of the block), codes 0..15, value
-    (dw * u) * c - mw * v with dw = d and mw = dmin (Q2_K's epilogue)."""
+class _KMin(QuantFormat):
+    """Q4_K and Q5_K: d and dmin halves, then per 32 values a 6-bit scale u and min v (both
+    halves of the block); codes 0..CODES-1, value (dw * u) * c - mw * v with dw = d and mw =
+    dmin (Q2_K's epilogue)."""
 
     half_fields = {"d": 0, "dmin": 2}
     epilogue = Epilogue.DMIN
     mmq_kernel = None
+    CODES = 16
+
+    @classmethod
+    def unit_std(cls):
+        return _spread(np.arange(64), np.arange(cls.CODES), (cls.CODES - 1) / 2, np.arange(64))
+
+    @classmethod
+    def set_scales(cls, blk, d):
+        _put_d_dmin(blk, d, (cls.CODES - 1) / 2)  # dmin: E[u*c] = (CODES-1)/2 E[v]
+
+
+class Q4_K(_KMin, qtype=QT.Q4_K):
+    """256 values, 144 B: d: half, dmin: half, scales: uint8[12], qs: uint8[128]; codes 0..15."""
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -186,22 +199,12 @@ class Q4_K(QuantFormat, qtype=QT.Q4_K):
         codes = _k_codes(blk[:, 16:144]).view(np.int8)
         return _dmin_form(blk, codes, sc, mn)
 
-    @classmethod
-    def unit_std(cls):
-        return _spread(np.arange(64), np.arange(16), 7.5, np.arange(64))
 
-    @classmethod
-    def set_scales(cls, blk, d):
-        _put_d_dmin(blk, d, 7.5)
-
-
-class Q5_K(QuantFormat, qtype=QT.Q5_K):
+class Q5_K(_KMin, qtype=QT.Q5_K):
     """256 values, 176 B: Q4_K's fields with qh: uint8[32] before qs, bit s of qh[i] bit 4 of
-    value 32s + i; codes 0..31, the same epilogue as Q4_K."""
+    value 32s + i; codes 0..31."""
 
-    half_fields = {"d": 0, "dmin": 2}
-    epilogue = Epilogue.DMIN
-    mmq_kernel = None
+    CODES = 32
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -210,14 +213,6 @@ class Q5_K(QuantFormat, qtype=QT.Q5_K):
         hi = (blk[:, None, 16:48] >> _BYTE_SHIFTS.reshape(1, 8, 1)) & np.uint8(1)  # [N, 8, 32]
         codes = (_k_codes(blk[:, 48:176]) | (hi << np.uint8(4))).view(np.int8).reshape(n, 8, 32)
         return _dmin_form(blk, codes, sc, mn)
-
-    @classmethod
-    def unit_std(cls):
-        return _spread(np.arange(64), np.arange(32), 15.5, np.arange(64))
-
-    @classmethod
-    def set_scales(cls, blk, d):
-        _put_d_dmin(blk, d, 15.5)
 
 
 class Q6_K(QuantFormat, qtype=QT.Q6_K):
