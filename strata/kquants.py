@@ -10,8 +10,9 @@ mins per 32 values, both sub-scales of a block equal), Q6_K and Q3_K are PLAIN w
 sub-scales per 16 values. For every type ``gguf.quants.dequantize`` computes exactly the
 contract's float expression from these integers, so the two agree bit for bit.
 
-None has a CUDA decode yet (``mmq_kernel`` None): the reference and the sim backend run them,
-the cuda backend refuses a pack that holds them (fast/cuda/backend.py).
+None has a CUDA decode yet (``mmq_kernel``, QuantFormat's default None, is not set here): the
+reference and the sim backend run them; the cuda backend refuses a pack that holds them
+(fast/__init__.py: make_fast_engine, with strata/pack.py's cuda_type_problems).
 
 Block layouts (little endian, "half" IEEE binary16), from ggml-common.h's block structs:
 
@@ -95,7 +96,6 @@ class Q4_0(QuantFormat, qtype=QT.Q4_0):
 
     half_fields = {"d": 0}
     unit_sub = True
-    mmq_kernel = None
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -114,7 +114,6 @@ class Q5_0(QuantFormat, qtype=QT.Q5_0):
 
     half_fields = {"d": 0}
     unit_sub = True
-    mmq_kernel = None
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -136,7 +135,6 @@ class Q5_1(QuantFormat, qtype=QT.Q5_1):
     epilogue = Epilogue.MIN
     unit_sub = True
     q8_1_layout = Layout.DS4
-    mmq_kernel = None
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -178,7 +176,6 @@ class _KMin(QuantFormat):
 
     half_fields = {"d": 0, "dmin": 2}
     epilogue = Epilogue.DMIN
-    mmq_kernel = None
     CODES = 16
 
     @classmethod
@@ -220,7 +217,6 @@ class Q6_K(QuantFormat, qtype=QT.Q6_K):
     -32..31, a signed 8-bit sub-scale u per 16 values, value (dw * u) * c with dw = d."""
 
     half_fields = {"d": 208}
-    mmq_kernel = None
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -242,7 +238,6 @@ class Q3_K(QuantFormat, qtype=QT.Q3_K):
     -4..3, a 6-bit sub-scale minus 32 (-32..31) per 16 values, value (dw * u) * c with dw = d."""
 
     half_fields = {"d": 108}
-    mmq_kernel = None
 
     @classmethod
     def decode_blocks(cls, blk):

@@ -112,6 +112,12 @@ def formats() -> tuple[type[QuantFormat], ...]:
     return tuple(_REGISTRY.values())
 
 
+def with_mmq_kernel() -> tuple[type[QuantFormat], ...]:
+    """The registered formats the CUDA MMQ kernel decodes (an ``mmq_kernel``), in registration
+    order."""
+    return tuple(f for f in _REGISTRY.values() if f.mmq_kernel is not None)
+
+
 def lookup(qtype) -> type[QuantFormat] | None:
     """The format of a GGML type (a GGMLQuantizationType or its int), None if unsupported."""
     try:

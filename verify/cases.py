@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as _QT  # noqa: E402
 
-from strata import q8_1 as _q8_1, quants as _quants  # noqa: E402
+from strata import q8_1 as _q8_1, qformats as _qformats, quants as _quants  # noqa: E402
 from strata.config import PRESETS as _PRESETS  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
 
-#: the weight types with an MMQ kernel
-MMQ_TYPES = ("Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S")
+#: the weight types with an MMQ kernel (the registry's, strata/qformats.py)
+MMQ_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel())
 #: the kernels fast.cuda.attention.attend picks between (ATTEND_VARIANTS) and None, its default
 ATTEND_FORMS = ("mma", "pair", "split", "auto", None)
 #: the token counts the GPU suites time the strata shape at
@@ -494,7 +494,7 @@ RINGS = [8, 16, 96, 128, 384]
 # Whole-model packs that only the GPU runs at length: a 2-layer `strata` pack (512 experts,
 # top-10, a shared expert).
 STRATA2 = ("strata", "IQ2_XS", (("layers", 2),))
-EXPERT_TYPES = ("Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S")
+EXPERT_TYPES = MMQ_TYPES  # quantized experts: the types the cuda backend multiplies
 #: float experts: the float product on unquantized rows (docs/numerics.md section 6)
 FLOAT_EXPERT_TYPES = ("F16", "BF16", "F32")
 # Prompts up to this many tokens record every op (dump level "ops"), so that a failure names the
@@ -750,7 +750,6 @@ def _sim_rows() -> list[ParityCase]:
     # two lengths on two arms of the design, and the dense matrices of each; then the
     # llama-quantize mixes (strata/mixes.py), small's expert rows of 384 falling back to Q4_0,
     # Q5_0 and Q8_0.
-    from strata import qformats as _qformats
 
     for etype in [f.qtype.name for f in _qformats.formats() if f.mmq_kernel is None]:
         for n in (63, 130):

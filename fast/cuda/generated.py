@@ -31,7 +31,7 @@ def _float(v: float, what: str) -> str:
 def qformats_header() -> str:
     """The text of ``qformats.cuh``: everything mmq.cu knows of a quant format that
     strata/qformats.py states, for the registered formats with an ``mmq_kernel``."""
-    fmts = [f for f in qformats.formats() if f.mmq_kernel is not None]
+    fmts = qformats.with_mmq_kernel()
     out = [
         "// qformats.cuh: written by fast/cuda/generated.py from strata/qformats.py when a kernel is",
         "// compiled (fast/cuda/runtime.py kernel_source inlines it); there is no such file.",

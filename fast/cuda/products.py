@@ -237,7 +237,7 @@ def _mmq_mod(config: dict | None):
     st = _mmq_state.get(key)
     if st is not None:
         return st
-    first = _mmq_formats()[0]  # the geometry is the configuration's, the same in each type's module
+    first = qformats.with_mmq_kernel()[0]  # the geometry is the configuration's, the same in each type's module
     mod = runtime.load_module("mmq", _type_defines(dict(key), first))
     geo = runtime.module_ints(mod, "mmq_geometry", 4)
     tab = _mmq_state.get("tables")
@@ -250,11 +250,6 @@ def _mmq_mod(config: dict | None):
     return st
 
 
-def _mmq_formats() -> list:
-    """The registered formats with an MMQ kernel, in registration order."""
-    return [f for f in qformats.formats() if f.mmq_kernel is not None]
-
-
 def _type_defines(config: dict, fmt) -> dict:
     """mmq.cu's defines for `fmt`'s kernel alone under a tile configuration (MMQ_ONLY: one
     module a type, qformats.cuh)."""
@@ -263,7 +258,7 @@ def _type_defines(config: dict, fmt) -> dict:
 
 def mmq_modules(config: dict) -> list[tuple[str, dict]]:
     """The (module, defines) builds of mmq.cu a tile configuration takes: one a type."""
-    return [("mmq", _type_defines(config, f)) for f in _mmq_formats()]
+    return [("mmq", _type_defines(config, f)) for f in qformats.with_mmq_kernel()]
 
 
 def _mmq_fields(kernel: str) -> tuple[tuple[str, str], ...]:
