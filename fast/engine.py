@@ -289,10 +289,7 @@ class FastEngine:
                 dump.layer(layer, "moe_in_q8_1", q8_1.unpack_rows(be.download(moe_in), n_rows)[slot])
             self._rec(dump, layer, "gate", rows.gate, slot)
             self._rec(dump, layer, "up", rows.up, slot)
-            # H's host copy holds the rows a product wrote (the rest NaN); where none ran (every
-            # token routed nowhere a product covers: NaN router scores) it is all NaN
-            h_rows = rows.h if rows.h is not None else np.full((n_rows, cfg.n_ff_exp), np.nan, np.float32)
-            self._rec(dump, layer, "swiglu_h", h_rows, slot, on_host=True)
+            self._rec(dump, layer, "swiglu_h", rows.h, slot, on_host=True)
             if not dense.is_float(down_t):
                 dump.layer(layer, "down_in_q8_1", q8_1.unpack_rows(be.download(rows.down_in), n_rows)[slot])
             self._rec(dump, layer, "y", rows.y, slot)

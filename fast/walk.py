@@ -137,7 +137,8 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     n_ff = config.n_ff_exp
     down_in = be.alloc_f32((n_rows, n_ff)) if down_layout is None else be.alloc_q8(n_rows, n_ff)
     rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
-                      down_in=down_in, y=be.alloc_f32((n_rows, config.n_embd)))
+                      down_in=down_in, y=be.alloc_f32((n_rows, config.n_embd)),
+                      h=np.full((n_rows, n_ff), np.nan, np.float32) if keep_h else None)  # rows no product writes stay NaN
     resident = placement.resident[layer]
     with be.host_phase("host planning"):
         if options.in_place:  # the routed resident experts are one batch; groups hold streamed ones
@@ -293,7 +294,4 @@ class LayerWalk:
     def _keep_h(self, hh, r0: int) -> None:
         """Rows r0.. of H into the host copy (rows no product wrote stay NaN)."""
         part = self.be.download(hh)
-        r = self.rows
-        if r.h is None:
-            r.h = np.full((r.n_rows, *part.shape[1:]), np.nan, part.dtype)
-        r.h[r0:r0 + part.shape[0]] = part
+        self.rows.h[r0:r0 + part.shape[0]] = part
