@@ -15,13 +15,13 @@ from gguf import GGMLQuantizationType as QT
 
 from fast.cuda.runtime import cuda_available
 from strata import dense
+from verify.device_checks import POISON
 from verify.cases import kernel_rows, params, sample_index
 from verify.kernel_refs import kept, worth_keeping
 
 _OK, _WHY = cuda_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
 
-POISON = 0xA5
 
 
 def _weights(rng, qtype: QT, N: int, K: int) -> np.ndarray:

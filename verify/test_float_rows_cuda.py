@@ -13,12 +13,12 @@ import pytest
 from fast.cuda.runtime import cuda_available
 from strata.moe import gather_rows, scatter_rows
 from strata.routing import routing_tables
+from verify.device_checks import POISON
 from verify.cases import kernel_rows, params
 
 _OK, _WHY = cuda_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
 
-POISON = 0xA5
 
 
 def routing(rng, T: int, E: int, k: int) -> np.ndarray:

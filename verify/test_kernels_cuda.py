@@ -30,13 +30,12 @@ from strata import moe, mmq, q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP, WEIGHT_TAIL_BYTES
 from strata.routing import routing_tables
 from verify.cases import kernel_rows, mmq_configs, params, sample_index
-from verify.device_checks import rows as device_rows, unwritten_words
+from verify.device_checks import POISON, rows as device_rows, unwritten_words
 from verify.kernel_refs import kept, worth_keeping
 
 _OK, _WHY = cuda_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
 
-POISON = 0xA5
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import pytest
 from fast.cuda import attention as cu_att, elementwise as cu_ew, products as cu_prod
 from strata import attention, moe, numerics, routing
 from strata.errors import InputError
+from verify.device_checks import POISON, POISON_WORD
 from verify.cases import kernel_rows, params, sample_index
 from verify.kernel_refs import kept, worth_keeping
 
@@ -36,7 +37,6 @@ else:
 
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
 
-POISON = 0xA5
 F32 = np.float32
 
 
@@ -108,7 +108,7 @@ def assert_rows(got: np.ndarray, want_rows: np.ndarray, sel: np.ndarray, what: s
     element of `got` is still poison (every row was written)."""
     got = np.ascontiguousarray(got)
     if got.dtype.itemsize == 4:  # an element all poison bytes is the poison word
-        left = np.flatnonzero(got.reshape(-1).view("<u4") == np.uint32(int.from_bytes(bytes([POISON]) * 4, "little")))
+        left = np.flatnonzero(got.reshape(-1).view("<u4") == np.uint32(POISON_WORD))
     else:
         left = np.flatnonzero((got.reshape(-1).view(np.uint8).reshape(-1, got.dtype.itemsize) == POISON).all(axis=1))
     assert left.size == 0, f"{what}: {left.size} elements never written; first at index " \

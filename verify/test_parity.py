@@ -62,11 +62,16 @@ def _engine(case: ParityCase, pack, monkeypatch):
     elif case.backend == "cuda":
         eng.be.reset_cache()
     if keep:
-        _engines.pop(key, None)
-        _engines[key] = eng
-        while len(_engines) > _KEEP:
-            _engines.pop(next(iter(_engines)))
+        _remember(_engines, key, eng, _KEEP)
     return eng
+
+
+def _remember(kept: dict, key, value, most: int) -> None:
+    """kept[key] = value as its newest entry, the oldest dropped beyond `most`."""
+    kept.pop(key, None)
+    kept[key] = value
+    while len(kept) > most:
+        kept.pop(next(iter(kept)))
 
 
 def _base(case: ParityCase, pack, ids, tmp_path, monkeypatch) -> Run:
@@ -83,9 +88,8 @@ def _base(case: ParityCase, pack, ids, tmp_path, monkeypatch) -> Run:
         from strata.records import read_timeline
 
         ref = refcache.reference_run(pack, ids, greedy=case.greedy, dump_level=case.level)
-        _bases[key] = Run(ref.logits, ref.greedy, read_timeline(ref.records) if ref.records else [], ref.residuals)
-        while len(_bases) > _BASES_KEPT:
-            _bases.pop(next(iter(_bases)))
+        _remember(_bases, key, Run(ref.logits, ref.greedy, read_timeline(ref.records) if ref.records else [],
+                                   ref.residuals), _BASES_KEPT)
     return _bases[key]
 
 
