@@ -27,10 +27,11 @@ HOST_PHASES = ("host planning", "router sync")
 
 # how the printed tables were measured (printed under them)
 HOW_MEASURED = ("phases: CUDA events around each phase on the compute stream; per-op events inflate "
-                "what they time; uninstrumented: the same prompt again with one event pair per chunk")
+                "what they time; uninstrumented: the same prompt again with one event pair per chunk "
+                "(or window)")
 HOW_MEASURED_SIM = ("phases: host time around each phase (sim backend: host times, not device times); "
                     "per-op timing inflates what it times; uninstrumented: the same prompt again with "
-                    "one host-time pair per chunk")
+                    "one host-time pair per chunk (or window)")
 
 
 def timing_enabled(value=None) -> bool:
@@ -166,20 +167,59 @@ def format_phase_table(seconds: dict) -> str:
     return "\n".join(lines)
 
 
-def format_chunk_tables(instrumented: list[ChunkTimes], plain: list[ChunkTimes], sim: bool) -> str:
-    """Per chunk: the phase table, then the uninstrumented total of the same chunk; last, how
-    both were measured."""
+def format_chunk_tables(instrumented: list[ChunkTimes], plain: list[ChunkTimes], sim: bool,
+                        labels: list[str] | None = None, overlap: list | None = None) -> str:
+    """Per chunk (or window: labels name each unit, fast.trace.units; default "chunk i"): the
+    phase table, the uninstrumented total of the same unit and, where overlap gives the unit's
+    fast.trace.Overlap, its line; last, how they were measured."""
     blocks = []
     for i, times in enumerate(instrumented):
         total = plain[i].total if i < len(plain) else None
         inst = sum(times.phases.values())
-        head = f"chunk {i}"
+        head = labels[i] if labels is not None and i < len(labels) else f"chunk {i}"
         text = format_phase_table({**times.phases, **times.host})
         if total is None:
             tail = f"{'uninstrumented':<20} {'-':>10}"
         else:
             tail = (f"{'uninstrumented':<20} {total * 1e3:>10.2f}  "
                     f"(instrumented sum is {100 * inst / total if total > 0 else float('inf'):.0f}% of it)")
+        if overlap is not None and i < len(overlap) and overlap[i] is not None:
+            tail += "\n" + overlap_line(overlap[i], sim)
         blocks.append(f"{head}\n{text}\n{tail}")
     blocks.append(HOW_MEASURED_SIM if sim else HOW_MEASURED)
     return "\n\n".join(blocks)
+
+
+def overlap_line(o, sim: bool = False) -> str:
+    """A unit's overlap (fast.trace.Overlap) in one line of its phase table (sim: its times are
+    the modelled clock's, not the host times above it)."""
+    return (f"{'overlap':<20} copy {o.copy * 1e3:.2f} ms, not covered by compute {o.uncovered * 1e3:.2f} ms, "
+            f"compute waiting for copies {o.waiting * 1e3:.2f} ms{' (modelled clock)' if sim else ''}")
+
+
+OVERLAP_HOW = ("overlap: copy = the copy stream copying the layer's experts; not covered = the part of "
+               "it with no compute running; waiting = the compute stream stalled at the layer's waits "
+               "while a copy ran. From the instrumented prefill's spans: {clock}")
+OVERLAP_CLOCK = "CUDA event pairs around each phase and each copy (one timeline)"
+OVERLAP_CLOCK_SIM = ("the sim's modelled stream clock (copies at the link's rate, compute at its NumPy "
+                     "time): the schedule's shape, not device times")
+
+
+def format_overlap(by_layer: dict, sim: bool) -> str:
+    """Per layer, summed over the prompt's chunks or windows: copy ms, the part not covered by
+    compute, compute waiting for copies; a line for all layers; how it was measured. by_layer:
+    {layer: fast.trace.Overlap} (empty: nothing was copied, one line says so)."""
+    head = "overlap of the copy and compute streams, per layer"
+    if not by_layer:
+        return f"{head}: nothing copied (every routed expert resident)"
+    lines = [head, f"{'layer':<8} {'copy ms':>10} {'not covered ms':>15} {'compute waiting ms':>19}"]
+    total = None
+    for layer in sorted(by_layer):
+        o = by_layer[layer]
+        total = o if total is None else total + o
+        lines.append(f"{layer:<8} {o.copy * 1e3:>10.2f} {o.uncovered * 1e3:>15.2f} {o.waiting * 1e3:>19.2f}")
+    share = 100 * total.uncovered / total.copy if total.copy > 0 else 0.0
+    lines.append(f"{'all':<8} {total.copy * 1e3:>10.2f} {total.uncovered * 1e3:>15.2f} {total.waiting * 1e3:>19.2f}"
+                 f"  ({share:.0f}% of the copy time not covered)")
+    lines.append(OVERLAP_HOW.format(clock=OVERLAP_CLOCK_SIM if sim else OVERLAP_CLOCK))
+    return "\n".join(lines)

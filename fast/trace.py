@@ -6,7 +6,20 @@ by `strata-prefill plot`. It knows no backend: the cuda backend turns CUDA event
 The file: {"traceEvents": [...], "displayTimeUnit": "ms"}; one process, one thread per track
 ("compute" tid 1, "copy" tid 2, named by thread_name metadata events), an "X" (complete) event
 per span with ts and dur in microseconds from the prefill's start, and args (chunk, layer,
-experts, bytes, ...).
+experts, bytes, ...); "otherData" says what a chunk index names (a chunk, or a layer-major
+window of several chunks: `units`).
+
+Overlap (`overlap_by_layer`, printed by `run --timing` and `bench --phases`, drawn by `plot`):
+interval arithmetic on half-open [start, end) spans. Per layer, three figures:
+
+  copy        the time the copy stream spent copying the layer's experts (the union of its
+              copy spans; a copy that carries several layers' experts counts to its first)
+  not covered the part of it during which the compute stream did no work (neither a compute
+              span nor anything else ran there: the copy was not hidden behind compute)
+  waiting     the time the compute stream sat at the layer's waits for copies while a copy ran:
+              the wait spans, less any compute work, clipped to the copy stream's busy time (so
+              the few microseconds a wait's own event pair takes when its copy had long landed
+              do not count)
 """
 from __future__ import annotations
 
@@ -19,6 +32,8 @@ from strata.errors import InputError
 
 TRACKS = ("compute", "copy")
 PID = 1
+WAIT_COPY = "wait copy"  # a compute-stream span stalled on a copy (the walk's phase of that name)
+WAITS = (WAIT_COPY, "wait release")  # spans that are a stream stalled on the other, not its work
 
 
 @dataclass
@@ -34,25 +49,34 @@ class Span:
         return self.start + self.dur
 
 
-def chrome_json(spans: list[Span], process: str = "strata-prefill") -> dict:
-    """The Chrome trace of spans: metadata naming the tracks, then "X" events in time order."""
+def chrome_json(spans: list[Span], process: str = "strata-prefill", meta: dict | None = None) -> dict:
+    """The Chrome trace of spans: metadata naming the tracks, then "X" events in time order;
+    meta (what the chunk indices are: `units`) goes in otherData."""
     events = [{"ph": "M", "pid": PID, "tid": 0, "name": "process_name", "args": {"name": process}}]
     for tid, track in enumerate(TRACKS, start=1):
         events.append({"ph": "M", "pid": PID, "tid": tid, "name": "thread_name", "args": {"name": track}})
     for s in sorted(spans, key=lambda s: (TRACKS.index(s.track), s.start)):
         events.append({"ph": "X", "pid": PID, "tid": TRACKS.index(s.track) + 1, "name": s.name,
                        "ts": round(s.start * 1e6, 3), "dur": round(s.dur * 1e6, 3), "args": dict(s.args)})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    doc = {"traceEvents": events, "displayTimeUnit": "ms"}
+    if meta:
+        doc["otherData"] = dict(meta)
+    return doc
 
 
-def write_trace(path, spans: list[Span], process: str = "strata-prefill") -> None:
+def write_trace(path, spans: list[Span], process: str = "strata-prefill", meta: dict | None = None) -> None:
     """The trace JSON, written whole (strata/atomic.py: never a half file at the path)."""
-    atomic.write_text(path, json.dumps(chrome_json(spans, process)))
+    atomic.write_text(path, json.dumps(chrome_json(spans, process, meta)))
 
 
 def read_trace(path) -> list[Span]:
     """The spans of a trace this project wrote (tracks named by thread_name events); one-line
     InputError for a file that is not one."""
+    return read_trace_meta(path)[0]
+
+
+def read_trace_meta(path) -> tuple[list[Span], dict]:
+    """(the spans, the otherData metadata: {} in a trace that has none), as read_trace."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -76,7 +100,8 @@ def read_trace(path) -> list[Span]:
                                   float(e["dur"]) / 1e6, dict(e.get("args") or {})))
             except (KeyError, TypeError, ValueError):
                 raise InputError(f"{path}: a trace event without a name, ts or dur: {e}") from None
-    return spans
+    meta = doc.get("otherData")
+    return spans, meta if isinstance(meta, dict) else {}
 
 
 def chunks_of(spans: list[Span]) -> list[int]:
@@ -99,3 +124,121 @@ def idle_gaps(lane: list[Span], min_gap: float) -> list[tuple[float, float]]:
             gaps.append((busy_until, s.start - busy_until))
         busy_until = s.end if busy_until is None else max(busy_until, s.end)
     return gaps
+
+
+# ---- overlap: interval arithmetic on [start, end) lists ----------------------------------------
+def merge(intervals) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals as disjoint ones, ascending; empty ones dropped."""
+    out: list[list[float]] = []
+    for a, b in sorted((float(a), float(b)) for a, b in intervals if b > a):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def total(intervals) -> float:
+    """The length of the union of the intervals."""
+    return sum(b - a for a, b in merge(intervals))
+
+
+def intersect(x, y) -> list[tuple[float, float]]:
+    """The union of x intersected with the union of y."""
+    x, y = merge(x), merge(y)
+    out, i, j = [], 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if b > a:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(x, y) -> list[tuple[float, float]]:
+    """The union of x less the union of y."""
+    out = []
+    y = merge(y)
+    for a, b in merge(x):
+        for c, d in y:
+            if d <= a or c >= b:
+                continue
+            if c > a:
+                out.append((a, c))
+            a = max(a, d)
+            if a >= b:
+                break
+        if b > a:
+            out.append((a, b))
+    return out
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Seconds of one layer (or a sum of layers): see the module docstring."""
+
+    copy: float = 0.0
+    uncovered: float = 0.0
+    waiting: float = 0.0
+
+    def __add__(self, other: "Overlap") -> "Overlap":
+        return Overlap(self.copy + other.copy, self.uncovered + other.uncovered, self.waiting + other.waiting)
+
+
+def layer_overlap(copies, waits, work, all_copies=None) -> Overlap:
+    """One layer's figures from [start, end) lists: copies, the layer's copy spans; waits, the
+    compute stream's spans at the layer's waits for copies; work, every compute span that is
+    work (any layer's: a copy is covered by whatever compute runs beside it); all_copies, every
+    copy span (any layer's: a wait ends when its copy lands, whichever layer that copy is
+    counted to; default: copies)."""
+    busy = merge(copies)
+    idle_waits = subtract(waits, work)
+    return Overlap(copy=total(busy), uncovered=total(subtract(busy, work)),
+                   waiting=total(intersect(idle_waits, copies if all_copies is None else all_copies)))
+
+
+def span_layer(span: Span) -> int | None:
+    """The layer a span counts to: its layer arg, else (a cuda copy) its first expert's layer."""
+    if "layer" in span.args:
+        return int(span.args["layer"])
+    experts = span.args.get("experts")
+    if isinstance(experts, list) and experts and isinstance(experts[0], (list, tuple)):
+        return int(experts[0][0])
+    return None
+
+
+def overlap_by_layer(spans: list[Span], chunk: int | None = None) -> dict[int, Overlap]:
+    """{layer: Overlap} of the spans (of chunk `chunk` only, when given), for every layer that
+    copied or waited; its compute work is every compute span not a wait."""
+    if chunk is not None:
+        spans = [s for s in spans if s.args.get("chunk") == chunk]
+    iv = lambda ss: [(s.start, s.end) for s in ss]  # noqa: E731 - spans to intervals
+    work = iv(s for s in spans if s.track == "compute" and s.name not in WAITS)
+    copies = [s for s in spans if s.track == "copy" and s.name not in WAITS]
+    waits = [s for s in spans if s.track == "compute" and s.name == WAIT_COPY]
+    layers = sorted({l for s in copies + waits if (l := span_layer(s)) is not None})
+    return {l: layer_overlap(iv(s for s in copies if span_layer(s) == l),
+                             iv(s for s in waits if span_layer(s) == l), work, iv(copies))
+            for l in layers}
+
+
+def summed(by_layer: dict[int, Overlap]) -> Overlap:
+    return sum(by_layer.values(), Overlap())
+
+
+def units(n_tok: int, chunk: int, window: int) -> list[str]:
+    """The name of each unit a prompt of n_tok tokens ran in, by index (the chunk index of the
+    phase tables and of a trace's spans): "chunk i" without windows, "window i (chunks a-b)"
+    for layer-major windows of `window` tokens in chunks of `chunk`."""
+    n_chunks = -(-int(n_tok) // int(chunk))
+    if window <= chunk:
+        return [f"chunk {i}" for i in range(n_chunks)]
+    per = int(window) // int(chunk)
+    out = []
+    for i in range(-(-n_chunks // per)):
+        a, b = i * per, min((i + 1) * per, n_chunks) - 1
+        out.append(f"window {i} (chunk {a})" if a == b else f"window {i} (chunks {a}-{b})")
+    return out
