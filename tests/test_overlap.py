@@ -198,3 +198,36 @@ def test_timing_without_windows_keeps_chunk_labels(pack, capsys):
     out = capsys.readouterr().out
     assert re.findall(r"^(chunk \d+)$", out, re.M) == ["chunk 0", "chunk 1", "chunk 2"]
     assert "nothing copied (every routed expert resident)" in out
+
+
+def test_plot_marks_the_overlap_of_a_window(pack, tmp_path, capsys, monkeypatch):
+    """With the sim's link modelled slow, copies outlast compute: the picture's title and its
+    line name the window and give the same figures as fast/trace.py for that window."""
+    import fast.sim_streams
+
+    monkeypatch.setattr(fast.sim_streams, "COPY_BYTES_PER_S", 2e7)
+    trace, png = tmp_path / "w.json", tmp_path / "w.png"
+    assert main(sim_args(pack, "--window", "40", "--trace", str(trace), cache="8 --stream-min 1")) == 0
+    capsys.readouterr()
+    assert main(["plot", str(trace), str(png), "--chunk", "0"]) == 0
+    line = capsys.readouterr().out
+    m = re.search(r"\(window 0 \(chunks 0-1\): .* copy not covered by compute ([\d.]+) ms, "
+                  r"compute waiting for copies ([\d.]+) ms\)$", line.strip())
+    assert m, line
+    o = summed(overlap_by_layer(read_trace_meta(trace)[0], chunk=0))
+    assert o.uncovered > 0 and o.waiting > 0
+    assert float(m.group(1)) == pytest.approx(o.uncovered * 1e3, abs=2e-3)
+    assert float(m.group(2)) == pytest.approx(o.waiting * 1e3, abs=2e-3)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_overlap_marks_and_unit_label_by_hand():
+    from strata_prefill.commands.plot import overlap_marks, unit_label
+
+    lanes = {"compute": [Span("compute", "gate/up", 0, 2), Span("compute", "wait copy", 2, 3),
+                         Span("compute", "down", 5, 1)],
+             "copy": [Span("copy", "wait release", 0, 1), Span("copy", "copy", 1, 3), Span("copy", "copy", 4, 2)]}
+    marks = overlap_marks(lanes)
+    assert marks == {"copy": [(1, 6)], "uncovered": [(2, 5)], "waiting": [(2, 5)]}
+    assert unit_label({"units": ["window 0 (chunks 0-3)"]}, 0) == "window 0 (chunks 0-3)"
+    assert unit_label({}, 2) == "chunk 2" and unit_label({"units": ["chunk 0"]}, 5) == "chunk 5"
