@@ -555,13 +555,16 @@ class Pack:
                 (self.tensor_offset(p + "ffn_up_exps") + e * gu, gu),
                 (self.tensor_offset(p + "ffn_down_exps") + e * d, d))
 
-    def expert_blob(self, l: int, e: int) -> np.ndarray:
-        """uint8 [2*gu_bytes + d_bytes]: expert e's bytes [gate | up | down] (a copy)."""
+    def expert_parts(self, l: int, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Expert e's three matrices in layer l as uint8 views of the file (gate, up, down; no
+        copy): what expert_blob joins, for callers that write them where they go directly."""
         l, e = self._check_layer(l), self._check_expert(e)
         p = f"blk.{l}."
-        parts = [self.matrix(p + n).data[e].reshape(-1)
-                 for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
-        return np.concatenate(parts)
+        return tuple(self.matrix(p + n).data[e].reshape(-1) for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+
+    def expert_blob(self, l: int, e: int) -> np.ndarray:
+        """uint8 [2*gu_bytes + d_bytes]: expert e's bytes [gate | up | down] (a copy)."""
+        return np.concatenate(self.expert_parts(l, e))
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,5 +1,12 @@
 """Inputs that the kernel rows' checks (verify/) and their benchmarks (bench/) build alike, host
-side and NumPy only: a random top-k routing of the `strata` shape.
+side and NumPy only: normal values drawn fast at the 32K shapes, and a random top-k routing of
+the `strata` shape.
+
+normal(rng, shape): a 32K-token activation is 84M values, and drawing them one by one costs a
+second of the gate's time per test; the kernels do not care whether two rows share values, only
+that every value is random and none is zero by construction. So an array larger than POOL
+values takes its rows (the first axis) as windows of consecutive values of one drawn pool, each
+at its own random offset: a copy, not a draw, per value. Smaller arrays are drawn value by value.
 
 Routing: every token picks TOP_K distinct experts uniformly at random; rows are ordered by
 expert (stable), as the walk orders them, so expert e owns rows off[e]..off[e+1].
@@ -12,6 +19,18 @@ from strata.config import PRESETS
 from strata.constants import MMQ_GROUP
 
 STRATA = PRESETS["strata"]
+POOL = 1 << 22  # values drawn for a large array's rows to be windows of
+
+
+def normal(rng: np.random.Generator, shape) -> np.ndarray:
+    """float32 standard normal values of `shape` (see the module's docstring)."""
+    shape = tuple(int(d) for d in shape)
+    rows, n = shape[0], int(np.prod(shape[1:], dtype=np.int64))
+    if rows * n <= POOL or n > POOL:
+        return rng.standard_normal(shape, dtype=np.float32)
+    pool = rng.standard_normal(POOL + n, dtype=np.float32)
+    starts = rng.integers(0, POOL + 1, rows)
+    return np.lib.stride_tricks.sliding_window_view(pool, n)[starts].reshape(shape)
 N_EXPERT, TOP_K = STRATA.n_expert, STRATA.n_expert_used
 N_GROUPS = N_EXPERT // MMQ_GROUP
 

@@ -17,6 +17,7 @@ from fast.cuda.runtime import cuda_available
 from strata import dense
 from verify.device_checks import POISON
 from verify.cases import kernel_rows, params, sample_index
+from verify.kernel_inputs import normal
 from verify.kernel_refs import kept, worth_keeping
 
 _OK, _WHY = cuda_available()
@@ -48,14 +49,14 @@ def test_float_dense_bytes(case):
     T, N, K = case.shape["T"], case.shape["N"], case.shape["K"]
     rng = np.random.default_rng(T * 1000 + N * 10 + K)
     raw = _weights(rng, qtype, N, K)
-    x = rng.standard_normal((T, K), dtype=np.float32)
+    x = normal(rng, (T, K))
     sel = sample_index(T, case.check)
 
     def definition():
         return {"want": dense.float_matmul(dense.decode_float(qtype, raw), x if case.check is None else x[sel])}
 
     key = dict(type=qtype.name, T=T, N=N, K=K, check=case.check)
-    want = (kept("kernel-float-dense", key, definition, (_weights,)) if worth_keeping(case) else definition())["want"]
+    want = (kept("kernel-float-dense", key, definition, (_weights, normal)) if worth_keeping(case) else definition())["want"]
 
     w_d = gpuarray.to_gpu(np.ascontiguousarray(raw).reshape(-1))
     x_d = gpuarray.to_gpu(x)

@@ -26,6 +26,7 @@ from strata import attention, moe, numerics, routing
 from strata.errors import InputError
 from verify.device_checks import POISON, POISON_WORD
 from verify.cases import kernel_rows, params, sample_index
+from verify.kernel_inputs import normal
 from verify.kernel_refs import kept, worth_keeping
 
 try:
@@ -118,7 +119,7 @@ def assert_rows(got: np.ndarray, want_rows: np.ndarray, sel: np.ndarray, what: s
 
 def _randn(rng, shape, lo=-4.0, hi=4.0):
     """Normal values with a random power-of-e scale per leading row (never all zeros)."""
-    x = rng.standard_normal(shape, dtype=F32)  # drawn as float32: a 32K attention row draws 134M
+    x = normal(rng, shape)  # a 32K attention row's q, k and v are 134M values: drawn fast (verify/kernel_inputs.py)
     x *= np.exp(rng.uniform(lo, hi, size=shape[:1] + (1,) * (len(shape) - 1))).astype(F32)
     return x
 

@@ -46,8 +46,11 @@ class ExpertTiers:
             ids = np.nonzero(placement.resident[l])[0]
             nbytes = max(1, len(ids)) * self.blob_bytes[l] + GROUP_TAIL_BYTES
             dev = runtime.alloc(nbytes, f"the expert cache of layer {l} ({len(ids)} experts, {nbytes >> 20} MiB)")
-            for i, e in enumerate(ids):
-                cuda.memcpy_htod(int(dev) + i * self.blob_bytes[l], np.ascontiguousarray(pack.expert_blob(l, int(e))))
+            for i, e in enumerate(ids):  # the blob's three parts straight from the file's pages: no joined copy
+                at = int(dev) + i * self.blob_bytes[l]
+                for part in pack.expert_parts(l, int(e)):
+                    cuda.memcpy_htod(at, part)
+                    at += part.nbytes
             rank = np.cumsum(placement.resident[l]) - 1
             self._cache.append((dev, rank))
 
@@ -65,8 +68,9 @@ class ExpertTiers:
                               f"({' '.join(str(e).split())}); a larger --expert-cache streams less") from e
         self._fill_host(pack, progress)
 
-        # the rings' slots
-        self.rings = {name: (runtime.alloc(max(1, n) * self.slot_bytes, f"{n} {name} slots"), n)
+        # the rings' slots, and GROUP_TAIL_BYTES after the last: with ring_in_place the MMQ kernel
+        # reads the slots in place, up to 15 bytes past a matrix's end
+        self.rings = {name: (runtime.alloc(max(1, n) * self.slot_bytes + GROUP_TAIL_BYTES, f"{n} {name} slots"), n)
                       for name, n in (("ring", ring_slots), ("stage", staging_slots))}
         self.copy_timing = False
         self.copy_spans: list = []  # (start event, end event, bytes, note) when copy_timing is on
@@ -83,9 +87,10 @@ class ExpertTiers:
             for l, e in todo:
                 bar.at(f"layer {l + 1}/{n_layer}")
                 off = int(self.host_offset[l, e])
-                blob = pack.expert_blob(l, e)
-                self.host[off:off + blob.nbytes] = blob
-                bar.step(blob.nbytes)
+                for part in pack.expert_parts(l, e):  # into the page-locked tier directly: no joined copy
+                    self.host[off:off + part.nbytes] = part
+                    off += part.nbytes
+                bar.step(self.blob_bytes[l])
         dt = time.perf_counter() - t0
         print(f"host tier: {len(todo)} experts, {self.host_bytes / 1e9:.2f} GB read into page-locked memory "
               f"in {dt:.2f} s ({self.host_bytes / 1e9 / max(dt, 1e-9):.2f} GB/s)", file=sys.stderr)
