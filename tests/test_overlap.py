@@ -3,6 +3,7 @@ and random [start, end) lists against a brute force over a fine grid, the per-la
 hand-made spans, unit labels of windows, and the figures end to end on the sim: `run --timing`
 prints them per layer and per window, and they come out of the sim's modelled clock as the
 trace's own spans say."""
+import json
 import re
 
 import numpy as np
@@ -231,3 +232,35 @@ def test_overlap_marks_and_unit_label_by_hand():
     assert marks == {"copy": [(1, 6)], "uncovered": [(2, 5)], "waiting": [(2, 5)]}
     assert unit_label({"units": ["window 0 (chunks 0-3)"]}, 0) == "window 0 (chunks 0-3)"
     assert unit_label({}, 2) == "chunk 2" and unit_label({"units": ["chunk 0"]}, 5) == "chunk 5"
+
+
+def test_bench_phases_add_the_overlap_per_length_and_layer(pack, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    arm = "expert-cache=4,stream-min=1,ring=2"
+    assert main(["bench", "--pack", str(pack.path), "--backend", "sim", "--tokens", "40", "--reps", "2",
+                 "--prefill", "20", "--a", arm, "--b", arm + ",window=40", "--phases", "--no-progress",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "overlap medians, ms, A / B" in text and "the sim's modelled stream clock" in text
+    data = json.loads(out.read_text())["lengths"][0]
+    for arm_ in "AB":
+        laps = [r[arm_]["overlap_ms"] for r in data["reps"]]
+        for o in laps:  # the sums are the layers'
+            assert set(o["layers"]) == {"0", "1"}
+            assert o["copy"] == pytest.approx(sum(v["copy"] for v in o["layers"].values()))
+            assert 0 < o["waiting"] <= o["uncovered"] + 1e-9 <= o["copy"] + 1e-9
+        med = data["median"][arm_]["overlap_ms"]
+        assert med["uncovered"] == pytest.approx(np.median([o["uncovered"] for o in laps]))
+    # a window of two chunks copies each streamed expert once per layer instead of twice
+    assert data["median"]["B"]["overlap_ms"]["copy"] == pytest.approx(data["median"]["A"]["overlap_ms"]["copy"] / 2,
+                                                                      rel=1e-3)
+    rows = re.findall(r"^\| 40 \| (\d) \| ([\d.]+) / ([\d.]+) \|", text, re.M)
+    assert [r[0] for r in rows] == ["0", "1"]
+    for layer, a, b in rows:
+        assert float(a) == pytest.approx(data["median"]["A"]["overlap_ms"]["layers"][layer]["copy"], abs=0.006)
+
+
+def test_bench_without_phases_has_no_overlap_table():
+    from strata_prefill.commands.bench import overlap_lines
+
+    assert overlap_lines([{"tokens": 8, "median": {"A": {"ms": 1.0}, "B": {"ms": 1.0}}}]) == []

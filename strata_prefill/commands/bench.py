@@ -12,6 +12,9 @@ for byte: a difference is reported (and the exit status is 1), never a reason to
 Output: a Markdown table of medians and per-prefill counts on stdout (and in `--markdown`),
 a line saying whether the logits were the same bytes, and JSON with the setup and every rep
 (`--json`; default: beside `--markdown` with the suffix .json, else bench-DATE.json here).
+With `--phases` each prefill is also traced (fast/trace.py), and the tables add the phase
+medians and the overlap of the two streams: per prompt length and per layer, the copy time not
+covered by compute and the compute time waiting for copies (fast/trace.py: overlap_by_layer).
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from strata import atomic, nonfinite
 from strata.errors import InputError
 from strata_prefill import arms, checks
 
+# a prefill's overlap figures (fast/trace.py: Overlap), as the JSON and the tables name them
+OVERLAP_FIGURES = ("copy", "uncovered", "waiting")
 # what a prefill adds to the engine's counters (fast/sim.py, fast/cuda/backend.py and tiers.py)
 COUNTED = ("launches", "gathers", "waits", "events", "copies", "copy_bytes")
 TIMERS = {"cuda": "CUDA events on the compute stream", "sim": "host perf_counter"}
@@ -56,7 +61,9 @@ def add_parser(sub, name: str) -> None:
                    help="every rep's times and counts (default: --markdown's name with .json, "
                         "else bench-YYYYmmdd-HHMMSS.json in the current folder)")
     p.add_argument("--phases", action="store_true",
-                   help="also time each phase (both arms) and add a table of their medians")
+                   help="also time each phase and trace both streams (both arms): tables of the phase "
+                        "medians and, per layer, of the copy time not covered by compute and the compute "
+                        "time waiting for copies (the events inflate the times)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress (default: a bar naming the length, rep and arm where stderr "
                         "is a terminal, else a line every 10 s)")
@@ -129,18 +136,42 @@ def timed_prefill(engine, ids: np.ndarray, chunk) -> tuple[float, np.ndarray, di
     return seconds, logits, counts, be.phase_table()
 
 
+def overlap_ms(by_layer: dict) -> dict:
+    """A prefill's overlap (fast/trace.py: {layer: Overlap}) as ms for the JSON and the tables:
+    the sums over its layers, and each layer's."""
+    from fast.trace import summed
+
+    ms = lambda o: {"copy": 1e3 * o.copy, "uncovered": 1e3 * o.uncovered, "waiting": 1e3 * o.waiting}  # noqa: E731
+    return {**ms(summed(by_layer)), "layers": {str(l): ms(o) for l, o in sorted(by_layer.items())}}
+
+
+def traced_prefill(engine, ids: np.ndarray, chunk, trace: bool) -> tuple:
+    """timed_prefill, and with trace the overlap of its two streams (overlap_ms; else None)."""
+    from fast.trace import overlap_by_layer
+
+    if not trace:
+        return (*timed_prefill(engine, ids, chunk), None)
+    engine.be.trace_begin()
+    try:
+        got = timed_prefill(engine, ids, chunk)  # reads its phase table before the trace ends
+    finally:
+        spans = engine.be.trace_end()
+    return (*got, overlap_ms(overlap_by_layer(spans)))
+
+
 def run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int,
-              progress: bool | None = False) -> list[dict]:
-    """Every length's reps: per rep the order, each arm's ms, counts and phases, and where the
-    logits first differ (None: the same bytes). progress: a bar naming the length, rep and arm
-    of each prefill (None: on a terminal, else a line every 10 s; strata/progress.py)."""
+              progress: bool | None = False, trace: bool = False) -> list[dict]:
+    """Every length's reps: per rep the order, each arm's ms, counts and phases (and with trace
+    its overlap_ms), and where the logits first differ (None: the same bytes). progress: a bar
+    naming the length, rep and arm of each prefill (None: on a terminal, else a line every 10 s;
+    strata/progress.py)."""
     from strata.progress import Progress
 
     with Progress(len(sizes) * len(engines) * (reps + 1), "bench", "prefill", progress) as bar:
-        return _run_bench(engines, sizes, reps, chunk, seed, n_vocab, bar)
+        return _run_bench(engines, sizes, reps, chunk, seed, n_vocab, bar, trace)
 
 
-def _run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int, bar) -> list[dict]:
+def _run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int, bar, trace: bool = False) -> list[dict]:
     rng = np.random.default_rng(seed)
     results = []
     for n in sizes:
@@ -156,10 +187,11 @@ def _run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int, 
             row, logits = {"rep": rep + 1, "order": order}, {}
             for arm in order:
                 bar.at(f"{n:,} tokens, rep {rep + 1}/{reps}, arm {arm}")
-                seconds, logits[arm], counts, phases = timed_prefill(engines[arm], ids, chunk)
+                seconds, logits[arm], counts, phases, overlap = traced_prefill(engines[arm], ids, chunk, trace)
                 bar.step()
                 row[arm] = {"ms": 1e3 * seconds, **counts,
-                            **({"phases_ms": {k: 1e3 * v for k, v in phases.items()}} if phases else {})}
+                            **({"phases_ms": {k: 1e3 * v for k, v in phases.items()}} if phases else {}),
+                            **({"overlap_ms": overlap} if overlap is not None else {})}
             found = {arm: nonfinite.in_logits(logits[arm]) for arm in order}
             bad = {arm: {"index": f.index[0], "value": repr(f.value), "count": f.count} for arm, f in found.items() if f}
             if bad:  # two arms' equal NaNs are no agreement (strata/nonfinite.py)
@@ -186,6 +218,13 @@ def medians(rows: list[dict], arm: str) -> dict:
     if names:
         out["phases_ms"] = {k: statistics.median(r[arm].get("phases_ms", {}).get(k, 0.0) for r in rows)
                             for k in names}
+    laps = [r[arm]["overlap_ms"] for r in rows if "overlap_ms" in r[arm]]
+    if laps:
+        med = lambda get: statistics.median(get(o) for o in laps)  # noqa: E731
+        layers = sorted({l for o in laps for l in o["layers"]}, key=int)
+        out["overlap_ms"] = {**{k: med(lambda o, k=k: o[k]) for k in OVERLAP_FIGURES},
+                             "layers": {l: {k: med(lambda o, l=l, k=k: o["layers"].get(l, {}).get(k, 0.0))
+                                            for k in OVERLAP_FIGURES} for l in layers}}
     return out
 
 
@@ -217,7 +256,31 @@ def format_table(results: list[dict], spec_a: str, spec_b: str, backend: str, re
             pa, pb = (res["median"][arm].get("phases_ms", {}) for arm in "AB")
             lines.append(f"| {res['tokens']:,} | "
                          + " | ".join(f"{pa.get(k, 0.0):.2f} / {pb.get(k, 0.0):.2f}" for k in names) + " |")
+    lines += overlap_lines(results, backend)
     return "\n".join(lines)
+
+
+def overlap_lines(results: list[dict], backend: str = "cuda") -> list[str]:
+    """The overlap tables (medians, A / B): per prompt length, then per length and layer (none
+    where no prefill was traced; the sim's are its modelled stream clock's)."""
+    if not any("overlap_ms" in res["median"][arm] for res in results for arm in "AB"):
+        return []
+    pair = lambda a, b, k: f"{a.get(k, 0.0):.2f} / {b.get(k, 0.0):.2f}"  # noqa: E731
+    clock = "the sim's modelled stream clock" if backend == "sim" else "CUDA events of the traced prefill"
+    lines = ["", "overlap medians, ms, A / B (not covered: copy time with no compute beside it; waiting: the "
+             f"compute stream at a wait while a copy ran; {clock}):", "",
+             "| prompt tokens | copy | not covered | waiting |", "|---|---|---|---|"]
+    for res in results:
+        a, b = (res["median"][arm].get("overlap_ms", {}) for arm in "AB")
+        lines.append(f"| {res['tokens']:,} | " + " | ".join(pair(a, b, k) for k in OVERLAP_FIGURES) + " |")
+    lines += ["", "| prompt tokens | layer | copy | not covered | waiting |", "|---|---|---|---|---|"]
+    for res in results:
+        a, b = (res["median"][arm].get("overlap_ms", {}).get("layers", {}) for arm in "AB")
+        for layer in sorted(set(a) | set(b), key=int):
+            la, lb = a.get(layer, {}), b.get(layer, {})
+            lines.append(f"| {res['tokens']:,} | {layer} | " + " | ".join(pair(la, lb, k) for k in OVERLAP_FIGURES)
+                         + " |")
+    return lines
 
 
 def logits_line(results: list[dict]) -> tuple[bool, str]:
@@ -277,7 +340,7 @@ def main(args) -> int:
     for engine in engines.values():
         engine.be.timing = args.phases
     results = run_bench(engines, args.tokens, args.reps, args.prefill, args.seed, cfg.n_vocab,
-                        progress=False if args.no_progress else None)
+                        progress=False if args.no_progress else None, trace=args.phases)
 
     specs = {arm: arms.describe(kw) for arm, kw in keywords.items()}
     settings = {arm: arms.engine_settings(engines[arm]) for arm in "AB"}
