@@ -169,13 +169,18 @@ class Backend(Protocol):
         of act's float32 rows, one launch per expert and matrix (group.bounds on the host); the
         same for every product step below."""
 
+    def prepare_batches(self, *, layer: int, batches: Sequence) -> None:
+        """The layer's batches (fast.walk.Batch) are about to be multiplied: whatever their
+        launches need on the device (the cuda backend's tile lists) may be uploaded at once."""
+
     def mmq_batch_gate_up(self, *, layer: int, batch, act: Q8, n_rows: int, gate: Array, up: Array,
                           one_launch: bool = True) -> None:
-        """Gate and up products of a batch of resident experts (fast.walk.Batch), each read where
-        it lies in the expert cache, over their rows, in one launch (or one each)."""
+        """Gate and up products of a batch of experts (fast.walk.Batch), each read where it lies:
+        in the expert cache, or (batch.places) in its ring slot; over their rows, in one launch
+        (or one each)."""
 
     def mmq_batch_down(self, *, layer: int, batch, act: Q8, n_rows: int, y: Array) -> None:
-        """Down products of a batch of resident experts, read in place, into their rows of y."""
+        """Down products of a batch of experts, read where they lie, into their rows of y."""
 
     def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int, out: Array | None = None) -> Array:
         """H = silu(gate) * up over rows r0 .. r1 (out given: written into its rows r0 .. r1,
@@ -198,6 +203,11 @@ class Backend(Protocol):
         """On the copy stream: wait for each event of wait_for, copy the host-tier blobs of
         experts [(layer, id)] into the ring's slots (adjacent ones in one copy when the
         run was handed over whole), record and return one event."""
+
+    def released(self, *, ring: str, slots: Sequence[int], tags: Sequence[tuple], event: Event | None) -> None:
+        """The walk released ring slots holding the copies `tags`: refills may follow once `event`
+        has happened (None: never read). Nothing to enqueue; the sim checks it against the
+        slots' reads."""
 
     def wait(self, *, event: Event, what: str) -> None:
         """The compute stream waits for `event` (what: the copy it stands for, for reports)."""

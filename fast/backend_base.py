@@ -37,6 +37,12 @@ class BackendBase:
             return getattr(self.options, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def released(self, *, ring, slots, tags, event) -> None:
+        """Ring slots released (fast/experts.py): nothing to do on the device; the sim checks it."""
+
+    def prepare_batches(self, *, layer, batches) -> None:
+        """Nothing to prepare ahead (the cuda backend uploads the batches' tile lists here)."""
+
     @staticmethod
     def oom_guard(what: str):
         """Where the device can run out of memory, an error that names `what` (cuda)."""

@@ -136,9 +136,13 @@ class RingPass:
             ring.copied_of[s], ring.tag_of[s] = done, t
 
     def release(self, ks: list[int], event) -> None:
-        """Entries ks were read by the gather before `event`: their slots may be refilled once
-        it has happened (event None: never read, nothing to wait for)."""
+        """Entries ks were read by the steps before `event` (their gather, or with ring_in_place
+        their products): their slots may be refilled once it has happened (event None: never
+        read, nothing to wait for). The backend hears of it (released: the sim checks that no
+        read of the slots comes after it)."""
         ring = self.ring
+        self.be.released(ring=ring.name, slots=[self.slot_of(k) for k in ks], tags=[self.tag(k) for k in ks],
+                         event=event)
         for k in ks:
             s = self.slot_of(k)
             ring.used_of[s] = event

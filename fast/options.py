@@ -173,6 +173,11 @@ SWITCHES = (
            "(one launch for all their gate/up products, one SwiGLU+quantize of H, one down), only "
            "streamed experts are gathered, in groups; 0: every routed expert goes through the "
            "group buffers"),
+    Switch("ring_in_place", "STRATA_PREFILL_RING_IN_PLACE", OFF, SCHEDULE, OnOff(),
+           "1: streamed experts are multiplied where their copies land in the ring (one launch per "
+           "product for a run of ring entries, no gather), each slot released after the last product "
+           "that reads it; 0: gathered into the group buffers first. Needs in_place 1 (with 0 every "
+           "expert is gathered)"),
     Switch("widen_float", "STRATA_PREFILL_WIDEN_FLOAT", ON, KERNEL_FORM, OnOff(),
            "1: F16/BF16 weights (the router, float dense matrices) widened once to F32 on the "
            "device, whose float_dense.cu forms are faster; 0: read as stored"),

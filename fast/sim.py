@@ -5,7 +5,8 @@ Nothing runs when the engine or the walk calls a step: the step is enqueued on t
 stream (copies on the copy stream) and a seeded scheduler runs the two streams in any order
 their events allow. Outputs are allocated at enqueue time and filled when their step runs, so
 a step that reads a buffer before the step writing it has run sees the poison (NaN, 0xA5).
-Ring slots carry versions; a gather of a slot refilled too early, a copy over a slot whose
+Ring slots carry versions; a gather (or, with ring_in_place, a product) of a slot refilled too
+early or already released, a release before the slot's last read, a copy over a slot whose
 release nobody waited for, or a wait on an event nothing records raises ScheduleHazard.
 
 The expert cache and the host tier are the pack's own bytes (a memory map); the ring slots are
@@ -120,10 +121,16 @@ class SimBackend(BackendBase):
         return contextlib.nullcontext()
 
     # ---- enqueueing ---------------------------------------------------------------------
-    def _launch(self, kernel: str, fn, n: int = 1) -> None:
+    def _launch(self, kernel: str, fn, n: int = 1, reads=None) -> None:
+        """Enqueue a launch (n of them, counted). reads: the ring slots it reads, [(ring, slot,
+        tag)] (ring_in_place products): checked as a gather's are (SimStreams.gather_from)."""
         self.counters[kernel] += n
         self.counters["launches"] += n
-        self.streams.enqueue("compute", kernel, fn, *self._span(kernel))
+        if reads:
+            slots = ", ".join(f"{r} slot {s}" for r, s, _t in reads)
+            self.streams.gather_from(reads, f"{kernel} reading {slots}", fn, *self._span(kernel))
+        else:
+            self.streams.enqueue("compute", kernel, fn, *self._span(kernel))
 
     def _step(self, kernel: str, out: np.ndarray, fn) -> np.ndarray:
         """Enqueue `out[...] = fn()`; return out (filled when the step runs)."""
@@ -308,12 +315,13 @@ class SimBackend(BackendBase):
     def group_bounds(bounds_list):
         return bounds_list
 
-    def _mmq(self, qtype, n_out, k_in, act, bounds, weights, outs):
+    def _mmq(self, qtype, n_out, k_in, act, bounds, weights, outs, reads=None):
         """One MMQ launch (as mmq.cu's): for each (offset, out) of outs and each i of bounds,
         the n_out-row matrix at weights(i)[offset:] times rows bounds[i] of act into out. A
-        float type: float_matmul of act's float rows instead (_float_experts)."""
+        float type: float_matmul of act's float rows instead (_float_experts). reads: the ring
+        slots weights() reads (_launch)."""
         if dense.is_float(qtype):
-            return self._float_experts(qtype, n_out, k_in, act, bounds, weights, outs)
+            return self._float_experts(qtype, n_out, k_in, act, bounds, weights, outs, reads)
         rb = quants.row_bytes(qtype, k_in)
         layout = q8_1.layout_for(qtype)
 
@@ -325,9 +333,9 @@ class SimBackend(BackendBase):
                         w = weights(i)[offset:offset + n_out * rb].reshape(n_out, rb)
                         out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, b0, b1, layout))
 
-        self._launch("mmq", run)
+        self._launch("mmq", run, reads=reads)
 
-    def _float_experts(self, qtype, n_out, k_in, x, bounds, weights, outs):
+    def _float_experts(self, qtype, n_out, k_in, x, bounds, weights, outs, reads=None):
         """Float experts (as the cuda backend launches float_dense.cu): for each (offset, out)
         and each expert i with rows, one launch: its matrix at weights(i)[offset:] times rows
         bounds[i] of the float rows x into out (strata.dense.float_matmul)."""
@@ -341,7 +349,7 @@ class SimBackend(BackendBase):
                 out[b0:b1] = dense.float_matmul(dense.decode_float(qtype, w), x[b0:b1])
 
         if jobs:
-            self._launch("float_dense", run, len(jobs))
+            self._launch("float_dense", run, len(jobs), reads=reads)
 
     def _mmq_group(self, qtype, wbuf, stride, n_out, k_in, n_exp, act: Q8Buf, bounds, outs):
         """One launch of the bounds form: expert q's matrices at wbuf[offset + q * stride]."""
@@ -370,10 +378,21 @@ class SimBackend(BackendBase):
 
     def _mmq_batch(self, layer, qtype, n_out, k_in, batch, act: Q8Buf, outs):
         """One launch of the tile-list form: each expert's matrix at `offset` in its blob, read
-        where it lies (the pack's bytes stand for the expert cache)."""
+        where it lies: the expert cache (the pack's bytes stand for it) or, for a batch with
+        places, its ring slot, a read the streams check like a gather's."""
         experts = list(batch.experts)
-        self._mmq(qtype, n_out, k_in, act, np.array(batch.bounds), lambda i: self.pack.expert_blob(layer, experts[i]),
-                  outs)
+        if batch.places is None:
+            self._mmq(qtype, n_out, k_in, act, np.array(batch.bounds),
+                      lambda i: self.pack.expert_blob(layer, experts[i]), outs)
+            return
+        places = list(batch.places)
+        reads = [p for p in places if p[0] != "cache"]
+
+        def blob(i):
+            where, idx, _tag = places[i]
+            return self.pack.expert_blob(layer, idx) if where == "cache" else self._rings[where][idx]
+
+        self._mmq(qtype, n_out, k_in, act, np.array(batch.bounds), blob, outs, reads)
 
     def mmq_batch_gate_up(self, *, layer, batch, act, n_rows, gate, up, one_launch=True):
         gu_t, _ = self.expert_types(layer)
@@ -428,6 +447,10 @@ class SimBackend(BackendBase):
         self._n_events += 1
         self.counters["copy_events"] += 1
         return streams.record("copy", SimEvent(f"copied#{self._n_events} ({ring} slots {list(slots)})"))
+
+    def released(self, *, ring, slots, tags, event):
+        for s, tag in zip(slots, tags):
+            self.streams.release(ring, s, tag, event)
 
     def wait(self, *, event, what):
         self.counters["waits"] += 1

@@ -14,10 +14,16 @@ Ring slots carry versions. Two kinds of check report a hazard (ScheduleHazard, n
 the slot, the expert and layer and the two operations):
 
 - happens-before, at enqueue time, independent of the order chosen: a gather of a ring slot
+  (or, with ring_in_place, a product reading it: every read of a slot counts as a gather here)
   must follow (through a compute-side wait) the copy that filled it; a copy into a ring slot
   must follow (through a copy-side wait) every gather enqueued on the slot's previous
   contents; a wait must name an event the host has recorded ("a wait on an event nothing
   will record");
+- releases (the walk tells the backend of each, `release`): a slot released by an event
+  recorded before a read of its contents enqueued so far, or released unused after a read, or
+  read after its contents were released, is a hazard, whether or not the copy side has
+  refilled it yet (a slot held through its products is released late; a planted early release
+  is caught even where the ring is deep enough that no refill follows it);
 - on execution: a gather finds the slot holding another copy than the one it was promised
   (refilled, or not yet landed).
 
@@ -124,6 +130,8 @@ class SlotState:
     version: int = 0  # copies executed into the slot
     gathers_seq: int = -1  # latest gather of the current contents (compute stream position)
     gather_label: str = ""
+    released: object = None  # tag of the contents the walk released (None: held, or refilled)
+    release_label: str = ""
 
 
 @dataclass
@@ -194,6 +202,7 @@ class SimStreams:
         op = self._push("copy", label, name="copy", args=args)
         op.nbytes = nbytes
         st.copy_label, st.copy_seq, st.copy_tag, st.gathers_seq = label, op.seq, tag, -1
+        st.released, st.release_label = None, ""
 
         def run(st=st, tag=tag):
             fn()
@@ -214,6 +223,10 @@ class SimStreams:
                     f"{ring} slot {slot}: {label} expects {_tag_text(tag)} but the latest copy "
                     f"enqueued into the slot is {st.copy_label or 'none'} ({_tag_text(st.copy_tag)}): "
                     "the slot was refilled before this gather, or the expected copy was never enqueued")
+            if st.released == tag:
+                raise ScheduleHazard(
+                    f"{ring} slot {slot}: {label} reads {_tag_text(tag)} after the walk released it "
+                    f"({st.release_label}): the copy side may refill the slot before this read runs")
             if st.copy_seq > self.awaited["compute"]:
                 raise ScheduleHazard(
                     f"{ring} slot {slot}: {label} reads {_tag_text(tag)} without waiting for "
@@ -233,6 +246,27 @@ class SimStreams:
 
         op.fn = run
         self._advance()
+
+    def release(self, ring: str, slot: int, tag, event: SimEvent | None) -> None:
+        """The walk released ring slot `slot`, holding the copy `tag`: refills may follow once
+        `event` has happened (None: released unused). Every read of the contents must be
+        enqueued before the event's record, and none after the release."""
+        st = self.slot(ring, slot)
+        if st.copy_tag != tag:
+            return  # not the contents the slot holds now (a stale tag): the refill checks report it
+        if event is None:
+            label = "released unused"
+            if st.gathers_seq >= 0:
+                raise ScheduleHazard(
+                    f"{ring} slot {slot}: {_tag_text(tag)} is released unused, but {st.gather_label} "
+                    f"(compute op #{st.gathers_seq}) reads it: a refill need not wait for that read")
+        else:
+            label = f"released by {event.label} (compute op #{event.seq})"
+            if event.stream == "compute" and event.seq < st.gathers_seq:
+                raise ScheduleHazard(
+                    f"{ring} slot {slot}: {_tag_text(tag)} is {label}, recorded before "
+                    f"{st.gather_label} (compute op #{st.gathers_seq}), which still reads it")
+        st.released, st.release_label = tag, label
 
     # ---- the scheduler --------------------------------------------------------------------
     def _ready(self, stream: str) -> bool:

@@ -33,6 +33,17 @@ With in_place (the default) only streamed experts make groups: the layer's route
 experts are one Batch, multiplied where they lie in the expert cache (its gate/up before the
 groups, its SwiGLU and down after them), so the groups never meet them. "Batch" means that
 only; the members one flush gathers together are a flush's members.
+
+With ring_in_place as well, streamed experts are not gathered either: the walk cuts the layer's
+ring entries into *runs* (plan_runs) and multiplies each run's routed experts where their copies
+lie in the ring slots, as a Batch whose places name the slots (the same tile-list launches as
+the resident Batch). A run is one wait (on its last member's copy: group mode) and, after its
+down product, one event that releases all of its slots; in per-expert mode every run holds one
+expert. A run holds at most `group_size` routed experts, and its first and last entries are
+fewer than the ring's slots apart: the copy of entry k needs entry k - n_slots released, so a
+run that spanned the whole ring would wait for a release only its own products can give (the
+deadlock that cutting runs in pieces rules out). Entries the routing skipped inside a run are
+released unused as the walk meets them; the ring refills their slots while the run is held.
 """
 from __future__ import annotations
 
@@ -79,12 +90,16 @@ def plan_groups(order: np.ndarray, cnt: np.ndarray, off: np.ndarray, group: int 
 
 @dataclass(frozen=True)
 class Batch:
-    """A layer's routed resident experts, multiplied where they lie in the expert cache (the
-    in_place switch): one launch for all of their gate/up products and one for their down
-    products, no gather, no wait, no event. Their rows need not be contiguous."""
+    """Experts multiplied where they lie: a layer's routed resident experts in the expert cache
+    (the in_place switch: no gather, no wait, no event), or a run of streamed ones in their ring
+    slots (ring_in_place). One launch for all of their gate/up products and one for their down
+    products. Their rows need not be contiguous."""
 
     experts: tuple[int, ...]
     bounds: np.ndarray  # int32 [n, 2]: (row_begin, row_end) of each expert
+    # where each expert's blob is, as the gather's members name it ((ring, slot, tag)); None:
+    # every one in the expert cache
+    places: tuple | None = None
 
     @property
     def n_rows(self) -> int:
@@ -97,6 +112,26 @@ def split_resident(order: np.ndarray, cnt: np.ndarray, off: np.ndarray, resident
     mine = np.asarray(resident, dtype=bool)[order]
     res = order[mine]
     return Batch(tuple(res.tolist()), expert_bounds(res, cnt, off)), order[~mine]
+
+
+def plan_runs(visit: list[int], routed, entry_of, n_slots: int, cap: int) -> list[list[int]]:
+    """The runs of ring_in_place: the routed streamed experts of `visit` (ascending ids; entry_of:
+    each one's ring entry, ascending with the ids) cut, in order, into runs of at most `cap`
+    experts whose first and last entries are fewer than n_slots apart (see the module's
+    docstring). routed: the set of routed ids; the others in visit are skipped entries."""
+    runs: list[list[int]] = []
+    first = None
+    for e in visit:
+        if e not in routed:
+            continue
+        k = entry_of[e]
+        if runs and first is not None and (len(runs[-1]) >= cap or k - first >= n_slots):
+            first = None
+        if first is None:
+            runs.append([])
+            first = k
+        runs[-1].append(e)
+    return runs
 
 
 @dataclass(frozen=True)
@@ -140,12 +175,13 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
                       down_in=down_in, y=be.alloc_f32((n_rows, config.n_embd)),
                       h=np.full((n_rows, n_ff), np.nan, np.float32) if keep_h else None)  # rows no product writes stay NaN
     resident = placement.resident[layer]
+    in_ring = bool(options.in_place and options.ring_in_place)  # streamed experts read in their slots
     with be.host_phase("host planning"):
         if options.in_place:  # the routed resident experts are one batch; groups hold streamed ones
             batch, walked = split_resident(tab.order, tab.cnt, tab.off, resident)
         else:
             batch, walked = None, tab.order
-        groups = plan_groups(walked, tab.cnt, tab.off, group_size)
+        groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)
         bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
     walked = [int(e) for e in walked]
     if chunk_pass is not None:  # streamed walk: this layer's entries, routed or not
@@ -156,8 +192,27 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
         ring_pass = passes.open(staging, [(layer, e) for e in walked if not resident[e]])
         visit = walked
     in_place = batch if batch is not None and len(batch.experts) > 0 else None
-    LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h).run(groups, bounds, visit, in_place)
+    lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
+    if in_ring:
+        with be.host_phase("host planning"):
+            runs = ring_runs(ring_pass, layer, visit, walked, tab, group_size if options.group_gather else 1)
+            be.prepare_batches(layer=layer, batches=([in_place] if in_place is not None else []) + runs)
+        lw.run_in_ring(visit, runs, in_place)
+    else:
+        lw.run(groups, bounds, visit, in_place)
     return rows
+
+
+def ring_runs(ring_pass, layer: int, visit: list[int], walked: list[int], tab, cap: int) -> list[Batch]:
+    """The layer's runs (plan_runs) as Batches whose places are their ring slots and the copies
+    the walk expects there."""
+    entry_of = {e: ring_pass.index[(layer, e)] for e in visit}
+    out = []
+    for run in plan_runs(visit, set(walked), entry_of, ring_pass.ring.n_slots, cap):
+        ks = [entry_of[e] for e in run]
+        places = tuple((ring_pass.ring.name, ring_pass.slot_of(k), ring_pass.tag(k)) for k in ks)
+        out.append(Batch(tuple(run), expert_bounds(np.asarray(run, np.int64), tab.cnt, tab.off), places))
+    return out
 
 
 class LayerWalk:
@@ -199,6 +254,44 @@ class LayerWalk:
                 gi += 1
         if batch is not None:
             self.batch_rest(batch, bargs)
+
+    def run_in_ring(self, visit: list[int], runs: list[Batch], batch: Batch | None = None) -> None:
+        """The walk with ring_in_place: visit the layer's ring entries, release the skipped ones
+        unused, and multiply each run where it lies once its last member is met; the resident
+        `batch` as in run()."""
+        if batch is not None:
+            bargs = dict(layer=self.layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
+            self.batch_gate_up(batch, bargs)
+        last = {b.experts[-1]: b for b in runs}
+        routed = {e for b in runs for e in b.experts}
+        for e in visit:
+            entry = self.stream.index[(self.layer, e)]
+            if e not in routed:  # nothing reads it: the copy stream's order is all its slot needs
+                self.stream.release([entry], None)
+                continue
+            self.stream.copy_ahead()
+            if e in last:
+                self.multiply_run(last[e])
+        if batch is not None:
+            self.batch_rest(batch, bargs)
+
+    def multiply_run(self, run: Batch) -> None:
+        """A run's products read straight from its ring slots: one wait on its last copy (the
+        copy stream is in order), gate/up, SwiGLU and the quantize of H, down, then one event
+        that releases every slot the products read."""
+        be, stream, r, layer = self.be, self.stream, self.rows, self.layer
+        entries = [stream.index[(layer, e)] for e in run.experts]
+        slot = stream.slot_of(entries[-1])
+        n = len(run.experts)
+        with be.phase("wait copy", layer=layer, experts=n):
+            be.wait(event=stream.ring.copied_of[slot],
+                    what=f"the copy of expert {run.experts[-1]} of layer {layer} into {stream.ring.name} slot {slot}")
+        args = dict(layer=layer, experts=n, rows=run.n_rows, streamed=n)
+        self.batch_gate_up(run, args)
+        self.swiglu_h(int(run.bounds[0, 0]), int(run.bounds[-1, 1]), args)
+        with be.phase("down", **args):
+            be.mmq_batch_down(layer=layer, batch=run, act=r.down_in, n_rows=r.n_rows, y=r.y)
+        stream.release(entries, be.record())
 
     def held_streamed(self) -> int:
         return sum(m.entry is not None for m in self.members[self.flushed:])

@@ -117,6 +117,8 @@ class CudaBackend(BackendBase):
         self._counts_host = None  # page-locked [2, n_expert] int32: a layer's routing cnt and off
         self._pending_tables = None  # the last DevTables, whose counts may not be read yet
         self._tiles_keep = None  # the last in-place batch and its uploaded row tiles (_batch_tiles)
+        self._prepared: dict = {}  # id(batch) -> (batch, its tiles' handles): a layer's, uploaded at once
+        self._prepared_keep = None  # that upload, alive until the next layer's
         self.phases = PhaseRecorder(self._mark, self._seconds, timing_enabled(timing))
         self._trace_base = None  # the event every traced span is timed from
 
@@ -467,24 +469,64 @@ class CudaBackend(BackendBase):
         products.mmq_group(self.dev, d_t, self._d_buf, w_stride=d_bytes, N=cfg.n_embd, K=cfg.n_ff_exp, act=act.buf,
                            R_total=n_rows, bounds=bounds, n_exp=len(group.experts), out=y, rows=group.n_rows)
 
+    def _batch_offsets(self, layer: int, batch) -> tuple[int, np.ndarray]:
+        """(a base address, int64 byte offsets of each of the batch's experts' blobs from it). In
+        the expert cache: the layer's cache allocation and the ranks' offsets. With places (a
+        ring_in_place run, maybe mixed with cached experts): the lowest of the blobs' addresses,
+        so that every offset is non-negative whichever allocations the blobs lie in (the tile
+        entries' offsets are 64-bit: any two allocations are covered)."""
+        if batch.places is None:
+            return self.tiers.cache_offsets(layer, batch.experts)
+        addrs = np.array([self.tiers.addr(layer, where, index) for where, index, _tag in batch.places], np.int64)
+        base = int(addrs.min())
+        return base, addrs - base
+
+    def _tiles_host(self, layer: int, batch):
+        """(base, the batch's row tiles on the host (products.row_tiles), their configuration,
+        the mean rows per expert that picked it)."""
+        rows_mean = batch.n_rows / len(batch.experts)
+        cfg = products.tile_config(rows_mean)
+        base, woff = self._batch_offsets(layer, batch)
+        return base, products.row_tiles(batch.bounds, woff, products.tile_rows_for(cfg)), cfg, rows_mean
+
+    def prepare_batches(self, *, layer, batches) -> None:
+        """Every batch's row tiles in one upload (a layer's resident batch and ring_in_place
+        runs): one host-to-device copy a layer instead of one a batch. Float experts have no
+        tiles."""
+        gu_t, d_t = self.expert_types(layer)
+        self._prepared, self._prepared_keep = {}, None
+        if not batches or (dense.is_float(gu_t) and dense.is_float(d_t)):
+            return
+        parts = [(b, *self._tiles_host(layer, b)) for b in batches]
+        flat = np.concatenate([host for _b, _base, host, _cfg, _mean in parts]).reshape(-1, 4)
+        if not len(flat):
+            return
+        dev = self.dev.upload(np.ascontiguousarray(flat, np.int32))
+        at = 0
+        for b, base, host, cfg, mean in parts:
+            self._prepared[id(b)] = (b, base, int(dev.gpudata) + 16 * at, len(host), cfg, mean)
+            at += len(host)
+        self._prepared_keep = dev  # alive until the next layer's upload (one stream: in order)
+
     def _batch_tiles(self, layer: int, batch):
-        """The batch's row tiles (products.row_tiles, offsets into the layer's expert cache) on
-        the device, and the configuration they were cut for; uploaded once, for gate/up and
-        down alike (the same rows, so the same configuration)."""
+        """The batch's row tiles on the device (offsets from _batch_offsets' base), and the
+        configuration they were cut for; uploaded once, for gate/up and down alike (the same
+        rows, so the same configuration): by prepare_batches, else here."""
+        got = self._prepared.get(id(batch))
+        if got is not None and got[0] is batch:
+            return got[1:]
         keep = self._tiles_keep
         if keep is not None and keep[0] is batch:
             return keep[1:]
-        rows_mean = batch.n_rows / len(batch.experts)
-        cfg = products.tile_config(rows_mean)
-        base, woff = self.tiers.cache_offsets(layer, batch.experts)
-        host = products.row_tiles(batch.bounds, woff, products.tile_rows_for(cfg))
+        base, host, cfg, rows_mean = self._tiles_host(layer, batch)
         dev = self.dev.upload(host)
         self._tiles_keep = (batch, base, dev, len(host), cfg, rows_mean)  # alive for the batch's launches
         return self._tiles_keep[1:]
 
     def _cache_blobs(self, layer: int, batch):
-        """Device address of each of the batch's experts' blobs in the expert cache, by position."""
-        base, woff = self.tiers.cache_offsets(layer, batch.experts)
+        """Device address of each of the batch's experts' blobs (expert cache or ring slot), by
+        position."""
+        base, woff = self._batch_offsets(layer, batch)
         return lambda i: base + int(woff[i])
 
     def mmq_batch_gate_up(self, *, layer, batch, act: Q8Dev, n_rows, gate, up, one_launch=True):
