@@ -106,19 +106,48 @@ def test_no_spin_of_zero_cycles():
 
 
 def test_the_planted_race_harness_runs_on_the_sim(make_test_pack, tmp_path, monkeypatch, capsys):
-    """verify/test_stress_cuda.py's child, on the sim backend (whose routing tables never go
+    """verify/stress_child.py's child, on the sim backend (whose routing tables never go
     through the cuda backend's page-locked buffer: the planted counts read changes nothing
     there): it runs the three runs, plants in place and reports its one line."""
     from fast.cuda import backend
-    from verify import test_stress_cuda as t
+    from verify import stress_child as t
 
     monkeypatch.setattr(backend.DevTables, "resolve", backend.DevTables.resolve)  # restored after
     pack = make_test_pack("tiny", "Q8_0")
-    arg = json.dumps({"case": "c_counts_read_early_overlap1", "pack": str(pack.path), "out": str(tmp_path),
-                      "backend": "sim"})
-    monkeypatch.setattr(sys, "argv", ["-c", arg])
-    t._child()
+    t.child({"case": "c_counts_read_early_overlap1", "pack": str(pack.path), "out": str(tmp_path), "backend": "sim"})
     assert backend.DevTables.resolve is t._counts_without_wait  # planted
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(t.RESULT)]
     got = json.loads(lines[-1][len(t.RESULT):])
     assert got == {"warm_same": True, "planted_same": True, "error": None, "spins": 0, "copies": 0, "waits": 0}
+
+
+def test_the_zygote_forks_a_child_per_case_and_survives_a_failed_one(make_test_pack, tmp_path):
+    """The zygote (verify/stress_child.py) answers case after case from one process, each in a
+    fork of its own: a child that fails reports its exit code and its stderr, and the zygote
+    goes on to the next case."""
+    import os
+    from pathlib import Path
+
+    from verify import stress_child as t
+
+    pack = make_test_pack("tiny", "Q8_0")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    answers = []
+    for i, case in enumerate(("c_counts_read_early_overlap1", "no such case", "c_counts_read_early_streamed")):
+        out = tmp_path / str(i)
+        out.mkdir()
+        lines, code = t.Zygote.ask({"case": case, "pack": str(pack.path), "out": str(out), "backend": "sim"}, env, root,
+                                   timeout=300)
+        answers.append((lines, code, (out / "child-stderr.txt").read_text()))
+    pid = t.Zygote.proc.pid
+    assert t.Zygote.proc.poll() is None  # one zygote answered all three
+    (ok1, c1, _), (bad, c2, err2), (ok3, c3, _) = answers
+    assert c1 == 0 and c3 == 0 and c2 == 1, (c1, c2, c3)
+    assert not any(ln.startswith(t.RESULT) for ln in bad) and "KeyError" in err2
+    for lines in (ok1, ok3):
+        got = json.loads([ln for ln in lines if ln.startswith(t.RESULT)][-1][len(t.RESULT):])
+        assert got["warm_same"] and got["error"] is None, got
+    t.Zygote.proc.stdin.close()  # its end: the zygote leaves when its input does
+    assert t.Zygote.proc.wait(timeout=60) == 0 and pid == t.Zygote.proc.pid
+    t.Zygote.proc = None
