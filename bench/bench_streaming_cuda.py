@@ -5,11 +5,16 @@
 Arms (each its own engine on the same pack): `resident` (every expert in the expert cache),
 and with a cache of `--cache-share` of the experts: `group` (defaults: one wait, gather and
 event per group, scatter quantize), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0), `gather-q`
-(STRATA_QUANT_GATHER=1) and `coalesce` (STRATA_PREFILL_COPY_COALESCE=1). Every rep draws a fresh
-prompt and runs every arm on it, the order rotating each rep; each prefill is timed with CUDA
-events on the compute stream after an untimed warm-up per arm and size, and every arm's
-first-token logits must equal the resident arm's bytes. The copy stream's busy time comes from
-an event pair around each of its copies. Prints a Markdown table and writes JSON beside it.
+(STRATA_QUANT_GATHER=1), `coalesce` (STRATA_PREFILL_COPY_COALESCE=1), `window-auto`
+(STRATA_PREFILL_WINDOW=auto: layer-major windows sized from free memory) and `window-N`
+(windows of `--window` tokens; arm_table names them). Every rep draws a fresh prompt and runs
+every arm on it, the order rotating each rep; each prefill is timed with CUDA events on the
+compute stream after an untimed warm-up per arm and size, and every arm's first-token logits
+must equal the resident arm's bytes. The copy stream's busy time comes from an event pair
+around each of its copies. Beside each time: the bytes copied per prompt token and the link's
+busy share (the copy stream's busy time over the prefill's) and rate (bytes over that busy
+time). Prints a Markdown table (format_table, a pure function of the results, tested on the
+CPU by tests/test_bench_streaming_table.py) and writes JSON beside it.
 """
 from __future__ import annotations
 
@@ -29,15 +34,35 @@ from strata.session import Session  # noqa: E402
 
 LINK_GBS = 55.3  # pinned host-to-device copies measured on the H200 machine
 COUNTED = ("launches", "gathers", "waits", "events", "copies", "copy_bytes", "copy_waits")
-ARMS = {
-    "group": {},
-    "per-expert": {"group_gather": 0},
-    "gather-q": {"quant_gather": 1},
-    "coalesce": {"copy_coalesce": 1},
-}
+DEFAULT_WINDOW = 16384  # the fixed window arm's tokens: two 8K chunks a window
 
 
-def timed_prefill(eng, ids) -> tuple[float, np.ndarray, dict, tuple]:
+def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
+    """The streamed arms by name: FastEngine switches over the defaults (the resident arm is
+    apart: every expert in the cache). window: the tokens of the fixed window arm."""
+    return {
+        "group": {},
+        "per-expert": {"group_gather": 0},
+        "gather-q": {"quant_gather": 1},
+        "coalesce": {"copy_coalesce": 1},
+        "window-auto": {"window": "auto"},
+        f"window-{window}": {"window": int(window)},
+    }
+
+
+def pick_arms(spec: str, table: dict) -> list[str]:
+    """The streamed arms a comma-separated --arms names, in its order; SystemExit naming the
+    known ones for an unknown name (the fixed window arm by its window-N name)."""
+    names = [a for a in spec.split(",") if a]
+    bad = [a for a in names if a not in table]
+    if bad or not names:
+        raise SystemExit(f"--arms: unknown arm(s) {', '.join(bad) or '(none given)'}; arms: {', '.join(table)}")
+    return names
+
+
+def timed_prefill(eng, ids) -> tuple[float, np.ndarray, dict, tuple, int]:
+    """Seconds (CUDA events on the compute stream), first-token logits, counts, (copy busy
+    seconds, bytes) and the window the prefill took, on a fresh KV cache."""
     import pycuda.driver as cuda
 
     be = eng.be
@@ -46,29 +71,83 @@ def timed_prefill(eng, ids) -> tuple[float, np.ndarray, dict, tuple]:
     before = dict(eng.counters)
     start, end = cuda.Event(), cuda.Event()
     start.record(be.dev.stream)
-    logits = Session(eng, progress=False).prefill(ids)
+    session = Session(eng, progress=False)
+    logits = session.prefill(ids)
     end.record(be.dev.stream)
     end.synchronize()
     counts = {k: eng.counters.get(k, 0) - before.get(k, 0) for k in COUNTED}
-    return start.time_till(end) / 1e3, logits, counts, be.copy_busy()
+    return start.time_till(end) / 1e3, logits, counts, be.copy_busy(), session.window_taken
+
+
+def arm_row(tokens: int, times: list[float], busy: list[tuple[float, int]], counts: dict, window: int,
+            resident_s: float | None) -> dict:
+    """One arm at one prompt length from its reps: the median ms, its counts, the copy stream's
+    busy time (median), the link's busy share of the prefill and its rate while busy, bytes per
+    prompt token, the window taken (its tokens, at most the prompt's: without windows a chunk is
+    the window); vs_floor against max(resident time, bytes at LINK_GBS) where
+    resident_s is given (a streamed arm)."""
+    med = statistics.median(times)
+    secs = statistics.median(s for s, _ in busy)
+    nbytes = counts["copy_bytes"]
+    row = {"ms": 1e3 * med, **counts, "window": min(int(window), tokens), "copy_busy_ms": 1e3 * secs,
+           "copy_gbs": nbytes / secs / 1e9 if secs else 0.0, "copy_busy_share": secs / med if med else 0.0,
+           "bytes_per_token": nbytes / tokens if tokens else 0.0}
+    if resident_s is not None:
+        row["vs_floor"] = med / max(resident_s, nbytes / (LINK_GBS * 1e9))
+    return row
+
+
+def progress_line(row: dict) -> str:
+    """A prompt length's arms in one line: each time with its bytes per token and link busy."""
+    return f"  {row['tokens']} tokens: " + ", ".join(
+        f"{a} {v['ms']:.1f} ms" + (f" ({v['bytes_per_token'] / 1e6:.2f} MB/token, link busy "
+                                   f"{100 * v['copy_busy_share']:.0f}% at {v['copy_gbs']:.1f} GB/s)"
+                                   if v["copy_bytes"] else "")
+        for a, v in row["arms"].items())
+
+
+def format_table(results: list[dict], head: str) -> str:
+    """The Markdown table of the results (main's rows: tokens and arms, each arm's arm_row):
+    per prompt length and arm its time, against the resident arm and the floor, bytes per
+    token, link busy share and rate, then the counts; head: the line above it."""
+    lines = [head, "",
+             "| prompt tokens | arm | window | ms | vs resident | vs floor | MB/token | link busy | link GB/s "
+             "| GB copied | gathers | waits | events | copies |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in results:
+        res = row["arms"]["resident"]["ms"]
+        for a, v in row["arms"].items():
+            vf = f"{v['vs_floor']:.2f}x" if "vs_floor" in v else "-"
+            busy = f"{100 * v['copy_busy_share']:.0f}%" if v["copy_bytes"] else "-"
+            rate = f"{v['copy_gbs']:.1f}" if v["copy_bytes"] else "-"
+            lines.append(f"| {row['tokens']:,} | {a} | {v['window']:,} | {v['ms']:.1f} | {v['ms'] / res:.2f}x | {vf} | "
+                         f"{v['bytes_per_token'] / 1e6:.3f} | {busy} | {rate} | {v['copy_bytes'] / 1e9:.2f} | "
+                         f"{v['gathers']:,} | {v['waits']:,} | {v['events']:,} | {v['copies']:,} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pack", required=True)
-    p.add_argument("--tokens", default="254,1030,3866,8179,30118")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--pack", required=True, help="GGUF pack")
+    p.add_argument("--tokens", default="254,1030,3866,8179,30118",
+                   help="comma-separated prompt lengths (default 254,1030,3866,8179,30118)")
+    p.add_argument("--reps", type=int, default=3, help="fresh prompts per length, every arm on each (default 3)")
     p.add_argument("--cache-share", type=float, default=1 / 3, help="share of experts resident (default 1/3)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"streamed arms (of {', '.join(ARMS)})")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW,
+                   help=f"tokens of the fixed window arm, window-N (default {DEFAULT_WINDOW}; whole chunks)")
+    p.add_argument("--arms", default=None,
+                   help="comma-separated streamed arms (default all: " + ", ".join(arm_table()) + ")")
     p.add_argument("--out", default="streaming.json", help="JSON results")
     args = p.parse_args(argv)
+    table = arm_table(args.window)
+    chosen = pick_arms(args.arms or ",".join(table), table)
     pack = Pack.open(args.pack)
     cfg = pack.config
     n_all = cfg.n_layer * cfg.n_expert
     cache = int(round(args.cache_share * n_all))
     engines = {"resident": make_fast_engine(pack, "cuda", expert_cache=n_all)}
-    for name in args.arms.split(","):
-        engines[name] = make_fast_engine(pack, "cuda", expert_cache=cache, **ARMS[name])
+    for name in chosen:
+        engines[name] = make_fast_engine(pack, "cuda", expert_cache=cache, **table[name])
     for eng in engines.values():
         eng.be.copy_timing = True
     names = list(engines)
@@ -79,46 +158,32 @@ def main(argv=None) -> int:
             timed_prefill(eng, rng.integers(0, cfg.n_vocab, n))
         times = {a: [] for a in names}
         busy = {a: [] for a in names}
-        counts = {}
+        counts, windows = {}, {}
         for rep in range(args.reps):
             ids = rng.integers(0, cfg.n_vocab, n)
             order = names[rep % len(names):] + names[:rep % len(names)]
             logits = {}
             for a in order:
-                dt, logits[a], counts[a], (secs, nbytes) = timed_prefill(engines[a], ids)
+                dt, logits[a], counts[a], (secs, nbytes), windows[a] = timed_prefill(engines[a], ids)
                 times[a].append(dt)
                 busy[a].append((secs, nbytes))
             for a in names[1:]:
                 if logits[a].tobytes() != logits["resident"].tobytes():
                     raise SystemExit(f"arm {a} differs from the resident run at {n} tokens (rep {rep})")
         row = {"tokens": n, "cache": cache, "experts": n_all, "arms": {}}
-        for a in names:
-            med = statistics.median(times[a])
-            secs = statistics.median(s for s, _ in busy[a])
-            nbytes = counts[a]["copy_bytes"]
-            row["arms"][a] = {"ms": 1e3 * med, **counts[a], "copy_busy_ms": 1e3 * secs,
-                              "copy_gbs": nbytes / secs / 1e9 if secs else 0.0,
-                              "copy_busy_share": secs / med if med else 0.0}
+        row["arms"]["resident"] = arm_row(n, times["resident"], busy["resident"], counts["resident"],
+                                          windows["resident"], None)
         res_s = row["arms"]["resident"]["ms"] / 1e3
         for a in names[1:]:
-            arm = row["arms"][a]
-            floor = max(res_s, arm["copy_bytes"] / (LINK_GBS * 1e9))
-            arm["vs_floor"] = arm["ms"] / 1e3 / floor
+            row["arms"][a] = arm_row(n, times[a], busy[a], counts[a], windows[a], res_s)
         results.append(row)
-        print(f"  {n} tokens: " + ", ".join(f"{a} {row['arms'][a]['ms']:.1f} ms" for a in names), flush=True)
+        print(progress_line(row), flush=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"\n{cfg.n_layer} layers x {cfg.n_expert} experts (top-{cfg.n_expert_used}), cache {cache} of {n_all}, "
-          f"medians of {args.reps} interleaved reps, CUDA events; floor = max(resident, bytes / {LINK_GBS} GB/s)\n")
-    print("| prompt tokens | arm | ms | vs resident | vs floor | gathers | waits | events | copies | GB copied "
-          "| copy busy | copy GB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for row in results:
-        res = row["arms"]["resident"]["ms"]
-        for a, v in row["arms"].items():
-            vf = f"{v['vs_floor']:.2f}x" if "vs_floor" in v else "-"
-            print(f"| {row['tokens']} | {a} | {v['ms']:.1f} | {v['ms'] / res:.2f}x | {vf} | {v['gathers']} | "
-                  f"{v['waits']} | {v['events']} | {v['copies']} | {v['copy_bytes'] / 1e9:.2f} | "
-                  f"{100 * v['copy_busy_share']:.0f}% | {v['copy_gbs']:.1f} |")
+    print()
+    print(format_table(results, f"{cfg.n_layer} layers x {cfg.n_expert} experts (top-{cfg.n_expert_used}), "
+                                f"cache {cache} of {n_all}, medians of {args.reps} interleaved reps, CUDA events; "
+                                f"floor = max(resident, bytes / {LINK_GBS} GB/s); link busy = the copy stream's "
+                                f"busy time over the prefill's, link GB/s = bytes over that busy time"))
     return 0
 
 
