@@ -86,7 +86,7 @@ def main(args) -> int:
          f"({100 * (gap_s + waited) / max(t1 - t0, 1e-12):.1f}%): {len(gaps)} gaps over "
          f"{args.min_gap_us:g} us, {gap_s * 1e3:.3f} ms; waits for copies {waited * 1e3:.3f} ms\n"
          f"copy {copy_s * 1e3:.3f} ms, not covered by compute {uncovered * 1e3:.3f} ms; "
-         f"compute waiting for copies {waiting * 1e3:.3f} ms", marks)
+         f"compute waiting for copies {waiting * 1e3:.3f} ms", marks, unit=label.split()[0])
     print(f"plot      {args.out} ({label}: {len(lanes['compute'])} compute spans, "
           f"{len(lanes['copy'])} copy spans, {len(gaps)} idle gaps, copy not covered by compute "
           f"{uncovered * 1e3:.3f} ms, compute waiting for copies {waiting * 1e3:.3f} ms)")
@@ -115,9 +115,10 @@ def overlap_marks(lanes: dict) -> dict:
             "waiting": intersect(subtract(waits, work), copies)}
 
 
-def draw(plt, lanes: dict, gaps: list, t0: float, t1: float, out, title: str, marks: dict | None = None) -> None:
-    """The two lanes (ms from the chunk's start), the shaded gaps, the overlap strips (marks:
-    overlap_marks), a legend of compute names."""
+def draw(plt, lanes: dict, gaps: list, t0: float, t1: float, out, title: str, marks: dict | None = None,
+         unit: str = "chunk") -> None:
+    """The two lanes (ms from the unit's start: a chunk or a window), the shaded gaps, the
+    overlap strips (marks: overlap_marks), a legend of compute names."""
     from fast.trace import WAITS
 
     ms = lambda t: (max(t, t0) - t0) * 1e3  # noqa: E731 - the one conversion every bar takes
@@ -151,7 +152,7 @@ def draw(plt, lanes: dict, gaps: list, t0: float, t1: float, out, title: str, ma
     ax.set_ylim(-1, 2 * LANE_HEIGHT + 4)
     ax.set_yticks([y + LANE_HEIGHT / 2 for _, y in LANES], [t for t, _ in LANES])
     ax.set_xlim(0, max(ms(t1), 1e-6))
-    ax.set_xlabel("ms from the chunk's first operation")
+    ax.set_xlabel(f"ms from the {unit}'s first operation")
     ax.set_title(title, fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     seen = dict(zip(labels, handles))  # one entry a name
