@@ -207,15 +207,18 @@ def test_the_host_tier_fill_names_its_layer_off_a_terminal(monkeypatch, capsys):
             return np.arange(3)
 
     class Pack:
-        def expert_blob(self, layer, expert):
+        def expert_parts(self, layer, expert):  # gate, up, down of 400, 400 and 200 bytes
             time.sleep(0.01)
-            return np.full(1000, 3 * layer + expert + 1, np.uint8)
+            v = 3 * layer + expert + 1
+            return tuple(np.full(n, v + 10 * i, np.uint8) for i, n in enumerate((400, 400, 200)))
 
     t.placement = Placement()
     t.host_offset = np.arange(6).reshape(2, 3) * 1000
-    t.host, t.host_bytes = np.zeros(6000, np.uint8), 6000
+    t.host, t.host_bytes, t.blob_bytes = np.zeros(6000, np.uint8), 6000, [1000, 1000]
     t._fill_host(Pack(), None)
-    assert (t.host.reshape(6, 1000)[:, 0] == np.arange(1, 7)).all()
+    blobs = t.host.reshape(6, 1000)
+    assert (blobs[:, 0] == np.arange(1, 7)).all() and (blobs[:, 400] == np.arange(11, 17)).all()
+    assert (blobs[:, 999] == np.arange(21, 27)).all()
     lines = capsys.readouterr().err.splitlines()
     assert lines[-1].startswith("host tier: 6 experts")
     beats = lines[:-1]
