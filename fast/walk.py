@@ -226,8 +226,9 @@ class LayerWalk:
         self.options = options
         self.group_gather = options.group_gather
         self.rows, self.down_layout, self.keep_h = rows, down_layout, keep_h
-        self.members: list[Member] = []  # the open group's members
+        self.members: list[Member] = []  # the open group's members (ring_in_place: the open run's)
         self.flushed = 0  # members[:flushed] are gathered
+        self.in_ring = False  # walking runs (run_in_ring), not groups
 
     def run(self, groups: list[Group], bounds: list, visit: list[int], batch: Batch | None = None) -> None:
         """Visit `visit` (ascending ids: the routed experts, and in the streamed walk every
@@ -262,16 +263,19 @@ class LayerWalk:
         if batch is not None:
             bargs = dict(layer=self.layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
             self.batch_gate_up(batch, bargs)
+        self.in_ring = True  # skip() then releases at once: a run holds its slots across skips
         last = {b.experts[-1]: b for b in runs}
         routed = {e for b in runs for e in b.experts}
         for e in visit:
             entry = self.stream.index[(self.layer, e)]
-            if e not in routed:  # nothing reads it: the copy stream's order is all its slot needs
-                self.stream.release([entry], None)
+            if e not in routed:
+                self.skip(entry)
                 continue
             self.stream.copy_ahead()
+            self.members.append(Member(e, len(self.members), entry))  # the open run's (held_streamed)
             if e in last:
                 self.multiply_run(last[e])
+                self.members = []
         if batch is not None:
             self.batch_rest(batch, bargs)
 
@@ -298,8 +302,9 @@ class LayerWalk:
 
     def skip(self, entry: int) -> None:
         """A skipped ring entry: gather what the open group holds first, then release the
-        entry unused (nothing read it: the copy stream's order is all its slot needs)."""
-        if self.held_streamed():
+        entry unused (nothing read it: the copy stream's order is all its slot needs). An open
+        run (ring_in_place) is not cut here: plan_runs already bounds what it holds."""
+        if self.held_streamed() and not self.in_ring:
             self.flush()
         self.stream.release([entry], None)
 

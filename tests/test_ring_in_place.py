@@ -181,3 +181,57 @@ def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, 
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} group {group_size} cache {cache} stream_min {stream_min} "
                                     f"window {window}")
+
+
+# ---- the cuda backend's tile lists, without a GPU -------------------------------------------
+def test_cuda_tiles_cover_ring_and_cache_from_one_base(monkeypatch):
+    """The cuda backend's prepare_batches with a stand-in device and tiers: one upload for a
+    layer's batches; each tile entry's 64-bit offset, added to its batch's base, is the address of
+    its expert's blob, whether that lies in the expert cache or in a ring slot (two allocations,
+    the ring's here below the cache's)."""
+    from types import SimpleNamespace
+
+    from fast.cuda import backend as cb
+    from fast.walk import Batch
+
+    monkeypatch.delenv("STRATA_MMQ_CONFIG", raising=False)
+    monkeypatch.delenv("STRATA_MMQ_DEFINES", raising=False)
+    cache_base, ring_base, blob, slot_bytes = 0x7F00_0000_0000, 0x7E00_0000_0000, 4096, 8192
+    rank = np.arange(64)
+
+    class Tiers:
+        def addr(self, layer, where, index):
+            return cache_base + int(rank[index]) * blob if where == "cache" else ring_base + int(index) * slot_bytes
+
+        def cache_offsets(self, layer, experts):
+            return cache_base, rank[np.asarray(experts)].astype(np.int64) * blob
+
+    uploads = []
+
+    class Dev:
+        def upload(self, a):
+            uploads.append(np.array(a))
+            return SimpleNamespace(gpudata=0x1000)
+
+    be = cb.CudaBackend.__new__(cb.CudaBackend)
+    be.dev, be.tiers, be._prepared, be._prepared_keep, be._tiles_keep = Dev(), Tiers(), {}, None, None
+    be.pack = SimpleNamespace(expert_types=lambda layer: (cb.quants.QT.Q8_0, cb.quants.QT.Q8_0))
+    resident = Batch((1, 4), np.array([[0, 5], [9, 300]], np.int32))
+    run = Batch((2, 3, 7), np.array([[5, 9], [300, 301], [301, 340]], np.int32),
+                places=(("ring", 5, None), ("ring", 6, None), ("cache", 7, None)))
+    be.prepare_batches(layer=0, batches=[resident, run])
+    assert len(uploads) == 1
+    flat = uploads[0].reshape(-1, 4)
+    at = 0
+    for b in (resident, run):
+        base, tiles, n, _cfg, _mean = be._batch_tiles(0, b)
+        assert tiles == 0x1000 + 16 * at  # its slice of the one upload
+        mine = flat[at:at + n].view(np.uint32).astype(np.int64)
+        at += n
+        want = [be.tiers.addr(0, w, i) for w, i, _t in b.places] if b.places else \
+            [cache_base + int(rank[e]) * blob for e in b.experts]
+        got = base + (mine[:, 2] | (mine[:, 3] << 32))
+        which = [next(i for i, (r0, r1) in enumerate(b.bounds) if r0 <= t0 < r1) for t0 in mine[:, 0]]
+        assert list(got) == [want[i] for i in which]
+        assert list(mine[:, 0]) == sorted(mine[:, 0]) and base % 2 == 0
+    assert at == len(flat)

@@ -564,7 +564,7 @@ def _arm_name(arm: dict) -> str:
     short = {"group_gather": "gg", "quant_gather": "qg", "overlap_plan": "op", "fuse_group": "fg",
              "lean_attention": "la", "tiled_dense": "td", "in_place": "ip", "widen_float": "wf",
              "pair_attention": "pa", "copy_coalesce": "co", "expert_cache": "cache", "ring": "ring",
-             "stream_min": "smin", "group_size": "gs", "window": "win"}
+             "stream_min": "smin", "group_size": "gs", "window": "win", "ring_in_place": "rip"}
     return ",".join(f"{short.get(k, k)}{v}" for k, v in arm.items()) or "default"
 
 
@@ -701,6 +701,28 @@ def _cuda_rows() -> list[ParityCase]:
             ("small", "Q2_K", 2099, 700, dict(window=1400, expert_cache=_all_experts("small") // 3, stream_min=700,
                                               copy_coalesce=1))):
         rows.append(_row("cuda", preset, etype, n, chunk, arm, quick=etype == "IQ2_XS" and preset == "tiny"))
+    # ---- ring_in_place (issue 26, item 2): streamed experts multiplied in their ring slots ----
+    # Streamed and staged chunks, rings of 8 to 384, caches of none and a third, group and
+    # per-expert runs, skips inside runs, a window, float experts, and the 2-layer strata pack at
+    # 1K and 8K tokens with a third cached (the lead's A/B case). Arm name: rip1.
+    tiny_all, small_all, strata_all = _all_experts("tiny"), _all_experts("small"), _all_experts(STRATA2[0], 2)
+    for preset, etype, n, chunk, arm, kw in (
+            ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8, stream_min=64), dict(quick=True)),
+            ("tiny", "IQ2_XS", 130, 64, dict(expert_cache=tiny_all // 3, ring=16, stream_min=64, group_gather=0), {}),
+            ("tiny", "Q2_K", 130, 64, dict(expert_cache=tiny_all // 3, ring=16, copy_coalesce=1), {}),
+            ("tiny", "Q4_1", 1100, "auto", dict(expert_cache=tiny_all // 3, ring=16), {}),
+            ("small", "IQ2_XS", 1100, "auto", dict(expert_cache=small_all // 3, ring=96), {}),
+            ("small", "Q2_K", 1100, "auto", dict(expert_cache=0, ring=8, group_gather=0), {}),
+            ("tiny", "Q8_0", 200, 64, dict(expert_cache=tiny_all // 3, ring=8, stream_min=16),
+             dict(prompt="few", open_skip=True)),
+            ("tiny", "IQ2_XS", 600, 128, dict(window=384, expert_cache=0, ring=16, stream_min=64), {}),
+            ("tiny", "F16", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, stream_min=64), {}),
+            ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8, stream_min=64), dict(stress=True)),
+            ("strata", "IQ2_XS", 1030, "auto", dict(expert_cache=strata_all // 3),
+             dict(greedy=1, records=False, base="resident", pack_options=STRATA2[2])),
+            ("strata", "IQ2_XS", 8192, "auto", dict(expert_cache=strata_all // 3),
+             dict(greedy=1, records=False, pack_options=STRATA2[2]))):
+        rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "ring_in_place": 1}, **kw))
     return rows
 
 
@@ -780,6 +802,31 @@ def _sim_rows() -> list[ParityCase]:
                              quick=(i, gg) == (0, 1)))
     rows.append(_row("sim", "small", "IQ2_XS", 600, 128, dict(window=384, expert_cache=n_cache, ring=16,
                                                                stream_min=256), seed=12))
+    # ---- ring_in_place (issue 26, item 2): streamed experts multiplied in their ring slots ----
+    # Every (walk, ring, cache, mode): streamed chunks, staged chunks and layer-major windows;
+    # rings of 8 and 16; no cache and a third; group and per-expert runs; the expert types and
+    # schedules rotating. Then skips inside runs, float experts and the small pack. Arm name: rip1.
+    tiny_all = _all_experts("tiny")
+    walks = (("streamed", 130, 64, dict(stream_min=64)), ("staged", 130, 64, dict(stream_min=1024)),
+             ("windowed", 200, 32, dict(window=96, stream_min=64)))
+    i = 0
+    for _walk, n, chunk, walk_arm in walks:
+        for ring in (8, 16):
+            for cache in (0, tiny_all // 3):
+                for gg in (1, 0):
+                    arm = dict(**walk_arm, ring=ring, expert_cache=cache, group_gather=gg, ring_in_place=1)
+                    rows.append(_row("sim", "tiny", ("Q8_0", "IQ2_XS", "Q2_K")[i % 3], n, chunk, arm, seed=41,
+                                     sim_seed=i, quick=i == 0))
+                    i += 1
+    for gg in (1, 0):  # a per-expert run is complete at once: no skip can fall inside it
+        rows.append(_row("sim", "tiny", "Q8_0", 200, 64, dict(group_gather=gg, expert_cache=10, ring=8, stream_min=16,
+                                                               ring_in_place=1), prompt="few", open_skip=gg == 1,
+                         sim_seed=gg))
+    for etype in ("F16", "BF16"):
+        rows.append(_row("sim", "tiny", etype, 130, 64, dict(expert_cache=tiny_all // 3, ring=8, stream_min=64,
+                                                             ring_in_place=1), seed=42))
+    rows.append(_row("sim", "small", "IQ2_XS", 600, 128, dict(window=384, expert_cache=n_cache, ring=16, stream_min=256,
+                                                               ring_in_place=1), seed=12))
     return rows
 
 
