@@ -235,3 +235,23 @@ def test_cuda_tiles_cover_ring_and_cache_from_one_base(monkeypatch):
         assert list(got) == [want[i] for i in which]
         assert list(mine[:, 0]) == sorted(mine[:, 0]) and base % 2 == 0
     assert at == len(flat)
+
+
+def test_bench_arms_show_the_counts_fall(make_test_pack, tmp_path, capsys):
+    """`strata-prefill bench` takes the switch by its variable: same logits bytes, the B arm's
+    row of the table with no gathers in its JSON and fewer waits and events."""
+    import json
+
+    from strata_prefill.cli import main
+
+    pack = make_test_pack("small", "Q8_0")
+    out = tmp_path / "ab.json"
+    status = main(["bench", "--pack", str(pack.path), "--backend", "sim", "--tokens", "12", "--reps", "1",
+                   "--a", "expert-cache=20,ring=16,stream-min=1",
+                   "--b", "expert-cache=20,ring=16,stream-min=1,STRATA_PREFILL_RING_IN_PLACE=1", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert status == 0 and "logits: identical bytes" in text, text
+    rep = json.loads(out.read_text())["lengths"][0]["reps"][0]
+    assert rep["A"]["gathers"] > 0 and rep["B"]["gathers"] == 0
+    assert rep["B"]["waits"] < rep["A"]["waits"] and rep["B"]["events"] < rep["A"]["events"]
+    assert rep["B"]["launches"] < rep["A"]["launches"]
