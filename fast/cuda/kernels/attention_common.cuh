@@ -1,7 +1,7 @@
 // The shared part of the attention kernels (attention_mma.cu, attention_pair.cu,
 // attention_split.cu): the definition they all compute (strata.attention.attend), KEY_BLOCK,
 // the tensor-core and quantization helpers, the per-(query, key) steps of the two prefill
-// kernels and their entry macro. Include strata_numerics.cuh first.
+// kernels, their O and L accumulation and their entry macro. Include strata_numerics.cuh first.
 //
 // Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit:
 //   Q quantized like K: int8 codes, one float32 scale per 32 values (the q8 block quantize of
@@ -161,6 +161,48 @@ __device__ __forceinline__ void fold_v_scale(float (&s)[NT][4], int pos0, int po
     }
     amax0 = quad_max(amax0);
     amax1 = quad_max(amax1);
+}
+
+// O = O * alpha + dw * (P.V) for one 16 x 8 output tile (acc: its P.V accumulators on MAGIC_I),
+// rows r0 (e < 2) and r1; a row that does not reach the block (live false) keeps its O. KEEP:
+// every alpha of the warp is 1.0f, and O * 1.0f is O, so the products are left out.
+template <bool KEEP>
+__device__ __forceinline__ void o_step(float (&o)[4], const int (&acc)[4], float al0, float al1, float wd0,
+                                       float wd1, bool live0, bool live1)
+{
+    const float s0 = KEEP ? o[0] : __fmul_rn(o[0], al0);
+    const float s1 = KEEP ? o[1] : __fmul_rn(o[1], al0);
+    const float s2 = KEEP ? o[2] : __fmul_rn(o[2], al1);
+    const float s3 = KEEP ? o[3] : __fmul_rn(o[3], al1);
+    const float o0 = __fadd_rn(s0, __fmul_rn(wd0, magic_to_float(acc[0])));
+    const float o1 = __fadd_rn(s1, __fmul_rn(wd0, magic_to_float(acc[1])));
+    const float o2 = __fadd_rn(s2, __fmul_rn(wd1, magic_to_float(acc[2])));
+    const float o3 = __fadd_rn(s3, __fmul_rn(wd1, magic_to_float(acc[3])));
+    o[0] = live0 ? o0 : o[0];
+    o[1] = live0 ? o1 : o[1];
+    o[2] = live1 ? o2 : o[2];
+    o[3] = live1 ? o3 : o[3];
+}
+
+// L = L * alpha + lsum of the thread's two rows, after the block's o_step calls (KEEP and live
+// as there).
+template <bool KEEP>
+__device__ __forceinline__ void l_step(float& L0, float& L1, float al0, float al1, float ls0, float ls1, bool live0,
+                                       bool live1)
+{
+    const float l0 = __fadd_rn(KEEP ? L0 : __fmul_rn(L0, al0), ls0);
+    const float l1 = __fadd_rn(KEEP ? L1 : __fmul_rn(L1, al1), ls1);
+    L0 = live0 ? l0 : L0;
+    L1 = live1 ? l1 : L1;
+}
+
+// pv(BoolTag<KEEP>) with KEEP true where SKIP allows it and alpha is 1.0f in every row of the
+// warp (the rescaling products would change no bit), else with KEEP false.
+template <bool SKIP, class PV>
+__device__ __forceinline__ void pv_keep_or_rescale(PV pv, float al0, float al1)
+{
+    if (SKIP && __all_sync(0xffffffffu, al0 == 1.0f && al1 == 1.0f)) pv(BoolTag<true>{});
+    else pv(BoolTag<false>{});
 }
 
 // One entry point per kernel and head_dim: attend_<KIND>_hd<HD>, the same parameters, its body

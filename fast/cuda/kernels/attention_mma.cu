@@ -308,26 +308,11 @@ __device__ __forceinline__ void attend_mma_body(
                     const int* vr = svt + (8 * nd + g) * VW;
     #pragma unroll
                     for (int ks = 0; ks < 2; ++ks) mma_s8(acc, pa[ks], vr[8 * ks + tq], vr[8 * ks + 4 + tq]);
-                    const float s0 = KEEP ? O[nd][0] : __fmul_rn(O[nd][0], al0);
-                    const float s1 = KEEP ? O[nd][1] : __fmul_rn(O[nd][1], al0);
-                    const float s2 = KEEP ? O[nd][2] : __fmul_rn(O[nd][2], al1);
-                    const float s3 = KEEP ? O[nd][3] : __fmul_rn(O[nd][3], al1);
-                    const float o0 = __fadd_rn(s0, __fmul_rn(wd0, magic_to_float(acc[0])));
-                    const float o1 = __fadd_rn(s1, __fmul_rn(wd0, magic_to_float(acc[1])));
-                    const float o2 = __fadd_rn(s2, __fmul_rn(wd1, magic_to_float(acc[2])));
-                    const float o3 = __fadd_rn(s3, __fmul_rn(wd1, magic_to_float(acc[3])));
-                    O[nd][0] = live0 ? o0 : O[nd][0];
-                    O[nd][1] = live0 ? o1 : O[nd][1];
-                    O[nd][2] = live1 ? o2 : O[nd][2];
-                    O[nd][3] = live1 ? o3 : O[nd][3];
+                    o_step<KEEP>(O[nd], acc, al0, al1, wd0, wd1, live0, live1);
                 }
-                const float l0 = __fadd_rn(KEEP ? L0 : __fmul_rn(L0, al0), ls0);
-                const float l1 = __fadd_rn(KEEP ? L1 : __fmul_rn(L1, al1), ls1);
-                L0 = live0 ? l0 : L0;
-                L1 = live1 ? l1 : L1;
+                l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
             };
-            if (MMA_EPI >= 2 && __all_sync(0xffffffffu, al0 == 1.0f && al1 == 1.0f)) pv(BoolTag<true>{});
-            else pv(BoolTag<false>{});
+            pv_keep_or_rescale<(MMA_EPI >= 2)>(pv, al0, al1);
             M0 = live0 ? mn0 : M0;
             M1 = live1 ? mn1 : M1;
         };

@@ -388,28 +388,11 @@ __device__ __forceinline__ void attend_pair_body(
                         mma_s8(acc[1], pa[ks], R2, R3);
                     }
 #pragma unroll
-                    for (int eo = 0; eo < 2; ++eo) {
-                        const float s0 = KEEP ? O[gr][eo][0] : __fmul_rn(O[gr][eo][0], al0);
-                        const float s1 = KEEP ? O[gr][eo][1] : __fmul_rn(O[gr][eo][1], al0);
-                        const float s2 = KEEP ? O[gr][eo][2] : __fmul_rn(O[gr][eo][2], al1);
-                        const float s3 = KEEP ? O[gr][eo][3] : __fmul_rn(O[gr][eo][3], al1);
-                        const float o0 = __fadd_rn(s0, __fmul_rn(wd0, magic_to_float(acc[eo][0])));
-                        const float o1 = __fadd_rn(s1, __fmul_rn(wd0, magic_to_float(acc[eo][1])));
-                        const float o2 = __fadd_rn(s2, __fmul_rn(wd1, magic_to_float(acc[eo][2])));
-                        const float o3 = __fadd_rn(s3, __fmul_rn(wd1, magic_to_float(acc[eo][3])));
-                        O[gr][eo][0] = live0 ? o0 : O[gr][eo][0];
-                        O[gr][eo][1] = live0 ? o1 : O[gr][eo][1];
-                        O[gr][eo][2] = live1 ? o2 : O[gr][eo][2];
-                        O[gr][eo][3] = live1 ? o3 : O[gr][eo][3];
-                    }
+                    for (int eo = 0; eo < 2; ++eo) o_step<KEEP>(O[gr][eo], acc[eo], al0, al1, wd0, wd1, live0, live1);
                 }
-                const float l0 = __fadd_rn(KEEP ? L0 : __fmul_rn(L0, al0), ls0);
-                const float l1 = __fadd_rn(KEEP ? L1 : __fmul_rn(L1, al1), ls1);
-                L0 = live0 ? l0 : L0;
-                L1 = live1 ? l1 : L1;
+                l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
             };
-            if (__all_sync(0xffffffffu, al0 == 1.0f && al1 == 1.0f)) pv(BoolTag<true>{});
-            else pv(BoolTag<false>{});
+            pv_keep_or_rescale<true>(pv, al0, al1);
             M0 = live0 ? mn0 : M0;
             M1 = live1 ? mn1 : M1;
         };
