@@ -10,9 +10,8 @@ mins per 32 values, both sub-scales of a block equal), Q6_K and Q3_K are PLAIN w
 sub-scales per 16 values. For every type ``gguf.quants.dequantize`` computes exactly the
 contract's float expression from these integers, so the two agree bit for bit.
 
-None has a CUDA decode yet (``mmq_kernel``, QuantFormat's default None, is not set here): the
-reference and the sim backend run them; the cuda backend refuses a pack that holds them
-(fast/__init__.py: make_fast_engine, with strata/pack.py's cuda_type_problems).
+Each has a CUDA decode too (``mmq_kernel``: fast/cuda/kernels/mmq.cu's ``decode_unit``), on the
+epilogue form its integers take, so the cuda backend multiplies them as the reference does.
 
 Block layouts (little endian, "half" IEEE binary16), from ggml-common.h's block structs:
 
@@ -94,6 +93,8 @@ def _both_halves(x: np.ndarray) -> np.ndarray:
 class Q4_0(QuantFormat, qtype=QT.Q4_0):
     """32 values, 18 B: d: half, qs: uint8[16]; code c = nibble - 8 (-8..7), value dw * c."""
 
+    mmq_kernel = "mmq_q4_0"
+
     half_fields = {"d": 0}
     unit_sub = True
 
@@ -111,6 +112,8 @@ class Q4_0(QuantFormat, qtype=QT.Q4_0):
 class Q5_0(QuantFormat, qtype=QT.Q5_0):
     """32 values, 22 B: d: half, qh: u32, qs: uint8[16]; code c = (nibble | bit << 4) - 16
     (-16..15), value dw * c."""
+
+    mmq_kernel = "mmq_q5_0"
 
     half_fields = {"d": 0}
     unit_sub = True
@@ -130,6 +133,8 @@ class Q5_0(QuantFormat, qtype=QT.Q5_0):
 class Q5_1(QuantFormat, qtype=QT.Q5_1):
     """32 values, 24 B: d: half, m: half, qh: u32, qs: uint8[16]; code c = nibble | bit << 4
     (0..31), value dw * c + mw (Q4_1's epilogue)."""
+
+    mmq_kernel = "mmq_q5_1"
 
     half_fields = {"d": 0, "m": 2}
     epilogue = Epilogue.MIN
@@ -190,6 +195,8 @@ class _KMin(QuantFormat):
 class Q4_K(_KMin, qtype=QT.Q4_K):
     """256 values, 144 B: d: half, dmin: half, scales: uint8[12], qs: uint8[128]; codes 0..15."""
 
+    mmq_kernel = "mmq_q4_k"
+
     @classmethod
     def decode_blocks(cls, blk):
         sc, mn = _k_scale_min(blk[:, 4:16])
@@ -200,6 +207,8 @@ class Q4_K(_KMin, qtype=QT.Q4_K):
 class Q5_K(_KMin, qtype=QT.Q5_K):
     """256 values, 176 B: Q4_K's fields with qh: uint8[32] before qs, bit s of qh[i] bit 4 of
     value 32s + i; codes 0..31."""
+
+    mmq_kernel = "mmq_q5_k"
 
     CODES = 32
 
@@ -215,6 +224,8 @@ class Q5_K(_KMin, qtype=QT.Q5_K):
 class Q6_K(QuantFormat, qtype=QT.Q6_K):
     """256 values, 210 B: ql: uint8[128], qh: uint8[64], scales: int8[16], d: half; codes
     -32..31, a signed 8-bit sub-scale u per 16 values, value (dw * u) * c with dw = d."""
+
+    mmq_kernel = "mmq_q6_k"
 
     half_fields = {"d": 208}
 
@@ -236,6 +247,8 @@ class Q6_K(QuantFormat, qtype=QT.Q6_K):
 class Q3_K(QuantFormat, qtype=QT.Q3_K):
     """256 values, 110 B: hmask: uint8[32], qs: uint8[64], scales: uint8[12], d: half; codes
     -4..3, a 6-bit sub-scale minus 32 (-32..31) per 16 values, value (dw * u) * c with dw = d."""
+
+    mmq_kernel = "mmq_q3_k"
 
     half_fields = {"d": 108}
 

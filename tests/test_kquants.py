@@ -89,10 +89,11 @@ def test_one_field_at_a_time(qt):
         np.testing.assert_array_equal(bits(relation(qt, quants.decode(qt, raw))), bits(gq.dequantize(raw, qt)))
 
 
-def test_registered_after_the_first_six_without_a_cuda_kernel():
+def test_registered_after_the_first_six_each_with_its_cuda_kernel():
     names = [f.qtype for f in qformats.formats()]
     assert names[-len(NEW):] == NEW
     for qt in NEW:
         fmt = qformats.lookup(qt)
-        assert fmt.mmq_kernel is None and fmt.grid_source is None
+        assert fmt.mmq_kernel == f"mmq_{qt.name.lower()}" and fmt.grid_source is None
+        assert fmt in qformats.with_mmq_kernel()
         assert quants.row_bytes(qt, 2 * fmt.block_values) == 2 * fmt.block_bytes

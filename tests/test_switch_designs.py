@@ -22,14 +22,28 @@ def test_design_covers_every_pair_defaults_first(names, design):
 
 
 def test_every_cuda_arm_meets_every_weight_type():
-    """The resident rows run each arm of the design on every expert type of both small packs."""
+    """The resident rows run each arm of the design on every spread expert type of both small
+    packs (the mixes' types, cases.MIX_TYPES, get a few rows each: the next test)."""
     defaults = dict(zip(cases.CUDA_SWITCH_NAMES, cases.CUDA_SWITCHES[0]))
     for sw in cases.CUDA_SWITCHES[1:]:
         arm = tuple((k, v) for k, v in zip(cases.CUDA_SWITCH_NAMES, sw) if defaults[k] != v)
         for preset in ("tiny", "small"):
-            for etype in cases.EXPERT_TYPES:
+            for etype in cases.SPREAD_TYPES:
                 got = [c for c in cases.parity_rows("cuda", preset=preset, expert_type=etype) if c.arm == arm]
                 assert len(got) >= 2, (arm, preset, etype)
+
+
+def test_every_mix_type_runs_on_cuda_resident_and_streamed():
+    """Each of the mixes' types (cases.MIX_TYPES) has cuda rows with the defaults and a streamed
+    one, and no row at the spread's lengths past 600 tokens; each mix has its cuda row."""
+    assert set(cases.MIX_TYPES).isdisjoint(cases.SPREAD_TYPES)
+    assert set(cases.MIX_TYPES) | set(cases.SPREAD_TYPES) == set(cases.EXPERT_TYPES)
+    for etype in cases.MIX_TYPES:
+        got = [c for c in cases.parity_rows("cuda", expert_type=etype) if not c.pack_options]
+        assert any(not c.arm for c in got) and any(c.options.get("stream_min") for c in got), etype
+        assert max(c.tokens for c in got) <= 600, etype
+    mixes = {dict(c.pack_options).get("mix") for c in cases.parity_rows("cuda")}
+    assert {"Q4_K_M", "Q2_K"} <= mixes
 
 
 def test_every_switch_earlier_form_is_quick():
@@ -37,5 +51,6 @@ def test_every_switch_earlier_form_is_quick():
     quick = [c for c in cases.parity_rows("cuda") if c.quick]
     for name, default in DEFAULTS.items():
         assert any(c.options.get(name) == 1 - default for c in quick), name
-    assert {c.expert_type for c in quick} >= set(cases.EXPERT_TYPES)
+    assert {c.expert_type for c in quick} >= set(cases.SPREAD_TYPES)
+    assert {c.expert_type for c in quick} & set(cases.MIX_TYPES)
     assert any(c.options.get("copy_coalesce") == 1 for c in quick)

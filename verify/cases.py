@@ -21,12 +21,19 @@ from dataclasses import dataclass, field
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as _QT  # noqa: E402
 
-from strata import q8_1 as _q8_1, qformats as _qformats, quants as _quants  # noqa: E402
+from strata import kquants as _kquants, q8_1 as _q8_1, qformats as _qformats, quants as _quants  # noqa: E402
 from strata.config import PRESETS as _PRESETS  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
 
 #: the weight types with an MMQ kernel (the registry's, strata/qformats.py)
 MMQ_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel())
+#: the types of llama-quantize's mixes beyond the first six: those strata/kquants.py registers.
+#: To keep the GPU gate short they get the small kernel shapes and a few parity rows each
+#: (_cuda_rows), not the spread below
+MIX_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel() if f.__module__ == _kquants.__name__)
+#: the types that get the full spread: every parity length and switch arm, the streamed arms,
+#: the strata-shape and 32K layer kernel rows (the registry's own six, strata/qformats.py)
+SPREAD_TYPES = tuple(t for t in MMQ_TYPES if t not in MIX_TYPES)
 #: the kernels fast.cuda.attention.attend picks between (ATTEND_VARIANTS) and None, its default
 ATTEND_FORMS = ("mma", "pair", "split", "auto", None)
 #: the token counts the GPU suites time the strata shape at
@@ -224,13 +231,14 @@ def _kernels_rows() -> list[KernelCase]:
                                                           tile_rows=(128, 32, 8), seed=1), weight_type=t, quick=True))
         rows.append(kernel_case("mmq", f"tiny-256x256-{t}", dict(N=256, K=256, rows=(5, 0, 1, 64), stride_pad=0, seed=2),
                          weight_type=t))
-    for t in MMQ_TYPES:
+    for t in SPREAD_TYPES:
         rows.append(kernel_case("mmq", f"strata-gate_up-1280x2560-{t}", dict(N=1280, K=2560, rows=(0, 1, 37, 161, 0, 12),
                                                                      tile_rows=(128, 64), seed=3), weight_type=t))
     for t in ("Q8_0", "Q4_1"):
         rows.append(kernel_case("mmq", f"strata-down-2560x640-{t}", dict(N=2560, K=640, rows=(1, 0, 50, 129, 7), seed=4),
                          weight_type=t))
-    for t in ("Q8_0", "Q4_1"):  # K a multiple of 32 but not of 128 (a partial last chunk), N not of 128
+    # K a multiple of 32 but not of 128 (a partial last chunk), N not of 128: each type of 32-value blocks
+    for t in ("Q8_0", "Q4_1", *(t for t in MIX_TYPES if _quants.block_size(_QT[t])[0] == 32)):
         rows.append(kernel_case("mmq", f"odd_k-200x96-{t}", dict(N=200, K=96, rows=(3, 17, 0, 33), seed=5), weight_type=t))
     for t in ("Q8_0", "IQ2_XS"):  # ~150 rows an expert (the large-tile configuration), 2 row tiles each
         rows.append(kernel_case("mmq", f"many_rows-320x512-{t}", dict(N=320, K=512, rows=(200, 130, 0, 77, 193),
@@ -238,13 +246,14 @@ def _kernels_rows() -> list[KernelCase]:
     rows.append(kernel_case("mmq", "sixteen_experts-512x256-IQ2_XS",
                      dict(N=512, K=256, rows=(0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 1, 0, 7, 160), seed=6),
                      weight_type="IQ2_XS"))
-    for t, floor in (("IQ2_XS", 2 ** 22), ("IQ3_XXS", 2 ** 21), ("Q2_K", 2 ** 14)):
+    # Q6_K: sub-scales -128 and codes -32, a block's sum 32 * 127 * 4096, the nearest any type comes to 2^24
+    for t, floor in (("IQ2_XS", 2 ** 22), ("IQ3_XXS", 2 ** 21), ("Q2_K", 2 ** 14), ("Q6_K", 2 ** 23 + 2 ** 22)):
         rows.append(kernel_case("mmq_extreme", f"64x512-{t}", dict(N=64, K=512, rows=(40, 0, 24), tile_rows=(128, 16),
                                                             seed=11, floor=floor), weight_type=t, quick=t == "IQ2_XS"))
-    for t in ("Q8_0", "IQ3_S"):
+    for t in ("Q8_0", "IQ3_S", "Q6_K"):  # Q6_K: the mixes' head
         rows.append(kernel_case("mmq_dense", f"384x512-R300-{t}", dict(N=384, K=512, R=300, seed=7), weight_type=t,
                          quick=t == "Q8_0"))
-    for t in ("Q8_0", "IQ2_XS", "Q2_K"):
+    for t in ("Q8_0", "IQ2_XS", "Q2_K", "Q4_K"):  # Q4_K: the activation sums its min reads
         rows.append(kernel_case("mmq_pair", f"384x512-{t}", dict(N=384, K=512, rows=(7, 0, 1, 150, 33)), weight_type=t,
                          form="pair", quick=t == "Q8_0"))
     few = tuple(int(v) for v in np.random.default_rng(11).integers(0, 30, 40))  # 40 experts: the small-rows config
@@ -260,7 +269,7 @@ def _kernels_rows() -> list[KernelCase]:
     # One MoE layer as the walk launches it on the strata shape: tokens routed top-10 over 512
     # experts, one launch a group of 16 (gate and up: both matrices in one launch).
     E, k, D, F = _STRATA.n_expert, _STRATA.n_expert_used, _STRATA.n_embd, _STRATA.n_ff_exp
-    layer = [("gate_up", t, F, D, 2) for t in MMQ_TYPES] + [("down", t, D, F, 1) for t in ("Q8_0", "Q4_1")]
+    layer = [("gate_up", t, F, D, 2) for t in SPREAD_TYPES] + [("down", t, D, F, 1) for t in ("Q8_0", "Q4_1")]
     for proj, t, N, K, mats in layer:
         for T in BENCH_TOKENS:
             rows.append(kernel_case("mmq_layer", f"{proj}-{t}-T{T}", dict(tokens=T, N=N, K=K, mats=mats, experts=E, top_k=k,
@@ -494,7 +503,7 @@ RINGS = [8, 16, 96, 128, 384]
 # Whole-model packs that only the GPU runs at length: a 2-layer `strata` pack (512 experts,
 # top-10, a shared expert).
 STRATA2 = ("strata", "IQ2_XS", (("layers", 2),))
-EXPERT_TYPES = MMQ_TYPES  # quantized experts: the types the cuda backend multiplies
+EXPERT_TYPES = MMQ_TYPES  # quantized experts: the types the cuda backend multiplies (SPREAD_TYPES get every arm)
 #: float experts: the float product on unquantized rows (docs/numerics.md section 6)
 FLOAT_EXPERT_TYPES = ("F16", "BF16", "F32")
 # Prompts up to this many tokens record every op (dump level "ops"), so that a failure names the
@@ -580,6 +589,10 @@ def _row(backend, preset, etype, tokens, chunk="auto", arm=None, **kw) -> Parity
     return ParityCase("-".join(bits), backend, preset, etype, tokens, chunk, tuple(arm.items()), **kw)
 
 
+#: a llama-quantize mix's expert type (the pack's expert_type of its parity rows)
+_MIX_BASE = {"Q4_K_M": "Q4_K", "Q2_K": "Q2_K"}
+
+
 def _all_experts(preset: str, layers: int | None = None) -> int:
     from strata.config import PRESETS
 
@@ -594,13 +607,13 @@ def _cuda_rows() -> list[ParityCase]:
     def arm_of(i):  # arm i of the design, as the switches that differ from the defaults
         return {k: v for k, v in zip(CUDA_SWITCH_NAMES, CUDA_SWITCHES[i]) if defaults[k] != v}
 
-    # Resident experts: every weight type at every length with the defaults; each other arm of
+    # Resident experts: every spread type at every length with the defaults; each other arm of
     # the design at two lengths per type (rotating, so every arm meets every length).
     lengths = {"tiny": [(1, "auto"), (63, "auto"), (128, "auto"), (600, "auto"), (1030, "auto"), (2099, "auto"),
                         (2099, 700)],
                "small": [(1, "auto"), (63, "auto"), (600, "auto"), (2099, "auto"), (2099, 700)]}
     for preset, spread in lengths.items():
-        for ti, etype in enumerate(EXPERT_TYPES):
+        for ti, etype in enumerate(SPREAD_TYPES):
             for n, chunk in spread:
                 rows.append(_row("cuda", preset, etype, n, chunk, quick=preset == "tiny" and n == 63))
             for i in range(1, len(CUDA_SWITCHES)):
@@ -701,6 +714,20 @@ def _cuda_rows() -> list[ParityCase]:
             ("small", "Q2_K", 2099, 700, dict(window=1400, expert_cache=_all_experts("small") // 3, stream_min=700,
                                               copy_coalesce=1))):
         rows.append(_row("cuda", preset, etype, n, chunk, arm, quick=etype == "IQ2_XS" and preset == "tiny"))
+    # The mixes' types (MIX_TYPES), a few rows each on the tiny pack: 63 tokens (Q4_K's in the
+    # quick tier) and 600 with the defaults, 130 in a streamed arm (the arms rotate over the
+    # types); then each llama-quantize mix (strata/mixes.py) on both small packs, the sim's
+    # prompts (their reference runs shared).
+    tiny_all = _all_experts("tiny")
+    for i, etype in enumerate(MIX_TYPES):
+        rows.append(_row("cuda", "tiny", etype, 63, "auto", quick=etype == "Q4_K"))
+        rows.append(_row("cuda", "tiny", etype, 600, "auto"))
+        gg, qg, co = STREAM_SWITCHES[i % len(STREAM_SWITCHES)]
+        arm = dict(group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=(0, tiny_all // 3)[i % 2],
+                   ring=RINGS[i % len(RINGS)], stream_min=64, in_place=1 - (i // 2) % 2)
+        rows.append(_row("cuda", "tiny", etype, 130, 64, arm))
+    for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
+        rows.append(_row("cuda", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),)))
     # ---- ring_in_place (issue 26, item 2): streamed experts multiplied in their ring slots ----
     # Streamed and staged chunks, rings of 8 to 384, caches of none and a third, group and
     # per-expert runs, skips inside runs, a window, float experts, and the 2-layer strata pack at
@@ -728,7 +755,7 @@ def _cuda_rows() -> list[ParityCase]:
 
 def _sim_rows() -> list[ParityCase]:
     rows = []
-    for etype in EXPERT_TYPES:
+    for etype in SPREAD_TYPES:
         for n in (1, 63, 130):
             for sw in SIM_SWITCHES:
                 arm = {k: v for k, v in zip(SIM_SWITCH_NAMES, sw)}
@@ -768,20 +795,17 @@ def _sim_rows() -> list[ParityCase]:
                                                                stream_min=64), seed=23))
         rows.append(_row("sim", "tiny", etype, 200, 64, dict(expert_cache=10, ring=8, stream_min=16), prompt="few",
                          open_skip=True, sim_seed=1))
-    # The types with no CUDA kernel yet (the registry's, strata/qformats.py): experts of each, at
-    # two lengths on two arms of the design, and the dense matrices of each; then the
-    # llama-quantize mixes (strata/mixes.py), small's expert rows of 384 falling back to Q4_0,
-    # Q5_0 and Q8_0.
-
-    for etype in [f.qtype.name for f in _qformats.formats() if f.mmq_kernel is None]:
+    # The mixes' types (MIX_TYPES): experts of each, at two lengths on two arms of the design,
+    # and the dense matrices of each; then the llama-quantize mixes (strata/mixes.py), small's
+    # expert rows of 384 falling back to Q4_0, Q5_0 and Q8_0.
+    for etype in MIX_TYPES:
         for n in (63, 130):
             for sw in SIM_SWITCHES[:2]:
                 rows.append(_row("sim", "tiny", etype, n, 64, dict(zip(SIM_SWITCH_NAMES, sw)), seed=21,
                                  quick=n == 63 and sw == SIM_SWITCHES[0]))
         rows.append(_row("sim", "tiny", "Q8_0", 70, 64, seed=22, pack_options=(("dense_type", etype),)))
     for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
-        base = {"Q4_K_M": "Q4_K", "Q2_K": "Q2_K"}[mix]
-        rows.append(_row("sim", preset, base, 130, 64, seed=23, pack_options=(("mix", mix),),
+        rows.append(_row("sim", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),),
                          quick=(preset, mix) == ("tiny", "Q4_K_M")))
     n_cache = _all_experts("small") // 3
     for gg in (1, 0):

@@ -218,8 +218,8 @@ def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
 
 def _extreme_blocks(qt, n_blocks: int, rng) -> np.ndarray:
     """Random valid blocks pushed to the largest block sums: every integer sub-scale at its
-    maximum (31; Q2_K 15) and, for IQ2_XS and IQ3_XXS, every grid index at the grid entry of
-    largest magnitude; signs and block scales stay random."""
+    maximum (31; Q2_K 15; Q6_K -128 with every code -32) and, for IQ2_XS and IQ3_XXS, every
+    grid index at the grid entry of largest magnitude; signs and block scales stay random."""
     blk = quants.random_blocks(qt, n_blocks, rng)
     if qt in (QT.IQ2_XS, QT.IQ3_XXS):
         gmax = int(np.argmax(np.abs(quants._grid(qt).astype(np.int32)).sum(axis=1)))
@@ -234,6 +234,9 @@ def _extreme_blocks(qt, n_blocks: int, rng) -> np.ndarray:
     elif qt == QT.Q2_K:  # 16 scale bytes (low nibble the scale) | 64 code bytes | d | dmin
         blk[:, 0:16] |= 0x0F
         blk[:, 16:80] = 0xFF
+    elif qt == QT.Q6_K:  # 128 low-bit bytes | 64 high-bit bytes | 16 int8 scales | d: codes 0 - 32
+        blk[:, 0:192] = 0
+        blk[:, 192:208] = 0x80
     return blk
 
 

@@ -3,8 +3,8 @@
 // Definition: strata.mmq.mmq_prepared (strata.mmq.mmq for raw weight rows) (docs/numerics.md section 3). Every output element is
 //   acc = 0.0f; for each 32-value block b of the weight row, ascending:
 //     acc = acc + <the type's epilogue>(dw, da, sumi [, mw, sa, mi])
-// with sumi (and Q2_K's mi) exact integers from the tensor cores. Weight rows come in their
-// GGUF blocks and are decoded here (block layouts: strata/quants.py); the IQ grids and the
+// with sumi exact integers from the tensor cores (the DMIN types' mi from exact integer sums of
+// the activation codes). Weight rows come in their GGUF blocks and are decoded here (block layouts: strata/quants.py); the IQ grids and the
 // sign table are uploaded from strata.quants' tables (one source), never written here.
 //
 // Compiled with --fmad=false: every `a * b + c` below is two roundings, as in NumPy.
@@ -35,11 +35,12 @@
 // An expert's rows are cut into ceil(rows / tile_rows) tiles of equal size (a multiple of 8).
 // 16*MMQ_WM x MMQ_BN per CTA, MMQ_WM x MMQ_WN warps; warp (wm, wn) owns weight rows
 // wm*16..wm*16+15 and the activation n8 tiles wn, wn+WN, wn+2WN, ...
-// K is walked in chunks of 128 values (one q8_1 block; half a super-block for Q2_K and the IQ
-// types, whose raw chunk is then the whole 256-value block): raw weight bytes (16-byte pieces
-// from the 16-aligned address below the chunk) and activation blocks are copied with cp.async
-// into a ring of MMQ_STAGES slots, the weights are decoded to int8 codes + float scales in
-// shared memory, then ldmatrix + mma.sync. Because of the 16-byte pieces the kernel may read
+// K is walked in chunks of 128 values (one q8_1 block; half a super-block for the 256-value
+// types, the K-quants and the IQ types, whose raw chunk is then the whole 256-value block): raw
+// weight bytes (16-byte pieces from the 16-aligned address below the chunk) and activation
+// blocks are copied with cp.async into a ring of MMQ_STAGES slots (Geo::STAGES: fewer where a
+// type's blocks do not fit), the weights are decoded to int8 codes + float scales in shared
+// memory, then ldmatrix + mma.sync. Because of the 16-byte pieces the kernel may read
 // up to 15 bytes before a matrix's first row and after its last one: callers keep the group
 // buffer's tail (16 bytes) allocated.
 //
@@ -106,6 +107,8 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #define MMQ_BM (16 * MMQ_WM)
 #define MMQ_NT8 (MMQ_BN / (8 * MMQ_WN))
 #define MMQ_MAX_EXP 16
+// dynamic shared memory a CTA may take on sm_90 (227 KB, less 1 KB the runtime reserves)
+#define MMQ_SMEM_MAX (232448 - 1024)
 
 // Table buffer (uploaded by fast/cuda/products.py from strata.qformats; offsets TAB_*): at
 // TAB_SIGN the sign masks, 128 entries x 8 bytes, 0xFF where the sign table says -1; then each
@@ -117,13 +120,25 @@ static_assert(MMQ_NT8 % 2 == 0, "need an even number of n8 tiles per warp");
 template <int QT> struct Tr;
 // The format's facts (QFormat: BS, VPB, LAY, TAB, HALF_*, DW_FACTOR), and what only this kernel
 // knows of it: SPLIT, the two 16-value halves need separate sums; NAUX, float weight scales
-// besides dw.
-template <> struct Tr<QT_Q8_0>    : QFormat<QT_Q8_0>    { enum { SPLIT = 0, NAUX = 0 }; };
-template <> struct Tr<QT_Q4_1>    : QFormat<QT_Q4_1>    { enum { SPLIT = 0, NAUX = 1 }; };
-template <> struct Tr<QT_Q2_K>    : QFormat<QT_Q2_K>    { enum { SPLIT = 1, NAUX = 5 }; };
-template <> struct Tr<QT_IQ2_XS>  : QFormat<QT_IQ2_XS>  { enum { SPLIT = 1, NAUX = 2 }; };
-template <> struct Tr<QT_IQ3_XXS> : QFormat<QT_IQ3_XXS> { enum { SPLIT = 0, NAUX = 1 }; };
-template <> struct Tr<QT_IQ3_S>   : QFormat<QT_IQ3_S>   { enum { SPLIT = 0, NAUX = 1 }; };
+// besides dw; ASUM, the activation's integer 32-block sums are computed here from its codes (a
+// DMIN type reading the D4 layout, whose header holds no sums: Q4_K, Q5_K).
+template <> struct Tr<QT_Q8_0>    : QFormat<QT_Q8_0>    { enum { SPLIT = 0, NAUX = 0, ASUM = 0 }; };
+template <> struct Tr<QT_Q4_1>    : QFormat<QT_Q4_1>    { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
+template <> struct Tr<QT_Q2_K>    : QFormat<QT_Q2_K>    { enum { SPLIT = 1, NAUX = 5, ASUM = 0 }; };
+template <> struct Tr<QT_IQ2_XS>  : QFormat<QT_IQ2_XS>  { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
+template <> struct Tr<QT_IQ3_XXS> : QFormat<QT_IQ3_XXS> { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
+template <> struct Tr<QT_IQ3_S>   : QFormat<QT_IQ3_S>   { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
+// llama-quantize's mixes (strata/kquants.py). Q4_0, Q5_0: PLAIN with signed codes, as Q8_0.
+// Q5_1: MIN, as Q4_1 (aux: m). Q4_K, Q5_K: DMIN with one scale and one min per 32 values, so one
+// k32 sum (aux: u, v, dmin). Q6_K, Q3_K: PLAIN with a signed sub-scale per 16 values, split as
+// IQ2_XS (aux: u0, u1).
+template <> struct Tr<QT_Q4_0>    : QFormat<QT_Q4_0>    { enum { SPLIT = 0, NAUX = 0, ASUM = 0 }; };
+template <> struct Tr<QT_Q5_0>    : QFormat<QT_Q5_0>    { enum { SPLIT = 0, NAUX = 0, ASUM = 0 }; };
+template <> struct Tr<QT_Q5_1>    : QFormat<QT_Q5_1>    { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
+template <> struct Tr<QT_Q4_K>    : QFormat<QT_Q4_K>    { enum { SPLIT = 0, NAUX = 3, ASUM = 1 }; };
+template <> struct Tr<QT_Q5_K>    : QFormat<QT_Q5_K>    { enum { SPLIT = 0, NAUX = 3, ASUM = 1 }; };
+template <> struct Tr<QT_Q6_K>    : QFormat<QT_Q6_K>    { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
+template <> struct Tr<QT_Q3_K>    : QFormat<QT_Q3_K>    { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
 
 template <int QT> struct Geo {
     enum {
@@ -134,19 +149,25 @@ template <int QT> struct Geo {
         RAWB = PMAX * 16 + ((PMAX % 2) ? 0 : 16),                 // staged bytes per row (odd x 16)
         ASTR = 144,                                               // act row stride in smem
         WSTR = KC + 16,                                           // decoded weight row stride
-        NAA = (Tr<QT>::LAY == LAYOUT_D4) ? 1 : ((Tr<QT>::LAY == LAYOUT_DS4) ? 2 : 3),  // act scale arrays
+        NAA = (Tr<QT>::LAY == LAYOUT_D4) ? 1 + Tr<QT>::ASUM : ((Tr<QT>::LAY == LAYOUT_DS4) ? 2 : 3),  // act scale arrays
         TABB = Tr<QT>::TAB ? TAB_BYTES : 0,
-        OFF_RAW = TABB,
-        OFF_ACT = OFF_RAW + MMQ_STAGES * MMQ_BM * RAWB,
-        OFF_WDEC = OFF_ACT + MMQ_STAGES * MMQ_BN * ASTR,
         WDEC_B = MMQ_BM * WSTR,                                   // bytes of one decoded buffer
         WSC_F = (1 + Tr<QT>::NAUX) * NBLK * MMQ_BM,               // floats of one weight-scale buffer
         ASC_F = NAA * NBLK * MMQ_BN,                              // floats of one act-scale buffer
+        // The staging ring's slots: MMQ_STAGES, or 3 (the least, above) for a type whose staged
+        // blocks are too large for MMQ_STAGES at these tiles (Q5_K and Q6_K at BM 128, BN 128).
+        // The ring's depth decides how far ahead chunks are copied, never a bit of a result.
+        STAGE_B = MMQ_BM * RAWB + MMQ_BN * ASTR,
+        UNSTAGED_B = TABB + MMQ_DBUF * (WDEC_B + 4 * WSC_F + 4 * ASC_F),
+        STAGES = (UNSTAGED_B + MMQ_STAGES * STAGE_B <= MMQ_SMEM_MAX) ? MMQ_STAGES : 3,
+        OFF_RAW = TABB,
+        OFF_ACT = OFF_RAW + STAGES * MMQ_BM * RAWB,
+        OFF_WDEC = OFF_ACT + STAGES * MMQ_BN * ASTR,
         OFF_WSC = OFF_WDEC + MMQ_DBUF * WDEC_B,
         OFF_ASC = OFF_WSC + MMQ_DBUF * WSC_F * 4,
         SMEM = OFF_ASC + MMQ_DBUF * ASC_F * 4,
     };
-    static_assert(SMEM <= 232448 - 1024, "shared memory over the sm_90 limit");
+    static_assert(SMEM <= MMQ_SMEM_MAX, "shared memory over the sm_90 limit");
 };
 
 // ------------------------------------------------------------------ PTX helpers
@@ -193,6 +214,11 @@ __device__ __forceinline__ float ifl(int d) { return __int_as_float(d) - MAGIC_F
 // k16 or k32 sum in d: u * S in one fused multiply-add (scaled_magic: exact, |u * S| < 2^24 for
 // every type here: IQ2_XS 31 * 16 * 127 * 43, IQ3_XXS 31 * 32 * 127 * 62, Q2_K 15 * 16 * 127 * 3).
 // -u * MAGIC_F is the same product for every tile of a block: the compiler computes it once.
+// The K-quants widen u: Q4_K and Q5_K 0..63 (k32: 63 * 32 * 127 * 15 and * 31); Q3_K -32..31
+// (k16: 32 * 16 * 127 * 4); Q6_K -128..127, the widest (k16: 128 * 16 * 127 * 32 = 8323072, and
+// the two halves' sum at most twice that, 16646144, still below 2^24 = 16777216, so sumi is
+// exact too). A negative u changes nothing: -u * MAGIC_F is exact for |u| <= 128 (an 8-bit
+// integer times 1.5 * 2^23), and the fma's exact value is the integer u * S.
 template <int NX>
 __device__ __forceinline__ float sub_sum(const float (&x)[NX], int i, int d) {
     return scaled_magic(x[i], x[i] * -MAGIC_F, d);
@@ -218,6 +244,25 @@ __device__ __forceinline__ uint32_t sgn(uint32_t g, uint32_t m) { return (g ^ m)
 // 4 bits -> 4 byte masks (0x00 / 0xFF), bit i -> byte i.
 __device__ __forceinline__ uint32_t expand4(uint32_t b) {
     return ((b * 0x00204081u) & 0x01010101u) * 0xFFu;
+}
+
+// Bit i of b (4 bits) as bit 4 of byte i (the fifth code bit of Q5_0, Q5_1): expand4's spread
+// without the byte masks.
+__device__ __forceinline__ uint32_t bit4_bytes(uint32_t b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
+// q - B in each byte, for bytes q in 0 .. 2B-1 (B <= 64): q + (128 - B) stays inside its byte (no
+// carry into the next), and flipping bit 7 then subtracts the 128 as a signed byte.
+template <uint32_t B>
+__device__ __forceinline__ uint32_t minus_bytes(uint32_t q) {
+    return (q + (0x80u - B) * 0x01010101u) ^ 0x80808080u;
+}
+// The 6-bit scale (MIN: false) or min (true) of 32-block j of a Q4_K or Q5_K block whose 12
+// scale bytes are at sc: j < 4, the low 6 bits of byte j (scale) or 4 + j (min); j >= 4, a
+// nibble of byte 4 + j (low: scale, high: min) under bits 6..7 of byte j - 4 (scale) or j (min).
+template <bool MIN>
+__device__ __forceinline__ uint32_t k_scale(const uint8_t* rowb, int sc, int j) {
+    if (j < 4) return ldb(rowb, sc + j + (MIN ? 4 : 0)) & 63;
+    const uint32_t lo = ldb(rowb, sc + j + 4), hi = ldb(rowb, sc + j - (MIN ? 0 : 4)) >> 6;
+    return (MIN ? lo >> 4 : lo & 15) | (hi << 4);
 }
 
 // Decode 32-block j (of this chunk) of one staged row. rowb: staged words of the row;
@@ -301,6 +346,82 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
         }
         const uint32_t sc = ldb(rowb, o + 106 + (j >> 1));
         aux[0] = (float)(2 * ((sc >> (4 * (j & 1))) & 15) + 1);
+    } else if constexpr (QT == QT_Q4_0) {
+        // d, qs[16]: value i < 16 the low nibble of qs[i], 16 + i its high nibble; code q - 8
+        const int p = o + Tr<QT>::BS * j;
+        dw = h2f(ldh(rowb, p + Tr<QT>::HALF_D));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t w = ldw(rowb, p + 2 + 4 * k);
+            c[k] = minus_bytes<8>(w & 0x0F0F0F0Fu);
+            c[k + 4] = minus_bytes<8>((w >> 4) & 0x0F0F0F0Fu);
+        }
+    } else if constexpr (QT == QT_Q5_0 || QT == QT_Q5_1) {
+        // [d, m,] qh u32, qs[16]: Q4_0's nibbles, bit i of qh the fifth bit of value i; Q5_0's
+        // code q - 16, Q5_1's q with its min m
+        constexpr int QH = (QT == QT_Q5_1) ? 4 : 2;
+        const int p = o + Tr<QT>::BS * j;
+        dw = h2f(ldh(rowb, p + Tr<QT>::HALF_D));
+        if constexpr (QT == QT_Q5_1) aux[0] = h2f(ldh(rowb, p + Tr<QT>::HALF_M));
+        const uint32_t qh = ldw(rowb, p + QH);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t w = ldw(rowb, p + QH + 4 + 4 * k);
+            const uint32_t lo = (w & 0x0F0F0F0Fu) | bit4_bytes((qh >> (4 * k)) & 15);
+            const uint32_t hi = ((w >> 4) & 0x0F0F0F0Fu) | bit4_bytes((qh >> (16 + 4 * k)) & 15);
+            c[k] = (QT == QT_Q5_0) ? minus_bytes<16>(lo) : lo;
+            c[k + 4] = (QT == QT_Q5_0) ? minus_bytes<16>(hi) : hi;
+        }
+    } else if constexpr (QT == QT_Q4_K || QT == QT_Q5_K) {
+        // d, dmin, scales[12], [qh[32],] qs[128]: 32-block j is nibble j & 1 of qs[32 (j >> 1) ..
+        // + 31]; Q5_K's fifth bit of value i is bit j of qh[i]
+        constexpr int QS = (QT == QT_Q5_K) ? 48 : 16;
+        const int nib = 4 * (j & 1);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            uint32_t q = (ldw(rowb, o + QS + 32 * (j >> 1) + 4 * k) >> nib) & 0x0F0F0F0Fu;
+            if constexpr (QT == QT_Q5_K) q |= ((ldw(rowb, o + 16 + 4 * k) >> j) & 0x01010101u) << 4;
+            c[k] = q;
+        }
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D));
+        aux[0] = (float)k_scale<false>(rowb, o + 4, j);  // u (both halves)
+        aux[1] = (float)k_scale<true>(rowb, o + 4, j);   // v (both halves)
+        aux[2] = h2f(ldh(rowb, o + Tr<QT>::HALF_DMIN));  // mw = dmin
+    } else if constexpr (QT == QT_Q6_K) {
+        // ql[128], qh[64], scales i8[16], d: 32-block j = 4h + 2n + e (h, n, e bits) takes value
+        // i's low four bits from nibble n of ql[64h + 32e + i] and its high two from bits
+        // 2 (j & 3) .. + 1 of qh[32h + i]; code q - 32
+        const int h = j >> 2;
+        const int lsh = 4 * ((j >> 1) & 1), hsh = 2 * (j & 3);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t lo = (ldw(rowb, o + 64 * h + 32 * (j & 1) + 4 * k) >> lsh) & 0x0F0F0F0Fu;
+            const uint32_t hi = (ldw(rowb, o + 128 + 32 * h + 4 * k) >> hsh) & 0x03030303u;
+            c[k] = minus_bytes<32>(lo | (hi << 4));
+        }
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D));
+        aux[0] = (float)(int8_t)ldb(rowb, o + 192 + 2 * j);      // u0, -128..127
+        aux[1] = (float)(int8_t)ldb(rowb, o + 192 + 2 * j + 1);  // u1
+    } else if constexpr (QT == QT_Q3_K) {
+        // hmask[32], qs[64], scales[12], d: 32-block j = 4h + s takes value i's two low bits
+        // from bits 2s .. 2s+1 of qs[32h + i]; 4 is subtracted where bit j of hmask[i] is clear
+        const int h = j >> 2, sh = 2 * (j & 3);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t lo = (ldw(rowb, o + 32 + 32 * h + 4 * k) >> sh) & 0x03030303u;
+            const uint32_t clear = ~(ldw(rowb, o + 4 * k) >> j) & 0x01010101u;
+            c[k] = lo | (clear * 0xFCu);  // lo - 4 = lo | 0xFC as a byte, where the bit is clear
+        }
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D));
+        // sub-scale n (0..15, n = 2j + half): the low nibble n >> 3 of byte n & 7, bits
+        // 2 (n >> 2) .. + 1 of byte 8 + (n & 3) above it, minus 32
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int n = 2 * j + e;
+            const uint32_t lo = (ldb(rowb, o + 96 + (n & 7)) >> (4 * (n >> 3))) & 15;
+            const uint32_t hi = (ldb(rowb, o + 104 + (n & 3)) >> (2 * (n >> 2))) & 3;
+            aux[e] = (float)((int)(lo | (hi << 4)) - 32);  // -32..31
+        }
     }
 }
 
@@ -312,7 +433,7 @@ template <int QT, int NX>
 __device__ __forceinline__ void epi_one(float (&ac)[4], const int (&d)[4], float dwA, float dwB,
                                         const float (&xA)[NX], const float (&xB)[NX], float2 da,
                                         const float* asc, int j, int col) {
-    if constexpr (QT == QT_Q8_0) {
+    if constexpr (QT == QT_Q8_0 || QT == QT_Q4_0 || QT == QT_Q5_0) {
         ac[0] = ac[0] + (dwA * da.x) * ifl(d[0]);
         ac[1] = ac[1] + (dwA * da.y) * ifl(d[1]);
         ac[2] = ac[2] + (dwB * da.x) * ifl(d[2]);
@@ -322,12 +443,21 @@ __device__ __forceinline__ void epi_one(float (&ac)[4], const int (&d)[4], float
         ac[1] = ac[1] + (dwA * da.y) * sub_sum(xA, 0, d[1]);
         ac[2] = ac[2] + (dwB * da.x) * sub_sum(xB, 0, d[2]);
         ac[3] = ac[3] + (dwB * da.y) * sub_sum(xB, 0, d[3]);
-    } else if constexpr (QT == QT_Q4_1) {
+    } else if constexpr (QT == QT_Q4_1 || QT == QT_Q5_1) {
         const float2 sa = *reinterpret_cast<const float2*>(asc + (4 + j) * MMQ_BN + col);
         ac[0] = ac[0] + ((dwA * da.x) * ifl(d[0]) + xA[0] * sa.x);
         ac[1] = ac[1] + ((dwA * da.y) * ifl(d[1]) + xA[0] * sa.y);
         ac[2] = ac[2] + ((dwB * da.x) * ifl(d[2]) + xB[0] * sa.x);
         ac[3] = ac[3] + ((dwB * da.y) * ifl(d[3]) + xB[0] * sa.y);
+    } else if constexpr (QT == QT_Q4_K || QT == QT_Q5_K) {
+        // x: u v mw; asc[1]: the activation's integer 32-block sums (prep, ASUM). mi = v * sum is
+        // exact (63 * 32 * 127 < 2^24), as sumi = u * S is (63 * 32 * 31 * 127 < 2^24, Q5_K's)
+        const float2 s = *reinterpret_cast<const float2*>(asc + (4 + j) * MMQ_BN + col);
+        const float mi0 = xA[1] * s.x, mi1 = xA[1] * s.y, mi2 = xB[1] * s.x, mi3 = xB[1] * s.y;
+        ac[0] = ac[0] + ((dwA * da.x) * sub_sum(xA, 0, d[0]) - (xA[2] * da.x) * mi0);
+        ac[1] = ac[1] + ((dwA * da.y) * sub_sum(xA, 0, d[1]) - (xA[2] * da.y) * mi1);
+        ac[2] = ac[2] + ((dwB * da.x) * sub_sum(xB, 0, d[2]) - (xB[2] * da.x) * mi2);
+        ac[3] = ac[3] + ((dwB * da.y) * sub_sum(xB, 0, d[3]) - (xB[2] * da.y) * mi3);
     }
 }
 
@@ -335,7 +465,7 @@ template <int QT, int NX>
 __device__ __forceinline__ void epi_split(float (&ac)[4], const int (&d0)[4], const int (&d1)[4], float dwA,
                                           float dwB, const float (&xA)[NX], const float (&xB)[NX], float2 da,
                                           const float* asc, int j, int col) {
-    if constexpr (QT == QT_IQ2_XS) {
+    if constexpr (QT == QT_IQ2_XS || QT == QT_Q6_K || QT == QT_Q3_K) {
         ac[0] = ac[0] + (dwA * da.x) * (sub_sum(xA, 0, d0[0]) + sub_sum(xA, 1, d1[0]));
         ac[1] = ac[1] + (dwA * da.y) * (sub_sum(xA, 0, d0[1]) + sub_sum(xA, 1, d1[1]));
         ac[2] = ac[2] + (dwB * da.x) * (sub_sum(xB, 0, d0[2]) + sub_sum(xB, 1, d1[2]));
@@ -372,7 +502,7 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
                                            int lane, int wn, int rA, int rB, F&& mid) {
     constexpr int NBLK = 4, BM = MMQ_BM, BN = MMQ_BN, WN = MMQ_WN, ASTR = 144;
     constexpr int NAUX = Tr<QT>::NAUX;
-    constexpr bool SPL = (QT == QT_IQ2_XS || QT == QT_Q2_K);
+    constexpr bool SPL = Tr<QT>::SPLIT;
     constexpr int P = (T + 1) / 2;  // ldmatrix x4 loads (tile pairs)
     const int t4 = lane & 3;
 #pragma unroll
@@ -466,7 +596,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                                           const int4* __restrict__ tiles, int n_tiles) {
     using G = Geo<QT>;
     constexpr int NBLK = G::NBLK, CB = G::CB, PMAX = G::PMAX, RAWB = G::RAWB, ASTR = G::ASTR, WSTR = G::WSTR;
-    constexpr int STAGES = MMQ_STAGES;
+    constexpr int STAGES = G::STAGES;
     constexpr int NAUX = Tr<QT>::NAUX, LAY = Tr<QT>::LAY;
     constexpr int BM = MMQ_BM, BN = MMQ_BN, NT = MMQ_NT, NT8 = MMQ_NT8, WN = MMQ_WN, WM = MMQ_WM;
     constexpr int WP = (BM * PMAX + NT - 1) / NT;  // weight pieces per thread per chunk
@@ -617,6 +747,20 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 const uint8_t* hb = actb + r * ASTR;
                 if constexpr (LAY == LAYOUT_D4) {
                     asc[j * BN + r] = *reinterpret_cast<const float*>(hb + 4 * j);
+                    if constexpr (Tr<QT>::ASUM) {  // the 32 codes' sum, exact (|sum| <= 32 * 127)
+                        const uint4* cw = reinterpret_cast<const uint4*>(hb + 16 + 32 * j);
+                        const uint4 x0 = cw[0], x1 = cw[1];
+                        int sum = 0;
+                        sum = __dp4a((int)x0.x, 0x01010101, sum);
+                        sum = __dp4a((int)x0.y, 0x01010101, sum);
+                        sum = __dp4a((int)x0.z, 0x01010101, sum);
+                        sum = __dp4a((int)x0.w, 0x01010101, sum);
+                        sum = __dp4a((int)x1.x, 0x01010101, sum);
+                        sum = __dp4a((int)x1.y, 0x01010101, sum);
+                        sum = __dp4a((int)x1.z, 0x01010101, sum);
+                        sum = __dp4a((int)x1.w, 0x01010101, sum);
+                        asc[(NBLK + j) * BN + r] = (float)sum;
+                    }
                 } else if constexpr (LAY == LAYOUT_DS4) {
                     asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j));
                     asc[(NBLK + j) * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j + 2));
