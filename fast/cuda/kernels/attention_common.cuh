@@ -205,6 +205,29 @@ __device__ __forceinline__ void pv_keep_or_rescale(PV pv, float al0, float al1)
     else pv(BoolTag<false>{});
 }
 
+// The end of a prefill kernel: out = O / L in the thread's two query rows ta (sum L0) and tb
+// (L1) of head h, nothing for a padding row (t >= T). NTL tiles of N dims: tile i holds dims
+// dim(i) .. dim(i) + N - 1, its O values val(i, k) for row ta (k < N) and val(i, N + k) for tb.
+template <int HD, int NTL, int N, class Dim, class Val>
+__device__ __forceinline__ void store_out(float* __restrict__ out, long long ldo, int T, int h, long long ta,
+                                          long long tb, float L0, float L1, Dim dim, Val val)
+{
+#pragma unroll
+    for (int i = 0; i < NTL; ++i) {
+        const int d = dim(i);
+        if (ta < T) {
+            float* o = out + ta * ldo + (long long)h * HD + d;
+#pragma unroll
+            for (int k = 0; k < N; ++k) o[k] = val(i, k) / L0;
+        }
+        if (tb < T) {
+            float* o = out + tb * ldo + (long long)h * HD + d;
+#pragma unroll
+            for (int k = 0; k < N; ++k) o[k] = val(i, N + k) / L1;
+        }
+    }
+}
+
 // One entry point per kernel and head_dim: attend_<KIND>_hd<HD>, the same parameters, its body
 // attend_<KIND>_body<HD>. v_t (v_blocks.cuh) is read by the pair kernel only.
 #define ATTEND_KERNEL(KIND, HD, THREADS, MINB)                                                     \

@@ -320,21 +320,8 @@ __device__ __forceinline__ void attend_mma_body(
         else block(BoolTag<false>{});
     }
 
-    const long long ta = t0 + r0, tb = t0 + r1;
-#pragma unroll
-    for (int nd = 0; nd < ND; ++nd) {
-        const int d = 8 * nd + 2 * tq;
-        if (ta < T) {
-            float* o = out + ta * ldo + (long long)h * HD + d;
-            o[0] = O[nd][0] / L0;
-            o[1] = O[nd][1] / L0;
-        }
-        if (tb < T) {
-            float* o = out + tb * ldo + (long long)h * HD + d;
-            o[0] = O[nd][2] / L1;
-            o[1] = O[nd][3] / L1;
-        }
-    }
+    store_out<HD, ND, 2>(out, ldo, T, h, t0 + r0, t0 + r1, L0, L1, [&](int nd) { return 8 * nd + 2 * tq; },
+                         [&](int nd, int k) { return O[nd][k]; });
 }
 
 ATTEND_KERNEL(mma, 64, 32 * MMA_WARPS, MMA_MINB)

@@ -402,25 +402,8 @@ __device__ __forceinline__ void attend_pair_body(
     cp_async_wait<0>();  // nothing in flight at exit
 
     // O[gr][0][0..1] are dims 16 G + 4 tq + {0, 2}, O[gr][1][0..1] dims 16 G + 4 tq + {1, 3} (row r0)
-    const long long ta = t0 + r0, tb = t0 + r1;
-#pragma unroll
-    for (int gr = 0; gr < NG; ++gr) {
-        const int d = 16 * (hh * NG + gr) + 4 * tq;
-        if (ta < T) {
-            float* o = out + ta * ldo + (long long)h * HD + d;
-            o[0] = O[gr][0][0] / L0;
-            o[1] = O[gr][1][0] / L0;
-            o[2] = O[gr][0][1] / L0;
-            o[3] = O[gr][1][1] / L0;
-        }
-        if (tb < T) {
-            float* o = out + tb * ldo + (long long)h * HD + d;
-            o[0] = O[gr][0][2] / L1;
-            o[1] = O[gr][1][2] / L1;
-            o[2] = O[gr][0][3] / L1;
-            o[3] = O[gr][1][3] / L1;
-        }
-    }
+    store_out<HD, NG, 4>(out, ldo, T, h, t0 + r0, t0 + r1, L0, L1, [&](int gr) { return 16 * (hh * NG + gr) + 4 * tq; },
+                         [&](int gr, int k) { return O[gr][k & 1][k >> 1]; });
 }
 
 ATTEND_KERNEL(pair, 64, PAIR_THREADS, PAIR_MINB)
