@@ -163,6 +163,22 @@ __device__ __forceinline__ void fold_v_scale(float (&s)[NT][4], int pos0, int po
     amax1 = quad_max(amax1);
 }
 
+// One 32-value block b of a 16 x 8 score tile: s += (dq * dk) * sumi_b for its four
+// accumulators, rows r0, r1 (e < 2: the scales dq(0), else dq(1)) by the tile's two keys (e & 1:
+// dk(0), dk(1)); sumi_b exact on the tensor cores. Called for b ascending: the definition's order.
+// The scales are callables read at each product, not values read before the mma: the kernels'
+// code then stays what it was when each wrote this step inline.
+template <class DQ, class DK>
+__device__ __forceinline__ void score_step(float (&s)[4], const int (&qa)[4], int kb0, int kb1, DQ dq, DK dk)
+{
+    int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // sumi_b rides on MAGIC_I
+    mma_s8(acc, qa, kb0, kb1);
+    s[0] = __fadd_rn(s[0], __fmul_rn(__fmul_rn(dq(0), dk(0)), magic_to_float(acc[0])));
+    s[1] = __fadd_rn(s[1], __fmul_rn(__fmul_rn(dq(0), dk(1)), magic_to_float(acc[1])));
+    s[2] = __fadd_rn(s[2], __fmul_rn(__fmul_rn(dq(1), dk(0)), magic_to_float(acc[2])));
+    s[3] = __fadd_rn(s[3], __fmul_rn(__fmul_rn(dq(1), dk(1)), magic_to_float(acc[3])));
+}
+
 // O = O * alpha + dw * (P.V) for one 16 x 8 output tile (acc: its P.V accumulators on MAGIC_I),
 // rows r0 (e < 2) and r1; a row that does not reach the block (live false) keeps its O. KEEP:
 // every alpha of the warp is 1.0f, and O * 1.0f is O, so the products are left out.

@@ -223,15 +223,9 @@ __device__ __forceinline__ void attend_mma_body(
             for (int b = 0; b < NB; ++b) {
     #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // sumi_b rides on MAGIC_I
                     const int* kr = sk + (8 * nt + g) * KW + 8 * b;
-                    mma_s8(acc, qa[b], kr[tq], kr[4 + tq]);
-                    const float dk0 = skd[b * KEY_BLOCK + 8 * nt + 2 * tq];
-                    const float dk1 = skd[b * KEY_BLOCK + 8 * nt + 2 * tq + 1];
-                    s[nt][0] = __fadd_rn(s[nt][0], __fmul_rn(__fmul_rn(dq0[b], dk0), magic_to_float(acc[0])));
-                    s[nt][1] = __fadd_rn(s[nt][1], __fmul_rn(__fmul_rn(dq0[b], dk1), magic_to_float(acc[1])));
-                    s[nt][2] = __fadd_rn(s[nt][2], __fmul_rn(__fmul_rn(dq1[b], dk0), magic_to_float(acc[2])));
-                    s[nt][3] = __fadd_rn(s[nt][3], __fmul_rn(__fmul_rn(dq1[b], dk1), magic_to_float(acc[3])));
+                    score_step(s[nt], qa[b], kr[tq], kr[4 + tq], [&](int r) { return r ? dq1[b] : dq0[b]; },
+                               [&](int k) { return skd[b * KEY_BLOCK + 8 * nt + 2 * tq + k]; });
                 }
             }
             auto key = [&](int nt, int e) { return j0 + 8 * nt + 2 * tq + (e & 1); };

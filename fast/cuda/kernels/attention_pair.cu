@@ -275,14 +275,9 @@ __device__ __forceinline__ void attend_pair_body(
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
 #pragma unroll
-                for (int b = 0; b < NB; ++b) {
-                    int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // sumi_b rides on MAGIC_I
-                    mma_s8(acc, qa[b], kb[b][0], kb[b][1]);
-                    s[nt][0] = __fadd_rn(s[nt][0], __fmul_rn(__fmul_rn(dq0[b], dk0[b]), magic_to_float(acc[0])));
-                    s[nt][1] = __fadd_rn(s[nt][1], __fmul_rn(__fmul_rn(dq0[b], dk1[b]), magic_to_float(acc[1])));
-                    s[nt][2] = __fadd_rn(s[nt][2], __fmul_rn(__fmul_rn(dq1[b], dk0[b]), magic_to_float(acc[2])));
-                    s[nt][3] = __fadd_rn(s[nt][3], __fmul_rn(__fmul_rn(dq1[b], dk1[b]), magic_to_float(acc[3])));
-                }
+                for (int b = 0; b < NB; ++b)
+                    score_step(s[nt], qa[b], kb[b][0], kb[b][1], [&](int r) { return r ? dq1[b] : dq0[b]; },
+                               [&](int k) { return k ? dk1[b] : dk0[b]; });
             }
             auto key = [&](int nt, int e) { return j0 + 2 * (8 * nt + 2 * tq + (e & 1)) + hh; };
             float mc0, mc1;
