@@ -87,6 +87,24 @@ __device__ __forceinline__ void quantize_row_warp(const float* __restrict__ qr, 
     }
 }
 
+// Step idx of staging a V^T block (VW words a dim row) in shared memory: word slot = idx % 16 of
+// the dim rows 4m .. 4m+3 (m = idx / 16) from four keys' words r[u] (key u's codes of those
+// dims); byte u of each word is key u's code. Which keys the slot holds is the caller's layout.
+template <int VW>
+__device__ __forceinline__ void put_v_transposed(int* svt, int idx, const unsigned (&r)[4])
+{
+    const int slot = idx % (KEY_BLOCK / 4);
+    const int m = idx / (KEY_BLOCK / 4);
+    const unsigned lo01 = __byte_perm(r[0], r[1], 0x5140);
+    const unsigned hi01 = __byte_perm(r[0], r[1], 0x7362);
+    const unsigned lo23 = __byte_perm(r[2], r[3], 0x5140);
+    const unsigned hi23 = __byte_perm(r[2], r[3], 0x7362);
+    svt[(4 * m + 0) * VW + slot] = (int)__byte_perm(lo01, lo23, 0x5410);
+    svt[(4 * m + 1) * VW + slot] = (int)__byte_perm(lo01, lo23, 0x7632);
+    svt[(4 * m + 2) * VW + slot] = (int)__byte_perm(hi01, hi23, 0x5410);
+    svt[(4 * m + 3) * VW + slot] = (int)__byte_perm(hi01, hi23, 0x7632);
+}
+
 // ============================================================================ tensor cores
 
 template <bool B>

@@ -177,18 +177,7 @@ __device__ __forceinline__ void attend_mma_body(
 #pragma unroll
         for (int i = 0; i < VITER; ++i) {
             const int idx = tid + i * NTH;
-            const int slot = idx % (KEY_BLOCK / 4);
-            const int m = idx / (KEY_BLOCK / 4);
-            if (idx < (KEY_BLOCK / 4) * (HD / 4)) {
-                const unsigned lo01 = __byte_perm(pv[i][0], pv[i][1], 0x5140);
-                const unsigned hi01 = __byte_perm(pv[i][0], pv[i][1], 0x7362);
-                const unsigned lo23 = __byte_perm(pv[i][2], pv[i][3], 0x5140);
-                const unsigned hi23 = __byte_perm(pv[i][2], pv[i][3], 0x7362);
-                svt[(4 * m + 0) * VW + slot] = (int)__byte_perm(lo01, lo23, 0x5410);
-                svt[(4 * m + 1) * VW + slot] = (int)__byte_perm(lo01, lo23, 0x7632);
-                svt[(4 * m + 2) * VW + slot] = (int)__byte_perm(hi01, hi23, 0x5410);
-                svt[(4 * m + 3) * VW + slot] = (int)__byte_perm(hi01, hi23, 0x7632);
-            }
+            if (idx < (KEY_BLOCK / 4) * (HD / 4)) put_v_transposed<VW>(svt, idx, pv[i]);
         }
 #pragma unroll
         for (int i = 0; i < SITER; ++i) {

@@ -15,43 +15,27 @@
 
 #include <stdint.h>
 #include "strata_numerics.cuh"  // strata_exp, roundf_away_int, q8_*, warp_max, quad_max, warp_sum
-#include "attention_common.cuh"  // the definition, KEY_BLOCK, quantize_row_warp
+#include "attention_common.cuh"  // the definition, KEY_BLOCK, quantize_row_warp, put_v_transposed
 
 #define SPL_WARPS 8
 
 // V codes of keys j0 .. j0+63 transposed, 4 keys x 4 dims per step: word `slot` of dim row d
-// holds (byte u) key key_of(slot, u) at dim d. `vw` words per dim row.
-template <int HD, bool PERMUTED>
-__device__ __forceinline__ void stage_v(int* svt, int vw, const int8_t* __restrict__ vbase, int j0, int cap,
+// holds (byte u) key 4 slot + u at dim d; VW words per dim row.
+template <int HD, int VW>
+__device__ __forceinline__ void stage_v(int* svt, const int8_t* __restrict__ vbase, int j0, int cap,
                                         int tid, int nthreads)
 {
     constexpr int QW = HD / 4;
     for (int idx = tid; idx < (KEY_BLOCK / 4) * QW; idx += nthreads) {
         const int slot = idx % (KEY_BLOCK / 4);  // word within the dim row (fastest: store banks)
         const int m = idx / (KEY_BLOCK / 4);     // dims 4m .. 4m+3
-        int k0, kstep[4];
-        if (PERMUTED) {
-            // slot = 8 ks + 4 half + qq: keys 32ks + 16half + 2qq + {0, 1, 8, 9}
-            k0 = 32 * (slot >> 3) + 16 * ((slot >> 2) & 1) + 2 * (slot & 3);
-            kstep[0] = 0; kstep[1] = 1; kstep[2] = 8; kstep[3] = 9;
-        } else {
-            k0 = 4 * slot;
-            kstep[0] = 0; kstep[1] = 1; kstep[2] = 2; kstep[3] = 3;
-        }
         unsigned r4[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int j = j0 + k0 + kstep[u];
+            const int j = j0 + 4 * slot + u;
             r4[u] = (j < cap) ? reinterpret_cast<const unsigned*>(vbase + (long long)j * HD)[m] : 0u;
         }
-        const unsigned lo01 = __byte_perm(r4[0], r4[1], 0x5140);
-        const unsigned hi01 = __byte_perm(r4[0], r4[1], 0x7362);
-        const unsigned lo23 = __byte_perm(r4[2], r4[3], 0x5140);
-        const unsigned hi23 = __byte_perm(r4[2], r4[3], 0x7362);
-        svt[(4 * m + 0) * vw + slot] = (int)__byte_perm(lo01, lo23, 0x5410);
-        svt[(4 * m + 1) * vw + slot] = (int)__byte_perm(lo01, lo23, 0x7632);
-        svt[(4 * m + 2) * vw + slot] = (int)__byte_perm(hi01, hi23, 0x5410);
-        svt[(4 * m + 3) * vw + slot] = (int)__byte_perm(hi01, hi23, 0x7632);
+        put_v_transposed<VW>(svt, idx, r4);
     }
 }
 
@@ -151,7 +135,7 @@ __device__ __forceinline__ void split_pv_body(
     const int c = blockIdx.x, kvh = blockIdx.y;
     const int j0 = c * KEY_BLOCK;
     const long long head_row0 = (long long)kvh * cap;
-    stage_v<HD, false>(svt, VW, v_codes + head_row0 * HD, j0, cap, tid, blockDim.x);
+    stage_v<HD, VW>(svt, v_codes + head_row0 * HD, j0, cap, tid, blockDim.x);
     if (tid < KEY_BLOCK) svd[tid] = (j0 + tid < cap) ? v_scale[head_row0 + j0 + tid] : 0.0f;
     __syncthreads();
 
