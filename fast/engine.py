@@ -70,6 +70,12 @@ class FastEngine:
         self.staging = Ring("stage", STAGING_SLOTS)
         self.passes = Passes(backend, o.copy_coalesce)
         self._chunk_pass = None  # the chunk's streamed-walk pass, when the chunk streams
+        self._blob_bytes = None  # one expert's blob bytes per layer, read when first needed
+        #: the walk each chunk (or window) of the current prompt took and why (fast.walk.WalkChoice),
+        #: in order; a prompt that starts at position 0 starts the list again (run --timing prints it)
+        self.walk_choices: list = []
+        self._measured = None  # (tokens, routed streamed experts per layer) of the last whole unit
+        self._routed = None  # the unit running now: its tokens and what its layers routed so far
         with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk) with "
                                f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
             self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=STAGING_SLOTS)
@@ -135,7 +141,7 @@ class FastEngine:
         the layer once (docs/numerics.md section 9: no bit depends on the grouping)."""
         n_tok = sum(len(s) for s in spans)
         if layer == 0:
-            self._begin_chunk(n_tok)
+            self._begin_chunk(n_tok, int(spans[0][0]))
         with self.be.oom_guard(f"the buffers of layer {layer} for a window of {n_tok} tokens in {len(spans)} "
                                f"chunks (a smaller --window needs less)"):
             parts, r0 = [], 0
@@ -149,22 +155,45 @@ class FastEngine:
 
     def layer(self, layer: int, x, positions: np.ndarray, dump=None):
         if layer == 0:
-            self._begin_chunk(len(positions))
+            self._begin_chunk(len(positions), int(positions[0]) if len(positions) else 0)
         with self.be.oom_guard(f"the buffers of layer {layer} for a chunk of {len(positions)} tokens "
                                f"(a smaller --prefill chunk needs less)"):
             with self.be.phase("attention", layer=layer):
                 x = self.attention_half(layer, x, positions, dump)
             return self.moe_half(layer, x, dump)
 
-    def _begin_chunk(self, n_tok: int) -> None:
-        """A chunk from stream_min tokens streams every streamed expert of every layer in
-        (layer, id) order through the ring; its first copies start now, before layer 0's
-        attention. Smaller chunks stage each layer's routed streamed experts after routing."""
+    def _begin_chunk(self, n_tok: int, first_position: int = 0) -> None:
+        """A chunk (or window) that streams (fast.walk.choose_walk: from stream_min tokens, or
+        with stream_min auto where the routing is expected to reach enough of the streamed
+        experts' bytes) streams every streamed expert of every layer in (layer, id) order
+        through the ring; its first copies start now, before layer 0's attention. Otherwise each
+        layer stages its routed streamed experts after routing. The coverage rule reads the last
+        whole unit's routing of the same prompt (a prompt from position 0 forgets it, so the
+        passes of run --timing choose as the run did)."""
         self._chunk_pass = None
-        if n_tok >= self.options.stream_min and self.placement.n_streamed:
-            p = self.placement
-            entries = [(l, int(e)) for l in range(self.config.n_layer) for e in p.streamed(l)]
+        cfg, p = self.config, self.placement
+        if first_position == 0:
+            self.walk_choices, self._measured = [], None
+        elif self._routed is not None and None not in self._routed[1]:
+            self._measured = (self._routed[0], list(self._routed[1]))
+        auto = self.options.stream_min == options.AUTO
+        self._routed = (int(n_tok), [None] * cfg.n_layer) if auto and p.n_streamed else None
+        if self._blob_bytes is None:
+            self._blob_bytes = [sum(self.pack.expert_blob_bytes(l)) + self.pack.expert_blob_bytes(l)[0]
+                                for l in range(cfg.n_layer)]
+        choice = walk.choose_walk(n_tok=n_tok, stream_min=self.options.stream_min, k_used=cfg.n_expert_used,
+                                  n_expert=cfg.n_expert, streamed=[len(p.streamed(l)) for l in range(cfg.n_layer)],
+                                  blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
+        self.walk_choices.append(choice)
+        if choice.streams:
+            entries = [(l, int(e)) for l in range(cfg.n_layer) for e in p.streamed(l)]
             self._chunk_pass = self.passes.open(self.ring, entries)
+
+    def _note_routing(self, layer: int, tab) -> None:
+        """The coverage rule's measure: how many of the layer's streamed experts the unit routed
+        (the counts are on the host once the walk has planned)."""
+        if self._routed is not None:
+            self._routed[1][layer] = int(np.count_nonzero(np.asarray(tab.cnt)[~self.placement.resident[layer]]))
 
     # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
     def _rec(self, dump, layer: int, op: str, array, slot=None, on_host: bool = False) -> None:
@@ -271,6 +300,7 @@ class FastEngine:
                                 placement=self.placement,
                                 chunk_pass=self._chunk_pass, passes=self.passes, staging=self.staging, options=o,
                                 group_size=self.group_size, keep_h=dump is not None and dump.ops)
+        self._note_routing(layer, tab)
 
         # 5. The shared expert, where it was not queued before the walk.
         if not o.overlap_plan:

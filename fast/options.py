@@ -143,9 +143,11 @@ SWITCHES = (
            "ring slots of the streamed walk",
            default_text=f"{RING_SLOTS}, {RING_SLOTS_PINNED} when at least {PINNED_SHARE:.0%} of the "
                         "streamed bytes are page-locked"),
-    Switch("stream_min", "STRATA_PREFILL_STREAM_MIN", STREAM_MIN, SCHEDULE, Count(1),
-           "chunks of at least this many tokens stream every streamed expert; smaller ones stage "
-           "the routed ones"),
+    Switch("stream_min", "STRATA_PREFILL_STREAM_MIN", STREAM_MIN, SCHEDULE, Count(1, auto=True, metavar="N|auto"),
+           "chunks (or windows) of at least N tokens stream every streamed expert; smaller ones stage "
+           "the routed ones; auto: stream where the routing is expected to reach at least half of the "
+           "streamed experts' bytes (uniform top-k, or the prompt's last chunk's routing scaled to "
+           "this one's tokens: fast.walk.choose_walk); run --timing prints each chunk's walk and why"),
     Switch("window", "STRATA_PREFILL_WINDOW", None, SCHEDULE, Count(1, auto=True, metavar="N|auto"),
            "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "

@@ -168,15 +168,19 @@ def format_phase_table(seconds: dict) -> str:
 
 
 def format_chunk_tables(instrumented: list[ChunkTimes], plain: list[ChunkTimes], sim: bool,
-                        labels: list[str] | None = None, overlap: list | None = None) -> str:
+                        labels: list[str] | None = None, overlap: list | None = None,
+                        walks: list[str] | None = None) -> str:
     """Per chunk (or window: labels name each unit, fast.trace.units; default "chunk i"): the
     phase table, the uninstrumented total of the same unit and, where overlap gives the unit's
-    fast.trace.Overlap, its line; last, how they were measured."""
+    fast.trace.Overlap, its line; where walks gives it, the walk the unit took and why
+    (fast.walk.WalkChoice.line) under its head; last, how they were measured."""
     blocks = []
     for i, times in enumerate(instrumented):
         total = plain[i].total if i < len(plain) else None
         inst = sum(times.phases.values())
         head = labels[i] if labels is not None and i < len(labels) else f"chunk {i}"
+        if walks is not None and i < len(walks) and walks[i]:
+            head += f"\n{'walk':<20} {walks[i]}"
         text = format_phase_table({**times.phases, **times.host})
         if total is None:
             tail = f"{'uninstrumented':<20} {'-':>10}"

@@ -5,9 +5,11 @@ fast/sim.py in NumPy); the copy side of the rings is fast/experts.py.
 
 The routed experts are visited in id order, in groups of `group_size` (MMQ_GROUP) consecutive
 routed experts, resident and streamed mixed. A streamed expert is a ring entry: in the
-streamed walk (chunks from STREAM_MIN tokens) the chunk's ring pass holds every streamed
-expert of every layer, so the walk also meets the entries the routing skipped; in the staged
-walk the layer's pass holds only its routed streamed experts.
+streamed walk the chunk's ring pass holds every streamed expert of every layer, so the walk
+also meets the entries the routing skipped; in the staged walk the layer's pass holds only its
+routed streamed experts. Which of the two a chunk (or window) takes is `choose_walk`'s: by the
+stream_min threshold (chunks from STREAM_MIN tokens stream), or with stream_min auto by the
+coverage the routing is expected to reach.
 
 A group's experts are gathered into the group buffers by one or more *flushes*. A flush takes
 every member not yet gathered:
@@ -52,6 +54,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata.constants import MMQ_GROUP
+
+from fast.options import AUTO  # stream_min auto: the coverage rule
+#: stream_min auto streams a unit when the routing is expected to reach at least this share of
+#: the streamed experts' bytes: then the bytes the streamed walk copies for no token are at most
+#: the bytes the staged walk would copy with no head start and through a shallow ring
+STREAM_COVERAGE = 0.5
 
 
 @dataclass(frozen=True)
@@ -393,3 +401,96 @@ class LayerWalk:
         """Rows r0.. of H into the host copy (rows no product wrote stay NaN)."""
         part = self.be.download(hh)
         self.rows.h[r0:r0 + part.shape[0]] = part
+
+
+# ---- which walk a chunk (or window) takes ---------------------------------------------------
+def expected_coverage(n_tok: int, k_used: int, n_expert: int) -> float:
+    """The expected share of a layer's experts that n_tok tokens route at least once when each
+    token picks k_used of n_expert uniformly: 1 - (1 - k/E)^n. For tokens routed independently
+    it is the most any routing can expect (coverage is concave in each expert's share), so it
+    bounds every estimate below from above."""
+    if n_tok <= 0 or n_expert <= 0:
+        return 0.0
+    return 1.0 - (1.0 - min(k_used, n_expert) / n_expert) ** n_tok
+
+
+def scaled_coverage(measured: float, n_measured: int, n_tok: int) -> float:
+    """The coverage of n_tok tokens from `measured`, the share a unit of n_measured tokens
+    reached: each expert's chance of being missed by one token taken as the measured unit's,
+    spread evenly over its tokens, 1 - (1 - c)^(n / n')."""
+    if n_measured <= 0:
+        return 0.0
+    return 1.0 - (1.0 - measured) ** (n_tok / n_measured)
+
+
+@dataclass(frozen=True)
+class WalkChoice:
+    """The walk a chunk or window took (streamed, staged, or resident: nothing streams) and why.
+    rule: "threshold" (stream_min N) or "coverage" (stream_min auto); coverage: the share of the
+    streamed experts' bytes the rule expected the routing to reach (None under the threshold);
+    measured: the tokens of the earlier unit whose routing it was scaled from (None: the uniform
+    expectation); streamed_bytes: what the streamed walk copies a pass, staged_bytes the routed
+    share of it the staged walk is expected to copy."""
+
+    walk: str
+    rule: str
+    tokens: int
+    stream_min: object
+    n_streamed: int
+    streamed_bytes: int
+    coverage: float | None = None
+    measured: int | None = None
+    staged_bytes: int | None = None
+
+    @property
+    def streams(self) -> bool:
+        return self.walk == "streamed"
+
+    def line(self) -> str:
+        """One line: the walk and its reason."""
+        if self.walk == "resident":
+            return "resident: no expert streams (the expert cache holds them all)"
+        cmp = ">=" if self.streams else "<"
+        size = f"{self.n_streamed} streamed experts, {_bytes(self.streamed_bytes)} a pass"
+        if self.rule == "threshold":
+            return f"{self.walk}: {self.tokens} tokens {cmp} stream_min {self.stream_min} ({size})"
+        how = f"measured on the last {self.measured} tokens" if self.measured is not None else "uniform top-k"
+        return (f"{self.walk}: coverage {self.coverage:.2f} {cmp} {STREAM_COVERAGE:.2f} of {size} "
+                f"({self.tokens} tokens, {how}; staged ~{_bytes(self.staged_bytes)})")
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def choose_walk(*, n_tok: int, stream_min, k_used: int, n_expert: int, streamed: list[int],
+                blob_bytes: list[int], measured: tuple | None = None) -> WalkChoice:
+    """The walk of a unit (chunk or window) of n_tok tokens, chosen before its first layer (the
+    streamed walk's copies start then). streamed[l]: layer l's streamed experts; blob_bytes[l]:
+    one of its blobs. stream_min N: streamed from N tokens (the threshold rule). auto: streamed
+    when the share of the streamed bytes the routing is expected to reach is at least
+    STREAM_COVERAGE. Each layer's expected coverage is the uniform one (expected_coverage), or,
+    where `measured` = (tokens, routed[l]: layer l's streamed experts an earlier unit routed), the
+    measured share scaled to n_tok tokens (scaled_coverage), at most the uniform one. Only plain
+    integers and the routing, which both implementations share, go in: the choice is the same
+    on every run of the same prompt, and it changes what is copied and when, never a byte."""
+    total = sum(int(n) * int(b) for n, b in zip(streamed, blob_bytes))
+    n_streamed = int(sum(streamed))
+    base = dict(tokens=int(n_tok), stream_min=stream_min, n_streamed=n_streamed, streamed_bytes=total)
+    if n_streamed == 0:
+        return WalkChoice("resident", "threshold" if stream_min != AUTO else "coverage", **base)
+    if stream_min != AUTO:
+        return WalkChoice("streamed" if n_tok >= stream_min else "staged", "threshold", **base)
+    uniform = expected_coverage(n_tok, k_used, n_expert)
+    expect = 0.0
+    for layer, (n, b) in enumerate(zip(streamed, blob_bytes)):
+        if not n:
+            continue
+        c = uniform
+        if measured is not None:
+            c = min(c, scaled_coverage(measured[1][layer] / n, measured[0], n_tok))
+        expect += c * n * b
+    coverage = expect / total
+    walk = "streamed" if coverage >= STREAM_COVERAGE else "staged"
+    return WalkChoice(walk, "coverage", coverage=coverage, measured=None if measured is None else int(measured[0]),
+                      staged_bytes=int(round(expect)), **base)

@@ -6,7 +6,8 @@ same chunks.
            phase timing off and a single event pair around each chunk: the chunk's
            uninstrumented total, printed beside its phase table. The instrumented prefill is
            also traced, for the overlap of the two streams (fast/trace.py: overlap_by_layer):
-           one line per chunk, one table per layer
+           one line per chunk, one table per layer; and under each chunk's head the walk it
+           took (streamed, staged or resident) and why (fast.walk.choose_walk)
 --trace    one prefill with the compute and copy streams traced (fast/trace.py), written as
            Chrome trace JSON; when --timing is on too, it is the instrumented prefill above
 Chunks are windows where the prompt ran in layer-major windows (--window): each is labelled so.
@@ -45,6 +46,7 @@ def observe(engine, prompt, chunk, timing: bool, trace_path=None, out=print,
         "timed prefill" if timing else "traced prefill")
     session = _prefill(engine, prompt, chunk, first, progress)
     rec.timing = False
+    walks = [c.line() for c in getattr(engine, "walk_choices", [])]  # each unit's walk and why
     instrumented = be.chunk_tables() if timing else []
     spans = be.trace_end()
     meta = unit_meta(session, len(prompt))
@@ -61,6 +63,7 @@ def observe(engine, prompt, chunk, timing: bool, trace_path=None, out=print,
         sim = be.name == "sim"
         per_unit = [summed(overlap_by_layer(spans, chunk=i)) for i in range(len(instrumented))]
         out("")
-        out(format_chunk_tables(instrumented, plain, sim=sim, labels=meta["units"], overlap=per_unit))
+        out(format_chunk_tables(instrumented, plain, sim=sim, labels=meta["units"], overlap=per_unit,
+                                walks=walks))
         out("")
         out(format_overlap(overlap_by_layer(spans), sim=sim))

@@ -93,15 +93,15 @@ RUN_ROWS = [
     (FAST + ["--expert-cache", "4", "--ring", "33"], "--ring 33: the pack has 32 experts (2 layers x 16): a ring "
                                                      "of more slots never fills them: at most 32", {}),
     (FAST + ["--expert-cache", "4", "--ring", "-" + HUGE], "--ring: must be a positive integer", {}),
-    (FAST + ["--expert-cache", "4", "--stream-min", "0"], "--stream-min: must be a positive integer, got '0'", {}),
-    (FAST + ["--expert-cache", "4", "--stream-min", "1k"], "--stream-min: must be a positive integer, got '1k'", {}),
+    (FAST + ["--expert-cache", "4", "--stream-min", "0"], "--stream-min: must be 'auto' or a positive integer, got '0'", {}),
+    (FAST + ["--expert-cache", "4", "--stream-min", "1k"], "--stream-min: must be 'auto' or a positive integer, got '1k'", {}),
     (RUN + ["--impl", "fast", "--vram-reserve-mib", "-1"], "--vram-reserve-mib: must be an integer >= 0", {}),
     # numbers given through the switch variables
     (FAST + ["--expert-cache", "4"], "STRATA_PREFILL_RING must be a positive integer, got '1e3' (in digits: 1000)",
      {"STRATA_PREFILL_RING": "1e3"}),
     (FAST + ["--expert-cache", "4"], "STRATA_PREFILL_RING 1000000000000: the pack has 32 experts",
      {"STRATA_PREFILL_RING": "1000000000000"}),
-    (FAST, "STRATA_PREFILL_STREAM_MIN must be a positive integer, got '-4'", {"STRATA_PREFILL_STREAM_MIN": "-4"}),
+    (FAST, "STRATA_PREFILL_STREAM_MIN must be 'auto' or a positive integer, got '-4'", {"STRATA_PREFILL_STREAM_MIN": "-4"}),
     (RUN, "STRATA_PREFILL_THREADS must be a positive integer, got '0'", {"STRATA_PREFILL_THREADS": "0"}),
     (RUN, "STRATA_PREFILL_THREADS must be at most 1,024 (each is a thread of this process), got '100000'",
      {"STRATA_PREFILL_THREADS": "100000"}),
@@ -130,7 +130,7 @@ BENCH_ROWS = [
     (BENCH_SIM + ["--tokens", "8", "--a", "default", "--b", "expert-cache=-3"],
      "--b: expert-cache must be 'auto' or an integer >= 0, got '-3'", {}),
     (BENCH_SIM + ["--tokens", "8", "--a", "STRATA_PREFILL_STREAM_MIN=1e3", "--b", "default"],
-     "--a: STRATA_PREFILL_STREAM_MIN must be a positive integer, got '1e3' (in digits: 1000)", {}),
+     "--a: STRATA_PREFILL_STREAM_MIN must be 'auto' or a positive integer, got '1e3' (in digits: 1000)", {}),
     (BENCH_SIM + AB + ["--tokens", "8"], "STRATA_PREFILL_THREADS must be a positive integer, got '-1'",
      {"STRATA_PREFILL_THREADS": "-1"}),
 ]

@@ -165,7 +165,7 @@ IDLE = [
     (FAST, "STRATA_PREFILL_TIMING must be 0 or 1, got 'true'", {"STRATA_PREFILL_TIMING": "true"}),
     (RUN, "STRATA_PREFILL_GROUP_GATHER must be 0 or 1, got '2'", {"STRATA_PREFILL_GROUP_GATHER": "2"}),
     (FAST, "STRATA_PREFILL_RING must be a positive integer, got '0'", {"STRATA_PREFILL_RING": "0"}),
-    (FAST, "STRATA_PREFILL_STREAM_MIN must be a positive integer", {"STRATA_PREFILL_STREAM_MIN": "lots"}),
+    (FAST, "STRATA_PREFILL_STREAM_MIN must be 'auto' or a positive integer", {"STRATA_PREFILL_STREAM_MIN": "lots"}),
     (RUN + ["--dump-dir", "{dir}/d"], "STRATA_PREFILL_DUMP_LEVEL must be one of layer, ops, got 'all'",
      {"STRATA_PREFILL_DUMP_LEVEL": "all"}),
     (RUN, "STRATA_PREFILL_THREADS must be a positive integer", {"STRATA_PREFILL_THREADS": "-2"}),
