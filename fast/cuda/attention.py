@@ -117,6 +117,21 @@ def _checked_vt(v_t, n_kv: int, cap: int, hd: int) -> int:
     return ptr(v_t)
 
 
+def _device_positions(dev, positions, cap: int, T: int, what: str):
+    """(positions as an int32 GPUArray [T], the host array or None): host positions are checked
+    to lie inside the cache's capacity before the upload; a GPUArray is taken as it is (its
+    values never come back to the host)."""
+    p = None
+    if not hasattr(positions, "gpudata"):
+        p = np.asarray(positions)
+        if p.size and (p.min() < 0 or p.max() >= cap):
+            raise InputError(f"{what}: positions outside the cache capacity {cap}")
+    pos = dev.upload_i32(positions, f"{what} positions")
+    if tuple(pos.shape) != (T,):
+        raise InputError(f"{what}: {tuple(pos.shape)} positions for {T} tokens")
+    return pos, p
+
+
 def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale, v_t=None) -> None:
     """Quantize and store k, v float32 [T, n_kv, hd] at absolute positions (int32 GPUArray [T],
     or a host int array: checked against the capacity and uploaded) into one layer's cache:
@@ -131,13 +146,7 @@ def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale, v_t=None)
     check(v, "kv_write v", np.float32, shape=(T, n_kv, hd))
     if hd > 256:
         raise InputError(f"kv_write supports head_dim up to 256, got {hd}")
-    if not hasattr(positions, "gpudata"):
-        p = np.asarray(positions)
-        if p.size and (p.min() < 0 or p.max() >= cap):
-            raise InputError(f"kv_write: positions outside the cache capacity {cap}")
-    pos = dev.upload_i32(positions, "kv_write positions")
-    if tuple(pos.shape) != (T,):
-        raise InputError(f"kv_write: {tuple(pos.shape)} positions for {T} tokens")
+    pos, _ = _device_positions(dev, positions, cap, T, "kv_write")
     if T == 0:
         return
     f = runtime.function("kv_cache", "kv_write", "PqPqPiiiiPPPPP")
@@ -256,15 +265,9 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
         raise InputError(f"the attention kernels are built for head_dim in {ATTEND_HEAD_DIMS}, got {hd}")
     if H % n_kv:
         raise InputError(f"n_head {H} is not a multiple of n_head_kv {n_kv}")
-    if not hasattr(positions, "gpudata"):
-        p = np.asarray(positions)
-        if p.size and (p.min() < 0 or p.max() >= cap):
-            raise InputError(f"attend: positions outside the cache capacity {cap}")
-        if p.size:
-            max_pos = int(p.max())
-    pos = dev.upload_i32(positions, "attend positions")
-    if tuple(pos.shape) != (T,):
-        raise InputError(f"attend: {tuple(pos.shape)} positions for {T} tokens")
+    pos, p = _device_positions(dev, positions, cap, T, "attend")
+    if p is not None and p.size:
+        max_pos = int(p.max())
     out = dev.output(out, "attend out", (T, H, hd), np.float32)
     if T == 0 or H == 0:
         return out
