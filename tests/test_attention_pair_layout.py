@@ -160,11 +160,7 @@ def test_fragments_give_the_plain_dots(rng, hd):
             G = hh * (hd // 32) + gr
             acc = {0: np.zeros((16, 8), np.int64), 1: np.zeros((16, 8), np.int64)}
             for ks in range(2):
-                a = {}
-                for g, tq in LANES:
-                    code = lambda row, nt0: np.array([P[row, kappa(lam(nt0 + (i >> 1), tq, i & 1), ks)]
-                                                      for i in range(4)], np.int8)
-                    a[g, tq] = [code(g, 0), code(g + 8, 0), code(g, 2), code(g + 8, 2)]
+                a = p_frag(P, ks)
                 R = ldsm([b16_matrix(sV[32 * ks + 8 * j:32 * ks + 8 * j + 8], 16 * G) for j in range(4)], trans=True)
                 for eo, sel in ((0, 0x6420), (1, 0x7531)):
                     b = {lane: (prmt(R[0][lane], R[1][lane], sel), prmt(R[2][lane], R[3][lane], sel)) for lane in LANES}
