@@ -155,7 +155,7 @@ SWITCHES = (
            "fit in half the free device memory (sim: a fixed 1 GiB), at most the prompt; run prints the "
            "window taken",
            default_text="one chunk (--prefill)"),
-    Switch("copy_coalesce", "STRATA_PREFILL_COPY_COALESCE", OFF, SCHEDULE, OnOff(),
+    Switch("copy_coalesce", "STRATA_PREFILL_COPY_COALESCE", ON, SCHEDULE, OnOff(),
            "1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy per expert"),
     Switch("overlap_plan", "STRATA_PREFILL_OVERLAP_PLAN", ON, SCHEDULE, OnOff(),
            "1: the MoE-input quantize and the shared expert are queued before the host reads the "

@@ -55,14 +55,16 @@ def test_group_gather_arms_same_bytes_and_the_counts_they_must_differ_in(make_te
     pack = make_test_pack("tiny", "Q8_0")
     n_all = pack.config.n_layer * pack.config.n_expert
     assert 5 < n_all  # experts stream
-    status, out = bench_run(pack, tmp_path, "--a", "STRATA_PREFILL_GROUP_GATHER=0 expert-cache=5",
-                            "--b", "expert_cache=5")
+    # one copy per expert in both arms, so that the copies are the same count (coalesced, which
+    # entries go together depends on when slots are released, which the arms change)
+    status, out = bench_run(pack, tmp_path, "--a", "STRATA_PREFILL_GROUP_GATHER=0 expert-cache=5 copy_coalesce=0",
+                            "--b", "expert_cache=5 copy_coalesce=0")
     text = capsys.readouterr().out
     assert status == 0
     assert "logits: identical bytes in all 4 prompt pairs" in text
     assert "settings A/B: group_gather 0/1" in text
     data = json.loads(out.read_text())
-    assert data["setup"]["arms"]["A"]["keywords"] == {"group_gather": 0, "expert_cache": 5}
+    assert data["setup"]["arms"]["A"]["keywords"] == {"group_gather": 0, "expert_cache": 5, "copy_coalesce": 0}
     assert data["setup"]["arms"]["B"]["settings"]["resident_experts"] == 5
     for length in data["lengths"]:
         for r in length["reps"]:

@@ -731,7 +731,7 @@ def _cuda_rows() -> list[ParityCase]:
     # ---- ring_in_place (issue 26, item 2): streamed experts multiplied in their ring slots ----
     # Streamed and staged chunks, rings of 8 to 384, caches of none and a third, group and
     # per-expert runs, skips inside runs, a window, float experts, and the 2-layer strata pack at
-    # 1K and 8K tokens with a third cached (the lead's A/B case). Arm name: rip1.
+    # 8K tokens with a third cached (the A/B's case). Arm name: rip1.
     tiny_all, small_all, strata_all = _all_experts("tiny"), _all_experts("small"), _all_experts(STRATA2[0], 2)
     for preset, etype, n, chunk, arm, kw in (
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8, stream_min=64), dict(quick=True)),
@@ -745,11 +745,23 @@ def _cuda_rows() -> list[ParityCase]:
             ("tiny", "IQ2_XS", 600, 128, dict(window=384, expert_cache=0, ring=16, stream_min=64), {}),
             ("tiny", "F16", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, stream_min=64), {}),
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8, stream_min=64), dict(stress=True)),
-            ("strata", "IQ2_XS", 1030, "auto", dict(expert_cache=strata_all // 3),
-             dict(greedy=1, records=False, base="resident", pack_options=STRATA2[2])),
             ("strata", "IQ2_XS", 8192, "auto", dict(expert_cache=strata_all // 3),
              dict(greedy=1, records=False, pack_options=STRATA2[2]))):
         rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "ring_in_place": 1}, **kw))
+    # ---- stream_min auto (issue 26, item 4): the walk chosen by coverage ----
+    # The lead's A/B cases on the 2-layer strata pack with a third cached: 254 tokens (staged by the
+    # threshold, streamed by coverage) and 1,030; and the tiny pack's chunks of 64 whose last chunk
+    # and greedy steps stage while the others stream, in group and per-expert mode. Arm name: sminauto.
+    tiny_all, strata_all = _all_experts("tiny"), _all_experts(STRATA2[0], 2)
+    for preset, etype, n, chunk, arm, kw in (
+            ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8), dict(quick=True)),
+            ("tiny", "IQ2_XS", 200, 64, dict(expert_cache=tiny_all // 3, ring=16, group_gather=0),
+             dict(prompt="few")),
+            ("strata", "IQ2_XS", 254, "auto", dict(expert_cache=strata_all // 3),
+             dict(greedy=1, records=False, pack_options=STRATA2[2])),
+            ("strata", "IQ2_XS", 1030, "auto", dict(expert_cache=strata_all // 3),
+             dict(greedy=1, records=False, base="resident", pack_options=STRATA2[2]))):
+        rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "stream_min": "auto"}, **kw))
     return rows
 
 
@@ -851,6 +863,20 @@ def _sim_rows() -> list[ParityCase]:
                                                              ring_in_place=1), seed=42))
     rows.append(_row("sim", "small", "IQ2_XS", 600, 128, dict(window=384, expert_cache=n_cache, ring=16, stream_min=256,
                                                                ring_in_place=1), seed=12))
+    # ---- stream_min auto (issue 26, item 4): the walk chosen by coverage ----
+    # Each unit streams or stages by the routing's expected coverage: chunks of 64 that stream and a
+    # last chunk of 2 and greedy steps that stage; a prompt of three ids whose measured coverage
+    # stages the chunks after the first; layer-major windows; the small pack; ring_in_place; caches
+    # of none and a third; group and per-expert mode. Arm name: sminauto.
+    for preset, etype, n, chunk, arm, kw in (
+            ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8), dict(quick=True)),
+            ("tiny", "IQ2_XS", 130, 64, dict(expert_cache=tiny_all // 3, ring=16, group_gather=0), dict(sim_seed=1)),
+            ("tiny", "Q2_K", 200, 64, dict(expert_cache=10, ring=8), dict(prompt="few", sim_seed=2)),
+            ("tiny", "Q8_0", 200, 32, dict(window=96, expert_cache=11, ring=16, copy_coalesce=1), dict(sim_seed=3)),
+            ("small", "IQ2_XS", 600, 128, dict(expert_cache=n_cache, ring=16), dict(seed=12)),
+            ("tiny", "IQ2_XS", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, ring_in_place=1), dict(sim_seed=4)),
+            ("tiny", "F16", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, in_place=0), dict(seed=22))):
+        rows.append(_row("sim", preset, etype, n, chunk, {**arm, "stream_min": "auto"}, seed=kw.pop("seed", 43), **kw))
     return rows
 
 

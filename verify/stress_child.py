@@ -21,13 +21,15 @@ SEED = 7
 RESULT = "stress-result "  # the child's one line of result on stdout
 DONE = "stress-done "  # the zygote's line after each child: its exit code
 
-# (stress.Config options): spins far longer than the host takes between the two operations that
-# race (microseconds to a millisecond), and at least that long: a cycle count taken at the
-# driver's peak clock lasts longer at any lower clock
+# (stress.Config options): spins ten times longer and more than the host takes between the two
+# operations that race (microseconds to a millisecond), and at least that long: a cycle count
+# taken at the driver's peak clock lasts longer at any lower clock, and a spin another process
+# time-slices out lasts longer too. A plant needs one of its run's races to show (a run has 32
+# copies, and a counts read per layer), not every one.
 SCHEDULES = {
-    "late_copies": dict(copy_us=(20_000.0, 20_000.0), compute_share=0.0),
+    "late_copies": dict(copy_us=(10_000.0, 10_000.0), compute_share=0.0),
     "late_compute": dict(copy_us=(0.0, 0.0), compute_us=(5_000.0, 5_000.0), compute_share=1.0),
-    "late_counts": dict(copy_us=(20_000.0, 20_000.0), compute_share=0.0),
+    "late_counts": dict(copy_us=(10_000.0, 10_000.0), compute_share=0.0),
 }
 
 # the planted runs: the tiny pack (Q8_0: any bytes in a slot decode to finite weights), one

@@ -7,12 +7,12 @@ the right bytes anyway. Each planted race (PLANTS) removes or moves one line of 
 synchronisation and runs under a schedule of spins chosen so that the race shows whatever the
 timing (SCHEDULES):
 
-  late_copies   every copy lands 20 ms after its waits allowed it: a gather that does not wait
+  late_copies   every copy lands 10 ms after its waits allowed it: a gather that does not wait
                 for its slot's copy reads the slot's previous contents (or nothing yet);
   late_compute  5 ms before every compute launch, none before copies: a refill that does not
                 wait for its slot's release lands while the gather that reads the old contents
                 still waits its turn;
-  late_counts   the routing counts' copy to the host lands 20 ms late (no ring: every expert
+  late_counts   the routing counts' copy to the host lands 10 ms late (no ring: every expert
                 resident): a host that does not wait for it plans the walk from the previous
                 layer's counts. This is the cuda backend's own host-side synchronisation, which
                 the sim cannot model (its routing tables are on the host as soon as they run).
