@@ -716,16 +716,17 @@ def _cuda_rows() -> list[ParityCase]:
         rows.append(_row("cuda", preset, etype, n, chunk, arm, quick=etype == "IQ2_XS" and preset == "tiny"))
     # The mixes' types (MIX_TYPES), a few rows each on the tiny pack: 63 tokens (Q4_K's in the
     # quick tier) and 600 with the defaults, 130 in a streamed arm (the arms rotate over the
-    # types); then each llama-quantize mix (strata/mixes.py) on both small packs, the sim's
-    # prompts (their reference runs shared).
+    # types); then each llama-quantize mix (strata/mixes.py) on both small packs. The 63- and
+    # 130-token prompts and the mixes' are the sim rows' (seeds 21 and 23): their reference runs
+    # are shared.
     tiny_all = _all_experts("tiny")
     for i, etype in enumerate(MIX_TYPES):
-        rows.append(_row("cuda", "tiny", etype, 63, "auto", quick=etype == "Q4_K"))
+        rows.append(_row("cuda", "tiny", etype, 63, "auto", seed=21, quick=etype == "Q4_K"))
         rows.append(_row("cuda", "tiny", etype, 600, "auto"))
         gg, qg, co = STREAM_SWITCHES[i % len(STREAM_SWITCHES)]
         arm = dict(group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=(0, tiny_all // 3)[i % 2],
                    ring=RINGS[i % len(RINGS)], stream_min=64, in_place=1 - (i // 2) % 2)
-        rows.append(_row("cuda", "tiny", etype, 130, 64, arm))
+        rows.append(_row("cuda", "tiny", etype, 130, 64, arm, seed=21))
     for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
         rows.append(_row("cuda", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),)))
     # ---- ring_in_place (issue 26, item 2): streamed experts multiplied in their ring slots ----
