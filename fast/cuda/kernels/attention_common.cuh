@@ -1,7 +1,8 @@
 // The shared part of the attention kernels (attention_mma.cu, attention_pair.cu,
 // attention_split.cu): the definition they all compute (strata.attention.attend), KEY_BLOCK,
-// the tensor-core and quantization helpers, the per-(query, key) steps of the two prefill
-// kernels, their O and L accumulation and their entry macro. Include strata_numerics.cuh first.
+// the tensor-core and quantization helpers, the V^T staging step (mma and split-K), the steps of
+// a key block in the two prefill kernels (Q.K, mask and maxima, exponential, V-scale fold, the O
+// and L accumulation), their output and their entry macro. Include strata_numerics.cuh first.
 //
 // Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit:
 //   Q quantized like K: int8 codes, one float32 scale per 32 values (the q8 block quantize of
