@@ -13,6 +13,7 @@ from fast.walk import STREAM_COVERAGE, choose_walk, expected_coverage, scaled_co
 from reference import ReferenceEngine
 from strata.constants import STREAM_MIN
 from strata.session import Session
+from verify.cases import parity_rows
 from verify.common import assert_same_run, run_engine
 
 
@@ -195,3 +196,15 @@ def test_timing_prints_each_unit_s_walk(make_test_pack, capsys):
     assert main(argv + ["--stream-min", "30"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("walk ")]
     assert lines and all("staged: 20 tokens < stream_min 30" in line for line in lines)
+
+
+@pytest.mark.parametrize("case", [c for c in parity_rows("sim") if dict(c.arm).get("stream_min") == AUTO],
+                         ids=lambda c: c.name)
+def test_auto_parity_rows_take_both_walks(case, make_test_pack):
+    """Each sim parity row of stream_min auto (verify/cases.py) streams some units and stages
+    others, so the gate's bytes cover both of the rule's answers."""
+    pack = make_test_pack(case.preset, case.expert_type, **dict(case.pack_options))
+    eng = _engine(pack, **case.options)
+    Session(eng, chunk=case.chunk, progress=False).run(case.prompt_ids(pack.config.n_vocab), greedy=case.greedy)
+    walks = {c.walk for c in eng.walk_choices}
+    assert walks == {"streamed", "staged"}, [c.line() for c in eng.walk_choices]

@@ -750,18 +750,18 @@ def _cuda_rows() -> list[ParityCase]:
              dict(greedy=1, records=False, pack_options=STRATA2[2]))):
         rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "ring_in_place": 1}, **kw))
     # ---- stream_min auto (issue 26, item 4): the walk chosen by coverage ----
-    # The lead's A/B cases on the 2-layer strata pack with a third cached: 254 tokens (staged by the
-    # threshold, streamed by coverage) and 1,030; and the tiny pack's chunks of 64 whose last chunk
-    # and greedy steps stage while the others stream, in group and per-expert mode. Arm name: sminauto.
+    # The tiny pack's chunks of 64 whose last chunk and greedy steps stage while the others stream,
+    # in group and per-expert mode, one a prompt of three ids; the A/B's case on the 2-layer strata
+    # pack with a third cached at 254 tokens, which the threshold stages and coverage streams (its
+    # greedy step stages). From 1,024 tokens both rules stream the same one chunk: no row there.
+    # Arm name: sminauto.
     tiny_all, strata_all = _all_experts("tiny"), _all_experts(STRATA2[0], 2)
     for preset, etype, n, chunk, arm, kw in (
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8), dict(quick=True)),
             ("tiny", "IQ2_XS", 200, 64, dict(expert_cache=tiny_all // 3, ring=16, group_gather=0),
              dict(prompt="few")),
             ("strata", "IQ2_XS", 254, "auto", dict(expert_cache=strata_all // 3),
-             dict(greedy=1, records=False, pack_options=STRATA2[2])),
-            ("strata", "IQ2_XS", 1030, "auto", dict(expert_cache=strata_all // 3),
-             dict(greedy=1, records=False, base="resident", pack_options=STRATA2[2]))):
+             dict(greedy=2, records=False, pack_options=STRATA2[2]))):
         rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "stream_min": "auto"}, **kw))
     return rows
 
