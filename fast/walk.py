@@ -455,7 +455,7 @@ class WalkChoice:
         if self.rule == "threshold":
             return f"{self.walk}: {self.tokens} tokens {cmp} stream_min {self.stream_min} ({size})"
         how = f"measured on the last {self.measured} tokens" if self.measured is not None else "uniform top-k"
-        return (f"{self.walk}: coverage {self.coverage:.2f} {cmp} {STREAM_COVERAGE:.2f} of {size} "
+        return (f"{self.walk}: coverage {self.coverage:.3f} {cmp} {STREAM_COVERAGE:.2f} of {size} "
                 f"({self.tokens} tokens, {how}; staged ~{_bytes(self.staged_bytes)})")
 
 
