@@ -209,7 +209,8 @@ def test_streamed_float_experts_are_counted_in_the_copies(make_test_pack, tmp_pa
     blob crosses once, its bytes in copy_bytes (an F32 blob is twice an F16 one)."""
     pack = make_test_pack("tiny", etype)
     cfg = pack.config
-    eng = make_fast_engine(pack, "sim", expert_cache=0, stream_min=1, ring=cfg.n_layer * cfg.n_expert)
+    # one copy per expert (copy_coalesce 0), so that the copy events count the experts
+    eng = make_fast_engine(pack, "sim", expert_cache=0, stream_min=1, ring=cfg.n_layer * cfg.n_expert, copy_coalesce=0)
     ids = np.random.default_rng(8).integers(0, cfg.n_vocab, 60).astype(np.int32)
     run_engine(eng, ids, "auto", tmp_path, greedy=0, layer_dumps=False)
     gu, d = pack.expert_blob_bytes(0)
