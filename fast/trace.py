@@ -194,10 +194,28 @@ def layer_overlap(copies, waits, work, all_copies=None) -> Overlap:
     work (any layer's: a copy is covered by whatever compute runs beside it); all_copies, every
     copy span (any layer's: a wait ends when its copy lands, whichever layer that copy is
     counted to; default: copies)."""
-    busy = merge(copies)
-    idle_waits = subtract(waits, work)
-    return Overlap(copy=total(busy), uncovered=total(subtract(busy, work)),
-                   waiting=total(intersect(idle_waits, copies if all_copies is None else all_copies)))
+    return Overlap(copy=total(copies), uncovered=total(uncovered(copies, work)),
+                   waiting=total(waiting(waits, work, copies if all_copies is None else all_copies)))
+
+
+def uncovered(copies, work) -> list[tuple[float, float]]:
+    """The stretches of copies with no compute work beside them."""
+    return subtract(copies, work)
+
+
+def waiting(waits, work, copies) -> list[tuple[float, float]]:
+    """The stretches of the compute stream's waits for copies with no work of its own and a copy
+    running."""
+    return intersect(subtract(waits, work), copies)
+
+
+def stretches(spans: list[Span]) -> dict[str, list[tuple[float, float]]]:
+    """The overlap's stretches over spans of any layers (what plot marks): copy, uncovered and
+    waiting, each a merged [start, end) list."""
+    work = [(s.start, s.end) for s in spans if s.track == "compute" and s.name not in WAITS]
+    copies = [(s.start, s.end) for s in spans if s.track == "copy" and s.name not in WAITS]
+    waits = [(s.start, s.end) for s in spans if s.track == "compute" and s.name == WAIT_COPY]
+    return {"copy": merge(copies), "uncovered": uncovered(copies, work), "waiting": waiting(waits, work, copies)}
 
 
 def span_layer(span: Span) -> int | None:

@@ -103,16 +103,12 @@ def unit_label(meta: dict, index: int) -> str:
 
 
 def overlap_marks(lanes: dict) -> dict:
-    """The [start, end) stretches the strips mark (fast/trace.py's overlap, over the whole unit):
+    """The [start, end) stretches the strips mark, over the whole unit (fast.trace.stretches):
     copy (the copy stream copying), uncovered (copying with no compute work beside it),
     waiting (the compute stream at a wait for a copy while a copy ran)."""
-    from fast.trace import WAIT_COPY, WAITS, intersect, merge, subtract
+    from fast.trace import stretches
 
-    work = [(s.start, s.end) for s in lanes["compute"] if s.name not in WAITS]
-    copies = [(s.start, s.end) for s in lanes["copy"] if s.name not in WAITS]
-    waits = [(s.start, s.end) for s in lanes["compute"] if s.name == WAIT_COPY]
-    return {"copy": merge(copies), "uncovered": subtract(copies, work),
-            "waiting": intersect(subtract(waits, work), copies)}
+    return stretches([s for lane in lanes.values() for s in lane])
 
 
 def draw(plt, lanes: dict, gaps: list, t0: float, t1: float, out, title: str, marks: dict | None = None,
