@@ -179,8 +179,7 @@ class FastEngine:
         auto = self.options.stream_min == options.AUTO
         self._routed = (int(n_tok), [None] * cfg.n_layer) if auto and p.n_streamed else None
         if self._blob_bytes is None:
-            self._blob_bytes = [sum(self.pack.expert_blob_bytes(l)) + self.pack.expert_blob_bytes(l)[0]
-                                for l in range(cfg.n_layer)]
+            self._blob_bytes = [2 * gu + d for gu, d in map(self.pack.expert_blob_bytes, range(cfg.n_layer))]
         choice = walk.choose_walk(n_tok=n_tok, stream_min=self.options.stream_min, k_used=cfg.n_expert_used,
                                   n_expert=cfg.n_expert, streamed=[len(p.streamed(l)) for l in range(cfg.n_layer)],
                                   blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
