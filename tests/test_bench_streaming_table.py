@@ -24,7 +24,7 @@ def bsc():
 def test_arm_table_has_the_window_arms_and_only_known_switches(bsc):
     table = bsc.arm_table(24576)
     assert table["window-auto"] == {"window": "auto"} and table["window-24576"] == {"window": 24576}
-    assert {"group", "per-expert", "gather-q", "coalesce"} <= set(table)
+    assert {"group", "per-expert", "gather-q", "one-copy"} <= set(table)
     assert "window-16384" in bsc.arm_table()
     for switches in table.values():  # every keyword is a switch of the table, and its value resolves
         options.resolve(switches)
