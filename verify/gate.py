@@ -27,7 +27,7 @@ import json
 import os
 from pathlib import Path
 
-GPU_WORKERS = 4  # workers per GPU: the fastest in docs/results/2026-12-01-gate.md's table
+GPU_WORKERS = 5  # workers per GPU: the fastest in docs/results/2026-12-02-gate-host-work.md (4 and 5 on one tree)
 # Niceness of the workers on a GPU machine: the work started ahead of them (the kernels'
 # compiles, the references' long NumPy runs) is what the slowest rows wait for, so it goes
 # first where they compete for cores; where nothing competes, niceness changes nothing.
