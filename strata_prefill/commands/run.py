@@ -77,9 +77,10 @@ def add_parser(sub, name: str) -> None:
                         "docs/reference-cache.md)")
     g = p.add_argument_group("timing and traces (--impl fast)")
     g.add_argument("--timing", action="store_true",
-                   help="after the run, per chunk: ms and share of each phase (event pairs around each "
-                        "phase) beside the chunk's uninstrumented total (a further prefill with one event "
-                        "pair per chunk) (env STRATA_PREFILL_TIMING=1)")
+                   help="after the run, per chunk (or window): the walk taken and why, ms and share of "
+                        "each phase (event pairs around each phase) beside the chunk's uninstrumented total "
+                        "(a further prefill with one event pair per chunk), and per layer the copy time not "
+                        "covered by compute and the compute time waiting for copies (env STRATA_PREFILL_TIMING=1)")
     g.add_argument("--trace", type=checks.output_file, metavar="FILE",
                    help="after the run, write the compute and copy streams of one more prefill as "
                         "Chrome trace / Perfetto JSON (strata-prefill plot draws it)")
