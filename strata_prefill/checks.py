@@ -299,7 +299,7 @@ def _one_of(choices):
 
 
 # FastEngine keywords read only when some expert streams through the ring (fast/engine.py)
-STREAMING = ("ring", "stream_min", "copy_coalesce")
+STREAMING = ("ring", "stream_min", "copy_coalesce", "ring_in_place")
 # kernel forms only the cuda backend reads (fast/backend_base.py: the sim runs the NumPy
 # definitions whatever they say)
 CUDA_FORMS = ("lean_attention", "tiled_dense", "widen_float", "pair_attention")
@@ -360,6 +360,10 @@ def fast_switches_used(switches: dict, backend: str, config, label, where: str =
         raise InputError(f"{where}{label('group_gather')} picks how a group's streamed experts are gathered: "
                          f"every expert is resident and multiplied where it lies ({label('in_place')} 1, the "
                          f"default): none is gathered: it does nothing")
+    if switches.get("ring_in_place") and not _given_or_default(switches, "in_place"):
+        raise InputError(f"{where}{label('ring_in_place')} 1 multiplies streamed experts in their slots by "
+                         f"the in-place products: with {label('in_place')} 0 every expert is gathered: it "
+                         f"does nothing (drop {label('in_place')} 0)")
     if every:
         for kw in STREAMING:
             if switches.get(kw) is not None:

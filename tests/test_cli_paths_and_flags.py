@@ -173,6 +173,9 @@ IDLE = [
     (BENCH + ["--a", "expert-cache=33", "--b", "default"], "--a: expert-cache 33: the pack has 32 experts", {}),
     (BENCH + ["--a", "default", "--b", "ring=8"], "--b: ring shapes how streamed experts are copied", {}),
     (BENCH + ["--a", "default", "--b", "STRATA_PREFILL_COPY_COALESCE=1"], "--b: copy-coalesce shapes how", {}),
+    (BENCH + ["--a", "default", "--b", "ring-in-place=1"], "--b: ring-in-place shapes how streamed experts", {}),
+    (BENCH + ["--a", "expert-cache=4,in-place=0,ring-in-place=1", "--b", "default"],
+     "--a: ring-in-place 1 multiplies streamed experts in their slots by the in-place products: with in-place 0", {}),
     (BENCH + ["--a", "expert_cache=32,stream-min=4", "--b", "default"],
      "--a: stream-min shapes how streamed experts are copied: none stream when every expert is resident "
      "(expert-cache 32 holds all 32)", {}),
