@@ -70,7 +70,7 @@ class FastEngine:
         self.staging = Ring("stage", STAGING_SLOTS)
         self.passes = Passes(backend, o.copy_coalesce)
         self._chunk_pass = None  # the chunk's streamed-walk pass, when the chunk streams
-        self._blob_bytes = None  # one expert's blob bytes per layer, read when first needed
+        self._blob_bytes = [pack.expert_blob_size(l) for l in range(cfg.n_layer)]  # one expert's, per layer
         #: the walk each chunk (or window) of the current prompt took and why (fast.walk.WalkChoice),
         #: in order; a prompt that starts at position 0 starts the list again (run --timing prints it)
         self.walk_choices: list = []
@@ -178,8 +178,6 @@ class FastEngine:
             self._measured = (self._routed[0], list(self._routed[1]))
         auto = self.options.stream_min == options.AUTO
         self._routed = (int(n_tok), [None] * cfg.n_layer) if auto and p.n_streamed else None
-        if self._blob_bytes is None:
-            self._blob_bytes = [2 * gu + d for gu, d in map(self.pack.expert_blob_bytes, range(cfg.n_layer))]
         choice = walk.choose_walk(n_tok=n_tok, stream_min=self.options.stream_min, k_used=cfg.n_expert_used,
                                   n_expert=cfg.n_expert, streamed=[len(p.streamed(l)) for l in range(cfg.n_layer)],
                                   blob_bytes=self._blob_bytes, measured=self._measured if auto else None)

@@ -148,7 +148,8 @@ class SimBackend(BackendBase):
         self.kv = attention.KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self._weights: dict = {}
         self._blob_bytes = [pack.expert_blob_bytes(l) for l in range(cfg.n_layer)]
-        slot_bytes = max(2 * gu + d for gu, d in self._blob_bytes)
+        self._blob_sizes = [pack.expert_blob_size(l) for l in range(cfg.n_layer)]
+        slot_bytes = max(self._blob_sizes)
         self._rings = {"ring": np.full((ring_slots, slot_bytes), 0xA5, np.uint8),
                        "stage": np.full((staging_slots, slot_bytes), 0xA5, np.uint8)}
         max_gu = max(gu for gu, _ in self._blob_bytes)
@@ -432,7 +433,7 @@ class SimBackend(BackendBase):
             streams.wait("copy", ev, f"the release of a {ring} slot", chunk)
             self.counters["copy_waits"] += 1
         runs = adjacent_runs(slots, experts, self.placement.host_index,
-                             [2 * gu + d for gu, d in self._blob_bytes], self._rings[ring].shape[1])
+                             self._blob_sizes, self._rings[ring].shape[1])
         for s, (layer, expert), tag in zip(slots, experts, tags):
             blob = self._host_blob(layer, expert)
 

@@ -545,6 +545,11 @@ class Pack:
         down = self.matrix(f"blk.{l}.ffn_down_exps")
         return gate.matrix_bytes, down.matrix_bytes
 
+    def expert_blob_size(self, l: int) -> int:
+        """Bytes of one expert's blob [gate | up | down] in layer l: 2 * gu_bytes + d_bytes."""
+        gu, d = self.expert_blob_bytes(l)
+        return 2 * gu + d
+
     def expert_offsets(self, l: int, e: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
         """((gate_off, gate_len), (up_off, up_len), (down_off, down_len)): absolute file
         offsets and lengths of expert e's three slices in layer l."""

@@ -128,8 +128,10 @@ def check_experts(pack: Pack, reader: GGUFReader, raw: np.memmap, l: int, expert
                   for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
         assert [s.size for s in slices] == [gu_bytes, gu_bytes, d_bytes]
         blob = pack.expert_blob(l, e)
-        assert blob.dtype == np.uint8 and blob.size == 2 * gu_bytes + d_bytes
+        assert blob.dtype == np.uint8 and blob.size == 2 * gu_bytes + d_bytes == pack.expert_blob_size(l)
         assert np.array_equal(blob, np.concatenate(slices))
+        for part, s in zip(pack.expert_parts(l, e), slices):  # the views the cuda tiers copy from
+            assert np.array_equal(part, s)
         for (off, n), s in zip(pack.expert_offsets(l, e), slices):
             assert n == s.size
             assert np.array_equal(raw[off:off + n], s)

@@ -204,7 +204,7 @@ class CudaBackend(BackendBase):
         dense weights (every tensor of the pack that is not an expert, at the size it will have
         on the device: widened 16-bit matrices take twice their file bytes)."""
         cfg = pack.config
-        blobs = [2 * gu + d for gu, d in (pack.expert_blob_bytes(l) for l in range(cfg.n_layer))]
+        blobs = [pack.expert_blob_size(l) for l in range(cfg.n_layer)]
         free, _total = runtime.mem_info()
         dense = pack.file_size - cfg.n_expert * sum(blobs) + self.widened_extra_bytes(pack)
         left = free - (reserve_mib << 20) - (ring_slots + staging_slots) * max(blobs) - dense

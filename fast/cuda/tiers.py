@@ -63,7 +63,7 @@ class ExpertTiers:
         self.stress = stress  # fast.cuda.stress.Stress: a spin before each copy (None: off)
         cfg = pack.config
         self.placement = placement
-        self.blob_bytes = [2 * gu + d for gu, d in (pack.expert_blob_bytes(l) for l in range(cfg.n_layer))]
+        self.blob_bytes = [pack.expert_blob_size(l) for l in range(cfg.n_layer)]
         self.slot_bytes = max(self.blob_bytes)
         self.copy_stream = cuda.Stream(flags=NON_BLOCKING)
 
@@ -91,11 +91,12 @@ class ExpertTiers:
         total = int(starts[-1])
         self.host_bytes = total
         key = _host_key(pack, placement, self.blob_bytes) if total else None
-        kept = _kept_host.pop(key, None)
-        _kept_host.clear()  # another pack's or placement's: freed before more is locked
+        kept = _kept_host.pop(key, None) if key else None
         if kept is not None:
             self.host = kept
         else:
+            if total:  # another pack's or placement's tier, freed before more is locked
+                _kept_host.clear()
             try:
                 self.host = cuda.pagelocked_empty(max(total, 1), np.uint8)
             except Exception as e:  # noqa: BLE001 - the driver's own error text goes into the line
