@@ -157,6 +157,10 @@ SWITCHES = (
            default_text="one chunk (--prefill)"),
     Switch("copy_coalesce", "STRATA_PREFILL_COPY_COALESCE", ON, SCHEDULE, OnOff(),
            "1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy per expert"),
+    Switch("flush_on_skip", "STRATA_PREFILL_FLUSH_ON_SKIP", ON, SCHEDULE, OnOff(),
+           "1: the streamed walk gathers what an open group holds whenever it meets a ring entry "
+           "the routing skipped; 0: the group is held across skipped entries (released unused at "
+           "once) and gathered once, earlier only where its entries span the ring"),
     Switch("overlap_plan", "STRATA_PREFILL_OVERLAP_PLAN", ON, SCHEDULE, OnOff(),
            "1: the MoE-input quantize and the shared expert are queued before the host reads the "
            "routing counts, so the device runs them while the host plans the walk; 0: the host "

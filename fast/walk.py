@@ -20,11 +20,13 @@ every member not yet gathered:
   per-expert mode        per member: one wait, one gather launch, one event
 
 A group is flushed when it is complete, and earlier when
-  - the walk meets a skipped ring entry while the group holds streamed members: the held
-    entries then stay contiguous, so no more than a group's entries are held back from the
-    copy side and the ring keeps moving;
-  - the group holds as many streamed members as the ring has slots (the 8-slot staging ring,
-    or any ring smaller than a group): the next copy needs one of them released.
+  - the walk meets a ring entry a ring's length or more after the group's first held entry
+    (the 8-slot staging ring, or any ring smaller than a group's span): that entry's copy goes
+    into the held entry's slot and waits for its release;
+  - with flush_on_skip (the default), the walk meets a skipped ring entry while the group
+    holds streamed members: the held entries then stay contiguous. Without it, skipped entries
+    are released unused as the walk meets them and the group is gathered once, in one wait,
+    launch and event, however many entries the routing skipped between its members.
 Then the group's products run: gate/up over its rows, SwiGLU, the quantize of H, down.
 Float experts (F16, BF16, F32) take the same walk, rings and gathers (their blobs are bytes
 like any others); the backend multiplies them by the float product, one launch per expert and
@@ -249,11 +251,11 @@ class LayerWalk:
         gi = 0
         for e in visit:
             entry = None if self.resident[e] else self.stream.index[(self.layer, e)]
+            if entry is not None and self.spans_ring(entry):
+                self.flush()  # entry's copy waits for the release of a held entry
             if e not in routed_group:  # a ring entry the routing skipped
                 self.skip(entry)
                 continue
-            if entry is not None and self.held_streamed() >= self.stream.ring.n_slots:
-                self.flush()  # the next copy needs one of the held slots
             self.stream.copy_ahead()
             self.members.append(Member(e, len(self.members), entry))
             if len(self.members) == len(groups[gi].experts):
@@ -308,11 +310,20 @@ class LayerWalk:
     def held_streamed(self) -> int:
         return sum(m.entry is not None for m in self.members[self.flushed:])
 
+    def spans_ring(self, entry: int) -> bool:
+        """Whether the open group holds an entry a ring's length or more before `entry`: the
+        copy of `entry` goes into that entry's slot and waits for its release, so the group
+        must be gathered before the walk waits for (or releases) `entry`."""
+        held = [m.entry for m in self.members[self.flushed:] if m.entry is not None]
+        return bool(held) and entry - held[0] >= self.stream.ring.n_slots
+
     def skip(self, entry: int) -> None:
-        """A skipped ring entry: gather what the open group holds first, then release the
-        entry unused (nothing read it: the copy stream's order is all its slot needs). An open
-        run (ring_in_place) is not cut here: plan_runs already bounds what it holds."""
-        if self.held_streamed() and not self.in_ring:
+        """A skipped ring entry, released unused (nothing read it: the copy stream's order is
+        all its slot needs). With flush_on_skip the open group is gathered first, so the held
+        entries stay contiguous; without it the group is held across skips (run() gathers it
+        earlier only where it spans the ring). An open run (ring_in_place) is not cut here:
+        plan_runs already bounds what it holds."""
+        if self.options.flush_on_skip and self.held_streamed() and not self.in_ring:
             self.flush()
         self.stream.release([entry], None)
 

@@ -72,8 +72,8 @@ def _stale_used_of(self, ks, event):
     self.copy_ahead()
 
 
-def _skip_without_flush(self, entry):
-    self.stream.release([entry], None)
+def _never_spans(self, entry):
+    return False  # the group held across skips is never gathered early, however far it reaches
 
 
 def _copy_without_waiting(self, run):
@@ -90,8 +90,8 @@ BROKEN = {
     "release before the group's gather": (LayerWalk, "gather", _release_before_gather, dict(ring=4)),
     "stale used_of after a per-slot release": (RingPass, "release", _stale_used_of,
                                                dict(ring=4, group_gather=0)),
-    "no flush of an open group at a skipped entry": (LayerWalk, "skip", _skip_without_flush,
-                                                     dict(ring=4, stream_min=1)),
+    "no flush of an open group that spans the ring": (LayerWalk, "spans_ring", _never_spans,
+                                                      dict(ring=4, stream_min=1, flush_on_skip=0)),
     "refill without waiting": (RingPass, "_copy", _copy_without_waiting, dict(ring=4)),
     # one copy per expert: coalesced, a group's members can land in one copy, its first the last
     "wait on the group's first copy": (LayerWalk, "gather", _wait_on_first_copy, dict(ring=8, copy_coalesce=0)),
@@ -124,16 +124,36 @@ def test_wait_on_nothing_is_a_hazard(make_test_pack, tmp_path, monkeypatch):
 @given(n_tok=st.integers(1, 90), seed=st.integers(0, 2**16), ring=st.sampled_from([1, 2, 3, 8, 16, 96]),
        group_size=st.integers(1, 16), cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024]),
        gg=st.booleans(), qg=st.booleans(), coalesce=st.booleans(), in_place=st.booleans(),
-       policy=st.sampled_from(POLICIES), sched=st.integers(0, 2**16))
+       flush_on_skip=st.booleans(), policy=st.sampled_from(POLICIES), sched=st.integers(0, 2**16))
 def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, ring, group_size, cache,
-                                 stream_min, gg, qg, coalesce, in_place, policy, sched):
+                                 stream_min, gg, qg, coalesce, in_place, flush_on_skip, policy, sched):
     pack = make_test_pack("tiny", "IQ2_XS")
     ids = _prompt(pack, n_tok, seed)
     out = tmp_path_factory.mktemp("h")
     ref = run_engine(ReferenceEngine(pack), ids, 32, out / "ref", greedy=1)
     eng = make_fast_engine(pack, "sim", sim_options=dict(schedule_seed=sched, policy=policy), ring=ring,
                            group_size=group_size, expert_cache=cache, stream_min=stream_min, group_gather=gg,
-                           quant_gather=qg, copy_coalesce=coalesce, in_place=in_place)
+                           quant_gather=qg, copy_coalesce=coalesce, in_place=in_place,
+                           flush_on_skip=flush_on_skip)
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} group {group_size} cache {cache} stream_min {stream_min} "
-                                    f"in_place {in_place}")
+                                    f"in_place {in_place} flush_on_skip {flush_on_skip}")
+
+
+@pytest.mark.parametrize("ring", [4, 96])
+def test_a_group_held_across_skips_is_gathered_once(make_test_pack, tmp_path, ring):
+    """A short prompt routes few of a layer's experts, so the streamed walk meets skipped
+    entries between a group's members: flush_on_skip 1 gathers the group in pieces there, 0
+    holds it (one wait, gather and event a group where the ring is long enough) and gives the
+    same bytes; with a ring shorter than the span the group is gathered early, never stalls."""
+    pack = make_test_pack("tiny", "Q8_0")
+    counts, runs = {}, {}
+    for fos in (1, 0):
+        eng = make_fast_engine(pack, "sim", sim_options=dict(schedule_seed=3, policy="copy_first"), ring=ring,
+                               expert_cache=0, stream_min=1, flush_on_skip=fos)
+        runs[fos] = run_engine(eng, _prompt(pack, 5), 64, tmp_path / f"f{fos}", greedy=0, layer_dumps=False)
+        counts[fos] = dict(eng.counters)
+    assert_same_run(runs[1], runs[0], pack, f"flush_on_skip 1 against 0, ring {ring}")
+    assert counts[0]["copy_bytes"] == counts[1]["copy_bytes"]  # the same entries cross the link
+    for what in ("gathers", "waits", "events"):
+        assert counts[0][what] < counts[1][what], (what, counts)
