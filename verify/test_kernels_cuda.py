@@ -89,18 +89,13 @@ def _q8_report(got: np.ndarray, want: np.ndarray, n_rows: int, K: int, layout) -
     kb, row = divmod(blk, n_rows)
     base = blk * q8_1.BLOCK_BYTES
     if off < q8_1.HEADER_BYTES:
-        if layout == q8_1.Layout.D4:
-            f = off // 4
-            g = got[base + 4 * f: base + 4 * f + 4].view("<f4")[0]
-            w = want[base + 4 * f: base + 4 * f + 4].view("<f4")[0]
-            what = (f"header d[{f}] (column {kb * 128 + 32 * f}): got {float(g)!r} "
-                    f"(0x{g.view('<u4'):08x}) want {float(w)!r} (0x{w.view('<u4'):08x})")
-        else:
-            f = off // 2
-            g = got[base + 2 * f: base + 2 * f + 2].view("<f2")[0]
-            w = want[base + 2 * f: base + 2 * f + 2].view("<f2")[0]
-            what = (f"header half[{f}]: got {float(g)!r} (0x{g.view('<u2'):04x}) "
-                    f"want {float(w)!r} (0x{w.view('<u2'):04x})")
+        # D4: four float32 scales (one a 32-value column block); the others: halves
+        width, name = (4, "d") if layout == q8_1.Layout.D4 else (2, "half")
+        f = off // width
+        g, w = (b[base + width * f: base + width * (f + 1)].view(f"<f{width}")[0] for b in (got, want))
+        col = f" (column {kb * 128 + 32 * f})" if width == 4 else ""
+        bits = lambda v: f"0x{int(v.view(f'<u{width}')):0{2 * width}x}"  # noqa: E731
+        what = f"header {name}[{f}]{col}: got {float(g)!r} ({bits(g)}) want {float(w)!r} ({bits(w)})"
     else:
         col = kb * 128 + off - q8_1.HEADER_BYTES
         g, w = got[i].view(np.int8), want[i].view(np.int8)

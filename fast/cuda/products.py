@@ -93,9 +93,11 @@ def _format(qtype) -> type[qformats.QuantFormat]:
 # --------------------------------------------------------------------------- quantize
 
 
-def _q8_grid(tasks: int) -> tuple[int, int, int]:
+def _q8_launch(dev, module: str, kernel: str, fmt: str, tasks: int, *args) -> None:
+    """One launch of a q8_1 quantize kernel: a warp a 128-value block, ``tasks`` blocks."""
+    f = runtime.function(module, kernel, fmt)
     blocks = max(1, min((tasks + _Q8_WARPS - 1) // _Q8_WARPS, 1 << 20))
-    return (blocks, 1, 1)
+    dev.launch(f, kernel, (blocks, 1, 1), (_Q8_THREADS, 1, 1), *args)
 
 
 def quantize_gather(dev, x, src, *, n_rows: int, K: int, layout, out, ldx: int | None = None,
@@ -108,9 +110,7 @@ def quantize_gather(dev, x, src, *, n_rows: int, K: int, layout, out, ldx: int |
     ldx = K if ldx is None else int(ldx)
     if n_rows <= 0:
         return
-    nkb = q8_1.blocks_per_row(K)
-    f = runtime.function("quantize_q8_1", "q8_1_gather", "PqPiiiPi")
-    dev.launch(f, "q8_1_gather", _q8_grid(n_rows * nkb), (_Q8_THREADS, 1, 1),
+    _q8_launch(dev, "quantize_q8_1", "q8_1_gather", "PqPiiiPi", n_rows * q8_1.blocks_per_row(K),
                ptr(x), ldx, ptr(src), int(n_rows), int(K), lay, ptr(out), R_total)
 
 
@@ -123,9 +123,7 @@ def quantize_scatter(dev, x, slot, *, T: int, K_used: int, K: int, layout, out,
     ldx = K if ldx is None else int(ldx)
     if T <= 0:
         return
-    nkb = q8_1.blocks_per_row(K)
-    f = runtime.function("quantize_q8_1", "q8_1_scatter", "PqPiiiiPi")
-    dev.launch(f, "q8_1_scatter", _q8_grid(T * nkb), (_Q8_THREADS, 1, 1),
+    _q8_launch(dev, "quantize_q8_1", "q8_1_scatter", "PqPiiiiPi", T * q8_1.blocks_per_row(K),
                ptr(x), ldx, ptr(slot), int(T), int(K_used), int(K), lay, ptr(out), int(T) * int(K_used))
 
 
@@ -146,8 +144,7 @@ def swiglu_quantize(dev, g, u, *, r0: int, r1: int, layout, out, row0: int, R_to
     rows = r1 - r0
     if rows == 0 or n == 0:
         return
-    f = runtime.function("swiglu_q8_1", "swiglu_q8_1", "PqPqiiiPi")
-    dev.launch(f, "swiglu_q8_1", _q8_grid(rows * q8_1.blocks_per_row(n)), (_Q8_THREADS, 1, 1),
+    _q8_launch(dev, "swiglu_q8_1", "swiglu_q8_1", "PqPqiiiPi", rows * q8_1.blocks_per_row(n),
                ptr(g) + 4 * r0 * n, n, ptr(u) + 4 * r0 * n, n, rows, n, lay,
                ptr(out) + row0 * q8_1.BLOCK_BYTES, R_total)
 
