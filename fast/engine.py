@@ -295,7 +295,8 @@ class FastEngine:
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
                                 placement=self.placement,
-                                chunk_pass=self._chunk_pass, passes=self.passes, staging=self.staging, options=o,
+                                chunk_pass=self._chunk_pass, passes=self.passes,
+                                staging=self.ring if o.stage_in_ring else self.staging, options=o,
                                 group_size=self.group_size, keep_h=dump is not None and dump.ops)
         self._note_routing(layer, tab)
 

@@ -7,7 +7,8 @@ The routed experts are visited in id order, in groups of `group_size` (MMQ_GROUP
 routed experts, resident and streamed mixed. A streamed expert is a ring entry: in the
 streamed walk the chunk's ring pass holds every streamed expert of every layer, so the walk
 also meets the entries the routing skipped; in the staged walk the layer's pass holds only its
-routed streamed experts. Which of the two a chunk (or window) takes is `choose_walk`'s: by the
+routed streamed experts (through the 8-slot staging ring, or with stage_in_ring the streamed
+walk's ring, which a staged chunk leaves idle). Which of the two a chunk (or window) takes is `choose_walk`'s: by the
 stream_min threshold (chunks from STREAM_MIN tokens stream), or with stream_min auto by the
 coverage the routing is expected to reach.
 
@@ -23,10 +24,11 @@ A group is flushed when it is complete, and earlier when
   - the walk meets a ring entry a ring's length or more after the group's first held entry
     (the 8-slot staging ring, or any ring smaller than a group's span): that entry's copy goes
     into the held entry's slot and waits for its release;
-  - with flush_on_skip (the default), the walk meets a skipped ring entry while the group
-    holds streamed members: the held entries then stay contiguous. Without it, skipped entries
-    are released unused as the walk meets them and the group is gathered once, in one wait,
-    launch and event, however many entries the routing skipped between its members.
+  - with flush_on_skip 1 (the earlier rule), the walk meets a skipped ring entry while the
+    group holds streamed members: the held entries then stay contiguous. By default (0)
+    skipped entries are released unused as the walk meets them and the group is gathered once,
+    in one wait, launch and event, however many entries the routing skipped between its
+    members (docs/results/2026-12-02-streaming-8layer.md: 1.25x of the floor at 8K became 1.11x).
 Then the group's products run: gate/up over its rows, SwiGLU, the quantize of H, down.
 Float experts (F16, BF16, F32) take the same walk, rings and gathers (their blobs are bytes
 like any others); the backend multiplies them by the float product, one launch per expert and
@@ -191,16 +193,17 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
             batch, walked = split_resident(tab.order, tab.cnt, tab.off, resident)
         else:
             batch, walked = None, tab.order
-        groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)
-        bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
-    walked = [int(e) for e in walked]
-    if chunk_pass is not None:  # streamed walk: this layer's entries, routed or not
+        walked = [int(e) for e in walked]
+    if chunk_pass is None:  # staged: the routed streamed experts, their copies queued first
+        ring_pass = passes.open(staging, [(layer, e) for e in walked if not resident[e]])
+        visit = walked
+    else:  # streamed walk: this layer's entries, routed or not
         ring_pass = chunk_pass
         with be.host_phase("host planning"):
             visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer)))
-    else:  # staged: the routed streamed experts, through the staging ring
-        ring_pass = passes.open(staging, [(layer, e) for e in walked if not resident[e]])
-        visit = walked
+    with be.host_phase("host planning"):
+        groups = [] if in_ring else plan_groups(np.asarray(walked, np.int64), tab.cnt, tab.off, group_size)
+        bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
     in_place = batch if batch is not None and len(batch.experts) > 0 else None
     lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
     if in_ring:
