@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from fast.cuda.products_ws import WS_CONFIGS
 from fast.cuda.runtime import cuda_available
 from strata import mmq, q8_1, quants
 from verify.device_checks import POISON
@@ -196,3 +197,20 @@ def test_mmq_ws_single_matrix(cu, dev):
     products_ws.mmq_tiles_ws(dev, qt, cd, N=N, K=K, act=ad, R_total=R_total, tiles=_dev(tw), n_tiles=len(tw), out=o1)
     got = _get(cu, o1, nbytes)
     assert np.array_equal(got, want), _report(got, want, N)
+
+
+@pytest.mark.parametrize("name", sorted(WS_CONFIGS))
+@pytest.mark.parametrize("tname", ["IQ2_XS", "Q8_0"])
+def test_ws_config_fits_its_launch(cu, name, tname):
+    """Each configuration's kernel holds its block at its register count (the driver's
+    MAX_THREADS_PER_BLOCK at NUM_REGS; d7e5400's 200-register default did not: every launch
+    failed "too many resources requested"), and one SM holds at least one CTA with its shared
+    memory (products_ws.launch_limits, the driver's rules)."""
+    from fast.cuda import products, products_ws
+
+    cfg = products_ws.ws_config(name)
+    f = products_ws._func(cfg, products._format(QT[tname]))
+    regs, max_threads = int(f.num_regs), int(f.max_threads_per_block)
+    assert f.threads <= max_threads, f"{name} {tname}: block {f.threads} > {max_threads} at {regs} registers"
+    lim = products_ws.launch_limits(regs, f.threads, f.smem, int(f.shared_size_bytes))
+    assert lim["fits"] and lim["ctas"] == f.ctas_per_sm >= 1, (name, tname, lim)

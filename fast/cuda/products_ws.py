@@ -17,25 +17,28 @@ from __future__ import annotations
 import json
 import os
 
-from strata.errors import InputError
+from strata.errors import DeviceError, InputError
 
 from . import products, runtime, signatures
 from .runtime import ptr
 
-__all__ = ["WS_CONFIGS", "ws_config", "tile_rows_for_ws", "ws_geometry", "mmq_tiles_ws", "ws_modules"]
+__all__ = ["WS_CONFIGS", "ws_config", "tile_rows_for_ws", "ws_geometry", "mmq_tiles_ws", "ws_modules",
+           "launch_limits"]
 
 #: named configurations of mmq_ws.cu (A/B candidates; "default" is what config None takes):
 #: - default: 8 consumer warps (64 weight rows x 128 activation rows) + 2 producer warps, one CTA
-#:   an SM, 200 registers, 3 decoded stages, 1 chunk copied ahead;
+#:   an SM, 168 registers (the most 10 warps may hold at launch: mmq_ws.cu MMQ_WS_REG_CAP; 200,
+#:   the first form's, failed every launch with "too many resources requested"), 3 decoded stages,
+#:   1 chunk copied ahead;
 #: - two: the same warps, two CTAs an SM (96 registers), 2 stages and no copy lookahead (the
 #:   shared memory of two CTAs);
 #: - big: 16 consumer warps (128 x 128) + 4 producers, one CTA an SM (96 registers);
 #: - bn64: default with 64 activation rows a tile (few rows an expert).
 WS_CONFIGS = {
-    "default": {"MMQ_WM": 4, "MMQ_WN": 2, "MMQ_BN": 128, "MMQ_WS_PW": 2, "MMQ_WS_MAXREG": 200},
+    "default": {"MMQ_WM": 4, "MMQ_WN": 2, "MMQ_BN": 128, "MMQ_WS_PW": 2, "MMQ_WS_MAXREG": 168},
     "two": {"MMQ_WM": 4, "MMQ_WN": 2, "MMQ_BN": 128, "MMQ_WS_PW": 2, "MMQ_WS_LA": 0, "MMQ_MINB": 2},
     "big": {"MMQ_WM": 8, "MMQ_WN": 2, "MMQ_BN": 128, "MMQ_WS_PW": 4, "MMQ_MINB": 1},
-    "bn64": {"MMQ_WM": 4, "MMQ_WN": 2, "MMQ_BN": 64, "MMQ_WS_PW": 2, "MMQ_WS_MAXREG": 200},
+    "bn64": {"MMQ_WM": 4, "MMQ_WN": 2, "MMQ_BN": 64, "MMQ_WS_PW": 2, "MMQ_WS_MAXREG": 168},
 }
 
 _state: dict = {}
@@ -92,19 +95,47 @@ def _func(cfg: dict, fmt):
     f.prepare("".join(p.letters for p in params))
     f.smem, f.kernel = smem, name
     f.BM, f.BN, f.threads = geo[0], geo[1], geo[2]
-    # resident CTAs an SM: registers (allocated per warp in units of 256), shared memory (1 KB
-    # a CTA reserved), threads
-    regs = int(f.num_regs)
-    warps = -(-f.threads // 32)
-    per_warp = -(-(regs * 32) // 256) * 256
-    by_regs = 65536 // max(1, per_warp * warps)
-    by_smem = (233472) // (smem + int(f.shared_size_bytes) + 1024)
-    f.ctas_per_sm = max(1, min(by_regs, by_smem, 2048 // f.threads, 32))
+    f.ctas_per_sm = _ctas_per_sm(f, name, cfg)
     if "tables" not in _state:
         tab = products._mmq_state.get("tables")
         _state["tables"] = tab if tab is not None else runtime.to_device(products._tables_host(), "MMQ tables")
     _state[key] = f
     return f
+
+
+def launch_limits(regs: int, threads: int, smem_dynamic: int, smem_static: int) -> dict:
+    """What an sm_90 SM holds of a kernel's CTAs, by the driver's rules (cuda_occupancy.h):
+    registers go to warps in units of 256 and are split over the SM's 4 sub-partitions (16,384
+    each); the launch itself is refused (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES) when regs-per-warp x
+    the CTA's warps rounded up to 4 exceeds 65,536 registers (mmq_ws.cu MMQ_WS_REG_CAP). Shared
+    memory: 233,472 B an SM, 232,448 a CTA (static + dynamic), 1 KB a CTA reserved.
+    {"per_warp", "fits", "by_regs", "by_smem", "by_threads", "ctas"}; ctas 0 where it cannot
+    launch."""
+    warps = -(-int(threads) // 32)
+    per_warp = -(-(int(regs) * 32) // 256) * 256
+    smem = int(smem_dynamic) + int(smem_static)
+    fits = per_warp * -(-warps // 4) * 4 <= 65536 and smem <= 232448 and threads <= 1024
+    by_regs = (16384 // max(1, per_warp)) * 4 // warps
+    by_smem = 233472 // (smem + 1024)
+    by_threads = 2048 // int(threads)
+    ctas = min(by_regs, by_smem, by_threads, 32) if fits else 0
+    return {"per_warp": per_warp, "fits": fits, "by_regs": by_regs, "by_smem": by_smem,
+            "by_threads": by_threads, "ctas": ctas}
+
+
+def _ctas_per_sm(f, name: str, cfg: dict) -> int:
+    """The CTAs an SM holds of the loaded kernel f; a kernel that cannot launch at f.threads is a
+    DeviceError naming why (instead of the launch's "too many resources requested")."""
+    regs, static = int(f.num_regs), int(f.shared_size_bytes)
+    lim = launch_limits(regs, f.threads, f.smem, static)
+    max_threads = int(f.max_threads_per_block)
+    if not lim["fits"] or f.threads > max_threads or lim["ctas"] < 1:
+        raise DeviceError(
+            f"{name} (kernels/mmq_ws.cu, {cfg}) cannot launch: {f.threads} threads a CTA, the driver allows "
+            f"{max_threads} at {regs} registers a thread ({lim['per_warp']} a warp x the warps rounded up to 4 "
+            f"must be <= 65536); shared memory {f.smem} dynamic + {static} static. Lower MMQ_WS_MAXREG "
+            "(mmq_ws.cu MMQ_WS_REG_CAP) or the warps")
+    return max(1, lim["ctas"])
 
 
 def ws_geometry(qtype, config=None) -> dict:

@@ -12,8 +12,11 @@
 // (verify/test_mmq_ws_cuda.py checks them against mmq.cu's tile-list kernel and strata.mmq).
 //
 // Launch: mmq.cu's tile-list form only (tiles != NULL; bounds, n_exp, w_stride, tile_rows unused;
-// a launch without tiles writes nothing), the same parameters in the same order, so that
-// fast/cuda/products_ws.py mmq_tiles_ws takes what products.mmq_tiles takes. Entry i of tiles
+// a launch without tiles writes nothing), with the 16 parameters mmq.cu took before its MmqArgs
+// struct (fast/cuda/products_ws.py packs them by name from this file's own signature), so that
+// fast/cuda/products_ws.py mmq_tiles_ws takes what products.mmq_tiles takes. The block is
+// MMQ_NT threads (mmq_ws_geometry[2]); under MMQ_WS_MAXREG the register cap must fit them (the
+// static_assert on MMQ_WS_REG_CAP below). Entry i of tiles
 // (int4) is activation rows [x, y) (y - x <= MMQ_BN) of one expert whose matrix starts at
 // w + (z | (long long)w << 32); CTA tile t multiplies entry t / ceil(N / MMQ_BM) with weight-row
 // tile t % ceil(N / MMQ_BM); gridDim.y = 2 multiplies the pair (w + w_pair into out2). A CTA
@@ -90,6 +93,18 @@ static_assert(MMQ_WS_RS >= MMQ_WS_LA + 1 && MMQ_WS_RS >= 2, "MMQ_WS_RS >= max(MM
 static_assert(2 + 2 * MMQ_WS_DS <= 16, "named barriers: 2 + 2 * MMQ_WS_DS ids of 16");
 #define MMQ_NC (MMQ_WM * MMQ_WN)
 #define MMQ_NT (32 * (MMQ_NC + MMQ_WS_PW))
+// The launch's register check (the driver's, cuda_occupancy.h cudaOccMaxBlocksPerSMRegsLimit):
+// registers go to warps in units of 256 (8 a thread), and the hardware counts a CTA's warps
+// rounded up to the SM's 4 sub-partitions: regs-per-warp x roundup(warps, 4) <= 65536, else every
+// launch fails with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES ("too many resources requested"). With
+// __launch_bounds__ ptxas keeps to it; a __maxnreg__ cap must: 10 warps (8 + 2) allow 168 a
+// thread (200 x 32 x 12 = 76800 > 65536: the first form's failure), 20 warps 96.
+#define MMQ_WS_WARPS4 (((MMQ_NT / 32) + 3) / 4 * 4)
+#define MMQ_WS_REG_CAP ((65536 / MMQ_WS_WARPS4 / 32) / 8 * 8)
+#ifndef MMQ_WS_UNCHECKED  // dev/ws_probe.py builds the failing form on purpose, to show the driver refuse it
+static_assert(MMQ_WS_MAXREG <= MMQ_WS_REG_CAP,
+              "MMQ_WS_MAXREG over what MMQ_NT threads may hold at launch (MMQ_WS_REG_CAP): every launch would fail");
+#endif
 #define MMQ_PT (32 * MMQ_WS_PW)
 #define MMQ_BM (16 * MMQ_WM)
 #define MMQ_NT8 (MMQ_BN / (8 * MMQ_WN))
@@ -785,7 +800,7 @@ __device__ __forceinline__ void mmq_ws_body(const uint8_t* __restrict__ W, int N
     }
 }
 
-// The parameters are mmq.cu's (MMQ_ENTRY), in its order: the host packs them the same way.
+// The parameters are mmq.cu's before MmqArgs (MMQ_ENTRY's 16, in its order); the host packs them by name.
 // Kernel names: ws_<mmq.cu's name> (ws_mmq_q8_0, ws_mmq_iq2_xs, ...).
 #define MMQ_WS_ENTRY(NAME, QT)                                                                           \
     extern "C" __global__ void MMQ_WS_BOUNDS                                                         \
