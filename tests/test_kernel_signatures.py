@@ -44,6 +44,11 @@ DYNAMIC = {
         # the format is the bytes of the kernel's one struct (MmqArgs), its size read from its
         # declaration (test_mmq_launches_pass_every_parameter_by_name checks what is packed into it)
         "fmt": signatures.kernels("mmq")["mmq_q8_0"].packed_format},
+    # the warp-specialized MMQ (products_ws): one build a type; the kernel names are the registry's
+    # with "ws_" before them, the format the kernel's own signature joined (packed by name)
+    ("fast/cuda/products_ws.py", "_func"): {
+        "kernel": tuple("ws_" + f.mmq_kernel for f in qformats.formats() if f.mmq_kernel),
+        "via": "mmq_kernel", "fmt": signatures.kernels("mmq_ws")["ws_mmq_q8_0"].format},
     # a module compiled from the file's own source text, passed in as an argument
     ("bench/bench_mmq_cuda.py", "__init__"): {"source": "PEAK_SRC"},
     ("bench/bench_mmq_cuda.py", "measure_peak"): {"source": "PEAK_SRC", "kernel": ("peak_k32", "peak_k16")},
@@ -404,9 +409,10 @@ def test_kernel_signatures_do_not_depend_on_defines():
     # the one the build without it declares
     for cu in sorted(KERNELS.glob("*.cu")):
         for k in signatures.kernels(cu.stem).values():
-            if cu.stem == "mmq" and all("MMQ_ONLY" in c for c in k.conditions):
-                fmt = next(f for f in qformats.formats() if f.mmq_kernel == k.name)
-                alone = signatures.kernels("mmq", {"MMQ_ONLY": int(fmt.qtype)})
+            if cu.stem in ("mmq", "mmq_ws") and all("MMQ_ONLY" in c for c in k.conditions):
+                prefix = "ws_" if cu.stem == "mmq_ws" else ""
+                fmt = next(f for f in qformats.formats() if f.mmq_kernel and prefix + f.mmq_kernel == k.name)
+                alone = signatures.kernels(cu.stem, {"MMQ_ONLY": int(fmt.qtype)})
                 assert sorted(alone) == [k.name] and alone[k.name].params == k.params, k.name
                 continue
             assert not k.conditions, f"{k.where}: kernel {k.name} is declared under {k.conditions}"
