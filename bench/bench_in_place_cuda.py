@@ -3,7 +3,7 @@
 switch), on the `strata` MoE shape, with the weight-read floor beside them.
 
     python3 bench/bench_in_place_cuda.py [--tokens 256,1024,2048,8192] [--reps 7]
-        [--configs '{"MMQ_BN": 32, ...};...'] [--ws default;big] [--skew S] [--out DIR]
+        [--configs '{"MMQ_BN": 32, ...};...'] [--skew S] [--out DIR]
 
 512 experts of one layer lie in one device buffer as the expert cache holds them: blobs of
 [gate | up | down], IQ2_XS gate/up (640 x 2560) and Q8_0 down (2560 x 640), 2.69 MB each.
@@ -20,10 +20,6 @@ launches them (so the host's launch cost is in the time):
   gate/up    the in-place arm's gate/up launch alone (its floor: the gate and up bytes)
   down       the in-place arm's down launch alone (its floor: the down bytes)
   [i]        in place with the tile configuration --configs gives as [i]
-  ws NAME    in place by the warp-specialized kernel (fast/cuda/kernels/mmq_ws.cu through
-             fast/cuda/products_ws.py mmq_tiles_ws) in its configuration NAME (--ws, names of
-             products_ws.WS_CONFIGS or JSON objects, ";"-separated; default "default"), gate/up
-             and down; "ws NAME g/u": its gate/up launch alone (against the gate/up arm)
 
 Each length is a "moe_experts" row (verify.cases.kernel_case: gate and up of every routed
 expert, then its down; its FLOPs and bytes), and bench/ab_harness.py runs the arms (an untimed
@@ -52,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
-from fast.cuda import products, products_ws, runtime  # noqa: E402
+from fast.cuda import products, runtime  # noqa: E402
 from gpu_timing import stream_device  # noqa: E402
 from strata import mmq, q8_1, quants  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
@@ -99,11 +95,6 @@ def main():
     ap.add_argument("--tokens", default="256,1024,2048,8192")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--configs", default="", help='extra tile configurations, JSON, ";"-separated')
-    ap.add_argument("--ws", default="default",
-                    help='warp-specialized MMQ arms (mmq_ws.cu): products_ws.WS_CONFIGS names or JSON objects, '
-                         '";"-separated ("" for none)')
-    ap.add_argument("--ws-grid", choices=("persistent", "tiles"), default="persistent",
-                    help="the ws arms' grid: the CTAs the device holds at once (persistent) or a CTA a tile")
     ap.add_argument("--skew", type=float, default=0.0,
                     help="routing skew S: each token's 10 distinct experts drawn with weights (rank + 1)^-S over "
                          "a random order of the experts (0: uniform, the default; about 1 to 1.5 gives the few "
@@ -133,8 +124,6 @@ def main():
     gbuf_n, dbuf_n = products.group_buffer_bytes(MMQ_GROUP, gu_b, d_b, GROUP_TAIL_BYTES)
     gu_buf, d_buf = runtime.alloc(gbuf_n, "group gate/up"), runtime.alloc(dbuf_n, "group down")
     configs = [json.loads(c) for c in args.configs.split(";") if c.strip()]
-    ws_names = [c.strip() for c in args.ws.split(";") if c.strip()]
-    ws_cfgs = [products_ws.ws_config(c) for c in ws_names]
     log(f"expert cache: {N_EXPERT} blobs of {blob / 1e6:.2f} MB; configs: "
         + ("  ".join(f"[{i}] {json.dumps(c)}" for i, c in enumerate(configs)) or "none extra"))
 
@@ -193,32 +182,11 @@ def main():
             run.keep = td
             return run
 
-        def ws_arm(o, cfg, which=("gate/up", "down")):
-            t = products.row_tiles(bounds, order.astype(np.int64) * blob, products_ws.tile_rows_for_ws(cfg))
-            td = runtime.to_device(t, "ws tiles")
-            pers = args.ws_grid == "persistent"
-
-            def run():
-                if "gate/up" in which:
-                    products_ws.mmq_tiles_ws(dev, GU, cache, N=N_FF, K=N_EMBD, act=ad_in, R_total=rows, tiles=td,
-                                             n_tiles=len(t), out=o[0], config=cfg, pair=(gu_b, o[1]), persistent=pers)
-                if "down" in which:
-                    products_ws.mmq_tiles_ws(dev, DOWN, int(cache) + 2 * gu_b, N=N_EMBD, K=N_FF, act=ad_dn,
-                                             R_total=rows, tiles=td, n_tiles=len(t), out=o[2], config=cfg,
-                                             persistent=pers)
-            run.keep = td
-            return run
-
-        ws_arm_names = [n for w in ws_names for n in (f"ws {w}", f"ws {w} g/u")]
-        names = ["gather", "in place", "gate/up", "down"] + [f"[{i}]" for i in range(len(configs))] + ws_arm_names
+        names = ["gather", "in place", "gate/up", "down"] + [f"[{i}]" for i in range(len(configs))]
         outs = [outputs() for _ in names]
         fns = [gather_arm(outs[0]), in_place_arm(outs[1], None), in_place_arm(outs[2], None, ("gate/up",)),
                in_place_arm(outs[3], None, ("down",))] + [in_place_arm(outs[4 + i], c) for i, c in enumerate(configs)]
-        for k, c in enumerate(ws_cfgs):
-            at = 4 + len(configs) + 2 * k
-            fns += [ws_arm(outs[at], c), ws_arm(outs[at + 1], c, ("gate/up",))]
         part = {"gate/up": [0, 1], "down": [2]}  # the outputs a partial arm writes
-        part.update({f"ws {w} g/u": [0, 1] for w in ws_names})
         counts = []
         for fn in fns:  # launches per call, and the first call compiles
             before = dev.counters["launches"]
@@ -260,16 +228,15 @@ def main():
         if res.differs[0]:
             same = [False] * len(same)
             log(f"tokens {tokens}: the gather arm is not the definition: {res.differs[0]}")
-        matrix_bytes = {"gate/up": 2 * gu_b, "down": d_b, **{f"ws {w} g/u": 2 * gu_b for w in ws_names}}
+        matrix_bytes = {"gate/up": 2 * gu_b, "down": d_b}
         for i, name in enumerate(names):
             ms = statistics.median(times[i]) * 1e3
             floor_ms = len(order) * matrix_bytes.get(name, blob) / (bw * 1e9) * 1e3
             r = {"tokens": tokens, "skew": args.skew, "rows_per_expert": mean, "experts": int(len(order)), "arm": name,
-                 "config": None if i < 4 else (configs[i - 4] if i < 4 + len(configs)
-                                                            else ws_cfgs[(i - 4 - len(configs)) // 2]), "ms": ms, "launches": counts[i],
+                 "config": None if i < 4 else configs[i - 4], "ms": ms, "launches": counts[i],
                  "floor_ms": floor_ms, "vs_floor": ms / floor_ms, "same_bytes": True if i == 0 else same[i - 1]}
             results.append(r)
-            log(f"tokens {tokens:6d} {name:12s} {ms:8.3f} ms  {counts[i]:3d} launches  {ms / floor_ms:5.1f}x floor"
+            log(f"tokens {tokens:6d} {name:9s} {ms:8.3f} ms  {counts[i]:3d} launches  {ms / floor_ms:5.1f}x floor"
                 f"  bytes {'identical' if r['same_bytes'] else 'DIFFER'}")
         for o in outs:
             for d in o:
@@ -282,15 +249,14 @@ def main():
         with open(os.path.join(args.out, "bench_in_place_cuda.json"), "w") as f:
             json.dump({"copy_GBps": bw, "configs": configs, "results": results}, f, indent=1)
     log("")
-    log(f"{'tokens':>7s}{'rows/exp':>9s}{'arm':>16s}{'ms':>9s}{'launches':>9s}{'floor ms':>9s}{'x floor':>8s}"
+    log(f"{'tokens':>7s}{'rows/exp':>9s}{'arm':>10s}{'ms':>9s}{'launches':>9s}{'floor ms':>9s}{'x floor':>8s}"
         f"{'vs gather':>10s}  bytes")
     base = {}
     for r in results:
         if r["arm"] == "gather":
             base[r["tokens"]] = r["ms"]
-        partial = r["arm"] in ("gate/up", "down") or r["arm"].endswith(" g/u")
-        ch = 100.0 * (r["ms"] / base[r["tokens"]] - 1.0) if not partial else float("nan")
-        log(f"{r['tokens']:7d}{r['rows_per_expert']:9.1f}{r['arm']:>16s}{r['ms']:9.3f}{r['launches']:9d}"
+        ch = 100.0 * (r["ms"] / base[r["tokens"]] - 1.0) if r["arm"] not in ("gate/up", "down") else float("nan")
+        log(f"{r['tokens']:7d}{r['rows_per_expert']:9.1f}{r['arm']:>10s}{r['ms']:9.3f}{r['launches']:9d}"
             f"{r['floor_ms']:9.3f}{r['vs_floor']:8.1f}{ch:+9.1f}%  {'same' if r['same_bytes'] else 'DIFFER'}")
     log("")
     log(markdown(harness, args.reps))

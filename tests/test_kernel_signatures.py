@@ -41,14 +41,9 @@ DYNAMIC = {
     ("fast/cuda/products.py", "_mmq_func"): {
         "module": "mmq", "kernel": tuple(f.mmq_kernel for f in qformats.formats() if f.mmq_kernel),
         "via": "mmq_kernel",
-        # the format is the bytes of the kernel's one struct (MmqArgs), its size read from its
-        # declaration (test_mmq_launches_pass_every_parameter_by_name checks what is packed into it)
-        "fmt": signatures.kernels("mmq")["mmq_q8_0"].packed_format},
-    # the warp-specialized MMQ (products_ws): one build a type; the kernel names are the registry's
-    # with "ws_" before them, the format the kernel's own signature joined (packed by name)
-    ("fast/cuda/products_ws.py", "_func"): {
-        "kernel": tuple("ws_" + f.mmq_kernel for f in qformats.formats() if f.mmq_kernel),
-        "via": "mmq_kernel", "fmt": signatures.kernels("mmq_ws")["ws_mmq_q8_0"].format},
+        # the format is the letters of the kernel's parameters, read from its C signature
+        # (test_mmq_launches_pass_every_parameter_by_name checks what is packed into it)
+        "fmt": signatures.expected_format("mmq", "mmq_q8_0")},
     # a module compiled from the file's own source text, passed in as an argument
     ("bench/bench_mmq_cuda.py", "__init__"): {"source": "PEAK_SRC"},
     ("bench/bench_mmq_cuda.py", "measure_peak"): {"source": "PEAK_SRC", "kernel": ("peak_k32", "peak_k16")},
@@ -409,10 +404,9 @@ def test_kernel_signatures_do_not_depend_on_defines():
     # the one the build without it declares
     for cu in sorted(KERNELS.glob("*.cu")):
         for k in signatures.kernels(cu.stem).values():
-            if cu.stem in ("mmq", "mmq_ws") and all("MMQ_ONLY" in c for c in k.conditions):
-                prefix = "ws_" if cu.stem == "mmq_ws" else ""
-                fmt = next(f for f in qformats.formats() if f.mmq_kernel and prefix + f.mmq_kernel == k.name)
-                alone = signatures.kernels(cu.stem, {"MMQ_ONLY": int(fmt.qtype)})
+            if cu.stem == "mmq" and all("MMQ_ONLY" in c for c in k.conditions):
+                fmt = next(f for f in qformats.formats() if f.mmq_kernel == k.name)
+                alone = signatures.kernels("mmq", {"MMQ_ONLY": int(fmt.qtype)})
                 assert sorted(alone) == [k.name] and alone[k.name].params == k.params, k.name
                 continue
             assert not k.conditions, f"{k.where}: kernel {k.name} is declared under {k.conditions}"
@@ -586,36 +580,29 @@ def test_list_macros_and_generated_headers(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ MMQ's arguments
 
 def test_mmq_launches_pass_every_parameter_by_name():
-    """Each MMQ kernel takes one struct by value (MmqArgs), and each MMQ launch in products.py
-    names every field of it, and no other; the packer puts each at the offset the declaration
-    gives and refuses a missing or an unknown name in one line (the layout against nvcc's:
-    tests/test_mmq_args.py)."""
-    import struct
-
+    """Each MMQ launch in products.py names every parameter of the kernels' C signature, and no
+    other, and the names are packed in the signature's order; the packer refuses a missing or an
+    unknown name in one line."""
     from fast.cuda import products
     from strata.errors import InputError
 
     kernels = [f.mmq_kernel for f in qformats.formats() if f.mmq_kernel]
     found = signatures.kernels("mmq")
-    layout = signatures.argument_struct("mmq", kernels[0])
-    names = [f.name for f in layout.fields]
-    assert layout.name == "MmqArgs" and len(names) == len(set(names)) == 16 and all(names)
+    names = [p.name for p in found[kernels[0]].params]
+    assert len(names) == len(set(names)) == 16 and all(names)
     for k in kernels:
-        assert [p.ctype for p in found[k].params] == ["const MmqArgs"]
-        assert products._mmq_struct(k) == layout and found[k].packed_format == f"{layout.size}s"
+        assert [p.name for p in found[k].params] == names
+        assert "".join(lt for _, lt in products._mmq_fields(k)) == found[k].format
     pf = PyFile(ROOT / "fast/cuda/products.py")
     calls = [n for n in ast.walk(pf.tree) if isinstance(n, ast.Call) and is_call_to(n, "_mmq_args")]
     assert len(calls) == 2  # the bounds form and the tile-list form
     for c in calls:
         assert sorted(k.arg for k in c.keywords) == sorted(names), ast.unparse(c)[:80]
-    given = {n: i + 1 for i, n in enumerate(reversed(names))}
-    packed = products._mmq_args(kernels[0], **given)
-    assert len(packed) == layout.size
-    for f in layout.fields:
-        assert struct.unpack_from("@" + f.letter, packed, f.offset)[0] == given[f.name], f
+    given = {n: i for i, n in enumerate(reversed(names))}
+    assert products._mmq_args(kernels[0], **given) == tuple(given[n] for n in names)
     with pytest.raises(InputError, match=r"missing \['n_tiles'\]"):
         products._mmq_args(kernels[0], **{k: v for k, v in given.items() if k != "n_tiles"})
-    with pytest.raises(InputError, match=r"unknown fields \['W'\]"):
+    with pytest.raises(InputError, match=r"unknown parameters \['W'\]"):
         products._mmq_args(kernels[0], W=0, **given)
 
 

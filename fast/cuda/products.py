@@ -3,9 +3,8 @@ scatter), the grouped and dense MMQ launches with their tile configurations, and
 expert-group gathers that build the group weight buffers. Device buffers in, device buffers
 out; every wrapper takes the backend's :class:`fast.cuda.runtime.Device` first, then its
 leading inputs (a type, the weights or the rows it reads), everything else by keyword, and
-launches through it. The MMQ kernels take one struct by value (MmqArgs, kernels/mmq_args.cuh):
-its 16 fields (two launch forms) are given by name and packed at the offsets that declaration
-gives, read from it by fast/cuda/signatures.py (:func:`_mmq_args`).
+launches through it. The MMQ kernels' 16 arguments (two launch forms) are given by name and
+put in the order their C signature declares (:func:`_mmq_args`).
 
 Device buffers may be given as a GPUArray, anything with ``__cuda_array_interface__``, a
 ``DeviceAllocation`` or a plain int address (``int(buf) + offset``).
@@ -259,22 +258,24 @@ def mmq_modules(config: dict) -> list[tuple[str, dict]]:
     return [("mmq", _type_defines(config, f)) for f in qformats.with_mmq_kernel()]
 
 
-def _mmq_struct(kernel: str) -> signatures.Struct:
-    """The layout of the MMQ kernel's one parameter (MmqArgs, kernels/mmq_args.cuh): its fields'
-    names, offsets and size, read from its declaration (fast/cuda/signatures.py)."""
-    got = _mmq_state.get(("struct", kernel))
+def _mmq_fields(kernel: str) -> tuple[tuple[str, str], ...]:
+    """The MMQ kernel's parameters (kernels/mmq.cu MMQ_ENTRY): (name, PyCUDA letters) in the
+    order its C signature declares them, read from it (fast/cuda/signatures.py)."""
+    got = _mmq_state.get(("fields", kernel))
     if got is None:
-        got = _mmq_state[("struct", kernel)] = signatures.argument_struct("mmq", kernel)
+        params = signatures.kernels("mmq")[kernel].params
+        got = _mmq_state[("fields", kernel)] = tuple((p.name, p.letters) for p in params)
     return got
 
 
-def _mmq_args(kernel: str, **fields) -> bytes:
-    """The bytes of the MMQ kernel's argument struct from every field by name: a name it lacks,
-    or one left out, is a one-line error before any launch."""
-    try:
-        return _mmq_struct(kernel).pack(**fields)
-    except ValueError as e:
-        raise InputError(f"{kernel} (kernels/mmq.cu): {e}") from None
+def _mmq_args(kernel: str, **fields) -> tuple:
+    """The MMQ kernel's arguments in its signature's order, from every parameter by name: a name
+    the signature lacks, or one left out, is a one-line error before any launch."""
+    names = [n for n, _ in _mmq_fields(kernel)]
+    extra, missing = sorted(set(fields) - set(names)), [n for n in names if n not in fields]
+    if extra or missing:
+        raise InputError(f"{kernel} (kernels/mmq.cu): unknown parameters {extra}, missing {missing}")
+    return tuple(fields[n] for n in names)
 
 
 def _mmq_func(st, fmt):
@@ -286,7 +287,7 @@ def _mmq_func(st, fmt):
             mod = st["mods"][fmt.qtype] = runtime.load_module("mmq", _type_defines(st["config"], fmt))
         (smem,) = runtime.module_ints(mod, name + "_smem", 1)
         f = runtime.allow_dynamic_smem(mod.get_function(name), smem)
-        f.prepare(signatures.kernels("mmq")[name].packed_format)  # "120s": the bytes _mmq_args packs
+        f.prepare("".join(letters for _, letters in _mmq_fields(name)))
         f.smem = smem
         f.kernel = name
         st["funcs"][fmt.qtype] = f
@@ -369,7 +370,7 @@ def mmq_group(dev, qtype, w, *, w_stride: int, N: int, K: int, act, R_total: int
                      tab=int(_mmq_state["tables"]), tiles=0, w_stride=int(w_stride),
                      ldo=int(N if ldo is None else ldo), w_pair=w_pair, N=N, K=K, R_total=R_total,
                      n_exp=n_exp, tile_rows=tile_rows, n_tiles=0)
-    dev.launch(f, "mmq", grid, (st["threads"], 1, 1), args, shared_size=f.smem)
+    dev.launch(f, "mmq", grid, (st["threads"], 1, 1), *args, shared_size=f.smem)
 
 
 def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
@@ -422,7 +423,7 @@ def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tile
                      tab=int(_mmq_state["tables"]), tiles=ptr(tiles), w_stride=0,
                      ldo=int(N if ldo is None else ldo), w_pair=w_pair, N=N, K=K, R_total=R_total,
                      n_exp=0, tile_rows=DEFAULT_TILE_ROWS, n_tiles=n_tiles)
-    dev.launch(f, "mmq", grid, (st["threads"], 1, 1), args, shared_size=f.smem)
+    dev.launch(f, "mmq", grid, (st["threads"], 1, 1), *args, shared_size=f.smem)
 
 
 def tile_config(rows_per_expert: float) -> dict:

@@ -19,13 +19,6 @@ and arrays: P; ``int``: i; ``unsigned``/``uint32_t``: I; ``long long``/``int64_t
 ``SCALAR``); a struct passed by value gives its fields' letters in order (its arrays repeated).
 ``long`` is taken as 8 bytes (q, Q): the Linux targets are LP64.
 
-A struct passed by value also has its layout (:class:`Struct`, ``Param.struct``): each field's
-offset at C's natural alignment, and the struct's size with its tail padding (the end rounded up
-to its largest member's alignment), so the host can pack its bytes from the fields by name
-(:meth:`Struct.pack`) and prepare the kernel with them as one argument (``"120s"``, PyCUDA's form
-of a struct argument, :attr:`Kernel.packed_format`): the order and offsets are then written in
-the ``.cu`` alone (mmq.cu's ``MmqArgs``).
-
 Nothing here imports PyCUDA: the checks run on any machine.
 """
 from __future__ import annotations
@@ -33,8 +26,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
-import struct as _struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from . import generated
 from .runtime import KERNEL_DIR
@@ -42,13 +34,10 @@ from .runtime import KERNEL_DIR
 __all__ = [
     "SCALAR",
     "Param",
-    "Field",
-    "Struct",
     "Kernel",
     "kernels",
     "parse_source",
     "expected_format",
-    "argument_struct",
     "normalize_format",
     "check",
     "check_kernel",
@@ -90,73 +79,11 @@ def _is_ident(tok: str) -> bool:
     return bool(tok) and (tok[0].isalpha() or tok[0] == "_")
 
 
-def _round_up(n: int, align: int) -> int:
-    return -(-n // align) * align
-
-
-@dataclass(frozen=True)
-class Field:
-    """One member of a :class:`Struct` (a nested struct's members appear as "outer.inner")."""
-    name: str
-    ctype: str    # as declared, without the name and the array bounds
-    letter: str   # the struct letter of one element
-    count: int    # array elements (1: not an array)
-    offset: int   # bytes from the struct's start
-    size: int     # bytes of one element
-
-    @property
-    def align(self) -> int:
-        # the natural alignment (LP64, as nvcc's): where the struct module puts it after a char
-        return _struct.calcsize("@c" + self.letter) - _struct.calcsize("@" + self.letter)
-
-
-@dataclass(frozen=True)
-class Struct:
-    """The layout of a struct a kernel takes by value: C's natural alignment, tail padding
-    included (``size`` is the last member's end rounded up to ``align``, the largest member's
-    alignment), as nvcc lays it out (tests/test_mmq_args.py holds the two equal)."""
-    name: str
-    fields: tuple[Field, ...]
-    size: int
-    align: int
-    file: str
-    line: int
-
-    @property
-    def format(self) -> str:
-        """A native struct-module format of exactly ``size`` bytes: the fields' letters with the
-        padding written out ("x"), before a field and at the end."""
-        out, at = [], 0
-        for f in self.fields:
-            if f.offset > at:
-                out.append(f"{f.offset - at}x")
-            out.append(f"{f.count}{f.letter}" if f.count > 1 else f.letter)
-            at = f.offset + f.size * f.count
-        if self.size > at:
-            out.append(f"{self.size - at}x")
-        return "".join(out)
-
-    def pack(self, **values) -> bytes:
-        """The struct's bytes from every field by name (an array's as a sequence); padding is
-        zeros. ValueError, in one line, for a name it lacks or a field left out."""
-        names = [f.name for f in self.fields]
-        extra, missing = sorted(set(values) - set(names)), [n for n in names if n not in values]
-        if extra or missing:
-            raise ValueError(f"struct {self.name} ({self.file}:{self.line}): unknown fields {extra}, "
-                             f"missing {missing}")
-        flat = []
-        for f in self.fields:
-            v = values[f.name]
-            flat.extend(v if f.count > 1 else (v,))
-        return _struct.pack("@" + self.format, *flat)
-
-
 @dataclass(frozen=True)
 class Param:
     ctype: str    # as declared, qualifiers kept: "const float* __restrict__"
     name: str     # "" where the declaration names none
     letters: str  # its PyCUDA letters: one, or a by-value struct's fields'
-    struct: Struct | None = None  # a by-value struct's layout
 
     def __str__(self) -> str:
         return f"{self.ctype} {self.name}".strip()
@@ -174,21 +101,6 @@ class Kernel:
     @property
     def format(self) -> str:
         return "".join(p.letters for p in self.params)
-
-    @property
-    def packed_format(self) -> str:
-        """The format with each by-value struct as its bytes ("120s", after the padding that
-        aligns it): the host packs those (:meth:`Struct.pack`)."""
-        out, at = [], 0
-        for p in self.params:
-            if p.struct is None:
-                fmt = p.letters
-            else:
-                pad = _round_up(at, p.struct.align) - at
-                fmt = (f"{pad}x" if pad else "") + f"{p.struct.size}s"
-            out.append(fmt)
-            at = _struct.calcsize("@" + "".join(out))
-        return "".join(out)
 
     @property
     def signature(self) -> str:
@@ -615,8 +527,6 @@ class _Unit:
         self.toks, self.offs = toks, offs
         self.typedefs: dict[str, list[str]] = {}
         self.structs: dict[str, list[list[str]]] = {}
-        self.struct_at: dict[str, int] = {}  # the token where each struct is declared
-        self.layouts: dict[str, Struct] = {}
         self._types(toks)
         self.kernels: dict[str, Kernel] = {}
 
@@ -631,21 +541,16 @@ class _Unit:
             if t == "struct" and i + 2 < len(toks) and _is_ident(toks[i + 1]) and toks[i + 2] == "{":
                 fields, end = _braced_fields(toks, i + 2)
                 self.structs[toks[i + 1]] = fields
-                self.struct_at[toks[i + 1]] = i
                 i = end
                 continue
             if t == "typedef":
-                j, depth = i, 0  # the ";" that ends it, past the braces of a struct it declares
-                while j < len(toks) and (toks[j] != ";" or depth):
-                    depth += (toks[j] == "{") - (toks[j] == "}")
-                    j += 1
+                j = next((k for k in range(i, len(toks)) if toks[k] == ";"), len(toks))
                 decl = toks[i + 1:j]
                 if len(decl) >= 3 and decl[0] == "struct" and "{" in decl[:3]:
                     k = decl.index("{")
                     fields, end = _braced_fields(decl, k)
                     if end < len(decl) and _is_ident(decl[end]):
                         self.structs[decl[end]] = fields
-                        self.struct_at[decl[end]] = i
                 elif len(decl) >= 2 and _is_ident(decl[-1]) and "(" not in decl:
                     self.typedefs[decl[-1]] = decl[:-1]
                 i = j + 1
@@ -734,78 +639,7 @@ class _Unit:
         if "*" in expanded:  # a macro that names a pointer type
             return Param(ctype, name, "P")
         type_words = [t for t in expanded if _is_ident(t) and t not in _QUALIFIERS]
-        letters = self._letters(type_words, where, kernel, shown, set())
-        sname = self._struct_name(type_words)
-        return Param(ctype, name, letters, None if sname is None else self._layout(sname, where, kernel, set()))
-
-    def _struct_name(self, words: list[str], seen: frozenset = frozenset()) -> str | None:
-        """The struct these type words name (through typedefs), or None."""
-        if len(words) != 1 or words[0] in seen:
-            return None
-        if words[0] in self.typedefs:
-            t = self.pre.expand(self.typedefs[words[0]])
-            if "*" in t:
-                return None
-            return self._struct_name([w for w in t if _is_ident(w) and w not in _QUALIFIERS], seen | {words[0]})
-        return words[0] if words[0] in self.structs else None
-
-    def _layout(self, sname: str, where: str, kernel: str, seen: set) -> Struct:
-        got = self.layouts.get(sname)
-        if got is not None:
-            return got
-        if sname in seen:
-            raise ValueError(f"{where}: kernel {kernel}: struct {sname} contains itself")
-        fields: list[Field] = []
-        at, align = 0, 1
-        for toks in self.structs[sname]:
-            name, ctype, words, count, pointer = self._field(toks, where, kernel)
-            sub = None if pointer else self._struct_name(words)
-            if sub is not None:
-                inner = self._layout(sub, where, kernel, seen | {sname})
-                size, falign = inner.size, inner.align
-                at = _round_up(at, falign)
-                for k in range(count):
-                    pre = f"{name}[{k}]." if count > 1 else f"{name}."
-                    fields.extend(replace(f, name=pre + f.name, offset=at + k * size + f.offset)
-                                  for f in inner.fields)
-            else:
-                letter = "P" if pointer else self._letters(words, where, kernel, " ".join(toks), seen | {sname})
-                size = _struct.calcsize("@" + letter)
-                f = Field(name, ctype, letter, count, 0, size)
-                falign = f.align
-                at = _round_up(at, falign)
-                fields.append(replace(f, offset=at))
-            at += size * count
-            align = max(align, falign)
-        ln = self.at(self.struct_at[sname])
-        got = self.layouts[sname] = Struct(sname, tuple(fields), max(_round_up(at, align), 1), align,
-                                           ln.file, ln.line)
-        return got
-
-    def _field(self, toks: list[str], where: str, kernel: str) -> tuple[str, str, list[str], int, bool]:
-        """(name, type as declared, type words, array elements, pointer?) of a field declaration."""
-        if ":" in toks or "alignas" in toks or "__align__" in toks:
-            raise ValueError(f"{where}: kernel {kernel}: field '{' '.join(toks)}': a bit-field or an "
-                             f"explicit alignment has no layout here")
-        toks = self.pre.expand(toks)
-        count = 1
-        while "[" in toks:
-            a = toks.index("[")
-            b = toks.index("]", a)
-            count *= self.pre.evaluate(" ".join(toks[a + 1:b]))
-            toks = toks[:a] + toks[b + 1:]
-        pointer = "*" in toks
-        words = [t for t in toks if _is_ident(t) and t not in _QUALIFIERS]
-        name = ""
-        if len(words) >= 2 and words[-1] not in _TYPE_WORDS:
-            name = words[-1]
-            words = words[:-1]
-            cut = len(toks) - toks[::-1].index(name) - 1
-            toks = toks[:cut]
-        ctype = " ".join(toks).replace(" *", "*")
-        if pointer:
-            words = []
-        return name, ctype, words, count, pointer
+        return Param(ctype, name, self._letters(type_words, where, kernel, shown, set()))
 
     def _letters(self, words: list[str], where: str, kernel: str, shown: str, seen: set) -> str:
         if len(words) == 1 and words[0] in self.typedefs and words[0] not in seen:
@@ -824,10 +658,19 @@ class _Unit:
                          f"PyCUDA letter ({key or '?'})")
 
     def _field_letters(self, toks: list[str], where: str, kernel: str, seen: set) -> str:
-        _name, ctype, words, count, pointer = self._field(toks, where, kernel)
-        if pointer:
+        toks = self.pre.expand(toks)
+        count = 1
+        while "[" in toks:
+            a = toks.index("[")
+            b = toks.index("]", a)
+            count *= self.pre.evaluate(" ".join(toks[a + 1:b]))
+            toks = toks[:a] + toks[b + 1:]
+        if "*" in toks:
             return "P" * count
-        return self._letters(words, where, kernel, ctype, seen) * count
+        words = [t for t in toks if _is_ident(t) and t not in _QUALIFIERS]
+        if len(words) >= 2 and words[-1] not in _TYPE_WORDS:
+            words = words[:-1]
+        return self._letters(words, where, kernel, " ".join(toks), seen) * count
 
 
 def _braced_fields(toks: list[str], open_at: int) -> tuple[list[list[str]], int]:
@@ -976,37 +819,21 @@ def expected_format(module: str, kernel: str, defines: dict | None = None, *,
     return _kernel(module, kernel, defines, kernel_dir).format
 
 
-def argument_struct(module: str, kernel: str, defines: dict | None = None, *,
-                    kernel_dir: str | None = None) -> Struct:
-    """The layout of the one parameter of kernel ``kernel`` of fast/cuda/kernels/<module>.cu, a
-    struct passed by value (ValueError where the kernel takes anything else)."""
-    k = _kernel(module, kernel, defines, kernel_dir)
-    if len(k.params) != 1 or k.params[0].struct is None:
-        raise ValueError(f"{module}.cu: kernel {k.signature} ({k.where}) does not take one struct by value")
-    return k.params[0].struct
-
-
 def normalize_format(fmt: str) -> str:
-    """A struct format without its spaces and with its counts written out: "2Pi" -> "PPi"; a
-    byte string's count is its length and stays ("120s")."""
+    """A struct format without its spaces and with its counts written out: "2Pi" -> "PPi"."""
     out = []
     for count, letter in re.findall(r"(\d*)(\S)", re.sub(r"\s+", "", fmt)):
         if not (letter.isalpha() or letter == "?"):
             raise ValueError(f"argument format {fmt!r}: {letter!r} is not a struct letter")
-        if letter in "sp":
-            out.append(f"{count or 1}{letter}")
-            continue
         out.append(letter * (int(count) if count else 1))
     return "".join(out)
 
 
 def check_kernel(k: Kernel, fmt: str, label: str) -> None:
     """ValueError unless ``fmt`` is the argument format of ``k`` (``label`` names its module in
-    the message), its fields' letters or, for a struct passed by value, its bytes
-    (:attr:`Kernel.packed_format`), naming the first position where they differ and the
-    parameter there."""
+    the message), naming the first position where they differ and the parameter there."""
     got, want = normalize_format(fmt), k.format
-    if got in (want, normalize_format(k.packed_format)):
+    if got == want:
         return
     pos = next((n for n, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     owner, at = None, 0

@@ -9,9 +9,8 @@
 //
 // Compiled with --fmad=false: every `a * b + c` below is two roundings, as in NumPy.
 //
-// Launch (the names below are the fields of the kernels' one parameter, struct MmqArgs in
-// mmq_args.cuh; fast/cuda/products.py packs its bytes from them by name, at the offsets
-// fast/cuda/signatures.py reads from that declaration):
+// Launch (the names below are the kernels' parameters; fast/cuda/products.py passes each by its
+// name, in the order this signature gives, read from it by fast/cuda/signatures.py):
 // one launch multiplies up to 16 "experts". Expert q's weight matrix (N rows of K
 // values, GGUF blocks, row-major) starts at w + q * w_stride; its activation rows are rows
 // [bounds[2q], bounds[2q+1]) of the q8_1 buffer act (R_total rows, column-block-major,
@@ -65,7 +64,6 @@
 // knows (type numbers, block sizes, q8_1 layouts, half-field offsets, scale factors, the table
 // buffer's offsets, the kernel names) comes from there, so the two cannot disagree.
 #include "qformats.cuh"
-#include "mmq_args.cuh"  // MmqArgs: the kernels' one parameter
 
 #ifndef MMQ_WM
 #define MMQ_WM 8
@@ -851,18 +849,21 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
     }
 }
 
-// One parameter, the struct MmqArgs (mmq_args.cuh), whose fields the host packs by name.
+// out2 carries no __restrict__: a single-matrix launch passes out again (and never writes it).
+// The parameters are the host's field names (products._mmq_args packs them by name).
 #define MMQ_ENTRY(NAME, QT)                                                                              \
-    extern "C" __global__ void __launch_bounds__(MMQ_NT, MMQ_MINB) NAME(const MmqArgs a) {              \
+    extern "C" __global__ void __launch_bounds__(MMQ_NT, MMQ_MINB)                                      \
+        NAME(const uint8_t* __restrict__ w, long long w_stride, int N, int K,                          \
+             const uint8_t* __restrict__ act, int R_total, const int* __restrict__ bounds, int n_exp,   \
+             float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows,   \
+             long long w_pair, float* out2, const int4* __restrict__ tiles, int n_tiles) {             \
         const bool second = blockIdx.y != 0;                                                             \
-        if (a.tiles != nullptr)                                                                          \
-            mmq_body<QT, true>(second ? a.w + a.w_pair : a.w, a.w_stride, a.N, a.K, a.act, a.R_total,  \
-                               a.bounds, 0, second ? a.out2 : a.out, a.ldo, a.tab, a.tile_rows,         \
-                               a.tiles, a.n_tiles);                                                      \
+        if (tiles != nullptr)                                                                            \
+            mmq_body<QT, true>(second ? w + w_pair : w, w_stride, N, K, act, R_total, bounds, 0,        \
+                               second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);               \
         else                                                                                             \
-            mmq_body<QT, false>(second ? a.w + a.w_pair : a.w, a.w_stride, a.N, a.K, a.act, a.R_total, \
-                                a.bounds, a.n_exp, second ? a.out2 : a.out, a.ldo, a.tab, a.tile_rows,  \
-                                a.tiles, a.n_tiles);                                                     \
+            mmq_body<QT, false>(second ? w + w_pair : w, w_stride, N, K, act, R_total, bounds, n_exp,   \
+                                second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);              \
     }                                                                                                    \
     extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
 
