@@ -8,7 +8,8 @@ event per group, scatter quantize), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0)
 (STRATA_QUANT_GATHER=1), `one-copy` (STRATA_PREFILL_COPY_COALESCE=0: one copy per expert; the
 defaults coalesce), `flush-skip` (STRATA_PREFILL_FLUSH_ON_SKIP=1: an open group gathered
 at every ring entry the routing skipped; the defaults hold it and gather it once),
-`stage-ring` (STRATA_PREFILL_STAGE_IN_RING=1: the staged walk through the streamed walk's ring), `window-auto`
+`stage-8` (STRATA_PREFILL_STAGE_IN_RING=0: the staged walk through the 8-slot staging ring; the
+defaults stage through the streamed walk's ring), `window-auto`
 (STRATA_PREFILL_WINDOW=auto: layer-major windows sized from free memory) and `window-N`
 (windows of `--window` tokens; arm_table names them). Every rep draws a fresh prompt and runs
 every arm on it, the order rotating each rep; each prefill is timed with CUDA events on the
@@ -49,7 +50,7 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
         "gather-q": {"quant_gather": 1},
         "one-copy": {"copy_coalesce": 0},
         "flush-skip": {"flush_on_skip": 1},
-        "stage-ring": {"stage_in_ring": 1},
+        "stage-8": {"stage_in_ring": 0},
         "window-auto": {"window": "auto"},
         f"window-{window}": {"window": int(window)},
     }

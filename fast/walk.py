@@ -7,8 +7,9 @@ The routed experts are visited in id order, in groups of `group_size` (MMQ_GROUP
 routed experts, resident and streamed mixed. A streamed expert is a ring entry: in the
 streamed walk the chunk's ring pass holds every streamed expert of every layer, so the walk
 also meets the entries the routing skipped; in the staged walk the layer's pass holds only its
-routed streamed experts (through the 8-slot staging ring, or with stage_in_ring the streamed
-walk's ring, which a staged chunk leaves idle). Which of the two a chunk (or window) takes is `choose_walk`'s: by the
+routed streamed experts (by default through the streamed walk's ring, which a staged chunk
+leaves idle, so a layer's copies are queued at once; with stage_in_ring 0 through the 8-slot
+staging ring). Which of the two a chunk (or window) takes is `choose_walk`'s: by the
 stream_min threshold (chunks from STREAM_MIN tokens stream), or with stream_min auto by the
 coverage the routing is expected to reach.
 
