@@ -35,9 +35,11 @@ SCHEDULES = {
 # the planted runs: the tiny pack (Q8_0: any bytes in a slot decode to finite weights), one
 # streamed chunk of 64 tokens through a ring of 4 slots, so slots are refilled within a layer
 STREAMED = dict(expert_cache=0, ring=4, stream_min=64, group_gather=1, copy_coalesce=0)
-# the same chunk staged (below the stream threshold): each layer's routed experts through the
-# 8-slot staging ring, refilled within the layer too
-STAGED = dict(expert_cache=0, stream_min=1024, group_gather=1, copy_coalesce=0)
+# the same chunk staged (below the stream threshold): each layer's routed experts through a
+# 4-slot ring (the default staged walk's, stage_in_ring 1), refilled within the layer too; and
+# through the 8-slot staging ring of stage_in_ring 0
+STAGED = dict(expert_cache=0, ring=4, stream_min=1024, group_gather=1, copy_coalesce=0)
+STAGED8 = {**STAGED, "ring": None, "stage_in_ring": 0}
 RESIDENT = dict(expert_cache=10**6, stream_min=64)  # capped at every expert: no ring, no copies
 
 
@@ -109,6 +111,7 @@ PLANTS = {
     "a_wait_on_first_copy": ("wait_on_first_copy", "late_copies", STREAMED),
     "b_refill_without_wait": ("refill_without_wait", "late_compute", STREAMED),
     "b_refill_without_wait_staged": ("refill_without_wait", "late_compute", STAGED),
+    "b_refill_without_wait_staged8": ("refill_without_wait", "late_compute", STAGED8),
     "b_release_before_gather": ("release_before_gather", "late_compute", STREAMED),
     "c_counts_read_early_overlap1": ("counts_read_early", "late_counts", {**RESIDENT, "overlap_plan": 1}),
     "c_counts_read_early_overlap0": ("counts_read_early", "late_counts", {**RESIDENT, "overlap_plan": 0}),
