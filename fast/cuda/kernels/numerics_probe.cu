@@ -8,51 +8,51 @@
 #include <stdint.h>
 #include "strata_numerics.cuh"
 
-// Floats with bits lo .. lo + n - 1 (all >= 0): count where round_nonneg_magic's code differs
-// from (int)roundf_away; first[0] = the smallest such bit pattern (0xFFFFFFFF if none).
-extern "C" __global__ void probe_round_nonneg(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
+// Over the floats with bits lo .. lo + n - 1: count those where differs(bits) holds into bad,
+// and the smallest such bit pattern into first (0xFFFFFFFF if none). One grid-stride loop for
+// every probe below, each giving its own comparison.
+template <class Differs>
+__device__ __forceinline__ void count_differences(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first,
+                                                  Differs differs)
 {
     unsigned long long mine = 0;
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float y = __uint_as_float(lo + i);
-        const int got = __float_as_int(round_nonneg_magic(y)) - MAGIC_I;
-        const int want = (int)roundf_away(y);
-        if (got != want) {
+        if (differs(lo + i)) {
             ++mine;
             atomicMin(first, lo + i);
         }
     }
     if (mine) atomicAdd(bad, mine);
+}
+
+// Floats with bits lo .. lo + n - 1 (all >= 0): count where round_nonneg_magic's code differs
+// from (int)roundf_away.
+extern "C" __global__ void probe_round_nonneg(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
+{
+    count_differences(lo, n, bad, first, [](unsigned bits) {
+        const float y = __uint_as_float(bits);
+        return __float_as_int(round_nonneg_magic(y)) - MAGIC_I != (int)roundf_away(y);
+    });
 }
 
 // Floats with bits lo .. lo + n - 1 (negative: x <= -0.0): count where strata_exp_nonpos and
 // strata_exp give different bits.
 extern "C" __global__ void probe_exp_nonpos(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
 {
-    unsigned long long mine = 0;
-    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float x = __uint_as_float(lo + i);
-        if (__float_as_uint(strata_exp_nonpos(x)) != __float_as_uint(strata_exp(x))) {
-            ++mine;
-            atomicMin(first, lo + i);
-        }
-    }
-    if (mine) atomicAdd(bad, mine);
+    count_differences(lo, n, bad, first, [](unsigned bits) {
+        const float x = __uint_as_float(bits);
+        return __float_as_uint(strata_exp_nonpos(x)) != __float_as_uint(strata_exp(x));
+    });
 }
 
 // Floats with bits lo .. lo + n - 1 (any): count where the fused strata_exp (EXP_FUSE=1, two
 // steps in fewer instructions) and the plain one give different bits.
 extern "C" __global__ void probe_exp_fused(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
 {
-    unsigned long long mine = 0;
-    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float x = __uint_as_float(lo + i);
-        if (__float_as_uint(strata_exp_form<1>(x)) != __float_as_uint(strata_exp_form<0>(x))) {
-            ++mine;
-            atomicMin(first, lo + i);
-        }
-    }
-    if (mine) atomicAdd(bad, mine);
+    count_differences(lo, n, bad, first, [](unsigned bits) {
+        const float x = __uint_as_float(bits);
+        return __float_as_uint(strata_exp_form<1>(x)) != __float_as_uint(strata_exp_form<0>(x));
+    });
 }
 
 // Both fast forms of given inputs, for the NumPy oracle: y_exp[i] = strata_exp_nonpos(x[i]),
