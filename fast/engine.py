@@ -60,14 +60,16 @@ class FastEngine:
             ring_slots = RING_SLOTS_PINNED if pinned else RING_SLOTS
         self.options = o = dataclasses.replace(o, ring=ring_slots)
         backend.use_options(o)  # before the cache is sized: widen_float adds to the weights' bytes
+        # the staged walk's ring: the streamed walk's own (stage_in_ring), or 8 slots of its own
+        staging_slots = 0 if o.stage_in_ring else STAGING_SLOTS
         if o.expert_cache == options.AUTO:
             n_cache = backend.expert_cache_capacity(pack, reserve_mib=o.vram_reserve_mib, ring_slots=ring_slots,
-                                                    staging_slots=STAGING_SLOTS)
+                                                    staging_slots=staging_slots)
         else:
             n_cache = o.expert_cache
         self.placement = place_experts(cfg.n_layer, cfg.n_expert, n_cache)
         self.ring = Ring("ring", ring_slots)
-        self.staging = Ring("stage", STAGING_SLOTS)
+        self.staging = self.ring if o.stage_in_ring else Ring("stage", STAGING_SLOTS)
         self.passes = Passes(backend, o.copy_coalesce)
         self._chunk_pass = None  # the chunk's streamed-walk pass, when the chunk streams
         self._blob_bytes = [pack.expert_blob_size(l) for l in range(cfg.n_layer)]  # one expert's, per layer
@@ -78,7 +80,7 @@ class FastEngine:
         self._routed = None  # the unit running now: its tokens and what its layers routed so far
         with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk) with "
                                f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
-            self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=STAGING_SLOTS)
+            self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=staging_slots)
         self.name = f"fast/{backend.name}"
 
     def __getattr__(self, name):
@@ -295,8 +297,7 @@ class FastEngine:
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
                                 placement=self.placement,
-                                chunk_pass=self._chunk_pass, passes=self.passes,
-                                staging=self.ring if o.stage_in_ring else self.staging, options=o,
+                                chunk_pass=self._chunk_pass, passes=self.passes, staging=self.staging, options=o,
                                 group_size=self.group_size, keep_h=dump is not None and dump.ops)
         self._note_routing(layer, tab)
 

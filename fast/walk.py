@@ -203,7 +203,7 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
         with be.host_phase("host planning"):
             visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer)))
     with be.host_phase("host planning"):
-        groups = [] if in_ring else plan_groups(np.asarray(walked, np.int64), tab.cnt, tab.off, group_size)
+        groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)
         bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
     in_place = batch if batch is not None and len(batch.experts) > 0 else None
     lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
@@ -318,8 +318,8 @@ class LayerWalk:
         """Whether the open group holds an entry a ring's length or more before `entry`: the
         copy of `entry` goes into that entry's slot and waits for its release, so the group
         must be gathered before the walk waits for (or releases) `entry`."""
-        held = [m.entry for m in self.members[self.flushed:] if m.entry is not None]
-        return bool(held) and entry - held[0] >= self.stream.ring.n_slots
+        first = next((m.entry for m in self.members[self.flushed:] if m.entry is not None), None)
+        return first is not None and entry - first >= self.stream.ring.n_slots
 
     def skip(self, entry: int) -> None:
         """A skipped ring entry, released unused (nothing read it: the copy stream's order is
