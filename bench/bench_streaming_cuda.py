@@ -51,7 +51,10 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
         "one-copy": {"copy_coalesce": 0},
         "flush-skip": {"flush_on_skip": 1},
         "stage-8": {"stage_in_ring": 0},
+        "ring-in-place": {"ring_in_place": 1},
+        "ring-run-64": {"ring_in_place": 1, "ring_run": 64},
         "window-auto": {"window": "auto"},
+        "window-auto-rip": {"window": "auto", "ring_in_place": 1},
         f"window-{window}": {"window": int(window)},
     }
 

@@ -22,7 +22,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from strata.constants import PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STREAM_MIN, VRAM_RESERVE_MIB
+from strata.constants import MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STREAM_MIN, VRAM_RESERVE_MIB
 from strata.errors import InputError
 
 SCHEDULE = "schedule"
@@ -188,6 +188,9 @@ SWITCHES = (
            "product for a run of ring entries, no gather), each slot released after the last product "
            "that reads it; 0: gathered into the group buffers first. Needs in_place 1 (with 0 every "
            "expert is gathered)"),
+    Switch("ring_run", "STRATA_PREFILL_RING_RUN", MMQ_GROUP, SCHEDULE, Count(1),
+           "ring_in_place: the most routed experts one run multiplies (one wait, one launch per "
+           "product, one event); runs are also cut where their entries would span the ring"),
     Switch("widen_float", "STRATA_PREFILL_WIDEN_FLOAT", ON, KERNEL_FORM, OnOff(),
            "1: F16/BF16 weights (the router, float dense matrices) widened once to F32 on the "
            "device, whose float_dense.cu forms are faster; 0: read as stored"),

@@ -46,9 +46,9 @@ ring entries into *runs* (plan_runs) and multiplies each run's routed experts wh
 lie in the ring slots, as a Batch whose places name the slots (the same tile-list launches as
 the resident Batch). A run is one wait (on its last member's copy: group mode) and, after its
 down product, one event that releases all of its slots; in per-expert mode every run holds one
-expert. A run holds at most `group_size` routed experts, and its first and last entries are
-fewer than the ring's slots apart: the copy of entry k needs entry k - n_slots released, so a
-run that spanned the whole ring would wait for a release only its own products can give (the
+expert. A run holds at most `ring_run` routed experts (MMQ_GROUP by default), and its first and
+last entries are fewer than the ring's slots apart: the copy of entry k needs entry k - n_slots
+released, so a run that spanned the whole ring would wait for a release only its own products can give (the
 deadlock that cutting runs in pieces rules out). Entries the routing skipped inside a run are
 released unused as the walk meets them; the ring refills their slots while the run is held.
 """
@@ -209,7 +209,7 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
     if in_ring:
         with be.host_phase("host planning"):
-            runs = ring_runs(ring_pass, layer, visit, walked, tab, group_size if options.group_gather else 1)
+            runs = ring_runs(ring_pass, layer, visit, walked, tab, options.ring_run if options.group_gather else 1)
             be.prepare_batches(layer=layer, batches=([in_place] if in_place is not None else []) + runs)
         lw.run_in_ring(visit, runs, in_place)
     else:
