@@ -53,8 +53,9 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
         "stage-8": {"stage_in_ring": 0},
         "ring-in-place": {"ring_in_place": 1},
         "ring-run-64": {"ring_in_place": 1, "ring_run": 64},
+        "ring-run-128": {"ring_in_place": 1, "ring_run": 128},
         "window-auto": {"window": "auto"},
-        "window-auto-rip": {"window": "auto", "ring_in_place": 1},
+        "window-auto-r64": {"window": "auto", "ring_in_place": 1, "ring_run": 64},
         f"window-{window}": {"window": int(window)},
     }
 

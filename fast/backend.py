@@ -169,9 +169,10 @@ class Backend(Protocol):
         of act's float32 rows, one launch per expert and matrix (group.bounds on the host); the
         same for every product step below."""
 
-    def prepare_batches(self, *, layer: int, batches: Sequence) -> None:
+    def prepare_batches(self, *, layer: int, batches: Sequence, add: bool = False) -> None:
         """The layer's batches (fast.walk.Batch) are about to be multiplied: whatever their
-        launches need on the device (the cuda backend's tile lists) may be uploaded at once."""
+        launches need on the device (the cuda backend's tile lists) may be uploaded at once.
+        add: more of the same layer's (its runs after its resident batch); else the layer's first."""
 
     def mmq_batch_gate_up(self, *, layer: int, batch, act: Q8, n_rows: int, gate: Array, up: Array,
                           one_launch: bool = True) -> None:

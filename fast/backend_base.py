@@ -40,7 +40,7 @@ class BackendBase:
     def released(self, *, ring, slots, tags, event) -> None:
         """Ring slots released (fast/experts.py): nothing to do on the device; the sim checks it."""
 
-    def prepare_batches(self, *, layer, batches) -> None:
+    def prepare_batches(self, *, layer, batches, add: bool = False) -> None:
         """Nothing to prepare ahead (the cuda backend uploads the batches' tile lists here)."""
 
     @staticmethod

@@ -21,7 +21,7 @@ from strata.constants import MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PIN
 from strata.errors import InputError
 
 from fast import options, walk
-from fast.experts import Passes, Ring, place_experts
+from fast.experts import PASS_HEAD, Passes, Ring, place_experts
 
 F32 = np.float32
 
@@ -151,6 +151,7 @@ class FastEngine:
                 with self.be.phase("attention", layer=layer):
                     part = self.be.rows(x, r0, r0 + len(positions))
                     parts.append(self.attention_half(layer, part, positions, dump))
+                self._copies_after_attention(layer)
                 r0 += len(positions)
             x = self.be.join_rows(x, parts)
             return self.moe_half(layer, x, dump)
@@ -162,7 +163,16 @@ class FastEngine:
                                f"(a smaller --prefill chunk needs less)"):
             with self.be.phase("attention", layer=layer):
                 x = self.attention_half(layer, x, positions, dump)
+            self._copies_after_attention(layer)
             return self.moe_half(layer, x, dump)
+
+    def _copies_after_attention(self, layer: int) -> None:
+        """Layer 0's attention is queued: the rest of the first ring's copies now (the pass
+        opened with PASS_HEAD of them, so the device starts attention without waiting for the
+        host to queue them all)."""
+        if layer == 0 and self._chunk_pass is not None:
+            with self.be.host_phase("host planning"):
+                self._chunk_pass.copy_ahead()
 
     def _begin_chunk(self, n_tok: int, first_position: int = 0) -> None:
         """A chunk (or window) that streams (fast.walk.choose_walk: from stream_min tokens, or
@@ -186,7 +196,7 @@ class FastEngine:
         self.walk_choices.append(choice)
         if choice.streams:
             entries = [(l, int(e)) for l in range(cfg.n_layer) for e in p.streamed(l)]
-            self._chunk_pass = self.passes.open(self.ring, entries)
+            self._chunk_pass = self.passes.open(self.ring, entries, head=PASS_HEAD)
 
     def _note_routing(self, layer: int, tab) -> None:
         """The coverage rule's measure: how many of the layer's streamed experts the unit routed

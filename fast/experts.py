@@ -26,6 +26,11 @@ import numpy as np
 from strata.constants import COALESCE_MAX
 from strata.errors import InputError
 
+#: the streamed walk's copies queued before layer 0's attention; the rest follow it. Four
+#: coalesced copies keep the link busy while the host queues the attention half, and the device
+#: starts that half before the host has queued a ring's worth of copies (tens of calls)
+PASS_HEAD = 4 * COALESCE_MAX
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -105,13 +110,14 @@ class RingPass:
         layer, expert = self.entries[k]
         return (self.ring.name, self.slot_of(k), layer, expert, f"{self.pass_id}:{k}")
 
-    def copy_ahead(self) -> None:
-        """Enqueue every copy the ring has room for: entry k once entry k - n_slots is released.
-        Coalescing hands the backend up to COALESCE_MAX entries a call (it merges the ones whose
-        host blobs and slots are adjacent into one copy, with one event for them); otherwise one
-        call, one copy and one event per entry."""
+    def copy_ahead(self, limit: int | None = None) -> None:
+        """Enqueue every copy the ring has room for (at most `limit` entries): entry k once entry
+        k - n_slots is released. Coalescing hands the backend up to COALESCE_MAX entries a call
+        (it merges the ones whose host blobs and slots are adjacent into one copy, with one event
+        for them); otherwise one call, one copy and one event per entry."""
         n_slots, due = self.ring.n_slots, []
-        while self.next_copy < len(self.entries):
+        end = len(self.entries) if limit is None else min(len(self.entries), self.next_copy + limit)
+        while self.next_copy < end:
             k = self.next_copy
             if k >= n_slots and not self.released[k - n_slots]:
                 break
@@ -159,12 +165,13 @@ class Passes:
         self.be, self.coalesce = be, coalesce
         self.count = 0
 
-    def open(self, ring: Ring, entries: list[tuple[int, int]]) -> RingPass:
-        """A new pass of `entries` through `ring`, its first copies enqueued."""
+    def open(self, ring: Ring, entries: list[tuple[int, int]], head: int | None = None) -> RingPass:
+        """A new pass of `entries` through `ring`, its first copies enqueued (at most `head`
+        entries: the caller enqueues the rest with copy_ahead)."""
         self.count += 1
         ring_pass = RingPass(self.be, ring, entries, self.count, self.coalesce)
         with self.be.host_phase("host planning"):  # enqueueing the first copies is host work
-            ring_pass.copy_ahead()
+            ring_pass.copy_ahead(head)
         return ring_pass
 
 

@@ -197,20 +197,21 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
         walked = [int(e) for e in walked]
     if chunk_pass is None:  # staged: the routed streamed experts, their copies queued first
         ring_pass = passes.open(staging, [(layer, e) for e in walked if not resident[e]])
-        visit = walked
     else:  # streamed walk: this layer's entries, routed or not
         ring_pass = chunk_pass
-        with be.host_phase("host planning"):
-            visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer)))
-    with be.host_phase("host planning"):
-        groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)
-        bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
     in_place = batch if batch is not None and len(batch.experts) > 0 else None
     lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
+    if in_place is not None:  # queued before the rest is planned: the device multiplies while the host plans
+        be.prepare_batches(layer=layer, batches=[in_place])
+        lw.batch_gate_up(in_place)
+    with be.host_phase("host planning"):
+        visit = walked if chunk_pass is None else sorted(set(walked) | set(int(e) for e in placement.streamed(layer)))
+        groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)
+        bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
     if in_ring:
         with be.host_phase("host planning"):
             runs = ring_runs(ring_pass, layer, visit, walked, tab, options.ring_run if options.group_gather else 1)
-            be.prepare_batches(layer=layer, batches=([in_place] if in_place is not None else []) + runs)
+            be.prepare_batches(layer=layer, batches=runs, add=True)
         lw.run_in_ring(visit, runs, in_place)
     else:
         lw.run(groups, bounds, visit, in_place)
@@ -246,11 +247,9 @@ class LayerWalk:
 
     def run(self, groups: list[Group], bounds: list, visit: list[int], batch: Batch | None = None) -> None:
         """Visit `visit` (ascending ids: the routed experts, and in the streamed walk every
-        streamed expert of the layer) and walk the groups; a resident `batch`'s gate/up go
-        first (the device multiplies while the copies land), its SwiGLU and down last."""
-        if batch is not None:
-            bargs = dict(layer=self.layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
-            self.batch_gate_up(batch, bargs)
+        streamed expert of the layer) and walk the groups; then the SwiGLU and down of the
+        resident `batch`, whose gate/up run_experts queued first (the device multiplies while
+        the host plans and the copies land)."""
         routed_group = {e: gi for gi, g in enumerate(groups) for e in g.experts}
         gi = 0
         for e in visit:
@@ -268,15 +267,12 @@ class LayerWalk:
                 self.members, self.flushed = [], 0
                 gi += 1
         if batch is not None:
-            self.batch_rest(batch, bargs)
+            self.batch_rest(batch)
 
     def run_in_ring(self, visit: list[int], runs: list[Batch], batch: Batch | None = None) -> None:
         """The walk with ring_in_place: visit the layer's ring entries, release the skipped ones
         unused, and multiply each run where it lies once its last member is met; the resident
         `batch` as in run()."""
-        if batch is not None:
-            bargs = dict(layer=self.layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
-            self.batch_gate_up(batch, bargs)
         self.in_ring = True  # skip() then releases at once: a run holds its slots across skips
         last = {b.experts[-1]: b for b in runs}
         routed = {e for b in runs for e in b.experts}
@@ -291,7 +287,7 @@ class LayerWalk:
                 self.multiply_run(last[e])
                 self.members = []
         if batch is not None:
-            self.batch_rest(batch, bargs)
+            self.batch_rest(batch)
 
     def multiply_run(self, run: Batch) -> None:
         """A run's products read straight from its ring slots: one wait on its last copy (the
@@ -379,16 +375,24 @@ class LayerWalk:
         with be.phase("down", **args):
             be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=r.down_in, n_rows=r.n_rows, y=r.y)
 
-    def batch_gate_up(self, batch: Batch, args: dict) -> None:
+    @staticmethod
+    def resident_args(layer: int, batch: Batch) -> dict:
+        return dict(layer=layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
+
+    def batch_gate_up(self, batch: Batch, args: dict | None = None) -> None:
+        """A batch's gate/up in one launch; args (the phase's): the resident batch's by default."""
         be, r = self.be, self.rows
+        args = self.resident_args(self.layer, batch) if args is None else args
         with be.phase("gate/up", **args):
             be.mmq_batch_gate_up(layer=self.layer, batch=batch, act=r.moe_in, n_rows=r.n_rows, gate=r.gate, up=r.up,
                                  one_launch=self.options.fuse_group)
 
-    def batch_rest(self, batch: Batch, args: dict) -> None:
-        """The batch's SwiGLU over the rows from its first to its last: when streamed experts'
-        rows lie between, they are computed again from the same gate and up, the same bytes."""
+    def batch_rest(self, batch: Batch) -> None:
+        """The resident batch's SwiGLU over the rows from its first to its last (when streamed
+        experts' rows lie between, they are computed again from the same gate and up, the same
+        bytes), then its down."""
         be, r = self.be, self.rows
+        args = self.resident_args(self.layer, batch)
         self.swiglu_h(int(batch.bounds[:, 0].min()), int(batch.bounds[:, 1].max()), args)
         with be.phase("down", **args):
             be.mmq_batch_down(layer=self.layer, batch=batch, act=r.down_in, n_rows=r.n_rows, y=r.y)

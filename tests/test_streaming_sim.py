@@ -114,7 +114,7 @@ def test_broken_schedules_are_caught(make_test_pack, tmp_path, monkeypatch, case
 def test_wait_on_nothing_is_a_hazard(make_test_pack, tmp_path, monkeypatch):
     """A gather whose copy was never enqueued waits on no event: reported, not run."""
     pack = make_test_pack("tiny", "Q8_0")
-    monkeypatch.setattr(RingPass, "copy_ahead", lambda self: None)
+    monkeypatch.setattr(RingPass, "copy_ahead", lambda self, limit=None: None)
     with pytest.raises(ScheduleHazard, match="nothing will record"):
         _run(pack, tmp_path, expert_cache=0, ring=8)
 

@@ -118,7 +118,7 @@ class CudaBackend(BackendBase):
         self._pending_tables = None  # the last DevTables, whose counts may not be read yet
         self._tiles_keep = None  # the last in-place batch and its uploaded row tiles (_batch_tiles)
         self._prepared: dict = {}  # id(batch) -> (batch, its tiles' handles): a layer's, uploaded at once
-        self._prepared_keep = None  # that upload, alive until the next layer's
+        self._prepared_keep: list = []  # those uploads, alive until the next layer's
         self.phases = PhaseRecorder(self._mark, self._seconds, timing_enabled(timing))
         self._trace_base = None  # the event every traced span is timed from
 
@@ -489,12 +489,13 @@ class CudaBackend(BackendBase):
         base, woff = self._batch_offsets(layer, batch)
         return base, products.row_tiles(batch.bounds, woff, products.tile_rows_for(cfg)), cfg, rows_mean
 
-    def prepare_batches(self, *, layer, batches) -> None:
-        """Every batch's row tiles in one upload (a layer's resident batch and ring_in_place
-        runs): one host-to-device copy a layer instead of one a batch. Float experts have no
-        tiles."""
+    def prepare_batches(self, *, layer, batches, add: bool = False) -> None:
+        """Every batch's row tiles in one upload (a layer's resident batch, then its ring_in_place
+        runs: add keeps the layer's earlier uploads): one host-to-device copy per call instead
+        of one a batch. Float experts have no tiles."""
         gu_t, d_t = self.expert_types(layer)
-        self._prepared, self._prepared_keep = {}, None
+        if not add:
+            self._prepared, self._prepared_keep = {}, []
         if not batches or (dense.is_float(gu_t) and dense.is_float(d_t)):
             return
         parts = [(b, *self._tiles_host(layer, b)) for b in batches]
@@ -506,7 +507,7 @@ class CudaBackend(BackendBase):
         for b, base, host, cfg, mean in parts:
             self._prepared[id(b)] = (b, base, int(dev.gpudata) + 16 * at, len(host), cfg, mean)
             at += len(host)
-        self._prepared_keep = dev  # alive until the next layer's upload (one stream: in order)
+        self._prepared_keep.append(dev)  # alive until the next layer's first upload (one stream: in order)
 
     def _batch_tiles(self, layer: int, batch):
         """The batch's row tiles on the device (offsets from _batch_offsets' base), and the
