@@ -3,15 +3,16 @@
     python3 bench/bench_streaming_cuda.py --pack strata8.gguf --tokens 254,1030,3866,8179,30118
 
 Arms (each its own engine on the same pack): `resident` (every expert in the expert cache),
-and with a cache of `--cache-share` of the experts: `group` (defaults: one wait, gather and
-event per group, scatter quantize), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0), `gather-q`
-(STRATA_QUANT_GATHER=1), `one-copy` (STRATA_PREFILL_COPY_COALESCE=0: one copy per expert; the
-defaults coalesce), `flush-skip` (STRATA_PREFILL_FLUSH_ON_SKIP=1: an open group gathered
-at every ring entry the routing skipped; the defaults hold it and gather it once),
-`stage-8` (STRATA_PREFILL_STAGE_IN_RING=0: the staged walk through the 8-slot staging ring; the
-defaults stage through the streamed walk's ring), `window-auto`
-(STRATA_PREFILL_WINDOW=auto: layer-major windows sized from free memory) and `window-N`
-(windows of `--window` tokens; arm_table names them). Every rep draws a fresh prompt and runs
+and with a cache of `--cache-share` of the experts, switches over the defaults (arm_table):
+`default` (streamed experts multiplied in their ring slots, runs of up to 64; coalesced copies;
+layer-major windows sized from free memory where experts stream), `gathered`
+(STRATA_PREFILL_RING_IN_PLACE=0: gathered into the group buffers, one wait, gather and event a
+group), `ring-run-16` (runs of a group's 16), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0),
+`gather-q` (STRATA_QUANT_GATHER=1), `one-copy` (STRATA_PREFILL_COPY_COALESCE=0: one copy per
+expert), `flush-skip` (gathered, and a group gathered at every ring entry the routing skipped),
+`stage-8` (STRATA_PREFILL_STAGE_IN_RING=0: the staged walk through the 8-slot staging ring),
+`window-off` (one chunk a window), `window-off-gathered` (both: the defaults before
+ring_in_place and windows were) and `window-N` (windows of `--window` tokens; arm_table names them). Every rep draws a fresh prompt and runs
 every arm on it, the order rotating each rep; each prefill is timed with CUDA events on the
 compute stream after an untimed warm-up per arm and size, and every arm's first-token logits
 must equal the resident arm's bytes. The copy stream's busy time comes from an event pair
@@ -45,17 +46,16 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
     """The streamed arms by name: FastEngine switches over the defaults (the resident arm is
     apart: every expert in the cache). window: the tokens of the fixed window arm."""
     return {
-        "group": {},
+        "default": {},
         "per-expert": {"group_gather": 0},
         "gather-q": {"quant_gather": 1},
         "one-copy": {"copy_coalesce": 0},
-        "flush-skip": {"flush_on_skip": 1},
+        "gathered": {"ring_in_place": 0},
+        "ring-run-16": {"ring_run": 16},
+        "flush-skip": {"ring_in_place": 0, "flush_on_skip": 1},
         "stage-8": {"stage_in_ring": 0},
-        "ring-in-place": {"ring_in_place": 1},
-        "ring-run-64": {"ring_in_place": 1, "ring_run": 64},
-        "ring-run-128": {"ring_in_place": 1, "ring_run": 128},
-        "window-auto": {"window": "auto"},
-        "window-auto-r64": {"window": "auto", "ring_in_place": 1, "ring_run": 64},
+        "window-off": {"window": "off"},
+        "window-off-gathered": {"window": "off", "ring_in_place": 0},
         f"window-{window}": {"window": int(window)},
     }
 

@@ -122,12 +122,16 @@ class FastEngine:
     def window_tokens(self, chunk: int, n_tok: int) -> int:
         """The tokens of the layer-major windows (the window switch) a prompt of n_tok tokens cut
         into chunks of `chunk` runs in: whole chunks; `chunk` itself (today's walk, one chunk a
-        window) where the switch is not given. auto: the most whole chunks whose window buffers
-        (window_bytes_per_token) fit in the backend's budget, at least one, at most the prompt's."""
+        window) under off. auto (the default): where experts stream, the most whole chunks whose
+        window buffers (window_bytes_per_token) fit in the backend's budget, at least one, at most
+        the prompt's; one chunk where every expert is resident (a window saves copies, nothing else:
+        docs/results/2026-12-02-ring-in-place-8layer.md)."""
         w = self.options.window
-        if w is None:
+        if w is None or w == options.OFF_WORD:
             return chunk
         if w == options.AUTO:
+            if not self.placement.n_streamed:
+                return chunk
             fit = self.be.window_budget_bytes() // (window_bytes_per_token(self.config) * chunk)
             return chunk * max(1, min(int(fit), -(-int(n_tok) // chunk)))
         if w < chunk:

@@ -22,13 +22,14 @@ import os
 import sys
 from dataclasses import dataclass
 
-from strata.constants import MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STREAM_MIN, VRAM_RESERVE_MIB
+from strata.constants import PINNED_SHARE, RING_RUN, RING_SLOTS, RING_SLOTS_PINNED, STREAM_MIN, VRAM_RESERVE_MIB
 from strata.errors import InputError
 
 SCHEDULE = "schedule"
 KERNEL_FORM = "kernel form"
 KINDS = (SCHEDULE, KERNEL_FORM)
 AUTO = "auto"
+OFF_WORD = "off"  # a Count's word for "none of it" (--window off: one chunk a window)
 
 
 @dataclass(frozen=True)
@@ -55,19 +56,23 @@ class OnOff:
 
 @dataclass(frozen=True)
 class Count:
-    """An integer of at least `minimum`, or with `auto` also the word auto (the engine sizes it)."""
+    """An integer of at least `minimum`, or with `auto` also the word auto (the engine sizes it),
+    with `off` also the word off."""
     minimum: int
     auto: bool = False
     metavar: str = "N"
+    off: bool = False
 
     @property
     def values(self) -> str:
-        bound = f"integer >= {self.minimum}"
-        return f"{AUTO}, {bound}" if self.auto else bound
+        words = [w for w, on in ((AUTO, self.auto), (OFF_WORD, self.off)) if on]
+        return ", ".join(words + [f"integer >= {self.minimum}"])
 
     def from_keyword(self, value, label: str):
         if self.auto and value == AUTO:
             return AUTO
+        if self.off and value == OFF_WORD:
+            return OFF_WORD
         try:
             n = int(value)
         except (TypeError, ValueError):
@@ -148,13 +153,13 @@ SWITCHES = (
            "the routed ones; auto: stream where the routing is expected to reach at least half of the "
            "streamed experts' bytes (uniform top-k, or the prompt's last chunk's routing scaled to "
            "this one's tokens: fast.walk.choose_walk); run --timing prints each chunk's walk and why"),
-    Switch("window", "STRATA_PREFILL_WINDOW", None, SCHEDULE, Count(1, auto=True, metavar="N|auto"),
+    Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
            "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "
-           "expert is copied once per window and layer; auto: the most whole chunks whose window buffers "
-           "fit in half the free device memory (sim: a fixed 1 GiB), at most the prompt; run prints the "
-           "window taken",
-           default_text="one chunk (--prefill)"),
+           "expert is copied once per window and layer; auto: where experts stream, the most whole chunks "
+           "whose window buffers fit in half the free device memory (sim: a fixed 1 GiB), at most the "
+           "prompt, and one chunk where every expert is resident; off: one chunk a window; run prints "
+           "the window taken"),
     Switch("copy_coalesce", "STRATA_PREFILL_COPY_COALESCE", ON, SCHEDULE, OnOff(),
            "1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy per expert"),
     Switch("stage_in_ring", "STRATA_PREFILL_STAGE_IN_RING", ON, SCHEDULE, OnOff(),
@@ -183,12 +188,12 @@ SWITCHES = (
            "(one launch for all their gate/up products, one SwiGLU+quantize of H, one down), only "
            "streamed experts are gathered, in groups; 0: every routed expert goes through the "
            "group buffers"),
-    Switch("ring_in_place", "STRATA_PREFILL_RING_IN_PLACE", OFF, SCHEDULE, OnOff(),
+    Switch("ring_in_place", "STRATA_PREFILL_RING_IN_PLACE", ON, SCHEDULE, OnOff(),
            "1: streamed experts are multiplied where their copies land in the ring (one launch per "
            "product for a run of ring entries, no gather), each slot released after the last product "
-           "that reads it; 0: gathered into the group buffers first. Needs in_place 1 (with 0 every "
-           "expert is gathered)"),
-    Switch("ring_run", "STRATA_PREFILL_RING_RUN", MMQ_GROUP, SCHEDULE, Count(1),
+           "that reads it; 0: gathered into the group buffers first, an MMQ group at a time. Needs "
+           "in_place 1 (with 0 every expert is gathered)"),
+    Switch("ring_run", "STRATA_PREFILL_RING_RUN", RING_RUN, SCHEDULE, Count(1),
            "ring_in_place: the most routed experts one run multiplies (one wait, one launch per "
            "product, one event); runs are also cut where their entries would span the ring"),
     Switch("widen_float", "STRATA_PREFILL_WIDEN_FLOAT", ON, KERNEL_FORM, OnOff(),

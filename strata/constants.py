@@ -16,6 +16,8 @@ STREAM_MIN = 1024  # STRATA_PREFILL_STREAM_MIN default: chunks from here walk th
 COALESCE_MAX = 8  # experts one coalesced copy takes at most: copies of eight experts reach the
 # link's peak rate (docs/benchmarks.md, "The machine"), and the walk's first gather of a run
 # waits for no more than that
+RING_RUN = 64  # STRATA_PREFILL_RING_RUN default: routed experts one ring_in_place run multiplies
+# (fewer, larger launches than an MMQ group's; docs/results/2026-12-02-ring-in-place-8layer.md)
 COPY_BYTES_PER_S = 55.3e9  # host-to-device rate of page-locked copies on the H200 (docs/benchmarks.md,
 # "The machine"): the floor of a streamed walk, and the sim's modelled copy time in traces
 VRAM_RESERVE_MIB = 2048  # --vram-reserve-mib default, kept free by --expert-cache auto

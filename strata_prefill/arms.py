@@ -32,6 +32,8 @@ def value_check(sw: Switch):
         return zero_one
     assert isinstance(sw.value, Count)
     count = checks.bounded(sw.value.minimum)
+    if sw.value.off:
+        return checks.auto_or(count, off=True)
     return checks.auto_or(count) if sw.value.auto else count
 
 

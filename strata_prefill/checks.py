@@ -132,12 +132,16 @@ def _count_or(count, text: str, refusal: str) -> int:
         raise argparse.ArgumentTypeError(refusal) from None
 
 
-def auto_or(count):
-    """An argparse `type=` that takes `auto` or what `count` (a `bounded` check) takes."""
+def auto_or(count, off: bool = False):
+    """An argparse `type=` that takes `auto` (and with `off` the word off) or what `count` (a
+    `bounded` check) takes."""
+    words = ("auto", "off") if off else ("auto",)
+    said = " or ".join(f"'{w}'" for w in words)
+
     def check(text: str) -> str | int:
-        if text == "auto":
+        if text in words:
             return text
-        return _count_or(count, text, f"must be 'auto' or {_at_least(count.minimum)}, "
+        return _count_or(count, text, f"must be {said} or {_at_least(count.minimum)}, "
                                       f"got {_shown(text)}{_digits_hint(text.strip())}")
     check.__name__ = f"auto_or_{count.__name__}"
     return check

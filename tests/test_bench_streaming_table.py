@@ -23,8 +23,8 @@ def bsc():
 
 def test_arm_table_has_the_window_arms_and_only_known_switches(bsc):
     table = bsc.arm_table(24576)
-    assert table["window-auto"] == {"window": "auto"} and table["window-24576"] == {"window": 24576}
-    assert {"group", "per-expert", "gather-q", "one-copy"} <= set(table)
+    assert table["window-off"] == {"window": "off"} and table["window-24576"] == {"window": 24576}
+    assert table["default"] == {} and {"gathered", "per-expert", "gather-q", "one-copy"} <= set(table)
     assert "window-16384" in bsc.arm_table()
     for switches in table.values():  # every keyword is a switch of the table, and its value resolves
         options.resolve(switches)
@@ -33,9 +33,9 @@ def test_arm_table_has_the_window_arms_and_only_known_switches(bsc):
 
 def test_pick_arms_keeps_the_order_and_names_the_known_ones(bsc):
     table = bsc.arm_table(16384)
-    assert bsc.pick_arms("window-16384,group", table) == ["window-16384", "group"]
-    with pytest.raises(SystemExit, match=r"unknown arm\(s\) window-8192; arms: group, .*window-16384"):
-        bsc.pick_arms("group,window-8192", table)
+    assert bsc.pick_arms("window-16384,default", table) == ["window-16384", "default"]
+    with pytest.raises(SystemExit, match=r"unknown arm\(s\) window-8192; arms: default, .*window-16384"):
+        bsc.pick_arms("default,window-8192", table)
 
 
 def test_arm_row_by_hand(bsc):
@@ -57,7 +57,7 @@ def test_format_table_gives_every_arm_its_figures(bsc, seed):
     for n in sorted(rng.choice([254, 1030, 8179, 30118], 2, replace=False).tolist()):
         res_s = float(rng.uniform(0.02, 1.0))
         row = {"tokens": n, "arms": {}}
-        for a in ["resident", "group", "window-auto"]:
+        for a in ["resident", "default", "window-off"]:
             counts = {k: int(rng.integers(1, 10_000)) for k in bsc.COUNTED}
             counts["copy_bytes"] = 0 if a == "resident" else int(rng.integers(1, 30_000_000_000))
             times = rng.uniform(0.02, 1.5, 3).tolist()

@@ -57,14 +57,16 @@ def test_group_gather_arms_same_bytes_and_the_counts_they_must_differ_in(make_te
     assert 5 < n_all  # experts stream
     # one copy per expert in both arms, so that the copies are the same count (coalesced, which
     # entries go together depends on when slots are released, which the arms change)
-    status, out = bench_run(pack, tmp_path, "--a", "STRATA_PREFILL_GROUP_GATHER=0 expert-cache=5 copy_coalesce=0",
-                            "--b", "expert_cache=5 copy_coalesce=0")
+    # the gathered walk (ring_in_place 0), where group_gather sets what one gather takes
+    status, out = bench_run(pack, tmp_path, "--a", "STRATA_PREFILL_GROUP_GATHER=0 expert-cache=5 copy_coalesce=0 "
+                            "ring_in_place=0", "--b", "expert_cache=5 copy_coalesce=0 ring_in_place=0")
     text = capsys.readouterr().out
     assert status == 0
     assert "logits: identical bytes in all 4 prompt pairs" in text
     assert "settings A/B: group_gather 0/1" in text
     data = json.loads(out.read_text())
-    assert data["setup"]["arms"]["A"]["keywords"] == {"group_gather": 0, "expert_cache": 5, "copy_coalesce": 0}
+    assert data["setup"]["arms"]["A"]["keywords"] == {"group_gather": 0, "expert_cache": 5, "copy_coalesce": 0,
+                                                      "ring_in_place": 0}
     assert data["setup"]["arms"]["B"]["settings"]["resident_experts"] == 5
     for length in data["lengths"]:
         for r in length["reps"]:

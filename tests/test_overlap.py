@@ -154,7 +154,8 @@ def test_model_clock_gives_the_waiting_it_modelled():
 
 def sim_args(pack, *extra, cache="4 --ring 2 --stream-min 1"):
     return ["run", "--pack", str(pack.path), "--impl", "fast", "--backend", "sim", "--expert-cache",
-            *cache.split(), "--prompt-tokens", "60", "--prefill", "20", "--greedy", "0", "--no-progress", *extra]
+            *cache.split(), "--prompt-tokens", "60", "--prefill", "20", "--greedy", "0", "--no-progress", "--window", "off",
+            *extra]
 
 
 @pytest.fixture
@@ -238,7 +239,7 @@ def test_bench_phases_add_the_overlap_per_length_and_layer(pack, tmp_path, capsy
     out = tmp_path / "b.json"
     arm = "expert-cache=4,stream-min=1,ring=2"
     assert main(["bench", "--pack", str(pack.path), "--backend", "sim", "--tokens", "40", "--reps", "2",
-                 "--prefill", "20", "--a", arm, "--b", arm + ",window=40", "--phases", "--no-progress",
+                 "--prefill", "20", "--a", arm + ",window=off", "--b", arm + ",window=40", "--phases", "--no-progress",
                  "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "overlap medians, ms, A / B" in text and "the sim's modelled stream clock" in text

@@ -136,8 +136,8 @@ def test_no_gathers_and_fewer_launches_waits_and_events(make_test_pack, tmp_path
     pack = make_test_pack("small", "Q8_0")
     n_all = pack.config.n_layer * pack.config.n_expert
     kw = dict(expert_cache=int(cache * n_all), ring=16, stream_min=stream_min, copy_coalesce=0)  # one copy an expert: the counts compare
-    off = counts(pack, tmp_path / "off", 12, **kw)
-    on = counts(pack, tmp_path / "on", 12, ring_in_place=1, **kw)
+    off = counts(pack, tmp_path / "off", 12, ring_in_place=0, **kw)
+    on = counts(pack, tmp_path / "on", 12, ring_in_place=1, ring_run=16, **kw)
     assert off["gathers"] > 0 and on.get("gathers", 0) == 0
     assert "gather_group" not in on and "gather_one" not in on
     for k in ("copies", "copy_bytes", "copy_events"):
@@ -247,7 +247,7 @@ def test_bench_arms_show_the_counts_fall(make_test_pack, tmp_path, capsys):
     pack = make_test_pack("small", "Q8_0")
     out = tmp_path / "ab.json"
     status = main(["bench", "--pack", str(pack.path), "--backend", "sim", "--tokens", "12", "--reps", "1",
-                   "--a", "expert-cache=20,ring=16,stream-min=1",
+                   "--a", "expert-cache=20,ring=16,stream-min=1,STRATA_PREFILL_RING_IN_PLACE=0",
                    "--b", "expert-cache=20,ring=16,stream-min=1,STRATA_PREFILL_RING_IN_PLACE=1", "--json", str(out)])
     text = capsys.readouterr().out
     assert status == 0 and "logits: identical bytes" in text, text

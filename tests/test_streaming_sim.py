@@ -38,6 +38,8 @@ def _prompt(pack, n, seed=5):
 
 
 def _run(pack, tmp_path, n_tok=3, policy="copy_first", **kw):
+    """The gathered walk by default (ring_in_place 0): tests/test_ring_in_place.py has the other."""
+    kw.setdefault("ring_in_place", 0)
     eng = make_fast_engine(pack, "sim", sim_options=dict(schedule_seed=1, policy=policy), **kw)
     return run_engine(eng, _prompt(pack, n_tok), 64, tmp_path, greedy=0, layer_dumps=False)
 
@@ -135,7 +137,7 @@ def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, 
     eng = make_fast_engine(pack, "sim", sim_options=dict(schedule_seed=sched, policy=policy), ring=ring,
                            group_size=group_size, expert_cache=cache, stream_min=stream_min, group_gather=gg,
                            quant_gather=qg, copy_coalesce=coalesce, in_place=in_place,
-                           flush_on_skip=flush_on_skip, stage_in_ring=stage_in_ring)
+                           flush_on_skip=flush_on_skip, stage_in_ring=stage_in_ring, ring_in_place=0)
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} group {group_size} cache {cache} stream_min {stream_min} "
                                     f"in_place {in_place} flush_on_skip {flush_on_skip} stage_in_ring {stage_in_ring}")
@@ -151,7 +153,7 @@ def test_a_group_held_across_skips_is_gathered_once(make_test_pack, tmp_path, ri
     counts, runs = {}, {}
     for fos in (1, 0):
         eng = make_fast_engine(pack, "sim", sim_options=dict(schedule_seed=3, policy="copy_first"), ring=ring,
-                               expert_cache=0, stream_min=1, flush_on_skip=fos)
+                               expert_cache=0, stream_min=1, flush_on_skip=fos, ring_in_place=0)
         runs[fos] = run_engine(eng, _prompt(pack, 5), 64, tmp_path / f"f{fos}", greedy=0, layer_dumps=False)
         counts[fos] = dict(eng.counters)
     assert_same_run(runs[1], runs[0], pack, f"flush_on_skip 1 against 0, ring {ring}")

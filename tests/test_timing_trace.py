@@ -18,9 +18,10 @@ EPS_US = 2e-3  # ts and dur are written rounded to 1e-3 us
 
 
 def sim_run(pack, *extra):
-    """run --impl fast --backend sim on 40 tokens in chunks of 20, 4 resident experts."""
+    """run --impl fast --backend sim on 40 tokens in chunks of 20 (no windows), 4 resident experts."""
     return ["run", "--pack", str(pack.path), "--impl", "fast", "--backend", "sim", "--expert-cache", "4",
-            "--ring", "8", "--prompt-tokens", "40", "--prefill", "20", "--greedy", "0", "--no-progress", *extra]
+            "--ring", "8", "--prompt-tokens", "40", "--prefill", "20", "--greedy", "0", "--no-progress",
+            "--window", "off", *extra]
 
 
 @pytest.fixture
@@ -28,10 +29,11 @@ def pack(make_test_pack):
     return make_test_pack("tiny", "Q8_0")
 
 
+@pytest.mark.parametrize("rip", ["0", "1"], ids=["gathered", "in-ring"])
 @pytest.mark.parametrize("stream_min", ["1", "1024"], ids=["streamed", "staged"])
-def test_trace_is_chrome_json_with_compute_and_copy_tracks(pack, tmp_path, capsys, stream_min):
+def test_trace_is_chrome_json_with_compute_and_copy_tracks(pack, tmp_path, capsys, stream_min, rip):
     path = tmp_path / "t.json"
-    assert main(sim_run(pack, "--stream-min", stream_min, "--trace", str(path))) == 0
+    assert main(sim_run(pack, "--stream-min", stream_min, "--ring-in-place", rip, "--trace", str(path))) == 0
     assert f"trace     {path}" in capsys.readouterr().out
     doc = json.loads(path.read_text())
     assert doc["displayTimeUnit"] == "ms"
@@ -41,7 +43,8 @@ def test_trace_is_chrome_json_with_compute_and_copy_tracks(pack, tmp_path, capsy
     spans = [e for e in events if e["ph"] == "X"]
     by_track = {name: [e for e in spans if e["tid"] == tid] for tid, name in tracks.items()}
     compute_names = {e["name"] for e in by_track["compute"]}
-    assert {"gather", "gate/up", "down", "attention", "router", "combine"} <= compute_names
+    assert {"gate/up", "down", "attention", "router", "combine", "wait copy"} <= compute_names
+    assert ("gather" in compute_names) == (rip == "0")  # products read the ring slots: no gather
     assert {e["name"] for e in by_track["copy"]} >= {"copy"}
     assert {e["args"]["chunk"] for e in spans} == {0, 1}
     for name, lane in by_track.items():
@@ -109,7 +112,7 @@ def _table_rows(block: str) -> dict:
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_timing_prints_each_chunks_phases_beside_its_uninstrumented_total(pack, capsys, monkeypatch, how):
-    args = sim_run(pack, "--stream-min", "1")
+    args = sim_run(pack, "--stream-min", "1", "--ring-in-place", "0")  # the gathered walk: every phase
     if how == "flag":
         args.append("--timing")
     else:

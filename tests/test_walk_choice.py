@@ -107,6 +107,8 @@ def _prompt(pack, n, seed=0, few=False):
 
 
 def _engine(pack, **kw):
+    """Chunk by chunk (window off): the choices are the chunks'."""
+    kw.setdefault("window", "off")
     return make_fast_engine(pack, "sim", **kw)
 
 
@@ -186,7 +188,8 @@ def test_timing_prints_each_unit_s_walk(make_test_pack, capsys):
 
     pack = make_test_pack("tiny", "Q8_0")
     argv = ["run", "--pack", str(pack.path), "--impl", "fast", "--backend", "sim", "--expert-cache", "4",
-            "--ring", "8", "--prompt-tokens", "40", "--prefill", "20", "--greedy", "0", "--no-progress", "--timing"]
+            "--ring", "8", "--prompt-tokens", "40", "--prefill", "20", "--greedy", "0", "--no-progress", "--timing",
+            "--window", "off"]
     assert main(argv + ["--stream-min", "auto"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("walk ")]

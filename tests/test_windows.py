@@ -50,7 +50,7 @@ def test_windows_same_bytes_fewer_copies(make_test_pack, tmp_path_factory, n_tok
               copy_coalesce=coalesce)
     what = f"window {window} chunk {chunk} ring {ring} cache {cache} stream_min {stream_min} gg {gg}"
     ref = run_engine(ReferenceEngine(pack), ids, chunk, out / "ref", greedy=1)
-    flat = _fast(pack, sched, policy, **kw)
+    flat = _fast(pack, sched, policy, window="off", **kw)
     got_flat = run_engine(flat, ids, chunk, out / "flat", greedy=1, layer_dumps=False)
     eng = _fast(pack, sched, policy, window=window, **kw)
     got = run_engine(eng, ids, chunk, out / "win", greedy=1)
@@ -74,7 +74,7 @@ def test_window_one_chunk_is_todays_walk(make_test_pack):
     pack = make_test_pack("tiny", "Q8_0")
     ids = _prompt(pack, 70, 3)
     runs = []
-    for window in (None, 16, 31):
+    for window in ("off", 16, 31):
         eng = _fast(pack, expert_cache=5, ring=4, stream_min=8, window=window)
         res = Session(eng, chunk=16, progress=False).run(ids, greedy=1)
         runs.append((res.logits.tobytes(), res.greedy, dict(eng.counters), res.window))
@@ -87,13 +87,13 @@ def test_streamed_copies_fall_with_the_number_of_windows(make_test_pack):
     pack = make_test_pack("tiny", "Q8_0")
     ids = _prompt(pack, 96, 11)
     got = {}
-    for window in (None, 32, 48, 96):
+    for window in ("off", 32, 48, 96):
         eng = _fast(pack, expert_cache=3, ring=8, stream_min=1, window=window)
         Session(eng, chunk=16, progress=False).run(ids, greedy=0)
         got[window] = eng.counters["copy_bytes"]
     streamed = _streamed_bytes(pack, eng)
     assert streamed > 0
-    assert got == {None: 6 * streamed, 32: 3 * streamed, 48: 2 * streamed, 96: streamed}
+    assert got == {"off": 6 * streamed, 32: 3 * streamed, 48: 2 * streamed, 96: streamed}
 
 
 # ---- refusals ----------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def test_window_below_the_chunk_refused_before_work(make_test_pack):
 # ---- auto ----------------------------------------------------------------------------------
 def test_auto_window_from_the_budget(make_test_pack, monkeypatch):
     pack = make_test_pack("tiny", "Q8_0")
-    eng = _fast(pack, window="auto")
+    eng = _fast(pack, window="auto", expert_cache=5)
     per = window_bytes_per_token(pack.config)
     assert per > 0
     assert eng.window_tokens(16, 1000) == 16 * min(SIM_WINDOW_BUDGET // (per * 16), 63)
@@ -142,6 +142,17 @@ def test_auto_window_from_the_budget(make_test_pack, monkeypatch):
     assert eng.window_tokens(16, 1000) == 16  # never less than one chunk
 
 
+def test_auto_is_the_default_and_one_chunk_where_nothing_streams(make_test_pack):
+    """No window asked: auto. Every expert resident (the sim's default cache), a window would save
+    no copy, so a chunk is a window; with experts streaming, the whole prompt fits the budget."""
+    pack = make_test_pack("tiny", "Q8_0")
+    resident, streaming = _fast(pack), _fast(pack, expert_cache=5)
+    assert resident.options.window == "auto" and resident.placement.n_streamed == 0
+    assert resident.window_tokens(16, 1000) == 16
+    assert streaming.window_tokens(16, 100) == 112
+    assert _fast(pack, expert_cache=5, window="off").window_tokens(16, 100) == 16
+
+
 def test_auto_window_same_bytes(make_test_pack, tmp_path):
     pack = make_test_pack("tiny", "Q8_0")
     ids = _prompt(pack, 50, 9)
@@ -149,7 +160,7 @@ def test_auto_window_same_bytes(make_test_pack, tmp_path):
     eng = _fast(pack, window="auto", expert_cache=7, ring=3, stream_min=1)
     got = run_engine(eng, ids, 8, tmp_path / "fast", greedy=2)
     assert_same_run(ref, got, pack, "window auto")
-    s = Session(_fast(pack, window="auto"), chunk=8, progress=False)
+    s = Session(_fast(pack, window="auto", expert_cache=7), chunk=8, progress=False)
     assert s.run(ids).window == 56  # the sim's budget holds the whole prompt: one window
     # the other way round too: the windowed run's one header lines up with the reference's chunks
     assert compare_timelines(got.timeline, ref.timeline, q8_layouts(pack), pack.config.n_expert_used) is None
@@ -173,14 +184,14 @@ def test_run_prints_the_window_it_took(make_test_pack, capsys):
 
     pack = make_test_pack("tiny", "Q8_0")
     base = ["run", "--pack", str(pack.path), "--prompt-tokens", "70", "--prefill", "16", "--greedy", "2",
-            "--no-progress", "--impl", "fast", "--backend", "sim"]
-    assert main(base) == 0
+            "--no-progress", "--impl", "fast", "--backend", "sim", "--expert-cache", "5"]
+    assert main(base + ["--window", "off"]) == 0
     flat = capsys.readouterr().out
-    assert "window " not in flat  # no window asked: the output is today's
+    assert "window " not in flat  # one chunk a window: the output without windows
     assert main(base + ["--window", "40"]) == 0
     out = capsys.readouterr().out
     assert "window    32 tokens (2 chunk(s) a window, 3 window(s); --window 40)" in out
-    assert main(base + ["--window", "auto"]) == 0
+    assert main(base) == 0  # the default: auto
     auto = capsys.readouterr().out
     assert "window    80 tokens (5 chunk(s) a window, 1 window(s); --window auto)" in auto
     assert main(base + ["--window", "40", "--explain"]) == 0

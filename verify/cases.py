@@ -729,10 +729,11 @@ def _cuda_rows() -> list[ParityCase]:
         rows.append(_row("cuda", "tiny", etype, 130, 64, arm, seed=21))
     for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
         rows.append(_row("cuda", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),)))
-    # ---- ring_in_place (issue 26, item 2): streamed experts multiplied in their ring slots ----
-    # Streamed and staged chunks, rings of 8 to 384, caches of none and a third, group and
-    # per-expert runs, skips inside runs, a window, float experts, and the 2-layer strata pack at
-    # 8K tokens with a third cached (the A/B's case). Arm name: rip1.
+    # ---- ring_in_place 0 (issue 26, item 2): streamed experts gathered into the group buffers --
+    # The default multiplies them in their ring slots (every streamed row above takes that walk);
+    # these rows keep the gathers' walk covered: streamed and staged chunks, rings of 8 to 384,
+    # caches of none and a third, group and per-expert gathers, skips inside groups, a window,
+    # float experts, and the 2-layer strata pack at 8K tokens with a third cached. Arm name: rip0.
     tiny_all, small_all, strata_all = _all_experts("tiny"), _all_experts("small"), _all_experts(STRATA2[0], 2)
     for preset, etype, n, chunk, arm, kw in (
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8, stream_min=64), dict(quick=True)),
@@ -748,7 +749,7 @@ def _cuda_rows() -> list[ParityCase]:
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8, stream_min=64), dict(stress=True)),
             ("strata", "IQ2_XS", 8192, "auto", dict(expert_cache=strata_all // 3),
              dict(greedy=1, records=False, pack_options=STRATA2[2]))):
-        rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "ring_in_place": 1}, **kw))
+        rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "ring_in_place": 0}, **kw))
     # ---- stream_min auto (issue 26, item 4): the walk chosen by coverage ----
     # The tiny pack's chunks of 64 whose last chunk and greedy steps stage while the others stream,
     # in group and per-expert mode, one a prompt of three ids; the A/B's case on the 2-layer strata

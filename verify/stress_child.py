@@ -34,11 +34,13 @@ SCHEDULES = {
 
 # the planted runs: the tiny pack (Q8_0: any bytes in a slot decode to finite weights), one
 # streamed chunk of 64 tokens through a ring of 4 slots, so slots are refilled within a layer
-STREAMED = dict(expert_cache=0, ring=4, stream_min=64, group_gather=1, copy_coalesce=0)
+STREAMED = dict(expert_cache=0, ring=4, stream_min=64, group_gather=1, copy_coalesce=0, ring_in_place=0)
+# the same, its streamed experts multiplied in their ring slots (the default ring_in_place 1)
+STREAMED_RIP = {**STREAMED, "ring_in_place": 1}
 # the same chunk staged (below the stream threshold): each layer's routed experts through a
 # 4-slot ring (the default staged walk's, stage_in_ring 1), refilled within the layer too; and
 # through the 8-slot staging ring of stage_in_ring 0
-STAGED = dict(expert_cache=0, ring=4, stream_min=1024, group_gather=1, copy_coalesce=0)
+STAGED = dict(expert_cache=0, ring=4, stream_min=1024, group_gather=1, copy_coalesce=0, ring_in_place=0)
 STAGED8 = {**STAGED, "ring": None, "stage_in_ring": 0}
 RESIDENT = dict(expert_cache=10**6, stream_min=64)  # capped at every expert: no ring, no copies
 
@@ -109,7 +111,9 @@ PLANTS = {
     "a_no_copy_wait": ("no_copy_wait", "late_copies", STREAMED),
     "a_no_copy_wait_staged": ("no_copy_wait", "late_copies", STAGED),
     "a_wait_on_first_copy": ("wait_on_first_copy", "late_copies", STREAMED),
+    "a_no_copy_wait_rip": ("no_copy_wait", "late_copies", STREAMED_RIP),
     "b_refill_without_wait": ("refill_without_wait", "late_compute", STREAMED),
+    "b_refill_without_wait_rip": ("refill_without_wait", "late_compute", STREAMED_RIP),
     "b_refill_without_wait_staged": ("refill_without_wait", "late_compute", STAGED),
     "b_refill_without_wait_staged8": ("refill_without_wait", "late_compute", STAGED8),
     "b_release_before_gather": ("release_before_gather", "late_compute", STREAMED),

@@ -414,7 +414,8 @@ def main(args) -> int:
     print(f"impl      {engine.name}")
     print(f"prompt    {res.prompt_tokens} tokens in {res.n_chunks} chunk(s) of up to {res.chunk}")
     asked_window = getattr(getattr(engine, "options", None), "window", None)
-    if asked_window is not None:  # the window the run took (auto: sized by the engine)
+    windowed = asked_window is not None and res.window != res.chunk
+    if windowed:  # the window the run took (auto: sized by the engine), where it holds several chunks
         print(f"window    {res.window} tokens ({res.window // res.chunk} chunk(s) a window, "
               f"{-(-res.prompt_tokens // res.window)} window(s); --window {asked_window})")
     print_logits(res.logits, res.greedy, args.top)
@@ -428,7 +429,7 @@ def main(args) -> int:
               f"ring {engine.ring.n_slots} slots)")
     if args.explain:
         sys.stdout.flush()
-        explain_output(pack_path, args.impl, window=asked_window is not None)
+        explain_output(pack_path, args.impl, window=windowed)
     if timing or args.trace is not None:
         from strata_prefill.observe import observe
 
