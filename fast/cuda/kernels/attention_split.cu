@@ -44,6 +44,22 @@ __device__ __forceinline__ void stage_v(int* svt, const int8_t* __restrict__ vba
 // blocks: S [U, nblk * 64] scores, MC [U, nblk] block maxima, OB [U, nblk, HD], LS and AL [U, nblk].
 
 // Pass 1: grid (nblk, n_kv), SPL_WARPS warps; a warp per (query, head of the group).
+// The (query, head) unit `un` of KV head kvh, as passes 1 and 2 walk them (a warp a unit): its
+// token t, query head h and position; true where the unit skips key block c, which lies wholly
+// after its position (causal: it reads nothing of it; warp-uniform).
+struct SplitUnit {
+    int t, h, pos;
+};
+
+__device__ __forceinline__ bool split_unit_skips(int un, int group, int kvh, int c,
+                                                 const int* __restrict__ positions, SplitUnit& u)
+{
+    u.t = un / group;
+    u.h = kvh * group + (un - u.t * group);
+    u.pos = positions[u.t];
+    return c > u.pos / KEY_BLOCK;
+}
+
 template <int HD>
 __device__ __forceinline__ void split_scores_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int n_head,
@@ -84,10 +100,9 @@ __device__ __forceinline__ void split_scores_body(
 
     const int units = T * group;
     for (int un = warp; un < units; un += SPL_WARPS) {
-        const int t = un / group;
-        const int h = kvh * group + (un - t * group);
-        const int pos = positions[t];
-        if (c > pos / KEY_BLOCK) continue;  // warp-uniform
+        SplitUnit u;
+        if (split_unit_skips(un, group, kvh, c, positions, u)) continue;
+        const int t = u.t, h = u.h, pos = u.pos;
         int* qw = sq + warp * QW;
         float* qd = sqd + warp * NB;
         quantize_row_warp<HD>(q + (long long)t * ldq + (long long)h * HD, reinterpret_cast<int8_t*>(qw), qd, lane);
@@ -141,10 +156,9 @@ __device__ __forceinline__ void split_pv_body(
 
     const int units = T * group;
     for (int un = warp; un < units; un += SPL_WARPS) {
-        const int t = un / group;
-        const int h = kvh * group + (un - t * group);
-        const int pos = positions[t];
-        if (c > pos / KEY_BLOCK) continue;  // warp-uniform
+        SplitUnit u;
+        if (split_unit_skips(un, group, kvh, c, positions, u)) continue;
+        const int t = u.t, h = u.h, pos = u.pos;
         const long long unit = (long long)t * n_head + h;
         // running max after block c (prefix max of m_0..m_c) and before it (m_0..m_{c-1})
         const float* mrow = MC + unit * nblk;
