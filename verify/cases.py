@@ -651,11 +651,13 @@ def _cuda_rows() -> list[ParityCase]:
                 rows.append(_row("cuda", preset, etype, n, chunk, arm,
                                  quick=(preset, etype, n, i) in (("tiny", "Q8_0", 130, 0), ("tiny", "Q8_0", 130, 1))))
     # Streamed chunks whose routing skips ring entries inside open groups: a prompt of three ids.
+    # Group mode holds a run of the ring across skips; per-expert mode has open groups only in the
+    # gathered walk (a run of the in-ring walk holds one expert), so it takes that walk.
     for preset, etype in (("tiny", "Q8_0"), ("tiny", "IQ2_XS"), ("small", "Q2_K")):
         n_all = _all_experts(preset)
         for gg in (1, 0):
             for ring in (8, 16):
-                arm = dict(group_gather=gg, expert_cache=n_all // 3, ring=ring, stream_min=16)
+                arm = dict(group_gather=gg, expert_cache=n_all // 3, ring=ring, stream_min=16, ring_in_place=gg)
                 rows.append(_row("cuda", preset, etype, 200, 64, arm, prompt="few", open_skip=True,
                                  quick=(preset, etype, gg, ring) == ("tiny", "Q8_0", 1, 8)))
     # Long prompts on the strata pack: 8K against the reference (resident arms of the design and
@@ -825,10 +827,10 @@ def _sim_rows() -> list[ParityCase]:
     for gg in (1, 0):
         rows.append(_row("sim", "small", "IQ3_S", 600, 512, dict(group_gather=gg, expert_cache=n_cache, ring=16,
                                                                   stream_min=256), seed=12))
-        for ring in (8, 16):
+        for ring in (8, 16):  # per-expert mode in the gathered walk, as above
             rows.append(_row("sim", "tiny", "Q8_0", 200, 64, dict(group_gather=gg, expert_cache=10, ring=ring,
-                                                                   stream_min=16), prompt="few", open_skip=True,
-                             sim_seed=ring))
+                                                                   stream_min=16, ring_in_place=gg),
+                             prompt="few", open_skip=True, sim_seed=ring))
     # Layer-major windows (the window switch): windows that stream where their chunks stage,
     # both streamed, both staged, auto (the sim's budget holds the whole prompt); a last window
     # of fewer chunks; group and per-expert gathers.

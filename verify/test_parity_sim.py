@@ -103,7 +103,8 @@ def test_streaming_counts_one_wait_and_event_per_group(make_test_pack, tmp_path)
     ids = prompt(pack, 300, seed=8)
     counts = {}
     for gg in (1, 0):
-        eng = make_fast_engine(pack, "sim", group_gather=gg, expert_cache=0, stream_min=1, ring=128, copy_coalesce=0)
+        eng = make_fast_engine(pack, "sim", group_gather=gg, expert_cache=0, stream_min=1, ring=128, copy_coalesce=0,
+                               ring_in_place=0)
         run_engine(eng, ids, "auto", tmp_path / f"g{gg}", greedy=0, layer_dumps=False)
         counts[gg] = dict(eng.counters)
     cfg = pack.config
