@@ -138,5 +138,8 @@ def test_a_spin_takes_its_time():
     end.record(stream)
     end.synchronize()
     ms = start.time_till(end)
-    assert 15.0 <= ms < 1000.0, ms
+    # at most 10 s: the gate's other workers share the card, and its time slices held this stream
+    # past a second in one gate (1,029 ms); a spin a thousand times too long (cycles for
+    # microseconds) still fails
+    assert 15.0 <= ms < 10_000.0, ms
     assert counters["stress_spins"] == 1
