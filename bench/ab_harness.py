@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from gpu_timing import interleaved
+from gpu_timing import interleaved, stream_device
 
 
 def parser(doc: str, tokens: str, reps: int) -> argparse.ArgumentParser:
@@ -31,6 +31,20 @@ def parser(doc: str, tokens: str, reps: int) -> argparse.ArgumentParser:
     ap.add_argument("--tokens", default=tokens)
     ap.add_argument("--reps", type=int, default=reps)
     return ap
+
+
+def start(script: str, ap: argparse.ArgumentParser, detail: str = ""):
+    """An A/B script's parsed arguments and (driver, Device, clock) on a stream of its own, after
+    printing the device line (`detail` appended); None where the CUDA backend is unavailable
+    (gpu_timing.stream_device printed why; the script then exits 0)."""
+    args = ap.parse_args()
+    got = stream_device(script)
+    if got is None:
+        return None
+    from fast.cuda import runtime
+
+    print(f"device: {runtime.device_name()} ({runtime.arch()}){detail}", flush=True)
+    return args, got
 
 
 @dataclass

@@ -22,9 +22,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ab_harness import Arm, Definition, markdown, measure, parser  # noqa: E402
-from fast.cuda import elementwise, runtime  # noqa: E402
-from gpu_timing import stream_device  # noqa: E402
+from ab_harness import Arm, Definition, markdown, measure, parser, start  # noqa: E402
+from fast.cuda import elementwise  # noqa: E402
 from strata import moe  # noqa: E402
 from verify.cases import kernel_case, sample_index  # noqa: E402
 
@@ -34,13 +33,11 @@ CHECKED_TOKENS = 64  # tokens of each length compared with the NumPy definition
 
 
 def main() -> int:
-    args = parser(__doc__, "1024,8192,32768", 9).parse_args()
-    got = stream_device("bench_combine_ab_cuda")
-    if got is None:
+    started = start("bench_combine_ab_cuda", parser(__doc__, "1024,8192,32768", 9), f"; K={K}, D={D}, shared expert")
+    if started is None:
         return 0
-    cuda, dev, clock = got
+    args, (cuda, dev, clock) = started
     rng = np.random.default_rng(7)
-    print(f"device: {runtime.device_name()}; K={K}, D={D}, shared expert", flush=True)
     from pycuda import gpuarray
 
     results = []

@@ -23,9 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
-from ab_harness import Arm, Definition, markdown, measure, parser  # noqa: E402
-from fast.cuda import dense, runtime  # noqa: E402
-from gpu_timing import stream_device  # noqa: E402
+from ab_harness import Arm, Definition, markdown, measure, parser, start  # noqa: E402
+from fast.cuda import dense  # noqa: E402
 from strata.dense import decode_float, encode_float, float_matmul  # noqa: E402
 from verify.cases import kernel_case, sample_index  # noqa: E402
 
@@ -36,12 +35,10 @@ CHECKED_TOKENS = 32  # tokens of each row compared with the NumPy definition
 
 
 def main() -> int:
-    args = parser(__doc__, "1024,8192,32768", 7).parse_args()
-    got = stream_device("bench_float_dense_ab_cuda")
-    if got is None:
+    started = start("bench_float_dense_ab_cuda", parser(__doc__, "1024,8192,32768", 7))
+    if started is None:
         return 0
-    _cuda, dev, clock = got
-    print(f"device: {runtime.device_name()} ({runtime.arch()})", flush=True)
+    args, (_cuda, dev, clock) = started
     rng = np.random.default_rng(3)
     results = []
     for name, N, K, wtype in SHAPES:

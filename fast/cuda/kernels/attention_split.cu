@@ -44,20 +44,21 @@ __device__ __forceinline__ void stage_v(int* svt, const int8_t* __restrict__ vba
 // blocks: S [U, nblk * 64] scores, MC [U, nblk] block maxima, OB [U, nblk, HD], LS and AL [U, nblk].
 
 // Pass 1: grid (nblk, n_kv), SPL_WARPS warps; a warp per (query, head of the group).
-// The (query, head) unit `un` of KV head kvh, as passes 1 and 2 walk them (a warp a unit): its
-// token t, query head h and position; true where the unit skips key block c, which lies wholly
-// after its position (causal: it reads nothing of it; warp-uniform).
-struct SplitUnit {
-    int t, h, pos;
-};
-
-__device__ __forceinline__ bool split_unit_skips(int un, int group, int kvh, int c,
-                                                 const int* __restrict__ positions, SplitUnit& u)
+// Passes 1 and 2 walk the (query, head) units of KV head kvh a warp a unit: body(t, h, pos) for
+// each unit's token t, query head h and position, except where key block c lies wholly after
+// the position (causal: the unit reads nothing of it; warp-uniform).
+template <typename Body>
+__device__ __forceinline__ void for_each_unit(int T, int group, int kvh, int c, const int* __restrict__ positions,
+                                              int warp, Body body)
 {
-    u.t = un / group;
-    u.h = kvh * group + (un - u.t * group);
-    u.pos = positions[u.t];
-    return c > u.pos / KEY_BLOCK;
+    const int units = T * group;
+    for (int un = warp; un < units; un += SPL_WARPS) {
+        const int t = un / group;
+        const int h = kvh * group + (un - t * group);
+        const int pos = positions[t];
+        if (c > pos / KEY_BLOCK) continue;  // warp-uniform
+        body(t, h, pos);
+    }
 }
 
 template <int HD>
@@ -98,11 +99,7 @@ __device__ __forceinline__ void split_scores_body(
     }
     __syncthreads();
 
-    const int units = T * group;
-    for (int un = warp; un < units; un += SPL_WARPS) {
-        SplitUnit u;
-        if (split_unit_skips(un, group, kvh, c, positions, u)) continue;
-        const int t = u.t, h = u.h, pos = u.pos;
+    for_each_unit(T, group, kvh, c, positions, warp, [&](int t, int h, int pos) {
         int* qw = sq + warp * QW;
         float* qd = sqd + warp * NB;
         quantize_row_warp<HD>(q + (long long)t * ldq + (long long)h * HD, reinterpret_cast<int8_t*>(qw), qd, lane);
@@ -129,7 +126,7 @@ __device__ __forceinline__ void split_scores_body(
         m = warp_max(m);
         if (lane == 0) MC[unit * nblk + c] = m;
         __syncwarp();  // this warp's Q codes are read before the next unit overwrites them
-    }
+    });
 }
 
 // Pass 2: grid (nblk, n_kv), SPL_WARPS warps.
@@ -154,11 +151,7 @@ __device__ __forceinline__ void split_pv_body(
     if (tid < KEY_BLOCK) svd[tid] = (j0 + tid < cap) ? v_scale[head_row0 + j0 + tid] : 0.0f;
     __syncthreads();
 
-    const int units = T * group;
-    for (int un = warp; un < units; un += SPL_WARPS) {
-        SplitUnit u;
-        if (split_unit_skips(un, group, kvh, c, positions, u)) continue;
-        const int t = u.t, h = u.h, pos = u.pos;
+    for_each_unit(T, group, kvh, c, positions, warp, [&](int t, int h, int pos) {
         const long long unit = (long long)t * n_head + h;
         // running max after block c (prefix max of m_0..m_c) and before it (m_0..m_{c-1})
         const float* mrow = MC + unit * nblk;
@@ -212,7 +205,7 @@ __device__ __forceinline__ void split_pv_body(
             AL[unit * nblk + c] = alpha;
         }
         __syncwarp();
-    }
+    });
 }
 
 // Pass 3: grid (T, n_head), MERGE_G * HD threads: per chunk of CH blocks all of them load the
