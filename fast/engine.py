@@ -77,6 +77,7 @@ class FastEngine:
         #: in order; a prompt that starts at position 0 starts the list again (run --timing prints it)
         self.walk_choices: list = []
         self._measured = None  # (tokens, routed streamed experts per layer) of the last whole unit
+        self.window_reason: str | None = None  # why window_tokens took its window (run prints it)
         self._routed = None  # the unit running now: its tokens and what its layers routed so far
         with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk) with "
                                f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
@@ -125,18 +126,26 @@ class FastEngine:
         window) under off. auto (the default): where experts stream, the most whole chunks whose
         window buffers (window_bytes_per_token) fit in the backend's budget, at least one, at most
         the prompt's; one chunk where every expert is resident (a window saves copies, nothing else:
-        docs/results/2026-12-02-ring-in-place-8layer.md)."""
+        docs/results/2026-12-02-ring-in-place-8layer.md). window_reason: why, in a few words."""
         w = self.options.window
         if w is None or w == options.OFF_WORD:
+            self.window_reason = "--window off: one chunk a window"
             return chunk
         if w == options.AUTO:
             if not self.placement.n_streamed:
+                self.window_reason = "--window auto: every expert resident, a window would save no copy"
                 return chunk
-            fit = self.be.window_budget_bytes() // (window_bytes_per_token(self.config) * chunk)
-            return chunk * max(1, min(int(fit), -(-int(n_tok) // chunk)))
+            budget, per_chunk = self.be.window_budget_bytes(), window_bytes_per_token(self.config) * chunk
+            need = -(-int(n_tok) // chunk)
+            fit = budget // per_chunk
+            self.window_reason = (f"--window auto: experts stream; the buffers of {int(fit):,} chunk(s) "
+                                  f"({per_chunk / 2**20:,.0f} MiB a chunk) fit in {budget / 2**30:,.1f} GiB, "
+                                  f"the prompt has {need}")
+            return chunk * max(1, min(int(fit), need))
         if w < chunk:
             raise InputError(f"--window {w} is less than the chunk ({chunk} tokens, --prefill): a window "
                              f"holds whole chunks")
+        self.window_reason = f"--window {w}: {w // chunk} whole chunk(s)"
         return chunk * (w // chunk)
 
     def window_layer(self, layer: int, x, spans: list, dump=None):

@@ -2,6 +2,8 @@
 layer, attention per chunk and the MoE half once over the window, and give the reference's bytes
 (every record, the residual dump, the logits and greedy tokens) while copying each streamed
 expert once per (window, layer); the switch's refusals; `auto`'s sizing."""
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -190,10 +192,13 @@ def test_run_prints_the_window_it_took(make_test_pack, capsys):
     assert "window " not in flat  # one chunk a window: the output without windows
     assert main(base + ["--window", "40"]) == 0
     out = capsys.readouterr().out
-    assert "window    32 tokens (2 chunk(s) a window, 3 window(s); --window 40)" in out
+    assert "window    32 tokens (2 chunk(s) a window, 3 window(s); --window 40: 2 whole chunk(s))" in out
     assert main(base) == 0  # the default: auto
     auto = capsys.readouterr().out
-    assert "window    80 tokens (5 chunk(s) a window, 1 window(s); --window auto)" in auto
+    line = next(l for l in auto.splitlines() if l.startswith("window "))
+    assert re.fullmatch(r"window    80 tokens \(5 chunk\(s\) a window, 1 window\(s\); --window auto: experts stream; "
+                        r"the buffers of [\d,]+ chunk\(s\) \([\d,]+ MiB a chunk\) fit in [\d,.]+ GiB, the prompt "
+                        r"has 5\)", line), line
     assert main(base + ["--window", "40", "--explain"]) == 0
     explained = capsys.readouterr()
     assert "  window    the tokens of each layer-major window" in explained.err

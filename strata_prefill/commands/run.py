@@ -161,7 +161,7 @@ def explain_output(pack_path: Path, impl: str, window: bool = False) -> None:
     if impl == "fast":
         if window:
             lines.append("  window    the tokens of each layer-major window the prompt ran in (whole chunks, "
-                         "--window N|auto), and how many")
+                         "--window N|auto|off), how many, and why that window")
         lines.append("  counters  what the fast path launched, gathered, copied and waited for, "
                      "and its resident experts")
         nxt = f"strata-prefill info {pack_path}   (the pack's shape and tensors)"
@@ -417,7 +417,8 @@ def main(args) -> int:
     windowed = asked_window is not None and res.window != res.chunk
     if windowed:  # the window the run took (auto: sized by the engine), where it holds several chunks
         print(f"window    {res.window} tokens ({res.window // res.chunk} chunk(s) a window, "
-              f"{-(-res.prompt_tokens // res.window)} window(s); --window {asked_window})")
+              f"{-(-res.prompt_tokens // res.window)} window(s); "
+              f"{getattr(engine, 'window_reason', None) or f'--window {asked_window}'})")
     print_logits(res.logits, res.greedy, args.top)
     print(speed_line(res.prompt_tokens, res.greedy, res.prefill_seconds, res.decode_seconds))
     counters = getattr(engine, "counters", None)
