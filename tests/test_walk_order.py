@@ -80,3 +80,20 @@ def test_the_resident_gate_up_is_queued_before_the_walk_is_planned(make_test_pac
         resident = log.index(("resident gate/up", layer), start)
         planned = log.index((plan,), start)
         assert resident < planned, (layer, log[start:planned + 1])
+
+
+@pytest.mark.parametrize("cache", [0, 1 / 3])
+def test_each_layer_starts_its_uploads_afresh(make_test_pack, monkeypatch, cache):
+    """prepare_batches: every layer's first call drops the last layer's tile uploads (add False),
+    with a resident batch or without one (no cache: only runs), and its runs' tiles are added."""
+    pack = make_test_pack("small", "Q8_0")
+    n_all = pack.config.n_layer * pack.config.n_expert
+    eng = make_fast_engine(pack, "sim", expert_cache=int(cache * n_all), stream_min=1, ring=96, window="off")
+    calls = []
+    real = eng.be.prepare_batches
+    monkeypatch.setattr(eng.be, "prepare_batches",
+                        lambda **a: (calls.append((a["layer"], a.get("add", False))), real(**a))[1])
+    from strata.session import Session
+
+    Session(eng, chunk=64, progress=False).prefill(_prompt(pack, 40))
+    assert calls == [(layer, add) for layer in range(pack.config.n_layer) for add in (False, True)]
