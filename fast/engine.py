@@ -128,7 +128,7 @@ class FastEngine:
         the prompt's; one chunk where every expert is resident (a window saves copies, nothing else:
         docs/results/2026-12-02-ring-in-place-8layer.md). window_reason: why, in a few words."""
         w = self.options.window
-        if w is None or w == options.OFF_WORD:
+        if w == options.OFF_WORD:
             self.window_reason = "--window off: one chunk a window"
             return chunk
         if w == options.AUTO:

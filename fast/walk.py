@@ -46,10 +46,10 @@ ring entries into *runs* (plan_runs) and multiplies each run's routed experts wh
 lie in the ring slots, as a Batch whose places name the slots (the same tile-list launches as
 the resident Batch). A run is one wait (on its last member's copy: group mode) and, after its
 down product, one event that releases all of its slots; in per-expert mode every run holds one
-expert. A run holds at most `ring_run` routed experts (MMQ_GROUP by default), and its first and
-last entries are fewer than the ring's slots apart: the copy of entry k needs entry k - n_slots
-released, so a run that spanned the whole ring would wait for a release only its own products can give (the
-deadlock that cutting runs in pieces rules out). Entries the routing skipped inside a run are
+expert. A run holds at most `ring_run` routed experts (RING_RUN, 64, by default), and its first
+and last entries are fewer than the ring's slots apart: the copy of entry k needs entry
+k - n_slots released, so a run that spanned the whole ring would wait for a release only its own
+products can give (the deadlock that cutting runs in pieces rules out). Entries the routing skipped inside a run are
 released unused as the walk meets them; the ring refills their slots while the run is held.
 """
 from __future__ import annotations
@@ -201,8 +201,9 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
         ring_pass = chunk_pass
     in_place = batch if batch is not None and len(batch.experts) > 0 else None
     lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
+    # the layer's first upload, made even without a resident batch: it drops the last layer's tiles
+    be.prepare_batches(layer=layer, batches=[] if in_place is None else [in_place])
     if in_place is not None:  # queued before the rest is planned: the device multiplies while the host plans
-        be.prepare_batches(layer=layer, batches=[in_place])
         lw.batch_gate_up(in_place)
     with be.host_phase("host planning"):
         visit = walked if chunk_pass is None else sorted(set(walked) | set(int(e) for e in placement.streamed(layer)))

@@ -417,8 +417,7 @@ def main(args) -> int:
     windowed = asked_window is not None and res.window != res.chunk
     if windowed:  # the window the run took (auto: sized by the engine), where it holds several chunks
         print(f"window    {res.window} tokens ({res.window // res.chunk} chunk(s) a window, "
-              f"{-(-res.prompt_tokens // res.window)} window(s); "
-              f"{getattr(engine, 'window_reason', None) or f'--window {asked_window}'})")
+              f"{-(-res.prompt_tokens // res.window)} window(s); {engine.window_reason})")
     print_logits(res.logits, res.greedy, args.top)
     print(speed_line(res.prompt_tokens, res.greedy, res.prefill_seconds, res.decode_seconds))
     counters = getattr(engine, "counters", None)
