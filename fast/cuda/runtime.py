@@ -1,5 +1,6 @@
 """PyCUDA runtime for the `cuda` backend: availability, one lazily created context, kernel
-modules compiled from fast/cuda/kernels/<name>.cu, device allocations that fail with a
+modules compiled from fast/cuda/kernels/<name>.cu (and, in memory, from a kernel file elsewhere:
+:func:`load_file`, for dev/kernels), device allocations that fail with a
 :class:`strata.errors.DeviceError` naming what did not fit, the one device-address helper
 (:func:`ptr`), and :class:`Device`, the launch object each backend instance owns (counters,
 compute stream, memory pool).
@@ -38,6 +39,7 @@ __all__ = [
     "arch",
     "multiprocessor_count",
     "load_module",
+    "load_file",
     "alloc",
     "to_device",
     "synchronize",
@@ -165,19 +167,20 @@ def multiprocessor_count() -> int:
 _LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.M)
 
 
-def kernel_source(name: str) -> str:
-    """The text of fast/cuda/kernels/<name>.cu with the project's own headers (`#include "x.cuh"`)
-    inlined, so the compiled source, and PyCUDA's compile cache key, hold all of it. A header
-    written from Python (fast/cuda/generated.py: ``qformats.cuh``) is inlined as that text; it is
-    no file."""
-    def read(fname: str) -> str:
+def kernel_source(name: str, folder: str = KERNEL_DIR) -> str:
+    """The text of <folder>/<name>.cu (default fast/cuda/kernels) with the project's own headers
+    (`#include "x.cuh"`) inlined, so the compiled source, and PyCUDA's compile cache key, hold all
+    of it. The headers always come from KERNEL_DIR: a kernel kept elsewhere (dev/kernels' numbered
+    versions) computes production's shared steps, not copies of them. A header written from
+    Python (fast/cuda/generated.py: ``qformats.cuh``) is inlined as that text; it is no file."""
+    def read(where: str, fname: str) -> str:
         text = generated.header(fname)
         if text is not None:
             return text
-        with open(os.path.join(KERNEL_DIR, fname), encoding="utf-8") as f:
+        with open(os.path.join(where, fname), encoding="utf-8") as f:
             return f.read()
 
-    return _LOCAL_INCLUDE.sub(lambda m: read(m.group(1)), read(f"{name}.cu"))
+    return _LOCAL_INCLUDE.sub(lambda m: read(KERNEL_DIR, m.group(1)), read(folder, f"{name}.cu"))
 
 
 # Seconds between the lines that say a compile is still running (a module compiles for up to a
@@ -248,21 +251,48 @@ def load_module(name: str, defines: dict | None = None):
             mod = _driver().module_from_file(cubin_for(name, dict(key[1]), folder, arch()))
             _state["modules"][key] = mod
             return mod
-        src = kernel_source(name)
-        from pycuda.compiler import SourceModule  # noqa: PLC0415
+        mod = _state["modules"][key] = _compile_in_memory(f"{name}.cu", kernel_source(name), key[1])
+        return mod
 
-        options = list(NVCC_OPTIONS) + [f"-D{k}={v}" for k, v in key[1]]
+
+def _compile_in_memory(label: str, src: str, defines: tuple):
+    """The pycuda module of CUDA source ``src`` compiled by PyCUDA's SourceModule with
+    NVCC_OPTIONS and ``defines`` ((KEY, VALUE) pairs, as -DKEY=VALUE) for the device's
+    architecture; DeviceError naming ``label`` where it does not compile. Needs the context."""
+    from pycuda.compiler import SourceModule  # noqa: PLC0415
+
+    options = list(NVCC_OPTIONS) + [f"-D{k}={v}" for k, v in defines]
+    try:
+        return SourceModule(src, options=options, arch=arch(), no_extern_c=True)
+    except Exception as first:
+        # PyCUDA's on-disk compile cache is shared by processes (pytest-xdist workers); one
+        # that reads a cubin another is still writing gets "device kernel image is invalid".
+        # Compiling again without the cache is the cure; a real compile error fails again.
         try:
-            mod = SourceModule(src, options=options, arch=arch(), no_extern_c=True)
-        except Exception as first:
-            # PyCUDA's on-disk compile cache is shared by processes (pytest-xdist workers); one
-            # that reads a cubin another is still writing gets "device kernel image is invalid".
-            # Compiling again without the cache is the cure; a real compile error fails again.
-            try:
-                mod = SourceModule(src, options=options, arch=arch(), no_extern_c=True, cache_dir=False)
-            except Exception as e:
-                raise DeviceError(f"compiling {name}.cu failed: {e}") from first
-        _state["modules"][key] = mod
+            return SourceModule(src, options=options, arch=arch(), no_extern_c=True, cache_dir=False)
+        except Exception as e:
+            raise DeviceError(f"compiling {label} failed: {e}") from first
+
+
+def load_file(path: str, defines: dict | None = None):
+    """Compile the kernel file at ``path``, one outside fast/cuda/kernels (dev/kernels' numbered
+    versions), with its project headers from KERNEL_DIR (:func:`kernel_source`) and ``defines``,
+    and return the pycuda module; cached per (path, defines). Always compiled in memory: the
+    kernel cache folder's manifest (fast/cuda/kernel_cache.py) lists production modules only,
+    which `build-kernels` and the gate build ahead. Says on stderr that it compiles."""
+    path = os.path.abspath(path)
+    folder, base = os.path.split(path)
+    if not base.endswith(".cu"):
+        raise InputError(f"load_file: {path} is not a .cu file")
+    key = (path, tuple(sorted((defines or {}).items())))  # an absolute path: never a module name
+    with _lock:
+        mod = _state["modules"].get(key)
+        if mod is not None:
+            return mod
+        context()
+        src = kernel_source(base[:-3], folder)
+        with _announce(base, dict(key[1]), arch(), "memory"):
+            mod = _state["modules"][key] = _compile_in_memory(base, src, key[1])
         return mod
 
 
