@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""A/B of attention kernel configurations (attention_mma.cu, attention_pair.cu), interleaved in
-one run, on the strata heads.
+"""A/B of the prefill attention kernel's configurations (attention_pair.cu's defines),
+interleaved in one run, on the strata heads.
 
     python3 bench/bench_attention_ab_cuda.py [--tokens 4096,8192,32768] [--reps 5]
-        [--arms '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2}'] [--sass DIR]
+        [--arms '{};{"PAIR_QG": 6}'] [--sass DIR]
 
-An arm is a JSON object of the kernel file's defines; its key "variant" ("mma", the default, or
-"pair") picks the prefill kernel.
+An arm is a JSON object of the kernel file's defines (ATTEND_PAIR_CONFIG's under them); its
+key "variant" (fast.cuda.attention.ATTEND_VARIANTS; "pair", the default) picks the kernel. The
+earlier one-warp form has its own check and timer: dev/kernels/attention.py.
 
 One layer's int8 KV cache (32 query heads, 4 KV heads, head_dim 128) holds `tokens` random
 keys and values; every position attends to the ones before it (the prefill kernel, one
@@ -18,7 +19,7 @@ the cache the device wrote) for a spread of queries and the first arm's bytes el
 1 otherwise): a configuration changes speed, never a bit. "pairs/ns" counts (query, key) pairs
 of the causal triangle times heads; TOP/s the row's flops. A Markdown table prints last.
 
---sass DIR: also compile each arm with nvcc and write `cuobjdump -sass` of attend_mma_hd128
+--sass DIR: also compile each arm with nvcc and write `cuobjdump -sass` of attend_pair_hd128
 and its opcode histogram there (where the two tools exist), the static instruction mix
 behind the times.
 """
@@ -49,10 +50,10 @@ from verify.cases import kernel_case, sample_index  # noqa: E402
 
 H, HKV, HD = 32, 4, 128
 CHECKED_QUERIES = 8  # queries of each length compared with the NumPy definition
-DEFAULT_ARMS = '{"MMA_WARPS": 8, "MMA_EPI": 1};{"MMA_WARPS": 8, "MMA_EPI": 2};{"variant": "pair"}'
+DEFAULT_ARMS = '{};{"PAIR_QG": 6};{"PAIR_STAGES": 2}'
 
 
-def sass_histogram(defines: dict, out_dir: str, tag: str, kernel: str = "attend_mma_hd128") -> dict | None:
+def sass_histogram(defines: dict, out_dir: str, tag: str, kernel: str = "attend_pair_hd128") -> dict | None:
     """Opcode counts of `kernel` (attend_<variant>_hd<HD>, of kernels/attention_<variant>.cu)
     compiled with `defines` (None without nvcc/cuobjdump)."""
     nvcc, dump = shutil.which("nvcc"), shutil.which("cuobjdump")
@@ -99,7 +100,7 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write every timing here")
     args = ap.parse_args()
     arms = [json.loads(a) for a in args.arms.split(";")]
-    variants = [a.get("variant", "mma") for a in arms]                      # the kernel of each arm
+    variants = [a.get("variant", "pair") for a in arms]                     # the kernel of each arm
     defines = [{k: v for k, v in a.items() if k != "variant"} for a in arms]  # and its defines
     got = stream_device("bench_attention_ab_cuda")
     if got is None:
@@ -148,7 +149,7 @@ def main() -> int:
             json.dump(result, f, indent=1)
     if args.sass and result["sass"][0]:
         keys = sorted({k for h in result["sass"] for k in h}, key=lambda k: -max(h.get(k, 0) for h in result["sass"]))
-        print("\nSASS opcodes of attend_mma_hd128 (static counts), per arm:")
+        print("\nSASS opcodes of attend_pair_hd128 (static counts), per arm:")
         print("| opcode | " + " | ".join(f"arm {i}" for i in range(len(arms))) + " |")
         print("|---|" + "---|" * len(arms))
         for k in keys[:24]:

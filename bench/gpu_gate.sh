@@ -7,10 +7,10 @@
 #   bash bench/gpu_gate.sh all
 #   bash bench/gpu_gate.sh suites   # the pytest-benchmark GPU suites (bench/test_bench_*_cuda.py), saved
 #                                   # under $LOG/benchmarks; not part of `all`
-#   bash bench/gpu_gate.sh kernels  # kernel forms A/B, interleaved (attention MMA_EPI and the pair
-#                                   # kernel, float_dense warp/tile, dense MMQ's Q8_0 decode and mixed decode, combine, a layer's experts gathered or in
-#                                   # place) and the whole prefill: in_place alone at small chunks,
-#                                   # pair_attention alone, every earlier form vs default
+#   bash bench/gpu_gate.sh kernels  # kernel configurations A/B, interleaved (the pair attention kernel's,
+#                                   # float_dense warp/tile, dense MMQ's, combine, a layer's experts gathered or in
+#                                   # place), the earlier attention form (dev/kernels/attention.py) and the whole
+#                                   # prefill: in_place alone at small chunks, every earlier schedule vs default
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
 # installs it from the package index, and only where no index answers from the wheels in
 # ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). `pytest verify/` sizes its own
@@ -81,16 +81,14 @@ if [[ $MODE == kernels ]]; then
       '{"MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2};{"MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_MIX_MIN": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 13 >> "$SUMMARY"
   python3 bench/bench_combine_ab_cuda.py 2>&1 | tee "$LOG/combine_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 7 >> "$SUMMARY"
-  python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_PAIR_ATTENTION=0 --b default \
-      --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_pair_attention.md" 2>&1 \
-      | tee "$LOG/ab_pair_attention.log"; cat "$LOG/ab_pair_attention.md" >> "$SUMMARY"
+  python3 dev/kernels/attention.py 2>&1 | tee "$LOG/dev_attention.log" | tail -n 6 >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_IN_PLACE=0 --b default \
       --tokens "${SMALL_TOKENS:-254,1024,2048}" --reps "${REPS:-5}" --markdown "$LOG/ab_in_place.md" 2>&1 \
       | tee "$LOG/ab_in_place.log"; cat "$LOG/ab_in_place.md" >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" \
-      --a STRATA_PREFILL_LEAN_ATTENTION=0,STRATA_PREFILL_TILED_DENSE=0,STRATA_PREFILL_IN_PLACE=0,STRATA_PREFILL_WIDEN_FLOAT=0,STRATA_PREFILL_PAIR_ATTENTION=0 \
-      --b default --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_kernels.md" 2>&1 \
-      | tee "$LOG/ab_kernels.log"; cat "$LOG/ab_kernels.md" >> "$SUMMARY"
+      --a STRATA_PREFILL_IN_PLACE=0,STRATA_PREFILL_FUSE_GROUP=0,STRATA_PREFILL_OVERLAP_PLAN=0 \
+      --b default --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_earlier.md" 2>&1 \
+      | tee "$LOG/ab_earlier.log"; cat "$LOG/ab_earlier.md" >> "$SUMMARY"
 fi
 if [[ $MODE == suites ]]; then
   python3 -m pytest bench/ -q -p no:cacheprovider -k "not reference" --benchmark-storage "file://$PWD/$LOG/benchmarks" \

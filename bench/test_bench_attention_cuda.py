@@ -1,5 +1,5 @@
 """pytest-benchmark, GPU: causal prefill attention over the int8 KV cache
-(fast/cuda/attention.py, kernels/attention_mma.cu) on the strata heads.
+(fast/cuda/attention.py, kernels/attention_pair.cu) on the strata heads.
 
     pytest bench/test_bench_attention_cuda.py
 

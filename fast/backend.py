@@ -37,11 +37,6 @@ class Backend(Protocol):
     def reset_cache(self) -> None:
         """A fresh KV cache: the next prompt starts at position 0."""
 
-    def kernel_forms(self, *, lean_attention: bool, tiled_dense: bool, widen_float: bool = True,
-                     pair_attention: bool = True) -> None:
-        """Which kernel forms to launch and how float weights are held (speed only, never bits;
-        the sim ignores them)."""
-
     def oom_guard(self, what: str) -> ContextManager:
         """Out of device memory inside: one-line error naming `what`."""
 

@@ -5,7 +5,6 @@ table's growth."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 
 from strata.numerics import RopeTable
 
@@ -15,8 +14,8 @@ from fast.options import DEFAULTS, KERNEL_FORMS
 class BackendBase:
     _rope = None  # a strata.numerics.RopeTable, made on first use
     #: the engine's resolved switches (fast/options.py; use_options), the table's defaults until
-    #: then. A backend reads only the kernel forms (KERNEL_FORMS), as attributes
-    #: (self.tiled_dense): they change speed, never bits; the sim runs the NumPy definitions
+    #: then. A backend reads only the kernel forms (KERNEL_FORMS; none today), as attributes
+    #: (self.<keyword>): they change speed, never bits; the sim runs the NumPy definitions
     #: whatever they say
     options = DEFAULTS
 
@@ -24,15 +23,8 @@ class BackendBase:
         """The engine's resolved switches (a fast.options.FastOptions)."""
         self.options = options
 
-    def kernel_forms(self, *, lean_attention: bool, tiled_dense: bool, widen_float: bool = True,
-                     pair_attention: bool = True) -> None:
-        """Which kernel forms the backend launches: use_options with these forms changed."""
-        forms = dict(lean_attention=lean_attention, tiled_dense=tiled_dense, widen_float=widen_float,
-                     pair_attention=pair_attention)
-        self.options = dataclasses.replace(self.options, **{k: bool(v) for k, v in forms.items()})
-
     def __getattr__(self, name):
-        """A kernel form by its keyword (self.widen_float): the options' value."""
+        """A kernel form by its keyword (self.<keyword>): the options' value."""
         if name in KERNEL_FORMS:
             return getattr(self.options, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

@@ -59,7 +59,7 @@ class FastEngine:
             pinned = backend.streamed_bytes_pinned() >= PINNED_SHARE
             ring_slots = RING_SLOTS_PINNED if pinned else RING_SLOTS
         self.options = o = dataclasses.replace(o, ring=ring_slots)
-        backend.use_options(o)  # before the cache is sized: widen_float adds to the weights' bytes
+        backend.use_options(o)
         # the staged walk's ring: the streamed walk's own (stage_in_ring), or 8 slots of its own
         staging_slots = 0 if o.stage_in_ring else STAGING_SLOTS
         if o.expert_cache == options.AUTO:

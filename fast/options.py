@@ -10,7 +10,9 @@ the backends read the one FastOptions it returns. The command line's own, strict
 
 The kinds: a `schedule` switch changes what the engine enqueues (launches, gathers, copies,
 waits); a `kernel form` picks which form of a kernel the cuda backend launches (the sim runs the
-NumPy definitions whatever it says).
+NumPy definitions whatever it says). A kernel form stays a switch only while its A/B is open:
+none is today (the settled ones, with their figures, are in docs/performance.md, "Retired
+kernel forms"); a kernel's tile configurations are defines that the benchmarks sweep.
 
 `python3 -m fast.options README.md` rewrites the README's switch table (markdown_table) between
 its markers; tests/test_switch_table.py holds it current.
@@ -177,12 +179,6 @@ SWITCHES = (
     Switch("fuse_group", "STRATA_PREFILL_FUSE_GROUP", ON, SCHEDULE, OnOff(),
            "1: a group's gate and up products in one launch, SwiGLU and the quantize of H in one "
            "(4 launches a group); 0: one launch each (6)"),
-    Switch("lean_attention", "STRATA_PREFILL_LEAN_ATTENTION", ON, KERNEL_FORM, OnOff(),
-           "1: the attention kernel's lean per-(query, key) float work (MMA_EPI=2); 0: the earlier "
-           "form (the mma kernel's: see --pair-attention)"),
-    Switch("tiled_dense", "STRATA_PREFILL_TILED_DENSE", ON, KERNEL_FORM, OnOff(),
-           "1: float products of 8 or more tokens by the tiled float_dense.cu kernel; 0: one warp "
-           "per row and 4 tokens"),
     Switch("in_place", "STRATA_PREFILL_IN_PLACE", ON, SCHEDULE, OnOff(),
            "1: a layer's routed resident experts are multiplied where they lie in the expert cache "
            "(one launch for all their gate/up products, one SwiGLU+quantize of H, one down), only "
@@ -196,14 +192,17 @@ SWITCHES = (
     Switch("ring_run", "STRATA_PREFILL_RING_RUN", RING_RUN, SCHEDULE, Count(1),
            "ring_in_place: the most routed experts one run multiplies (one wait, one launch per "
            "product, one event); runs are also cut where their entries would span the ring"),
-    Switch("widen_float", "STRATA_PREFILL_WIDEN_FLOAT", ON, KERNEL_FORM, OnOff(),
-           "1: F16/BF16 weights (the router, float dense matrices) widened once to F32 on the "
-           "device, whose float_dense.cu forms are faster; 0: read as stored"),
-    Switch("pair_attention", "STRATA_PREFILL_PAIR_ATTENTION", ON, KERNEL_FORM, OnOff(),
-           "1: prefill attention by the pair kernel (a 16-query group on two warps, half the "
-           "registers each); 0: the mma kernel (one warp a group)"),
 )
 BY_KEYWORD = {sw.keyword: sw for sw in SWITCHES}
+#: switches that were kernel forms until their A/B settled: variable -> the form every run now
+#: takes. Set, one is refused by name rather than ignored (a script that sets it A/Bs nothing).
+RETIRED = {
+    "STRATA_PREFILL_LEAN_ATTENTION": "the lean per-(query, key) float work",
+    "STRATA_PREFILL_PAIR_ATTENTION": "the pair kernel, attention_pair.cu (the one-warp form is "
+                                     "dev/kernels/attention_v1_mma.cu)",
+    "STRATA_PREFILL_TILED_DENSE": "the tiled float_dense.cu form from 8 tokens",
+    "STRATA_PREFILL_WIDEN_FLOAT": "F16/BF16 dense matrices widened to F32 at load",
+}
 #: the switches the backends read (fast/backend_base.py); the engine reads the others
 KERNEL_FORMS = tuple(sw.keyword for sw in SWITCHES if sw.kind == KERNEL_FORM)
 
@@ -216,6 +215,15 @@ FastOptions = dataclasses.make_dataclass(
 DEFAULTS = FastOptions(**{sw.keyword: sw.default for sw in SWITCHES})
 
 
+def refuse_retired(environ=None) -> None:
+    """An InputError naming the first RETIRED variable set in `environ` (default os.environ)."""
+    environ = os.environ if environ is None else environ
+    for name, now in RETIRED.items():
+        if environ.get(name):
+            raise InputError(f"{name} is retired: every run takes {now} (docs/performance.md, "
+                             f"\"Retired kernel forms\"); unset it")
+
+
 def resolve(keywords: dict | None = None, environ=None) -> FastOptions:
     """Each switch from `keywords` (FastEngine's keyword arguments; None: not given), else its
     environment variable (`environ`, default os.environ), else its default. A bad value is an
@@ -226,6 +234,7 @@ def resolve(keywords: dict | None = None, environ=None) -> FastOptions:
         raise TypeError(f"unknown fast-path switch {', '.join(map(repr, unknown))} "
                         f"(switches: {', '.join(BY_KEYWORD)})")
     environ = os.environ if environ is None else environ
+    refuse_retired(environ)
     return FastOptions(**{sw.keyword: sw.resolve(keywords.get(sw.keyword), environ) for sw in SWITCHES})
 
 

@@ -45,7 +45,7 @@ OPS: tuple[Op, ...] = (
        K + "rope.cu (after mmq.cu, rmsnorm.cu)"),
     Op("v", "token", "V [T, n_head_kv, head_dim]", K + "mmq.cu"),
     Op("attn_out", "token", "attention output before the o-projection [T, n_q]",
-       K + "attention_pair.cu or attention_mma.cu (T<=4: attention_split.cu; cache: kv_cache.cu)"),
+       K + "attention_pair.cu (T<=4: attention_split.cu; cache: kv_cache.cu)"),
     Op("attn_proj", "token", "o-projection of the attention output", K + "mmq.cu (input: quantize_q8_1.cu)"),
     Op("attn_resid", "token", "residual after attention", K + "add.cu"),
     Op("ffn_norm", "token", "RMSNorm of the MoE input (ffn_norm)", K + "rmsnorm.cu"),

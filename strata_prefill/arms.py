@@ -49,6 +49,21 @@ def add_flags(group) -> None:
         text = f"{sw.help} (default {sw.shown_default()}{'; env ' + env if env else ''})"
         group.add_argument(sw.flag, dest=sw.keyword, default=None, **kind,
                            help=text.replace("%", "%%"))  # argparse expands %(...)s in help
+    for variable, now in options.RETIRED.items():  # refused by name, not as an unknown flag
+        group.add_argument(retired_flag(variable), type=_refuse(now), default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
+
+
+def retired_flag(variable: str) -> str:
+    """The `run` flag a retired switch had: STRATA_PREFILL_WIDEN_FLOAT -> --widen-float."""
+    return "--" + variable.removeprefix("STRATA_PREFILL_").lower().replace("_", "-")
+
+
+def _refuse(now: str):
+    def check(_text: str):
+        raise argparse.ArgumentTypeError(f"retired: every run takes {now} (docs/performance.md, "
+                                         f"\"Retired kernel forms\")")
+    return check
 
 
 # FastEngine keyword -> (environment variable or None, value check), from the table: what
@@ -58,7 +73,9 @@ SWITCHES = {sw.keyword: (sw.variable, value_check(sw)) for sw in options.SWITCHE
 
 def environment_aliases() -> None:
     """Refuse a bad value in an older name of a switch variable that the engine would read (its
-    new name unset), before any work, as checks.environment_values does for the new names."""
+    new name unset), before any work, as checks.environment_values does for the new names; and
+    a retired switch's variable (options.RETIRED), which would change nothing."""
+    options.refuse_retired()
     for sw in options.SWITCHES:
         for alias in sw.aliases + sw.opposites:
             raw = os.environ.get(alias)
@@ -105,6 +122,11 @@ def parse_arm(spec: str, label: str) -> dict:
         opposite = next((sw.keyword for sw in options.SWITCHES if name in sw.opposites), None)
         kw = opposite or keyword_of(name)
         if kw is None:
+            retired = next((v for v in options.RETIRED if name in (v, retired_flag(v), retired_flag(v)[2:],
+                                                                   retired_flag(v)[2:].replace("-", "_"))), None)
+            if retired:
+                raise InputError(f"{label}: {name!r} is retired: every run takes {options.RETIRED[retired]} "
+                                 f"(docs/performance.md, \"Retired kernel forms\")")
             raise InputError(f"{label}: unknown switch {name!r} (switches: {switch_names()})")
         if kw in out:
             raise InputError(f"{label}: switch {name!r} is given twice")

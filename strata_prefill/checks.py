@@ -304,9 +304,6 @@ def _one_of(choices):
 
 # FastEngine keywords read only when some expert streams through the ring (fast/engine.py)
 STREAMING = ("ring", "stream_min", "copy_coalesce", "ring_in_place")
-# kernel forms only the cuda backend reads (fast/backend_base.py: the sim runs the NumPy
-# definitions whatever they say)
-CUDA_FORMS = ("lean_attention", "tiled_dense", "widen_float", "pair_attention")
 
 
 def _given_or_default(switches: dict, keyword: str):
@@ -338,7 +335,9 @@ def fast_switches_used(switches: dict, backend: str, config, label, where: str =
             raise InputError(f"{where}{label('vram_reserve_mib')} sizes the cuda backend's expert cache: "
                              "the sim holds every expert, it does nothing with --backend sim")
     if backend == "sim":
-        for kw in CUDA_FORMS:
+        from fast.options import KERNEL_FORMS  # only the cuda backend reads them (fast/backend_base.py)
+
+        for kw in KERNEL_FORMS:
             if switches.get(kw) is not None:
                 raise InputError(f"{where}{label(kw)} picks a cuda kernel's form: the sim runs the "
                                  "NumPy definitions whatever it says: it needs --backend cuda")
@@ -355,10 +354,6 @@ def fast_switches_used(switches: dict, backend: str, config, label, where: str =
     if isinstance(ring, int) and ring > total:
         raise InputError(f"{where}{ring_label} {ring}: the pack has {total} experts ({config.n_layer} "
                          f"layers x {config.n_expert}): a ring of more slots never fills them: at most {total}")
-    if backend == "cuda" and switches.get("lean_attention") is not None and _given_or_default(switches, "pair_attention"):
-        raise InputError(f"{where}{label('lean_attention')} picks the mma attention kernel's float form: with "
-                         f"{label('pair_attention')} 1 (the default) prefill runs the pair kernel and never the mma "
-                         f"one: it does nothing (add {label('pair_attention')} 0)")
     every = (fixed and slots >= total) or (backend == "sim" and not fixed)
     if every and switches.get("group_gather") is not None and _given_or_default(switches, "in_place"):
         raise InputError(f"{where}{label('group_gather')} picks how a group's streamed experts are gathered: "

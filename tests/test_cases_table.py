@@ -110,7 +110,7 @@ def test_flops_and_bytes_by_hand():
     # causal attention of 100 queries at 0..99 over themselves, 4 heads of 64: 5,050 (query,
     # key) pairs, 4 * 64 * 2 operations a pair and head; q and out float32, each key's K and V
     # codes (64 + 64), two K scales and one V scale (4 bytes each), per KV head; the positions
-    c = BY_ID["attention-prefill-100-hd64-s1-mma"]
+    c = BY_ID["attention-prefill-100-hd64-s1-pair"]
     assert c.flops == 4 * 4 * 64 * 5050 == 5_171_200
     assert c.bytes == 2 * 100 * 4 * 64 * 4 + 100 * 4 * (128 + 12) + 400 == 261_200
     # the router product at 301 tokens, BF16 512 x 2560
@@ -157,8 +157,5 @@ def test_the_gate_compiles_ahead_every_configuration_the_kernel_rows_load():
                            for c in configs for name, d in products.mmq_modules(c))  # every type's build
     for c in kernel_rows("attention_pair_config"):
         assert any(name == "attention_pair" and set(c.config.items()) <= set(d) for name, d in mods), c.id
-    assert {m for m in mods if m[0] == "attention_mma"} >= {
-        ("attention_mma", tuple(sorted({"MMA_WARPS": c.config["MMA_WARPS"], "MMA_EPI": c.config["MMA_EPI"]}.items())))
-        for c in kernel_rows("attention_mma_config")}
     quick = {(name, tuple(sorted(d.items()))) for name, d in ahead_modules(quick=True)}
     assert quick <= mods

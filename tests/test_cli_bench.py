@@ -161,8 +161,10 @@ def test_the_arms_know_every_switch_of_run_and_its_variable():
 
     p = argparse.ArgumentParser()
     run.add_fast_switches(p)
-    flags = {a.dest for a in p._actions if a.dest not in ("help", "backend")}
+    flags = {a.dest for a in p._actions if a.dest not in ("help", "backend") and a.help != argparse.SUPPRESS}
     assert set(arms.SWITCHES) == flags
+    retired = {a.option_strings[0] for a in p._actions if a.help == argparse.SUPPRESS}
+    assert retired == {arms.retired_flag(v) for v in options.RETIRED}  # refused by name (test_switch_table)
     for sw in options.SWITCHES:
         assert arms.SWITCHES[sw.keyword][0] == sw.variable
 

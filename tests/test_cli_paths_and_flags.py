@@ -33,8 +33,7 @@ WORK_S = 1.0  # a refusal before any work takes less than this
 # below holds the two sets equal, so a new switch needs a row here)
 SAMPLE = {"group_gather": "0", "quant_gather": "1", "expert_cache": "4", "vram_reserve_mib": "10",
           "ring": "8", "stream_min": "4", "copy_coalesce": "1", "overlap_plan": "0", "fuse_group": "0",
-          "lean_attention": "0", "tiled_dense": "0", "in_place": "0", "widen_float": "0",
-          "pair_attention": "0", "window": "16", "ring_in_place": "1", "flush_on_skip": "1", "stage_in_ring": "1",
+          "in_place": "0", "window": "16", "ring_in_place": "1", "flush_on_skip": "1", "stage_in_ring": "1",
           "ring_run": "3"}
 
 
@@ -148,8 +147,7 @@ IDLE = [
     *[(FAST + [flag, v], f"{flag} shapes how streamed experts are copied: none stream when every expert "
                          "is resident (the sim holds all 32", {})
       for flag, v in (("--ring", "8"), ("--stream-min", "4"), ("--copy-coalesce", "0"))],
-    *[(FAST + ["--expert-cache", "4", flag, "1"], f"{flag} picks a cuda kernel's form: the sim runs the NumPy "
-                                                  "definitions whatever it says: it needs --backend cuda", {})
+    *[(CUDA + [flag, "1"], f"argument {flag}: retired: every run takes", {})
       for flag in ("--lean-attention", "--tiled-dense", "--widen-float", "--pair-attention")],
     (CUDA + ["--expert-cache", "0", "--in-place", "1"], "--in-place picks how resident experts are multiplied: "
                                                         "with --expert-cache 0 none is resident", {}),
@@ -158,9 +156,6 @@ IDLE = [
     (FAST + ["--group-gather", "0"], "--group-gather picks how a group's streamed experts are gathered: every "
                                      "expert is resident and multiplied where it lies (--in-place 1, the default)", {}),
     (CUDA + ["--expert-cache", "32", "--in-place", "1", "--group-gather", "1"], "--group-gather picks how", {}),
-    (CUDA + ["--lean-attention", "0"], "--lean-attention picks the mma attention kernel's float form: with "
-                                       "--pair-attention 1 (the default) prefill runs the pair kernel", {}),
-    (CUDA + ["--pair-attention", "1", "--lean-attention", "1"], "--lean-attention picks the mma attention", {}),
     # environment values the code would not take
     (RUN, "STRATA_PREFILL_TIMING must be 0 or 1, got 'yes'", {"STRATA_PREFILL_TIMING": "yes"}),
     (FAST, "STRATA_PREFILL_TIMING must be 0 or 1, got 'true'", {"STRATA_PREFILL_TIMING": "true"}),
@@ -180,8 +175,11 @@ IDLE = [
     (BENCH + ["--a", "expert_cache=32,stream-min=4", "--b", "default"],
      "--a: stream-min shapes how streamed experts are copied: none stream when every expert is resident "
      "(expert-cache 32 holds all 32)", {}),
-    (BENCH + ["--a", "STRATA_PREFILL_PAIR_ATTENTION=0,STRATA_PREFILL_LEAN_ATTENTION=0", "--b", "default"],
-     "--a: lean-attention picks a cuda kernel's form", {}),
+    (BENCH + ["--a", "STRATA_PREFILL_PAIR_ATTENTION=0", "--b", "default"],
+     "--a: 'STRATA_PREFILL_PAIR_ATTENTION' is retired: every run takes the pair kernel", {}),
+    (BENCH + AB, "STRATA_PREFILL_WIDEN_FLOAT is retired: every run takes F16/BF16 dense matrices widened",
+     {"STRATA_PREFILL_WIDEN_FLOAT": "0"}),
+    (RUN, "STRATA_PREFILL_LEAN_ATTENTION is retired: every run takes the lean", {"STRATA_PREFILL_LEAN_ATTENTION": "1"}),
     (BENCH + ["--a", "default", "--b", "expert-cache=0,in-place=0"], "--b: in-place picks how resident", {}),
     (BENCH + ["--a", "STRATA_PREFILL_GROUP_GATHER=0", "--b", "default"], "--a: group-gather picks how a group's", {}),
     (BENCH + ["--a", "vram-reserve-mib=10", "--b", "default"], "--a: vram-reserve-mib sizes the cuda backend's", {}),

@@ -64,15 +64,12 @@ def test_split_resident_takes_the_routed_resident_experts_in_id_order(n_expert, 
 
 
 def test_widened_bytes_count_the_16_bit_matrices_the_cache_must_leave_room_for(make_test_pack):
-    """The cuda backend's expert-cache sizing adds 2 bytes a value for each F16/BF16 matrix
-    widen_float widens (the router and float dense matrices, never stacked experts), nothing
-    with widen_float off or for a pack without 16-bit matrices."""
+    """The cuda backend's expert-cache sizing adds 2 bytes a value for each F16/BF16 matrix it
+    widens to F32 (the router and float dense matrices, never stacked experts), nothing for a
+    pack without 16-bit matrices."""
     from fast.cuda.backend import CudaBackend
 
-    def backend(widen: bool) -> CudaBackend:  # no device: only the switch the count reads
-        be = CudaBackend.__new__(CudaBackend)
-        be.widen_float = widen
-        return be
+    be = CudaBackend.__new__(CudaBackend)  # no device: the count reads the pack alone
 
     pack = make_test_pack("tiny", "Q4_1", router_type="BF16", dense_type="F16")
     cfg = pack.config
@@ -82,6 +79,5 @@ def test_widened_bytes_count_the_16_bit_matrices_the_cache_must_leave_room_for(m
         if m.qtype.name in ("F16", "BF16") and m.n_expert is None:
             want += 2 * m.n_rows * m.n_cols
     assert want >= 2 * cfg.n_layer * cfg.n_expert * cfg.n_embd  # at least the routers
-    assert backend(True).widened_extra_bytes(pack) == want
-    assert backend(False).widened_extra_bytes(pack) == 0
-    assert backend(True).widened_extra_bytes(make_test_pack("tiny", "Q4_1")) == 0
+    assert be.widened_extra_bytes(pack) == want
+    assert be.widened_extra_bytes(make_test_pack("tiny", "Q4_1")) == 0

@@ -311,13 +311,11 @@ def test_build_kernels_meets_the_runtimes_digest(tmp_path, fake_nvcc, monkeypatc
 def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
     """Every module the backend builds with its defaults and under each switch is in the set a
     gate session builds ahead (wanted: the folder's manifest and default_modules)."""
-    from fast.cuda import attention, backend, dense
+    from fast.cuda import attention, dense
 
     mods = kernel_cache.wanted(str(tmp_path))
     keys = {(n, tuple(sorted(d.items()))) for n, d in mods}
-    need = [("attention_mma", attention._mma_config()),
-            ("attention_mma", attention._mma_config(backend.EARLIER_MMA_ATTENTION)),
-            ("attention_pair", dict(attention.ATTEND_PAIR_CONFIG)), ("float_dense", dict(dense.TILE_CONFIG)),
+    need = [("attention_pair", dict(attention.ATTEND_PAIR_CONFIG)), ("float_dense", dict(dense.TILE_CONFIG)),
             ("spin", {}), ("gather_group", {})]
     need += [m for rows in (1, 20, 1e9) for m in products.mmq_modules(products.auto_config(rows))]
     for name, d in need:

@@ -4,11 +4,11 @@
 The launch sites are found in the source with ``ast``: each ``X.prepare(FMT)`` whose X came from
 ``MOD.get_function(NAME)`` (MOD from ``load_module(MODULE, ...)``), and, through them, each call
 of a function that passes its own parameters on as module, kernel or format (``runtime.function``
-is one: its ``f.prepare(fmt)`` has all three from its parameters; attention's ``_mma_func`` another,
-over ``runtime.function``). Arguments resolve when they are string literals, sums and products of
+is one: its ``f.prepare(fmt)`` has all three from its parameters; attention's ``_split_func``
+another, over ``runtime.function``). Arguments resolve when they are string literals, sums and products of
 literals and module constants (``"P" * MMQ_GROUP + "iqqqPP"``), one of a module-level dict's
 values, or f-strings, which stand for every kernel of the module their pattern matches
-(``f"attend_mma_hd{hd}"``: attend_mma_hd64, attend_mma_hd128). A site whose module, kernel or
+(``f"attend_pair_hd{hd}"``: attend_pair_hd64, attend_pair_hd128). A site whose module, kernel or
 format does not resolve must be in DYNAMIC, which supplies exactly what is missing; an entry with
 no such site left fails, so the table cannot go stale.
 """
@@ -352,7 +352,7 @@ def test_format_is_the_kernels_signature(case):
 def test_the_sites_are_found():
     # the wrappers the launch paths go through, and enough sites that the scan is not vacuous
     assert {(w.pf.rel, w.function) for w in WRAPPERS} >= {
-        ("fast/cuda/runtime.py", "function"), ("fast/cuda/attention.py", "_mma_func"),
+        ("fast/cuda/runtime.py", "function"), ("fast/cuda/attention.py", "_split_func"),
         ("verify/test_kernels_cuda.py", "_probe")}
     assert len(CASES) >= 40
     # the f-string of the pair kernel expands to both head dims, from the .cu
@@ -440,10 +440,10 @@ def test_planted_parameter_change_is_caught(tmp_path):
 
 def test_planted_change_in_a_kernel_macro_is_caught(tmp_path):
     fmt = "PqPiiPPPPPifPq"
-    # the macro both prefill kernels are declared by lives in their shared header
+    # the macro the prefill kernel is declared by lives in the attention kernels' shared header
     folder = plant(tmp_path, "attention_common.cuh", "int cap, float kq_scale, float* __restrict__ out, long long ldo)  ",
                    "unsigned cap, float kq_scale, float* __restrict__ out, long long ldo)")
-    for module, name in (("attention_mma", "attend_mma_hd64"), ("attention_pair", "attend_pair_hd128")):
+    for module, name in (("attention_pair", "attend_pair_hd64"), ("attention_pair", "attend_pair_hd128")):
         with pytest.raises(ValueError, match=rf"{module}\.cu: kernel {name} .*position 10 .*'I' for parameter 'unsigned cap'"):
             signatures.check(module, name, fmt, kernel_dir=str(folder))
     signatures.check("attention_split", "attend_split_scores_hd64", "PqPiiiPPifiPP", kernel_dir=str(folder))

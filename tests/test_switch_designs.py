@@ -3,16 +3,16 @@ switches meets all four value pairs. Checked here, where no GPU is needed, so a 
 loses a pair fails CI."""
 import pytest
 
+from fast import options
 from strata_prefill.arms import SWITCHES as ARM_SWITCHES
 from verify import cases
 
-DEFAULTS = {"group_gather": 1, "quant_gather": 0, "overlap_plan": 1, "fuse_group": 1, "lean_attention": 1,
-            "tiled_dense": 1, "in_place": 1, "widen_float": 1, "pair_attention": 1}
+#: the design's switches' defaults, as the switch table has them (on/off switches: 0 or 1)
+DEFAULTS = {n: int(getattr(options.DEFAULTS, n)) for n in cases.SWITCH_NAMES}
 
 
-@pytest.mark.parametrize("names,design", [(cases.SIM_SWITCH_NAMES, cases.SIM_SWITCHES),
-                                          (cases.CUDA_SWITCH_NAMES, cases.CUDA_SWITCHES)])
-def test_design_covers_every_pair_defaults_first(names, design):
+def test_design_covers_every_pair_defaults_first():
+    names, design = cases.SWITCH_NAMES, cases.SWITCH_DESIGN
     assert all(len(sw) == len(names) for sw in design)
     assert design[0] == tuple(DEFAULTS[n] for n in names)
     assert set(names) <= set(ARM_SWITCHES)
@@ -24,9 +24,9 @@ def test_design_covers_every_pair_defaults_first(names, design):
 def test_every_cuda_arm_meets_every_weight_type():
     """The resident rows run each arm of the design on every spread expert type of both small
     packs (the mixes' types, cases.MIX_TYPES, get a few rows each: the next test)."""
-    defaults = dict(zip(cases.CUDA_SWITCH_NAMES, cases.CUDA_SWITCHES[0]))
-    for sw in cases.CUDA_SWITCHES[1:]:
-        arm = tuple((k, v) for k, v in zip(cases.CUDA_SWITCH_NAMES, sw) if defaults[k] != v)
+    defaults = dict(zip(cases.SWITCH_NAMES, cases.SWITCH_DESIGN[0]))
+    for sw in cases.SWITCH_DESIGN[1:]:
+        arm = tuple((k, v) for k, v in zip(cases.SWITCH_NAMES, sw) if defaults[k] != v)
         for preset in ("tiny", "small"):
             for etype in cases.SPREAD_TYPES:
                 got = [c for c in cases.parity_rows("cuda", preset=preset, expert_type=etype) if c.arm == arm]
@@ -47,7 +47,7 @@ def test_every_mix_type_runs_on_cuda_resident_and_streamed():
 
 
 def test_every_switch_earlier_form_is_quick():
-    """The quick tier runs each switch's earlier form once (widen_float on a float-weight pack)."""
+    """The quick tier runs each switch's other setting once."""
     quick = [c for c in cases.parity_rows("cuda") if c.quick]
     for name, default in DEFAULTS.items():
         assert any(c.options.get(name) == 1 - default for c in quick), name

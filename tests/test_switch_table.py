@@ -33,7 +33,7 @@ def parsed(sw, text: str):
 
 @pytest.fixture
 def no_switch_variables(monkeypatch):
-    for name in ALL_VARIABLES:
+    for name in ALL_VARIABLES + list(options.RETIRED):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -71,10 +71,23 @@ def test_every_switch_is_declared_once_with_a_kind_a_value_type_and_one_line_of_
 
 
 def test_checks_lists_of_switches_are_the_tables():
-    """checks.py names kernel forms and streaming switches for its refusals: the same switches
-    as the table's kinds (a new kernel form there needs its name here too)."""
-    assert set(checks.CUDA_FORMS) == set(options.KERNEL_FORMS)
+    """checks.py names the streaming switches for its refusals: switches of the table."""
     assert set(checks.STREAMING) <= set(options.BY_KEYWORD)
+
+
+@pytest.mark.parametrize("variable", options.RETIRED)
+def test_a_retired_switch_is_refused_by_name_everywhere(variable, no_switch_variables):
+    """A retired kernel form's variable, bench arm name or run flag is refused by name (a script
+    that still sets one would A/B nothing), and is no switch of the table any more."""
+    keyword = variable.removeprefix("STRATA_PREFILL_").lower()
+    assert keyword not in options.BY_KEYWORD and variable not in ALL_VARIABLES
+    no_switch_variables.setenv(variable, "0")
+    for call in (options.resolve, arms.environment_aliases):
+        with pytest.raises(InputError, match=f"^{variable} is retired: every run takes "):
+            call()
+    for name in (variable, keyword, keyword.replace("_", "-"), "--" + keyword.replace("_", "-")):
+        with pytest.raises(InputError, match=f"^--a: '{name}' is retired: every run takes "):
+            arms.parse_arm(f"{name}=0", "--a")
 
 
 @pytest.mark.parametrize("sw", options.SWITCHES, ids=lambda sw: sw.keyword)

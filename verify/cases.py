@@ -34,8 +34,9 @@ MIX_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel() if f.__modul
 #: the types that get the full spread: every parity length and switch arm, the streamed arms,
 #: the strata-shape and 32K layer kernel rows (the registry's own six, strata/qformats.py)
 SPREAD_TYPES = tuple(t for t in MMQ_TYPES if t not in MIX_TYPES)
-#: the kernels fast.cuda.attention.attend picks between (ATTEND_VARIANTS) and None, its default
-ATTEND_FORMS = ("mma", "pair", "split", "auto", None)
+#: the kernels fast.cuda.attention.attend picks between (ATTEND_VARIANTS: the prefill kernel, the
+#: split-K kernels, the automatic choice) and None, its default
+ATTEND_FORMS = ("pair", "split", "auto", None)
 #: the token counts the GPU suites time the strata shape at
 BENCH_TOKENS = (2048, 8192, 32768)
 _STRATA = _PRESETS["strata"]
@@ -169,7 +170,7 @@ def _cost(op: str, s: dict, wtype: str | None) -> tuple[int, int]:
     if op == "kv_write":  # float K and V and the positions in; codes, scales and V's blocks out
         T, n_kv, hd = len(s["positions"]), s["n_kv"], s["hd"]
         return 0, 2 * T * n_kv * hd * 4 + T * 4 + T * n_kv * (3 * hd + 4 * (hd // 32) + 4)
-    if op in ("attention", "attention_mma_config", "attention_pair_config", "attention_positions"):
+    if op in ("attention", "attention_pair_config", "attention_positions"):
         return attention_cost(s["n_head"], s["n_kv"], s["hd"], s["positions"])
     if op == "attention_chunks":
         flops = nbytes = 0
@@ -343,21 +344,15 @@ def _model_rows() -> list[KernelCase]:
         rows.append(kernel_case("attention", f"prefill-{T}-gqa8-hd128-s1-default",
                          dict(n_head=_STRATA.n_head, n_kv=_STRATA.n_head_kv, hd=_STRATA.head_dim, positions=range(0, T),
                               start=0, scale=1.0, check=8), timed=True))
-    for i in (1, 6, 7):  # gqa4-cross64-hd128, prefill-1000, chunk-1500
-        for scale in (4.0, 16.0):  # 16: key blocks far below the running maximum
-            name, shape = _attention_shape(i, scale, seed=900 + i)
-            for warps, epi in [(4, 1), (4, 2), (8, 1), (8, 2)]:
-                rows.append(kernel_case("attention_mma_config", f"{name}-s{scale:g}-warps{warps}-epi{epi}", shape, form="mma",
-                                 config={"MMA_WARPS": warps, "MMA_EPI": epi}, quick=i == 1 and scale == 4.0))
     pair_configs = [{}, {"PAIR_QG": 6}, {"PAIR_STAGES": 2}, {"PAIR_QG": 4, "PAIR_MINB": 2}]
     for i in (1, 5, 6, 7):  # gqa4-cross64-hd128, mqa-T200-hd64, prefill-1000, chunk-1500
-        for scale in (4.0, 16.0):
+        for scale in (4.0, 16.0):  # 16: key blocks far below the running maximum
             name, shape = _attention_shape(i, scale, seed=900 + i)
             for cfg in pair_configs:
                 tag = ",".join(f"{a}{b}" for a, b in cfg.items()) or "default"
                 rows.append(kernel_case("attention_pair_config", f"{name}-s{scale:g}-{tag}", shape, form="pair", config=cfg,
                                  quick=i == 1 and scale == 4.0))
-    for v in ("mma", "pair", "split"):
+    for v in ("pair", "split"):
         rows.append(kernel_case("attention_positions", f"T2-at200-{v}", dict(n_head=8, n_kv=2, hd=128, positions=(200, 201),
                                                                       start=200, scale=4.0), form=v, quick=v == "pair"))
     for v in ATTEND_FORMS:
@@ -469,7 +464,7 @@ def mmq_configs() -> list:
 def ahead_modules(quick: bool = False) -> list[tuple[str, dict]]:
     """The (kernel module, defines) pairs the kernel rows (the quick tier's only, when `quick`)
     load besides the fast path's own (fast/cuda/kernel_cache.py:default_modules): the MMQ
-    configurations and the attention configuration rows', so that the gate compiles them ahead
+    configurations and the pair attention configuration rows', so that the gate compiles them ahead
     of the rows that wait for them."""
     from fast.cuda import attention, products
 
@@ -479,8 +474,6 @@ def ahead_modules(quick: bool = False) -> list[tuple[str, dict]]:
     out = []
     if any(c.op.startswith("mmq") and (c.quick or not quick) for c in KERNEL_CASES):  # MMQ rows sweep them
         out += [m for c in mmq_configs() if c is not None for m in products.mmq_modules(products._with_extra(c))]
-    for c in rows("attention_mma_config"):  # the test sets ATTEND_MMA_CONFIG to these two alone
-        out.append(("attention_mma", {"MMA_WARPS": c.config["MMA_WARPS"], "MMA_EPI": c.config["MMA_EPI"]}))
     for c in rows("attention_pair_config"):
         out.append(("attention_pair", {**attention.ATTEND_PAIR_CONFIG, **c.config}))
     return out
@@ -488,14 +481,11 @@ def ahead_modules(quick: bool = False) -> list[tuple[str, dict]]:
 
 # ============================================================================ parity cases
 
-# The switch designs: names, then arms (the defaults first; every pair of switches meets all
-# four value pairs: the 3-of-6 vectors, no two complementary; tests/test_switch_designs.py).
-SIM_SWITCH_NAMES = ("group_gather", "quant_gather", "overlap_plan", "fuse_group", "in_place")
-SIM_SWITCHES = [(1, 0, 1, 1, 1), (0, 0, 0, 0, 0), (0, 1, 0, 1, 0), (0, 1, 1, 0, 0), (1, 1, 0, 0, 0), (0, 1, 0, 0, 1)]
-CUDA_SWITCH_NAMES = ("group_gather", "quant_gather", "overlap_plan", "fuse_group", "lean_attention", "tiled_dense",
-                     "in_place", "widen_float", "pair_attention")
-CUDA_SWITCHES = [(1, 0, 1, 1, 1, 1, 1, 1, 1), (0, 0, 0, 0, 0, 0, 0, 1, 1), (0, 0, 0, 0, 1, 1, 1, 0, 0),
-                 (0, 1, 1, 1, 0, 0, 1, 0, 0), (1, 1, 0, 1, 0, 1, 0, 0, 1), (1, 1, 1, 0, 1, 0, 0, 1, 0)]
+# The switch design of the resident rows, the same on both backends (no kernel form is a switch
+# today: fast/options.py): names, then arms (the defaults first; every pair of switches meets
+# all four value pairs; tests/test_switch_designs.py).
+SWITCH_NAMES = ("group_gather", "quant_gather", "overlap_plan", "fuse_group", "in_place")
+SWITCH_DESIGN = [(1, 0, 1, 1, 1), (0, 0, 0, 0, 0), (0, 1, 0, 1, 0), (0, 1, 1, 0, 0), (1, 1, 0, 0, 0), (0, 1, 0, 0, 1)]
 # Streamed arms: (group_gather, quant_gather, copy_coalesce), every combination; rings and caches
 # cycle with the arm so that each value meets several of the others.
 STREAM_SWITCHES = [(1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
@@ -571,8 +561,7 @@ class ParityCase:
 
 def _arm_name(arm: dict) -> str:
     short = {"group_gather": "gg", "quant_gather": "qg", "overlap_plan": "op", "fuse_group": "fg",
-             "lean_attention": "la", "tiled_dense": "td", "in_place": "ip", "widen_float": "wf",
-             "pair_attention": "pa", "copy_coalesce": "co", "expert_cache": "cache", "ring": "ring",
+             "in_place": "ip", "copy_coalesce": "co", "expert_cache": "cache", "ring": "ring",
              "stream_min": "smin", "group_size": "gs", "window": "win", "ring_in_place": "rip"}
     return ",".join(f"{short.get(k, k)}{v}" for k, v in arm.items()) or "default"
 
@@ -602,10 +591,10 @@ def _all_experts(preset: str, layers: int | None = None) -> int:
 
 def _cuda_rows() -> list[ParityCase]:
     rows = []
-    defaults = dict(zip(CUDA_SWITCH_NAMES, CUDA_SWITCHES[0]))
+    defaults = dict(zip(SWITCH_NAMES, SWITCH_DESIGN[0]))
 
     def arm_of(i):  # arm i of the design, as the switches that differ from the defaults
-        return {k: v for k, v in zip(CUDA_SWITCH_NAMES, CUDA_SWITCHES[i]) if defaults[k] != v}
+        return {k: v for k, v in zip(SWITCH_NAMES, SWITCH_DESIGN[i]) if defaults[k] != v}
 
     # Resident experts: every spread type at every length with the defaults; each other arm of
     # the design at two lengths per type (rotating, so every arm meets every length).
@@ -616,27 +605,23 @@ def _cuda_rows() -> list[ParityCase]:
         for ti, etype in enumerate(SPREAD_TYPES):
             for n, chunk in spread:
                 rows.append(_row("cuda", preset, etype, n, chunk, quick=preset == "tiny" and n == 63))
-            for i in range(1, len(CUDA_SWITCHES)):
+            for i in range(1, len(SWITCH_DESIGN)):
                 for j in (i + ti, i + ti + 3):
                     n, chunk = spread[j % len(spread)]
                     rows.append(_row("cuda", preset, etype, n, chunk, arm_of(i)))
     # Every switch's earlier form once in the quick tier (tiny Q8_0, 130 tokens).
-    for k in CUDA_SWITCH_NAMES:
-        if k != "widen_float":
-            rows.append(_row("cuda", "tiny", "Q8_0", 130, 64, {k: 1 - defaults[k]}, quick=True))
-    # Float routers and float attention/shared-expert matrices, widened to F32 or read as stored.
+    for k in SWITCH_NAMES:
+        rows.append(_row("cuda", "tiny", "Q8_0", 130, 64, {k: 1 - defaults[k]}, quick=True))
+    # Float routers and float attention/shared-expert matrices (16-bit ones widened to F32 at load).
     for router, dense in (("BF16", "F16"), ("F32", "F16"), ("BF16", "Q8_0")):
-        for wf in (1, 0):
-            rows.append(_row("cuda", "tiny", "Q4_1", 70, 64, {"widen_float": wf}, seed=3,
-                             pack_options=(("router_type", router), ("dense_type", dense)),
-                             quick=(router, dense, wf) == ("BF16", "F16", 0)))
+        rows.append(_row("cuda", "tiny", "Q4_1", 70, 64, seed=3, pack_options=(("router_type", router), ("dense_type", dense)),
+                         quick=(router, dense) == ("BF16", "F16")))
     # YaRN rope scaling (only the host-built RoPE table changes, docs/numerics.md): a prompt
-    # past the original context, through the pair and the mma attention kernels.
+    # past the original context.
     from strata.config import RopeScaling
 
-    for arm in ({}, {"pair_attention": 0}):
-        rows.append(_row("cuda", "tiny", "Q8_0", 600, "auto", arm, seed=5, quick=not arm,
-                         pack_options=(("rope_scaling", RopeScaling("yarn", 4.0, 64)),)))
+    rows.append(_row("cuda", "tiny", "Q8_0", 600, "auto", seed=5, quick=True,
+                     pack_options=(("rope_scaling", RopeScaling("yarn", 4.0, 64)),)))
     # Experts streamed from the host tier: caches of none, a third and all; rings of 8 to 384;
     # streamed and staged chunks; every streamed arm.
     for preset, etype in (("tiny", "Q8_0"), ("tiny", "IQ2_XS"), ("tiny", "Q2_K"), ("tiny", "Q4_1"),
@@ -664,7 +649,7 @@ def _cuda_rows() -> list[ParityCase]:
     # streamed arms, a third of the experts cached); 32K against the all-resident default run.
     preset, etype, opts = STRATA2
     n_all = _all_experts(preset, 2)
-    for i in range(len(CUDA_SWITCHES)):
+    for i in range(len(SWITCH_DESIGN)):
         rows.append(_row("cuda", preset, etype, 8192, "auto", {**arm_of(i), "expert_cache": n_all}, greedy=1,
                          records=False, pack_options=opts))
     for i, (gg, qg, co) in enumerate(STREAM_SWITCHES):
@@ -683,7 +668,7 @@ def _cuda_rows() -> list[ParityCase]:
     for ti, etype in enumerate(FLOAT_EXPERT_TYPES):
         for n, chunk in spread:
             rows.append(_row("cuda", "tiny", etype, n, chunk, quick=n == 63))
-        for i in range(1, len(CUDA_SWITCHES)):
+        for i in range(1, len(SWITCH_DESIGN)):
             for j in (i + ti, i + ti + 3):
                 n, chunk = spread[j % len(spread)]
                 rows.append(_row("cuda", "tiny", etype, n, chunk, arm_of(i)))
@@ -773,9 +758,9 @@ def _sim_rows() -> list[ParityCase]:
     rows = []
     for etype in SPREAD_TYPES:
         for n in (1, 63, 130):
-            for sw in SIM_SWITCHES:
-                arm = {k: v for k, v in zip(SIM_SWITCH_NAMES, sw)}
-                rows.append(_row("sim", "tiny", etype, n, 64, arm, quick=n == 63 and sw == SIM_SWITCHES[0]))
+            for sw in SWITCH_DESIGN:
+                arm = {k: v for k, v in zip(SWITCH_NAMES, sw)}
+                rows.append(_row("sim", "tiny", etype, n, 64, arm, quick=n == 63 and sw == SWITCH_DESIGN[0]))
     for router in ("F32", "BF16", "Q8_0"):  # float routers, float dense matrices; a Q8_0 router the MMQ path
         for dense in ("Q8_0", "F16"):
             rows.append(_row("sim", "tiny", "Q4_1", 70, 64, seed=3,
@@ -800,9 +785,9 @@ def _sim_rows() -> list[ParityCase]:
     # streamed and staged chunks, every streamed arm); the small pack; skips in open groups.
     n_all = _all_experts("tiny")
     for etype in FLOAT_EXPERT_TYPES:
-        for sw in SIM_SWITCHES:
-            rows.append(_row("sim", "tiny", etype, 63, 64, dict(zip(SIM_SWITCH_NAMES, sw)), seed=21,
-                             quick=sw == SIM_SWITCHES[0]))
+        for sw in SWITCH_DESIGN:
+            rows.append(_row("sim", "tiny", etype, 63, 64, dict(zip(SWITCH_NAMES, sw)), seed=21,
+                             quick=sw == SWITCH_DESIGN[0]))
         for i, (gg, qg, co) in enumerate(STREAM_SWITCHES):
             arm = dict(group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=(0, 11)[(i // 2) % 2],
                        ring=(8, 16)[i % 2], stream_min=(64, 256)[(i // 4) % 2], in_place=1 - i % 2)
@@ -816,9 +801,9 @@ def _sim_rows() -> list[ParityCase]:
     # expert rows of 384 falling back to Q4_0, Q5_0 and Q8_0.
     for etype in MIX_TYPES:
         for n in (63, 130):
-            for sw in SIM_SWITCHES[:2]:
-                rows.append(_row("sim", "tiny", etype, n, 64, dict(zip(SIM_SWITCH_NAMES, sw)), seed=21,
-                                 quick=n == 63 and sw == SIM_SWITCHES[0]))
+            for sw in SWITCH_DESIGN[:2]:
+                rows.append(_row("sim", "tiny", etype, n, 64, dict(zip(SWITCH_NAMES, sw)), seed=21,
+                                 quick=n == 63 and sw == SWITCH_DESIGN[0]))
         rows.append(_row("sim", "tiny", "Q8_0", 70, 64, seed=22, pack_options=(("dense_type", etype),)))
     for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
         rows.append(_row("sim", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),),

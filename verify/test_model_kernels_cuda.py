@@ -2,13 +2,13 @@
 products.py) against their NumPy definitions, byte for byte:
 
 rmsnorm.cu (strata.numerics.rmsnorm), rope.cu (rope_neox), kv_cache.cu (KVCache.write),
-attention_{mma,pair,split}.cu (strata.attention.attend), router.cu (strata.routing.top_k), routing_tables.cu,
+attention_{pair,split}.cu (strata.attention.attend), router.cu (strata.routing.top_k), routing_tables.cu,
 swiglu.cu (strata.moe.swiglu), combine.cu (strata.moe.combine, strata.numerics.sigmoid),
 embed.cu (Q8_0 strata.quants.dequantize), gather_group.cu (strata.moe.group_buffers), add.cu.
 
 Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
 probabilities, T=1, positions crossing 64-key blocks, GQA, head_dim 64 and 128, n_embd 256 and
-2560). Attention runs every kernel variant (mma, pair, split, auto and the default) on each case,
+2560). Attention runs every kernel variant (pair, split, auto and the default) on each case,
 with long prompts crossing many key blocks and T=1 decode at large positions. Outputs are poisoned before each launch and compared whole as bytes; a mismatch reports
 the first differing element, both values (float and hex) and the count. At the sizes the GPU
 suites time (rows with `check`), a spread of rows (tokens, queries) is compared with the NumPy
@@ -350,19 +350,6 @@ def _config_case(case):
         cache, q, positions, _, want = _attention_want(case, s["seed"])
         _ATT_CONFIG_WANT[key] = (cache, q, positions, want)
     return _ATT_CONFIG_WANT[key]
-
-
-@pytest.mark.parametrize("case", params(kernel_rows("attention_mma_config")))
-def test_attention_mma_configs(dev, monkeypatch, case):
-    """The mma kernel under each configuration (ATTEND_MMA_CONFIG: MMA_WARPS, and MMA_EPI, the
-    old (1) and the default (2) per-(query, key) float work), at scales 4 and 16 (16: key
-    blocks far below the running maximum)."""
-    cache, q, positions, want = _config_case(case)
-    warps, epi = case.config["MMA_WARPS"], case.config["MMA_EPI"]
-    monkeypatch.setattr(cu_att, "ATTEND_MMA_CONFIG", {"MMA_WARPS": warps, "MMA_EPI": epi})
-    out = _poisoned(q.shape, F32)
-    cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="mma")
-    assert_same(_get(out), want, f"attention[mma, MMA_WARPS={warps}, MMA_EPI={epi}] {case.name}")
 
 
 @pytest.mark.parametrize("case", params(kernel_rows("attention_pair_config")))

@@ -5,8 +5,9 @@ pool and launches on its stream.
 
 Kernels and the NumPy functions they match bit for bit (docs/numerics.md):
 - :func:`kv_write` -> strata.attention.KVCache.write (kernels/kv_cache.cu)
-- :func:`attend`   -> strata.attention.attend        (kernels/attention_mma.cu, attention_pair.cu,
-  attention_split.cu: one kernel form each, their shared steps in attention_common.cuh)
+- :func:`attend`   -> strata.attention.attend        (kernels/attention_pair.cu for prefill,
+  attention_split.cu for few queries: their shared steps in attention_common.cuh; the earlier
+  one-warp prefill form is dev/kernels/attention_v1_mma.cu)
 """
 from __future__ import annotations
 
@@ -33,22 +34,17 @@ __all__ = [
 ATTEND_HEAD_DIMS = (64, 128)
 
 #: attention kernels, each bit-exact to strata.attention.attend, each in its own file:
-#: "mma"   (attention_mma.cu) one CTA per (16 * MMA_WARPS queries, head), int8 tensor cores;
-#: "pair"  (attention_pair.cu) the same work with each 16-query group split between two warps
-#:         (keys by parity for the scores, output dims by half for P.V), half the registers a
-#:         warp, a cp.async ring;
+#: "pair"  (attention_pair.cu) one CTA per (16 * PAIR_QG queries, head), int8 tensor cores, each
+#:         16-query group split between two warps (keys by parity for the scores, output dims
+#:         by half for P.V), half the registers a warp, a cp.async ring;
 #: "split" (attention_split.cu) split-K over key blocks in three launches (scores and block
 #:         maxima, per-block P.V, the ordered merge), for few queries (decode);
 #: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else ATTEND_PREFILL.
-ATTEND_VARIANTS = ("mma", "pair", "split", "auto")
+ATTEND_VARIANTS = ("pair", "split", "auto")
 #: the variant attend() runs when none is asked for
 ATTEND_VARIANT = "auto"
 #: the most queries "auto" sends to the split-K kernels
 ATTEND_SPLIT_MAX_T = 4
-#: attention_mma.cu's tile configuration: MMA_WARPS (warps of 16 queries per CTA; 4 when absent),
-#: MMA_MINB (__launch_bounds__ minimum CTAs per SM, default 1), MMA_EPI (the per-(query, key)
-#: float work: 2, the default, or 1, the earlier form kept for A/B; the same bits)
-ATTEND_MMA_CONFIG: dict = {"MMA_WARPS": 8}
 #: attention_pair.cu's configuration: PAIR_QG (16-query groups per CTA, two warps each; 8 when
 #: absent), PAIR_STAGES (key blocks in the cp.async ring, 3), PAIR_MINB (CTAs per SM, 1)
 ATTEND_PAIR_CONFIG: dict = {}
@@ -155,17 +151,6 @@ def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale, v_t=None)
                T, n_kv, hd, cap, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), vt)
 
 
-def _mma_config(config: dict | None = None) -> dict:
-    """attention_mma.cu's defines: ATTEND_MMA_CONFIG with `config`'s over it."""
-    return {**ATTEND_MMA_CONFIG, **(config or {})}
-
-
-def _mma_func(name: str, fmt: str, defines: dict | None = None):
-    """The prepared kernel `name` of attention_mma.cu built with `defines` (default
-    ATTEND_MMA_CONFIG)."""
-    return runtime.function("attention_mma", name, fmt, _mma_config() if defines is None else dict(defines))
-
-
 _geometry: dict = {}  # (module, defines) -> its geometry ints, read once (a synchronous copy)
 
 
@@ -175,11 +160,6 @@ def _geometry_of(module: str, name: str, n: int, defines: dict | None = None) ->
     if got is None:
         got = _geometry[key] = runtime.module_ints(runtime.load_module(module, defines), name, n)
     return got
-
-
-def _mma_geometry(defines: dict) -> tuple[int, int]:
-    """(warps, queries) of an attend_mma CTA built with `defines` (attend_mma_geometry)."""
-    return _geometry_of("attention_mma", "attend_mma_geometry", 2, defines)
 
 
 def _split_func(name: str, fmt: str):
@@ -251,12 +231,10 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     written, and position < cap). GQA: head h reads KV head h // (n_head // n_kv).
     hd in ATTEND_HEAD_DIMS. ``variant`` picks the kernel (:data:`ATTEND_VARIANTS`; None =
     :data:`ATTEND_VARIANT`); ``max_pos`` (the largest position) sizes the split-K grid when the
-    positions are a GPUArray (else the capacity does); ``config``: attention_mma.cu's defines over
-    ATTEND_MMA_CONFIG for the mma kernel, attention_pair.cu's over ATTEND_PAIR_CONFIG for the
-    pair kernel; ``v_t``:
-    the cache's transposed V blocks (see :func:`kv_write`), which the pair kernel reads;
-    without them it transposes v_codes first (:func:`v_transpose`, into
-    scratch). Returns out, float32 [T, n_head, hd]."""
+    positions are a GPUArray (else the capacity does); ``config``: attention_pair.cu's defines
+    over ATTEND_PAIR_CONFIG for the pair kernel; ``v_t``: the cache's transposed V blocks (see
+    :func:`kv_write`), which the pair kernel reads; without them it transposes v_codes first
+    (:func:`v_transpose`, into scratch). Returns out, float32 [T, n_head, hd]."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
     vt = _checked_vt(v_t, n_kv, cap, hd)
     check(q, "attend q", np.float32, shape=(None, None, hd))
@@ -273,15 +251,7 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
         return out
     v = _attend_variant(variant, T)
     kq = np.float32(_attention.kq_scale(hd))
-    if v == "mma":
-        defines = _mma_config(config)
-        f = _mma_func(f"attend_mma_hd{hd}", "PqPiiPPPPPifPq", defines)
-        warps, tile = _mma_geometry(defines)
-        grid = (-(-T // tile), H, 1)
-        dev.launch(f, "attention", grid, (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos), T,
-                   H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), 0, cap,
-                   kq, ptr(out), H * hd)
-    elif v == "pair":
+    if v == "pair":
         defines = {**ATTEND_PAIR_CONFIG, **(config or {})}
         f, smem, tile, threads = _pair_func(hd, defines)
         if not vt:  # a cache without its transposed V blocks

@@ -36,11 +36,9 @@ from fast.phases import PhaseRecorder, timing_enabled
 from fast.trace import Span
 
 
-#: a 16-bit float matrix is widened to F32 on the device (widen_float) up to this many F32 bytes;
-#: larger ones (a 16-bit output head) stay as stored
+#: a 16-bit float matrix is widened to F32 on the device (float_dense.cu's F32 forms are
+#: faster) up to this many F32 bytes; larger ones (a 16-bit output head) stay as stored
 WIDEN_MAX_BYTES = 256 << 20
-#: attention_mma.cu's defines over its configuration when lean_attention is 0 (the earlier epilogue)
-EARLIER_MMA_ATTENTION = {"MMA_EPI": 1}
 
 
 @dataclass
@@ -211,8 +209,8 @@ class CudaBackend(BackendBase):
         return max(0, int(left // max(blobs)))
 
     def widened_extra_bytes(self, pack) -> int:
-        """Device bytes that widen_float adds over the file's: 2 a value of every F16/BF16
-        matrix it widens (not the stacked experts, which are never widened)."""
+        """Device bytes that widening adds over the file's: 2 a value of every F16/BF16 matrix
+        widened (not the stacked experts, which are never widened)."""
         extra = 0
         for name in pack.tensor_names():
             if pack.tensor_type(name) in (quants.QT.F16, quants.QT.BF16):
@@ -222,10 +220,9 @@ class CudaBackend(BackendBase):
         return extra
 
     def _widens(self, m) -> bool:
-        """Whether w() holds the matrix m widened to F32 (widen_float, a 16-bit type, at most
-        WIDEN_MAX_BYTES widened)."""
-        return self.widen_float and m.qtype in (quants.QT.F16, quants.QT.BF16) \
-            and 4 * m.n_rows * m.n_cols <= WIDEN_MAX_BYTES
+        """Whether w() holds the matrix m widened to F32 (a 16-bit type, at most WIDEN_MAX_BYTES
+        widened): float_dense.cu's F32 forms are faster than its 16-bit ones."""
+        return m.qtype in (quants.QT.F16, quants.QT.BF16) and 4 * m.n_rows * m.n_cols <= WIDEN_MAX_BYTES
 
     @staticmethod
     def streamed_bytes_pinned() -> float:
@@ -312,8 +309,7 @@ class CudaBackend(BackendBase):
     def float_dense(self, w: DevWeight, x):
         """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata.dense.float_matmul)."""
         out = self.dev.empty((int(x.shape[0]), w.n_rows), np.float32)
-        cuda_dense.float_dense(self.dev, w.qtype, w.data, w.n_rows, w.n_cols, x, int(x.shape[0]), out,
-                               variant="auto" if self.tiled_dense else "warp")
+        cuda_dense.float_dense(self.dev, w.qtype, w.data, w.n_rows, w.n_cols, x, int(x.shape[0]), out)
         return out
 
     def _make_rope(self, n_pos: int):
@@ -328,12 +324,7 @@ class CudaBackend(BackendBase):
         self.kv.write(layer, np.asarray(positions, np.int32), k, v)
 
     def attend(self, layer, q, positions):
-        # pair_attention 0: the mma kernel for prefill (lean_attention picks its float form);
-        # decode-sized chunks take the split-K kernels either way
-        p = np.asarray(positions, np.int32)
-        mma = not self.pair_attention and p.size > attention.ATTEND_SPLIT_MAX_T
-        return self.kv.attend(layer, q, p, variant="mma" if mma else None,
-                              config=None if self.lean_attention or not mma else EARLIER_MMA_ATTENTION)
+        return self.kv.attend(layer, q, np.asarray(positions, np.int32))
 
     def add(self, x, y):
         return ops.add(self.dev, x, y, out=x)
@@ -413,13 +404,12 @@ class CudaBackend(BackendBase):
         """Float experts: for each (offset, out) of outs and each expert i with rows, one
         float_dense.cu launch: the n_out x k_in matrix at device address w_of(i) + offset times
         rows bounds[i] (host int pairs) of the float32 rows x into the same rows of out."""
-        variant = "auto" if self.tiled_dense else "warp"
         for offset, out in outs:
             for i, (b0, b1) in enumerate(np.asarray(bounds).reshape(-1, 2).tolist()):
                 if b1 > b0:
                     cuda_dense.float_dense(self.dev, qtype, w_of(i) + offset, n_out, k_in,
                                            int(x.gpudata) + 4 * b0 * k_in, b1 - b0,
-                                           int(out.gpudata) + 4 * b0 * n_out, variant=variant)
+                                           int(out.gpudata) + 4 * b0 * n_out)
 
     def group_bounds(self, bounds_list):
         """All of a layer's group bounds in one upload; one device address per group."""

@@ -207,25 +207,23 @@ def manifest(folder: str) -> list[tuple[str, dict]]:
     return sorted(out, key=lambda m: (m[0], sorted(m[1].items())))
 
 
-#: kernel files the fast path only ever builds with a configuration (attention_mma.cu with
-#: ATTEND_MMA_CONFIG's, mmq.cu with a tile configuration): their build without defines, which
-#: nothing loads, is not made ahead (mmq.cu's was the longest compile of a cold gate)
-CONFIGURED = ("attention_mma", "mmq")
+#: kernel files the fast path only ever builds with a configuration (mmq.cu with a tile
+#: configuration): their build without defines, which nothing loads, is not made ahead (mmq.cu's
+#: was the longest compile of a cold gate)
+CONFIGURED = ("mmq",)
 
 
 def default_modules() -> list[tuple[str, dict]]:
     """The modules the fast path builds with the default settings and every switch: each kernel
-    file without defines but those of CONFIGURED (the pair and split-K attention kernels among them), attention_mma.cu
-    with the mma kernel's configuration and its earlier epilogue (lean_attention 0), and mmq.cu
-    in each automatic tile configuration (with STRATA_MMQ_DEFINES), one build a type (products.mmq_modules). Test sweeps of other
+    file without defines but those of CONFIGURED (the pair and split-K attention kernels among
+    them), attention_pair.cu with ATTEND_PAIR_CONFIG, and mmq.cu in each automatic tile
+    configuration (with STRATA_MMQ_DEFINES), one build a type (products.mmq_modules). Test sweeps of other
     configurations reach a folder through its manifest."""
-    from fast.cuda import attention, backend, products, runtime  # noqa: PLC0415 - runtime imports us
+    from fast.cuda import attention, products, runtime  # noqa: PLC0415 - runtime imports us
 
     names = sorted(f[:-3] for f in os.listdir(runtime.KERNEL_DIR) if f.endswith(".cu"))
     out = [(n, {}) for n in names if n not in CONFIGURED]
-    out += [("attention_mma", attention._mma_config()),
-            ("attention_mma", attention._mma_config(backend.EARLIER_MMA_ATTENTION)),
-            ("attention_pair", dict(attention.ATTEND_PAIR_CONFIG))]
+    out += [("attention_pair", dict(attention.ATTEND_PAIR_CONFIG))]
     out += [m for _bound, cfg in products.AUTO_CONFIGS for m in products.mmq_modules(products._with_extra(cfg))]
     return _unique(out)
 

@@ -1,8 +1,9 @@
-// The shared part of the attention kernels (attention_mma.cu, attention_pair.cu,
-// attention_split.cu): the definition they all compute (strata.attention.attend), KEY_BLOCK,
-// the tensor-core and quantization helpers, the V^T staging step (mma and split-K), the steps of
-// a key block in the two prefill kernels (Q.K, mask and maxima, exponential, V-scale fold, the O
-// and L accumulation), their output and their entry macro. Include strata_numerics.cuh first.
+// The shared part of the attention kernels (attention_pair.cu, attention_split.cu; the earlier
+// one-warp prefill form, dev/kernels/attention_v1_mma.cu, includes it too): the definition they
+// all compute (strata.attention.attend), KEY_BLOCK, the tensor-core and quantization helpers,
+// the V^T staging step (split-K), the steps of a key block in the prefill kernel (Q.K, mask and
+// maxima, exponential, V-scale fold, the O and L accumulation), its output and its entry macro.
+// Include strata_numerics.cuh first.
 //
 // Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit:
 //   Q quantized like K: int8 codes, one float32 scale per 32 values (the q8 block quantize of
@@ -141,9 +142,9 @@ __device__ __forceinline__ void scale_mask_max(float (&s)[NT][4], float kq_scale
     mc1 = quad_max(mc1);
 }
 
-// s = p = exp(s - m_new) of the row (strata_exp_nonpos where NONPOS: the argument is never
-// above 0), 0 where invalid.
-template <bool FULL, bool NONPOS, int NT, class Key>
+// s = p = exp(s - m_new) of the row, 0 where invalid: strata_exp_nonpos, as the argument is
+// never above 0 (s <= m_new).
+template <bool FULL, int NT, class Key>
 __device__ __forceinline__ void exp_masked(float (&s)[NT][4], float mn0, float mn1, int pos0, int pos1, Key key)
 {
 #pragma unroll
@@ -152,7 +153,7 @@ __device__ __forceinline__ void exp_masked(float (&s)[NT][4], float mn0, float m
         for (int e = 0; e < 4; ++e) {
             const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
             const float x = __fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1);
-            const float pe = NONPOS ? strata_exp_nonpos(x) : strata_exp(x);
+            const float pe = strata_exp_nonpos(x);
             s[nt][e] = valid ? pe : 0.0f;
         }
     }
@@ -231,12 +232,12 @@ __device__ __forceinline__ void l_step(float& L0, float& L1, float al0, float al
     L1 = live1 ? l1 : L1;
 }
 
-// pv(BoolTag<KEEP>) with KEEP true where SKIP allows it and alpha is 1.0f in every row of the
-// warp (the rescaling products would change no bit), else with KEEP false.
-template <bool SKIP, class PV>
+// pv(BoolTag<KEEP>) with KEEP true where alpha is 1.0f in every row of the warp (the
+// rescaling products would change no bit), else with KEEP false.
+template <class PV>
 __device__ __forceinline__ void pv_keep_or_rescale(PV pv, float al0, float al1)
 {
-    if (SKIP && __all_sync(0xffffffffu, al0 == 1.0f && al1 == 1.0f)) pv(BoolTag<true>{});
+    if (__all_sync(0xffffffffu, al0 == 1.0f && al1 == 1.0f)) pv(BoolTag<true>{});
     else pv(BoolTag<false>{});
 }
 

@@ -2,11 +2,11 @@
 // 16-query group split between two warps: the prefill kernel attend_pair_hd{64,128}.
 //
 // Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit; written out in
-// attention_common.cuh (the one-warp form of the same work: attention_mma.cu).
+// attention_common.cuh (the earlier one-warp form of the same work: dev/kernels/attention_v1_mma.cu).
 //
 // attend_pair_hd{64,128}: the prefill kernel with the work of a 16-query group split between two
 // warps, so each holds half the registers (O of HD/2 dims, scores of 32 keys) and an SM runs
-// twice the warps of attend_mma (the float epilogue's latencies hide behind other warps).
+// twice the warps of the one-warp form (the float epilogue's latencies hide behind other warps).
 //   Warp half hh of a pair scores the keys kappa = 2*lambda + hh (lambda = 8 nt + 2 tq + (e & 1),
 //   its accumulator (nt, e)). The definition's lsum tree pairs kappa with kappa + 32, + 16, + 8,
 //   + 4, + 2 (all of one parity: lambda + 16, + 8, + 4, + 2, + 1 inside the warp, in that
@@ -304,7 +304,7 @@ __device__ __forceinline__ void attend_pair_body(
                 }
             }
 
-            exp_masked<FULL, true>(s, mn0, mn1, pos0, pos1, key);
+            exp_masked<FULL>(s, mn0, mn1, pos0, pos1, key);
             // the tree over lambda: + 16 (nt, nt + 2), + 8 (nt 0, 1), + 4 (lanes xor 2), + 2 (xor 1),
             // + 1 (e, e + 1); the pair's halves last
             float u[4];
@@ -387,7 +387,7 @@ __device__ __forceinline__ void attend_pair_body(
                 }
                 l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
             };
-            pv_keep_or_rescale<true>(pv, al0, al1);
+            pv_keep_or_rescale(pv, al0, al1);
             M0 = live0 ? mn0 : M0;
             M1 = live1 ? mn1 : M1;
         };

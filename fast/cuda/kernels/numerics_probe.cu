@@ -2,7 +2,7 @@
 //
 // Definition: strata.numerics.roundf and strata.numerics.exp (docs/numerics.md section 1). The
 // general device forms (roundf_away, strata_exp) are checked against NumPy by the kernel tests;
-// the fast forms that attention_mma.cu uses where its inputs allow (round_nonneg_magic for
+// the fast forms that attention_pair.cu uses where its inputs allow (round_nonneg_magic for
 // y >= 0, strata_exp_nonpos for x <= 0) are checked here against them on every float of their
 // domain, bit for bit, and the fused exponential against the plain one on every float. Used by verify/test_kernels_cuda.py only.
 #include <stdint.h>

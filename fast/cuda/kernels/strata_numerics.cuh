@@ -147,9 +147,9 @@ __device__ __forceinline__ int8_t to_i8(float v)
 // definition's):
 // - q8_1 activation blocks (quantize_q8_1.cu, strata.q8_1): amax == 0 -> d = 0, codes 0; codes
 //   are (int)q8_round(x, d_inv) truncated to a byte.
-// - int8 KV cache and attention Q / P blocks (kv_cache.cu, attention_mma.cu, strata.attention):
+// - int8 KV cache and attention Q / P blocks (kv_cache.cu, attention_pair.cu, strata.attention):
 //   amax == 0 -> d = 0, codes 0; a tiny amax (below 127 / FLT_MAX) makes d_inv = inf, then every
-//   code is 0 through q8_code (x * inf is +-inf or NaN) and d = 1 / inf = 0. The mma kernel's P
+//   code is 0 through q8_code (x * inf is +-inf or NaN) and d = 1 / inf = 0. The prefill kernel's P
 //   blocks test d_inv < inf instead (scale 0, codes 0): the same bytes for every amax.
 __device__ __forceinline__ float q8_inv_scale(float amax) { return 127.0f / amax; }
 __device__ __forceinline__ float q8_scale(float d_inv) { return 1.0f / d_inv; }

@@ -1,5 +1,5 @@
 // The KV cache's V codes again, transposed per 64-key block (v_t), so that the pair kernel's
-// P.V (attention_mma.cu) reads its B fragments with plain ldmatrix and no byte
+// P.V (attention_pair.cu) reads its B fragments with plain ldmatrix and no byte
 // permutes. Layout definition, mirrored in NumPy by fast/cuda/attention.py v_blocks_host:
 //   per KV head and 64-key block: hd rows of 64 bytes; row vt_row(d) is dim d, and byte
 //   vt_slot(kappa) of it is the code of the block's key kappa. The byte of (KV head h, key j,
