@@ -45,7 +45,7 @@ MMQ_EPILOGUE = {QT.Q8_0: 4, QT.Q4_1: 6, QT.IQ2_XS: 6, QT.IQ3_XXS: 4, QT.IQ3_S: 4
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 #: float products (docs/numerics.md section 3a): a product and a sum per multiply-add, no FMA
 FLOAT_PER_MAC = 2
-#: the strata exponential as the kernels issue it (strata_numerics.cuh, EXP_FUSE): x * log2e and
+#: the strata exponential as the kernels issue it (strata_numerics.cuh, the fused form): x * log2e and
 #: the magic add, n, the fused ln2_hi step, the ln2_lo step (2), the degree-7 polynomial (14),
 #: 2^n into the exponent bits (1), the x < -87 flush (compare, select)
 EXP_SLOTS = 23

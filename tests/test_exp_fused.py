@@ -1,4 +1,4 @@
-"""The fused exponential of the kernels (strata_numerics.cuh, EXP_FUSE=1) emulated in NumPy and
+"""The fused exponential of the kernels (strata_numerics.cuh, strata_exp_form<1>) emulated in NumPy and
 held to the definition, strata.numerics.exp, bit for bit. Two steps change form:
 - r = x - n * LN2_HI as one fused multiply-add: exact value rounded once. Emulated in float64,
   where x - n * LN2_HI is exact (24-bit x, 22-bit product, close exponents), then rounded to

@@ -641,7 +641,7 @@ def test_exp_nonpos_every_float(cu, case):
 
 @pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="exp_fused")))
 def test_exp_fused_every_float(cu, case):
-    """The fused exponential (EXP_FUSE=1: x - n * ln2_hi as one exact fused multiply-add, 2^n
+    """The fused exponential (the kernels' strata_exp_form<1>: x - n * ln2_hi as one exact fused multiply-add, 2^n
     added to p's exponent bits) equals the plain form bit for bit on every float, NaNs and
     infinities included (strata_numerics.cuh says why)."""
     bad, first = _probe(cu, "probe_exp_fused", case.shape["lo"], case.shape["hi"])

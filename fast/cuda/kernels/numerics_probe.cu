@@ -45,8 +45,8 @@ extern "C" __global__ void probe_exp_nonpos(unsigned lo, unsigned n, unsigned lo
     });
 }
 
-// Floats with bits lo .. lo + n - 1 (any): count where the fused strata_exp (EXP_FUSE=1, two
-// steps in fewer instructions) and the plain one give different bits.
+// Floats with bits lo .. lo + n - 1 (any): count where the fused strata_exp (the kernels',
+// two steps in fewer instructions) and the plain one give different bits.
 extern "C" __global__ void probe_exp_fused(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
 {
     count_differences(lo, n, bad, first, [](unsigned bits) {

@@ -19,25 +19,22 @@
 // The float of d is 1.5 * 2^23 + i exactly, so the fused operation's exact value
 // u * (1.5 * 2^23 + i) - u * 1.5 * 2^23 is the integer u * i, a float: its one rounding changes
 // nothing, and the bits are those of u * ((float)i), two exact operations. With the exponential's
-// reduction below (EXP_FUSE), the only fused multiply-adds in the kernels, both exact by
+// reduction below (its fused form), the only fused multiply-adds in the kernels, both exact by
 // construction: --fmad=false keeps every other product and sum apart.
 __device__ __forceinline__ float scaled_magic(float u, float nu_magic, int d)
 {
     return __fmaf_rn(u, __int_as_float(d), nu_magic);
 }
 
-// EXP_FUSE=1 (default): two steps of strata_exp_core in fewer instructions, the same bits
-// (below); 0 keeps the plain form. The two strata_exp forms are checked against each other on
-// every float
-// (verify/test_kernels_cuda.py), and the default form against NumPy there.
-#ifndef EXP_FUSE
-#define EXP_FUSE 1
-#endif
+// The kernels' exponential is the fused form (FUSED = 1): two steps of strata_exp_core in fewer
+// instructions, the same bits (below). The plain form (FUSED = 0), the definition's steps one
+// by one, is no kernel's: numerics_probe.cu checks the fused form against it on every float
+// (verify/test_kernels_cuda.py), and the kernel tests check the fused one against NumPy.
 
 // strata.numerics.exp's arithmetic for x in [-87, 88]: n = rintf(x * log2e) through MAGIC_F,
 // the two-part ln 2 reduction, the polynomial, 2^n from exponent bits. Out of that range its
 // value is not the definition's (the callers below select theirs).
-// EXP_FUSE, why the bits are the same:
+// The fused form, why the bits are the same:
 // - x - n * ln2_hi as one fused multiply-add: n is an integer with |n| <= 127 there and ln2_hi
 //   has 15 significant bits, so n * ln2_hi is exact and the one rounding of the fused form is
 //   the subtraction's own.
@@ -67,7 +64,7 @@ __device__ __forceinline__ float strata_exp_core_form(float x)
     return __fmul_rn(p, __int_as_float((ni + 127) << 23));
 }
 
-__device__ __forceinline__ float strata_exp_core(float x) { return strata_exp_core_form<EXP_FUSE>(x); }
+__device__ __forceinline__ float strata_exp_core(float x) { return strata_exp_core_form<1>(x); }
 
 // strata.numerics.exp: the shared polynomial exponential (NaN passes, > 88 -> inf, < -87 -> 0).
 // The polynomial runs for every x and the special cases are selected after (no branches; out
@@ -81,7 +78,7 @@ __device__ __forceinline__ float strata_exp_form(float x)
     return (x != x) ? x : y;
 }
 
-__device__ __forceinline__ float strata_exp(float x) { return strata_exp_form<EXP_FUSE>(x); }
+__device__ __forceinline__ float strata_exp(float x) { return strata_exp_form<1>(x); }
 
 // strata_exp for x <= 0 (and -inf): the same bits there, without the NaN and x > 88 cases
 // (two compares and selects fewer). For attention's p = exp(s - m_new): every valid score is
