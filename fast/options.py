@@ -215,13 +215,24 @@ FastOptions = dataclasses.make_dataclass(
 DEFAULTS = FastOptions(**{sw.keyword: sw.default for sw in SWITCHES})
 
 
+def retired_why(variable: str) -> str:
+    """What a RETIRED switch's refusal says after its name."""
+    return f"every run takes {RETIRED[variable]} (docs/performance.md, \"Retired kernel forms\")"
+
+
+def retired_variable(name: str) -> str | None:
+    """The RETIRED variable that `name` stands for (the variable, its keyword, its flag with or
+    without the dashes), or None."""
+    kw = name.removeprefix("--").replace("-", "_")
+    return next((v for v in RETIRED if name == v or v.removeprefix("STRATA_PREFILL_").lower() == kw), None)
+
+
 def refuse_retired(environ=None) -> None:
     """An InputError naming the first RETIRED variable set in `environ` (default os.environ)."""
     environ = os.environ if environ is None else environ
-    for name, now in RETIRED.items():
+    for name in RETIRED:
         if environ.get(name):
-            raise InputError(f"{name} is retired: every run takes {now} (docs/performance.md, "
-                             f"\"Retired kernel forms\"); unset it")
+            raise InputError(f"{name} is retired: {retired_why(name)}; unset it")
 
 
 def resolve(keywords: dict | None = None, environ=None) -> FastOptions:

@@ -49,8 +49,8 @@ def add_flags(group) -> None:
         text = f"{sw.help} (default {sw.shown_default()}{'; env ' + env if env else ''})"
         group.add_argument(sw.flag, dest=sw.keyword, default=None, **kind,
                            help=text.replace("%", "%%"))  # argparse expands %(...)s in help
-    for variable, now in options.RETIRED.items():  # refused by name, not as an unknown flag
-        group.add_argument(retired_flag(variable), type=_refuse(now), default=argparse.SUPPRESS,
+    for variable in options.RETIRED:  # refused by name, not as an unknown flag
+        group.add_argument(retired_flag(variable), type=_refuse(variable), default=argparse.SUPPRESS,
                            help=argparse.SUPPRESS)
 
 
@@ -59,10 +59,9 @@ def retired_flag(variable: str) -> str:
     return "--" + variable.removeprefix("STRATA_PREFILL_").lower().replace("_", "-")
 
 
-def _refuse(now: str):
+def _refuse(variable: str):
     def check(_text: str):
-        raise argparse.ArgumentTypeError(f"retired: every run takes {now} (docs/performance.md, "
-                                         f"\"Retired kernel forms\")")
+        raise argparse.ArgumentTypeError(f"retired: {options.retired_why(variable)}")
     return check
 
 
@@ -122,11 +121,9 @@ def parse_arm(spec: str, label: str) -> dict:
         opposite = next((sw.keyword for sw in options.SWITCHES if name in sw.opposites), None)
         kw = opposite or keyword_of(name)
         if kw is None:
-            retired = next((v for v in options.RETIRED if name in (v, retired_flag(v), retired_flag(v)[2:],
-                                                                   retired_flag(v)[2:].replace("-", "_"))), None)
+            retired = options.retired_variable(name)
             if retired:
-                raise InputError(f"{label}: {name!r} is retired: every run takes {options.RETIRED[retired]} "
-                                 f"(docs/performance.md, \"Retired kernel forms\")")
+                raise InputError(f"{label}: {name!r} is retired: {options.retired_why(retired)}")
             raise InputError(f"{label}: unknown switch {name!r} (switches: {switch_names()})")
         if kw in out:
             raise InputError(f"{label}: switch {name!r} is given twice")
