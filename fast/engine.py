@@ -71,11 +71,14 @@ class FastEngine:
         self.ring = Ring("ring", ring_slots)
         self.staging = self.ring if o.stage_in_ring else Ring("stage", STAGING_SLOTS)
         self.passes = Passes(backend, o.copy_coalesce)
-        self._chunk_pass = None  # the chunk's streamed-walk pass, when the chunk streams
+        self._unit_pass = None  # the unit's pass of the ring: its streamed (and staged) layers' entries
         self._blob_bytes = [pack.expert_blob_size(l) for l in range(cfg.n_layer)]  # one expert's, per layer
-        #: the walk each chunk (or window) of the current prompt took and why (fast.walk.WalkChoice),
-        #: in order; a prompt that starts at position 0 starts the list again (run --timing prints it)
+        self._n_streamed = [len(self.placement.streamed(l)) for l in range(cfg.n_layer)]
+        #: the walk each chunk (or window) of the current prompt took, layer by layer, and why
+        #: (fast.walk.WalkChoice), in order; a prompt that starts at position 0 starts the list
+        #: again (run --timing prints it)
         self.walk_choices: list = []
+        self._unit = None  # the unit running now: its WalkChoice
         self._measured = None  # (tokens, routed streamed experts per layer) of the last whole unit
         self.window_reason: str | None = None  # why window_tokens took its window (run prints it)
         self._routed = None  # the unit running now: its tokens and what its layers routed so far
@@ -180,42 +183,84 @@ class FastEngine:
             return self.moe_half(layer, x, dump)
 
     def _copies_after_attention(self, layer: int) -> None:
-        """Layer 0's attention is queued: the rest of the first ring's copies now (the pass
-        opened with PASS_HEAD of them, so the device starts attention without waiting for the
-        host to queue them all)."""
-        if layer == 0 and self._chunk_pass is not None:
+        """Layer 0's attention is queued: the rest of the unit pass's due copies now (a streamed
+        layer 0 opened it with PASS_HEAD of them, so the device starts attention without waiting
+        for the host to queue them all)."""
+        if layer == 0 and self._unit_pass is not None and self._unit.layers[0].streams:
             with self.be.host_phase("host planning"):
-                self._chunk_pass.copy_ahead()
+                self._unit_pass.copy_ahead()
 
     def _begin_chunk(self, n_tok: int, first_position: int = 0) -> None:
-        """A chunk (or window) that streams (fast.walk.choose_walk: from stream_min tokens, or
-        with stream_min auto where the routing is expected to reach enough of the streamed
-        experts' bytes) streams every streamed expert of every layer in (layer, id) order
-        through the ring; its first copies start now, before layer 0's attention. Otherwise each
-        layer stages its routed streamed experts after routing. The coverage rule reads the last
-        whole unit's routing of the same prompt (a prompt from position 0 forgets it, so the
-        passes of run --timing choose as the run did)."""
-        self._chunk_pass = None
+        """A unit (chunk or window) starts: its ring pass opens on the streamed walk's ring, and
+        layer 0's walk is chosen (fast.walk.choose_layer); a streamed layer 0's first copies start
+        now, before its attention. Each later layer's walk is chosen once the layer before it has
+        routed (_layer_pass). The coverage rule reads the last whole unit's routing of the same
+        prompt (a prompt from position 0 forgets it, so the passes of run --timing choose as the
+        run did) and the routing of this unit's earlier layers."""
         cfg, p = self.config, self.placement
         if first_position == 0:
             self.walk_choices, self._measured = [], None
         elif self._routed is not None and None not in self._routed[1]:
             self._measured = (self._routed[0], list(self._routed[1]))
+        self._routed = (int(n_tok), [None] * cfg.n_layer)
         auto = self.options.stream_min == options.AUTO
-        self._routed = (int(n_tok), [None] * cfg.n_layer) if auto and p.n_streamed else None
-        choice = walk.choose_walk(n_tok=n_tok, stream_min=self.options.stream_min, k_used=cfg.n_expert_used,
-                                  n_expert=cfg.n_expert, streamed=[len(p.streamed(l)) for l in range(cfg.n_layer)],
-                                  blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
-        self.walk_choices.append(choice)
-        if choice.streams:
-            entries = [(l, int(e)) for l in range(cfg.n_layer) for e in p.streamed(l)]
-            self._chunk_pass = self.passes.open(self.ring, entries, head=PASS_HEAD)
+        self._unit = walk.begin_unit(n_tok=n_tok, stream_min=self.options.stream_min, streamed=self._n_streamed,
+                                     blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
+        self._unit.routed = self._routed[1]  # one list: the unit's record fills as its layers route
+        self.walk_choices.append(self._unit)
+        self._unit_pass = self.passes.open(self.ring, [], head=0) if p.n_streamed else None
+        self._choose_ahead()
+        if self._unit_pass is not None:  # the head of a streamed layer 0's copies: before its attention
+            with self.be.host_phase("host planning"):
+                self._unit_pass.copy_ahead(PASS_HEAD)
 
-    def _note_routing(self, layer: int, tab) -> None:
-        """The coverage rule's measure: how many of the layer's streamed experts the unit routed
-        (the counts are on the host once the walk has planned)."""
-        if self._routed is not None:
-            self._routed[1][layer] = int(np.count_nonzero(np.asarray(tab.cnt)[~self.placement.resident[layer]]))
+    def _choose_ahead(self) -> None:
+        """Choose the walk of every next layer that can be chosen now (fast.walk.choose_layer:
+        under the threshold or with the last unit measured every one, else up to the first that
+        needs a routing of this unit not yet known), up to and with the first staged one: the
+        pass holds the layers' entries in layer order, and a staged layer's are known only once
+        it has routed. A streamed one appends all of its streamed experts to the unit pass,
+        behind the layers before it (the walk queues their copies as the ring frees slots)."""
+        auto = self.options.stream_min == options.AUTO
+        layers = self._unit.layers
+        while len(layers) < self.config.n_layer:
+            layer = len(layers)
+            if layers and layers[-1].walk == "staged" and self._routed[1][layer - 1] is None:
+                return  # that layer's routed entries come first, once it has routed
+            c = walk.choose_layer(layer=layer, n_tok=self._routed[0], stream_min=self.options.stream_min,
+                                  k_used=self.config.n_expert_used, n_expert=self.config.n_expert,
+                                  streamed=self._n_streamed, measured=self._measured if auto else None,
+                                  routed=self._routed[1])
+            if c is None:
+                return
+            layers.append(c)
+            if c.streams:
+                self._unit_pass.extend([(layer, int(e)) for e in self.placement.streamed(layer)])
+
+    def _layer_pass(self, layer: int, tab):
+        """The layer has routed (its counts reach the host here): the pass its streamed experts
+        come through and whether it streams. A staged layer's routed streamed experts join the
+        unit pass (or, with stage_in_ring 0, a pass of the staging ring of their own), their
+        copies queued at once; then the next layers' walks that wait for this routing are chosen,
+        so a streamed next layer's copies follow this one's without a gap."""
+        p, cfg = self.placement, self.config
+        resident = p.resident[layer]
+        with self.be.host_phase("host planning"):
+            order = np.asarray(tab.order)
+            routed = [int(e) for e in order[~resident[order]]]
+            self._routed[1][layer] = len(routed)
+        streams = self._unit.layers[layer].streams
+        if streams:
+            ring_pass = self._unit_pass
+        elif self.options.stage_in_ring and self._unit_pass is not None:
+            ring_pass = self._unit_pass
+            with self.be.host_phase("host planning"):
+                ring_pass.extend([(layer, e) for e in routed])
+                ring_pass.copy_ahead()
+        else:
+            ring_pass = self.passes.open(self.staging, [(layer, e) for e in routed])
+        self._choose_ahead()
+        return ring_pass, streams
 
     # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
     def _rec(self, dump, layer: int, op: str, array, slot=None, on_host: bool = False) -> None:
@@ -316,13 +361,12 @@ class FastEngine:
         # idle gap before the first gather)
         shared = self._shared_phase(layer, p, h) if o.overlap_plan else None
 
-        # 4. The per-expert walk (fast/walk.py).
+        # 4. The per-expert walk (fast/walk.py), through the pass its walk chose.
+        ring_pass, streams = self._layer_pass(layer, tab)
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
-                                placement=self.placement,
-                                chunk_pass=self._chunk_pass, passes=self.passes, staging=self.staging, options=o,
+                                placement=self.placement, ring_pass=ring_pass, streams=streams, options=o,
                                 group_size=self.group_size, keep_h=dump is not None and dump.ops)
-        self._note_routing(layer, tab)
 
         # 5. The shared expert, where it was not queued before the walk.
         if not o.overlap_plan:

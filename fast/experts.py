@@ -92,16 +92,29 @@ class Ring:
 
 
 class RingPass:
-    """One pass of entries (layer, expert) through a ring: a chunk's streamed walk (every
-    streamed expert of every layer) or a layer's staging (its routed streamed experts)."""
+    """One pass of entries (layer, expert) through a ring. A unit's pass (a chunk's or a
+    window's) grows layer by layer as the walk chooses (fast.walk.choose_layer): a streamed
+    layer appends every one of its streamed experts, a staged one only its routed ones once its
+    routing is known, always in layer order. With stage_in_ring 0 a staged layer has a pass of
+    its own through the 8-slot staging ring."""
 
     def __init__(self, be, ring: Ring, entries: list[tuple[int, int]], pass_id: int, coalesce: bool):
-        self.be, self.ring, self.entries = be, ring, entries
+        self.be, self.ring, self.entries = be, ring, list(entries)
         self.pass_id = pass_id  # tells apart the passes of one ring in hazard reports
         self.coalesce = coalesce
         self.index = {le: k for k, le in enumerate(entries)}
         self.released = [False] * len(entries)
         self.next_copy = 0
+
+    def extend(self, entries: list[tuple[int, int]]) -> None:
+        """Append entries after the pass's last one (their copies follow it: copy_ahead queues
+        them once the ring has room)."""
+        for le in entries:
+            if le in self.index:
+                raise ValueError(f"entry {le} is already in pass {self.pass_id}")
+            self.index[le] = len(self.entries)
+            self.entries.append(le)
+            self.released.append(False)
 
     def slot_of(self, k: int) -> int:
         return k % self.ring.n_slots

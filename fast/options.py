@@ -150,11 +150,13 @@ SWITCHES = (
            "ring slots of the streamed walk",
            default_text=f"{RING_SLOTS}, {RING_SLOTS_PINNED} when at least {PINNED_SHARE:.0%} of the "
                         "streamed bytes are page-locked"),
-    Switch("stream_min", "STRATA_PREFILL_STREAM_MIN", STREAM_MIN, SCHEDULE, Count(1, auto=True, metavar="N|auto"),
-           "chunks (or windows) of at least N tokens stream every streamed expert; smaller ones stage "
-           "the routed ones; auto: stream where the routing is expected to reach at least half of the "
-           "streamed experts' bytes (uniform top-k, or the prompt's last chunk's routing scaled to "
-           "this one's tokens: fast.walk.choose_walk); run --timing prints each chunk's walk and why"),
+    Switch("stream_min", "STRATA_PREFILL_STREAM_MIN", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto"),
+           "auto: each layer of a chunk (or window) streams every streamed expert where its routing is "
+           "expected to reach at least half of them (the same layer of the prompt's last chunk scaled "
+           "to this one's tokens, else this chunk's previous layer; layer 0 of the first chunk from "
+           f"{STREAM_MIN} tokens), and stages its routed ones after its routing otherwise "
+           "(fast.walk.choose_layer); N: every layer of a chunk of at least N tokens streams, smaller "
+           "ones stage (the old rule); run --timing prints each chunk's walks and why"),
     Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
            "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "

@@ -4,14 +4,17 @@ knows nothing of PyCUDA: a backend carries out each step (fast/cuda/backend.py o
 fast/sim.py in NumPy); the copy side of the rings is fast/experts.py.
 
 The routed experts are visited in id order, in groups of `group_size` (MMQ_GROUP) consecutive
-routed experts, resident and streamed mixed. A streamed expert is a ring entry: in the
-streamed walk the chunk's ring pass holds every streamed expert of every layer, so the walk
-also meets the entries the routing skipped; in the staged walk the layer's pass holds only its
-routed streamed experts (by default through the streamed walk's ring, which a staged chunk
-leaves idle, so a layer's copies are queued at once; with stage_in_ring 0 through the 8-slot
-staging ring). Which of the two a chunk (or window) takes is `choose_walk`'s: by the
-stream_min threshold (chunks from STREAM_MIN tokens stream), or with stream_min auto by the
-coverage the routing is expected to reach.
+routed experts, resident and streamed mixed. A streamed expert is a ring entry. Each layer of a
+unit (a chunk, or a layer-major window) takes one of two walks, chosen by `choose_layer` when
+its copies must be queued (layer 0 before the unit's first attention, layer l once layer l-1's
+routing is on the host): in the streamed walk the layer's entries are every one of its streamed
+experts, appended to the unit's ring pass behind the previous layer's, so its copies run while
+earlier layers compute and the walk also meets the entries the routing skipped; in the staged
+walk they are only its routed streamed experts, appended once its routing is known (through the
+same ring by default; with stage_in_ring 0 through a pass of the 8-slot staging ring). By
+default (stream_min auto) a layer streams where its routing is expected to reach at least
+STREAM_COVERAGE of its streamed experts, measured on the unit's previous layer or the prompt's
+last unit; with stream_min N every layer of a unit of N tokens or more streams.
 
 A group's experts are gathered into the group buffers by one or more *flushes*. A flush takes
 every member not yet gathered:
@@ -54,16 +57,16 @@ released unused as the walk meets them; the ring refills their slots while the r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.constants import MMQ_GROUP
+from strata.constants import MMQ_GROUP, STREAM_MIN
 
 from fast.options import AUTO  # stream_min auto: the coverage rule
-#: stream_min auto streams a unit when the routing is expected to reach at least this share of
-#: the streamed experts' bytes: then the bytes the streamed walk copies for no token are at most
-#: the bytes the staged walk would copy with no head start and through a shallow ring
+#: the coverage rule streams a layer when its routing is expected to reach at least this share
+#: of its streamed experts: then the bytes the streamed walk copies for no token are at most the
+#: bytes it copies for routed ones, and it spares the staged walk's wait for the routing
 STREAM_COVERAGE = 0.5
 
 
@@ -174,14 +177,15 @@ class ExpertRows:
     h: np.ndarray | None = None
 
 
-def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout, placement, chunk_pass, passes,
-                staging, options, group_size: int, keep_h: bool = False) -> ExpertRows:
+def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout, placement, ring_pass,
+                streams: bool, options, group_size: int, keep_h: bool = False) -> ExpertRows:
     """Step 4 of the MoE half: every routed expert's gate/up, SwiGLU, quantize of H and down,
     over the routing tables `tab` and the quantized MoE input `moe_in` (n_rows rows). Plans
     the groups (and with in_place the resident Batch), takes the layer's streamed experts
-    through `chunk_pass` (the chunk's streamed-walk pass; None: a new pass of the `staging`
-    ring, opened by `passes`) and returns the filled buffers. keep_h: keep H on the host for
-    the op records. down_layout None: a float down type, whose input H is not quantized."""
+    through `ring_pass`, which holds the layer's entries (streams: every streamed expert of the
+    layer, the streamed walk; else its routed ones, the staged walk) and returns the filled
+    buffers. keep_h: keep H on the host for the op records. down_layout None: a float down
+    type, whose input H is not quantized."""
     n_ff = config.n_ff_exp
     down_in = be.alloc_f32((n_rows, n_ff)) if down_layout is None else be.alloc_q8(n_rows, n_ff)
     rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
@@ -195,10 +199,6 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
         else:
             batch, walked = None, tab.order
         walked = [int(e) for e in walked]
-    if chunk_pass is None:  # staged: the routed streamed experts, their copies queued first
-        ring_pass = passes.open(staging, [(layer, e) for e in walked if not resident[e]])
-    else:  # streamed walk: this layer's entries, routed or not
-        ring_pass = chunk_pass
     in_place = batch if batch is not None and len(batch.experts) > 0 else None
     lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
     # the layer's first upload, made even without a resident batch: it drops the last layer's tiles
@@ -206,7 +206,7 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     if in_place is not None:  # queued before the rest is planned: the device multiplies while the host plans
         lw.batch_gate_up(in_place)
     with be.host_phase("host planning"):
-        visit = walked if chunk_pass is None else sorted(set(walked) | set(int(e) for e in placement.streamed(layer)))
+        visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer))) if streams else walked
         groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)
         bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
     if in_ring:
@@ -444,73 +444,143 @@ def scaled_coverage(measured: float, n_measured: int, n_tok: int) -> float:
 
 
 @dataclass(frozen=True)
-class WalkChoice:
-    """The walk a chunk or window took (streamed, staged, or resident: nothing streams) and why.
-    rule: "threshold" (stream_min N) or "coverage" (stream_min auto); coverage: the share of the
-    streamed experts' bytes the rule expected the routing to reach (None under the threshold);
-    measured: the tokens of the earlier unit whose routing it was scaled from (None: the uniform
-    expectation); streamed_bytes: what the streamed walk copies a pass, staged_bytes the routed
-    share of it the staged walk is expected to copy."""
+class LayerChoice:
+    """One layer's walk in a unit: "streamed" (every streamed expert of the layer crosses the
+    link, queued before its routing is known), "staged" (only its routed ones, after its routing)
+    or "resident" (it streams nothing). basis: "threshold" (stream_min N), "prior" (no routing
+    measured yet: the STREAM_MIN token prior), "last unit" (the same layer of the prompt's last
+    whole unit, scaled to this unit's tokens) or "layer L" (layer L of this unit, the same
+    tokens); coverage: the estimate compared with STREAM_COVERAGE (None: threshold or prior)."""
 
     walk: str
-    rule: str
-    tokens: int
-    stream_min: object
-    n_streamed: int
-    streamed_bytes: int
+    basis: str
     coverage: float | None = None
-    measured: int | None = None
-    staged_bytes: int | None = None
 
     @property
     def streams(self) -> bool:
         return self.walk == "streamed"
 
+
+@dataclass
+class WalkChoice:
+    """The walk a unit (chunk or window) took, layer by layer, and why. rule: "threshold"
+    (stream_min N: every layer the same) or "coverage" (stream_min auto, the default: each layer
+    by choose_layer); layers: one LayerChoice per layer, appended as the walk reaches them;
+    measured: the tokens of the earlier unit whose routing the rule read (None: none yet);
+    streamed_bytes: what a pass of every streamed expert copies; routed: how many of each
+    layer's streamed experts the unit routed (the engine fills it as the layers route)."""
+
+    rule: str
+    tokens: int
+    stream_min: object
+    n_streamed: int
+    streamed_bytes: int
+    layers: list = field(default_factory=list)
+    measured: int | None = None
+    routed: list = field(default_factory=list)  # per layer: its routed streamed experts (None: not yet)
+
+    @property
+    def walk(self) -> str:
+        """streamed or staged where every layer that streams anything took that walk; mixed where
+        they differ; resident where no expert streams."""
+        kinds = {c.walk for c in self.layers if c.walk != "resident"}
+        if self.n_streamed == 0 or not kinds:
+            return "resident"
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @property
+    def streams(self) -> bool:
+        """Every layer streamed (the unit's pass holds every streamed expert of every layer)."""
+        return self.walk == "streamed"
+
     def line(self) -> str:
-        """One line: the walk and its reason."""
+        """One line: the walk and its reason, runs of layers alike in walk and basis together."""
         if self.walk == "resident":
             return "resident: no expert streams (the expert cache holds them all)"
-        cmp = ">=" if self.streams else "<"
         size = f"{self.n_streamed} streamed experts, {_bytes(self.streamed_bytes)} a pass"
         if self.rule == "threshold":
+            cmp = ">=" if self.streams else "<"
             return f"{self.walk}: {self.tokens} tokens {cmp} stream_min {self.stream_min} ({size})"
-        how = f"measured on the last {self.measured} tokens" if self.measured is not None else "uniform top-k"
-        return (f"{self.walk}: coverage {self.coverage:.3f} {cmp} {STREAM_COVERAGE:.2f} of {size} "
-                f"({self.tokens} tokens, {how}; staged ~{_bytes(self.staged_bytes)})")
+        parts = []
+        for (walk, basis), first, last, covs in _runs_of_layers(self.layers):
+            span = f"L{first}" if first == last else f"L{first}-{last}"
+            if walk == "resident":
+                parts.append(f"{span} resident")
+                continue
+            if basis == "prior":
+                why = f"no routing measured yet, {self.tokens} tokens {'>=' if walk == 'streamed' else '<'} {STREAM_MIN}"
+            else:
+                lo, hi = min(covs), max(covs)
+                cov = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+                src = (f"the last {self.measured} tokens' routing" if basis == "last unit"
+                       else "the previous layer's routing")
+                why = f"coverage {cov} {'>=' if walk == 'streamed' else '<'} {STREAM_COVERAGE:.2f}, from {src}"
+            parts.append(f"{span} {walk} ({why})")
+        return f"{self.walk}: {self.tokens} tokens, " + "; ".join(parts) + f" ({size})"
+
+
+def _runs_of_layers(layers: list):
+    """Consecutive layers with the same (walk, basis kind): ((walk, basis), first, last, coverages)."""
+    out = []
+    for i, c in enumerate(layers):
+        key = (c.walk, "layer" if c.basis.startswith("layer") else c.basis)
+        if out and out[-1][0] == key:
+            out[-1][2] = i
+        else:
+            out.append([key, i, i, []])
+        if c.coverage is not None:
+            out[-1][3].append(c.coverage)
+    return [tuple(r) for r in out]
 
 
 def _bytes(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def choose_walk(*, n_tok: int, stream_min, k_used: int, n_expert: int, streamed: list[int],
-                blob_bytes: list[int], measured: tuple | None = None) -> WalkChoice:
-    """The walk of a unit (chunk or window) of n_tok tokens, chosen before its first layer (the
-    streamed walk's copies start then). streamed[l]: layer l's streamed experts; blob_bytes[l]:
-    one of its blobs. stream_min N: streamed from N tokens (the threshold rule). auto: streamed
-    when the share of the streamed bytes the routing is expected to reach is at least
-    STREAM_COVERAGE. Each layer's expected coverage is the uniform one (expected_coverage), or,
-    where `measured` = (tokens, routed[l]: layer l's streamed experts an earlier unit routed), the
-    measured share scaled to n_tok tokens (scaled_coverage), at most the uniform one. Only plain
-    integers and the routing, which both implementations share, go in: the choice is the same
-    on every run of the same prompt, and it changes what is copied and when, never a byte."""
+def begin_unit(*, n_tok: int, stream_min, streamed: list[int], blob_bytes: list[int],
+               measured: tuple | None = None) -> WalkChoice:
+    """A unit's WalkChoice before its first layer (streamed[l]: layer l's streamed experts,
+    blob_bytes[l]: one of its blobs)."""
     total = sum(int(n) * int(b) for n, b in zip(streamed, blob_bytes))
-    n_streamed = int(sum(streamed))
-    base = dict(tokens=int(n_tok), stream_min=stream_min, n_streamed=n_streamed, streamed_bytes=total)
-    if n_streamed == 0:
-        return WalkChoice("resident", "threshold" if stream_min != AUTO else "coverage", **base)
+    return WalkChoice("threshold" if stream_min != AUTO else "coverage", int(n_tok), stream_min,
+                      int(sum(streamed)), total, measured=None if measured is None else int(measured[0]))
+
+
+def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: int, streamed: list[int],
+                 measured: tuple | None = None, routed: list | None = None) -> LayerChoice | None:
+    """The walk of `layer` in a unit of n_tok tokens, chosen when its copies must be queued:
+    layer 0 before the unit's first attention, layer l > 0 once layer l - 1's routing is on the
+    host (its streamed walk's copies then follow l - 1's in the ring, layer-ahead of their use).
+
+    stream_min N (the threshold rule): streamed from N tokens, every layer alike. auto (the
+    coverage rule, the default): streamed when the share of the layer's streamed experts its
+    routing is expected to reach is at least STREAM_COVERAGE: then the streamed walk copies for
+    no token at most as many bytes as it copies for routed ones, and it spares the staged walk's
+    wait for the routing. The estimate is the same layer of the last whole unit (`measured`:
+    (tokens, routed[l]) of its layers' routed streamed experts), scaled to n_tok tokens
+    (scaled_coverage); else the nearest earlier layer of this unit that streams anything
+    (`routed`: the counts its layers' routings gave so far, None where not yet known), whose
+    tokens are the same; each at most the uniform bound (expected_coverage). None: that earlier
+    layer has not routed yet (the choice waits for it). With neither (layer 0 of a prompt's
+    first unit), the token prior: streamed from STREAM_MIN tokens. Every choice that needs no
+    routing of this unit (the threshold, a measured last unit) can be made at the unit's start,
+    so the unit pass then holds every streamed layer's entries from its first copy on. Only integers and the routing, which
+    both implementations share, go in: the same prompt makes the same choices on every run, and
+    they change what is copied and when, never a byte."""
+    if not streamed[layer]:
+        return LayerChoice("resident", "threshold" if stream_min != AUTO else "none")
     if stream_min != AUTO:
-        return WalkChoice("streamed" if n_tok >= stream_min else "staged", "threshold", **base)
+        return LayerChoice("streamed" if n_tok >= stream_min else "staged", "threshold")
     uniform = expected_coverage(n_tok, k_used, n_expert)
-    expect = 0.0
-    for layer, (n, b) in enumerate(zip(streamed, blob_bytes)):
-        if not n:
-            continue
-        c = uniform
-        if measured is not None:
-            c = min(c, scaled_coverage(measured[1][layer] / n, measured[0], n_tok))
-        expect += c * n * b
-    coverage = expect / total
-    walk = "streamed" if coverage >= STREAM_COVERAGE else "staged"
-    return WalkChoice(walk, "coverage", coverage=coverage, measured=None if measured is None else int(measured[0]),
-                      staged_bytes=int(round(expect)), **base)
+    if measured is not None and measured[1][layer] is not None:
+        c = min(uniform, scaled_coverage(measured[1][layer] / streamed[layer], measured[0], n_tok))
+        basis = "last unit"
+    else:
+        prev = [l for l in range(layer) if streamed[l]]
+        if not prev:
+            return LayerChoice("streamed" if n_tok >= STREAM_MIN else "staged", "prior")
+        if routed is None or routed[prev[-1]] is None:
+            return None  # chosen once that layer has routed
+        c = min(uniform, routed[prev[-1]] / streamed[prev[-1]])
+        basis = f"layer {prev[-1]}"
+    return LayerChoice("streamed" if c >= STREAM_COVERAGE else "staged", basis, c)

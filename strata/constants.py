@@ -11,8 +11,8 @@ WEIGHT_TAIL_BYTES = 16  # readable bytes the MMQ kernel may touch past a dense w
 RING_SLOTS = 96  # STRATA_PREFILL_RING default
 RING_SLOTS_PINNED = 384  # the default where at least PINNED_SHARE of streamed bytes are pinned
 PINNED_SHARE = 0.90
-STAGING_SLOTS = 8  # the staged path's ring (chunks below STREAM_MIN)
-STREAM_MIN = 1024  # STRATA_PREFILL_STREAM_MIN default: chunks from here walk the stream
+STAGING_SLOTS = 8  # the staged walk's own ring (stage_in_ring 0)
+STREAM_MIN = 1024  # the coverage rule's prior (no routing measured yet): units from here stream
 COALESCE_MAX = 8  # experts one coalesced copy takes at most: copies of eight experts reach the
 # link's peak rate (docs/benchmarks.md, "The machine"), and the walk's first gather of a run
 # waits for no more than that

@@ -10,7 +10,7 @@ from fast import make_fast_engine
 from fast.sim_streams import POLICIES, ScheduleHazard
 from fast.walk import LayerWalk, plan_runs
 from reference import ReferenceEngine
-from verify.common import assert_same_run, run_engine
+from verify.common import assert_same_run, copied_by_choices, run_engine
 
 
 def _prompt(pack, n, seed=5):
@@ -167,7 +167,7 @@ def test_the_switch_does_nothing_without_in_place(make_test_pack, tmp_path):
 # ---- hypothesis: any routing, ring, group, cache and schedule gives the reference's bytes --
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n_tok=st.integers(1, 90), seed=st.integers(0, 2**16), ring=st.sampled_from([1, 2, 3, 8, 16, 96]),
-       run_cap=st.integers(1, 40), cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024]),
+       run_cap=st.integers(1, 40), cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024, "auto"]),
        gg=st.booleans(), coalesce=st.booleans(), policy=st.sampled_from(POLICIES), sched=st.integers(0, 2**16),
        window=st.sampled_from([None, 64]))
 def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, ring, run_cap, cache,
@@ -181,6 +181,7 @@ def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, 
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} run cap {run_cap} cache {cache} stream_min {stream_min} "
                                     f"window {window}")
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)  # what the walks chose, no more
 
 
 # ---- the cuda backend's tile lists, without a GPU -------------------------------------------

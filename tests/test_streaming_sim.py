@@ -9,7 +9,7 @@ from fast.experts import RingPass, place_experts
 from fast.sim_streams import POLICIES, ScheduleHazard
 from fast.walk import LayerWalk
 from reference import ReferenceEngine
-from verify.common import assert_same_run, run_engine
+from verify.common import assert_same_run, copied_by_choices, run_engine
 
 
 # ---- placement ------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_wait_on_nothing_is_a_hazard(make_test_pack, tmp_path, monkeypatch):
 # ---- hypothesis: any routing, ring, group, cache and schedule gives the reference's bytes --
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n_tok=st.integers(1, 90), seed=st.integers(0, 2**16), ring=st.sampled_from([1, 2, 3, 8, 16, 96]),
-       group_size=st.integers(1, 16), cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024]),
+       group_size=st.integers(1, 16), cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024, "auto"]),
        gg=st.booleans(), qg=st.booleans(), coalesce=st.booleans(), in_place=st.booleans(),
        flush_on_skip=st.booleans(), stage_in_ring=st.booleans(), policy=st.sampled_from(POLICIES), sched=st.integers(0, 2**16))
 def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, ring, group_size, cache,
@@ -141,6 +141,7 @@ def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, 
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} group {group_size} cache {cache} stream_min {stream_min} "
                                     f"in_place {in_place} flush_on_skip {flush_on_skip} stage_in_ring {stage_in_ring}")
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)  # what the walks chose, no more
 
 
 @pytest.mark.parametrize("ring", [4, 96])

@@ -1,25 +1,25 @@
-"""The walk a chunk (or window) takes, chosen by coverage (issue 26, item 4): fast.walk.choose_walk
-on its own (the uniform expectation, the measured coverage scaled to a unit's tokens, monotone in
-tokens, a number for stream_min keeping the threshold rule), the engine's choices and the bytes
-they copy on the sim, the reference's bytes whatever the rule chose, and the line run --timing
-prints for each unit."""
+"""The walk each layer of a chunk (or window) takes, chosen by coverage (issue 26, item 4):
+fast.walk.choose_layer on its own (the uniform bound, the measured coverage scaled to a unit's
+tokens, the previous layer's, the token prior, a number for stream_min keeping the threshold
+rule), the engine's choices and the bytes they copy on the sim, the reference's bytes whatever
+the rule chose, the unit pass in layer order, and the line run --timing prints for each unit."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from fast import make_fast_engine
 from fast.options import AUTO, resolve
-from fast.walk import STREAM_COVERAGE, choose_walk, expected_coverage, scaled_coverage
+from fast.walk import STREAM_COVERAGE, begin_unit, choose_layer, expected_coverage, scaled_coverage
 from reference import ReferenceEngine
 from strata.constants import STREAM_MIN
 from strata.session import Session
 from verify.cases import parity_rows
-from verify.common import assert_same_run, run_engine
+from verify.common import assert_same_run, copied_by_choices, run_engine
 
 
-def _choice(n_tok, stream_min=AUTO, k=10, e=512, streamed=(342, 341), blob=(3_600_000, 3_600_000), measured=None):
-    return choose_walk(n_tok=n_tok, stream_min=stream_min, k_used=k, n_expert=e, streamed=list(streamed),
-                       blob_bytes=list(blob), measured=measured)
+def _layer(n_tok, layer=0, stream_min=AUTO, k=10, e=512, streamed=(342, 341), measured=None, routed=None):
+    return choose_layer(layer=layer, n_tok=n_tok, stream_min=stream_min, k_used=k, n_expert=e,
+                        streamed=list(streamed), measured=measured, routed=routed)
 
 
 # ---- the rule on its own -------------------------------------------------------------------
@@ -33,66 +33,88 @@ def test_expected_coverage_is_one_minus_the_miss_chance():
 def test_scaled_coverage_keeps_the_measure_at_its_own_tokens():
     assert scaled_coverage(0.4, 64, 64) == pytest.approx(0.4)
     assert scaled_coverage(0.4, 64, 128) == pytest.approx(1 - 0.6 ** 2)
-    assert scaled_coverage(1.0, 64, 1) == 1.0  # saturated: the uniform bound caps it (choose_walk)
+    assert scaled_coverage(1.0, 64, 1) == 1.0  # saturated: the uniform bound caps it (choose_layer)
     assert scaled_coverage(0.0, 64, 1000) == 0.0
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 40_000), k=st.integers(1, 16), e=st.integers(16, 512),
-       measured_share=st.none() | st.floats(0, 1), n_measured=st.integers(1, 8192))
-def test_coverage_rule_is_monotone_in_tokens(n, k, e, measured_share, n_measured):
-    """More tokens never expect less coverage, so a unit that streams still streams with more
-    tokens; the estimate never passes the uniform expectation."""
+@given(n=st.integers(1, 40_000), k=st.integers(1, 16), e=st.integers(16, 512), layer=st.integers(0, 1),
+       share=st.floats(0, 1), n_measured=st.integers(1, 8192))
+def test_measured_rule_is_monotone_in_tokens(n, k, e, layer, share, n_measured):
+    """With the last unit measured, more tokens never expect less coverage, so a layer that
+    streams still streams with more tokens; the estimate never passes the uniform bound."""
     streamed = (e // 2, e // 3)
-    measured = None if measured_share is None else (n_measured, [int(measured_share * s) for s in streamed])
-    a = _choice(n, k=k, e=e, streamed=streamed, blob=(1000, 3000), measured=measured)
-    b = _choice(n + 1 + n // 3, k=k, e=e, streamed=streamed, blob=(1000, 3000), measured=measured)
+    measured = (n_measured, [int(share * s) for s in streamed])
+    a = _layer(n, layer, k=k, e=e, streamed=streamed, measured=measured)
+    b = _layer(n + 1 + n // 3, layer, k=k, e=e, streamed=streamed, measured=measured)
+    assert a.basis == "last unit"
     assert a.coverage <= b.coverage + 1e-12
     assert not a.streams or b.streams
     assert a.coverage <= expected_coverage(n, k, e) + 1e-12
     assert a.streams == (a.coverage >= STREAM_COVERAGE)
-    assert a.staged_bytes <= a.streamed_bytes
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(1, 40_000), stream_min=st.integers(1, 40_000))
-def test_a_number_keeps_the_threshold_rule(n, stream_min):
+@given(n=st.integers(1, 40_000), stream_min=st.integers(1, 40_000), layer=st.integers(0, 1))
+def test_a_number_keeps_the_threshold_rule(n, stream_min, layer):
     """stream_min N: streamed from N tokens, staged below, whatever the coverage would say."""
-    c = _choice(n, stream_min=stream_min, measured=(64, [1, 1]))
-    assert c.rule == "threshold" and c.coverage is None
+    c = _layer(n, layer, stream_min=stream_min, measured=(64, [1, 1]), routed=[1, None])
+    assert c.basis == "threshold" and c.coverage is None
     assert c.streams == (n >= stream_min)
 
 
-def test_uniform_expectation_at_the_lead_s_lengths():
-    """The 2-layer strata pack with a third of its experts cached (683 streamed of 1,024; top-10
-    of 512): 254 tokens expect nearly all of them, one token about 2%."""
-    c = _choice(254)
-    assert c.streams and c.coverage > 0.99 and c.measured is None
-    assert "streamed: coverage 0.993 >= 0.50 of 683 streamed experts" in c.line()
-    assert not _choice(1).streams
-    # the threshold rule stages the same 254 tokens
-    assert not _choice(254, stream_min=STREAM_MIN).streams
-    assert _choice(254, stream_min=STREAM_MIN).line().startswith("staged: 254 tokens < stream_min 1024")
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 40_000))
+def test_the_prompt_s_first_layer_takes_the_token_prior(n):
+    """Layer 0 of a prompt's first unit has no routing to read: streamed from STREAM_MIN tokens
+    (uniform top-k would stream nearly every prompt, 0.99 at 254 tokens, where this pack's
+    routing reached 0.37)."""
+    c = _layer(n)
+    assert c.basis == "prior" and c.coverage is None
+    assert c.streams == (n >= STREAM_MIN)
 
 
-def test_measured_coverage_can_stage_what_uniform_routing_would_stream():
-    """A routing that keeps to few experts: the measure of the last unit, not the uniform
-    expectation, decides."""
+def test_a_later_layer_waits_for_the_routing_before_it():
+    """Layer 1 is chosen from layer 0's routing of the same tokens, once it is known; a layer that
+    streams nothing is passed over."""
+    assert _layer(254, layer=1, routed=[None, None]) is None
+    c = _layer(254, layer=1, routed=[120, None])
+    assert c.basis == "layer 0" and c.coverage == pytest.approx(120 / 342) and not c.streams
+    c = _layer(254, layer=1, routed=[300, None])
+    assert c.streams and c.coverage == pytest.approx(300 / 342)
+    c = _layer(254, layer=2, streamed=(342, 0, 341), routed=[300, None, None])
+    assert c.basis == "layer 0" and c.streams
+    c = _layer(254, layer=1, streamed=(0, 341))  # no earlier layer streams: the prior
+    assert c.basis == "prior" and not c.streams
+
+
+def test_the_last_unit_s_same_layer_comes_before_the_previous_layer():
     few = (64, [20, 20])  # 64 tokens reached 20 of each layer's ~340 streamed experts
-    c = _choice(64, measured=few)
-    assert not c.streams and c.coverage == pytest.approx(20 / 342 * 0.5 + 20 / 341 * 0.5, rel=1e-3)
-    assert "measured on the last 64 tokens" in c.line()
-    assert _choice(64).streams
+    c = _layer(64, layer=1, measured=few, routed=[300, None])
+    assert c.basis == "last unit" and not c.streams and c.coverage == pytest.approx(20 / 341)
+    assert _layer(64, layer=1, routed=[300, None]).streams
 
 
 def test_nothing_streamed_is_resident():
-    c = _choice(5000, streamed=(0, 0))
-    assert c.walk == "resident" and not c.streams
-    assert c.line().startswith("resident")
+    assert _layer(5000, streamed=(0, 0)).walk == "resident"
+    u = begin_unit(n_tok=5000, stream_min=AUTO, streamed=[0, 0], blob_bytes=[10, 10])
+    u.layers += [_layer(5000, 0, streamed=(0, 0)), _layer(5000, 1, streamed=(0, 0))]
+    assert u.walk == "resident" and not u.streams and u.line().startswith("resident")
 
 
-def test_auto_is_a_value_of_stream_min_and_the_default_is_the_threshold():
-    assert resolve({}).stream_min == STREAM_MIN
+def test_a_unit_s_line_names_each_run_of_layers():
+    u = begin_unit(n_tok=254, stream_min=AUTO, streamed=[342, 341, 341], blob_bytes=[10**6] * 3)
+    u.layers += [_layer(254), _layer(254, 1, streamed=(342, 341, 341), routed=[300, None, None]),
+                 _layer(254, 2, streamed=(342, 341, 341), routed=[300, 100, None])]
+    assert u.walk == "mixed" and not u.streams
+    line = u.line()
+    assert line.startswith("mixed: 254 tokens, L0 staged (no routing measured yet, 254 tokens < 1024)"), line
+    assert "L1 streamed (coverage 0.88 >= 0.50, from the previous layer's routing)" in line
+    assert "L2 staged (coverage 0.29 < 0.50" in line and "1024 streamed experts, 1.02 GB a pass" in line
+
+
+def test_auto_is_a_value_of_stream_min_and_the_default():
+    assert resolve({}).stream_min == AUTO
     assert resolve({"stream_min": "auto"}).stream_min == AUTO
     assert resolve({}, environ={"STRATA_PREFILL_STREAM_MIN": "auto"}).stream_min == AUTO
     assert resolve({}, environ={"STRATA_PREFILL_STREAM_MIN": "64"}).stream_min == 64
@@ -122,12 +144,13 @@ def _streamed_bytes(pack, engine) -> int:
                                                (1, ["streamed"] * 3)])
 def test_engine_threshold_choices_and_bytes_are_the_old_rule(make_test_pack, stream_min, walks):
     """A number for stream_min: the chunks that reach it stream (one whole pass each), the others
-    stage, exactly as before the coverage rule."""
+    stage, every layer alike, exactly as before the coverage rule."""
     pack = make_test_pack("tiny", "Q8_0")
     eng = _engine(pack, expert_cache=4, ring=8, stream_min=stream_min)
     Session(eng, chunk=32, progress=False).run(_prompt(pack, 70), greedy=0)
     assert [c.walk for c in eng.walk_choices] == walks
-    assert all(c.rule == "threshold" for c in eng.walk_choices)
+    assert all(c.rule == "threshold" and all(lc.basis == "threshold" for lc in c.layers) for c in eng.walk_choices)
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
     n_streamed = walks.count("streamed")
     if n_streamed == 3:
         assert eng.counters["copy_bytes"] == 3 * _streamed_bytes(pack, eng)
@@ -135,52 +158,87 @@ def test_engine_threshold_choices_and_bytes_are_the_old_rule(make_test_pack, str
         assert n_streamed * _streamed_bytes(pack, eng) < eng.counters["copy_bytes"] < 3 * _streamed_bytes(pack, eng)
 
 
-def test_engine_auto_streams_long_chunks_and_stages_greedy_steps(make_test_pack, tmp_path):
-    """auto on the tiny pack (top-4 of 16): the prompt's chunks stream, the one-token greedy
-    steps stage (measured coverage scaled to one token, at most 4/16); the reference's bytes."""
+def test_engine_auto_is_the_default_and_chooses_layer_by_layer(make_test_pack, tmp_path):
+    """The default on the tiny pack (top-4 of 16): the first chunk's layer 0 takes the prior
+    (32 tokens: staged), its later layers their previous layer's routing (streamed); the next
+    chunks read the last chunk's routing; the one-token greedy steps stage (the measure scaled to
+    one token, at most 4/16). The reference's bytes, and exactly the bytes the choices copy."""
     pack = make_test_pack("tiny", "IQ2_XS")
     ids = _prompt(pack, 70, 5)
     ref = run_engine(ReferenceEngine(pack), ids, 32, tmp_path / "ref", greedy=2)
-    eng = _engine(pack, expert_cache=5, ring=8, stream_min="auto")
+    eng = _engine(pack, expert_cache=5, ring=8)
     got = run_engine(eng, ids, 32, tmp_path / "fast", greedy=2)
     assert_same_run(ref, got, pack, "stream_min auto")
-    walks = [c.walk for c in eng.walk_choices]
-    assert walks[:3] == ["streamed"] * 3 and walks[3:] and set(walks[3:]) == {"staged"}
-    assert eng.walk_choices[0].measured is None
-    assert [c.measured for c in eng.walk_choices[1:3]] == [32, 32]
-    assert all(c.coverage < STREAM_COVERAGE for c in eng.walk_choices[3:])
+    first, second, third, *greedy = eng.walk_choices
+    assert first.rule == "coverage" and first.walk == "mixed" and first.measured is None
+    assert first.layers[0].basis == "prior" and not first.layers[0].streams
+    assert all(c.basis == f"layer {l}" and c.streams for l, c in enumerate(first.layers[1:]))
+    assert second.streams and third.streams and second.measured == 32 and third.measured == 32
+    assert greedy and all(u.walk == "staged" and u.measured == 1 or u.measured == 6 for u in greedy)
+    assert all(c.basis == "last unit" and c.coverage < STREAM_COVERAGE for u in greedy for c in u.layers)
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
 
 
-def test_engine_auto_reads_the_last_unit_s_routing(make_test_pack):
-    """A prompt of three ids routes few experts: the first chunk streams on the uniform
-    expectation, the next ones see the measure, and the choice is the same on a second run."""
+def test_a_prompt_of_one_id_stages_after_its_first_chunk(make_test_pack):
+    """A prompt of one id routes every token alike (4 of 16 experts a layer): after the first
+    chunk each layer reads the last chunk's measure and stages; the same choices on a second run."""
     pack = make_test_pack("tiny", "Q8_0")
-    ids = _prompt(pack, 192, 2, few=True)
+    ids = np.full(192, 7, np.int32)
     runs = []
     for _ in range(2):
-        eng = _engine(pack, expert_cache=0, ring=8, stream_min="auto")
+        eng = _engine(pack, expert_cache=0, ring=8)
         Session(eng, chunk=64, progress=False).run(ids, greedy=0)
         runs.append(eng.walk_choices)
+        assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
     assert runs[0] == runs[1]
     first, *rest = runs[0]
-    assert first.measured is None and first.coverage == pytest.approx(expected_coverage(64, 4, 16))
-    n_streamed = pack.config.n_layer * pack.config.n_expert
+    assert first.measured is None and first.routed == [4, 4]
     for c in rest:
-        assert c.measured == 64 and c.coverage < first.coverage
-        assert c.n_streamed == n_streamed
+        assert c.measured == 64 and c.walk == "staged"
+        assert all(lc.basis == "last unit" and lc.coverage == pytest.approx(0.25) for lc in c.layers)
+
+
+@pytest.mark.parametrize("plan", [("staged", "streamed", "staged"), ("streamed", "staged", "streamed"),
+                                  ("staged", "staged", "streamed")])
+def test_the_unit_pass_holds_the_layers_in_order(make_test_pack, tmp_path, monkeypatch, plan):
+    """Whatever the rule answers and whenever it can answer (here every layer at the unit's
+    start, as a measured last unit allows), a unit's pass holds each layer's entries after the
+    layer before it: a later layer's copies queued ahead of a staged one's could fill the ring
+    with entries no walk can release yet. The reference's bytes, the copies the choices name."""
+    from fast import walk
+
+    pack = make_test_pack("small", "Q8_0")
+    assert pack.config.n_layer >= len(plan)
+
+    def planned(*, layer, **kw):
+        return walk.LayerChoice(plan[layer % len(plan)], "last unit", 0.5)
+
+    monkeypatch.setattr(walk, "choose_layer", planned)
+    ids = _prompt(pack, 80, 3)
+    ref = run_engine(ReferenceEngine(pack), ids, 40, tmp_path / "ref", greedy=0)
+    eng = _engine(pack, expert_cache=_all(pack) // 3, ring=6)
+    got = run_engine(eng, ids, 40, tmp_path / "fast", greedy=0)
+    assert_same_run(ref, got, pack, f"planned walks {plan}")
+    layers = [l for l, _ in eng._unit_pass.entries]
+    assert layers == sorted(layers)
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+
+
+def _all(pack) -> int:
+    return pack.config.n_layer * pack.config.n_expert
 
 
 def test_auto_window_is_one_unit(make_test_pack, tmp_path):
-    """A layer-major window is one unit of the rule: one choice per window, from the window's
+    """A layer-major window is one unit of the rule: one record per window, from the window's
     tokens, and the reference's bytes."""
     pack = make_test_pack("tiny", "Q8_0")
     ids = _prompt(pack, 100, 9)
     ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=2)
-    eng = _engine(pack, expert_cache=3, ring=8, stream_min="auto", window=60)
+    eng = _engine(pack, expert_cache=3, ring=8, window=60)
     got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=2)
     assert_same_run(ref, got, pack, "stream_min auto, window 60")
     assert [c.tokens for c in eng.walk_choices] == [60, 40, 1]
-    assert [c.walk for c in eng.walk_choices] == ["streamed", "streamed", "staged"]
+    assert [c.walk for c in eng.walk_choices] == ["mixed", "streamed", "staged"]
 
 
 def test_timing_prints_each_unit_s_walk(make_test_pack, capsys):
@@ -190,12 +248,13 @@ def test_timing_prints_each_unit_s_walk(make_test_pack, capsys):
     argv = ["run", "--pack", str(pack.path), "--impl", "fast", "--backend", "sim", "--expert-cache", "4",
             "--ring", "8", "--prompt-tokens", "40", "--prefill", "20", "--greedy", "0", "--no-progress", "--timing",
             "--window", "off"]
-    assert main(argv + ["--stream-min", "auto"]) == 0
+    assert main(argv) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("walk ")]
     assert len(lines) == 2, out
-    assert "streamed: coverage" in lines[0] and "uniform top-k" in lines[0]
-    assert "measured on the last 20 tokens" in lines[1]
+    assert "L0 staged (no routing measured yet, 20 tokens < 1024)" in lines[0]
+    assert "from the previous layer's routing" in lines[0]
+    assert "from the last 20 tokens' routing" in lines[1]
     assert main(argv + ["--stream-min", "30"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("walk ")]
     assert lines and all("staged: 20 tokens < stream_min 30" in line for line in lines)
@@ -204,10 +263,10 @@ def test_timing_prints_each_unit_s_walk(make_test_pack, capsys):
 @pytest.mark.parametrize("case", [c for c in parity_rows("sim") if dict(c.arm).get("stream_min") == AUTO],
                          ids=lambda c: c.name)
 def test_auto_parity_rows_take_both_walks(case, make_test_pack):
-    """Each sim parity row of stream_min auto (verify/cases.py) streams some units and stages
+    """Each sim parity row of stream_min auto (verify/cases.py) streams some layers and stages
     others, so the gate's bytes cover both of the rule's answers."""
     pack = make_test_pack(case.preset, case.expert_type, **dict(case.pack_options))
     eng = _engine(pack, **case.options)
     Session(eng, chunk=case.chunk, progress=False).run(case.prompt_ids(pack.config.n_vocab), greedy=case.greedy)
-    walks = {c.walk for c in eng.walk_choices}
+    walks = {lc.walk for c in eng.walk_choices for lc in c.layers}
     assert walks == {"streamed", "staged"}, [c.line() for c in eng.walk_choices]

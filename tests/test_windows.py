@@ -17,7 +17,7 @@ from strata.errors import InputError
 from strata.records import q8_layouts
 from strata.report import compare_timelines
 from strata.session import Session
-from verify.common import assert_same_run, run_engine
+from verify.common import assert_same_run, copied_by_choices, run_engine
 
 
 def _prompt(pack, n, seed):
@@ -39,7 +39,7 @@ def _streamed_bytes(pack, engine) -> int:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n_tok=st.integers(2, 80), seed=st.integers(0, 2**16), chunk=st.integers(1, 24),
        per_window=st.integers(2, 6), extra=st.integers(0, 23), ring=st.sampled_from([1, 2, 3, 8, 16, 96]),
-       cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024]), gg=st.booleans(),
+       cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024, "auto"]), gg=st.booleans(),
        in_place=st.booleans(), coalesce=st.booleans(), policy=st.sampled_from(POLICIES),
        sched=st.integers(0, 2**16))
 def test_windows_same_bytes_fewer_copies(make_test_pack, tmp_path_factory, n_tok, seed, chunk, per_window, extra,
@@ -63,6 +63,7 @@ def test_windows_same_bytes_fewer_copies(make_test_pack, tmp_path_factory, n_tok
     # chunks and windows take the same walk (every one streamed, or every one staged) a window
     # copies no more, and in the streamed walk each window copies every streamed expert once
     b_win, b_flat = eng.counters["copy_bytes"], flat.counters["copy_bytes"]
+    assert (b_win, b_flat) == (copied_by_choices(pack, eng), copied_by_choices(pack, flat)), what
     if stream_min in (1, 1024):  # 1024: more than any prompt here, every chunk and window stages
         assert b_win <= b_flat, what
     if stream_min == 1:

@@ -737,12 +737,13 @@ def _cuda_rows() -> list[ParityCase]:
             ("strata", "IQ2_XS", 8192, "auto", dict(expert_cache=strata_all // 3),
              dict(greedy=1, records=False, pack_options=STRATA2[2]))):
         rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "ring_in_place": 0}, **kw))
-    # ---- stream_min auto (issue 26, item 4): the walk chosen by coverage ----
-    # The tiny pack's chunks of 64 whose last chunk and greedy steps stage while the others stream,
-    # in group and per-expert mode, one a prompt of three ids; the A/B's case on the 2-layer strata
-    # pack with a third cached at 254 tokens, which the threshold stages and coverage streams (its
-    # greedy step stages). From 1,024 tokens both rules stream the same one chunk: no row there.
-    # Arm name: sminauto.
+    # ---- stream_min auto (issue 26, item 4): each layer's walk chosen by coverage ----
+    # The default (rows without stream_min take it too; rows naming a number keep the threshold).
+    # The tiny pack's chunks of 64: the first chunk's layer 0 stages on the token prior and its
+    # layer 1 streams on layer 0's routing, later chunks stream on the last chunk's, the last
+    # chunk and greedy steps stage; group and per-expert mode, one a prompt of three ids; the 2-layer
+    # strata pack with a third cached at 254 tokens (the prior stages layer 0, layer 0's routing
+    # layer 1). Arm name: sminauto.
     tiny_all, strata_all = _all_experts("tiny"), _all_experts(STRATA2[0], 2)
     for preset, etype, n, chunk, arm, kw in (
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8), dict(quick=True)),
@@ -852,11 +853,13 @@ def _sim_rows() -> list[ParityCase]:
                                                              ring_in_place=1), seed=42))
     rows.append(_row("sim", "small", "IQ2_XS", 600, 128, dict(window=384, expert_cache=n_cache, ring=16, stream_min=256,
                                                                ring_in_place=1), seed=12))
-    # ---- stream_min auto (issue 26, item 4): the walk chosen by coverage ----
-    # Each unit streams or stages by the routing's expected coverage: chunks of 64 that stream and a
-    # last chunk of 2 and greedy steps that stage; a prompt of three ids whose measured coverage
-    # stages the chunks after the first; layer-major windows; the small pack; ring_in_place; caches
-    # of none and a third; group and per-expert mode. Arm name: sminauto.
+    # ---- stream_min auto (issue 26, item 4): each layer's walk chosen by coverage ----
+    # Each layer streams or stages by its routing's expected coverage (the first chunk's layer 0 by
+    # the token prior, its later layers by the layer before, later units by the last one's): chunks
+    # of 64 whose first mixes both walks, a last chunk of 2 and greedy steps that stage; a prompt
+    # of three ids; layer-major windows; the small pack (8 layers: runs of streamed layers after a
+    # staged one); ring_in_place; caches of none and a third; group and per-expert mode. Arm name:
+    # sminauto.
     for preset, etype, n, chunk, arm, kw in (
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8), dict(quick=True)),
             ("tiny", "IQ2_XS", 130, 64, dict(expert_cache=tiny_all // 3, ring=16, group_gather=0), dict(sim_seed=1)),

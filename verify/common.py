@@ -63,3 +63,14 @@ def assert_same_run(a: Run, b: Run, pack, what: str) -> None:
     assert logits is None, f"{what}: {logits}"
     assert a.residuals == b.residuals, f"{what}: STRATA_PREFILL_DUMP_R files differ"
     assert a.greedy == b.greedy, f"{what}: greedy tokens {a.greedy} vs {b.greedy}"
+
+
+def copied_by_choices(pack, engine) -> int:
+    """The bytes a fast engine's walks copy, from its units' records (fast.walk.WalkChoice): a
+    streamed layer every streamed expert of it, a staged one its routed ones (a copy counter
+    that differs from this copied something no walk chose, or missed something)."""
+    n_layer = pack.config.n_layer
+    blob = [2 * pack.expert_blob_bytes(l)[0] + pack.expert_blob_bytes(l)[1] for l in range(n_layer)]
+    n = [len(engine.placement.streamed(l)) for l in range(n_layer)]
+    return sum(blob[l] * (n[l] if c.streams else u.routed[l])
+               for u in engine.walk_choices for l, c in enumerate(u.layers) if c.walk != "resident")
