@@ -5,7 +5,9 @@
 Arms (each its own engine on the same pack): `resident` (every expert in the expert cache),
 and with a cache of `--cache-share` of the experts, switches over the defaults (arm_table):
 `default` (streamed experts multiplied in their ring slots, runs of up to 64; coalesced copies;
-layer-major windows sized from free memory where experts stream), `gathered`
+layer-major windows sized from free memory where experts stream; each layer's walk chosen by
+coverage), `threshold` (STRATA_PREFILL_STREAM_MIN=1024: every layer of a unit of 1,024 tokens
+or more streams, the rule before coverage), `gathered`
 (STRATA_PREFILL_RING_IN_PLACE=0: gathered into the group buffers, one wait, gather and event a
 group), `ring-run-16` (runs of a group's 16), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0),
 `gather-q` (STRATA_QUANT_GATHER=1), `one-copy` (STRATA_PREFILL_COPY_COALESCE=0: one copy per
@@ -18,7 +20,8 @@ compute stream after an untimed warm-up per arm and size, and every arm's first-
 must equal the resident arm's bytes. The copy stream's busy time comes from an event pair
 around each of its copies. Beside each time: the bytes copied per prompt token and the link's
 busy share (the copy stream's busy time over the prefill's) and rate (bytes over that busy
-time). Prints a Markdown table (format_table, a pure function of the results, tested on the
+time); each streamed arm's walks, layer by layer, and why (fast.walk.WalkChoice.line) in the
+JSON and the progress lines. Prints a Markdown table (format_table, a pure function of the results, tested on the
 CPU by tests/test_bench_streaming_table.py) and writes JSON beside it.
 """
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fast import make_fast_engine  # noqa: E402
+from strata.constants import STREAM_MIN  # noqa: E402
 from strata.pack import Pack  # noqa: E402
 from strata.session import Session  # noqa: E402
 
@@ -47,6 +51,7 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
     apart: every expert in the cache). window: the tokens of the fixed window arm."""
     return {
         "default": {},
+        "threshold": {"stream_min": STREAM_MIN},
         "per-expert": {"group_gather": 0},
         "gather-q": {"quant_gather": 1},
         "one-copy": {"copy_coalesce": 0},
@@ -186,8 +191,12 @@ def main(argv=None) -> int:
         res_s = row["arms"]["resident"]["ms"] / 1e3
         for a in names[1:]:
             row["arms"][a] = arm_row(n, times[a], busy[a], counts[a], windows[a], res_s)
+            row["arms"][a]["walks"] = [c.line() for c in engines[a].walk_choices]  # the last rep's
         results.append(row)
         print(progress_line(row), flush=True)
+        for a in names[1:]:
+            for line in row["arms"][a]["walks"]:
+                print(f"    {a} walk: {line}", flush=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print()
     print(format_table(results, f"{cfg.n_layer} layers x {cfg.n_expert} experts (top-{cfg.n_expert_used}), "
