@@ -205,7 +205,8 @@ class FastEngine:
         self._routed = (int(n_tok), [None] * cfg.n_layer)
         auto = self.options.stream_min == options.AUTO
         self._unit = walk.begin_unit(n_tok=n_tok, stream_min=self.options.stream_min, streamed=self._n_streamed,
-                                     blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
+                                     blob_bytes=self._blob_bytes, measured=self._measured if auto else None,
+                                     coverage_min=self.options.stream_coverage / 100)
         self._unit.routed = self._routed[1]  # one list: the unit's record fills as its layers route
         self.walk_choices.append(self._unit)
         self._unit_pass = self.passes.open(self.ring, [], head=0) if p.n_streamed else None
@@ -230,7 +231,7 @@ class FastEngine:
             c = walk.choose_layer(layer=layer, n_tok=self._routed[0], stream_min=self.options.stream_min,
                                   k_used=self.config.n_expert_used, n_expert=self.config.n_expert,
                                   streamed=self._n_streamed, measured=self._measured if auto else None,
-                                  routed=self._routed[1])
+                                  routed=self._routed[1], coverage_min=self.options.stream_coverage / 100)
             if c is None:
                 return
             layers.append(c)
@@ -240,8 +241,9 @@ class FastEngine:
     def _layer_pass(self, layer: int, tab):
         """The layer has routed (its counts reach the host here): the pass its streamed experts
         come through and whether it streams. A staged layer's routed streamed experts join the
-        unit pass (or, with stage_in_ring 0, a pass of the staging ring of their own), their
-        copies queued at once; then the next layers' walks that wait for this routing are chosen,
+        unit pass (or, with stage_in_ring 0, a pass of the staging ring of their own): PASS_HEAD of
+        their copies are queued here and the rest by the walk, after the layer's resident gate/up,
+        so neither the link nor the compute stream waits for the host to queue the other's work; then the next layers' walks that wait for this routing are chosen,
         so a streamed next layer's copies follow this one's without a gap."""
         p, cfg = self.placement, self.config
         resident = p.resident[layer]
@@ -256,7 +258,7 @@ class FastEngine:
             ring_pass = self._unit_pass
             with self.be.host_phase("host planning"):
                 ring_pass.extend([(layer, e) for e in routed])
-                ring_pass.copy_ahead()
+                ring_pass.copy_ahead(PASS_HEAD)  # the rest once the resident gate/up is queued (the walk's copy_ahead)
         else:
             ring_pass = self.passes.open(self.staging, [(layer, e) for e in routed])
         self._choose_ahead()

@@ -24,7 +24,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from strata.constants import PINNED_SHARE, RING_RUN, RING_SLOTS, RING_SLOTS_PINNED, STREAM_MIN, VRAM_RESERVE_MIB
+from strata.constants import (PINNED_SHARE, RING_RUN, RING_SLOTS, RING_SLOTS_PINNED, STREAM_COVERAGE_PCT, STREAM_MIN,
+                              VRAM_RESERVE_MIB)
 from strata.errors import InputError
 
 SCHEDULE = "schedule"
@@ -64,11 +65,13 @@ class Count:
     auto: bool = False
     metavar: str = "N"
     off: bool = False
+    maximum: int | None = None
 
     @property
     def values(self) -> str:
         words = [w for w, on in ((AUTO, self.auto), (OFF_WORD, self.off)) if on]
-        return ", ".join(words + [f"integer >= {self.minimum}"])
+        span = f"integer >= {self.minimum}" if self.maximum is None else f"integer {self.minimum}..{self.maximum}"
+        return ", ".join(words + [span])
 
     def from_keyword(self, value, label: str):
         if self.auto and value == AUTO:
@@ -81,6 +84,8 @@ class Count:
             raise InputError(f"{label} must be an integer, got {value!r}") from None
         if n < self.minimum:
             raise InputError(f"{label} must be >= {self.minimum}, got {n}")
+        if self.maximum is not None and n > self.maximum:
+            raise InputError(f"{label} must be <= {self.maximum}, got {n}")
         return n
 
     from_variable = from_keyword
@@ -152,11 +157,15 @@ SWITCHES = (
                         "streamed bytes are page-locked"),
     Switch("stream_min", "STRATA_PREFILL_STREAM_MIN", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto"),
            "auto: each layer of a chunk (or window) streams every streamed expert where its routing is "
-           "expected to reach at least half of them (the same layer of the prompt's last chunk scaled "
+           "expected to reach at least --stream-coverage of them (the same layer of the prompt's last chunk scaled "
            "to this one's tokens, else this chunk's previous layer; layer 0 of the first chunk from "
            f"{STREAM_MIN} tokens), and stages its routed ones after its routing otherwise "
            "(fast.walk.choose_layer); N: every layer of a chunk of at least N tokens streams, smaller "
            "ones stage (the old rule); run --timing prints each chunk's walks and why"),
+    Switch("stream_coverage", "STRATA_PREFILL_STREAM_COVERAGE", STREAM_COVERAGE_PCT, SCHEDULE,
+           Count(1, metavar="PCT", maximum=100),
+           "stream_min auto streams a layer where its routing is expected to reach at least PCT percent "
+           "of its streamed experts, else stages it"),
     Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
            "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "

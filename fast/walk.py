@@ -13,7 +13,7 @@ earlier layers compute and the walk also meets the entries the routing skipped; 
 walk they are only its routed streamed experts, appended once its routing is known (through the
 same ring by default; with stage_in_ring 0 through a pass of the 8-slot staging ring). By
 default (stream_min auto) a layer streams where its routing is expected to reach at least
-STREAM_COVERAGE of its streamed experts, measured on the unit's previous layer or the prompt's
+stream_coverage percent of its streamed experts, measured on the unit's previous layer or the prompt's
 last unit; with stream_min N every layer of a unit of N tokens or more streams.
 
 A group's experts are gathered into the group buffers by one or more *flushes*. A flush takes
@@ -61,13 +61,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.constants import MMQ_GROUP, STREAM_MIN
+from strata.constants import MMQ_GROUP, STREAM_COVERAGE_PCT, STREAM_MIN
 
 from fast.options import AUTO  # stream_min auto: the coverage rule
-#: the coverage rule streams a layer when its routing is expected to reach at least this share
-#: of its streamed experts: then the bytes the streamed walk copies for no token are at most the
-#: bytes it copies for routed ones, and it spares the staged walk's wait for the routing
-STREAM_COVERAGE = 0.5
 
 
 @dataclass(frozen=True)
@@ -450,7 +446,8 @@ class LayerChoice:
     or "resident" (it streams nothing). basis: "threshold" (stream_min N), "prior" (no routing
     measured yet: the STREAM_MIN token prior), "last unit" (the same layer of the prompt's last
     whole unit, scaled to this unit's tokens) or "layer L" (layer L of this unit, the same
-    tokens); coverage: the estimate compared with STREAM_COVERAGE (None: threshold or prior)."""
+    tokens); coverage: the estimate compared with the stream_coverage share (None: threshold or
+    prior)."""
 
     walk: str
     basis: str
@@ -477,6 +474,7 @@ class WalkChoice:
     streamed_bytes: int
     layers: list = field(default_factory=list)
     measured: int | None = None
+    coverage_min: float = STREAM_COVERAGE_PCT / 100  # the share a layer streams from (stream_coverage)
     routed: list = field(default_factory=list)  # per layer: its routed streamed experts (None: not yet)
 
     @property
@@ -514,7 +512,7 @@ class WalkChoice:
                 cov = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
                 src = (f"the last {self.measured} tokens' routing" if basis == "last unit"
                        else "the previous layer's routing")
-                why = f"coverage {cov} {'>=' if walk == 'streamed' else '<'} {STREAM_COVERAGE:.2f}, from {src}"
+                why = f"coverage {cov} {'>=' if walk == 'streamed' else '<'} {self.coverage_min:.2f}, from {src}"
             parts.append(f"{span} {walk} ({why})")
         return f"{self.walk}: {self.tokens} tokens, " + "; ".join(parts) + f" ({size})"
 
@@ -538,25 +536,29 @@ def _bytes(n: int) -> str:
 
 
 def begin_unit(*, n_tok: int, stream_min, streamed: list[int], blob_bytes: list[int],
-               measured: tuple | None = None) -> WalkChoice:
+               measured: tuple | None = None, coverage_min: float = STREAM_COVERAGE_PCT / 100) -> WalkChoice:
     """A unit's WalkChoice before its first layer (streamed[l]: layer l's streamed experts,
     blob_bytes[l]: one of its blobs)."""
     total = sum(int(n) * int(b) for n, b in zip(streamed, blob_bytes))
     return WalkChoice("threshold" if stream_min != AUTO else "coverage", int(n_tok), stream_min,
-                      int(sum(streamed)), total, measured=None if measured is None else int(measured[0]))
+                      int(sum(streamed)), total, measured=None if measured is None else int(measured[0]),
+                      coverage_min=float(coverage_min))
 
 
 def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: int, streamed: list[int],
-                 measured: tuple | None = None, routed: list | None = None) -> LayerChoice | None:
+                 measured: tuple | None = None, routed: list | None = None,
+                 coverage_min: float = STREAM_COVERAGE_PCT / 100) -> LayerChoice | None:
     """The walk of `layer` in a unit of n_tok tokens, chosen when its copies must be queued:
     layer 0 before the unit's first attention, layer l > 0 once layer l - 1's routing is on the
     host (its streamed walk's copies then follow l - 1's in the ring, layer-ahead of their use).
 
     stream_min N (the threshold rule): streamed from N tokens, every layer alike. auto (the
     coverage rule, the default): streamed when the share of the layer's streamed experts its
-    routing is expected to reach is at least STREAM_COVERAGE: then the streamed walk copies for
-    no token at most as many bytes as it copies for routed ones, and it spares the staged walk's
-    wait for the routing. The estimate is the same layer of the last whole unit (`measured`:
+    routing is expected to reach is at least coverage_min (stream_coverage percent): the
+    streamed walk then copies (1 - c) of the layer's bytes for no token, where the staged walk
+    waits for the routing before its first copy and the next attention for its last; the first
+    pays where the link is the bound, the second where the layer's compute is too short to hide
+    the copies behind. The estimate is the same layer of the last whole unit (`measured`:
     (tokens, routed[l]) of its layers' routed streamed experts), scaled to n_tok tokens
     (scaled_coverage); else the nearest earlier layer of this unit that streams anything
     (`routed`: the counts its layers' routings gave so far, None where not yet known), whose
@@ -583,4 +585,4 @@ def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: i
             return None  # chosen once that layer has routed
         c = min(uniform, routed[prev[-1]] / streamed[prev[-1]])
         basis = f"layer {prev[-1]}"
-    return LayerChoice("streamed" if c >= STREAM_COVERAGE else "staged", basis, c)
+    return LayerChoice("streamed" if c >= coverage_min else "staged", basis, c)

@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 
 from fast import make_fast_engine
 from fast.options import AUTO, resolve
-from fast.walk import STREAM_COVERAGE, begin_unit, choose_layer, expected_coverage, scaled_coverage
+from fast.walk import begin_unit, choose_layer, expected_coverage, scaled_coverage
 from reference import ReferenceEngine
-from strata.constants import STREAM_MIN
+from strata.constants import STREAM_COVERAGE_PCT, STREAM_MIN
 from strata.session import Session
 from verify.cases import parity_rows
 from verify.common import assert_same_run, copied_by_choices, run_engine
@@ -51,7 +51,7 @@ def test_measured_rule_is_monotone_in_tokens(n, k, e, layer, share, n_measured):
     assert a.coverage <= b.coverage + 1e-12
     assert not a.streams or b.streams
     assert a.coverage <= expected_coverage(n, k, e) + 1e-12
-    assert a.streams == (a.coverage >= STREAM_COVERAGE)
+    assert a.streams == (a.coverage >= STREAM_COVERAGE_PCT / 100)
 
 
 @settings(max_examples=200, deadline=None)
@@ -175,7 +175,7 @@ def test_engine_auto_is_the_default_and_chooses_layer_by_layer(make_test_pack, t
     assert all(c.basis == f"layer {l}" and c.streams for l, c in enumerate(first.layers[1:]))
     assert second.streams and third.streams and second.measured == 32 and third.measured == 32
     assert greedy and all(u.walk == "staged" and u.measured == 1 or u.measured == 6 for u in greedy)
-    assert all(c.basis == "last unit" and c.coverage < STREAM_COVERAGE for u in greedy for c in u.layers)
+    assert all(c.basis == "last unit" and c.coverage < STREAM_COVERAGE_PCT / 100 for u in greedy for c in u.layers)
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
 
 
@@ -270,3 +270,19 @@ def test_auto_parity_rows_take_both_walks(case, make_test_pack):
     Session(eng, chunk=case.chunk, progress=False).run(case.prompt_ids(pack.config.n_vocab), greedy=case.greedy)
     walks = {lc.walk for c in eng.walk_choices for lc in c.layers}
     assert walks == {"streamed", "staged"}, [c.line() for c in eng.walk_choices]
+
+
+def test_stream_coverage_moves_the_line():
+    """--stream-coverage PCT: a layer streams from PCT percent expected coverage (1..100)."""
+    from strata.errors import InputError
+
+    routed = [300, None]  # 300 of 342: 0.88
+    assert _layer(254, layer=1, routed=routed).streams
+    c = choose_layer(layer=1, n_tok=254, stream_min=AUTO, k_used=10, n_expert=512, streamed=[342, 341],
+                     routed=routed, coverage_min=0.9)
+    assert not c.streams and c.coverage == pytest.approx(300 / 342)
+    assert resolve({"stream_coverage": 90}).stream_coverage == 90
+    assert resolve({}).stream_coverage == STREAM_COVERAGE_PCT
+    for bad in (0, 101):
+        with pytest.raises(InputError, match="stream_coverage|stream-coverage"):
+            resolve({"stream_coverage": bad})
