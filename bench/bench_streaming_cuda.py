@@ -7,8 +7,8 @@ and with a cache of `--cache-share` of the experts, switches over the defaults (
 `default` (streamed experts multiplied in their ring slots, runs of up to 64; coalesced copies;
 layer-major windows sized from free memory where experts stream; each layer's walk chosen by
 coverage), `threshold` (STRATA_PREFILL_STREAM_MIN=1024: every layer of a unit of 1,024 tokens
-or more streams, the rule before coverage), `coverage-70` and `coverage-90` (a layer streams
-from 70% or 90% expected coverage, STRATA_PREFILL_STREAM_COVERAGE), `gathered`
+or more streams, the rule before coverage), `hide-55` and `hide-220` (STRATA_PREFILL_STREAM_HIDE at half and twice
+its default: the rule's one constant), `gathered`
 (STRATA_PREFILL_RING_IN_PLACE=0: gathered into the group buffers, one wait, gather and event a
 group), `ring-run-16` (runs of a group's 16), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0),
 `gather-q` (STRATA_QUANT_GATHER=1), `one-copy` (STRATA_PREFILL_COPY_COALESCE=0: one copy per
@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fast import make_fast_engine  # noqa: E402
-from strata.constants import STREAM_MIN  # noqa: E402
+from strata.constants import STREAM_HIDE_KB, STREAM_MIN  # noqa: E402
 from strata.pack import Pack  # noqa: E402
 from strata.session import Session  # noqa: E402
 
@@ -53,8 +53,8 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
     return {
         "default": {},
         "threshold": {"stream_min": STREAM_MIN},
-        "coverage-70": {"stream_coverage": 70},
-        "coverage-90": {"stream_coverage": 90},
+        "hide-55": {"stream_hide": STREAM_HIDE_KB // 2},
+        "hide-220": {"stream_hide": 2 * STREAM_HIDE_KB},
         "per-expert": {"group_gather": 0},
         "gather-q": {"quant_gather": 1},
         "one-copy": {"copy_coalesce": 0},

@@ -205,8 +205,7 @@ class FastEngine:
         self._routed = (int(n_tok), [None] * cfg.n_layer)
         auto = self.options.stream_min == options.AUTO
         self._unit = walk.begin_unit(n_tok=n_tok, stream_min=self.options.stream_min, streamed=self._n_streamed,
-                                     blob_bytes=self._blob_bytes, measured=self._measured if auto else None,
-                                     coverage_min=self.options.stream_coverage / 100)
+                                     blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
         self._unit.routed = self._routed[1]  # one list: the unit's record fills as its layers route
         self.walk_choices.append(self._unit)
         self._unit_pass = self.passes.open(self.ring, [], head=0) if p.n_streamed else None
@@ -230,8 +229,9 @@ class FastEngine:
                 return  # that layer's routed entries come first, once it has routed
             c = walk.choose_layer(layer=layer, n_tok=self._routed[0], stream_min=self.options.stream_min,
                                   k_used=self.config.n_expert_used, n_expert=self.config.n_expert,
-                                  streamed=self._n_streamed, measured=self._measured if auto else None,
-                                  routed=self._routed[1], coverage_min=self.options.stream_coverage / 100)
+                                  streamed=self._n_streamed, blob_bytes=self._blob_bytes,
+                                  hide_per_token=self.options.stream_hide * 1000,
+                                  measured=self._measured if auto else None, routed=self._routed[1])
             if c is None:
                 return
             layers.append(c)

@@ -24,7 +24,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from strata.constants import (PINNED_SHARE, RING_RUN, RING_SLOTS, RING_SLOTS_PINNED, STREAM_COVERAGE_PCT, STREAM_MIN,
+from strata.constants import (PINNED_SHARE, RING_RUN, RING_SLOTS, RING_SLOTS_PINNED, STREAM_HIDE_KB, STREAM_MIN,
                               VRAM_RESERVE_MIB)
 from strata.errors import InputError
 
@@ -157,15 +157,15 @@ SWITCHES = (
                         "streamed bytes are page-locked"),
     Switch("stream_min", "STRATA_PREFILL_STREAM_MIN", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto"),
            "auto: each layer of a chunk (or window) streams every streamed expert where its routing is "
-           "expected to reach at least --stream-coverage of them (the same layer of the prompt's last chunk scaled "
+           "expected to reach enough of them (--stream-hide; the coverage of the same layer of the prompt's last chunk scaled "
            "to this one's tokens, else this chunk's previous layer; layer 0 of the first chunk from "
            f"{STREAM_MIN} tokens), and stages its routed ones after its routing otherwise "
            "(fast.walk.choose_layer); N: every layer of a chunk of at least N tokens streams, smaller "
            "ones stage (the old rule); run --timing prints each chunk's walks and why"),
-    Switch("stream_coverage", "STRATA_PREFILL_STREAM_COVERAGE", STREAM_COVERAGE_PCT, SCHEDULE,
-           Count(1, metavar="PCT", maximum=100),
-           "stream_min auto streams a layer where its routing is expected to reach at least PCT percent "
-           "of its streamed experts, else stages it"),
+    Switch("stream_hide", "STRATA_PREFILL_STREAM_HIDE", STREAM_HIDE_KB, SCHEDULE, Count(0, metavar="KB"),
+           "stream_min auto: the KB of copies one token's compute of a layer hides; a layer of a chunk "
+           "of T tokens streams where the bytes it would copy for experts its routing skips fit in T "
+           "times this (fast.walk.stream_need), else it stages"),
     Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
            "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "

@@ -12,9 +12,10 @@ experts, appended to the unit's ring pass behind the previous layer's, so its co
 earlier layers compute and the walk also meets the entries the routing skipped; in the staged
 walk they are only its routed streamed experts, appended once its routing is known (through the
 same ring by default; with stage_in_ring 0 through a pass of the 8-slot staging ring). By
-default (stream_min auto) a layer streams where its routing is expected to reach at least
-stream_coverage percent of its streamed experts, measured on the unit's previous layer or the prompt's
-last unit; with stream_min N every layer of a unit of N tokens or more streams.
+default (stream_min auto) a layer streams where the bytes it would copy for experts its routing
+is expected to skip (measured on the prompt's last unit or the unit's previous layer) fit under
+its own compute (stream_need); with stream_min N every layer of a unit of N tokens or more
+streams.
 
 A group's experts are gathered into the group buffers by one or more *flushes*. A flush takes
 every member not yet gathered:
@@ -61,7 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.constants import MMQ_GROUP, STREAM_COVERAGE_PCT, STREAM_MIN
+from strata.constants import MMQ_GROUP, STREAM_MIN
 
 from fast.options import AUTO  # stream_min auto: the coverage rule
 
@@ -446,12 +447,13 @@ class LayerChoice:
     or "resident" (it streams nothing). basis: "threshold" (stream_min N), "prior" (no routing
     measured yet: the STREAM_MIN token prior), "last unit" (the same layer of the prompt's last
     whole unit, scaled to this unit's tokens) or "layer L" (layer L of this unit, the same
-    tokens); coverage: the estimate compared with the stream_coverage share (None: threshold or
-    prior)."""
+    tokens); coverage: the estimate, need: the coverage the layer streams from (stream_need;
+    both None under the threshold or the prior)."""
 
     walk: str
     basis: str
     coverage: float | None = None
+    need: float | None = None
 
     @property
     def streams(self) -> bool:
@@ -474,7 +476,6 @@ class WalkChoice:
     streamed_bytes: int
     layers: list = field(default_factory=list)
     measured: int | None = None
-    coverage_min: float = STREAM_COVERAGE_PCT / 100  # the share a layer streams from (stream_coverage)
     routed: list = field(default_factory=list)  # per layer: its routed streamed experts (None: not yet)
 
     @property
@@ -508,11 +509,10 @@ class WalkChoice:
             if basis == "prior":
                 why = f"no routing measured yet, {self.tokens} tokens {'>=' if walk == 'streamed' else '<'} {STREAM_MIN}"
             else:
-                lo, hi = min(covs), max(covs)
-                cov = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
                 src = (f"the last {self.measured} tokens' routing" if basis == "last unit"
                        else "the previous layer's routing")
-                why = f"coverage {cov} {'>=' if walk == 'streamed' else '<'} {self.coverage_min:.2f}, from {src}"
+                why = (f"coverage {_span([c for c, _ in covs])} {'>=' if walk == 'streamed' else '<'} "
+                       f"{_span([n for _, n in covs])}, from {src}")
             parts.append(f"{span} {walk} ({why})")
         return f"{self.walk}: {self.tokens} tokens, " + "; ".join(parts) + f" ({size})"
 
@@ -527,8 +527,13 @@ def _runs_of_layers(layers: list):
         else:
             out.append([key, i, i, []])
         if c.coverage is not None:
-            out[-1][3].append(c.coverage)
+            out[-1][3].append((c.coverage, c.need))
     return [tuple(r) for r in out]
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _bytes(n: int) -> str:
@@ -536,39 +541,48 @@ def _bytes(n: int) -> str:
 
 
 def begin_unit(*, n_tok: int, stream_min, streamed: list[int], blob_bytes: list[int],
-               measured: tuple | None = None, coverage_min: float = STREAM_COVERAGE_PCT / 100) -> WalkChoice:
+               measured: tuple | None = None) -> WalkChoice:
     """A unit's WalkChoice before its first layer (streamed[l]: layer l's streamed experts,
     blob_bytes[l]: one of its blobs)."""
     total = sum(int(n) * int(b) for n, b in zip(streamed, blob_bytes))
     return WalkChoice("threshold" if stream_min != AUTO else "coverage", int(n_tok), stream_min,
-                      int(sum(streamed)), total, measured=None if measured is None else int(measured[0]),
-                      coverage_min=float(coverage_min))
+                      int(sum(streamed)), total, measured=None if measured is None else int(measured[0]))
+
+
+def stream_need(n_tok: int, layer_bytes: int, hide_per_token: int) -> float:
+    """The coverage from which a layer streams: the streamed walk copies the (1 - c) share of the
+    layer's streamed bytes that no token routed, ahead of their use, where the staged walk copies
+    only the routed share but after the routing, with nothing of the layer left to compute beside
+    it; so the layer streams where what it copies for no token, (1 - c) * layer_bytes, fits in the
+    bytes the link moves while the layer computes, n_tok * hide_per_token (hide_per_token: bytes
+    a token's compute of one layer hides, the stream_hide switch in bytes)."""
+    if layer_bytes <= 0:
+        return 0.0
+    return max(0.0, 1.0 - n_tok * hide_per_token / layer_bytes)
 
 
 def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: int, streamed: list[int],
-                 measured: tuple | None = None, routed: list | None = None,
-                 coverage_min: float = STREAM_COVERAGE_PCT / 100) -> LayerChoice | None:
+                 blob_bytes: list[int], hide_per_token: int, measured: tuple | None = None,
+                 routed: list | None = None) -> LayerChoice | None:
     """The walk of `layer` in a unit of n_tok tokens, chosen when its copies must be queued:
     layer 0 before the unit's first attention, layer l > 0 once layer l - 1's routing is on the
     host (its streamed walk's copies then follow l - 1's in the ring, layer-ahead of their use).
 
     stream_min N (the threshold rule): streamed from N tokens, every layer alike. auto (the
-    coverage rule, the default): streamed when the share of the layer's streamed experts its
-    routing is expected to reach is at least coverage_min (stream_coverage percent): the
-    streamed walk then copies (1 - c) of the layer's bytes for no token, where the staged walk
-    waits for the routing before its first copy and the next attention for its last; the first
-    pays where the link is the bound, the second where the layer's compute is too short to hide
-    the copies behind. The estimate is the same layer of the last whole unit (`measured`:
-    (tokens, routed[l]) of its layers' routed streamed experts), scaled to n_tok tokens
-    (scaled_coverage); else the nearest earlier layer of this unit that streams anything
+    coverage rule, the default): streamed when the share c of the layer's streamed experts its
+    routing is expected to reach is at least stream_need (the bytes it would copy for no token
+    fit under the layer's compute). The estimate is the same layer of the last whole unit
+    (`measured`: (tokens, routed[l]) of its layers' routed streamed experts), scaled to n_tok
+    tokens (scaled_coverage); else the nearest earlier layer of this unit that streams anything
     (`routed`: the counts its layers' routings gave so far, None where not yet known), whose
     tokens are the same; each at most the uniform bound (expected_coverage). None: that earlier
     layer has not routed yet (the choice waits for it). With neither (layer 0 of a prompt's
     first unit), the token prior: streamed from STREAM_MIN tokens. Every choice that needs no
     routing of this unit (the threshold, a measured last unit) can be made at the unit's start,
-    so the unit pass then holds every streamed layer's entries from its first copy on. Only integers and the routing, which
-    both implementations share, go in: the same prompt makes the same choices on every run, and
-    they change what is copied and when, never a byte."""
+    so the unit pass then holds every streamed layer's entries from its first copy on. streamed[l]:
+    layer l's streamed experts; blob_bytes[l]: one of its blobs. Only integers and the routing,
+    which both implementations share, go in: the same prompt makes the same choices on every
+    run, and they change what is copied and when, never a byte."""
     if not streamed[layer]:
         return LayerChoice("resident", "threshold" if stream_min != AUTO else "none")
     if stream_min != AUTO:
@@ -585,4 +599,5 @@ def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: i
             return None  # chosen once that layer has routed
         c = min(uniform, routed[prev[-1]] / streamed[prev[-1]])
         basis = f"layer {prev[-1]}"
-    return LayerChoice("streamed" if c >= coverage_min else "staged", basis, c)
+    need = stream_need(n_tok, int(streamed[layer]) * int(blob_bytes[layer]), hide_per_token)
+    return LayerChoice("streamed" if c >= need else "staged", basis, c, need)

@@ -9,17 +9,22 @@ from hypothesis import given, settings, strategies as st
 
 from fast import make_fast_engine
 from fast.options import AUTO, resolve
-from fast.walk import begin_unit, choose_layer, expected_coverage, scaled_coverage
+from fast.walk import begin_unit, choose_layer, expected_coverage, scaled_coverage, stream_need
 from reference import ReferenceEngine
-from strata.constants import STREAM_COVERAGE_PCT, STREAM_MIN
+from strata.constants import STREAM_HIDE_KB, STREAM_MIN
 from strata.session import Session
 from verify.cases import parity_rows
 from verify.common import assert_same_run, copied_by_choices, run_engine
 
 
-def _layer(n_tok, layer=0, stream_min=AUTO, k=10, e=512, streamed=(342, 341), measured=None, routed=None):
+BLOB = 3_600_000
+
+
+def _layer(n_tok, layer=0, stream_min=AUTO, k=10, e=512, streamed=(342, 341), measured=None, routed=None,
+           hide=STREAM_HIDE_KB * 1000):
     return choose_layer(layer=layer, n_tok=n_tok, stream_min=stream_min, k_used=k, n_expert=e,
-                        streamed=list(streamed), measured=measured, routed=routed)
+                        streamed=list(streamed), blob_bytes=[BLOB] * len(streamed), hide_per_token=hide,
+                        measured=measured, routed=routed)
 
 
 # ---- the rule on its own -------------------------------------------------------------------
@@ -39,19 +44,30 @@ def test_scaled_coverage_keeps_the_measure_at_its_own_tokens():
 
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(1, 40_000), k=st.integers(1, 16), e=st.integers(16, 512), layer=st.integers(0, 1),
-       share=st.floats(0, 1), n_measured=st.integers(1, 8192))
-def test_measured_rule_is_monotone_in_tokens(n, k, e, layer, share, n_measured):
-    """With the last unit measured, more tokens never expect less coverage, so a layer that
-    streams still streams with more tokens; the estimate never passes the uniform bound."""
+       share=st.floats(0, 1), n_measured=st.integers(1, 8192), hide=st.integers(0, 10**6))
+def test_measured_rule_is_monotone_in_tokens(n, k, e, layer, share, n_measured, hide):
+    """With the last unit measured, more tokens never expect less coverage nor need more, so a
+    layer that streams still streams with more tokens; the estimate never passes the uniform
+    bound."""
     streamed = (e // 2, e // 3)
     measured = (n_measured, [int(share * s) for s in streamed])
-    a = _layer(n, layer, k=k, e=e, streamed=streamed, measured=measured)
-    b = _layer(n + 1 + n // 3, layer, k=k, e=e, streamed=streamed, measured=measured)
+    a = _layer(n, layer, k=k, e=e, streamed=streamed, measured=measured, hide=hide)
+    b = _layer(n + 1 + n // 3, layer, k=k, e=e, streamed=streamed, measured=measured, hide=hide)
     assert a.basis == "last unit"
-    assert a.coverage <= b.coverage + 1e-12
+    assert a.coverage <= b.coverage + 1e-12 and b.need <= a.need
     assert not a.streams or b.streams
     assert a.coverage <= expected_coverage(n, k, e) + 1e-12
-    assert a.streams == (a.coverage >= STREAM_COVERAGE_PCT / 100)
+    assert a.streams == (a.coverage >= a.need)
+
+
+def test_the_need_is_the_skipped_bytes_under_the_layer_s_compute():
+    """(1 - c) * layer bytes <= tokens * hide: at 254 tokens and 110 KB a token a layer of 342
+    blobs of 3.6 MB streams only from 0.98 coverage; from 11,193 tokens at any."""
+    layer_bytes = 342 * BLOB
+    assert stream_need(254, layer_bytes, 110_000) == pytest.approx(1 - 254 * 110_000 / layer_bytes)
+    assert stream_need(11_193, layer_bytes, 110_000) == 0.0
+    assert stream_need(254, layer_bytes, 0) == 1.0  # nothing hidden: stream only what every expert needs
+    assert stream_need(254, 0, 110_000) == 0.0
 
 
 @settings(max_examples=200, deadline=None)
@@ -80,9 +96,12 @@ def test_a_later_layer_waits_for_the_routing_before_it():
     assert _layer(254, layer=1, routed=[None, None]) is None
     c = _layer(254, layer=1, routed=[120, None])
     assert c.basis == "layer 0" and c.coverage == pytest.approx(120 / 342) and not c.streams
-    c = _layer(254, layer=1, routed=[300, None])
-    assert c.streams and c.coverage == pytest.approx(300 / 342)
-    c = _layer(254, layer=2, streamed=(342, 0, 341), routed=[300, None, None])
+    assert c.need == pytest.approx(stream_need(254, 341 * BLOB, STREAM_HIDE_KB * 1000))
+    c = _layer(254, layer=1, routed=[340, None])
+    assert c.streams and c.coverage == pytest.approx(min(340 / 342, expected_coverage(254, 10, 512)))
+    c = _layer(4096, layer=1, routed=[300, None])  # 0.88 of the experts: at 4,096 tokens enough
+    assert c.streams and c.need < 0.88
+    c = _layer(4096, layer=2, streamed=(342, 0, 341), routed=[300, None, None])
     assert c.basis == "layer 0" and c.streams
     c = _layer(254, layer=1, streamed=(0, 341))  # no earlier layer streams: the prior
     assert c.basis == "prior" and not c.streams
@@ -90,9 +109,9 @@ def test_a_later_layer_waits_for_the_routing_before_it():
 
 def test_the_last_unit_s_same_layer_comes_before_the_previous_layer():
     few = (64, [20, 20])  # 64 tokens reached 20 of each layer's ~340 streamed experts
-    c = _layer(64, layer=1, measured=few, routed=[300, None])
+    c = _layer(64, layer=1, measured=few, routed=[342, None], hide=10**7)
     assert c.basis == "last unit" and not c.streams and c.coverage == pytest.approx(20 / 341)
-    assert _layer(64, layer=1, routed=[300, None]).streams
+    assert _layer(64, layer=1, routed=[342, None], hide=10**7).streams
 
 
 def test_nothing_streamed_is_resident():
@@ -103,14 +122,15 @@ def test_nothing_streamed_is_resident():
 
 
 def test_a_unit_s_line_names_each_run_of_layers():
-    u = begin_unit(n_tok=254, stream_min=AUTO, streamed=[342, 341, 341], blob_bytes=[10**6] * 3)
-    u.layers += [_layer(254), _layer(254, 1, streamed=(342, 341, 341), routed=[300, None, None]),
-                 _layer(254, 2, streamed=(342, 341, 341), routed=[300, 100, None])]
+    u = begin_unit(n_tok=4096, stream_min=AUTO, streamed=[342, 341, 341], blob_bytes=[BLOB] * 3)
+    u.layers += [_layer(4096, streamed=(342, 341, 341)), _layer(4096, 1, streamed=(342, 341, 341), routed=[300, None, None])]
+    assert u.walk == "streamed" and u.streams  # the prior streams layer 0 at 4,096 tokens
+    u.layers.append(_layer(4096, 2, streamed=(342, 341, 341), routed=[300, 100, None]))
     assert u.walk == "mixed" and not u.streams
     line = u.line()
-    assert line.startswith("mixed: 254 tokens, L0 staged (no routing measured yet, 254 tokens < 1024)"), line
-    assert "L1 streamed (coverage 0.88 >= 0.50, from the previous layer's routing)" in line
-    assert "L2 staged (coverage 0.29 < 0.50" in line and "1024 streamed experts, 1.02 GB a pass" in line
+    assert line.startswith("mixed: 4096 tokens, L0 streamed (no routing measured yet, 4096 tokens >= 1024)"), line
+    assert "L1 streamed (coverage 0.88 >= 0.63, from the previous layer's routing)" in line
+    assert "L2 staged (coverage 0.29 < 0.63" in line and "1024 streamed experts, 3.69 GB a pass" in line
 
 
 def test_auto_is_a_value_of_stream_min_and_the_default():
@@ -175,7 +195,7 @@ def test_engine_auto_is_the_default_and_chooses_layer_by_layer(make_test_pack, t
     assert all(c.basis == f"layer {l}" and c.streams for l, c in enumerate(first.layers[1:]))
     assert second.streams and third.streams and second.measured == 32 and third.measured == 32
     assert greedy and all(u.walk == "staged" and u.measured == 1 or u.measured == 6 for u in greedy)
-    assert all(c.basis == "last unit" and c.coverage < STREAM_COVERAGE_PCT / 100 for u in greedy for c in u.layers)
+    assert all(c.basis == "last unit" and c.coverage < c.need for u in greedy for c in u.layers)
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
 
 
@@ -186,7 +206,7 @@ def test_a_prompt_of_one_id_stages_after_its_first_chunk(make_test_pack):
     ids = np.full(192, 7, np.int32)
     runs = []
     for _ in range(2):
-        eng = _engine(pack, expert_cache=0, ring=8)
+        eng = _engine(pack, expert_cache=0, ring=8, stream_hide=1)  # 64 KB hidden: c < 0.98 stages
         Session(eng, chunk=64, progress=False).run(ids, greedy=0)
         runs.append(eng.walk_choices)
         assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
@@ -272,17 +292,13 @@ def test_auto_parity_rows_take_both_walks(case, make_test_pack):
     assert walks == {"streamed", "staged"}, [c.line() for c in eng.walk_choices]
 
 
-def test_stream_coverage_moves_the_line():
-    """--stream-coverage PCT: a layer streams from PCT percent expected coverage (1..100)."""
+def test_stream_hide_is_a_switch():
     from strata.errors import InputError
 
-    routed = [300, None]  # 300 of 342: 0.88
-    assert _layer(254, layer=1, routed=routed).streams
-    c = choose_layer(layer=1, n_tok=254, stream_min=AUTO, k_used=10, n_expert=512, streamed=[342, 341],
-                     routed=routed, coverage_min=0.9)
-    assert not c.streams and c.coverage == pytest.approx(300 / 342)
-    assert resolve({"stream_coverage": 90}).stream_coverage == 90
-    assert resolve({}).stream_coverage == STREAM_COVERAGE_PCT
-    for bad in (0, 101):
-        with pytest.raises(InputError, match="stream_coverage|stream-coverage"):
-            resolve({"stream_coverage": bad})
+    assert resolve({}).stream_hide == STREAM_HIDE_KB
+    assert resolve({}, environ={"STRATA_PREFILL_STREAM_HIDE": "0"}).stream_hide == 0
+    with pytest.raises(InputError, match="stream.hide"):
+        resolve({"stream_hide": -1})
+    # more hidden per token streams more: a layer staged at 55 KB a token streams at 220
+    c = _layer(4096, layer=1, routed=[200, None], hide=55_000)
+    assert not c.streams and _layer(4096, layer=1, routed=[200, None], hide=220_000).streams
