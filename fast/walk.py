@@ -507,7 +507,8 @@ class WalkChoice:
                 parts.append(f"{span} resident")
                 continue
             if basis == "prior":
-                why = f"no routing measured yet, {self.tokens} tokens {'>=' if walk == 'streamed' else '<'} {STREAM_MIN}"
+                why = (f"no routing of the layer measured yet, {self.tokens} tokens "
+                       f"{'>=' if walk == 'streamed' else '<'} {STREAM_MIN}")
             else:
                 src = (f"the last {self.measured} tokens' routing" if basis == "last unit"
                        else "the previous layer's routing")
@@ -577,7 +578,10 @@ def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: i
     (`routed`: the counts its layers' routings gave so far, None where not yet known), whose
     tokens are the same; each at most the uniform bound (expected_coverage). None: that earlier
     layer has not routed yet (the choice waits for it). With neither (layer 0 of a prompt's
-    first unit), the token prior: streamed from STREAM_MIN tokens. Every choice that needs no
+    first unit), the token prior: streamed from STREAM_MIN tokens. Another layer's measure can
+    stage a layer the prior would stream, never stream one the prior stages: it is a weaker
+    estimate than the layer's own (the 8-layer strata pack's coverage falls with depth, so the
+    layer before overestimates), and below STREAM_MIN tokens a layer's compute hides little. Every choice that needs no
     routing of this unit (the threshold, a measured last unit) can be made at the unit's start,
     so the unit pass then holds every streamed layer's entries from its first copy on. streamed[l]:
     layer l's streamed experts; blob_bytes[l]: one of its blobs. Only integers and the routing,
@@ -593,7 +597,7 @@ def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: i
         basis = "last unit"
     else:
         prev = [l for l in range(layer) if streamed[l]]
-        if not prev:
+        if not prev or n_tok < STREAM_MIN:  # another layer's measure stages, never streams, below the prior
             return LayerChoice("streamed" if n_tok >= STREAM_MIN else "staged", "prior")
         if routed is None or routed[prev[-1]] is None:
             return None  # chosen once that layer has routed

@@ -12,7 +12,7 @@ RING_SLOTS = 96  # STRATA_PREFILL_RING default
 RING_SLOTS_PINNED = 384  # the default where at least PINNED_SHARE of streamed bytes are pinned
 PINNED_SHARE = 0.90
 STAGING_SLOTS = 8  # the staged walk's own ring (stage_in_ring 0)
-STREAM_MIN = 1024  # the coverage rule's prior (no routing measured yet): units from here stream
+STREAM_MIN = 1024  # the coverage rule's prior (no routing of a layer measured yet): units from here stream
 STREAM_HIDE_KB = 110  # STRATA_PREFILL_STREAM_HIDE default: KB of copies a token's compute of a layer hides (docs/results)
 COALESCE_MAX = 8  # experts one coalesced copy takes at most: copies of eight experts reach the
 # link's peak rate (docs/benchmarks.md, "The machine"), and the walk's first gather of a run

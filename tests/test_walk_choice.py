@@ -91,18 +91,19 @@ def test_the_prompt_s_first_layer_takes_the_token_prior(n):
 
 
 def test_a_later_layer_waits_for_the_routing_before_it():
-    """Layer 1 is chosen from layer 0's routing of the same tokens, once it is known; a layer that
-    streams nothing is passed over."""
-    assert _layer(254, layer=1, routed=[None, None]) is None
-    c = _layer(254, layer=1, routed=[120, None])
+    """From STREAM_MIN tokens layer 1 is chosen from layer 0's routing of the same tokens, once it
+    is known; a layer that streams nothing is passed over. Below, the prior stages it whatever
+    layer 0 routed (another layer's measure stages, never streams, what the prior stages)."""
+    assert _layer(4096, layer=1, routed=[None, None]) is None
+    c = _layer(4096, layer=1, routed=[120, None])
     assert c.basis == "layer 0" and c.coverage == pytest.approx(120 / 342) and not c.streams
-    assert c.need == pytest.approx(stream_need(254, 341 * BLOB, STREAM_HIDE_KB * 1000))
-    c = _layer(254, layer=1, routed=[340, None])
-    assert c.streams and c.coverage == pytest.approx(min(340 / 342, expected_coverage(254, 10, 512)))
+    assert c.need == pytest.approx(stream_need(4096, 341 * BLOB, STREAM_HIDE_KB * 1000))
     c = _layer(4096, layer=1, routed=[300, None])  # 0.88 of the experts: at 4,096 tokens enough
     assert c.streams and c.need < 0.88
     c = _layer(4096, layer=2, streamed=(342, 0, 341), routed=[300, None, None])
     assert c.basis == "layer 0" and c.streams
+    c = _layer(254, layer=1, routed=[342, None])
+    assert c.basis == "prior" and not c.streams and c.coverage is None
     c = _layer(254, layer=1, streamed=(0, 341))  # no earlier layer streams: the prior
     assert c.basis == "prior" and not c.streams
 
@@ -111,7 +112,7 @@ def test_the_last_unit_s_same_layer_comes_before_the_previous_layer():
     few = (64, [20, 20])  # 64 tokens reached 20 of each layer's ~340 streamed experts
     c = _layer(64, layer=1, measured=few, routed=[342, None], hide=10**7)
     assert c.basis == "last unit" and not c.streams and c.coverage == pytest.approx(20 / 341)
-    assert _layer(64, layer=1, routed=[342, None], hide=10**7).streams
+    assert _layer(64, layer=1, measured=(64, [342, 341]), routed=[0, None], hide=10**7).streams
 
 
 def test_nothing_streamed_is_resident():
@@ -128,7 +129,7 @@ def test_a_unit_s_line_names_each_run_of_layers():
     u.layers.append(_layer(4096, 2, streamed=(342, 341, 341), routed=[300, 100, None]))
     assert u.walk == "mixed" and not u.streams
     line = u.line()
-    assert line.startswith("mixed: 4096 tokens, L0 streamed (no routing measured yet, 4096 tokens >= 1024)"), line
+    assert line.startswith("mixed: 4096 tokens, L0 streamed (no routing of the layer measured yet, 4096 tokens >= 1024)"), line
     assert "L1 streamed (coverage 0.88 >= 0.63, from the previous layer's routing)" in line
     assert "L2 staged (coverage 0.29 < 0.63" in line and "1024 streamed experts, 3.69 GB a pass" in line
 
@@ -179,10 +180,10 @@ def test_engine_threshold_choices_and_bytes_are_the_old_rule(make_test_pack, str
 
 
 def test_engine_auto_is_the_default_and_chooses_layer_by_layer(make_test_pack, tmp_path):
-    """The default on the tiny pack (top-4 of 16): the first chunk's layer 0 takes the prior
-    (32 tokens: staged), its later layers their previous layer's routing (streamed); the next
-    chunks read the last chunk's routing; the one-token greedy steps stage (the measure scaled to
-    one token, at most 4/16). The reference's bytes, and exactly the bytes the choices copy."""
+    """The default on the tiny pack (top-4 of 16): the first chunk (32 tokens) stages on the
+    token prior; the next chunks read the last chunk's routing and stream; the one-token greedy
+    steps stage (the measure scaled to one token, at most 4/16). The reference's bytes, and
+    exactly the bytes the choices copy."""
     pack = make_test_pack("tiny", "IQ2_XS")
     ids = _prompt(pack, 70, 5)
     ref = run_engine(ReferenceEngine(pack), ids, 32, tmp_path / "ref", greedy=2)
@@ -190,13 +191,29 @@ def test_engine_auto_is_the_default_and_chooses_layer_by_layer(make_test_pack, t
     got = run_engine(eng, ids, 32, tmp_path / "fast", greedy=2)
     assert_same_run(ref, got, pack, "stream_min auto")
     first, second, third, *greedy = eng.walk_choices
-    assert first.rule == "coverage" and first.walk == "mixed" and first.measured is None
-    assert first.layers[0].basis == "prior" and not first.layers[0].streams
-    assert all(c.basis == f"layer {l}" and c.streams for l, c in enumerate(first.layers[1:]))
+    assert first.rule == "coverage" and first.walk == "staged" and first.measured is None
+    assert all(c.basis == "prior" for c in first.layers)
     assert second.streams and third.streams and second.measured == 32 and third.measured == 32
-    assert greedy and all(u.walk == "staged" and u.measured == 1 or u.measured == 6 for u in greedy)
+    assert all(c.basis == "last unit" for c in second.layers + third.layers)
+    assert greedy and all(u.walk == "staged" for u in greedy)
     assert all(c.basis == "last unit" and c.coverage < c.need for u in greedy for c in u.layers)
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+
+
+def test_a_long_first_chunk_reads_the_layer_before(make_test_pack, tmp_path):
+    """A first chunk of 1,100 tokens: layer 0 streams on the prior, layer 1 by layer 0's routing
+    of the same tokens; with nothing hidden (stream_hide 0) only full coverage streams."""
+    pack = make_test_pack("tiny", "Q8_0")
+    ids = _prompt(pack, 1100, 6)
+    for hide, walk1 in ((STREAM_HIDE_KB, "streamed"), (0, None)):
+        eng = _engine(pack, expert_cache=5, ring=8, stream_hide=hide)
+        Session(eng, chunk=1100, progress=False).run(ids, greedy=0)
+        (unit,) = eng.walk_choices
+        l0, l1 = unit.layers
+        assert l0.basis == "prior" and l0.streams
+        assert l1.basis == "layer 0" and l1.coverage == pytest.approx(unit.routed[0] / len(eng.placement.streamed(0)))
+        assert l1.walk == (walk1 or ("streamed" if l1.coverage == 1.0 else "staged"))
+        assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
 
 
 def test_a_prompt_of_one_id_stages_after_its_first_chunk(make_test_pack):
@@ -258,7 +275,7 @@ def test_auto_window_is_one_unit(make_test_pack, tmp_path):
     got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=2)
     assert_same_run(ref, got, pack, "stream_min auto, window 60")
     assert [c.tokens for c in eng.walk_choices] == [60, 40, 1]
-    assert [c.walk for c in eng.walk_choices] == ["mixed", "streamed", "staged"]
+    assert [c.walk for c in eng.walk_choices] == ["staged", "streamed", "staged"]
 
 
 def test_timing_prints_each_unit_s_walk(make_test_pack, capsys):
@@ -272,8 +289,7 @@ def test_timing_prints_each_unit_s_walk(make_test_pack, capsys):
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("walk ")]
     assert len(lines) == 2, out
-    assert "L0 staged (no routing measured yet, 20 tokens < 1024)" in lines[0]
-    assert "from the previous layer's routing" in lines[0]
+    assert "L0-1 staged (no routing of the layer measured yet, 20 tokens < 1024)" in lines[0]
     assert "from the last 20 tokens' routing" in lines[1]
     assert main(argv + ["--stream-min", "30"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("walk ")]

@@ -739,11 +739,10 @@ def _cuda_rows() -> list[ParityCase]:
         rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "ring_in_place": 0}, **kw))
     # ---- stream_min auto (issue 26, item 4): each layer's walk chosen by coverage ----
     # The default (rows without stream_min take it too; rows naming a number keep the threshold).
-    # The tiny pack's chunks of 64: the first chunk's layer 0 stages on the token prior and its
-    # layer 1 streams on layer 0's routing, later chunks stream on the last chunk's, the last
-    # chunk and greedy steps stage; group and per-expert mode, one a prompt of three ids; the 2-layer
-    # strata pack with a third cached at 254 tokens (the prior stages layer 0, layer 0's routing
-    # layer 1). Arm name: sminauto.
+    # The tiny pack's chunks of 64: the first chunk stages on the token prior, later chunks stream
+    # on the last chunk's routing, the last chunk and greedy steps stage; group and per-expert
+    # mode, one a prompt of three ids; the 2-layer strata pack with a third cached at 254 tokens
+    # (staged on the prior, its greedy step on the measure). Arm name: sminauto.
     tiny_all, strata_all = _all_experts("tiny"), _all_experts(STRATA2[0], 2)
     for preset, etype, n, chunk, arm, kw in (
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8), dict(quick=True)),
@@ -854,12 +853,11 @@ def _sim_rows() -> list[ParityCase]:
     rows.append(_row("sim", "small", "IQ2_XS", 600, 128, dict(window=384, expert_cache=n_cache, ring=16, stream_min=256,
                                                                ring_in_place=1), seed=12))
     # ---- stream_min auto (issue 26, item 4): each layer's walk chosen by coverage ----
-    # Each layer streams or stages by its routing's expected coverage (the first chunk's layer 0 by
-    # the token prior, its later layers by the layer before, later units by the last one's): chunks
-    # of 64 whose first mixes both walks, a last chunk of 2 and greedy steps that stage; a prompt
-    # of three ids; layer-major windows; the small pack (8 layers: runs of streamed layers after a
-    # staged one); ring_in_place; caches of none and a third; group and per-expert mode. Arm name:
-    # sminauto.
+    # Each layer streams or stages by its routing's expected coverage (a short first chunk by the
+    # token prior, later units by the last one's): chunks of 64 that stream after a first that
+    # stages, a last chunk of 2 and greedy steps that stage; a prompt of three ids; layer-major
+    # windows; the small pack; ring_in_place; caches of none and a third; group and per-expert
+    # mode. Arm name: sminauto.
     for preset, etype, n, chunk, arm, kw in (
             ("tiny", "Q8_0", 130, 64, dict(expert_cache=0, ring=8), dict(quick=True)),
             ("tiny", "IQ2_XS", 130, 64, dict(expert_cache=tiny_all // 3, ring=16, group_gather=0), dict(sim_seed=1)),
