@@ -318,3 +318,43 @@ def test_stream_hide_is_a_switch():
     # more hidden per token streams more: a layer staged at 55 KB a token streams at 220
     c = _layer(4096, layer=1, routed=[200, None], hide=55_000)
     assert not c.streams and _layer(4096, layer=1, routed=[200, None], hide=220_000).streams
+
+
+# ---- stage_predict: the next staged layer's likely experts copied before its routing ----------
+@pytest.mark.parametrize("share", [50, 100])
+def test_stage_predict_prefetches_staged_layers(make_test_pack, tmp_path, share):
+    """A short prompt on the small pack stages every layer; with stage_predict each layer after
+    the first takes the share of the streamed experts the prediction names before its routing:
+    the reference's bytes, copies that the records account for (routed plus prefetched unrouted),
+    and the predicted experts visited first."""
+    pack = make_test_pack("small", "Q8_0")
+    ids = _prompt(pack, 24, 4)
+    ref = run_engine(ReferenceEngine(pack), ids, 24, tmp_path / "ref", greedy=1)
+    eng = _engine(pack, expert_cache=_all(pack) // 3, ring=96, stage_predict=share)
+    got = run_engine(eng, ids, 24, tmp_path / "fast", greedy=1)
+    assert_same_run(ref, got, pack, f"stage_predict {share}")
+    first = eng.walk_choices[0]
+    assert first.walk == "staged"
+    assert sorted(first.prefetched) == list(range(1, pack.config.n_layer))  # every staged layer but the first
+    for l, n in first.prefetched.items():
+        assert 0 < n <= len(eng.placement.streamed(l)) and 0 <= first.hits[l] <= min(n, first.routed[l])
+    assert "copied before their routing on its prediction" in first.line()
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+    if share == 100:  # every expert the prediction names: at least as many as the routing's
+        assert sum(first.prefetched.values()) >= sum(first.hits.values())
+
+
+def test_stage_predict_needs_the_ring_walk(make_test_pack):
+    from strata.errors import InputError
+
+    pack = make_test_pack("tiny", "Q8_0")
+    with pytest.raises(InputError, match="--stage-predict needs"):
+        _engine(pack, stage_predict=50, ring_in_place=0)
+
+
+def test_runs_cut_where_the_ids_stop_ascending():
+    from fast.walk import plan_runs
+
+    visit = [3, 7, 9, 1, 4, 8]  # 3, 7, 9 prefetched, then the routed rest
+    entry_of = {e: k for k, e in enumerate(visit)}
+    assert plan_runs(visit, {3, 9, 1, 4}, entry_of, n_slots=64, cap=64) == [[3, 9], [1, 4]]
