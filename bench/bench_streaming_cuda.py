@@ -8,9 +8,7 @@ and with a cache of `--cache-share` of the experts, switches over the defaults (
 layer-major windows sized from free memory where experts stream; each layer's walk chosen by
 coverage), `threshold` (STRATA_PREFILL_STREAM_MIN=1024: every layer of a unit of 1,024 tokens
 or more streams, the rule before coverage), `hide-55` and `hide-220` (STRATA_PREFILL_STREAM_HIDE at half and twice
-its default: the rule's one constant), `predict-50` and `predict-100` (STRATA_PREFILL_STAGE_PREDICT:
-half or all of the streamed experts a staged layer's predicted routing names copied before its
-routing), `gathered`
+its default: the rule's one constant), `gathered`
 (STRATA_PREFILL_RING_IN_PLACE=0: gathered into the group buffers, one wait, gather and event a
 group), `ring-run-16` (runs of a group's 16), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0),
 `gather-q` (STRATA_QUANT_GATHER=1), `one-copy` (STRATA_PREFILL_COPY_COALESCE=0: one copy per
@@ -57,8 +55,6 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
         "threshold": {"stream_min": STREAM_MIN},
         "hide-55": {"stream_hide": STREAM_HIDE_KB // 2},
         "hide-220": {"stream_hide": 2 * STREAM_HIDE_KB},
-        "predict-50": {"stage_predict": 50},
-        "predict-100": {"stage_predict": 100},
         "per-expert": {"group_gather": 0},
         "gather-q": {"quant_gather": 1},
         "one-copy": {"copy_coalesce": 0},

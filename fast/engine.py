@@ -53,10 +53,6 @@ class FastEngine:
         o = options.resolve(switches)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
-        if o.stage_predict and not (o.in_place and o.ring_in_place and o.stage_in_ring):
-            raise InputError("--stage-predict needs --in-place 1, --ring-in-place 1 and --stage-in-ring 1 (its "
-                             "prefetched experts are multiplied where they land in the streamed walk's ring), got "
-                             f"in_place {o.in_place}, ring_in_place {o.ring_in_place}, stage_in_ring {o.stage_in_ring}")
         self.group_size = group_size
         ring_slots = o.ring
         if ring_slots is None:  # Strata's rule: a deep ring only where the host side is pinned
@@ -213,7 +209,6 @@ class FastEngine:
         self._unit.routed = self._routed[1]  # one list: the unit's record fills as its layers route
         self.walk_choices.append(self._unit)
         self._unit_pass = self.passes.open(self.ring, [], head=0) if p.n_streamed else None
-        self._prefetched = {}  # staged layer -> the experts stage_predict put in the pass before its routing
         self._choose_ahead()
         if self._unit_pass is not None:  # the head of a streamed layer 0's copies: before its attention
             with self.be.host_phase("host planning"):
@@ -243,48 +238,7 @@ class FastEngine:
             if c.streams:
                 self._unit_pass.extend([(layer, int(e)) for e in self.placement.streamed(layer)])
 
-    def _predict_next(self, layer: int, x):
-        """stage_predict: the next layer's routing predicted from this layer's residual x (its ffn
-        norm and router on x: the residual changes by this layer's MoE half and the next one's
-        attention before the next layer routes), as counts the host reads at this layer's walk; None
-        where the next layer streams nothing or is sure to stream."""
-        o, cfg, be = self.options, self.config, self.be
-        nxt = layer + 1
-        if not o.stage_predict or nxt >= cfg.n_layer or not self._n_streamed[nxt] or self._unit is None:
-            return None
-        if len(self._unit.layers) > nxt:  # chosen already: it streams (a staged one waits for this routing)
-            return None
-        n_tok = self._routed[0]
-        if o.stream_min == options.AUTO:
-            if walk.stream_need(n_tok, self._n_streamed[nxt] * self._blob_bytes[nxt], o.stream_hide * 1000) <= 0:
-                return None
-        elif n_tok >= o.stream_min:
-            return None
-        with be.phase("predict", layer=layer):
-            q = f"blk.{nxt}."
-            h = be.rmsnorm(x, be.w(q + "ffn_norm"), cfg.rms_eps)
-            ids, _weights = be.top_k(self._dense(be.w(q + "ffn_gate_inp"), h), cfg.n_expert_used)
-            return be.expert_counts(ids, cfg.n_expert)
-
-    def _prefetch(self, layer: int, predicted) -> None:
-        """Where `layer` was just chosen staged: the stage_predict share of its streamed experts the
-        prediction names most often (ties by id) join the pass now, in id order, ahead of its
-        routing; its routed rest join at its routing (_layer_pass)."""
-        layers = self._unit.layers
-        if len(layers) <= layer or layers[layer].walk != "staged" or self._routed[1][layer] is not None:
-            return
-        with self.be.host_phase("host planning"):
-            cnt = np.asarray(predicted.cnt)
-            streamed = self.placement.streamed(layer)
-            named = streamed[cnt[streamed] > 0]
-            ranked = named[np.lexsort((named, -cnt[named]))]
-            take = sorted(int(e) for e in ranked[:-(-len(named) * self.options.stage_predict // 100)])
-            if take:
-                self._prefetched[layer] = take
-                self._unit.prefetched[layer] = len(take)
-                self._unit_pass.extend([(layer, e) for e in take])
-
-    def _layer_pass(self, layer: int, tab, predicted=None):
+    def _layer_pass(self, layer: int, tab):
         """The layer has routed (its counts reach the host here): the pass its streamed experts
         come through and whether it streams. A staged layer's routed streamed experts join the
         unit pass (or, with stage_in_ring 0, a pass of the staging ring of their own): PASS_HEAD of
@@ -298,24 +252,17 @@ class FastEngine:
             routed = [int(e) for e in order[~resident[order]]]
             self._routed[1][layer] = len(routed)
         streams = self._unit.layers[layer].streams
-        early = self._prefetched.get(layer, [])
         if streams:
             ring_pass = self._unit_pass
         elif self.options.stage_in_ring and self._unit_pass is not None:
             ring_pass = self._unit_pass
             with self.be.host_phase("host planning"):
-                if early:
-                    taken = set(early)
-                    self._unit.hits[layer] = sum(e in taken for e in routed)
-                    routed = [e for e in routed if e not in taken]
                 ring_pass.extend([(layer, e) for e in routed])
                 ring_pass.copy_ahead(PASS_HEAD)  # the rest once the resident gate/up is queued (the walk's copy_ahead)
         else:
             ring_pass = self.passes.open(self.staging, [(layer, e) for e in routed])
         self._choose_ahead()
-        if predicted is not None:
-            self._prefetch(layer + 1, predicted)
-        return ring_pass, streams, early
+        return ring_pass, streams
 
     # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
     def _rec(self, dump, layer: int, op: str, array, slot=None, on_host: bool = False) -> None:
@@ -390,7 +337,6 @@ class FastEngine:
             tab = be.routing_tables(ids, cfg.n_expert)
             if not o.overlap_plan:
                 tab.order  # noqa: B018 - reading the counts makes the host wait for them here
-        predicted = self._predict_next(layer, x)  # stage_predict: queued behind the routing, read at the walk
 
         # 3. The MoE input, quantized once per token (scatter) or once per row (gather); float
         # gate/up experts take the rows themselves, copied per token or per row the same way.
@@ -418,11 +364,11 @@ class FastEngine:
         shared = self._shared_phase(layer, p, h) if o.overlap_plan else None
 
         # 4. The per-expert walk (fast/walk.py), through the pass its walk chose.
-        ring_pass, streams, early = self._layer_pass(layer, tab, predicted)
+        ring_pass, streams = self._layer_pass(layer, tab)
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
                                 placement=self.placement, ring_pass=ring_pass, streams=streams, options=o,
-                                group_size=self.group_size, keep_h=dump is not None and dump.ops, prefetched=early)
+                                group_size=self.group_size, keep_h=dump is not None and dump.ops)
 
         # 5. The shared expert, where it was not queued before the walk.
         if not o.overlap_plan:

@@ -166,11 +166,6 @@ SWITCHES = (
            "stream_min auto: the KB of copies one token's compute of a layer hides; a layer of a chunk "
            "of T tokens streams where the bytes it would copy for experts its routing skips fit in T "
            "times this (fast.walk.stream_need), else it stages"),
-    Switch("stage_predict", "STRATA_PREFILL_STAGE_PREDICT", 0, SCHEDULE, Count(0, metavar="PCT", maximum=100),
-           "PCT > 0: while a layer computes, the next layer's router on its residual predicts its routing, "
-           "and where the next layer stages, the PCT percent of its streamed experts the prediction names "
-           "most often are copied before its own routing (the rest after it; those not routed are released "
-           "unused); 0: off. Needs in_place, ring_in_place and stage_in_ring"),
     Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
            "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "

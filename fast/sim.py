@@ -28,21 +28,6 @@ from strata.moe import combine, gather_rows, scatter_rows, swiglu
 from strata.routing import routing_tables, top_k
 
 from fast.backend_base import BackendBase
-
-
-class _Counts:
-    """expert_counts' result: the counts once the compute stream has run their launch."""
-
-    def __init__(self, host, be):
-        self.host, self._be, self._done = host, be, False
-
-    @property
-    def cnt(self):
-        if not self._done:
-            with self._be.host_phase("router sync"):
-                self._be.streams.synchronize("compute")
-            self._done = True
-        return self.host
 from fast.experts import adjacent_runs
 from fast.phases import HostClock, PhaseRecorder, timing_enabled
 from fast.sim_streams import ModelClock, SimEvent, SimStreams
@@ -309,15 +294,6 @@ class SimBackend(BackendBase):
             self.streams.synchronize("compute")  # the walk plans on the host: the counts come back
         t.order = np.nonzero(t.cnt)[0].astype(np.int32)
         return t
-
-    def expert_counts(self, ids, n_expert):
-        counts = _Counts(np.zeros(n_expert, np.int32), self)
-
-        def run():
-            counts.host[...] = np.bincount(ids.reshape(-1), minlength=n_expert)[:n_expert]
-
-        self._launch("expert_counts", run)
-        return counts
 
     def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Buf, row0, n_rows_total):
         def run():

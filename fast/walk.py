@@ -128,19 +128,18 @@ def split_resident(order: np.ndarray, cnt: np.ndarray, off: np.ndarray, resident
 
 
 def plan_runs(visit: list[int], routed, entry_of, n_slots: int, cap: int) -> list[list[int]]:
-    """The runs of ring_in_place: the routed streamed experts of `visit` (in entry order; entry_of:
-    each one's ring entry, ascending along visit) cut, in order, into runs of at most `cap`
+    """The runs of ring_in_place: the routed streamed experts of `visit` (ascending ids; entry_of:
+    each one's ring entry, ascending with the ids) cut, in order, into runs of at most `cap`
     experts whose first and last entries are fewer than n_slots apart (see the module's
-    docstring) and whose ids ascend (visit's ids ascend but where stage_predict's prefetched
-    entries end). routed: the set of routed ids; the others in visit are skipped entries."""
+    docstring). routed: the set of routed ids; the others in visit are skipped entries."""
     runs: list[list[int]] = []
     first = None
     for e in visit:
         if e not in routed:
             continue
         k = entry_of[e]
-        if runs and first is not None and (len(runs[-1]) >= cap or k - first >= n_slots or e < runs[-1][-1]):
-            first = None  # full, spanning the ring, or ids no longer ascending (a run's rows in id order)
+        if runs and first is not None and (len(runs[-1]) >= cap or k - first >= n_slots):
+            first = None
         if first is None:
             runs.append([])
             first = k
@@ -176,16 +175,14 @@ class ExpertRows:
 
 
 def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout, placement, ring_pass,
-                streams: bool, options, group_size: int, keep_h: bool = False, prefetched=()) -> ExpertRows:
+                streams: bool, options, group_size: int, keep_h: bool = False) -> ExpertRows:
     """Step 4 of the MoE half: every routed expert's gate/up, SwiGLU, quantize of H and down,
     over the routing tables `tab` and the quantized MoE input `moe_in` (n_rows rows). Plans
     the groups (and with in_place the resident Batch), takes the layer's streamed experts
     through `ring_pass`, which holds the layer's entries (streams: every streamed expert of the
     layer, the streamed walk; else its routed ones, the staged walk) and returns the filled
     buffers. keep_h: keep H on the host for the op records. down_layout None: a float down
-    type, whose input H is not quantized. prefetched: a staged layer's experts the pass took
-    before its routing (stage_predict), its first entries: the walk visits them first, in id
-    order, then the routed rest, and releases the ones not routed unused."""
+    type, whose input H is not quantized."""
     n_ff = config.n_ff_exp
     down_in = be.alloc_f32((n_rows, n_ff)) if down_layout is None else be.alloc_q8(n_rows, n_ff)
     rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
@@ -206,13 +203,7 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     if in_place is not None:  # queued before the rest is planned: the device multiplies while the host plans
         lw.batch_gate_up(in_place)
     with be.host_phase("host planning"):
-        if streams:
-            visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer)))
-        elif prefetched:  # in entry order: the prefetched entries, then the routed rest
-            early = set(prefetched)
-            visit = list(prefetched) + [e for e in walked if e not in early]
-        else:
-            visit = walked
+        visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer))) if streams else walked
         groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)
         bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
     if in_ring:
@@ -486,8 +477,6 @@ class WalkChoice:
     layers: list = field(default_factory=list)
     measured: int | None = None
     routed: list = field(default_factory=list)  # per layer: its routed streamed experts (None: not yet)
-    prefetched: dict = field(default_factory=dict)  # staged layer -> experts copied before its routing
-    hits: dict = field(default_factory=dict)  # staged layer -> how many of those it routed
 
     @property
     def walk(self) -> str:
@@ -526,11 +515,7 @@ class WalkChoice:
                 why = (f"coverage {_span([c for c, _ in covs])} {'>=' if walk == 'streamed' else '<'} "
                        f"{_span([n for _, n in covs])}, from {src}")
             parts.append(f"{span} {walk} ({why})")
-        pre = ""
-        if self.prefetched:
-            n, hit = sum(self.prefetched.values()), sum(self.hits.get(l, 0) for l in self.prefetched)
-            pre = f"; {n} experts of staged layers copied before their routing on its prediction, {hit} routed"
-        return f"{self.walk}: {self.tokens} tokens, " + "; ".join(parts) + pre + f" ({size})"
+        return f"{self.walk}: {self.tokens} tokens, " + "; ".join(parts) + f" ({size})"
 
 
 def _runs_of_layers(layers: list):

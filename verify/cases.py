@@ -562,8 +562,7 @@ class ParityCase:
 def _arm_name(arm: dict) -> str:
     short = {"group_gather": "gg", "quant_gather": "qg", "overlap_plan": "op", "fuse_group": "fg",
              "in_place": "ip", "copy_coalesce": "co", "expert_cache": "cache", "ring": "ring",
-             "stream_min": "smin", "group_size": "gs", "window": "win", "ring_in_place": "rip",
-             "stage_predict": "pred", "stream_hide": "hide"}
+             "stream_min": "smin", "group_size": "gs", "window": "win", "ring_in_place": "rip"}
     return ",".join(f"{short.get(k, k)}{v}" for k, v in arm.items()) or "default"
 
 
@@ -752,15 +751,6 @@ def _cuda_rows() -> list[ParityCase]:
             ("strata", "IQ2_XS", 254, "auto", dict(expert_cache=strata_all // 3),
              dict(greedy=2, records=False, pack_options=STRATA2[2]))):
         rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "stream_min": "auto"}, **kw))
-    # ---- stage_predict: a staged layer's predicted experts copied before its routing ----
-    # The small pack's staged layers (a short prompt, a third cached) with half and all of the
-    # predicted experts; the 2-layer strata pack at 254 tokens. Arm name: pred.
-    for preset, etype, n, chunk, arm, kw in (
-            ("small", "Q8_0", 24, "auto", dict(expert_cache=_all_experts("small") // 3, ring=96, stage_predict=50), {}),
-            ("small", "IQ2_XS", 130, 64, dict(expert_cache=0, ring=16, stage_predict=100), {}),
-            ("strata", "IQ2_XS", 254, "auto", dict(expert_cache=strata_all // 3, stage_predict=50),
-             dict(greedy=1, records=False, pack_options=STRATA2[2]))):
-        rows.append(_row("cuda", preset, etype, n, chunk, arm, **kw))
     return rows
 
 
@@ -877,10 +867,6 @@ def _sim_rows() -> list[ParityCase]:
             ("tiny", "IQ2_XS", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, ring_in_place=1), dict(sim_seed=4)),
             ("tiny", "F16", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, in_place=0), dict(seed=22))):
         rows.append(_row("sim", preset, etype, n, chunk, {**arm, "stream_min": "auto"}, seed=kw.pop("seed", 43), **kw))
-    # ---- stage_predict (the cuda rows' cases on the sim) ----
-    rows.append(_row("sim", "small", "Q8_0", 24, "auto", dict(expert_cache=_all_experts("small") // 3, ring=96,
-                                                               stage_predict=50), sim_seed=5))
-    rows.append(_row("sim", "small", "IQ2_XS", 130, 64, dict(expert_cache=0, ring=16, stage_predict=100), sim_seed=6))
     return rows
 
 

@@ -67,11 +67,10 @@ def assert_same_run(a: Run, b: Run, pack, what: str) -> None:
 
 def copied_by_choices(pack, engine) -> int:
     """The bytes a fast engine's walks copy, from its units' records (fast.walk.WalkChoice): a
-    streamed layer every streamed expert of it, a staged one its routed ones and those
-    stage_predict copied before its routing that it did not route (a copy counter
+    streamed layer every streamed expert of it, a staged one its routed ones (a copy counter
     that differs from this copied something no walk chose, or missed something)."""
     n_layer = pack.config.n_layer
     blob = [2 * pack.expert_blob_bytes(l)[0] + pack.expert_blob_bytes(l)[1] for l in range(n_layer)]
     n = [len(engine.placement.streamed(l)) for l in range(n_layer)]
-    return sum(blob[l] * (n[l] if c.streams else u.routed[l] + u.prefetched.get(l, 0) - u.hits.get(l, 0))
+    return sum(blob[l] * (n[l] if c.streams else u.routed[l])
                for u in engine.walk_choices for l, c in enumerate(u.layers) if c.walk != "resident")
