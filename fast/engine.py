@@ -183,10 +183,10 @@ class FastEngine:
             return self.moe_half(layer, x, dump)
 
     def _copies_after_attention(self, layer: int) -> None:
-        """Layer 0's attention is queued: the rest of the unit pass's due copies now (a streamed
-        layer 0 opened it with PASS_HEAD of them, so the device starts attention without waiting
-        for the host to queue them all)."""
-        if layer == 0 and self._unit_pass is not None and self._unit.layers[0].streams:
+        """Layer 0's attention is queued: the rest of the unit pass's due copies now (the unit
+        opened it with PASS_HEAD of them, so the device starts attention without waiting for the
+        host to queue them all; a staged layer 0 has none yet)."""
+        if layer == 0 and self._unit_pass is not None:
             with self.be.host_phase("host planning"):
                 self._unit_pass.copy_ahead()
 
@@ -241,10 +241,11 @@ class FastEngine:
     def _layer_pass(self, layer: int, tab):
         """The layer has routed (its counts reach the host here): the pass its streamed experts
         come through and whether it streams. A staged layer's routed streamed experts join the
-        unit pass (or, with stage_in_ring 0, a pass of the staging ring of their own): PASS_HEAD of
-        their copies are queued here and the rest by the walk, after the layer's resident gate/up,
-        so neither the link nor the compute stream waits for the host to queue the other's work; then the next layers' walks that wait for this routing are chosen,
-        so a streamed next layer's copies follow this one's without a gap."""
+        unit pass (or, with stage_in_ring 0, a pass of the staging ring of their own): PASS_HEAD
+        of their copies are queued here and the rest by the walk, after the layer's resident
+        gate/up, so neither the link nor the compute stream waits for the host to queue the
+        other's work. Then the next layers' walks that waited for this routing are chosen, so a
+        streamed next layer's copies follow this one's without a gap."""
         p, cfg = self.placement, self.config
         resident = p.resident[layer]
         with self.be.host_phase("host planning"):
