@@ -176,9 +176,9 @@ SWITCHES = (
     Switch("copy_coalesce", "STRATA_PREFILL_COPY_COALESCE", ON, SCHEDULE, OnOff(),
            "1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy per expert"),
     Switch("stage_in_ring", "STRATA_PREFILL_STAGE_IN_RING", ON, SCHEDULE, OnOff(),
-           "1: the staged walk copies a layer's routed streamed experts through the streamed walk's "
-           "ring, which a staged chunk leaves idle (all of a layer's copies queued at once where they "
-           "fit, coalesced); 0: through the 8-slot staging ring"),
+           "1: a staged layer's routed streamed experts join the unit's pass of the streamed walk's "
+           "ring, behind the layers before it (all of a layer's copies queued at once where they fit, "
+           "coalesced); 0: they go through the 8-slot staging ring, a pass of their own"),
     Switch("flush_on_skip", "STRATA_PREFILL_FLUSH_ON_SKIP", OFF, SCHEDULE, OnOff(),
            "1: the streamed walk gathers what an open group holds whenever it meets a ring entry "
            "the routing skipped; 0: the group is held across skipped entries (released unused at "
