@@ -519,7 +519,8 @@ class WalkChoice:
 
 
 def _runs_of_layers(layers: list):
-    """Consecutive layers with the same (walk, basis kind): ((walk, basis), first, last, coverages)."""
+    """Consecutive layers with the same (walk, basis kind): ((walk, basis), first, last,
+    [(coverage, need)] of those that have them)."""
     out = []
     for i, c in enumerate(layers):
         key = (c.walk, "layer" if c.basis.startswith("layer") else c.basis)
@@ -581,12 +582,13 @@ def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: i
     first unit), the token prior: streamed from STREAM_MIN tokens. Another layer's measure can
     stage a layer the prior would stream, never stream one the prior stages: it is a weaker
     estimate than the layer's own (the 8-layer strata pack's coverage falls with depth, so the
-    layer before overestimates), and below STREAM_MIN tokens a layer's compute hides little. Every choice that needs no
-    routing of this unit (the threshold, a measured last unit) can be made at the unit's start,
-    so the unit pass then holds every streamed layer's entries from its first copy on. streamed[l]:
-    layer l's streamed experts; blob_bytes[l]: one of its blobs. Only integers and the routing,
-    which both implementations share, go in: the same prompt makes the same choices on every
-    run, and they change what is copied and when, never a byte."""
+    layer before overestimates), and below STREAM_MIN tokens a layer's compute hides little.
+    Every choice that needs no routing of this unit (the threshold, a measured last unit) can
+    be made at the unit's start, so the unit pass then holds every streamed layer's entries
+    from its first copy on. streamed[l]: layer l's streamed experts; blob_bytes[l]: one of its
+    blobs. Only integers and the routing, which both implementations share, go in: the same
+    prompt makes the same choices on every run, and they change what is copied and when, never
+    a byte."""
     if not streamed[layer]:
         return LayerChoice("resident", "threshold" if stream_min != AUTO else "none")
     if stream_min != AUTO:

@@ -124,12 +124,14 @@ def test_nothing_streamed_is_resident():
 
 def test_a_unit_s_line_names_each_run_of_layers():
     u = begin_unit(n_tok=4096, stream_min=AUTO, streamed=[342, 341, 341], blob_bytes=[BLOB] * 3)
-    u.layers += [_layer(4096, streamed=(342, 341, 341)), _layer(4096, 1, streamed=(342, 341, 341), routed=[300, None, None])]
+    three = (342, 341, 341)
+    u.layers += [_layer(4096, streamed=three), _layer(4096, 1, streamed=three, routed=[300, None, None])]
     assert u.walk == "streamed" and u.streams  # the prior streams layer 0 at 4,096 tokens
-    u.layers.append(_layer(4096, 2, streamed=(342, 341, 341), routed=[300, 100, None]))
+    u.layers.append(_layer(4096, 2, streamed=three, routed=[300, 100, None]))
     assert u.walk == "mixed" and not u.streams
     line = u.line()
-    assert line.startswith("mixed: 4096 tokens, L0 streamed (no routing of the layer measured yet, 4096 tokens >= 1024)"), line
+    assert line.startswith("mixed: 4096 tokens, L0 streamed (no routing of the layer measured yet, "
+                           "4096 tokens >= 1024)"), line
     assert "L1 streamed (coverage 0.88 >= 0.63, from the previous layer's routing)" in line
     assert "L2 staged (coverage 0.29 < 0.63" in line and "1024 streamed experts, 3.69 GB a pass" in line
 
