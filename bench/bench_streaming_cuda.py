@@ -1,6 +1,7 @@
 """Expert streaming on the GPU: arms interleaved on fresh prompts, against the all-resident run.
 
     python3 bench/bench_streaming_cuda.py --pack strata8.gguf --tokens 254,1030,3866,8179,30118
+    python3 bench/bench_streaming_cuda.py --plot streaming.json streaming.png   # needs matplotlib
 
 Arms (each its own engine on the same pack): `resident` (every expert in the expert cache),
 and with a cache of `--cache-share` of the experts, switches over the defaults (arm_table):
@@ -144,9 +145,82 @@ def format_table(results: list[dict], head: str) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict], path: str, head: str = "") -> None:
+    """One panel per prompt length: each arm's median time as a bar (one color an arm name),
+    labelled with the bytes it copied, and its floor (max(resident, bytes / LINK_GBS)) as a black
+    tick across the bar; the PNG written atomically (strata.atomic). results: main's rows, of one
+    run or several; head: the title's first part (default: the rows' cache share)."""
+    import io
+
+    import matplotlib  # noqa: PLC0415 - optional ([plot] extra)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from strata import atomic  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.8), squeeze=False)
+    palette = ["#4f81bd", "#c0504d", "#9bbb59", "#8064a2", "#f79646", "#4bacc6"]
+    names = list(dict.fromkeys(a for row in results for a in row["arms"] if a != "resident"))
+    colors = {a: palette[i % len(palette)] for i, a in enumerate(names)} | {"resident": "#a6a6a6"}
+    for ax, row in zip(axes[0], results):
+        arms = list(row["arms"])
+        res = row["arms"]["resident"]["ms"]
+        for i, a in enumerate(arms):
+            v = row["arms"][a]
+            color = colors[a]
+            ax.bar(i, v["ms"], color=color, width=0.7)
+            gb = v["copy_bytes"] / 1e9
+            ax.text(i, v["ms"], f"{v['ms']:.0f} ms\n{gb:.2f} GB" if gb else f"{v['ms']:.0f} ms",
+                    ha="center", va="bottom", fontsize=7)
+            if a != "resident":
+                floor = max(res, v["copy_bytes"] / (LINK_GBS * 1e9) * 1e3)
+                ax.plot([i - 0.35, i + 0.35], [floor, floor], color="black", linewidth=1.5)
+        ax.set_xticks(range(len(arms)))
+        ax.set_xticklabels(arms, rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 1.25 * max(v["ms"] for v in row["arms"].values()))
+        ax.set_title(f"{row['tokens']:,} tokens", fontsize=9)
+        ax.set_ylabel("ms" if ax is axes[0][0] else "")
+    if not head and results:
+        head = f"cache {results[0]['cache']:,} of {results[0]['experts']:,} experts"
+    fig.suptitle((head + "; " if head else "") + f"black: the floor, max(resident, bytes / {LINK_GBS} GB/s)",
+                 fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic.write_bytes(path, buf.getvalue())
+
+
+def _plot_main(p, paths: list[str]) -> int:
+    """--plot JSON [JSON ...] PNG: redraw saved results (no GPU); never over one of the inputs."""
+    *inputs, png = paths
+    if not inputs:
+        p.error("--plot needs at least one results JSON and the PNG to write")
+    if any(Path(png).resolve() == Path(j).resolve() for j in inputs):
+        p.error(f"--plot: {png} is one of the inputs; the picture needs a path of its own")
+    results = []
+    for j in inputs:
+        try:
+            rows = json.loads(Path(j).read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--plot: cannot read {j}: {e}")
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "arms" in r for r in rows):
+            p.error(f"--plot: {j} is not a bench_streaming_cuda.py results file (a list of rows with arms)")
+        results += rows
+    try:
+        plot(results, png)
+    except ImportError:
+        p.error("--plot needs matplotlib (pip install -e '.[plot]')")
+    print(f"wrote {png}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--pack", required=True, help="GGUF pack")
+    p.add_argument("--pack", help="GGUF pack (required for a GPU run)")
+    p.add_argument("--plot", nargs="+", metavar="PATH",
+                   help="JSON [JSON ...] PNG: draw saved results, one panel per prompt length (no GPU)")
     p.add_argument("--tokens", default="254,1030,3866,8179,30118",
                    help="comma-separated prompt lengths (default 254,1030,3866,8179,30118)")
     p.add_argument("--reps", type=int, default=3, help="fresh prompts per length, every arm on each (default 3)")
@@ -157,6 +231,10 @@ def main(argv=None) -> int:
                    help="comma-separated streamed arms (default all: " + ", ".join(arm_table()) + ")")
     p.add_argument("--out", default="streaming.json", help="JSON results")
     args = p.parse_args(argv)
+    if args.plot:
+        return _plot_main(p, args.plot)
+    if not args.pack:
+        p.error("--pack is required for a GPU run (or --plot JSON PNG)")
     table = arm_table(args.window)
     chosen = pick_arms(args.arms or ",".join(table), table)
     pack = Pack.open(args.pack)

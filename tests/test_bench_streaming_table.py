@@ -1,6 +1,7 @@
 """bench/bench_streaming_cuda.py's CPU side: its arm table (the window arms beside the others),
 the arm choice, each arm's row from its reps (bytes per token, link busy share and rate, the
-floor) and the Markdown table over a results dict, on made-up and random numbers."""
+floor), the Markdown table over a results dict and its picture (--plot), on made-up and random
+numbers."""
 import importlib.util
 import re
 from pathlib import Path
@@ -102,3 +103,46 @@ def test_the_script_still_parses_its_command_line(bsc):
     assert e.value.code == 0
     with pytest.raises(SystemExit, match="unknown arm"):
         bsc.main(["--pack", "none.gguf", "--arms", "nope"])  # refused before the pack is opened
+
+
+def _random_results(bsc, seed):
+    rng = np.random.default_rng(seed)
+    results = []
+    for n in (254, 8179):
+        res_s = float(rng.uniform(0.02, 1.0))
+        row = {"tokens": n, "cache": 1365, "experts": 4096, "arms": {}}
+        for a in ["resident", "default", "threshold"]:
+            counts = {k: int(rng.integers(1, 10_000)) for k in bsc.COUNTED}
+            counts["copy_bytes"] = 0 if a == "resident" else int(rng.integers(1, 30_000_000_000))
+            times = rng.uniform(0.02, 1.5, 3).tolist()
+            busy = [(float(rng.uniform(0.001, t)), counts["copy_bytes"]) for t in times]
+            row["arms"][a] = bsc.arm_row(n, times, busy, counts, 8192, None if a == "resident" else res_s)
+        results.append(row)
+    return results
+
+
+def test_plot_draws_saved_results_and_never_over_an_input(bsc, tmp_path, capsys):
+    """--plot JSON [JSON ...] PNG: a PNG of one panel per prompt length, without a GPU; the
+    picture may not take an input's path, and a file that is not results is named."""
+    pytest.importorskip("matplotlib")
+    import json
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_random_results(bsc, 0)))
+    b.write_text(json.dumps(_random_results(bsc, 1)[:1]))
+    png = tmp_path / "out.png"
+    assert bsc.main(["--plot", str(a), str(b), str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    before = a.read_bytes()
+    with pytest.raises(SystemExit):
+        bsc.main(["--plot", str(a), str(a)])
+    assert a.read_bytes() == before
+    assert "is one of the inputs" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text('{"runs": []}')
+    with pytest.raises(SystemExit):
+        bsc.main(["--plot", str(tmp_path / "bad.json"), str(tmp_path / "x.png")])
+    assert "is not a bench_streaming_cuda.py results file" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+    with pytest.raises(SystemExit):
+        bsc.main([])
+    assert "--pack is required for a GPU run" in capsys.readouterr().err
