@@ -78,10 +78,9 @@ class FastEngine:
         #: (fast.walk.WalkChoice), in order; a prompt that starts at position 0 starts the list
         #: again (run --timing prints it)
         self.walk_choices: list = []
-        self._unit = None  # the unit running now: its WalkChoice
+        self._unit = None  # the unit running now: its WalkChoice (its tokens, what its layers routed so far)
         self._measured = None  # (tokens, routed streamed experts per layer) of the last whole unit
         self.window_reason: str | None = None  # why window_tokens took its window (run prints it)
-        self._routed = None  # the unit running now: its tokens and what its layers routed so far
         with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk) with "
                                f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
             self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=staging_slots)
@@ -200,13 +199,12 @@ class FastEngine:
         cfg, p = self.config, self.placement
         if first_position == 0:
             self.walk_choices, self._measured = [], None
-        elif self._routed is not None and None not in self._routed[1]:
-            self._measured = (self._routed[0], list(self._routed[1]))
-        self._routed = (int(n_tok), [None] * cfg.n_layer)
+        elif self._unit is not None and None not in self._unit.routed:
+            self._measured = (self._unit.tokens, list(self._unit.routed))
         auto = self.options.stream_min == options.AUTO
         self._unit = walk.begin_unit(n_tok=n_tok, stream_min=self.options.stream_min, streamed=self._n_streamed,
                                      blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
-        self._unit.routed = self._routed[1]  # one list: the unit's record fills as its layers route
+        self._unit.routed = [None] * cfg.n_layer  # filled as its layers route (_layer_pass)
         self.walk_choices.append(self._unit)
         self._unit_pass = self.passes.open(self.ring, [], head=0) if p.n_streamed else None
         self._choose_ahead()
@@ -225,13 +223,13 @@ class FastEngine:
         layers = self._unit.layers
         while len(layers) < self.config.n_layer:
             layer = len(layers)
-            if layers and layers[-1].walk == "staged" and self._routed[1][layer - 1] is None:
+            if layers and layers[-1].walk == "staged" and self._unit.routed[layer - 1] is None:
                 return  # that layer's routed entries come first, once it has routed
-            c = walk.choose_layer(layer=layer, n_tok=self._routed[0], stream_min=self.options.stream_min,
+            c = walk.choose_layer(layer=layer, n_tok=self._unit.tokens, stream_min=self.options.stream_min,
                                   k_used=self.config.n_expert_used, n_expert=self.config.n_expert,
                                   streamed=self._n_streamed, blob_bytes=self._blob_bytes,
                                   hide_per_token=self.options.stream_hide * 1000,
-                                  measured=self._measured if auto else None, routed=self._routed[1])
+                                  measured=self._measured if auto else None, routed=self._unit.routed)
             if c is None:
                 return
             layers.append(c)
@@ -246,12 +244,11 @@ class FastEngine:
         gate/up, so neither the link nor the compute stream waits for the host to queue the
         other's work. Then the next layers' walks that waited for this routing are chosen, so a
         streamed next layer's copies follow this one's without a gap."""
-        p, cfg = self.placement, self.config
-        resident = p.resident[layer]
+        resident = self.placement.resident[layer]
         with self.be.host_phase("host planning"):
             order = np.asarray(tab.order)
             routed = [int(e) for e in order[~resident[order]]]
-            self._routed[1][layer] = len(routed)
+            self._unit.routed[layer] = len(routed)
         streams = self._unit.layers[layer].streams
         if streams:
             ring_pass = self._unit_pass

@@ -51,14 +51,14 @@ def test_arm_row_by_hand(bsc):
     assert "vs_floor" not in bsc.arm_row(10, [1.0], [(0.0, 0)], {k: 0 for k in bsc.COUNTED}, 8192, None)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_format_table_gives_every_arm_its_figures(bsc, seed):
-    rng = np.random.default_rng(seed)
+def _random_results(bsc, rng, lengths, arms) -> list[dict]:
+    """main's rows on random numbers: per length, the resident arm and `arms`, each from
+    arm_row over random reps, the resident time the one the floors are taken against."""
     results = []
-    for n in sorted(rng.choice([254, 1030, 8179, 30118], 2, replace=False).tolist()):
+    for n in lengths:
         res_s = float(rng.uniform(0.02, 1.0))
-        row = {"tokens": n, "arms": {}}
-        for a in ["resident", "default", "window-off"]:
+        row = {"tokens": n, "cache": 1365, "experts": 4096, "arms": {}}
+        for a in ["resident", *arms]:
             counts = {k: int(rng.integers(1, 10_000)) for k in bsc.COUNTED}
             counts["copy_bytes"] = 0 if a == "resident" else int(rng.integers(1, 30_000_000_000))
             times = rng.uniform(0.02, 1.5, 3).tolist()
@@ -66,6 +66,14 @@ def test_format_table_gives_every_arm_its_figures(bsc, seed):
             row["arms"][a] = bsc.arm_row(n, times, busy, counts, 8192, None if a == "resident" else res_s)
         row["arms"]["resident"]["ms"] = 1e3 * res_s
         results.append(row)
+    return results
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_format_table_gives_every_arm_its_figures(bsc, seed):
+    rng = np.random.default_rng(seed)
+    lengths = sorted(rng.choice([254, 1030, 8179, 30118], 2, replace=False).tolist())
+    results = _random_results(bsc, rng, lengths, ["default", "window-off"])
     text = bsc.format_table(results, "head line")
     lines = text.splitlines()
     assert lines[0] == "head line"
@@ -105,22 +113,6 @@ def test_the_script_still_parses_its_command_line(bsc):
         bsc.main(["--pack", "none.gguf", "--arms", "nope"])  # refused before the pack is opened
 
 
-def _random_results(bsc, seed):
-    rng = np.random.default_rng(seed)
-    results = []
-    for n in (254, 8179):
-        res_s = float(rng.uniform(0.02, 1.0))
-        row = {"tokens": n, "cache": 1365, "experts": 4096, "arms": {}}
-        for a in ["resident", "default", "threshold"]:
-            counts = {k: int(rng.integers(1, 10_000)) for k in bsc.COUNTED}
-            counts["copy_bytes"] = 0 if a == "resident" else int(rng.integers(1, 30_000_000_000))
-            times = rng.uniform(0.02, 1.5, 3).tolist()
-            busy = [(float(rng.uniform(0.001, t)), counts["copy_bytes"]) for t in times]
-            row["arms"][a] = bsc.arm_row(n, times, busy, counts, 8192, None if a == "resident" else res_s)
-        results.append(row)
-    return results
-
-
 def test_plot_draws_saved_results_and_never_over_an_input(bsc, tmp_path, capsys):
     """--plot JSON [JSON ...] PNG: a PNG of one panel per prompt length, without a GPU; the
     picture may not take an input's path, and a file that is not results is named."""
@@ -128,8 +120,9 @@ def test_plot_draws_saved_results_and_never_over_an_input(bsc, tmp_path, capsys)
     import json
 
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    a.write_text(json.dumps(_random_results(bsc, 0)))
-    b.write_text(json.dumps(_random_results(bsc, 1)[:1]))
+    rng = np.random.default_rng(0)
+    a.write_text(json.dumps(_random_results(bsc, rng, [254, 8179], ["default", "threshold"])))
+    b.write_text(json.dumps(_random_results(bsc, rng, [30118], ["default", "window-off"])))
     png = tmp_path / "out.png"
     assert bsc.main(["--plot", str(a), str(b), str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

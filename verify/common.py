@@ -69,8 +69,7 @@ def copied_by_choices(pack, engine) -> int:
     """The bytes a fast engine's walks copy, from its units' records (fast.walk.WalkChoice): a
     streamed layer every streamed expert of it, a staged one its routed ones (a copy counter
     that differs from this copied something no walk chose, or missed something)."""
-    n_layer = pack.config.n_layer
-    blob = [2 * pack.expert_blob_bytes(l)[0] + pack.expert_blob_bytes(l)[1] for l in range(n_layer)]
-    n = [len(engine.placement.streamed(l)) for l in range(n_layer)]
+    blob = [pack.expert_blob_size(l) for l in range(pack.config.n_layer)]
+    n = [len(engine.placement.streamed(l)) for l in range(pack.config.n_layer)]
     return sum(blob[l] * (n[l] if c.streams else u.routed[l])
                for u in engine.walk_choices for l, c in enumerate(u.layers) if c.walk != "resident")
