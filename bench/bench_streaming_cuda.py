@@ -9,7 +9,9 @@ and with a cache of `--cache-share` of the experts, switches over the defaults (
 layer-major windows sized from free memory where experts stream; each layer's walk chosen by
 coverage), `threshold` (STRATA_PREFILL_STREAM_MIN=1024: every layer of a unit of 1,024 tokens
 or more streams, the rule before coverage), `hide-55` and `hide-220` (STRATA_PREFILL_STREAM_HIDE at half and twice
-its default: the rule's one constant), `gathered`
+its default: the rule's one constant), `head-0` (STRATA_PREFILL_STAGE_HEAD=0: a staged layer
+copies only its routed experts, after its routing, the walk before heads), `head-24` and
+`head-96` (heads of 24 and 96 experts a staged layer instead of auto's model), `gathered`
 (STRATA_PREFILL_RING_IN_PLACE=0: gathered into the group buffers, one wait, gather and event a
 group), `ring-run-16` (runs of a group's 16), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0),
 `gather-q` (STRATA_QUANT_GATHER=1), `one-copy` (STRATA_PREFILL_COPY_COALESCE=0: one copy per
@@ -56,6 +58,9 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
         "threshold": {"stream_min": STREAM_MIN},
         "hide-55": {"stream_hide": STREAM_HIDE_KB // 2},
         "hide-220": {"stream_hide": 2 * STREAM_HIDE_KB},
+        "head-0": {"stage_head": 0},
+        "head-24": {"stage_head": 24},
+        "head-96": {"stage_head": 96},
         "per-expert": {"group_gather": 0},
         "gather-q": {"quant_gather": 1},
         "one-copy": {"copy_coalesce": 0},

@@ -205,6 +205,7 @@ class FastEngine:
         self._unit = walk.begin_unit(n_tok=n_tok, stream_min=self.options.stream_min, streamed=self._n_streamed,
                                      blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
         self._unit.routed = [None] * cfg.n_layer  # filled as its layers route (_layer_pass)
+        self._unit.in_head = [0] * cfg.n_layer
         self.walk_choices.append(self._unit)
         self._unit_pass = self.passes.open(self.ring, [], head=0) if p.n_streamed else None
         self._choose_ahead()
@@ -216,9 +217,10 @@ class FastEngine:
         """Choose the walk of every next layer that can be chosen now (fast.walk.choose_layer:
         under the threshold or with the last unit measured every one, else up to the first that
         needs a routing of this unit not yet known), up to and with the first staged one: the
-        pass holds the layers' entries in layer order, and a staged layer's are known only once
-        it has routed. A streamed one appends all of its streamed experts to the unit pass,
-        behind the layers before it (the walk queues their copies as the ring frees slots)."""
+        pass holds the layers' entries in layer order, and a staged layer's routed ones are known
+        only once it has routed. A streamed one appends all of its streamed experts to the unit
+        pass, behind the layers before it (the walk queues their copies as the ring frees slots);
+        a staged one (with stage_in_ring) its head (fast.walk.stage_head), the rest at its routing."""
         auto = self.options.stream_min == options.AUTO
         layers = self._unit.layers
         while len(layers) < self.config.n_layer:
@@ -232,35 +234,47 @@ class FastEngine:
                                   measured=self._measured if auto else None, routed=self._unit.routed)
             if c is None:
                 return
+            if c.walk == "staged" and self.options.stage_in_ring:
+                c = dataclasses.replace(c, head=walk.stage_head(
+                    n_tok=self._unit.tokens, blob_bytes=self._blob_bytes[layer], n_streamed=self._n_streamed[layer],
+                    k_used=self.config.n_expert_used, n_expert=self.config.n_expert, setting=self.options.stage_head))
             layers.append(c)
-            if c.streams:
-                self._unit_pass.extend([(layer, int(e)) for e in self.placement.streamed(layer)])
+            ahead = c.ahead(self._n_streamed[layer]) if c.walk != "resident" else 0
+            if ahead:
+                self._unit_pass.extend([(layer, int(e)) for e in self.placement.streamed(layer)[:ahead]])
 
     def _layer_pass(self, layer: int, tab):
         """The layer has routed (its counts reach the host here): the pass its streamed experts
-        come through and whether it streams. A staged layer's routed streamed experts join the
-        unit pass (or, with stage_in_ring 0, a pass of the staging ring of their own): PASS_HEAD
-        of their copies are queued here and the rest by the walk, after the layer's resident
-        gate/up, so neither the link nor the compute stream waits for the host to queue the
-        other's work. Then the next layers' walks that waited for this routing are chosen, so a
-        streamed next layer's copies follow this one's without a gap."""
+        come through and how many of them (lowest ids first) were queued before its routing (all
+        where it streams; a staged layer's head). A staged layer's routed streamed experts beyond
+        its head join the unit pass (or, with stage_in_ring 0, a pass of the staging ring of
+        their own): PASS_HEAD of their copies are queued here and the rest by the walk, after the
+        layer's resident gate/up, so neither the link nor the compute stream waits for the host
+        to queue the other's work. Then the next layers' walks that waited for this routing are
+        chosen, so a next layer's copies (all of them, or its head) follow this one's without a
+        gap."""
         resident = self.placement.resident[layer]
         with self.be.host_phase("host planning"):
             order = np.asarray(tab.order)
             routed = [int(e) for e in order[~resident[order]]]
             self._unit.routed[layer] = len(routed)
-        streams = self._unit.layers[layer].streams
-        if streams:
+        choice = self._unit.layers[layer]
+        ahead = choice.ahead(self._n_streamed[layer])
+        if choice.streams:
             ring_pass = self._unit_pass
         elif self.options.stage_in_ring and self._unit_pass is not None:
             ring_pass = self._unit_pass
             with self.be.host_phase("host planning"):
-                ring_pass.extend([(layer, e) for e in routed])
+                # the head holds the lowest ids, so the routed ones past it keep the entries ascending
+                last = int(self.placement.streamed(layer)[ahead - 1]) if ahead else -1
+                rest = [(layer, e) for e in routed if e > last]
+                ring_pass.extend(rest)
                 ring_pass.copy_ahead(PASS_HEAD)  # the rest once the resident gate/up is queued (the walk's copy_ahead)
+            self._unit.in_head[layer] = len(routed) - len(rest)
         else:
             ring_pass = self.passes.open(self.staging, [(layer, e) for e in routed])
         self._choose_ahead()
-        return ring_pass, streams
+        return ring_pass, ahead
 
     # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
     def _rec(self, dump, layer: int, op: str, array, slot=None, on_host: bool = False) -> None:
@@ -362,10 +376,10 @@ class FastEngine:
         shared = self._shared_phase(layer, p, h) if o.overlap_plan else None
 
         # 4. The per-expert walk (fast/walk.py), through the pass its walk chose.
-        ring_pass, streams = self._layer_pass(layer, tab)
+        ring_pass, ahead = self._layer_pass(layer, tab)
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
-                                placement=self.placement, ring_pass=ring_pass, streams=streams, options=o,
+                                placement=self.placement, ring_pass=ring_pass, ahead=ahead, options=o,
                                 group_size=self.group_size, keep_h=dump is not None and dump.ops)
 
         # 5. The shared expert, where it was not queued before the walk.

@@ -166,6 +166,12 @@ SWITCHES = (
            "stream_min auto: the KB of copies one token's compute of a layer hides; a layer of a chunk "
            "of T tokens streams where the bytes it would copy for experts its routing skips fit in T "
            "times this (fast.walk.stream_need), else it stages"),
+    Switch("stage_head", "STRATA_PREFILL_STAGE_HEAD", AUTO, SCHEDULE, Count(0, auto=True, metavar="N|auto"),
+           "stage_in_ring: a staged layer's first N streamed experts (by id) are copied before its "
+           "routing is known, right behind the layer before it, so the link works while the layer "
+           "before finishes and this one's attention and router run; its routed ones beyond them after "
+           "its routing, as before; auto: what the link copies in the time a staged layer leaves it "
+           "idle (fast.walk.stage_head); 0: only routed experts, after the routing"),
     Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
            "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "

@@ -10,8 +10,13 @@ its copies must be queued (layer 0 before the unit's first attention, layer l on
 routing is on the host): in the streamed walk the layer's entries are every one of its streamed
 experts, appended to the unit's ring pass behind the previous layer's, so its copies run while
 earlier layers compute and the walk also meets the entries the routing skipped; in the staged
-walk they are only its routed streamed experts, appended once its routing is known (through the
-same ring by default; with stage_in_ring 0 through a pass of the 8-slot staging ring). By
+walk they are its routed streamed experts, appended once its routing is known (through the
+same ring by default; with stage_in_ring 0 through a pass of the 8-slot staging ring), after a
+*head*: its first streamed experts by id, appended as soon as the layer is chosen, so the link
+copies them while the layer before finishes and this one's attention and router run, time it
+would otherwise spend idle (stage_head; the routing decides which of them the walk multiplies
+and which it releases unused, as in the streamed walk). Both walks' entries ascend with the
+ids. By
 default (stream_min auto) a layer streams where the bytes it would copy for experts its routing
 is expected to skip (measured on the prompt's last unit or the unit's previous layer) fit under
 its own compute (stream_need); with stream_min N every layer of a unit of N tokens or more
@@ -62,7 +67,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.constants import MMQ_GROUP, STREAM_MIN
+from strata.constants import COPY_BYTES_PER_S, MMQ_GROUP, STAGE_GAP_PER_TOKEN_S, STAGE_GAP_S, STREAM_MIN
 
 from fast.options import AUTO  # stream_min auto: the coverage rule
 
@@ -175,14 +180,15 @@ class ExpertRows:
 
 
 def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout, placement, ring_pass,
-                streams: bool, options, group_size: int, keep_h: bool = False) -> ExpertRows:
+                ahead: int, options, group_size: int, keep_h: bool = False) -> ExpertRows:
     """Step 4 of the MoE half: every routed expert's gate/up, SwiGLU, quantize of H and down,
     over the routing tables `tab` and the quantized MoE input `moe_in` (n_rows rows). Plans
     the groups (and with in_place the resident Batch), takes the layer's streamed experts
-    through `ring_pass`, which holds the layer's entries (streams: every streamed expert of the
-    layer, the streamed walk; else its routed ones, the staged walk) and returns the filled
-    buffers. keep_h: keep H on the host for the op records. down_layout None: a float down
-    type, whose input H is not quantized."""
+    through `ring_pass`, which holds the layer's entries: its first `ahead` streamed experts
+    (ascending ids), queued before its routing was known (the streamed walk: every one; a staged
+    layer's head, stage_head), then its routed ones beyond them (the staged walk's, queued after
+    the routing); and returns the filled buffers. keep_h: keep H on the host for the op records.
+    down_layout None: a float down type, whose input H is not quantized."""
     n_ff = config.n_ff_exp
     down_in = be.alloc_f32((n_rows, n_ff)) if down_layout is None else be.alloc_q8(n_rows, n_ff)
     rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
@@ -203,7 +209,7 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     if in_place is not None:  # queued before the rest is planned: the device multiplies while the host plans
         lw.batch_gate_up(in_place)
     with be.host_phase("host planning"):
-        visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer))) if streams else walked
+        visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer)[:ahead])) if ahead else walked
         groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)
         bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
     if in_ring:
@@ -443,8 +449,9 @@ def scaled_coverage(measured: float, n_measured: int, n_tok: int) -> float:
 @dataclass(frozen=True)
 class LayerChoice:
     """One layer's walk in a unit: "streamed" (every streamed expert of the layer crosses the
-    link, queued before its routing is known), "staged" (only its routed ones, after its routing)
-    or "resident" (it streams nothing). basis: "threshold" (stream_min N), "prior" (no routing
+    link, queued before its routing is known), "staged" (its first `head` streamed experts
+    queued before its routing, stage_head, and its routed ones beyond them after it) or
+    "resident" (it streams nothing). basis: "threshold" (stream_min N), "prior" (no routing
     measured yet: the STREAM_MIN token prior), "last unit" (the same layer of the prompt's last
     whole unit, scaled to this unit's tokens) or "layer L" (layer L of this unit, the same
     tokens); coverage: the estimate, need: the coverage the layer streams from (stream_need;
@@ -454,10 +461,15 @@ class LayerChoice:
     basis: str
     coverage: float | None = None
     need: float | None = None
+    head: int = 0  # a staged layer's streamed experts copied before its routing (stage_head)
 
     @property
     def streams(self) -> bool:
         return self.walk == "streamed"
+
+    def ahead(self, n_streamed: int) -> int:
+        """How many of the layer's streamed experts (ascending ids) are queued before its routing."""
+        return n_streamed if self.streams else self.head
 
 
 @dataclass
@@ -467,7 +479,9 @@ class WalkChoice:
     by choose_layer); layers: one LayerChoice per layer, appended as the walk reaches them;
     measured: the tokens of the earlier unit whose routing the rule read (None: none yet);
     streamed_bytes: what a pass of every streamed expert copies; routed: how many of each
-    layer's streamed experts the unit routed (the engine fills it as the layers route)."""
+    layer's streamed experts the unit routed, in_head: how many of those a staged layer's head
+    held (the others were copied after its routing); the engine fills both as the layers
+    route."""
 
     rule: str
     tokens: int
@@ -477,6 +491,7 @@ class WalkChoice:
     layers: list = field(default_factory=list)
     measured: int | None = None
     routed: list = field(default_factory=list)  # per layer: its routed streamed experts (None: not yet)
+    in_head: list = field(default_factory=list)  # per layer: its routed streamed experts in its head
 
     @property
     def walk(self) -> str:
@@ -500,8 +515,8 @@ class WalkChoice:
         if self.rule == "threshold":
             cmp = ">=" if self.streams else "<"
             return f"{self.walk}: {self.tokens} tokens {cmp} stream_min {self.stream_min} ({size})"
-        parts = []
-        for (walk, basis), first, last, covs in _runs_of_layers(self.layers):
+        parts, layers = [], self.layers
+        for (walk, basis), first, last, covs in _runs_of_layers(layers):
             span = f"L{first}" if first == last else f"L{first}-{last}"
             if walk == "resident":
                 parts.append(f"{span} resident")
@@ -514,6 +529,10 @@ class WalkChoice:
                        else "the previous layer's routing")
                 why = (f"coverage {_span([c for c, _ in covs])} {'>=' if walk == 'streamed' else '<'} "
                        f"{_span([n for _, n in covs])}, from {src}")
+            heads = [c.head for c in layers[first:last + 1]] if walk == "staged" else []
+            if any(heads):
+                lo, hi = min(heads), max(heads)
+                why += f"; the first {lo if lo == hi else f'{lo}-{hi}'} copied ahead"
             parts.append(f"{span} {walk} ({why})")
         return f"{self.walk}: {self.tokens} tokens, " + "; ".join(parts) + f" ({size})"
 
@@ -561,6 +580,26 @@ def stream_need(n_tok: int, layer_bytes: int, hide_per_token: int) -> float:
     if layer_bytes <= 0:
         return 0.0
     return max(0.0, 1.0 - n_tok * hide_per_token / layer_bytes)
+
+
+def stage_head(*, n_tok: int, blob_bytes: int, n_streamed: int, k_used: int, n_expert: int, setting) -> int:
+    """A staged layer's head (the stage_head switch): how many of its streamed experts, lowest
+    ids first, are copied before its routing is known. Without them the link would idle from the
+    end of the layer before's copies until this layer's routing reaches the host (the layer
+    before's last products, this one's attention and router, the host's read of its counts);
+    the head fills that time, and whichever of its experts the routing skips cost link time that
+    was idle anyway. auto: the experts the link copies (COPY_BYTES_PER_S) in that time, modelled
+    as STAGE_GAP_S + n_tok * STAGE_GAP_PER_TOKEN_S, times the most a routing of n_tok tokens can
+    cover (expected_coverage): a head entry the model's time overruns delays the routed copies by
+    its whole copy and saves only where it is routed, so few tokens (a greedy step routes 2% of
+    512 experts) take a head of few or none. N: N experts. At most the layer's streamed experts
+    (a head of every one is the streamed walk's copies)."""
+    if setting == AUTO:
+        gap = STAGE_GAP_S + n_tok * STAGE_GAP_PER_TOKEN_S
+        n = int(gap * COPY_BYTES_PER_S * expected_coverage(n_tok, k_used, n_expert) // max(1, int(blob_bytes)))
+    else:
+        n = int(setting)
+    return max(0, min(n, int(n_streamed)))
 
 
 def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: int, streamed: list[int],

@@ -14,6 +14,12 @@ PINNED_SHARE = 0.90
 STAGING_SLOTS = 8  # the staged walk's own ring (stage_in_ring 0)
 STREAM_MIN = 1024  # the coverage rule's prior (no routing of a layer measured yet): units from here stream
 STREAM_HIDE_KB = 110  # STRATA_PREFILL_STREAM_HIDE default: KB of copies a token's compute of a layer hides (docs/results)
+# stage_head auto: the link time a staged layer would leave idle before its routing reaches the
+# host (the layer before's last products, its own attention and router, the host's read of the
+# counts), modelled as a fixed part and a part per token of the unit (fast.walk.stage_head;
+# docs/results/2026-12-02-walk-by-coverage.md: about 1.8 ms a layer at 254 tokens, 2.3 at 1,030)
+STAGE_GAP_S = 1.5e-3
+STAGE_GAP_PER_TOKEN_S = 1.2e-6
 COALESCE_MAX = 8  # experts one coalesced copy takes at most: copies of eight experts reach the
 # link's peak rate (docs/benchmarks.md, "The machine"), and the walk's first gather of a run
 # waits for no more than that

@@ -167,9 +167,9 @@ def _streamed_bytes(pack, engine) -> int:
                                                (1, ["streamed"] * 3)])
 def test_engine_threshold_choices_and_bytes_are_the_old_rule(make_test_pack, stream_min, walks):
     """A number for stream_min: the chunks that reach it stream (one whole pass each), the others
-    stage, every layer alike, exactly as before the coverage rule."""
+    stage, every layer alike, exactly as before the coverage rule (with no head: stage_head 0)."""
     pack = make_test_pack("tiny", "Q8_0")
-    eng = _engine(pack, expert_cache=4, ring=8, stream_min=stream_min)
+    eng = _engine(pack, expert_cache=4, ring=8, stream_min=stream_min, stage_head=0)
     Session(eng, chunk=32, progress=False).run(_prompt(pack, 70), greedy=0)
     assert [c.walk for c in eng.walk_choices] == walks
     assert all(c.rule == "threshold" and all(lc.basis == "threshold" for lc in c.layers) for c in eng.walk_choices)
@@ -291,7 +291,7 @@ def test_timing_prints_each_unit_s_walk(make_test_pack, capsys):
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("walk ")]
     assert len(lines) == 2, out
-    assert "L0-1 staged (no routing of the layer measured yet, 20 tokens < 1024)" in lines[0]
+    assert "L0-1 staged (no routing of the layer measured yet, 20 tokens < 1024; the first" in lines[0]
     assert "from the last 20 tokens' routing" in lines[1]
     assert main(argv + ["--stream-min", "30"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("walk ")]
@@ -320,3 +320,95 @@ def test_stream_hide_is_a_switch():
     # more hidden per token streams more: a layer staged at 55 KB a token streams at 220
     c = _layer(4096, layer=1, routed=[200, None], hide=55_000)
     assert not c.streams and _layer(4096, layer=1, routed=[200, None], hide=220_000).streams
+
+
+# ---- a staged layer's head (stage_head): copied before its routing ------------------------
+def test_stage_head_sizes():
+    from fast.walk import stage_head
+    from strata.constants import COPY_BYTES_PER_S, STAGE_GAP_PER_TOKEN_S, STAGE_GAP_S
+
+    blob = 2_690_000  # the strata pack's IQ2_XS blob (gate, up, down)
+    kw = dict(blob_bytes=blob, n_streamed=341, k_used=10, n_expert=512)
+    assert stage_head(n_tok=1030, setting=0, **kw) == 0
+    assert stage_head(n_tok=1030, setting=7, **kw) == 7
+    assert stage_head(n_tok=1030, setting=10_000, **kw) == 341  # at most every streamed expert
+    gap = STAGE_GAP_S + 1030 * STAGE_GAP_PER_TOKEN_S
+    assert stage_head(n_tok=1030, setting=AUTO, **kw) == int(gap * COPY_BYTES_PER_S
+                                                             * expected_coverage(1030, 10, 512) // blob)
+    autos = [stage_head(n_tok=n, setting=AUTO, **kw) for n in (1, 8, 64, 254, 1030, 4096, 50_000)]
+    assert autos == sorted(autos) and autos[-1] == 341  # more tokens, a longer gap and more of it routed
+    assert autos[0] == 0  # a greedy step routes 2% of the experts: no head worth its copies
+    assert 30 <= stage_head(n_tok=254, setting=AUTO, **kw) <= 40  # about 1.8 ms of the link
+    assert stage_head(n_tok=1030, setting=AUTO, **{**kw, "n_streamed": 0}) == 0
+    assert resolve({}).stage_head == AUTO
+    assert resolve({}, environ={"STRATA_PREFILL_STAGE_HEAD": "5"}).stage_head == 5
+
+
+def _head_engine(pack, log, **kw):
+    """A sim engine that notes, as each layer's routing reaches the host, the entries the unit
+    pass then holds for that layer."""
+    eng = _engine(pack, **kw)
+    real = eng._layer_pass
+
+    def layer_pass(layer, tab):
+        if eng._unit_pass is not None:
+            log.append((layer, [e for l, e in eng._unit_pass.entries if l == layer]))
+        return real(layer, tab)
+
+    eng._layer_pass = layer_pass
+    return eng
+
+
+@pytest.mark.parametrize("head", [0, 1, 3, 100])
+def test_a_staged_layers_head_is_queued_before_its_routing(make_test_pack, tmp_path, head):
+    """stage_head N: when a staged layer's routing reaches the host its pass already holds its
+    first N streamed experts (a head of more is every one), right behind the layer before's
+    entries; its routed ones past the head join after. The reference's bytes; the copies are
+    the head and the routed ones past it, no more."""
+    pack = make_test_pack("small", "Q8_0")
+    ids = _prompt(pack, 40, 8)
+    ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
+    log = []
+    eng = _head_engine(pack, log, expert_cache=_all(pack) // 3, ring=16, stage_head=head, stream_min=1024)
+    got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
+    assert_same_run(ref, got, pack, f"stage_head {head}")
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+    units = eng.walk_choices
+    assert len(units) == 2 and all(c.walk == "staged" for u in units for c in u.layers)
+    n_layer = pack.config.n_layer
+    assert len(log) == 2 * n_layer
+    for i, (layer, before) in enumerate(log):
+        streamed = [int(e) for e in eng.placement.streamed(layer)]
+        assert before == streamed[:head], (layer, before)
+        assert units[i // n_layer].layers[layer].head == min(head, len(streamed))
+    layers = [l for l, _ in eng._unit_pass.entries]
+    assert layers == sorted(layers)  # the last unit's pass: every layer's entries after the layer before's
+    for layer in range(n_layer):
+        mine = [e for l, e in eng._unit_pass.entries if l == layer]
+        assert mine == sorted(mine)  # head then the routed ones past it: ascending ids
+
+
+def test_a_head_costs_link_time_only(make_test_pack, tmp_path):
+    """A head of every streamed expert copies what the streamed walk copies, a head of none what
+    the earlier staged walk copies; one in between lies between them; the same bytes each time."""
+    pack = make_test_pack("small", "IQ2_XS")
+    ids = _prompt(pack, 48, 9)
+    ref = run_engine(ReferenceEngine(pack), ids, 48, tmp_path / "ref", greedy=0)
+    copied = {}
+    for name, kw in (("none", dict(stage_head=0)), ("some", dict(stage_head=5)), ("all", dict(stage_head=10_000)),
+                     ("streamed", dict(stream_min=1))):
+        eng = _engine(pack, expert_cache=_all(pack) // 3, ring=16, **kw)
+        got = run_engine(eng, ids, 48, tmp_path / name, greedy=0)
+        assert_same_run(ref, got, pack, name)
+        copied[name] = eng.counters["copy_bytes"]
+        assert copied[name] == copied_by_choices(pack, eng)
+    assert copied["none"] < copied["some"] < copied["all"] == copied["streamed"]
+
+
+def test_no_head_through_the_staging_ring(make_test_pack):
+    """stage_in_ring 0: a staged layer's pass is its own, of its routed experts only."""
+    pack = make_test_pack("small", "Q8_0")
+    eng = _engine(pack, expert_cache=_all(pack) // 3, ring=16, stage_in_ring=0, stage_head=4, stream_min=1024)
+    Session(eng, chunk=20, progress=False).run(_prompt(pack, 40, 8), greedy=0)
+    assert all(c.walk == "staged" and c.head == 0 for u in eng.walk_choices for c in u.layers)
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)

@@ -562,7 +562,8 @@ class ParityCase:
 def _arm_name(arm: dict) -> str:
     short = {"group_gather": "gg", "quant_gather": "qg", "overlap_plan": "op", "fuse_group": "fg",
              "in_place": "ip", "copy_coalesce": "co", "expert_cache": "cache", "ring": "ring",
-             "stream_min": "smin", "group_size": "gs", "window": "win", "ring_in_place": "rip"}
+             "stream_min": "smin", "group_size": "gs", "window": "win", "ring_in_place": "rip",
+             "stage_head": "sh"}
     return ",".join(f"{short.get(k, k)}{v}" for k, v in arm.items()) or "default"
 
 
@@ -751,6 +752,21 @@ def _cuda_rows() -> list[ParityCase]:
             ("strata", "IQ2_XS", 254, "auto", dict(expert_cache=strata_all // 3),
              dict(greedy=2, records=False, pack_options=STRATA2[2]))):
         rows.append(_row("cuda", preset, etype, n, chunk, {**arm, "stream_min": "auto"}, **kw))
+    # ---- stage_head (issue 26, item 3): a staged layer's first experts copied before its routing --
+    # Staged chunks with heads of none, a few and more than a layer streams (auto is every row's
+    # default above), group and per-expert mode, the gathered walk, the 2-layer strata pack at
+    # 254 tokens with a third cached (auto: a head of part of each layer). Arm name: sh.
+    for preset, etype, n, chunk, arm, kw in (
+            ("tiny", "Q8_0", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, stream_min=1024, stage_head=0),
+             dict(quick=True)),
+            ("tiny", "IQ2_XS", 130, 64, dict(expert_cache=0, ring=8, stream_min=1024, stage_head=3), {}),
+            ("tiny", "Q2_K", 200, 64, dict(expert_cache=tiny_all // 3, ring=16, stream_min=1024, stage_head=2,
+                                            group_gather=0), dict(prompt="few")),
+            ("small", "IQ2_XS", 600, 128, dict(expert_cache=_all_experts("small") // 3, ring=16, stream_min=1024,
+                                                stage_head=9, ring_in_place=0), {}),
+            ("strata", "IQ2_XS", 254, "auto", dict(expert_cache=strata_all // 3, stage_head=40),
+             dict(greedy=1, records=False, pack_options=STRATA2[2]))):
+        rows.append(_row("cuda", preset, etype, n, chunk, arm, **kw))
     return rows
 
 
@@ -867,6 +883,17 @@ def _sim_rows() -> list[ParityCase]:
             ("tiny", "IQ2_XS", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, ring_in_place=1), dict(sim_seed=4)),
             ("tiny", "F16", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, in_place=0), dict(seed=22))):
         rows.append(_row("sim", preset, etype, n, chunk, {**arm, "stream_min": "auto"}, seed=kw.pop("seed", 43), **kw))
+    # ---- stage_head (issue 26, item 3): staged chunks with heads of none, a few and every expert;
+    # group and per-expert mode; in the ring and gathered; a window. Arm name: sh.
+    for i, (etype, n, chunk, arm) in enumerate((
+            ("Q8_0", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, stage_head=0)),
+            ("IQ2_XS", 130, 64, dict(expert_cache=0, ring=8, stage_head=3)),
+            ("Q2_K", 130, 64, dict(expert_cache=10, ring=16, stage_head=5, group_gather=0)),
+            ("Q8_0", 130, 64, dict(expert_cache=11, ring=8, stage_head=2, ring_in_place=0)),
+            ("IQ2_XS", 200, 32, dict(window=96, expert_cache=11, ring=16, stage_head=4)),
+            ("Q4_1", 130, 64, dict(expert_cache=0, ring=16, stage_head=100)))):
+        rows.append(_row("sim", "tiny", etype, n, chunk, {**arm, "stream_min": 1024}, seed=44, sim_seed=i,
+                         quick=i == 1))
     return rows
 
 

@@ -67,9 +67,16 @@ def assert_same_run(a: Run, b: Run, pack, what: str) -> None:
 
 def copied_by_choices(pack, engine) -> int:
     """The bytes a fast engine's walks copy, from its units' records (fast.walk.WalkChoice): a
-    streamed layer every streamed expert of it, a staged one its routed ones (a copy counter
-    that differs from this copied something no walk chose, or missed something)."""
+    streamed layer every streamed expert of it, a staged one its head (stage_head) and its
+    routed ones the head did not hold (a copy counter that differs from this copied something
+    no walk chose, or missed something)."""
     blob = [pack.expert_blob_size(l) for l in range(pack.config.n_layer)]
     n = [len(engine.placement.streamed(l)) for l in range(pack.config.n_layer)]
-    return sum(blob[l] * (n[l] if c.streams else u.routed[l])
-               for u in engine.walk_choices for l, c in enumerate(u.layers) if c.walk != "resident")
+    total = 0
+    for u in engine.walk_choices:
+        for l, c in enumerate(u.layers):
+            if c.walk == "resident":
+                continue
+            assert 0 <= u.in_head[l] <= min(c.head, u.routed[l]), (l, c, u.routed[l], u.in_head[l])
+            total += blob[l] * (n[l] if c.streams else c.head + u.routed[l] - u.in_head[l])
+    return total
