@@ -11,9 +11,7 @@ coverage), `threshold` (STRATA_PREFILL_STREAM_MIN=1024: every layer of a unit of
 or more streams, the rule before coverage), `hide-55` and `hide-220` (STRATA_PREFILL_STREAM_HIDE at half and twice
 its default: the rule's one constant), `head-0` (STRATA_PREFILL_STAGE_HEAD=0: a staged layer
 copies only its routed experts, after its routing, the walk before heads), `head-24` and
-`head-96` (heads of 24 and 96 experts a staged layer instead of auto's model), `copies-late`
-(STRATA_PREFILL_COPIES_FIRST=0: a layer's copies past the first queued after its runs are
-planned), `earlier-staged` (both: the staged walk before this change), `gathered`
+`head-96` (heads of 24 and 96 experts a staged layer instead of auto's model), `gathered`
 (STRATA_PREFILL_RING_IN_PLACE=0: gathered into the group buffers, one wait, gather and event a
 group), `ring-run-16` (runs of a group's 16), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0),
 `gather-q` (STRATA_QUANT_GATHER=1), `one-copy` (STRATA_PREFILL_COPY_COALESCE=0: one copy per
@@ -63,8 +61,6 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
         "head-0": {"stage_head": 0},
         "head-24": {"stage_head": 24},
         "head-96": {"stage_head": 96},
-        "copies-late": {"copies_first": 0},
-        "earlier-staged": {"stage_head": 0, "copies_first": 0},
         "per-expert": {"group_gather": 0},
         "gather-q": {"quant_gather": 1},
         "one-copy": {"copy_coalesce": 0},

@@ -172,11 +172,6 @@ SWITCHES = (
            "before finishes and this one's attention and router run; its routed ones beyond them after "
            "its routing, as before; auto: what the link copies in the time a staged layer leaves it "
            "idle (fast.walk.stage_head); 0: only routed experts, after the routing"),
-    Switch("copies_first", "STRATA_PREFILL_COPIES_FIRST", ON, SCHEDULE, OnOff(),
-           "1: once a layer's resident gate/up is queued, every copy the ring has room for is queued "
-           "before the host plans the layer's runs or groups (a staged layer's routed experts reach "
-           "the link a planning earlier); 0: the walk queues them as it reaches its first routed "
-           "expert, after planning"),
     Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
            "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "

@@ -208,9 +208,6 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     be.prepare_batches(layer=layer, batches=[] if in_place is None else [in_place])
     if in_place is not None:  # queued before the rest is planned: the device multiplies while the host plans
         lw.batch_gate_up(in_place)
-    if options.copies_first and ring_pass is not None:  # and the link copies while it plans
-        with be.host_phase("host planning"):
-            ring_pass.copy_ahead()
     with be.host_phase("host planning"):
         visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer)[:ahead])) if ahead else walked
         groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)

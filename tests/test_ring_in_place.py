@@ -169,19 +169,18 @@ def test_the_switch_does_nothing_without_in_place(make_test_pack, tmp_path):
 @given(n_tok=st.integers(1, 90), seed=st.integers(0, 2**16), ring=st.sampled_from([1, 2, 3, 8, 16, 96]),
        run_cap=st.integers(1, 40), cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024, "auto"]),
        gg=st.booleans(), coalesce=st.booleans(), policy=st.sampled_from(POLICIES), sched=st.integers(0, 2**16),
-       window=st.sampled_from([None, 64]), head=st.sampled_from([0, 1, 3, "auto"]), first=st.booleans())
+       window=st.sampled_from([None, 64]), head=st.sampled_from([0, 1, 3, "auto"]))
 def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, ring, run_cap, cache,
-                                 stream_min, gg, coalesce, policy, sched, window, head, first):
+                                 stream_min, gg, coalesce, policy, sched, window, head):
     pack = make_test_pack("tiny", "IQ2_XS")
     ids = _prompt(pack, n_tok, seed)
     out = tmp_path_factory.mktemp("h")
     ref = run_engine(ReferenceEngine(pack), ids, 32, out / "ref", greedy=1)
     eng = _engine(pack, policy, sched, ring=ring, ring_run=run_cap, expert_cache=cache, stream_min=stream_min,
-                  group_gather=gg, copy_coalesce=coalesce, ring_in_place=1, window=window, stage_head=head,
-                  copies_first=first)
+                  group_gather=gg, copy_coalesce=coalesce, ring_in_place=1, window=window, stage_head=head)
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} run cap {run_cap} cache {cache} stream_min {stream_min} "
-                                    f"window {window} stage_head {head} copies_first {first}")
+                                    f"window {window} stage_head {head}")
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)  # what the walks chose, no more
 
 

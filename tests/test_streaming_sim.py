@@ -127,10 +127,10 @@ def test_wait_on_nothing_is_a_hazard(make_test_pack, tmp_path, monkeypatch):
        group_size=st.integers(1, 16), cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024, "auto"]),
        gg=st.booleans(), qg=st.booleans(), coalesce=st.booleans(), in_place=st.booleans(),
        flush_on_skip=st.booleans(), stage_in_ring=st.booleans(), policy=st.sampled_from(POLICIES), sched=st.integers(0, 2**16),
-       head=st.sampled_from([0, 1, 3, "auto"]), first=st.booleans())
+       head=st.sampled_from([0, 1, 3, "auto"]))
 def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, ring, group_size, cache,
                                  stream_min, gg, qg, coalesce, in_place, flush_on_skip, stage_in_ring, policy,
-                                 sched, head, first):
+                                 sched, head):
     pack = make_test_pack("tiny", "IQ2_XS")
     ids = _prompt(pack, n_tok, seed)
     out = tmp_path_factory.mktemp("h")
@@ -138,12 +138,11 @@ def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, 
     eng = make_fast_engine(pack, "sim", sim_options=dict(schedule_seed=sched, policy=policy), ring=ring,
                            group_size=group_size, expert_cache=cache, stream_min=stream_min, group_gather=gg,
                            quant_gather=qg, copy_coalesce=coalesce, in_place=in_place,
-                           flush_on_skip=flush_on_skip, stage_in_ring=stage_in_ring, ring_in_place=0, stage_head=head,
-                           copies_first=first)
+                           flush_on_skip=flush_on_skip, stage_in_ring=stage_in_ring, ring_in_place=0, stage_head=head)
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} group {group_size} cache {cache} stream_min {stream_min} "
                                     f"in_place {in_place} flush_on_skip {flush_on_skip} stage_in_ring {stage_in_ring} "
-                                    f"stage_head {head} copies_first {first}")
+                                    f"stage_head {head}")
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)  # what the walks chose, no more
 
 

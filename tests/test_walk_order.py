@@ -97,32 +97,3 @@ def test_each_layer_starts_its_uploads_afresh(make_test_pack, monkeypatch, cache
 
     Session(eng, chunk=64, progress=False).prefill(_prompt(pack, 40))
     assert calls == [(layer, add) for layer in range(pack.config.n_layer) for add in (False, True)]
-
-
-@pytest.mark.parametrize("first", [1, 0])
-def test_a_staged_layers_copies_are_queued_before_its_runs_are_planned(make_test_pack, monkeypatch, first):
-    """copies_first 1: once a staged layer's resident gate/up is queued, every copy of its routed
-    experts is queued before the host plans its runs (the link copies while the host plans); 0:
-    only the PASS_HEAD that its routing queued, the rest as the walk reaches them."""
-    pack = make_test_pack("small", "Q8_0")  # 64 experts a layer: more routed than PASS_HEAD
-    n_all = pack.config.n_layer * pack.config.n_expert
-    eng = make_fast_engine(pack, "sim", expert_cache=n_all // 8, stream_min=1024, stage_head=0, ring=384,
-                           copy_coalesce=0, window="off", copies_first=first)
-    log = []
-    copy, runs = eng.be.copy_experts, walk_mod.ring_runs
-
-    def copy_experts(**a):
-        log.extend(("copy", l) for l, _ in a["experts"])
-        return copy(**a)
-
-    monkeypatch.setattr(eng.be, "copy_experts", copy_experts)
-    monkeypatch.setattr(walk_mod, "ring_runs", lambda rp, layer, *a, **k: (log.append(("plan", layer)), runs(rp, layer, *a, **k))[1])
-    from strata.session import Session
-
-    Session(eng, chunk=64, progress=False).prefill(_prompt(pack, 60))
-    (unit,) = eng.walk_choices
-    for layer in range(pack.config.n_layer):
-        planned = log.index(("plan", layer))
-        before = log[:planned].count(("copy", layer))
-        assert unit.routed[layer] > PASS_HEAD
-        assert before == (unit.routed[layer] if first else PASS_HEAD), (layer, before)
