@@ -514,7 +514,9 @@ class WalkChoice:
         size = f"{self.n_streamed} streamed experts, {_bytes(self.streamed_bytes)} a pass"
         if self.rule == "threshold":
             cmp = ">=" if self.streams else "<"
-            return f"{self.walk}: {self.tokens} tokens {cmp} stream_min {self.stream_min} ({size})"
+            ahead = _heads(self.layers)
+            return (f"{self.walk}: {self.tokens} tokens {cmp} stream_min {self.stream_min}"
+                    f"{'; ' + ahead if ahead else ''} ({size})")
         parts, layers = [], self.layers
         for (walk, basis), first, last, covs in _runs_of_layers(layers):
             span = f"L{first}" if first == last else f"L{first}-{last}"
@@ -529,10 +531,9 @@ class WalkChoice:
                        else "the previous layer's routing")
                 why = (f"coverage {_span([c for c, _ in covs])} {'>=' if walk == 'streamed' else '<'} "
                        f"{_span([n for _, n in covs])}, from {src}")
-            heads = [c.head for c in layers[first:last + 1]] if walk == "staged" else []
-            if any(heads):
-                lo, hi = min(heads), max(heads)
-                why += f"; the first {lo if lo == hi else f'{lo}-{hi}'} copied ahead"
+            ahead = _heads(layers[first:last + 1])
+            if ahead:
+                why += "; " + ahead
             parts.append(f"{span} {walk} ({why})")
         return f"{self.walk}: {self.tokens} tokens, " + "; ".join(parts) + f" ({size})"
 
@@ -550,6 +551,15 @@ def _runs_of_layers(layers: list):
         if c.coverage is not None:
             out[-1][3].append((c.coverage, c.need))
     return [tuple(r) for r in out]
+
+
+def _heads(layers: list) -> str:
+    """The staged layers' heads among `layers` in a few words ("" where none has one)."""
+    heads = [c.head for c in layers if c.walk == "staged"]
+    if not any(heads):
+        return ""
+    lo, hi = min(heads), max(heads)
+    return f"the first {lo if lo == hi else f'{lo}-{hi}'} copied ahead"
 
 
 def _span(values: list[float]) -> str:

@@ -295,7 +295,10 @@ def test_timing_prints_each_unit_s_walk(make_test_pack, capsys):
     assert "from the last 20 tokens' routing" in lines[1]
     assert main(argv + ["--stream-min", "30"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("walk ")]
-    assert lines and all("staged: 20 tokens < stream_min 30" in line for line in lines)
+    assert lines and all("staged: 20 tokens < stream_min 30; the first" in line for line in lines)
+    assert main(argv + ["--stream-min", "30", "--stage-head", "0"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("walk ")]
+    assert lines and all("staged: 20 tokens < stream_min 30 (" in line for line in lines)
 
 
 @pytest.mark.parametrize("case", [c for c in parity_rows("sim") if dict(c.arm).get("stream_min") == AUTO],
