@@ -239,7 +239,7 @@ class FastEngine:
                     n_tok=self._unit.tokens, blob_bytes=self._blob_bytes[layer], n_streamed=self._n_streamed[layer],
                     k_used=self.config.n_expert_used, n_expert=self.config.n_expert, setting=self.options.stage_head))
             layers.append(c)
-            ahead = c.ahead(self._n_streamed[layer]) if c.walk != "resident" else 0
+            ahead = c.ahead(self._n_streamed[layer])  # a resident layer streams none: 0
             if ahead:
                 self._unit_pass.extend([(layer, int(e)) for e in self.placement.streamed(layer)[:ahead]])
 

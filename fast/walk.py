@@ -517,8 +517,8 @@ class WalkChoice:
             ahead = _heads(self.layers)
             return (f"{self.walk}: {self.tokens} tokens {cmp} stream_min {self.stream_min}"
                     f"{'; ' + ahead if ahead else ''} ({size})")
-        parts, layers = [], self.layers
-        for (walk, basis), first, last, covs in _runs_of_layers(layers):
+        parts = []
+        for (walk, basis), first, last, covs in _runs_of_layers(self.layers):
             span = f"L{first}" if first == last else f"L{first}-{last}"
             if walk == "resident":
                 parts.append(f"{span} resident")
@@ -531,7 +531,7 @@ class WalkChoice:
                        else "the previous layer's routing")
                 why = (f"coverage {_span([c for c, _ in covs])} {'>=' if walk == 'streamed' else '<'} "
                        f"{_span([n for _, n in covs])}, from {src}")
-            ahead = _heads(layers[first:last + 1])
+            ahead = _heads(self.layers[first:last + 1])
             if ahead:
                 why += "; " + ahead
             parts.append(f"{span} {walk} ({why})")
