@@ -11,7 +11,9 @@ coverage), `threshold` (STRATA_PREFILL_STREAM_MIN=1024: every layer of a unit of
 or more streams, the rule before coverage), `hide-55` and `hide-220` (STRATA_PREFILL_STREAM_HIDE at half and twice
 its default: the rule's one constant), `head-0` (STRATA_PREFILL_STAGE_HEAD=0: a staged layer
 copies only its routed experts, after its routing, the walk before heads), `head-24` and
-`head-96` (heads of 24 and 96 experts a staged layer instead of auto's model), `gathered`
+`head-96` (heads of 24 and 96 experts a staged layer instead of auto's model), `head-predict`
+and `head-predict-96` (STRATA_PREFILL_HEAD_PREDICT=1: heads of auto's size and of 96 taken from
+the layer before's prediction of the routing rather than by id), `gathered`
 (STRATA_PREFILL_RING_IN_PLACE=0: gathered into the group buffers, one wait, gather and event a
 group), `ring-run-16` (runs of a group's 16), `per-expert` (STRATA_PREFILL_GROUP_GATHER=0),
 `gather-q` (STRATA_QUANT_GATHER=1), `one-copy` (STRATA_PREFILL_COPY_COALESCE=0: one copy per
@@ -61,6 +63,8 @@ def arm_table(window: int = DEFAULT_WINDOW) -> dict[str, dict]:
         "head-0": {"stage_head": 0},
         "head-24": {"stage_head": 24},
         "head-96": {"stage_head": 96},
+        "head-predict": {"head_predict": 1},
+        "head-predict-96": {"head_predict": 1, "stage_head": 96},
         "per-expert": {"group_gather": 0},
         "gather-q": {"quant_gather": 1},
         "one-copy": {"copy_coalesce": 0},

@@ -140,6 +140,11 @@ class Backend(Protocol):
     def routing_tables(self, ids: Array, n_expert: int) -> Any:
         """Tables with device slot/src and host cnt/off/order (strata.routing.routing_tables)."""
 
+    def expert_counts(self, ids: Array, n_expert: int) -> Any:
+        """How many of ids' entries name each expert, for the host without a wait now: an object
+        whose `cnt` (int32 [n_expert]) waits for them on first read (head_predict's predicted
+        routing; it shares no host buffer with routing_tables)."""
+
     def quantize_gather(self, *, x: Array, src: Array | None, n_rows: int, layout, out: Q8, row0: int,
                         n_rows_total: int) -> None:
         """Rows row0 .. row0+n_rows of out <- q8_1(x[src[r]]) (src None: x's rows in order)."""

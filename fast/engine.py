@@ -53,6 +53,11 @@ class FastEngine:
         o = options.resolve(switches)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
+        if o.head_predict and not (o.in_place and o.ring_in_place and o.stage_in_ring):
+            raise InputError("--head-predict 1 needs --in-place 1, --ring-in-place 1 and --stage-in-ring 1 (a "
+                             "predicted head's experts are multiplied where they land in the streamed walk's "
+                             f"ring), got in_place {int(o.in_place)}, ring_in_place {int(o.ring_in_place)}, "
+                             f"stage_in_ring {int(o.stage_in_ring)}")
         self.group_size = group_size
         ring_slots = o.ring
         if ring_slots is None:  # Strata's rule: a deep ring only where the host side is pinned
@@ -79,6 +84,8 @@ class FastEngine:
         #: again (run --timing prints it)
         self.walk_choices: list = []
         self._unit = None  # the unit running now: its WalkChoice (its tokens, what its layers routed so far)
+        self._heads: dict = {}  # the unit's staged layers -> their heads' experts, in entry order
+        self._predicted: dict = {}  # layer -> its routing's counts as predicted by the layer before (head_predict)
         self._measured = None  # (tokens, routed streamed experts per layer) of the last whole unit
         self.window_reason: str | None = None  # why window_tokens took its window (run prints it)
         with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk) with "
@@ -206,6 +213,7 @@ class FastEngine:
                                      blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
         self._unit.routed = [None] * cfg.n_layer  # filled as its layers route (_layer_pass)
         self._unit.in_head = [0] * cfg.n_layer
+        self._heads, self._predicted = {}, {}
         self.walk_choices.append(self._unit)
         self._unit_pass = self.passes.open(self.ring, [], head=0) if p.n_streamed else None
         self._choose_ahead()
@@ -234,19 +242,55 @@ class FastEngine:
                                   measured=self._measured if auto else None, routed=self._unit.routed)
             if c is None:
                 return
+            streamed = self.placement.streamed(layer)
+            head = []
             if c.walk == "staged" and self.options.stage_in_ring:
-                c = dataclasses.replace(c, head=walk.stage_head(
-                    n_tok=self._unit.tokens, blob_bytes=self._blob_bytes[layer], n_streamed=self._n_streamed[layer],
-                    k_used=self.config.n_expert_used, n_expert=self.config.n_expert, setting=self.options.stage_head))
+                n = self._head_size(layer)
+                predicted = self._predicted.pop(layer, None)
+                if predicted is not None and n:
+                    with self.be.host_phase("host planning"):  # reading the counts waits for the predictor
+                        head = walk.predicted_head(predicted.cnt, streamed, n)
+                else:
+                    head = [int(e) for e in streamed[:n]]
+                c = dataclasses.replace(c, head=len(head), predicted=predicted is not None and n > 0)
             layers.append(c)
-            ahead = c.ahead(self._n_streamed[layer])  # a resident layer streams none: 0
+            ahead = [int(e) for e in streamed] if c.streams else head  # a resident layer streams none
+            self._heads[layer] = ahead
             if ahead:
-                self._unit_pass.extend([(layer, int(e)) for e in self.placement.streamed(layer)[:ahead]])
+                self._unit_pass.extend([(layer, e) for e in ahead])
+
+    def _head_size(self, layer: int) -> int:
+        """stage_head's size of `layer`'s head in this unit (fast.walk.stage_head)."""
+        return walk.stage_head(n_tok=self._unit.tokens, blob_bytes=self._blob_bytes[layer],
+                               n_streamed=self._n_streamed[layer], k_used=self.config.n_expert_used,
+                               n_expert=self.config.n_expert, setting=self.options.stage_head)
+
+    def _predict_next(self, layer: int, x) -> None:
+        """head_predict: where the next layer's walk waits for this layer's routing and could stage
+        with a head, its routing predicted from this layer's residual x (its ffn norm, router and
+        top-k on x, the residual after this layer's attention: the next router sees it after this
+        layer's MoE half and the next attention), queued behind this layer's routing tables; the
+        host reads the counts (backend expert_counts) when it chooses the next layer's walk."""
+        o, cfg, be, unit = self.options, self.config, self.be, self._unit
+        nxt = layer + 1
+        if (not o.head_predict or unit is None or nxt >= cfg.n_layer or not self._n_streamed[nxt]
+                or len(unit.layers) > nxt or not self._head_size(nxt)):
+            return  # no next layer, nothing of it streams, chosen already (it streams, or its head is queued), no head
+        if o.stream_min == options.AUTO:  # sure to stream: it copies every streamed expert ahead
+            if walk.stream_need(unit.tokens, self._n_streamed[nxt] * self._blob_bytes[nxt], o.stream_hide * 1000) <= 0:
+                return
+        elif unit.tokens >= o.stream_min:
+            return
+        with be.phase("predict", layer=layer):
+            q = f"blk.{nxt}."
+            h = be.rmsnorm(x, be.w(q + "ffn_norm"), cfg.rms_eps)
+            ids, _weights = be.top_k(self._dense(be.w(q + "ffn_gate_inp"), h), cfg.n_expert_used)
+            self._predicted[nxt] = be.expert_counts(ids, cfg.n_expert)
 
     def _layer_pass(self, layer: int, tab):
         """The layer has routed (its counts reach the host here): the pass its streamed experts
-        come through and how many of them (lowest ids first) were queued before its routing (all
-        where it streams; a staged layer's head). A staged layer's routed streamed experts beyond
+        come through and which of them were queued before its routing, in entry order (all where
+        it streams; a staged layer's head). A staged layer's routed streamed experts not in
         its head join the unit pass (or, with stage_in_ring 0, a pass of the staging ring of
         their own): PASS_HEAD of their copies are queued here and the rest by the walk, after the
         layer's resident gate/up, so neither the link nor the compute stream waits for the host
@@ -259,15 +303,14 @@ class FastEngine:
             routed = [int(e) for e in order[~resident[order]]]
             self._unit.routed[layer] = len(routed)
         choice = self._unit.layers[layer]
-        ahead = choice.ahead(self._n_streamed[layer])
+        ahead = self._heads.get(layer, [])
         if choice.streams:
             ring_pass = self._unit_pass
         elif self.options.stage_in_ring and self._unit_pass is not None:
             ring_pass = self._unit_pass
             with self.be.host_phase("host planning"):
-                # the head holds the lowest ids, so the routed ones past it keep the entries ascending
-                last = int(self.placement.streamed(layer)[ahead - 1]) if ahead else -1
-                rest = [(layer, e) for e in routed if e > last]
+                head = set(ahead)
+                rest = [(layer, e) for e in routed if e not in head]
                 ring_pass.extend(rest)
                 ring_pass.copy_ahead(PASS_HEAD)  # the rest once the resident gate/up is queued (the walk's copy_ahead)
             self._unit.in_head[layer] = len(routed) - len(rest)
@@ -349,6 +392,7 @@ class FastEngine:
             tab = be.routing_tables(ids, cfg.n_expert)
             if not o.overlap_plan:
                 tab.order  # noqa: B018 - reading the counts makes the host wait for them here
+        self._predict_next(layer, x)  # head_predict: queued behind the routing, read when the next layer is chosen
 
         # 3. The MoE input, quantized once per token (scatter) or once per row (gather); float
         # gate/up experts take the rows themselves, copied per token or per row the same way.

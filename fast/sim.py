@@ -67,6 +67,22 @@ class Tables:
     order: np.ndarray
 
 
+class _Counts:
+    """expert_counts' result: the counts, once the compute stream has run their launch (the
+    first read waits for it, as the cuda backend's host waits for its copy)."""
+
+    def __init__(self, host: np.ndarray, be):
+        self.host, self._be, self._done = host, be, False
+
+    @property
+    def cnt(self) -> np.ndarray:
+        if not self._done:
+            with self._be.host_phase("router sync"):
+                self._be.streams.synchronize("compute")
+            self._done = True
+        return self.host
+
+
 class SimBackend(BackendBase):
     name = "sim"
 
@@ -294,6 +310,15 @@ class SimBackend(BackendBase):
             self.streams.synchronize("compute")  # the walk plans on the host: the counts come back
         t.order = np.nonzero(t.cnt)[0].astype(np.int32)
         return t
+
+    def expert_counts(self, ids, n_expert):
+        counts = _Counts(np.zeros(n_expert, np.int32), self)
+
+        def run():
+            counts.host[...] = np.bincount(ids.reshape(-1), minlength=n_expert)[:n_expert]
+
+        self._launch("expert_counts", run)
+        return counts
 
     def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Buf, row0, n_rows_total):
         def run():

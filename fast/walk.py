@@ -15,8 +15,11 @@ same ring by default; with stage_in_ring 0 through a pass of the 8-slot staging 
 *head*: its first streamed experts by id, appended as soon as the layer is chosen, so the link
 copies them while the layer before finishes and this one's attention and router run, time it
 would otherwise spend idle (stage_head; the routing decides which of them the walk multiplies
-and which it releases unused, as in the streamed walk). Both walks' entries ascend with the
-ids. By
+and which it releases unused, as in the streamed walk). With head_predict the head is instead
+the streamed experts the layer's own router names most often when it is run on the layer
+before's residual (predicted_head), ascending, and the routed ones it lacks follow it, ascending:
+the ids then fall once where the head ends, and runs are cut there. Otherwise both walks'
+entries ascend with the ids. By
 default (stream_min auto) a layer streams where the bytes it would copy for experts its routing
 is expected to skip (measured on the prompt's last unit or the unit's previous layer) fit under
 its own compute (stream_need); with stream_min N every layer of a unit of N tokens or more
@@ -133,17 +136,19 @@ def split_resident(order: np.ndarray, cnt: np.ndarray, off: np.ndarray, resident
 
 
 def plan_runs(visit: list[int], routed, entry_of, n_slots: int, cap: int) -> list[list[int]]:
-    """The runs of ring_in_place: the routed streamed experts of `visit` (ascending ids; entry_of:
-    each one's ring entry, ascending with the ids) cut, in order, into runs of at most `cap`
+    """The runs of ring_in_place: the routed streamed experts of `visit` (in entry order; entry_of:
+    each one's ring entry, ascending along visit) cut, in order, into runs of at most `cap`
     experts whose first and last entries are fewer than n_slots apart (see the module's
-    docstring). routed: the set of routed ids; the others in visit are skipped entries."""
+    docstring) and whose ids ascend (a run's rows are its experts' in id order: visit's ids
+    ascend but where a predicted head ends, head_predict). routed: the set of routed ids; the
+    others in visit are skipped entries."""
     runs: list[list[int]] = []
     first = None
     for e in visit:
         if e not in routed:
             continue
         k = entry_of[e]
-        if runs and first is not None and (len(runs[-1]) >= cap or k - first >= n_slots):
+        if runs and first is not None and (len(runs[-1]) >= cap or k - first >= n_slots or e < runs[-1][-1]):
             first = None
         if first is None:
             runs.append([])
@@ -180,14 +185,15 @@ class ExpertRows:
 
 
 def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout, placement, ring_pass,
-                ahead: int, options, group_size: int, keep_h: bool = False) -> ExpertRows:
+                ahead: list[int], options, group_size: int, keep_h: bool = False) -> ExpertRows:
     """Step 4 of the MoE half: every routed expert's gate/up, SwiGLU, quantize of H and down,
     over the routing tables `tab` and the quantized MoE input `moe_in` (n_rows rows). Plans
     the groups (and with in_place the resident Batch), takes the layer's streamed experts
-    through `ring_pass`, which holds the layer's entries: its first `ahead` streamed experts
-    (ascending ids), queued before its routing was known (the streamed walk: every one; a staged
-    layer's head, stage_head), then its routed ones beyond them (the staged walk's, queued after
-    the routing); and returns the filled buffers. keep_h: keep H on the host for the op records.
+    through `ring_pass`, which holds the layer's entries: `ahead`, the streamed experts queued
+    before its routing was known, in entry order (the streamed walk: every one; a staged
+    layer's head, stage_head: its lowest ids, or with head_predict the predicted ones, ascending),
+    then its routed ones not among them (the staged walk's, queued after the routing, ascending);
+    and returns the filled buffers. keep_h: keep H on the host for the op records.
     down_layout None: a float down type, whose input H is not quantized."""
     n_ff = config.n_ff_exp
     down_in = be.alloc_f32((n_rows, n_ff)) if down_layout is None else be.alloc_q8(n_rows, n_ff)
@@ -209,7 +215,7 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     if in_place is not None:  # queued before the rest is planned: the device multiplies while the host plans
         lw.batch_gate_up(in_place)
     with be.host_phase("host planning"):
-        visit = sorted(set(walked) | set(int(e) for e in placement.streamed(layer)[:ahead])) if ahead else walked
+        visit = visit_order(walked, ahead, placement.streamed(layer))
         groups = [] if in_ring else plan_groups(walked, tab.cnt, tab.off, group_size)
         bounds = be.group_bounds([g.bounds for g in groups])  # one upload per layer
     if in_ring:
@@ -220,6 +226,31 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     else:
         lw.run(groups, bounds, visit, in_place)
     return rows
+
+
+def visit_order(walked: list[int], ahead: list[int], streamed) -> list[int]:
+    """The order the walk meets a layer's experts: its ring entries' order. A prefix of the
+    layer's streamed experts by id ahead (the streamed walk, a head of the lowest ids) joins the
+    routed ones in id order (with in_place 0 resident experts among them, met where their ids
+    fall); a predicted head (head_predict, which needs in_place: `walked` is then streamed
+    experts only) comes first, then the routed experts it lacks."""
+    if not ahead:
+        return walked
+    if list(ahead) == [int(e) for e in streamed[:len(ahead)]]:
+        return sorted(set(walked) | set(ahead))
+    head = set(ahead)
+    return list(ahead) + [e for e in walked if e not in head]
+
+
+def predicted_head(cnt, streamed, n: int) -> list[int]:
+    """head_predict: the head of a staged layer, the n of its streamed experts (ascending ids
+    in `streamed`) that the predicted routing's counts `cnt` (per expert) name most often, ties
+    to the lower id, those it names at all; ascending, the order they join the pass."""
+    ids = np.asarray(streamed, np.int64)
+    c = np.asarray(cnt)[ids]
+    named = ids[c > 0]
+    ranked = named[np.lexsort((named, -c[c > 0]))]
+    return sorted(int(e) for e in ranked[:max(0, int(n))])
 
 
 def ring_runs(ring_pass, layer: int, visit: list[int], walked: list[int], tab, cap: int) -> list[Batch]:
@@ -462,6 +493,7 @@ class LayerChoice:
     coverage: float | None = None
     need: float | None = None
     head: int = 0  # a staged layer's streamed experts copied before its routing (stage_head)
+    predicted: bool = False  # its head chosen by the predicted routing (head_predict), not by id
 
     @property
     def streams(self) -> bool:
@@ -514,7 +546,7 @@ class WalkChoice:
         size = f"{self.n_streamed} streamed experts, {_bytes(self.streamed_bytes)} a pass"
         if self.rule == "threshold":
             cmp = ">=" if self.streams else "<"
-            ahead = _heads(self.layers)
+            ahead = _heads(self.layers, self.in_head)
             return (f"{self.walk}: {self.tokens} tokens {cmp} stream_min {self.stream_min}"
                     f"{'; ' + ahead if ahead else ''} ({size})")
         parts = []
@@ -531,7 +563,7 @@ class WalkChoice:
                        else "the previous layer's routing")
                 why = (f"coverage {_span([c for c, _ in covs])} {'>=' if walk == 'streamed' else '<'} "
                        f"{_span([n for _, n in covs])}, from {src}")
-            ahead = _heads(self.layers[first:last + 1])
+            ahead = _heads(self.layers[first:last + 1], self.in_head[first:last + 1])
             if ahead:
                 why += "; " + ahead
             parts.append(f"{span} {walk} ({why})")
@@ -553,13 +585,21 @@ def _runs_of_layers(layers: list):
     return [tuple(r) for r in out]
 
 
-def _heads(layers: list) -> str:
-    """The staged layers' heads among `layers` in a few words ("" where none has one)."""
-    heads = [c.head for c in layers if c.walk == "staged"]
+def _heads(layers: list, in_head: list) -> str:
+    """The staged layers' heads among `layers` in a few words, with how many of their experts
+    the layers routed (in_head: per layer, as WalkChoice holds it); "" where none has one."""
+    staged = [(c, h) for c, h in zip(layers, list(in_head) + [0] * len(layers)) if c.walk == "staged"]
+    heads = [c.head for c, _ in staged]
     if not any(heads):
         return ""
     lo, hi = min(heads), max(heads)
-    return f"the first {lo if lo == hi else f'{lo}-{hi}'} copied ahead"
+    n = lo if lo == hi else f"{lo}-{hi}"
+    routed = f"{sum(h for _, h in staged)} of {sum(heads)} routed"
+    k = sum(c.predicted for c, _ in staged)
+    if not k:
+        return f"the first {n} copied ahead, {routed}"
+    whose = "the head" if k == 1 == len(staged) else f"{k} of {len(staged)} heads"
+    return f"{n} copied ahead, {whose} as the layer before predicted, {routed}"
 
 
 def _span(values: list[float]) -> str:

@@ -303,7 +303,7 @@ def _one_of(choices):
 
 
 # FastEngine keywords read only when some expert streams through the ring (fast/engine.py)
-STREAMING = ("ring", "stream_min", "stream_hide", "stage_head", "copy_coalesce", "ring_in_place")
+STREAMING = ("ring", "stream_min", "stream_hide", "stage_head", "head_predict", "copy_coalesce", "ring_in_place")
 
 
 def _given_or_default(switches: dict, keyword: str):

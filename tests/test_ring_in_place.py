@@ -22,19 +22,24 @@ def _engine(pack, policy="copy_first", sched=1, **kw):
 
 
 # ---- the plan --------------------------------------------------------------------------------
-@given(n=st.integers(1, 60), ring=st.integers(1, 40), cap=st.integers(1, 16), seed=st.integers(0, 2**16))
-def test_runs_fit_the_ring_and_the_cap_and_keep_the_order(n, ring, cap, seed):
+@given(n=st.integers(1, 60), ring=st.integers(1, 40), cap=st.integers(1, 16), seed=st.integers(0, 2**16),
+       head=st.integers(0, 60))
+def test_runs_fit_the_ring_and_the_cap_and_keep_the_order(n, ring, cap, seed, head):
+    """Visits in entry order: ascending ids, or (head_predict) a head of any of them ascending,
+    then the others ascending."""
     rng = np.random.default_rng(seed)
-    visit = sorted(rng.choice(200, n, replace=False).tolist())
+    ids = rng.choice(200, n, replace=False)
+    visit = sorted(ids[:head].tolist()) + sorted(ids[head:].tolist())
     routed = {e for e in visit if rng.random() < 0.6}
     entry_of = {e: k for k, e in enumerate(visit)}  # the streamed walk: every visited id an entry
     runs = plan_runs(visit, routed, entry_of, ring, cap)
     assert [e for r in runs for e in r] == [e for e in visit if e in routed]
     for r in runs:
         assert 1 <= len(r) <= cap
+        assert r == sorted(r)  # a run's rows are its experts' in id order
         assert entry_of[r[-1]] - entry_of[r[0]] < ring  # the copy of its last entry needs no release of its own
-    for a, b in zip(runs, runs[1:]):  # a run is cut only where the cap or the ring says so
-        assert len(a) == cap or entry_of[b[0]] - entry_of[a[0]] >= ring
+    for a, b in zip(runs, runs[1:]):  # a run is cut only where the cap, the ring or a fall of the ids says so
+        assert len(a) == cap or entry_of[b[0]] - entry_of[a[0]] >= ring or b[0] < a[-1]
 
 
 # ---- the detector catches early releases ---------------------------------------------------
@@ -169,18 +174,19 @@ def test_the_switch_does_nothing_without_in_place(make_test_pack, tmp_path):
 @given(n_tok=st.integers(1, 90), seed=st.integers(0, 2**16), ring=st.sampled_from([1, 2, 3, 8, 16, 96]),
        run_cap=st.integers(1, 40), cache=st.integers(0, 32), stream_min=st.sampled_from([1, 40, 1024, "auto"]),
        gg=st.booleans(), coalesce=st.booleans(), policy=st.sampled_from(POLICIES), sched=st.integers(0, 2**16),
-       window=st.sampled_from([None, 64]), head=st.sampled_from([0, 1, 3, "auto"]))
+       window=st.sampled_from([None, 64]), head=st.sampled_from([0, 1, 3, "auto"]), predict=st.booleans())
 def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, ring, run_cap, cache,
-                                 stream_min, gg, coalesce, policy, sched, window, head):
+                                 stream_min, gg, coalesce, policy, sched, window, head, predict):
     pack = make_test_pack("tiny", "IQ2_XS")
     ids = _prompt(pack, n_tok, seed)
     out = tmp_path_factory.mktemp("h")
     ref = run_engine(ReferenceEngine(pack), ids, 32, out / "ref", greedy=1)
     eng = _engine(pack, policy, sched, ring=ring, ring_run=run_cap, expert_cache=cache, stream_min=stream_min,
-                  group_gather=gg, copy_coalesce=coalesce, ring_in_place=1, window=window, stage_head=head)
+                  group_gather=gg, copy_coalesce=coalesce, ring_in_place=1, window=window, stage_head=head,
+                  head_predict=int(predict))
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} run cap {run_cap} cache {cache} stream_min {stream_min} "
-                                    f"window {window} stage_head {head}")
+                                    f"window {window} stage_head {head} head_predict {int(predict)}")
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)  # what the walks chose, no more
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from fast import make_fast_engine
 from fast.options import AUTO, resolve
-from fast.walk import begin_unit, choose_layer, expected_coverage, scaled_coverage, stream_need
+from fast.walk import begin_unit, choose_layer, expected_coverage, predicted_head, scaled_coverage, stream_need
 from reference import ReferenceEngine
 from strata.constants import STREAM_HIDE_KB, STREAM_MIN
 from strata.session import Session
@@ -415,3 +415,137 @@ def test_no_head_through_the_staging_ring(make_test_pack):
     Session(eng, chunk=20, progress=False).run(_prompt(pack, 40, 8), greedy=0)
     assert all(c.walk == "staged" and c.head == 0 for u in eng.walk_choices for c in u.layers)
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+
+
+# ---- a head chosen by the predicted routing (head_predict) ---------------------------------
+def test_predicted_head_takes_the_most_named_streamed_experts():
+    cnt = np.zeros(16, np.int32)
+    cnt[[1, 3, 5, 9, 12, 15]] = [4, 9, 9, 1, 7, 2]
+    streamed = np.array([0, 1, 3, 5, 6, 9, 12, 15])
+    assert predicted_head(cnt, streamed, 3) == [3, 5, 12]  # 9, 9, 7: ascending, the order they are queued
+    assert predicted_head(cnt, streamed, 2) == [3, 5]  # a tie goes to the lower id
+    assert predicted_head(cnt, np.array([0, 3, 12, 15]), 2) == [3, 12]  # only streamed experts
+    assert predicted_head(cnt, streamed, 100) == [1, 3, 5, 9, 12, 15]  # only named ones: never 0 or 6
+    assert predicted_head(cnt, streamed, 0) == []
+    assert predicted_head(np.zeros(16, np.int32), streamed, 4) == []
+
+
+def test_visit_order_meets_the_entries_in_pass_order():
+    from fast.walk import visit_order
+
+    streamed = [1, 2, 4, 6, 7, 9]
+    assert visit_order([4, 9], [], streamed) == [4, 9]
+    assert visit_order([2, 4, 9], [1, 2], streamed) == [1, 2, 4, 9]  # a head of the lowest ids: by id
+    assert visit_order([0, 2, 5, 9], [1, 2], streamed) == [0, 1, 2, 5, 9]  # in_place 0: resident ones among them
+    assert visit_order([2, 4, 9], [6, 9], streamed) == [6, 9, 2, 4]  # predicted: the head, then the routed rest
+
+
+def test_runs_are_cut_where_ids_fall():
+    from fast.walk import plan_runs
+
+    visit = [6, 9, 2, 4, 7]
+    entry_of = {e: k for k, e in enumerate(visit)}
+    runs = plan_runs(visit, {6, 9, 2, 4, 7}, entry_of, n_slots=16, cap=64)
+    assert runs == [[6, 9], [2, 4, 7]]
+    assert plan_runs(visit, {9, 2}, entry_of, n_slots=16, cap=64) == [[9], [2]]
+    assert plan_runs([1, 2, 3], {1, 2, 3}, {1: 0, 2: 1, 3: 2}, n_slots=16, cap=64) == [[1, 2, 3]]
+
+
+def test_head_predict_needs_the_ring_walk(make_test_pack):
+    from strata.errors import InputError
+
+    pack = make_test_pack("tiny", "Q8_0")
+    for kw in (dict(ring_in_place=0), dict(in_place=0, ring_in_place=0), dict(stage_in_ring=0)):
+        with pytest.raises(InputError, match="--head-predict 1 needs"):
+            _engine(pack, expert_cache=4, head_predict=1, **kw)
+
+
+def _predict_engine(pack, log, counts=None, **kw):
+    """_head_engine with head_predict, whose log also gets ("predicted", layer, counts) for each
+    prediction the host reads; `counts(layer, cnt)`, where given, replaces what the predictor
+    named for `layer` (a planted prediction)."""
+    eng = _head_engine(pack, log, head_predict=1, **kw)
+    real_counts, real_predict = eng.be.expert_counts, eng._predict_next
+    now = {}
+
+    def predict_next(layer, x):
+        now["layer"] = layer + 1
+        real_predict(layer, x)
+
+    def expert_counts(ids, n_expert):
+        got, layer = real_counts(ids, n_expert), now["layer"]
+
+        class Read:
+            @property
+            def cnt(self):
+                c = np.asarray(got.cnt).copy()
+                c = c if counts is None else counts(layer, c)
+                log.append(("predicted", layer, c))
+                return c
+        return Read()
+
+    eng._predict_next, eng.be.expert_counts = predict_next, expert_counts
+    return eng
+
+
+@pytest.mark.parametrize("head", [1, 3, 100])
+def test_a_predicted_head_is_queued_before_its_routing(make_test_pack, tmp_path, head):
+    """head_predict: every staged layer after the first of its unit has its head from the
+    prediction the host read, the `head` streamed experts it names most often in id order, in
+    the pass when its routing reaches the host, its routed rest after; the reference's bytes;
+    the copies are the head and the routed ones it lacks, no more."""
+    pack = make_test_pack("small", "Q8_0")
+    ids = _prompt(pack, 40, 8)
+    ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
+    log = []
+    eng = _predict_engine(pack, log, expert_cache=_all(pack) // 3, ring=16, stage_head=head, stream_min=1024)
+    got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
+    assert_same_run(ref, got, pack, f"head_predict, stage_head {head}")
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+    predicted = [(l, c) for tag, l, c in (e for e in log if e[0] == "predicted")]
+    before = [e for e in log if e[0] != "predicted"]
+    n_layer = pack.config.n_layer
+    assert [l for l, _ in predicted] == list(range(1, n_layer)) * 2  # every layer but a unit's first
+    for i, (layer, entries) in enumerate(before):
+        streamed = eng.placement.streamed(layer)
+        choice = eng.walk_choices[i // n_layer].layers[layer]
+        if layer == 0:
+            assert entries == [int(e) for e in streamed[:head]] and not choice.predicted
+        else:
+            cnt = predicted[(i // n_layer) * (n_layer - 1) + layer - 1][1]
+            assert entries == predicted_head(cnt, streamed, head) and choice.predicted
+        assert choice.head == len(entries)
+
+
+def test_a_planted_head_of_the_highest_ids_keeps_the_bytes(make_test_pack, tmp_path):
+    """A prediction planted to name the highest streamed ids (and experts no token routes): the
+    routed rest then all lie below the head, so the ids fall where it ends and the runs are cut
+    there; the reference's bytes, the copies the records say, every head entry where planted."""
+    pack = make_test_pack("small", "IQ2_XS")
+    ids = _prompt(pack, 48, 9)
+    ref = run_engine(ReferenceEngine(pack), ids, 48, tmp_path / "ref", greedy=0)
+    E = pack.config.n_expert
+
+    def highest(layer, cnt):
+        return np.arange(E, dtype=np.int32)  # the higher the id, the more it is named
+
+    log = []
+    eng = _predict_engine(pack, log, counts=highest, expert_cache=_all(pack) // 3, ring=8, stage_head=5,
+                          stream_min=1024, ring_run=3)
+    got = run_engine(eng, ids, 48, tmp_path / "fast", greedy=0)
+    assert_same_run(ref, got, pack, "a planted head")
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+    for layer, entries in (e for e in log if e[0] != "predicted"):
+        if layer:
+            assert entries == [int(e) for e in eng.placement.streamed(layer)[-5:]]
+    u = eng.walk_choices[0]
+    assert all(u.in_head[l] <= u.layers[l].head for l in range(pack.config.n_layer))
+
+
+def test_the_timing_line_names_predicted_heads(make_test_pack):
+    pack = make_test_pack("small", "Q8_0")
+    eng = _engine(pack, expert_cache=_all(pack) // 3, ring=16, stage_head=3, stream_min=1024, head_predict=1)
+    Session(eng, chunk=40, progress=False).run(_prompt(pack, 40, 8), greedy=0)
+    line = eng.walk_choices[0].line()
+    n = pack.config.n_layer
+    assert f"3 copied ahead, {n - 1} of {n} heads as the layer before predicted" in line, line

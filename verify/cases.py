@@ -563,7 +563,7 @@ def _arm_name(arm: dict) -> str:
     short = {"group_gather": "gg", "quant_gather": "qg", "overlap_plan": "op", "fuse_group": "fg",
              "in_place": "ip", "copy_coalesce": "co", "expert_cache": "cache", "ring": "ring",
              "stream_min": "smin", "group_size": "gs", "window": "win", "ring_in_place": "rip",
-             "stage_head": "sh"}
+             "stage_head": "sh", "head_predict": "hp"}
     return ",".join(f"{short.get(k, k)}{v}" for k, v in arm.items()) or "default"
 
 
@@ -767,6 +767,18 @@ def _cuda_rows() -> list[ParityCase]:
             ("strata", "IQ2_XS", 254, "auto", dict(expert_cache=strata_all // 3, stage_head=40),
              dict(greedy=1, records=False, pack_options=STRATA2[2]))):
         rows.append(_row("cuda", preset, etype, n, chunk, arm, **kw))
+    # ---- head_predict: a staged layer's head from the predicted routing (its own router on the layer
+    # before's residual): heads of a few and of more than are named, group and per-expert mode, a
+    # window, the 2-layer strata pack at 254 tokens (its layer 1's head predicted). Arm name: hp.
+    for preset, etype, n, chunk, arm, kw in (
+            ("tiny", "IQ2_XS", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, stream_min=1024, stage_head=3,
+                                              head_predict=1), dict(quick=True)),
+            ("small", "Q8_0", 300, 64, dict(expert_cache=_all_experts("small") // 3, ring=16, stream_min=1024,
+                                             stage_head=100, head_predict=1, group_gather=0), {}),
+            ("tiny", "Q4_1", 200, 32, dict(window=96, expert_cache=11, ring=16, stage_head=4, head_predict=1), {}),
+            ("strata", "IQ2_XS", 254, "auto", dict(expert_cache=strata_all // 3, head_predict=1),
+             dict(greedy=1, records=False, pack_options=STRATA2[2]))):
+        rows.append(_row("cuda", preset, etype, n, chunk, arm, **kw))
     return rows
 
 
@@ -894,6 +906,14 @@ def _sim_rows() -> list[ParityCase]:
             ("Q4_1", 130, 64, dict(expert_cache=0, ring=16, stage_head=100)))):
         rows.append(_row("sim", "tiny", etype, n, chunk, {**arm, "stream_min": 1024}, seed=44, sim_seed=i,
                          quick=i == 1))
+    # ---- head_predict: predicted heads of a few, of every named expert, in per-expert mode and in a
+    # window. Arm name: hp.
+    for i, (etype, n, chunk, arm) in enumerate((
+            ("IQ2_XS", 130, 64, dict(expert_cache=tiny_all // 3, ring=8, stage_head=3)),
+            ("Q2_K", 130, 64, dict(expert_cache=10, ring=16, stage_head=100, group_gather=0)),
+            ("Q8_0", 200, 32, dict(window=96, expert_cache=11, ring=16, stage_head=4)))):
+        rows.append(_row("sim", "tiny", etype, n, chunk, {**arm, "stream_min": 1024, "head_predict": 1}, seed=45,
+                         sim_seed=i))
     return rows
 
 

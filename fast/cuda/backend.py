@@ -114,6 +114,8 @@ class CudaBackend(BackendBase):
         self._iota_dev = None
         self._counts_host = None  # page-locked [2, n_expert] int32: a layer's routing cnt and off
         self._pending_tables = None  # the last DevTables, whose counts may not be read yet
+        self._pred_host = None  # page-locked [2, n_expert] int32: expert_counts' own buffer
+        self._pending_counts = None  # the last expert_counts result, maybe not read yet
         self._tiles_keep = None  # the last in-place batch and its uploaded row tiles (_batch_tiles)
         self._prepared: dict = {}  # id(batch) -> (batch, its tiles' handles): a layer's, uploaded at once
         self._prepared_keep: list = []  # those uploads, alive until the next layer's
@@ -383,6 +385,25 @@ class CudaBackend(BackendBase):
         ready.record(self.dev.stream)
         self._pending_tables = DevTables(t.slot, t.src, ready, self._counts_host, self.phases)
         return self._pending_tables
+
+    def expert_counts(self, ids, n_expert):
+        """The counts of routing_tables' launch over ids, copied behind it into a page-locked
+        buffer of their own (a DevTables whose cnt the host reads when it needs them)."""
+        import pycuda.driver as cuda
+
+        t = ops.routing_tables(self.dev, ids, n_expert)
+        if self._pending_counts is not None:  # its page-locked buffer is about to be rewritten
+            self._pending_counts.resolve()
+        if self._pred_host is None or self._pred_host.shape[1] != n_expert:
+            self._pred_host = cuda.pagelocked_zeros((2, n_expert), np.int32)
+        if self.stress is not None:
+            self.stress.before_copy(self.dev.stream)
+        cuda.memcpy_dtoh_async(self._pred_host[0], t.cnt.gpudata, self.dev.stream)
+        cuda.memcpy_dtoh_async(self._pred_host[1], t.off.gpudata, self.dev.stream)
+        ready = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+        ready.record(self.dev.stream)
+        self._pending_counts = DevTables(t.slot, t.src, ready, self._pred_host, self.phases)
+        return self._pending_counts
 
     def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Dev, row0, n_rows_total):
         K = int(x.shape[1])
