@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from strata import dense, q8_1
-from strata.constants import MMQ_GROUP, PINNED_SHARE, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS
+from strata.constants import MMQ_GROUP, PINNED_SHARE, PREDICT_ROWS, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS
 from strata.errors import InputError
 
 from fast import options, walk
@@ -268,9 +268,10 @@ class FastEngine:
     def _predict_next(self, layer: int, x) -> None:
         """head_predict: where the next layer's walk waits for this layer's routing and could stage
         with a head, its routing predicted from this layer's residual x (its ffn norm, router and
-        top-k on x, the residual after this layer's attention: the next router sees it after this
-        layer's MoE half and the next attention), queued behind this layer's routing tables; the
-        host reads the counts (backend expert_counts) when it chooses the next layer's walk."""
+        top-k on x's first PREDICT_ROWS rows, the residual after this layer's attention: the next
+        router sees it after this layer's MoE half and the next attention), queued behind this
+        layer's routing tables; the host reads the counts (backend expert_counts) when it chooses
+        the next layer's walk. A layer that then streams after all wasted one short chunk's router."""
         o, cfg, be, unit = self.options, self.config, self.be, self._unit
         nxt = layer + 1
         if (not o.head_predict or unit is None or nxt >= cfg.n_layer or not self._n_streamed[nxt]
@@ -283,7 +284,8 @@ class FastEngine:
             return
         with be.phase("predict", layer=layer):
             q = f"blk.{nxt}."
-            h = be.rmsnorm(x, be.w(q + "ffn_norm"), cfg.rms_eps)
+            n = be.shape(x)[0]
+            h = be.rmsnorm(x if n <= PREDICT_ROWS else be.rows(x, 0, PREDICT_ROWS), be.w(q + "ffn_norm"), cfg.rms_eps)
             ids, _weights = be.top_k(self._dense(be.w(q + "ffn_gate_inp"), h), cfg.n_expert_used)
             self._predicted[nxt] = be.expert_counts(ids, cfg.n_expert)
 

@@ -20,6 +20,10 @@ STREAM_HIDE_KB = 110  # STRATA_PREFILL_STREAM_HIDE default: KB of copies a token
 # H200 traces of docs/results/2026-12-04-staged-heads.md (1.7 ms a layer at 1,030 tokens, 5.0 at 4,096)
 STAGE_GAP_S = 0.5e-3
 STAGE_GAP_PER_TOKEN_S = 1.1e-6
+# head_predict: the unit's first rows the predictor routes (its cost stays that of a short chunk
+# however long the unit, and a layer that then streams wastes little; the head takes the experts
+# these rows name most often)
+PREDICT_ROWS = 256
 COALESCE_MAX = 8  # experts one coalesced copy takes at most: copies of eight experts reach the
 # link's peak rate (docs/benchmarks.md, "The machine"), and the walk's first gather of a run
 # waits for no more than that

@@ -549,3 +549,21 @@ def test_the_timing_line_names_predicted_heads(make_test_pack):
     line = eng.walk_choices[0].line()
     n = pack.config.n_layer
     assert f"3 copied ahead, {n - 1} of {n} heads as the layer before predicted" in line, line
+
+
+def test_the_predictor_routes_the_units_first_rows(make_test_pack, tmp_path, monkeypatch):
+    """The predictor's router takes a unit's first PREDICT_ROWS rows (8 here): every prediction
+    the host reads names 8 rows' top-k experts, and the bytes are the reference's."""
+    import fast.engine
+
+    monkeypatch.setattr(fast.engine, "PREDICT_ROWS", 8)
+    pack = make_test_pack("small", "Q8_0")
+    ids = _prompt(pack, 40, 8)
+    ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
+    log = []
+    eng = _predict_engine(pack, log, expert_cache=_all(pack) // 3, ring=16, stage_head=4, stream_min=1024)
+    got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
+    assert_same_run(ref, got, pack, "a predictor of 8 rows")
+    sums = [int(c.sum()) for tag, _l, c in (e for e in log if e[0] == "predicted")]
+    assert sums and all(s == 8 * pack.config.n_expert_used for s in sums), sums
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
