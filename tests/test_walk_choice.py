@@ -567,3 +567,71 @@ def test_the_predictor_routes_the_units_first_rows(make_test_pack, tmp_path, mon
     sums = [int(c.sum()) for tag, _l, c in (e for e in log if e[0] == "predicted")]
     assert sums and all(s == 8 * pack.config.n_expert_used for s in sums), sums
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+
+
+def test_cuda_routing_and_prediction_counts_use_their_own_buffers(monkeypatch):
+    """The cuda backend's routing_tables and expert_counts with stand-ins for PyCUDA and the
+    launch: each reader's counts land in a page-locked buffer of its own, so a prediction read
+    late never sees the routing's counts (or the other way round); a reader's next launch
+    resolves its last DevTables before the buffer is rewritten; a resolved DevTables keeps its
+    own copy."""
+    import sys
+    import types
+
+    from fast.cuda import backend as cb
+
+    fake = types.ModuleType("pycuda.driver")
+    copies = []
+
+    class Event:
+        def __init__(self, flags=None):
+            self.waited = 0
+
+        def record(self, stream):
+            pass
+
+        def synchronize(self):
+            self.waited += 1
+
+    fake.Event = Event
+    fake.event_flags = types.SimpleNamespace(DISABLE_TIMING=2)
+    fake.pagelocked_zeros = lambda shape, dtype: np.zeros(shape, dtype)
+
+    def memcpy_dtoh_async(dst, src, stream):
+        dst[...] = src
+        copies.append(dst)
+
+    fake.memcpy_dtoh_async = memcpy_dtoh_async
+    pkg = types.ModuleType("pycuda")
+    pkg.driver = fake
+    monkeypatch.setitem(sys.modules, "pycuda", pkg)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
+
+    def routing_tables(dev, ids, n_expert):
+        cnt = np.bincount(np.asarray(ids).ravel(), minlength=n_expert).astype(np.int32)
+        off = (np.cumsum(cnt) - cnt).astype(np.int32)
+        return types.SimpleNamespace(slot=None, src=None, cnt=types.SimpleNamespace(gpudata=cnt),
+                                     off=types.SimpleNamespace(gpudata=off))
+
+    monkeypatch.setattr(cb.ops, "routing_tables", routing_tables)
+
+    class Phases:
+        def host_phase(self, name):
+            import contextlib
+            return contextlib.nullcontext()
+
+    be = cb.CudaBackend.__new__(cb.CudaBackend)
+    be.dev, be.stress, be.phases = types.SimpleNamespace(stream=None), None, Phases()
+    be._counts_host, be._counts_pending = {}, {}
+    routed = be.routing_tables(np.array([[1, 2], [2, 3]]), 6)
+    predicted = be.expert_counts(np.array([[5, 5], [4, 5]]), 6)
+    assert list(predicted.cnt) == [0, 0, 0, 0, 1, 3] and list(routed.cnt) == [0, 1, 2, 1, 0, 0]
+    assert list(routed.off) == [0, 0, 1, 3, 4, 4]
+    assert copies[0] is not copies[2]  # two buffers
+    again = be.routing_tables(np.array([[0, 0], [0, 0]]), 6)  # rewrites the routing's buffer only
+    assert list(routed.cnt) == [0, 1, 2, 1, 0, 0] and list(again.cnt) == [4, 0, 0, 0, 0, 0]
+    assert list(predicted.cnt) == [0, 0, 0, 0, 1, 3]
+    late = be.expert_counts(np.array([[1, 1], [1, 1]]), 6)
+    unread = be.expert_counts(np.array([[2, 2], [2, 2]]), 6)  # resolves `late` before its buffer is reused
+    assert late._ready.waited == 1 and list(late.cnt) == [0, 4, 0, 0, 0, 0]
+    assert list(unread.cnt) == [0, 0, 4, 0, 0, 0]

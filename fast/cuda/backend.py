@@ -112,10 +112,11 @@ class CudaBackend(BackendBase):
         self.ga = gpuarray
         self._weights: dict = {}
         self._iota_dev = None
-        self._counts_host = None  # page-locked [2, n_expert] int32: a layer's routing cnt and off
-        self._pending_tables = None  # the last DevTables, whose counts may not be read yet
-        self._pred_host = None  # page-locked [2, n_expert] int32: expert_counts' own buffer
-        self._pending_counts = None  # the last expert_counts result, maybe not read yet
+        # page-locked [2, n_expert] int32 buffers of counts and offsets, one per reader ("routing":
+        # a layer's routing tables; "predicted": head_predict's counts), and the last DevTables
+        # each was lent to, whose counts may not be read yet
+        self._counts_host: dict = {}
+        self._counts_pending: dict = {}
         self._tiles_keep = None  # the last in-place batch and its uploaded row tiles (_batch_tiles)
         self._prepared: dict = {}  # id(batch) -> (batch, its tiles' handles): a layer's, uploaded at once
         self._prepared_keep: list = []  # those uploads, alive until the next layer's
@@ -368,42 +369,36 @@ class CudaBackend(BackendBase):
         """The tables on the device; their counts and offsets copied to page-locked host memory
         on the compute stream, behind the launch, with an event the host waits on when the walk
         first reads them (DevTables)."""
-        import pycuda.driver as cuda
-
-        t = ops.routing_tables(self.dev, ids, n_expert)
-        if self._pending_tables is not None:  # the page-locked buffer is about to be rewritten
-            self._pending_tables.resolve()
-        if self._counts_host is None or self._counts_host.shape[1] != n_expert:
-            # zeroed: a read that came before its copy landed (a race) would find no routing,
-            # wrong bytes, rather than garbage counts that send launches out of bounds
-            self._counts_host = cuda.pagelocked_zeros((2, n_expert), np.int32)
-        if self.stress is not None:
-            self.stress.before_copy(self.dev.stream)
-        cuda.memcpy_dtoh_async(self._counts_host[0], t.cnt.gpudata, self.dev.stream)
-        cuda.memcpy_dtoh_async(self._counts_host[1], t.off.gpudata, self.dev.stream)
-        ready = cuda.Event(cuda.event_flags.DISABLE_TIMING)
-        ready.record(self.dev.stream)
-        self._pending_tables = DevTables(t.slot, t.src, ready, self._counts_host, self.phases)
-        return self._pending_tables
+        return self._tables_to_host(ids, n_expert, "routing")
 
     def expert_counts(self, ids, n_expert):
-        """The counts of routing_tables' launch over ids, copied behind it into a page-locked
-        buffer of their own (a DevTables whose cnt the host reads when it needs them)."""
+        """routing_tables' launch over ids, its counts copied behind it into a page-locked buffer
+        of their own (a DevTables whose cnt the host reads when it needs them)."""
+        return self._tables_to_host(ids, n_expert, "predicted")
+
+    def _tables_to_host(self, ids, n_expert, reader: str) -> DevTables:
+        """ops.routing_tables over ids, its counts and offsets copied behind the launch into the
+        page-locked buffer of `reader`, as a DevTables the host reads on first use; the buffer's
+        last DevTables is resolved first (its copy is about to be overwritten)."""
         import pycuda.driver as cuda
 
         t = ops.routing_tables(self.dev, ids, n_expert)
-        if self._pending_counts is not None:  # its page-locked buffer is about to be rewritten
-            self._pending_counts.resolve()
-        if self._pred_host is None or self._pred_host.shape[1] != n_expert:
-            self._pred_host = cuda.pagelocked_zeros((2, n_expert), np.int32)
+        pending = self._counts_pending.get(reader)
+        if pending is not None:
+            pending.resolve()
+        host = self._counts_host.get(reader)
+        if host is None or host.shape[1] != n_expert:
+            # zeroed: a read that came before its copy landed (a race) would find no routing,
+            # wrong bytes, rather than garbage counts that send launches out of bounds
+            host = self._counts_host[reader] = cuda.pagelocked_zeros((2, n_expert), np.int32)
         if self.stress is not None:
             self.stress.before_copy(self.dev.stream)
-        cuda.memcpy_dtoh_async(self._pred_host[0], t.cnt.gpudata, self.dev.stream)
-        cuda.memcpy_dtoh_async(self._pred_host[1], t.off.gpudata, self.dev.stream)
+        cuda.memcpy_dtoh_async(host[0], t.cnt.gpudata, self.dev.stream)
+        cuda.memcpy_dtoh_async(host[1], t.off.gpudata, self.dev.stream)
         ready = cuda.Event(cuda.event_flags.DISABLE_TIMING)
         ready.record(self.dev.stream)
-        self._pending_counts = DevTables(t.slot, t.src, ready, self._pred_host, self.phases)
-        return self._pending_counts
+        self._counts_pending[reader] = DevTables(t.slot, t.src, ready, host, self.phases)
+        return self._counts_pending[reader]
 
     def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Dev, row0, n_rows_total):
         K = int(x.shape[1])
