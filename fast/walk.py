@@ -499,10 +499,6 @@ class LayerChoice:
     def streams(self) -> bool:
         return self.walk == "streamed"
 
-    def ahead(self, n_streamed: int) -> int:
-        """How many of the layer's streamed experts (ascending ids) are queued before its routing."""
-        return n_streamed if self.streams else self.head
-
 
 @dataclass
 class WalkChoice:
