@@ -33,14 +33,16 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (ROOT, HERE):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 from fast.cuda import attention as cu_att, runtime, signatures  # noqa: E402
 from strata import attention  # noqa: E402
 from strata.config import PRESETS  # noqa: E402
 from strata.constants import KEY_BLOCK  # noqa: E402
 from verify.kernel_inputs import normal  # noqa: E402  (fast random draws at 32K)
+from harness import cuda_or_exit, first_difference, progress  # noqa: E402
 
 F32 = np.float32
 
@@ -77,18 +79,6 @@ def check_v1_format(hd: int, fmt: str = V1_FORMAT) -> None:
     if name not in found:
         raise ValueError(f"{os.path.basename(V1_FILE)} has no kernel {name} (it has: {', '.join(sorted(found))})")
     signatures.check_kernel(found[name], fmt, os.path.basename(V1_FILE))
-
-
-def cuda_or_exit() -> None:
-    """Exit 2 with one line where the CUDA backend cannot run here."""
-    ok, why = runtime.cuda_available()
-    if not ok:
-        print(f"dev/kernels/attention.py needs a CUDA GPU with PyCUDA: {why}", file=sys.stderr)
-        sys.exit(2)
-
-
-def progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------- launches
@@ -161,18 +151,6 @@ def run(dev, name: str, q, pos, cache: DeviceCache):
     out = poisoned(dev, q.shape, POISON[name])
     dict(VERSIONS)[name](dev, q, pos, cache, out)
     return out
-
-
-def first_difference(got: np.ndarray, want: np.ndarray) -> str | None:
-    """None where the two float32 arrays are the same bytes, else where and how they first differ."""
-    g, w = got.reshape(-1).view(np.uint32), want.reshape(-1).view(np.uint32)
-    bad = np.flatnonzero(g != w)
-    if bad.size == 0:
-        return None
-    i = int(bad[0])
-    at = tuple(int(x) for x in np.unravel_index(i, want.shape))
-    return (f"{bad.size} of {w.size} floats differ; first at index {at}: "
-            f"{got.reshape(-1)[i]!r} (0x{int(g[i]):08x}) against {want.reshape(-1)[i]!r} (0x{int(w[i]):08x})")
 
 
 # ---------------------------------------------------------------------------------- inputs
@@ -332,7 +310,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cuda_or_exit()
+    cuda_or_exit("dev/kernels/attention.py")
     dev = runtime.Device()
     bad = check(args.check_tokens, dev=dev) if args.check_tokens > 0 else []
     rows = []

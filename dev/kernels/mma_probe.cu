@@ -53,57 +53,52 @@ extern "C" __global__ void mma_f16_exact(const __half* __restrict__ a, const __h
 #endif
 
 // Each warp runs `iters` rounds of CHAINS independent mma of one form; out gets one value a
-// thread so that nothing is dead. The operands are the thread's own bits (their values do not
-// change an mma's time; the f16 form's are the finite halves 1.0 and 2.0).
-extern "C" __global__ void mma_rate_f16_k16(int iters, float* __restrict__ out) {
-    const uint32_t x = 0x3C004000u + (threadIdx.x & 1);
-    float acc[CHAINS][4] = {};
+// thread so that nothing is dead. The operands do not change an mma's time: the f16 form's are
+// the finite halves 1.0 and 2.0, the int8 forms' the thread's own bits.
+struct F16K16 {
+    using Acc = float;
+    static __device__ __forceinline__ uint32_t operand() { return 0x3C004000u + (threadIdx.x & 1); }
+    static __device__ __forceinline__ void mma(Acc (&d)[4], uint32_t x) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%4,%4,%4}, {%4,%4}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(x));
+    }
+};
+struct S8K16 {
+    using Acc = int;
+    static __device__ __forceinline__ uint32_t operand() { return threadIdx.x * 0x9E3779B9u; }
+    static __device__ __forceinline__ void mma(Acc (&d)[4], uint32_t x) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%4}, {%4}, {%0,%1,%2,%3};\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]) : "r"(x));
+    }
+};
+struct S8K32 {
+    using Acc = int;
+    static __device__ __forceinline__ uint32_t operand() { return threadIdx.x * 0x9E3779B9u; }
+    static __device__ __forceinline__ void mma(Acc (&d)[4], uint32_t x) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%4,%4,%4}, {%4,%4}, "
+            "{%0,%1,%2,%3};\n"
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]) : "r"(x));
+    }
+};
+
+template <class M>
+__device__ __forceinline__ void rate(int iters, float* __restrict__ out) {
+    const uint32_t x = M::operand();
+    typename M::Acc acc[CHAINS][4] = {};
     for (int i = 0; i < iters; ++i) {
 #pragma unroll
-        for (int c = 0; c < CHAINS; ++c)
-            asm volatile(
-                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                "{%0,%1,%2,%3};\n"
-                : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
-                : "r"(x), "r"(x), "r"(x), "r"(x), "r"(x), "r"(x));
+        for (int c = 0; c < CHAINS; ++c) M::mma(acc[c], x);
     }
-    float s = 0.0f;
+    typename M::Acc s = 0;
 #pragma unroll
     for (int c = 0; c < CHAINS; ++c) s = s + acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
-    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
-}
-
-extern "C" __global__ void mma_rate_s8_k16(int iters, float* __restrict__ out) {
-    const uint32_t x = threadIdx.x * 0x9E3779B9u;
-    int acc[CHAINS][4] = {};
-    for (int i = 0; i < iters; ++i) {
-#pragma unroll
-        for (int c = 0; c < CHAINS; ++c)
-            asm volatile(
-                "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                : "+r"(acc[c][0]), "+r"(acc[c][1]), "+r"(acc[c][2]), "+r"(acc[c][3])
-                : "r"(x), "r"(x + 1), "r"(x + 2));
-    }
-    int s = 0;
-#pragma unroll
-    for (int c = 0; c < CHAINS; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
     out[blockIdx.x * blockDim.x + threadIdx.x] = (float)s;
 }
 
-extern "C" __global__ void mma_rate_s8_k32(int iters, float* __restrict__ out) {
-    const uint32_t x = threadIdx.x * 0x9E3779B9u;
-    int acc[CHAINS][4] = {};
-    for (int i = 0; i < iters; ++i) {
-#pragma unroll
-        for (int c = 0; c < CHAINS; ++c)
-            asm volatile(
-                "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                "{%0,%1,%2,%3};\n"
-                : "+r"(acc[c][0]), "+r"(acc[c][1]), "+r"(acc[c][2]), "+r"(acc[c][3])
-                : "r"(x), "r"(x + 1), "r"(x + 2), "r"(x + 3), "r"(x + 4), "r"(x + 5));
-    }
-    int s = 0;
-#pragma unroll
-    for (int c = 0; c < CHAINS; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
-    out[blockIdx.x * blockDim.x + threadIdx.x] = (float)s;
-}
+extern "C" __global__ void mma_rate_f16_k16(int iters, float* __restrict__ out) { rate<F16K16>(iters, out); }
+extern "C" __global__ void mma_rate_s8_k16(int iters, float* __restrict__ out) { rate<S8K16>(iters, out); }
+extern "C" __global__ void mma_rate_s8_k32(int iters, float* __restrict__ out) { rate<S8K32>(iters, out); }

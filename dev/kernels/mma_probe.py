@@ -30,10 +30,12 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (ROOT, HERE):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 from fast.cuda import runtime  # noqa: E402
+from harness import cuda_or_exit  # noqa: E402
 
 FILE = os.path.join(HERE, "mma_probe.cu")
 A_MAX, B_MAX = 31 * 43, 127  # an IQ2_XS sub-scale times its largest grid code; a q8_1 code
@@ -43,13 +45,6 @@ C_MAX = 2 ** 24 - K * A_MAX * B_MAX - 1  # |C| + |A . B| stays below 2^24
 RATES = (("mma_rate_f16_k16", 16 * 8 * 16), ("mma_rate_s8_k16", 16 * 8 * 16), ("mma_rate_s8_k32", 16 * 8 * 32))
 CHAINS = 4  # the file's default
 WARPS_PER_SCHEDULER = 8
-
-
-def cuda_or_exit() -> None:
-    ok, why = runtime.cuda_available()
-    if not ok:
-        print(f"dev/kernels/mma_probe.py needs a CUDA GPU with PyCUDA: {why}", file=sys.stderr)
-        sys.exit(2)
 
 
 def exact_cases(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -141,7 +136,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cuda_or_exit()
+    cuda_or_exit("dev/kernels/mma_probe.py")
     dev = runtime.Device()
     diff = check(dev, args.cases)
     print(f"check f16 m16n8k16, f32 accumulator, integer sums below 2^24: "

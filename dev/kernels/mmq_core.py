@@ -31,12 +31,14 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (ROOT, HERE):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from fast.cuda import runtime  # noqa: E402
+from harness import cuda_or_exit, first_difference, progress  # noqa: E402
 from strata import mmq, q8_1  # noqa: E402
 
 F32 = np.float32
@@ -46,17 +48,6 @@ FORMAT = "PPPPPPii"  # w, u, dw, x, da, out, N, K (the kernels' C signature; tes
 GEOMETRY = "mmq_core_geometry"  # {BM, BN, threads, v1's shared memory, v2's}
 GRID_CODES = np.array([8, 25, 43])
 TIMER_N, TIMER_K = 1280, 2560
-
-
-def cuda_or_exit() -> None:
-    ok, why = runtime.cuda_available()
-    if not ok:
-        print(f"dev/kernels/mmq_core.py needs a CUDA GPU with PyCUDA: {why}", file=sys.stderr)
-        sys.exit(2)
-
-
-def progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def inputs(rng, N: int, K: int, R: int, widest: bool = False) -> dict:
@@ -128,17 +119,6 @@ class Cores:
         return out
 
 
-def first_difference(got: np.ndarray, want: np.ndarray) -> str | None:
-    g, w = got.reshape(-1).view(np.uint32), want.reshape(-1).view(np.uint32)
-    bad = np.flatnonzero(g != w)
-    if bad.size == 0:
-        return None
-    i = int(bad[0])
-    at = tuple(int(x) for x in np.unravel_index(i, want.shape))
-    return (f"{bad.size} of {w.size} floats differ; first at (row, col) {at}: {got.reshape(-1)[i]!r} "
-            f"against {want.reshape(-1)[i]!r}")
-
-
 CHECK_SHAPES = ((64, 128, 128, False), (192, 384, 256, False), (128, 256, 128, True))  # N, K, R, widest
 
 
@@ -191,7 +171,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cuda_or_exit()
+    cuda_or_exit("dev/kernels/mmq_core.py")
     cores = Cores(runtime.Device())
     bad = check(cores)
     rows = []
