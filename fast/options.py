@@ -176,8 +176,9 @@ SWITCHES = (
            "stage_head: 1: a staged layer's head is the streamed experts its own router, run on the "
            "layer before's residual while that layer routes, names most often (ties: lower ids), "
            "rather than its lowest ids; the walk visits the head first, then the routed rest (runs "
-           "cut where ids fall); a router launch and a count read per such layer (fast.walk."
-           "predicted_head). Needs in_place 1, ring_in_place 1 and stage_in_ring 1; 0: the lowest ids"),
+           "cut where ids fall); costs a norm, router and top-k over the unit's first PREDICT_ROWS "
+           "rows and a count read per such layer (fast.walk.predicted_head). Needs in_place 1, "
+           "ring_in_place 1 and stage_in_ring 1; 0: the lowest ids"),
     Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
            "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "
