@@ -9,8 +9,12 @@
 #                                   # under $LOG/benchmarks; not part of `all`
 #   bash bench/gpu_gate.sh kernels  # kernel configurations A/B, interleaved (the pair attention kernel's,
 #                                   # float_dense warp/tile, dense MMQ's, combine, a layer's experts gathered or in
-#                                   # place), the earlier attention form (dev/kernels/attention.py) and the whole
+#                                   # place), the earlier attention form (dev/kernels/attention.py), the mma probe
+#                                   # and MMQ's core forms (dev/kernels/mma_probe.py, mmq_core.py) and the whole
 #                                   # prefill: in_place alone at small chunks, every earlier schedule vs default
+#   bash bench/gpu_gate.sh streaming  # the streamed arms against the resident run (bench_streaming_cuda.py;
+#                                   # ARMS, STREAM_TOKENS, REPS: default,head-0,head-predict,head-predict-96 at
+#                                   # 254,1030,4096,8179 tokens, 5 reps); not part of `all`
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
 # installs it from the package index, and only where no index answers from the wheels in
 # ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). `pytest verify/` sizes its own
@@ -82,6 +86,8 @@ if [[ $MODE == kernels ]]; then
   python3 bench/bench_combine_ab_cuda.py 2>&1 | tee "$LOG/combine_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 7 >> "$SUMMARY"
   python3 dev/kernels/attention.py 2>&1 | tee "$LOG/dev_attention.log" | tail -n 6 >> "$SUMMARY"
+  python3 dev/kernels/mma_probe.py 2>&1 | tee "$LOG/dev_mma_probe.log" | tail -n 6 >> "$SUMMARY"
+  python3 dev/kernels/mmq_core.py 2>&1 | tee "$LOG/dev_mmq_core.log" | tail -n 5 >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_IN_PLACE=0 --b default \
       --tokens "${SMALL_TOKENS:-254,1024,2048}" --reps "${REPS:-5}" --markdown "$LOG/ab_in_place.md" 2>&1 \
       | tee "$LOG/ab_in_place.log"; cat "$LOG/ab_in_place.md" >> "$SUMMARY"
@@ -89,6 +95,14 @@ if [[ $MODE == kernels ]]; then
       --a STRATA_PREFILL_IN_PLACE=0,STRATA_PREFILL_FUSE_GROUP=0,STRATA_PREFILL_OVERLAP_PLAN=0 \
       --b default --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-5}" --markdown "$LOG/ab_earlier.md" 2>&1 \
       | tee "$LOG/ab_earlier.log"; cat "$LOG/ab_earlier.md" >> "$SUMMARY"
+fi
+if [[ $MODE == streaming ]]; then
+  PACK=/tmp/strata8.gguf
+  [[ -f $PACK ]] || python3 -m strata_prefill make-pack --preset strata --layers "${LAYERS:-8}" \
+      --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
+  python3 bench/bench_streaming_cuda.py --pack "$PACK" --tokens "${STREAM_TOKENS:-254,1030,4096,8179}" \
+      --reps "${REPS:-5}" --arms "${ARMS:-default,head-0,head-predict,head-predict-96}" \
+      --out "$LOG/streaming.json" 2>&1 | tee "$LOG/streaming.log" | tail -n 12 >> "$SUMMARY"
 fi
 if [[ $MODE == suites ]]; then
   python3 -m pytest bench/ -q -p no:cacheprovider -k "not reference" --benchmark-storage "file://$PWD/$LOG/benchmarks" \
