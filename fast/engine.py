@@ -84,7 +84,7 @@ class FastEngine:
         #: again (run --timing prints it)
         self.walk_choices: list = []
         self._unit = None  # the unit running now: its WalkChoice (its tokens, what its layers routed so far)
-        self._heads: dict = {}  # the unit's staged layers -> their heads' experts, in entry order
+        self._heads: dict = {}  # the unit's chosen layers -> the experts queued before their routing, in entry order
         self._predicted: dict = {}  # layer -> its routing's counts as predicted by the layer before (head_predict)
         self._measured = None  # (tokens, routed streamed experts per layer) of the last whole unit
         self.window_reason: str | None = None  # why window_tokens took its window (run prints it)
@@ -276,12 +276,12 @@ class FastEngine:
         nxt = layer + 1
         if (not o.head_predict or unit is None or nxt >= cfg.n_layer or not self._n_streamed[nxt]
                 or len(unit.layers) > nxt or not self._head_size(nxt)):
-            return  # no next layer, nothing of it streams, chosen already (it streams, or its head is queued), no head
-        if o.stream_min == options.AUTO:  # sure to stream: it copies every streamed expert ahead
-            if walk.stream_need(unit.tokens, self._n_streamed[nxt] * self._blob_bytes[nxt], o.stream_hide * 1000) <= 0:
-                return
-        elif unit.tokens >= o.stream_min:
+            # no next layer, nothing of it streams, chosen already (every layer under the threshold
+            # rule where the unit streams; a streamed or headed one otherwise), or no head
             return
+        if (o.stream_min == options.AUTO and walk.stream_need(
+                unit.tokens, self._n_streamed[nxt] * self._blob_bytes[nxt], o.stream_hide * 1000) <= 0):
+            return  # the coverage rule will stream it whatever this layer routes: no head to choose
         with be.phase("predict", layer=layer):
             q = f"blk.{nxt}."
             n = be.shape(x)[0]
