@@ -24,7 +24,7 @@ are drawn as the float dense matrices' are.
 Attention matrices, shared-expert matrices, token_embd and output are in the dense type
 (any registered quant type, F16, BF16 or F32; a quant type whose block does not divide a dense
 matrix's rows is refused, naming them: the dense matrices never fall back); norms are F32
-around 1.0. A mix (`mix="Q4_K_M"` or `"Q2_K"`, strata/mixes.py) instead gives every matrix the
+around 1.0. A mix (`mix="Q4_K_M"`, `"Q2_K"`, `"IQ4_XS"`, `"IQ2_XXS"` or `"IQ1_S"`: strata.mixes.MIXES) instead gives every matrix the
 type llama-quantize picks for that file type, its own fallbacks included (Q4_0, Q5_0, Q5_1,
 Q8_0: not recorded as make-pack fallbacks, they are the mix's), and records `strata.mix`. The router (`ffn_gate_inp`) is in the
 router type: F32 by default, as llama.cpp's converters keep it, BF16 for the `strata` preset
@@ -450,7 +450,7 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
 
     layers: override the preset's layer count; expert_type: one of EXPERT_TYPES (by name or
     enum; None: Q8_0); dense_type: one of DENSE_TYPES (None: Q8_0); mix: a llama-quantize
-    mix of strata.mixes.MIXES (Q4_K_M, Q2_K), which sets every matrix's type (pack_types
+    mix of strata.mixes.MIXES, which sets every matrix's type (pack_types
     says which arguments it takes with it); router_type: F32, BF16 or Q8_0
     (None: BF16 for the `strata` preset, else F32); progress: a tqdm bar on stderr naming
     the tensor being written (None: for packs over 50 MB, where stderr is a terminal, else a

@@ -5,8 +5,12 @@ The mixes' expected types are written here from llama.cpp's src/llama-quant.cpp 
 their own (qwen3moe, no importance matrix), not computed by the module under test."""
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 from gguf import quants as gq
@@ -14,7 +18,7 @@ from gguf import quants as gq
 from strata.config import PRESETS
 from strata.errors import InputError
 from strata.make_pack import make_pack
-from strata.mixes import mix_types, use_more_bits
+from strata.mixes import MIXES, layer_classes, layer_key, mix_types, use_more_bits
 from strata.pack import Pack
 from strata_prefill.cli import main as cli
 
@@ -102,6 +106,62 @@ def test_tiny_mix_types(mix, want):
     assert got == want
 
 
+# the IQ file types on tiny: 2 layers (n/8 = 0: no ffn_down of the first eighth), n_gqa 2, 16 experts
+TINY_IQ4_XS = {"token_embd": "IQ4_XS", "output": "Q6_K",
+               **{f"blk.{l}.{k}": "IQ4_XS" for l in (0, 1) for k in (
+                   "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                   "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")}}
+
+
+def _tiny_iq_low(base: str, attn_output: str) -> dict:
+    return {"token_embd": "Q2_K", "output": "Q5_K",
+            **{f"blk.{l}.{k}": base for l in (0, 1) for k in (
+                "attn_q", "attn_k", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")},
+            **{f"blk.{l}.attn_v": "Q4_K" for l in (0, 1)},  # 16 experts (>= 4): Q4_K
+            **{f"blk.{l}.attn_output": attn_output for l in (0, 1)}}
+
+
+@pytest.mark.parametrize("mix, want", [("IQ4_XS", TINY_IQ4_XS), ("IQ2_XXS", _tiny_iq_low("IQ2_XXS", "IQ2_XXS")),
+                                       ("IQ1_S", _tiny_iq_low("IQ1_S", "IQ2_XXS"))])
+def test_tiny_iq_mix_types(mix, want):
+    got = {k: v.name for k, v in mix_types(PRESETS["tiny"], mix).items()}
+    assert got == want
+
+
+def test_iq_mixes_on_48_layers():
+    # qwen3-30b-a3b: 48 layers (n/8 = 6), 32 query heads on 4, 128 experts, no shared expert
+    cfg = PRESETS["qwen3-30b-a3b"]
+    xs = mix_types(cfg, "IQ4_XS")
+    assert [xs[f"blk.{l}.ffn_down_exps"].name for l in range(8)] == ["Q5_K"] * 6 + ["IQ4_XS"] * 2
+    assert {xs[f"blk.{l}.attn_v"].name for l in range(48)} == {"Q5_K"}
+    assert (xs["output"].name, xs["token_embd"].name, xs["blk.9.attn_output"].name) == ("Q6_K", "IQ4_XS", "IQ4_XS")
+    for mix in ("IQ2_XXS", "IQ1_S"):
+        t = mix_types(cfg, mix)
+        assert [t[f"blk.{l}.ffn_down_exps"].name for l in range(8)] == ["Q2_K"] * 6 + [mix] * 2
+        assert {t[f"blk.{l}.attn_v"].name for l in range(48)} == {"Q4_K"}
+        assert {t[f"blk.{l}.attn_output"].name for l in range(48)} == {"IQ2_XXS"}
+        assert (t["output"].name, t["token_embd"].name) == ("Q5_K", "Q2_K")
+
+
+def test_iq_low_mix_counts_ffn_down_tensors_and_falls_back_on_640_rows():
+    # strata, 24 layers: a shared expert, so 48 ffn_down tensors in file order (a layer's experts'
+    # then its shared expert's), the first 24 / 8 = 3 of them Q2_K: layer 0's two and layer 1's
+    # experts'. Expert rows of 640 fit no 256-value block: Q2_K -> Q4_0, IQ2_XXS -> IQ4_NL.
+    t = mix_types(PRESETS["strata"].replace(n_layer=24), "IQ2_XXS")
+    got = [(t[f"blk.{l}.ffn_down_exps"].name, t[f"blk.{l}.ffn_down_shexp"].name) for l in range(3)]
+    assert got == [("Q4_0", "Q4_0"), ("Q4_0", "IQ4_NL"), ("IQ4_NL", "IQ4_NL")]
+    assert t["blk.5.ffn_gate_exps"].name == "IQ2_XXS"  # rows of 2,560 = 10 x 256
+
+
+@settings(max_examples=60, deadline=None)
+@given(preset=st.sampled_from(sorted(PRESETS)), n=st.integers(1, 200), mix=st.sampled_from(sorted(MIXES)))
+def test_layer_classes_count_what_the_walk_finds(preset, n, mix):
+    cfg = PRESETS[preset].replace(n_layer=n)
+    walked = Counter(layer_key(cfg, mix, l) for l in range(n))
+    assert layer_classes(cfg, mix) == walked
+
+
 def test_mix_fallbacks_and_the_tied_head():
     # small: expert rows of 384 (no 256-value block fits): Q4_K -> Q5_0, Q6_K -> Q8_0, Q3_K -> Q4_0
     small = PRESETS["small"]  # 4 layers: use_more_bits picks 2 and 3
@@ -148,7 +208,7 @@ def test_mix_arguments_refused_in_one_line(tmp_path, capsys):
     assert "--mix Q2_K writes its experts in Q2_K" in err[1]
     assert "argument --mix: invalid choice: 'Q3_K_M'" in err[2]
     assert not list(tmp_path.iterdir())
-    with pytest.raises(InputError, match="unknown mix 'q5_k_s' \\(mixes: Q4_K_M, Q2_K\\)"):
+    with pytest.raises(InputError, match="unknown mix 'q5_k_s' \\(mixes: Q4_K_M, Q2_K, IQ4_XS, IQ2_XXS, IQ1_S\\)"):
         make_pack(tmp_path / "y.gguf", mix="q5_k_s")
 
 

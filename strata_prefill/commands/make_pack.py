@@ -85,7 +85,7 @@ def data_bytes(args: argparse.Namespace) -> int:
     """The bytes of the pack's tensor data, from the arguments alone: one layer is planned
     (strata.make_pack.plan_tensors, the types as make_pack resolves them) and its bytes counted
     once per layer, so a pack of 100,000 layers is sized at once (a mix: one layer of each of
-    its two kinds, strata.mixes.layer_types, counted as often as the layers of that kind). The
+    its classes, strata.mixes.layer_classes, counted as often as the layers of that class). The
     header and the tensors' alignment come on top: a lower bound of the file's size."""
     from strata import make_pack as mp
     from strata import mixes
@@ -102,13 +102,12 @@ def data_bytes(args: argparse.Namespace) -> int:
     else:
         ty = mp.pack_types(one, args.preset, args.expert_type, args.dense_type, router, mix,
                            args.tie_embeddings)
-        n_more = mixes.more_bits_layers(layers)
-        kinds = [(True, n_more), (False, layers - n_more)]
+        kinds = list(mixes.layer_classes(full, mix).items())
     total = 0
-    for more, count in kinds:
-        per = None if more is None else {
+    for key, count in kinds:
+        per = None if key is None else {
             **mixes.head_types(full, mix, args.tie_embeddings),
-            **{tn.name(k, 0): t for k, t in mixes.layer_types(full, mix, more).items()}}
+            **{tn.name(k, 0): t for k, t in mixes.layer_types(full, mix, key).items()}}
         plans = mp.plan_tensors(one, ty.gu, ty.down, ty.dense, args.tie_embeddings, ty.router, per)
         per_layer = sum(p.nbytes for p in plans if p.name.startswith("blk.0."))
         total += count * per_layer
