@@ -12,6 +12,8 @@
 #                                   # place), the earlier attention form (dev/kernels/attention.py), the mma probe
 #                                   # and MMQ's core forms (dev/kernels/mma_probe.py, mmq_core.py) and the whole
 #                                   # prefill: in_place alone at small chunks, every earlier schedule vs default
+#   bash bench/gpu_gate.sh types    # every weight type's in-place gate/up, time per weight byte against
+#                                   # IQ2_XS's (bench_types_cuda.py; TYPE_TOKENS, REPS); not part of `all`
 #   bash bench/gpu_gate.sh streaming  # the streamed arms against the resident run (bench_streaming_cuda.py;
 #                                   # ARMS, STREAM_TOKENS, REPS: default,head-0,head-predict,head-predict-96 at
 #                                   # 254,1030,4096,8179 tokens, 5 reps); not part of `all`
@@ -103,6 +105,10 @@ if [[ $MODE == streaming ]]; then
   python3 bench/bench_streaming_cuda.py --pack "$PACK" --tokens "${STREAM_TOKENS:-254,1030,4096,8179}" \
       --reps "${REPS:-5}" --arms "${ARMS:-default,head-0,head-predict,head-predict-96}" \
       --out "$LOG/streaming.json" 2>&1 | tee "$LOG/streaming.log" | tail -n 12 >> "$SUMMARY"
+fi
+if [[ $MODE == types ]]; then
+  python3 bench/bench_types_cuda.py --tokens "${TYPE_TOKENS:-1024,8192}" --reps "${REPS:-7}" --out "$LOG" 2>&1 \
+      | tee "$LOG/types.log" | sed -n '/^| tokens/,$p' >> "$SUMMARY"
 fi
 if [[ $MODE == suites ]]; then
   python3 -m pytest bench/ -q -p no:cacheprovider -k "not reference" --benchmark-storage "file://$PWD/$LOG/benchmarks" \
