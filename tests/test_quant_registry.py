@@ -246,12 +246,15 @@ def test_epilogue_and_unit_sub_follow_the_decoded_form():
     rng = np.random.default_rng(3)
     for f in FORMATS:
         dec = quants.decode(f.qtype, quants.random_blocks(f.qtype, 64, rng).reshape(4, -1))
-        assert (dec.mw is not None) == (f.epilogue is not qformats.Epilogue.PLAIN)
+        assert (dec.mw is not None) == (f.epilogue in (qformats.Epilogue.MIN, qformats.Epilogue.DMIN))
         assert (dec.msub is not None) == (f.epilogue is qformats.Epilogue.DMIN)
         assert bool(np.all(dec.sub == 1)) == f.unit_sub
+        halves = f.epilogue is qformats.Epilogue.HALVES  # a scale for each 16-value half
+        assert dec.dw.shape == dec.sub.shape[:-1] + ((2,) if halves else ())
         pw = mmq.prepare(f.qtype, quants.random_blocks(f.qtype, 64, rng).reshape(4, -1))
         assert pw.w.dtype == (np.int8 if f.unit_sub else np.int16)
         assert (pw.wm is not None) == (f.epilogue is qformats.Epilogue.DMIN)
+        assert pw.dw.shape == (4, pw.n_blocks) + ((2,) if halves else ())
 
 
 def test_grids_are_gguf_grids():
