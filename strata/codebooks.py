@@ -124,7 +124,7 @@ class IQ4_NL(_CodebookFormat, qtype=QT.IQ4_NL):
     codebook_source = "IQ4_NL"
     half_fields = {"d": 0}
     unit_sub = True
-    # mmq_kernel = "mmq_iq4_nl"  (not yet)
+    mmq_kernel = "mmq_iq4_nl"
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -139,7 +139,7 @@ class IQ4_XS(_CodebookFormat, qtype=QT.IQ4_XS):
 
     codebook_source = "IQ4_NL"
     half_fields = {"d": 0}
-    # mmq_kernel = "mmq_iq4_xs"  (not yet)
+    mmq_kernel = "mmq_iq4_xs"
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -163,7 +163,7 @@ class MXFP4(_CodebookFormat, qtype=QT.MXFP4):
     codebook_source = "MXFP4"
     half_fields: ClassVar[dict[str, int]] = {}
     unit_sub = True
-    # mmq_kernel = "mmq_mxfp4"  (not yet)
+    mmq_kernel = "mmq_mxfp4"
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -200,7 +200,7 @@ class NVFP4(_CodebookFormat, qtype=QT.NVFP4):
     half_fields: ClassVar[dict[str, int]] = {}
     epilogue = Epilogue.HALVES
     unit_sub = True
-    # mmq_kernel = "mmq_nvfp4"  (not yet)
+    mmq_kernel = "mmq_nvfp4"
 
     @classmethod
     def decode_blocks(cls, blk):
