@@ -280,3 +280,26 @@ def test_scale_values():
     sv = codebooks.IQ4_XS.scale_values(xs)
     assert sv.shape == (300, 1) and np.isnan(sv[0, 0])
     np.testing.assert_array_equal(sv[:, 0], np.ascontiguousarray(xs[:, 0:2]).view("<f2")[:, 0].astype(np.float32))
+
+
+# --------------------------------------------------------------------------- packs
+
+
+def test_make_pack_writes_each_and_cuda_takes_it(tmp_path):
+    """make-pack writes every codebook type as the experts' and the dense matrices' type, and
+    the cuda backend finds nothing to refuse in such a pack (its bytes: the parity rows,
+    verify/cases.py); the types fit 640-wide rows (the strata preset's down projection) but
+    IQ4_XS, whose 256-value blocks fall back to Q8_0 there."""
+    from strata.config import PRESETS
+    from strata.make_pack import DENSE_TYPES, EXPERT_TYPES, expert_types, make_pack
+    from strata.pack import Pack
+
+    for qt in TYPES:
+        assert qt in EXPERT_TYPES and qt in DENSE_TYPES
+        pack = Pack.open(make_pack(tmp_path / f"{qt.name}.gguf", "tiny", expert_type=qt.name, dense_type=qt.name,
+                                   seed=1))
+        assert pack.cuda_type_problems() == [] and pack.fallbacks == []
+        assert pack.expert_types(0) == (qt, qt)
+        assert pack.tensor_type("token_embd") == qt and pack.tensor_type("output") == qt
+        gu, down, fell = expert_types(PRESETS["strata"], qt.name)
+        assert gu == qt and (down, fell) == ((QT.Q8_0, ["ffn_down_exps"]) if qt == QT.IQ4_XS else (qt, []))
