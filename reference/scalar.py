@@ -19,8 +19,8 @@ A loop never calls the function it defines. What it does call from strata/, and 
 - ``strata.quants.decode`` for a weight's integer form (codes, sub-scales, dw, mw): the weight
   formats are pinned against ``gguf.quants.dequantize`` in tests/test_quants.py; the product's
   epilogue is what is stated here.
-- ``strata.qformats.lookup(qt).epilogue`` for which of section 3's three epilogues a weight
-  type takes (PLAIN, MIN, DMIN); each is written out below.
+- ``strata.qformats.lookup(qt).epilogue`` for which of section 3's four epilogues a weight
+  type takes (PLAIN, MIN, DMIN, HALVES); each is written out below.
 - ``strata.q8_1.unpack_rows``, ``strata.q8_1.padded_len`` and ``strata.q8_1.Layout``: where a
   row's 144-byte blocks sit in a buffer, how long a padded row is, and the layouts' names.
 """
@@ -204,9 +204,9 @@ def mmq(qt, raw: np.ndarray, buf: np.ndarray, n_rows: int) -> np.ndarray:
     rows of the flat q8_1 buffer buf (the layout qt selects): [n_rows, N] float32
     (``strata.mmq.mmq_prepared``, through ``strata.mmq.mmq``)."""
     layout = q8_1.layout_for(qt)
-    epilogue = qformats.lookup(qt).epilogue  # which of the three written epilogues
+    epilogue = qformats.lookup(qt).epilogue  # which of the four written epilogues
     dec = quants.decode(qt, raw)  # codes [N, nb, 32], sub [N, nb, 2], dw, mw, msub
-    n_out, nb = dec.dw.shape
+    n_out, nb = dec.codes.shape[:2]
     blocks = q8_1.unpack_rows(buf, n_rows)  # [R, Kp/128, 144]
     out = np.zeros((n_rows, n_out), F32)
     for r in range(n_rows):
@@ -215,6 +215,17 @@ def mmq(qt, raw: np.ndarray, buf: np.ndarray, n_rows: int) -> np.ndarray:
             for b in range(nb):  # the weight's blocks, ascending; the row's padding is never read
                 a, da, sa = q8_1_read(blocks[r, b // 4].tobytes(), layout, b % 4)
                 c = dec.codes[n, b].tolist()
+                if epilogue is Epilogue.HALVES:  # a float scale per half: S0, S1 scaled apart
+                    s0 = sum(c[i] * a[i] for i in range(16))  # exact integers
+                    s1 = sum(c[i] * a[i] for i in range(16, 32))
+                    dw0, dw1 = dec.dw[n, b]
+                    t = dw0 * da
+                    t = t * F32(s0)
+                    m = dw1 * da
+                    m = m * F32(s1)
+                    t = t + m
+                    acc = acc + t
+                    continue
                 u0, u1 = (int(v) for v in dec.sub[n, b])
                 # exact integers: Python ints, no rounding
                 sumi = u0 * sum(c[i] * a[i] for i in range(16)) + u1 * sum(c[i] * a[i] for i in range(16, 32))

@@ -13,11 +13,12 @@ deterministic for a seed:
   tensor is ever held whole in memory.
 
 Types. Expert gate/up/down in the chosen expert type, except where a matrix's rows (n_cols)
-are not a multiple of the type's block: Q2_K and the IQ types have 256-value blocks, and a
-matrix whose rows are not a multiple of 256 (the `strata` preset's down projection, rows of
-640; the `small` preset's, 384) falls back to `FALLBACK_TYPE` = Q8_0, the one 32-value type
-every implementation decodes exactly (llama.cpp's quantizer falls back the same way, to
-IQ4_NL/Q5_x, which strata does not support). The fallback is recorded in the pack
+are not a multiple of the type's block: the K-quants and the IQ types but IQ4_NL have
+256-value blocks (NVFP4 64-value ones), and a matrix whose rows are not a multiple of 256 (the
+`strata` preset's down projection, rows of 640; the `small` preset's, 384) falls back to
+`FALLBACK_TYPE` = Q8_0 (llama.cpp's quantizer falls back too, to IQ4_NL or Q5_x by the type
+asked; a mix, below, takes its choices, a single expert type the one fallback). IQ4_NL, MXFP4
+(32-value blocks) and NVFP4 fit those rows and never fall back. The fallback is recorded in the pack
 (`strata.fallback`: the tensor names; `strata.fallback_type`) and `info` shows it. Float
 expert types (F16, BF16, F32: EXPERT_TYPES) have no blocks and never fall back; their values
 are drawn as the float dense matrices' are.

@@ -32,7 +32,8 @@ class PreparedWeights:
                                    where every sub-scale is 1); a product widens one block of
                                    it at a time to float32, so a matrix is kept in a quarter
                                    or half of its float32 size
-    dw  float32 [N, nb]      per-block float scale
+    dw  float32 [N, nb]      per-block float scale ([N, nb, 2] for the HALVES epilogue: dw0,
+                             dw1 of the two 16-value halves)
     mw  float32 [N, nb]      the min (Q4_1, Q5_1) or dmin (Q2_K, Q4_K, Q5_K), else None
     wm  int8 [nb, N, 32]     the integer min sub-scales per value (Q2_K, Q4_K, Q5_K), else None
     """
@@ -71,12 +72,12 @@ def prepare(qtype, raw: np.ndarray) -> PreparedWeights:
         return _prepare_rows(qtype, raw)
     probe = _prepare_rows(qtype, raw[:1])
 
-    def tall(a):  # a's layout with n rows: [nb, N, 32] keeps its rows second, [N, nb] first
+    def tall(a, axis):  # a's layout with n rows on `axis`: [nb, N, 32] keeps them second, [N, nb] first
         if a is None:
             return None
-        return np.empty(a.shape[:1] + (n,) + a.shape[2:] if a.ndim == 3 else (n,) + a.shape[1:], a.dtype)
+        return np.empty(a.shape[:axis] + (n,) + a.shape[axis + 1:], a.dtype)
 
-    out = PreparedWeights(qtype, tall(probe.w), tall(probe.dw), tall(probe.mw), tall(probe.wm))
+    out = PreparedWeights(qtype, tall(probe.w, 1), tall(probe.dw, 0), tall(probe.mw, 0), tall(probe.wm, 1))
 
     def fill(piece):
         r0, r1 = piece
@@ -166,17 +167,24 @@ def _rows_product(pw: PreparedWeights, act: q8_1.Q8Rows, out: np.ndarray, c0: in
         j1 = min(c1, j0 + cols)
         w = pw.w[:, j0:j1].astype(F32).transpose(0, 2, 1)  # [nb, 32, n], exact integers
         wm = pw.wm[:, j0:j1].astype(F32).transpose(0, 2, 1) if pw.wm is not None else None
-        dw = np.ascontiguousarray(pw.dw[j0:j1].T)  # [nb, n]
+        dw = np.ascontiguousarray(np.moveaxis(pw.dw[j0:j1], 0, -1))  # [nb, n] ([nb, 2, n]: HALVES)
         mw = np.ascontiguousarray(pw.mw[j0:j1].T) if pw.mw is not None else None
         for r0 in range(0, n_rows, rows):
             r1 = min(n_rows, r0 + rows)
             out[r0:r1, j0:j1] = _slab(epilogue, a[:, r0:r1], da[:, r0:r1, None],
-                                      None if sa is None else sa[:, r0:r1, None], w, wm, dw[:, None, :],
+                                      None if sa is None else sa[:, r0:r1, None], w, wm, dw[..., None, :],
                                       None if mw is None else mw[:, None, :])
 
 
 def _slab(epilogue: Epilogue, a, da, sa, w, wm, dw, mw) -> np.ndarray:
     """[r, n]: every block's epilogue of one slab at once, then their sum in block order."""
+    if epilogue is Epilogue.HALVES:  # (dw0 * da) * S0 + (dw1 * da) * S1 (dw [nb, 2, 1, n])
+        t = np.multiply(dw[:, 0], da)
+        np.multiply(t, np.matmul(a[..., :16], w[:, :16]), out=t)
+        u = np.multiply(dw[:, 1], da)
+        np.multiply(u, np.matmul(a[..., 16:], w[:, 16:]), out=u)
+        np.add(t, u, out=t)
+        return block_sum(t)
     sumi = np.matmul(a, w)  # [nb, r, n] exact integers (every partial sum below 2^24)
     t = np.multiply(dw, da)
     np.multiply(t, sumi, out=t)  # (dw * da) * sumi

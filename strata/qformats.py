@@ -7,8 +7,8 @@ how to make random valid blocks, and its kernel's name. Adding a type is adding 
 
 Decoding gives the integer form the MMQ contract works on (docs/numerics.md section 3): per
 32-value block, int codes ``c[32]``, integer sub-scales ``u0, u1`` (values 0..15 and 16..31),
-a float scale ``dw``, and for the min epilogues a float min ``mw`` (Q2_K also integer min
-sub-scales ``v0, v1``).
+a float scale ``dw`` (two, ``dw0, dw1``, one a half, for the HALVES epilogue), and for the min
+epilogues a float min ``mw`` (Q2_K also integer min sub-scales ``v0, v1``).
 
 Block layouts are little endian; "half" is IEEE binary16. Values and bytes per block come
 from gguf's ``GGML_QUANT_SIZES``.
@@ -38,6 +38,9 @@ class Epilogue(enum.Enum):
     PLAIN = "plain"  # (dw * da) * sumi
     MIN = "min"  # + mw * sa  (a float min per block: Q4_1)
     DMIN = "dmin"  # - (mw * da) * mi  (dmin and integer min sub-scales: Q2_K)
+    # (dw0 * da) * S0 + (dw1 * da) * S1: a float scale for each 16-value half, S0 and S1 the
+    # halves' integer sums (NVFP4, strata/codebooks.py; dw is then [..., nb32, 2])
+    HALVES = "halves"
 
 
 _REGISTRY: dict[QT, type[QuantFormat]] = {}
@@ -85,8 +88,8 @@ class QuantFormat:
     @classmethod
     def decode_blocks(cls, blk: np.ndarray):
         """blk uint8 [N, block_bytes] -> (codes [N, n32, 32], sub [N, n32, 2], dw [N * n32]
-        or [N, n32], mw or None, msub or None), n32 = block_values / 32; dtypes are fixed by
-        strata.quants.decode."""
+        or [N, n32] ([N, n32, 2] for the HALVES epilogue: one per 16-value half), mw or None,
+        msub or None), n32 = block_values / 32; dtypes are fixed by strata.quants.decode."""
         raise NotImplementedError
 
     @classmethod
@@ -105,6 +108,14 @@ class QuantFormat:
     def grid(cls) -> np.ndarray | None:
         """int8 [entries, width] grid this type indexes (expanded once), or None."""
         return None if cls.grid_source is None else _gguf_grid(cls.grid_source)
+
+    @classmethod
+    def scale_values(cls, blk: np.ndarray) -> np.ndarray:
+        """float32 [N, k]: the k decoded scales of each block row of blk [N, block_bytes] (its
+        half fields, in half_fields' order), so that a reader can check a tensor's scales for
+        NaN and Inf without decoding its codes. A format whose scales are not half fields
+        (MXFP4's e8m0 byte, NVFP4's ue4m3 bytes) overrides it."""
+        return np.stack([_half(blk, off) for off in cls.half_fields.values()], 1)
 
 
 def formats() -> tuple[type[QuantFormat], ...]:
@@ -410,3 +421,6 @@ class IQ3_S(_IQFormat, qtype=QT.IQ3_S):
 # The K-quants and the legacy quants of llama-quantize's default mixes, registered after the
 # formats above (their module imports this one's base class).
 from strata import kquants  # noqa: E402,F401
+
+# The codebook formats (IQ4_NL, IQ4_XS, MXFP4, NVFP4: codes looked up in a 16-entry codebook).
+from strata import codebooks  # noqa: E402,F401

@@ -88,7 +88,8 @@ def _grid(qtype) -> np.ndarray:
 class Decoded:
     """Integer form of quantized rows; leading dims as the raw input, nb32 = values / 32.
 
-    codes: int8 [..., nb32, 32]; sub: int16 [..., nb32, 2]; dw: float32 [..., nb32];
+    codes: int8 [..., nb32, 32]; sub: int16 [..., nb32, 2]; dw: float32 [..., nb32]
+    ([..., nb32, 2] for the HALVES epilogue: dw0, dw1 of the two 16-value halves);
     mw: float32 [..., nb32] or None; msub: int16 [..., nb32, 2] or None.
     """
 
@@ -122,7 +123,9 @@ def _blocks(qtype, raw) -> tuple[GGMLQuantizationType, np.ndarray, tuple[int, ..
 def decode(qtype, raw) -> Decoded:
     """Decode uint8 [..., row_bytes] into the contract's integer form (see Decoded)."""
     qt, blk, lead, nb32 = _blocks(qtype, raw)
-    codes, sub, dw, mw, msub = _format(qt).decode_blocks(blk)
+    fmt = _format(qt)
+    codes, sub, dw, mw, msub = fmt.decode_blocks(blk)
+    dw_tail = (2,) if fmt.epilogue is qformats.Epilogue.HALVES else ()
 
     def shp(a, tail=()):
         return None if a is None else np.ascontiguousarray(a).reshape(*lead, nb32, *tail)
@@ -131,7 +134,7 @@ def decode(qtype, raw) -> Decoded:
         qtype=qt,
         codes=shp(codes.astype(np.int8, copy=False), (32,)),
         sub=shp(sub.astype(np.int16, copy=False), (2,)),
-        dw=shp(dw.astype(np.float32, copy=False)),
+        dw=shp(dw.astype(np.float32, copy=False), dw_tail),
         mw=shp(mw),
         msub=shp(msub, (2,)),
     )
@@ -164,6 +167,8 @@ def dequantize_decoded(dec: Decoded) -> np.ndarray:
     fmt = _format(dec.qtype)
     c = dec.codes.astype(np.float32)  # [..., nb32, 32]
     ch = c.reshape(*c.shape[:-1], 2, 16)
+    if fmt.epilogue is qformats.Epilogue.HALVES:  # dw_h * c, a scale for each half
+        return (dec.dw[..., None] * ch).reshape(*c.shape[:-2], -1)
     dw = dec.dw[..., None]  # [..., nb32, 1]
     if fmt.unit_sub:
         y = dw[..., None] * ch  # dw * c

@@ -85,7 +85,7 @@ CASES = [
     (["make-pack", "{dir}/missing/x.gguf"], "folder {dir}/missing does not exist", "{dir}/missing"),
     (["make-pack", "{folder}"], "is a folder, not a file name", None),
     (["make-pack", "--preset", "huge", "{dir}/x.gguf"], "--preset: invalid choice: 'huge'", "{dir}/x.gguf"),
-    (["make-pack", "--expert-type", "IQ4_NL", "{dir}/x.gguf"], "--expert-type: invalid choice", "{dir}/x.gguf"),
+    (["make-pack", "--expert-type", "TQ2_0", "{dir}/x.gguf"], "--expert-type: invalid choice", "{dir}/x.gguf"),
     (["make-pack", "--layers", "0", "{dir}/x.gguf"], "--layers: must be a positive integer", "{dir}/x.gguf"),
     # info
     (["info", "{random100.gguf}"], "not a GGUF file", None),

@@ -262,7 +262,7 @@ def test_a_pack_the_kernels_cannot_run_is_refused_before_the_backend(tmp_path):
 
 # Tensors of types the loader does not read (gguf knows them all) and two bad keys, in one file.
 UNREAD = {"blk.0.attn_q.weight": QT.TQ1_0, "blk.1.attn_q.weight": QT.TQ1_0,
-          **{f"blk.{l}.ffn_{m}_exps.weight": QT.IQ4_NL for l in (0, 1) for m in ("gate", "up")},
+          **{f"blk.{l}.ffn_{m}_exps.weight": QT.TQ2_0 for l in (0, 1) for m in ("gate", "up")},
           "blk.1.attn_norm.weight": QT.Q8_0}
 
 
@@ -279,7 +279,7 @@ def test_every_unsupported_tensor_and_key_in_one_refusal(tmp_path):
     assert "\n" not in msg and msg.startswith(f"{path}: ")
     for needle in (EPS + " -1.0: must be a finite number > 0", BASE + " 0.0",
                    "7 tensors of unsupported types (TQ1_0: blk.{0,1}.attn_q.weight; "
-                   "IQ4_NL: blk.{0,1}.ffn_gate_exps.weight, blk.{0,1}.ffn_up_exps.weight; "
+                   "TQ2_0: blk.{0,1}.ffn_gate_exps.weight, blk.{0,1}.ffn_up_exps.weight; "
                    "Q8_0: blk.1.attn_norm.weight)",
                    "supported: matrices Q8_0, Q4_1, Q2_K", "norms and vectors F32, F16, BF16"):
         assert needle in msg, (needle, msg)
@@ -296,7 +296,7 @@ def test_sound_metadata_every_tensor_problem_in_one_refusal(tmp_path):
     in one message."""
     from strata.pack import Pack
 
-    path = write_pack(tmp_path / "t.gguf", types={"blk.0.ffn_down_exps.weight": QT.IQ4_NL})
+    path = write_pack(tmp_path / "t.gguf", types={"blk.0.ffn_down_exps.weight": QT.TQ2_0})
     data = path.read_bytes()
     # rename two tensors so the pack lacks them (the same length keeps every offset)
     for old, new in ((b"blk.1.attn_k.weight", b"blk.1.attn_x.weight"), (b"blk.0.attn_k.weight", b"blk.0.attn_x.weight")):
@@ -307,7 +307,7 @@ def test_sound_metadata_every_tensor_problem_in_one_refusal(tmp_path):
         Pack.open(path)
     msg = str(err.value)
     assert msg.startswith(f"{path}: missing tensors blk.{{0,1}}.attn_k.weight; ")
-    assert msg.endswith("1 tensor of unsupported types (IQ4_NL: blk.0.ffn_down_exps.weight); supported: matrices "
+    assert msg.endswith("1 tensor of unsupported types (TQ2_0: blk.0.ffn_down_exps.weight); supported: matrices "
                         + ", ".join(t.name for t in (*quants.SUPPORTED_TYPES, QT.F32, QT.F16, QT.BF16)))
 
 

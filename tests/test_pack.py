@@ -529,15 +529,15 @@ def test_wrong_shape(tmp_path, capsys):
 
 
 def test_unsupported_type(tmp_path, capsys):
-    path = write_micro(tmp_path / "iq4nl.gguf", types={"blk.0.ffn_gate_exps": QT.IQ4_NL,
-                                                         "blk.0.ffn_up_exps": QT.IQ4_NL})
+    path = write_micro(tmp_path / "tq2_0.gguf", types={"blk.0.ffn_gate_exps": QT.TQ2_0,
+                                                         "blk.0.ffn_up_exps": QT.TQ2_0})
     with pytest.raises(PackError) as ei:
         Pack.open(path)
     msg = str(ei.value)
-    assert "blk.0.ffn_gate_exps" in msg and "IQ4_NL" in msg
+    assert "blk.0.ffn_gate_exps" in msg and "TQ2_0" in msg
     for t in EXPERT_TYPES:
         assert t in msg
-    assert_cli_error(path, capsys, "unsupported types (IQ4_NL: blk.0.ffn_gate_exps.weight, "
+    assert_cli_error(path, capsys, "unsupported types (TQ2_0: blk.0.ffn_gate_exps.weight, "
                      "blk.0.ffn_up_exps.weight)", "IQ2_XS")
     # a float expert tensor opens (multiplied in float32, docs/numerics.md section 6)
     path = write_micro(tmp_path / "f32x.gguf", types={"blk.0.ffn_down_exps": QT.F32})
@@ -592,7 +592,7 @@ def test_cli_info_tiny(tiny_path, capsys):
 
 
 def test_cli_make_pack_bad_args(tmp_path, capsys):
-    assert cli(["make-pack", "--expert-type", "IQ4_NL", str(tmp_path / "x.gguf")]) == 2
+    assert cli(["make-pack", "--expert-type", "TQ2_0", str(tmp_path / "x.gguf")]) == 2
     assert cli(["make-pack", "--layers", "0", str(tmp_path / "x.gguf")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2

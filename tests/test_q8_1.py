@@ -41,7 +41,9 @@ def test_layout_for():
     for qt in (QT.Q4_0, QT.Q5_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q3_K):
         assert q8_1.layout_for(qt) == LAYOUT_D4
     assert q8_1.layout_for(QT.Q5_1) == LAYOUT_DS4  # Q4_1's float min times the block's sum
-    for bad in (QT.F32, QT.F16, QT.IQ4_NL, QT.TQ1_0, QT.IQ2_XXS, 9999):
+    for qt in (QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4, QT.NVFP4):  # the codebook types: float32 scales
+        assert q8_1.layout_for(qt) == LAYOUT_D4
+    for bad in (QT.F32, QT.F16, QT.TQ2_0, QT.TQ1_0, QT.IQ2_XXS, 9999):
         with pytest.raises(PackError):
             q8_1.layout_for(bad)
     assert (int(LAYOUT_D4), int(LAYOUT_DS4), int(LAYOUT_D2S6)) == (0, 1, 2)

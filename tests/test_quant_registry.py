@@ -47,6 +47,9 @@ def header_facts(text: str) -> dict:
         dw = re.search(r"DW_FACTOR = ([\d.e+-]+)f;", m[3])
         if dw:
             fmt[m[1]]["DW_FACTOR"] = float(dw[1])
+        words = re.findall(r"CODEBOOK(\d) = 0x([0-9A-F]{8})u", m[3])
+        if words:
+            fmt[m[1]]["CODEBOOK"] = tuple(int(w, 16) for _, w in sorted(words))
     lst = re.search(r"^#define MMQ_KERNELS\(X\) (.*)$", text, re.M)
     each = dict(re.findall(r"^#define MMQ_KERNEL_(\w+)\(X\) X\((\w+), QT_\1\)$", text, re.M))  # type -> kernel
     listed = re.findall(r"MMQ_KERNEL_(\w+)\(X\)", lst[1]) if lst else []
@@ -71,6 +74,8 @@ def header_mismatches(facts: dict) -> list[str]:
                 "TAB": int(f.table_name is not None), **{f"HALF_{k.upper()}": v for k, v in f.half_fields.items()}}
         if getattr(f, "dw_factor", None) is not None:
             want["DW_FACTOR"] = f.dw_factor
+        if hasattr(f, "codebook_words"):
+            want["CODEBOOK"] = f.codebook_words()
         if facts["format"].get(f.qtype.name) != want:
             bad.append(f"QFormat<QT_{f.qtype.name}>: {facts['format'].get(f.qtype.name)} != registry {want}")
     if facts["kernels"] != {f.mmq_kernel: f.qtype.name for f in CUDA_FORMATS}:
@@ -96,7 +101,7 @@ def test_mmq_is_compiled_with_the_generated_header():
     assert generated.qformats_header() in runtime.kernel_source("mmq")
     code = "\n".join(ln.split("//")[0] for ln in text.splitlines())
     assert not re.search(r"#define (QT|TAB|LAYOUT)_\w+ \d", code)
-    assert not re.search(r"\b(BS|VPB|LAY|TAB|HALF_\w+) = \d", code)  # the formats' facts, in Tr
+    assert not re.search(r"\b(BS|VPB|LAY|TAB|HALF_\w+|CODEBOOK\d) = \d", code)  # the formats' facts, in Tr
     assert not re.search(r"^MMQ_ENTRY\(", code, re.M)  # the kernel list is the header's
     # the kernels a launch finds are the registry's, read through the preprocessor
     assert sorted(signatures.kernels("mmq")) == sorted(f.mmq_kernel for f in CUDA_FORMATS)
@@ -129,6 +134,8 @@ def test_registry_change_changes_the_compiled_source(monkeypatch):
     ("HALF_DMIN = 82", "HALF_DMIN = 80"),
     ("DW_FACTOR = 0.25f", "DW_FACTOR = 0.5f"),
     ("LAY = LAYOUT_DS4", "LAY = LAYOUT_D4"),
+    ("CODEBOOK0 = 0xBFAD9881u", "CODEBOOK0 = 0xBFAD9882u"),  # IQ4_NL's entry 0, -127, made -126
+    ("CODEBOOK3 = 0xF4F8FAFCu", "CODEBOOK3 = 0xF4F8FAFBu"),  # MXFP4's / NVFP4's entry 12
 ])
 def test_planted_header_change_is_caught(plant):
     """The header check is no tautology: a header that says otherwise is caught."""
@@ -246,12 +253,15 @@ def test_epilogue_and_unit_sub_follow_the_decoded_form():
     rng = np.random.default_rng(3)
     for f in FORMATS:
         dec = quants.decode(f.qtype, quants.random_blocks(f.qtype, 64, rng).reshape(4, -1))
-        assert (dec.mw is not None) == (f.epilogue is not qformats.Epilogue.PLAIN)
+        assert (dec.mw is not None) == (f.epilogue in (qformats.Epilogue.MIN, qformats.Epilogue.DMIN))
         assert (dec.msub is not None) == (f.epilogue is qformats.Epilogue.DMIN)
         assert bool(np.all(dec.sub == 1)) == f.unit_sub
+        halves = f.epilogue is qformats.Epilogue.HALVES  # a scale for each 16-value half
+        assert dec.dw.shape == dec.sub.shape[:-1] + ((2,) if halves else ())
         pw = mmq.prepare(f.qtype, quants.random_blocks(f.qtype, 64, rng).reshape(4, -1))
         assert pw.w.dtype == (np.int8 if f.unit_sub else np.int16)
         assert (pw.wm is not None) == (f.epilogue is qformats.Epilogue.DMIN)
+        assert pw.dw.shape == (4, pw.n_blocks) + ((2,) if halves else ())
 
 
 def test_grids_are_gguf_grids():

@@ -30,7 +30,17 @@ HALF_FIELDS = {
     QT.Q5_K: (0, 2),
     QT.Q6_K: (208,),
     QT.Q3_K: (108,),
+    # the codebook types (strata/codebooks.py): MXFP4's and NVFP4's scales are bytes (BYTE_SCALES)
+    QT.IQ4_NL: (0,),
+    QT.IQ4_XS: (0,),
+    QT.MXFP4: (),
+    QT.NVFP4: (),
 }
+#: scales stored as bytes, not halves: (offset, count) per block (MXFP4 e8m0, NVFP4 ue4m3)
+BYTE_SCALES = {QT.MXFP4: (0, 1), QT.NVFP4: (0, 4)}
+#: MXFP4's largest e8m0 byte whose values stay finite (2^124 * 12); random_raw keeps below it,
+#: tests/test_codebooks.py covers the bytes above (infinite values, as gguf's)
+E8M0_FINITE_MAX = 252
 
 
 def bits(a):
@@ -39,7 +49,8 @@ def bits(a):
 
 def random_raw(qt, shape, rng):
     """Fully random bytes [..., row_bytes] of whole blocks whose half scales are
-    finite (any sign, subnormals included)."""
+    finite (any sign, subnormals included) and whose values are finite (MXFP4's e8m0 byte at
+    most E8M0_FINITE_MAX)."""
     vals, nbytes = GGML_QUANT_SIZES[qt]
     *lead, nblk = shape
     raw = rng.integers(0, 256, size=(*lead, nblk, nbytes), dtype=np.uint8)
@@ -49,6 +60,8 @@ def random_raw(qt, shape, rng):
         bad = (h & 0x7C00) == 0x7C00  # inf / NaN exponent: make it finite
         h = np.where(bad, h ^ 0x4000, h).astype("<u2")
         flat[:, off : off + 2] = h.view(np.uint8).reshape(-1, 2)
+    if qt == QT.MXFP4:
+        flat[:, 0] = np.minimum(flat[:, 0], E8M0_FINITE_MAX)
     return raw.reshape(*lead, nblk * nbytes)
 
 
@@ -86,7 +99,7 @@ def test_block_sizes_and_row_bytes():
     assert Q.block_size(QT.Q3_K) == (256, 110)
 
 
-@pytest.mark.parametrize("qt", [QT.F32, QT.F16, QT.IQ4_NL, QT.IQ2_XXS, QT.TQ1_0, 9999, "junk"])
+@pytest.mark.parametrize("qt", [QT.F32, QT.F16, QT.TQ2_0, QT.IQ2_XXS, QT.TQ1_0, 9999, "junk"])
 def test_unsupported_type(qt):
     with pytest.raises(PackError, match="unsupported quant type .* \\(supported: Q8_0, Q4_1"):
         Q.block_size(qt)
@@ -185,6 +198,38 @@ FORM = {
     QT.Q6_K: dict(codes=range(-32, 32), sub=range(-128, 128), msub=None, mw=False, superblock=True),
     QT.Q3_K: dict(codes=range(-4, 4), sub=range(-32, 32), msub=None, mw=False, superblock=True),
 }
+# The codebook types: codes are codebook entries (every one taken), no mins; IQ4_XS a signed
+# sub-scale ls - 32 per 32 values and d per superblock.
+CODEBOOK_FORM = {
+    QT.IQ4_NL: dict(sub=None),
+    QT.IQ4_XS: dict(sub=range(-32, 32), superblock=True),
+    QT.MXFP4: dict(sub=None),
+    QT.NVFP4: dict(sub=None),
+}
+
+
+def sub_values(qt):
+    """The values a type's sub-scales take (None: every one is 1)."""
+    if qt in _IQ_CODES:
+        return range(1, 32, 2)
+    return (FORM[qt] if qt in FORM else CODEBOOK_FORM[qt])["sub"]
+
+
+def byte_scales(qt, blk) -> np.ndarray:
+    """float32 [..., k]: MXFP4's and NVFP4's scales, decoded here from their layout's definition
+    (float64, then rounded to float32: every one is exact): e8m0 e as 2^(e - 128); ue4m3 b
+    times 0.5 with exponent bits 3..6 (bias 7), mantissa bits 0..2, 0 and 0x7F giving 0."""
+    off, n = BYTE_SCALES[qt]
+    b = blk[..., off:off + n].astype(np.int64)
+    if qt == QT.MXFP4:
+        v = np.ldexp(1.0, b - 128)
+    else:
+        e, m = (b >> 3) & 15, b & 7
+        v = np.where(e == 0, m * 2.0**-9, (1 + m / 8) * np.ldexp(1.0, e - 7)) * 0.5
+        v = np.where(b == 0x7F, 0.0, v)
+    f = v.astype(np.float32)
+    assert (f.astype(np.float64) == v).all()
+    return f
 
 
 def takes(a, values):
@@ -206,8 +251,27 @@ def test_decoded_shapes_and_ranges(qt):
     assert dec.qtype == qt
     assert dec.codes.shape == (2, 3, nb32, 32) and dec.codes.dtype == np.int8
     assert dec.sub.shape == (2, 3, nb32, 2) and dec.sub.dtype == np.int16
-    assert dec.dw.shape == (2, 3, nb32) and dec.dw.dtype == np.float32
     c, u = dec.codes.astype(int), dec.sub.astype(int)
+    if qt in CODEBOOK_FORM:
+        fmt = qformats.lookup(qt)
+        takes(c, fmt.codebook().tolist())
+        if sub_values(qt) is None:
+            assert (u == 1).all()
+        else:
+            takes(u, sub_values(qt))
+            assert (u[..., 0] == u[..., 1]).all()
+        assert dec.mw is None and dec.msub is None
+        blk = raw.reshape(2, 3, 5, nbytes)
+        if qt in BYTE_SCALES:
+            scales = byte_scales(qt, blk)  # [2, 3, 5, 1 or 4]
+            want = scales.reshape(2, 3, nb32) if qt == QT.MXFP4 else scales.reshape(2, 3, nb32, 2)
+        else:
+            d = np.ascontiguousarray(blk[..., 0:2]).view("<f2")[..., 0].astype(np.float32)
+            want = np.repeat(d, 8 if CODEBOOK_FORM[qt].get("superblock") else 1, axis=-1)
+        assert dec.dw.dtype == np.float32
+        np.testing.assert_array_equal(bits(dec.dw), bits(want))  # NVFP4: dw [..., nb32, 2]
+        return
+    assert dec.dw.shape == (2, 3, nb32) and dec.dw.dtype == np.float32
     if qt in _IQ_CODES:
         assert (u % 2 == 1).all() and u.min() >= 1 and u.max() <= 31
         assert set(np.unique(np.abs(c))) <= _IQ_CODES[qt]
@@ -329,7 +393,8 @@ def test_folded_codes_worst_case_within_float_exact_range():
     # The largest |code * sub| of each type times 127, over 32 values, stays below 2^24.
     worst = {QT.Q8_0: 128, QT.Q4_1: 15, QT.Q2_K: 3 * 15, QT.IQ2_XS: 43 * 31,
              QT.IQ3_XXS: 62 * 31, QT.IQ3_S: 15 * 31, QT.Q4_0: 8, QT.Q5_0: 16, QT.Q5_1: 31,
-             QT.Q4_K: 15 * 63, QT.Q5_K: 31 * 63, QT.Q6_K: 32 * 128, QT.Q3_K: 4 * 32}
+             QT.Q4_K: 15 * 63, QT.Q5_K: 31 * 63, QT.Q6_K: 32 * 128, QT.Q3_K: 4 * 32,
+             QT.IQ4_NL: 127, QT.IQ4_XS: 127 * 32, QT.MXFP4: 12, QT.NVFP4: 12}
     rng = np.random.default_rng(11)
     for qt in TYPES:
         dec = Q.decode(qt, random_raw(qt, (8, 4), rng))
@@ -347,7 +412,9 @@ def test_dequantize_decoded_formula():
         u = np.repeat(dec.sub.astype(np.float32), 16, axis=-1)
         dw = dec.dw[..., None]
         epilogue = qformats.lookup(qt).epilogue
-        if qt in FORM and FORM[qt]["sub"] is None:  # no sub-scales
+        if epilogue is qformats.Epilogue.HALVES:  # dw [..., nb32, 2]: one scale a half
+            y = np.repeat(dec.dw, 16, axis=-1) * c
+        elif sub_values(qt) is None:  # no sub-scales
             y = dw * c
             if epilogue is qformats.Epilogue.MIN:
                 y = y + dec.mw[..., None]
@@ -381,14 +448,14 @@ def test_random_blocks_valid_and_scaled(qt, std):
     if qt == QT.Q8_0:
         assert dec.codes.min() >= -127 and dec.codes.max() <= 127
     # sub-scale bits random: every sub-scale value of the type appears
-    if qt in _IQ_CODES:
-        assert len(np.unique(dec.sub)) == 16
-    elif FORM[qt]["sub"] is not None:
-        assert set(np.unique(dec.sub)) == set(FORM[qt]["sub"])
+    if sub_values(qt) is not None:
+        assert set(np.unique(dec.sub)) == set(sub_values(qt))
     # halves are finite and positive (mins of Q4_1 negative)
     for off in HALF_FIELDS[qt]:
         h = np.ascontiguousarray(a[:, off : off + 2]).view("<f2")[:, 0]
         assert np.isfinite(h).all() and (h != 0).all()
+    if qt in BYTE_SCALES:  # byte scales positive, and values finite (checked above)
+        assert (byte_scales(qt, a) > 0).all()
 
 
 def test_random_blocks_code_bits_random():
@@ -399,6 +466,9 @@ def test_random_blocks_code_bits_random():
         mask = np.ones(a.shape[1], bool)
         for off in HALF_FIELDS[qt]:
             mask[off : off + 2] = False
+        if qt in BYTE_SCALES:
+            off, n = BYTE_SCALES[qt]
+            mask[off : off + n] = False
         counts = [len(np.unique(a[:, j])) for j in np.flatnonzero(mask)]
         assert min(counts) > 200
     # IQ grid indices cover the whole grid

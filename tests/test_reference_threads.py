@@ -218,7 +218,7 @@ def test_openblas_is_held_to_one_thread_while_pieces_run_and_restored(monkeypatc
         assert parallel._blas.counts() == before
 
 
-@pytest.mark.parametrize("tname", ["Q8_0", "Q2_K", "Q4_1", "IQ3_S"])
+@pytest.mark.parametrize("tname", ["Q8_0", "Q2_K", "Q4_1", "IQ3_S", "NVFP4"])  # NVFP4: dw [N, nb, 2]
 def test_tall_matrix_decoded_in_slabs_is_the_same(monkeypatch, tname):
     """mmq.prepare cuts a matrix of more than _PREPARE_SLAB_ROWS rows into row slabs on the pool:
     every prepared array is the one decoding it whole gives."""

@@ -37,13 +37,33 @@ def test_every_mix_type_runs_on_cuda_resident_and_streamed():
     """Each of the mixes' types (cases.MIX_TYPES) has cuda rows with the defaults and a streamed
     one, and no row at the spread's lengths past 600 tokens; each mix has its cuda row."""
     assert set(cases.MIX_TYPES).isdisjoint(cases.SPREAD_TYPES)
-    assert set(cases.MIX_TYPES) | set(cases.SPREAD_TYPES) == set(cases.EXPERT_TYPES)
+    assert set(cases.MIX_TYPES) | set(cases.SPREAD_TYPES) | set(cases.CODEBOOK_TYPES) == set(cases.EXPERT_TYPES)
     for etype in cases.MIX_TYPES:
         got = [c for c in cases.parity_rows("cuda", expert_type=etype) if not c.pack_options]
         assert any(not c.arm for c in got) and any(c.options.get("stream_min") for c in got), etype
         assert max(c.tokens for c in got) <= 600, etype
     mixes = {dict(c.pack_options).get("mix") for c in cases.parity_rows("cuda")}
     assert {"Q4_K_M", "Q2_K"} <= mixes
+
+
+def test_every_codebook_type_runs_resident_streamed_in_place_gathered_and_dense():
+    """Each codebook type (cases.CODEBOOK_TYPES) has, on both backends, rows with the defaults,
+    streamed rows multiplied where the experts lie and gathered (in_place and ring_in_place 1
+    and 0), a row on the small pack, and a row as the dense matrices' type."""
+    assert set(cases.CODEBOOK_TYPES).isdisjoint(set(cases.SPREAD_TYPES) | set(cases.MIX_TYPES))
+    assert set(cases.CODEBOOK_TYPES) == {"IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"}
+    for backend in ("cuda", "sim"):
+        for etype in cases.CODEBOOK_TYPES:
+            got = [c for c in cases.parity_rows(backend, expert_type=etype) if not c.pack_options]
+            assert any(not c.arm for c in got), (backend, etype)
+            streamed = [c.options for c in got if c.options.get("stream_min")]
+            for where in (0, 1):
+                assert any(o.get("in_place") == where and o.get("ring_in_place") == where for o in streamed), \
+                    (backend, etype, where)
+            assert any(c.preset == "small" for c in got), (backend, etype)
+            dense = [c for c in cases.parity_rows(backend) if dict(c.pack_options).get("dense_type") == etype]
+            assert dense and all(c.expert_type != etype for c in dense), (backend, etype)
+    assert any(c.quick and c.expert_type in cases.CODEBOOK_TYPES for c in cases.parity_rows("cuda"))
 
 
 def test_every_switch_earlier_form_is_quick():

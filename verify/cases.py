@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as _QT  # noqa: E402
 
-from strata import kquants as _kquants, q8_1 as _q8_1, qformats as _qformats, quants as _quants  # noqa: E402
+from strata import codebooks as _codebooks, kquants as _kquants, q8_1 as _q8_1, qformats as _qformats  # noqa: E402
+from strata import quants as _quants  # noqa: E402
 from strata.config import PRESETS as _PRESETS  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
 
@@ -31,9 +32,14 @@ MMQ_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel())
 #: To keep the GPU gate short they get the small kernel shapes and a few parity rows each
 #: (_cuda_rows), not the spread below
 MIX_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel() if f.__module__ == _kquants.__name__)
+#: the codebook types, the formats MoE files carry (IQ4_NL, IQ4_XS, MXFP4, NVFP4: those
+#: strata/codebooks.py registers). Their own rows: every MMQ kernel form and tile edge, the strata
+#: shapes and the layer rows the GPU suites time, and parity rows per type (_codebook_rows,
+#: _cuda_rows, _sim_rows), not the spread's every length and arm
+CODEBOOK_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel() if f.__module__ == _codebooks.__name__)
 #: the types that get the full spread: every parity length and switch arm, the streamed arms,
 #: the strata-shape and 32K layer kernel rows (the registry's own six, strata/qformats.py)
-SPREAD_TYPES = tuple(t for t in MMQ_TYPES if t not in MIX_TYPES)
+SPREAD_TYPES = tuple(t for t in MMQ_TYPES if t not in MIX_TYPES and t not in CODEBOOK_TYPES)
 #: the kernels fast.cuda.attention.attend picks between (ATTEND_VARIANTS: the prefill kernel, the
 #: split-K kernels, the automatic choice) and None, its default
 ATTEND_FORMS = ("pair", "split", "auto", None)
@@ -432,7 +438,45 @@ def _float_rows_rows() -> list[KernelCase]:
     return rows
 
 
-KERNEL_CASES: tuple[KernelCase, ...] = tuple(_kernels_rows() + _model_rows() + _float_dense_rows() + _float_rows_rows())
+def _codebook_rows() -> list[KernelCase]:
+    """verify/test_kernels_cuda.py, the codebook types' MMQ rows beyond the tiny and tile-list
+    rows every type has: the strata gate/up and (a block dividing 640) down shapes, K a
+    multiple of the block but not of 128 with N not of 128, ~150 rows an expert (the large-tile
+    configuration), IQ4_XS's largest block sums (16,516,096, 2^24 less 261,120), the dense and
+    pair forms, and the layer rows the GPU suites time (gate/up; down where 640 takes the type)."""
+    rows = []
+    E, k, D, F = _STRATA.n_expert, _STRATA.n_expert_used, _STRATA.n_embd, _STRATA.n_ff_exp
+    downs = [t for t in CODEBOOK_TYPES if F % _quants.block_size(_QT[t])[0] == 0]
+    for t in CODEBOOK_TYPES:
+        vpb = _quants.block_size(_QT[t])[0]
+        rows.append(kernel_case("mmq", f"strata-gate_up-1280x2560-{t}", dict(N=1280, K=2560, rows=(0, 1, 37, 161, 0, 12),
+                                                                     tile_rows=(128, 64), seed=3), weight_type=t))
+        if t in downs:
+            rows.append(kernel_case("mmq", f"strata-down-2560x640-{t}", dict(N=2560, K=640, rows=(1, 0, 50, 129, 7), seed=4),
+                                    weight_type=t))
+        if vpb < 128:  # three blocks: a partial last chunk (MXFP4's rows of 51 bytes start at odd bytes)
+            rows.append(kernel_case("mmq", f"odd_k-200x{3 * vpb}-{t}", dict(N=200, K=3 * vpb, rows=(3, 17, 0, 33), seed=5),
+                                    weight_type=t))
+        rows.append(kernel_case("mmq", f"many_rows-320x512-{t}", dict(N=320, K=512, rows=(200, 130, 0, 77, 193),
+                                                                   tile_rows=(128, 96), seed=8), weight_type=t))
+        rows.append(kernel_case("mmq_dense", f"384x512-R300-{t}", dict(N=384, K=512, R=300, seed=7), weight_type=t))
+        rows.append(kernel_case("mmq_pair", f"384x512-{t}", dict(N=384, K=512, rows=(7, 0, 1, 150, 33)), weight_type=t,
+                                form="pair"))
+        for proj, N, K, mats in (("gate_up", F, D, 2), ("down", D, F, 1)):
+            if proj == "down" and t not in downs:
+                continue
+            for T in BENCH_TOKENS:
+                rows.append(kernel_case("mmq_layer", f"{proj}-{t}-T{T}", dict(tokens=T, N=N, K=K, mats=mats, experts=E,
+                                                                             top_k=k, check=2),
+                                        weight_type=t, form="group", timed=True))
+    rows.append(kernel_case("mmq_extreme", "64x512-IQ4_XS", dict(N=64, K=512, rows=(40, 0, 24), tile_rows=(128, 16),
+                                                               seed=11, floor=2 ** 23 + 2 ** 22 + 2 ** 21 + 2 ** 20),
+                            weight_type="IQ4_XS"))
+    return rows
+
+
+KERNEL_CASES: tuple[KernelCase, ...] = tuple(_kernels_rows() + _codebook_rows() + _model_rows() + _float_dense_rows()
+                                             + _float_rows_rows())
 
 
 def kernel_rows(op: str, **where) -> list[KernelCase]:
@@ -590,6 +634,33 @@ def _all_experts(preset: str, layers: int | None = None) -> int:
     return (layers or cfg.n_layer) * cfg.n_expert
 
 
+def _codebook_parity(backend: str) -> list[ParityCase]:
+    """The codebook types' parity rows (CODEBOOK_TYPES), the same on both backends (their reference
+    runs shared): on the tiny pack 63 tokens with the defaults (IQ4_NL's in the quick tier) and
+    in the design's second arm; 130 tokens streamed from the host tier with a third of the
+    experts cached, once multiplied where they lie (in_place, ring_in_place 1) and once gathered
+    (0), the streamed switches rotating over the types; the small pack at 600 tokens (64 experts,
+    top-8; IQ4_XS's down rows of 384 fall back to Q8_0); and a mixed row: the type as every dense
+    matrix's (attention, shared expert, output; the embedding decoded on the host) beside the
+    next type's experts. The cuda rows add 600 tokens on the tiny pack."""
+    rows = []
+    tiny_all = _all_experts("tiny")
+    for i, etype in enumerate(CODEBOOK_TYPES):
+        rows.append(_row(backend, "tiny", etype, 63, 64, seed=21, quick=i == 0))
+        rows.append(_row(backend, "tiny", etype, 63, 64, dict(zip(SWITCH_NAMES, SWITCH_DESIGN[1])), seed=21))
+        for where in (1, 0):
+            gg, qg, co = STREAM_SWITCHES[(2 * i + where) % len(STREAM_SWITCHES)]
+            arm = dict(group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=tiny_all // 3,
+                       ring=(8, 16)[(i + where) % 2], stream_min=64, in_place=where, ring_in_place=where)
+            rows.append(_row(backend, "tiny", etype, 130, 64, arm, seed=21, sim_seed=i if backend == "sim" else None))
+        rows.append(_row(backend, "small", etype, 600, "auto", seed=24))
+        nxt = CODEBOOK_TYPES[(i + 1) % len(CODEBOOK_TYPES)]
+        rows.append(_row(backend, "tiny", nxt, 70, 64, seed=22, pack_options=(("dense_type", etype),)))
+        if backend == "cuda":
+            rows.append(_row(backend, "tiny", etype, 600, "auto"))
+    return rows
+
+
 def _cuda_rows() -> list[ParityCase]:
     rows = []
     defaults = dict(zip(SWITCH_NAMES, SWITCH_DESIGN[0]))
@@ -717,6 +788,7 @@ def _cuda_rows() -> list[ParityCase]:
         rows.append(_row("cuda", "tiny", etype, 130, 64, arm, seed=21))
     for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
         rows.append(_row("cuda", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),)))
+    rows += _codebook_parity("cuda")
     # ---- ring_in_place 0 (issue 26, item 2): streamed experts gathered into the group buffers --
     # The default multiplies them in their ring slots (every streamed row above takes that walk);
     # these rows keep the gathers' walk covered: streamed and staged chunks, rings of 8 to 384,
@@ -836,6 +908,7 @@ def _sim_rows() -> list[ParityCase]:
     for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
         rows.append(_row("sim", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),),
                          quick=(preset, mix) == ("tiny", "Q4_K_M")))
+    rows += _codebook_parity("sim")
     n_cache = _all_experts("small") // 3
     for gg in (1, 0):
         rows.append(_row("sim", "small", "IQ3_S", 600, 512, dict(group_gather=gg, expert_cache=n_cache, ring=16,

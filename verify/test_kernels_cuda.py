@@ -2,7 +2,7 @@
 
 - fast/cuda/kernels/quantize_q8_1.cu against strata.q8_1.gather_quantize / scatter_quantize,
   all three layouts (random x, random routings, one all-zero token);
-- fast/cuda/kernels/mmq.cu against strata.mmq.mmq (mmq_prepared), all six weight types (random valid
+- fast/cuda/kernels/mmq.cu against strata.mmq.mmq (mmq_prepared), every registered weight type (random valid
   blocks, random activations, several experts with uneven row counts including 0 and 1,
   the tiny and strata shapes); its pair launch (gate and up, gridDim.y = 2) against two
   single launches;
@@ -213,8 +213,9 @@ def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
 
 def _extreme_blocks(qt, n_blocks: int, rng) -> np.ndarray:
     """Random valid blocks pushed to the largest block sums: every integer sub-scale at its
-    maximum (31; Q2_K 15; Q6_K -128 with every code -32) and, for IQ2_XS and IQ3_XXS, every
-    grid index at the grid entry of largest magnitude; signs and block scales stay random."""
+    maximum (31; Q2_K 15; Q6_K -128 with every code -32; IQ4_XS -32 with every code -127) and,
+    for IQ2_XS and IQ3_XXS, every grid index at the grid entry of largest magnitude; signs and
+    block scales stay random."""
     blk = quants.random_blocks(qt, n_blocks, rng)
     if qt in (QT.IQ2_XS, QT.IQ3_XXS):
         gmax = int(np.argmax(np.abs(quants._grid(qt).astype(np.int32)).sum(axis=1)))
@@ -232,6 +233,8 @@ def _extreme_blocks(qt, n_blocks: int, rng) -> np.ndarray:
     elif qt == QT.Q6_K:  # 128 low-bit bytes | 64 high-bit bytes | 16 int8 scales | d: codes 0 - 32
         blk[:, 0:192] = 0
         blk[:, 192:208] = 0x80
+    elif qt == QT.IQ4_XS:  # d | scales_h u16 | scales_l[4] | 128 index bytes: ls 0 (u -32), index 0 (-127)
+        blk[:, 2:136] = 0
     return blk
 
 

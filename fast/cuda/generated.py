@@ -8,8 +8,9 @@ text. There is no such file to edit: edit the Python it is written from.
 
 - ``qformats.cuh`` (:func:`qformats_header`): from strata/qformats.py, for the types with an MMQ
   kernel (fast/cuda/kernels/mmq.cu): their GGML type numbers, block sizes, q8_1 layouts,
-  half-field offsets and scale factors, the MMQ table buffer's offsets
-  (strata.qformats.table_layout) and the list of MMQ kernels (their names and types).
+  half-field offsets and scale factors, the codebook types' codebooks (strata/codebooks.py), the
+  MMQ table buffer's offsets (strata.qformats.table_layout) and the list of MMQ kernels (their
+  names and types).
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def qformats_header() -> str:
         "",
         "// per type: BS bytes and VPB values of a GGUF block, LAY the q8_1 layout its kernel reads,",
         "// TAB whether it reads the table buffer, HALF_<field> the byte offset of each half field,",
-        "// DW_FACTOR (where the type has one) the factor of the main scale",
+        "// DW_FACTOR (where the type has one) the factor of the main scale, CODEBOOK0..3 (the codebook",
+        "// types) the 16 int8 codes, entry 4w + b in byte b of word w",
         "template <int QT> struct QFormat;",
     ]
     for f in fmts:
@@ -62,6 +64,9 @@ def qformats_header() -> str:
         factor = getattr(f, "dw_factor", None)
         if factor is not None:
             body += f" static constexpr float DW_FACTOR = {_float(factor, f'{f.qtype.name}.dw_factor')};"
+        words = f.codebook_words() if hasattr(f, "codebook_words") else None
+        if words is not None:
+            body += " static constexpr unsigned " + ", ".join(f"CODEBOOK{i} = 0x{w:08X}u" for i, w in enumerate(words)) + ";"
         out.append(f"template <> struct QFormat<QT_{f.qtype.name}> {{ {body} }};")
     out += ["", "// X(kernel name, type) for each type with an MMQ kernel, in registration order; built with",
             "// MMQ_ONLY=<a type's number>, the module holds that type's kernel alone (one module a type",

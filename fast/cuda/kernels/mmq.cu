@@ -2,10 +2,11 @@
 //
 // Definition: strata.mmq.mmq_prepared (strata.mmq.mmq for raw weight rows) (docs/numerics.md section 3). Every output element is
 //   acc = 0.0f; for each 32-value block b of the weight row, ascending:
-//     acc = acc + <the type's epilogue>(dw, da, sumi [, mw, sa, mi])
+//     acc = acc + <the type's epilogue>(dw, da, sumi [, mw, sa, mi]; HALVES: dw0, dw1, da, S0, S1)
 // with sumi exact integers from the tensor cores (the DMIN types' mi from exact integer sums of
 // the activation codes). Weight rows come in their GGUF blocks and are decoded here (block layouts: strata/quants.py); the IQ grids and the
-// sign table are uploaded from strata.quants' tables (one source), never written here.
+// sign table are uploaded from strata.quants' tables (one source), never written here; the codebook
+// types' codebooks (strata/codebooks.py) come in the generated header, qformats.cuh, four words each.
 //
 // Compiled with --fmad=false: every `a * b + c` below is two roundings, as in NumPy.
 //
@@ -35,8 +36,9 @@
 // An expert's rows are cut into ceil(rows / tile_rows) tiles of equal size (a multiple of 8).
 // 16*MMQ_WM x MMQ_BN per CTA, MMQ_WM x MMQ_WN warps; warp (wm, wn) owns weight rows
 // wm*16..wm*16+15 and the activation n8 tiles wn, wn+WN, wn+2WN, ...
-// K is walked in chunks of 128 values (one q8_1 block; half a super-block for the 256-value
-// types, the K-quants and the IQ types, whose raw chunk is then the whole 256-value block): raw
+// K is walked in chunks of 128 values (one q8_1 block: four blocks of a 32-value type, two of
+// NVFP4's 64; half a super-block for the 256-value types, the K-quants and the IQ types, whose
+// raw chunk is then the whole 256-value block): raw
 // weight bytes (16-byte pieces from the 16-aligned address below the chunk) and activation
 // blocks are copied with cp.async into a ring of MMQ_STAGES slots (Geo::STAGES: fewer where a
 // type's blocks do not fit), the weights are decoded to int8 codes + float scales in shared
@@ -139,13 +141,24 @@ template <> struct Tr<QT_Q4_K>    : QFormat<QT_Q4_K>    { enum { SPLIT = 0, NAUX
 template <> struct Tr<QT_Q5_K>    : QFormat<QT_Q5_K>    { enum { SPLIT = 0, NAUX = 3, ASUM = 1 }; };
 template <> struct Tr<QT_Q6_K>    : QFormat<QT_Q6_K>    { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
 template <> struct Tr<QT_Q3_K>    : QFormat<QT_Q3_K>    { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
+// The codebook types (strata/codebooks.py), codes from a 16-entry codebook. IQ4_NL, MXFP4: PLAIN
+// as Q8_0. IQ4_XS: PLAIN with one signed sub-scale per 32 values, as IQ3_S (aux: u). NVFP4: the
+// HALVES epilogue, a float scale per 16 values, split (aux: dw1, the second half's scale).
+template <> struct Tr<QT_IQ4_NL>  : QFormat<QT_IQ4_NL>  { enum { SPLIT = 0, NAUX = 0, ASUM = 0 }; };
+template <> struct Tr<QT_IQ4_XS>  : QFormat<QT_IQ4_XS>  { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
+template <> struct Tr<QT_MXFP4>   : QFormat<QT_MXFP4>   { enum { SPLIT = 0, NAUX = 0, ASUM = 0 }; };
+template <> struct Tr<QT_NVFP4>   : QFormat<QT_NVFP4>   { enum { SPLIT = 1, NAUX = 1, ASUM = 0 }; };
 
 template <int QT> struct Geo {
     enum {
         KC = 128,
         NBLK = 4,
-        CB = (Tr<QT>::VPB == 32) ? 4 * Tr<QT>::BS : Tr<QT>::BS,  // raw bytes of one chunk of one row
-        PMAX = (CB + 14 + 15) / 16,                               // 16-byte pieces (start 0..14 off)
+        // raw bytes of one chunk of one row: 128 / VPB blocks (VPB 32, 64), or the whole 256-value block
+        CB = (Tr<QT>::VPB <= 128) ? (128 / Tr<QT>::VPB) * Tr<QT>::BS : Tr<QT>::BS,
+        // the chunk's start within its 16-byte piece: 0..14 (blocks of an even size in 2-byte
+        // aligned buffers), 0..15 for a block of an odd size (MXFP4's 17 bytes: rows start anywhere)
+        OMAX = (Tr<QT>::BS % 2) ? 15 : 14,
+        PMAX = (CB + OMAX + 15) / 16,                             // 16-byte pieces
         RAWB = PMAX * 16 + ((PMAX % 2) ? 0 : 16),                 // staged bytes per row (odd x 16)
         ASTR = 144,                                               // act row stride in smem
         WSTR = KC + 16,                                           // decoded weight row stride
@@ -263,6 +276,94 @@ __device__ __forceinline__ uint32_t k_scale(const uint8_t* rowb, int sc, int j) 
     if (j < 4) return ldb(rowb, sc + j + (MIN ? 4 : 0)) & 63;
     const uint32_t lo = ldb(rowb, sc + j + 4), hi = ldb(rowb, sc + j - (MIN ? 0 : 4)) >> 6;
     return (MIN ? lo >> 4 : lo & 15) | (hi << 4);
+}
+
+// ---- the codebook types (strata/codebooks.py): each type's decode its own function, of
+// decode_unit's interface (rowb, o, j: the staged row, the chunk's offset, the 32-block; c, dw,
+// aux out), so either core can call it.
+
+// The codes of the 8 nibbles of q from QT's 16-entry codebook (QFormat CODEBOOK0..3: entry 4w + b
+// in byte b of word w): lo gets the low nibbles' codes (byte i from q's byte i), hi the high
+// nibbles'. __byte_perm(x, y, s) takes, for result byte k, byte (nibble k of s) & 7 of the pair
+// (x: bytes 0..3, y: 4..7): an index's low three bits pick among entries 0..7 (words 0, 1) and
+// 8..15 (words 2, 3), its bit 3 (moved to bit 2) between the two picks. The 16-bit selector of
+// q's bytes 2h, 2h+1 orders their nibbles low, high, low, high; the last two permutes part them.
+template <int QT>
+__device__ __forceinline__ void codebook8(uint32_t q, uint32_t& lo, uint32_t& hi) {
+    uint32_t r[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t s = q >> (16 * h);
+        const uint32_t a = __byte_perm(QFormat<QT>::CODEBOOK0, QFormat<QT>::CODEBOOK1, s);
+        const uint32_t b = __byte_perm(QFormat<QT>::CODEBOOK2, QFormat<QT>::CODEBOOK3, s);
+        r[h] = __byte_perm(a, b, 0x3210u | ((s & 0x8888u) >> 1));
+    }
+    lo = __byte_perm(r[0], r[1], 0x6420u);
+    hi = __byte_perm(r[0], r[1], 0x7531u);
+}
+// MXFP4's scale: e8m0 byte e as ggml's e8m0_to_fp32_half, 2^(e - 128) from its bits (e < 2: the
+// subnormals 2^-128 and 2^-127, kept).
+__device__ __forceinline__ float e8m0_half(uint32_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+// NVFP4's scale: ue4m3 byte x times 0.5 (ggml's ue4m3_to_fp32): exponent E = bits 3..6, mantissa
+// M = bits 0..2 (bit 7 ignored); M * 2^-10 for E = 0, (1 + M/8) * 2^(E - 8) else, from its bits;
+// 0x7F gives 0. Every one is exact.
+__device__ __forceinline__ float ue4m3_half(uint32_t x) {
+    const uint32_t e = (x >> 3) & 15, m = x & 7;
+    const float v = e ? __uint_as_float(((e + 119) << 23) | (m << 20)) : (float)m * 0.0009765625f;
+    return x == 0x7Fu ? 0.0f : v;
+}
+// The 32 codes of a block whose 16 index bytes are at p: value i < 16 the low nibble of byte i,
+// 16 + i its high nibble (IQ4_NL's and MXFP4's qs, one of IQ4_XS's 32-blocks).
+template <int QT>
+__device__ __forceinline__ void codebook32(const uint8_t* rowb, int p, uint32_t (&c)[8]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) codebook8<QT>(ldw(rowb, p + 4 * k), c[k], c[k + 4]);
+}
+// IQ4_NL: d, qs[16].
+template <int QT>
+__device__ __forceinline__ void decode_iq4_nl(const uint8_t* rowb, int o, int j, uint32_t (&c)[8], float& dw,
+                                              float (&aux)[5]) {
+    const int p = o + Tr<QT>::BS * j;
+    dw = h2f(ldh(rowb, p + Tr<QT>::HALF_D));
+    codebook32<QT>(rowb, p + 2, c);
+}
+// MXFP4: e (e8m0), qs[16].
+template <int QT>
+__device__ __forceinline__ void decode_mxfp4(const uint8_t* rowb, int o, int j, uint32_t (&c)[8], float& dw,
+                                             float (&aux)[5]) {
+    const int p = o + Tr<QT>::BS * j;
+    dw = e8m0_half(ldb(rowb, p));
+    codebook32<QT>(rowb, p + 1, c);
+}
+// IQ4_XS: d, scales_h u16, scales_l[4], qs[128]; 32-block j's 6-bit scale ls is nibble j & 1 of
+// scales_l[j >> 1] under bits 2j .. 2j+1 of scales_h, u = ls - 32; its codes from qs[16j .. 16j+15].
+template <int QT>
+__device__ __forceinline__ void decode_iq4_xs(const uint8_t* rowb, int o, int j, uint32_t (&c)[8], float& dw,
+                                              float (&aux)[5]) {
+    dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D));
+    const uint32_t lo = (ldb(rowb, o + 4 + (j >> 1)) >> (4 * (j & 1))) & 15;
+    const uint32_t hi = (ldh(rowb, o + 2) >> (2 * j)) & 3;
+    aux[0] = (float)((int)(lo | (hi << 4)) - 32);  // u, -32..31
+    codebook32<QT>(rowb, o + 8 + 16 * j, c);
+}
+// NVFP4: d[4] (ue4m3, one per 16 values), qs[32]; 32-block j is half j & 1 of 64-value block
+// j >> 1: its 16-value sub-blocks s = 2 (j & 1) + e take scale byte s and, as values 16e ..
+// 16e+15, the low nibbles of qs[8s .. 8s+7], then their high nibbles. dw: the first half's
+// scale, aux[0] the second's (HALVES).
+template <int QT>
+__device__ __forceinline__ void decode_nvfp4(const uint8_t* rowb, int o, int j, uint32_t (&c)[8], float& dw,
+                                             float (&aux)[5]) {
+    const int p = o + Tr<QT>::BS * (j >> 1), h = j & 1;
+    dw = ue4m3_half(ldb(rowb, p + 2 * h));
+    aux[0] = ue4m3_half(ldb(rowb, p + 2 * h + 1));
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const int q = p + 4 + 16 * h + 8 * e;
+        codebook8<QT>(ldw(rowb, q), c[4 * e], c[4 * e + 2]);
+        codebook8<QT>(ldw(rowb, q + 4), c[4 * e + 1], c[4 * e + 3]);
+    }
 }
 
 // Decode 32-block j (of this chunk) of one staged row. rowb: staged words of the row;
@@ -422,6 +523,14 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
             const uint32_t hi = (ldb(rowb, o + 104 + (n & 3)) >> (2 * (n >> 2))) & 3;
             aux[e] = (float)((int)(lo | (hi << 4)) - 32);  // -32..31
         }
+    } else if constexpr (QT == QT_IQ4_NL) {  // the codebook types: their functions above
+        decode_iq4_nl<QT>(rowb, o, j, c, dw, aux);
+    } else if constexpr (QT == QT_IQ4_XS) {
+        decode_iq4_xs<QT>(rowb, o, j, c, dw, aux);
+    } else if constexpr (QT == QT_MXFP4) {
+        decode_mxfp4<QT>(rowb, o, j, c, dw, aux);
+    } else if constexpr (QT == QT_NVFP4) {
+        decode_nvfp4<QT>(rowb, o, j, c, dw, aux);
     }
 }
 
@@ -458,6 +567,10 @@ __device__ __forceinline__ void epi_one(float (&ac)[4], const int (&d)[4], float
         ac[1] = ac[1] + ((dwA * da.y) * sub_sum(xA, 0, d[1]) - (xA[2] * da.y) * mi1);
         ac[2] = ac[2] + ((dwB * da.x) * sub_sum(xB, 0, d[2]) - (xB[2] * da.x) * mi2);
         ac[3] = ac[3] + ((dwB * da.y) * sub_sum(xB, 0, d[3]) - (xB[2] * da.y) * mi3);
+    } else if constexpr (QT == QT_IQ4_NL || QT == QT_MXFP4) {  // PLAIN, unit sub-scales: Q8_0's
+        epi_one<QT_Q8_0>(ac, d, dwA, dwB, xA, xB, da, asc, j, col);
+    } else if constexpr (QT == QT_IQ4_XS) {  // PLAIN, one sub-scale per 32 values (x: u): IQ3_S's
+        epi_one<QT_IQ3_S>(ac, d, dwA, dwB, xA, xB, da, asc, j, col);
     }
 }
 
@@ -480,6 +593,13 @@ __device__ __forceinline__ void epi_split(float (&ac)[4], const int (&d0)[4], co
         ac[1] = ac[1] + ((dwA * da.y) * (sub_sum(xA, 0, d0[1]) + sub_sum(xA, 1, d1[1])) - (xA[4] * da.y) * mi1);
         ac[2] = ac[2] + ((dwB * da.x) * (sub_sum(xB, 0, d0[2]) + sub_sum(xB, 1, d1[2])) - (xB[4] * da.x) * mi2);
         ac[3] = ac[3] + ((dwB * da.y) * (sub_sum(xB, 0, d0[3]) + sub_sum(xB, 1, d1[3])) - (xB[4] * da.y) * mi3);
+    } else if constexpr (QT == QT_NVFP4) {
+        // HALVES (x: dw1): (dw0 * da) * S0 + (dw1 * da) * S1, each half's sum from the magic bits
+        // (|S| <= 16 * 127 * 12), scaled by its own float
+        ac[0] = ac[0] + ((dwA * da.x) * ifl(d0[0]) + (xA[0] * da.x) * ifl(d1[0]));
+        ac[1] = ac[1] + ((dwA * da.y) * ifl(d0[1]) + (xA[0] * da.y) * ifl(d1[1]));
+        ac[2] = ac[2] + ((dwB * da.x) * ifl(d0[2]) + (xB[0] * da.x) * ifl(d1[2]));
+        ac[3] = ac[3] + ((dwB * da.y) * ifl(d0[3]) + (xB[0] * da.y) * ifl(d1[3]));
     }
 }
 
@@ -681,8 +801,8 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         auto issue = [&](int kc) {
             if (kc < nch) {
                 const int slot = kc % STAGES;
-                const int coff = (Tr<QT>::VPB == 32) ? kc * CB : (kc >> 1) * CB;
-                const int cbytes = (Tr<QT>::VPB == 32) ? min(CB, row_bytes - kc * CB) : CB;
+                const int coff = (Tr<QT>::VPB <= 128) ? kc * CB : (kc >> 1) * CB;
+                const int cbytes = (Tr<QT>::VPB <= 128) ? min(CB, row_bytes - kc * CB) : CB;
                 const uint32_t rawb = smem_u32(raw + slot * (BM * RAWB));
                 const uint8_t* wc = wtile + coff;
 #pragma unroll
@@ -715,8 +835,8 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
             uint8_t* wdec = wdec0 + db * G::WDEC_B;
             float* wsc = wsc0 + db * G::WSC_F;
             float* asc = asc0 + db * G::ASC_F;
-            const int coff = (Tr<QT>::VPB == 32) ? kc * CB : (kc >> 1) * CB;
-            const int jbase = (Tr<QT>::VPB == 32) ? 0 : (kc & 1) * 4;
+            const int coff = (Tr<QT>::VPB <= 128) ? kc * CB : (kc >> 1) * CB;
+            const int jbase = (Tr<QT>::VPB <= 128) ? 0 : (kc & 1) * 4;
             const int jlim = min(NBLK, nb - kc * NBLK);
             const uint8_t* rawb = raw + slot * (BM * RAWB);
             const uint8_t* wc = wtile + coff;
