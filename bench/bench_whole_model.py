@@ -87,9 +87,11 @@ def log(*a) -> None:
 
 def draw_prompts(tokens: list[int], reps: int, n_vocab: int, seed: int = 0) -> dict[int, np.ndarray]:
     """Per prompt length, (1 + reps, length) int32 ids: the warm-up, then the timed prompts;
-    uniform over the vocabulary, one generator over the lengths in order."""
-    rng = np.random.default_rng(seed)
-    return {n: rng.integers(0, n_vocab, size=(1 + reps, n), dtype=np.int32) for n in tokens}
+    uniform over the vocabulary, from a generator of (seed, length) alone, so a length's prompts
+    are the same whichever other lengths a call runs (--resume compares llama.cpp's logits of
+    one call with ours of another)."""
+    return {n: np.random.default_rng([seed, n]).integers(0, n_vocab, size=(1 + reps, n), dtype=np.int32)
+            for n in tokens}
 
 
 def write_prompts(path: Path, prompts: np.ndarray) -> None:
@@ -389,6 +391,20 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def tree_digest() -> str:
+    """sha256 (16 hex digits) of what runs either side: every file under fast/, strata/ and
+    bench/llama_cpp/ and this script, by path and bytes: part of the --resume key, so a call on
+    an edited tree measures again."""
+    h = hashlib.sha256()
+    files = [p for d in ("fast", "strata", "bench/llama_cpp") for p in (ROOT / d).rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts] + [Path(__file__).resolve()]
+    for path in sorted(files):
+        rel = path.relative_to(ROOT).as_posix().encode()
+        data = path.read_bytes()
+        h.update(len(rel).to_bytes(8, "little") + rel + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()[:16]
+
+
 def _out_dir(arg: str | None) -> Path:
     return Path(arg or os.environ.get("OUT") or "gpu-logs")
 
@@ -537,7 +553,10 @@ def main(argv=None) -> int:
         "cache": int(round(args.cache_share * n_all)), "reps": args.reps, "seed": args.seed,
         "device": gpu_name if has_gpu else "no CUDA device (llama.cpp on the CPU)",
         "llama_backend": ("cuda" if cuda else "cpu") if want_llama else None, "threads": args.threads,
-        "link_gbs": LINK_GBS, "ubatch": UBATCH}
+        "link_gbs": LINK_GBS, "ubatch": UBATCH, "tree": tree_digest(),
+        "llama_build": str(build.resolve()) if build else None,
+        "llama_tgz_sha256": json.loads((build / STAMP).read_text())["tgz_sha256"] if build and (build / STAMP).is_file()
+        else None}
     results = {"setup": setup, "rows": [{"tokens": n, "arms": {}} for n in tokens]}
     # --resume: the rows of an earlier call on this machine with the same setup (the state file
     # lives under the build root, beside the build and the pack)

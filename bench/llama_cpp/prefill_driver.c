@@ -238,8 +238,7 @@ int main(int argc, char **argv) {
     }
 
     llama_log_set(log_cb, NULL);
-    llama_backend_init();
-    ggml_backend_load_all();
+    llama_backend_init(); /* the build links its backends in (GGML_BACKEND_DL off): nothing to load */
 
     /* The experts in host memory as llama.cpp's common arguments put them: `--n-cpu-moe N` adds
      * one override per layer 0..N-1, `--cpu-moe` (all) one pattern without a layer; each maps
@@ -353,7 +352,7 @@ int main(int argc, char **argv) {
         for (int r = 0; r < reps; ++r) {
             printf("%s%.6f", r ? ", " : "", times[r]);
         }
-        printf("], \"median_s\": %.6f, \"tokens_per_s\": %.1f, \"n_ctx\": %u, \"n_batch\": %u, \"n_ubatch\": %u, "
+        printf("], \"median_s\": %.6f, \"tokens_per_s\": %.3f, \"n_ctx\": %u, \"n_batch\": %u, \"n_ubatch\": %u, "
                "\"flash_attn\": \"%s\", \"threads\": %d}\n",
                med, n / med, llama_n_ctx(ctx), cp.n_batch, cp.n_ubatch, llama_flash_attn_type_name(fa),
                cp.n_threads_batch);
