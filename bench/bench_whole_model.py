@@ -67,7 +67,13 @@ from strata import atomic  # noqa: E402
 from strata.config import PRESETS  # noqa: E402
 from strata.mixes import MIXES  # noqa: E402
 
-ARMS = ("ours-resident", "ours-streamed", "llama-resident", "llama-host-experts")
+ARMS = ("ours-resident", "ours-streamed", "llama-resident", "llama-host-experts", "llama-host-experts-pinned")
+DEFAULT_ARMS = ARMS[:4]
+#: llama.cpp's arms: (experts in host memory, the driver's --load-mode). Memory-mapped (llama.cpp's
+#: default) the host experts stay in the file's pageable pages; `none` reads them into CUDA's
+#: page-locked host buffers, as llama.cpp's loader recommends beside CPU overrides
+LLAMA_ARMS = {"llama-resident": (False, "auto"), "llama-host-experts": (True, "auto"),
+              "llama-host-experts-pinned": (True, "none")}
 DEFAULT_TOKENS = "1030,2048,8192,32768"  # 1K is 1,030: the streaming benchmarks' length
 DRIVER_SRC = ROOT / "bench" / "llama_cpp" / "prefill_driver.c"
 PROMPT_MAGIC = b"STPROMPT"
@@ -220,14 +226,14 @@ def compile_driver(src: Path, lib: Path, exe: Path) -> Path:
     return exe
 
 
-def run_driver(exe: Path, pack: Path, files: list[Path], host_experts: int | None, threads: int,
+def run_driver(exe: Path, pack: Path, files: list[Path], host_experts: int | None, load_mode: str, threads: int,
                logits_dir: Path | None, log_path: Path, on_row) -> dict:
     """Runs the driver on every prompt file in one process, calling on_row(row) as each length's
     row arrives; returns its model line. host_experts: the layers whose experts stay in host
-    memory (None: every tensor on the GPU). Its stderr (llama.cpp's warnings) goes to log_path;
-    SystemExit with its tail on failure."""
+    memory (None: every tensor on the GPU); load_mode: the driver's --load-mode. Its stderr
+    (llama.cpp's warnings) goes to log_path; SystemExit with its tail on failure."""
     cmd = [str(exe), str(pack), *map(str, files), "--ubatch", str(UBATCH), "--flash-attn", "on",
-           "--threads", str(threads)]
+           "--threads", str(threads), "--load-mode", load_mode]
     if host_experts:
         cmd += ["--host-experts", str(host_experts)]
     if logits_dir is not None:
@@ -368,26 +374,31 @@ def _ratio(a: dict | None, b: dict | None) -> str:
 def format_table(results: dict) -> str:
     """The Markdown table of a results dict (main's JSON): per prompt length each arm's tokens/s,
     ours over llama.cpp resident and expert-offloaded, the streamed arm against its floor, and
-    llama.cpp's logits against ours; a head line naming the pack, card and method."""
+    llama.cpp's logits against ours; a head line naming the pack, card and method. The pinned
+    host-experts arm has its two columns only where some row holds it."""
     s = results["setup"]
+    pinned = any("llama-host-experts-pinned" in row["arms"] for row in results["rows"])
     head = (f"{s['pack_name']}: {s['layers']} layers x {s['experts']} experts (top-{s['top_k']}), "
             f"{s['device']}; tokens/s = prompt tokens / median of {s['reps']} fresh prompts after a warm-up, "
             f"host clock, ids in to last logits out; ours streamed: cache {s['cache']:,} of "
             f"{s['n_experts_all']:,} experts, floor = max(resident, bytes / {s['link_gbs']} GB/s) on CUDA-event times; "
-            f"llama.cpp: flash attention, F16 KV, n_ubatch {UBATCH}, host experts as --n-cpu-moe {s['layers']}")
-    lines = [head, "",
-             "| prompt tokens | ours resident | llama.cpp resident | ours / llama.cpp | ours streamed | vs floor "
-             "| llama.cpp host experts | streamed / host experts | logits vs llama.cpp |",
-             "|---|---|---|---|---|---|---|---|---|"]
+            f"llama.cpp: flash attention, F16 KV, n_ubatch {UBATCH}, host experts as --n-cpu-moe {s['layers']}"
+            + (" (pinned: --load-mode none)" if pinned else ""))
+    cols = ["prompt tokens", "ours resident", "llama.cpp resident", "ours / llama.cpp", "ours streamed", "vs floor",
+            "llama.cpp host experts", "streamed / host experts"]
+    cols += ["llama.cpp host experts pinned", "streamed / pinned"] if pinned else []
+    lines = [head, "", "| " + " | ".join(cols + ["logits vs llama.cpp"]) + " |", "|---" * (len(cols) + 1) + "|"]
     for row in results["rows"]:
         a = row["arms"]
         ores, ostr = a.get("ours-resident"), a.get("ours-streamed")
-        lres, lhost = a.get("llama-resident"), a.get("llama-host-experts")
+        lres, lhost, lpin = a.get("llama-resident"), a.get("llama-host-experts"), a.get("llama-host-experts-pinned")
         vf = f"{ostr['vs_floor']:.2f}x" if ostr and "vs_floor" in ostr else "-"
         agree = row.get("logits_vs_llama")
         ag = f"{agree['rel_l2']:.3f}{'' if agree['top1_same'] else ' (top-1 differs)'}" if agree else "-"
-        lines.append(f"| {row['tokens']:,} | {_tps(ores)} | {_tps(lres)} | {_ratio(ores, lres)} | {_tps(ostr)} | {vf} "
-                     f"| {_tps(lhost)} | {_ratio(ostr, lhost)} | {ag} |")
+        cells = [f"{row['tokens']:,}", _tps(ores), _tps(lres), _ratio(ores, lres), _tps(ostr), vf, _tps(lhost),
+                 _ratio(ostr, lhost)]
+        cells += [_tps(lpin), _ratio(ostr, lpin)] if pinned else []
+        lines.append("| " + " | ".join(cells + [ag]) + " |")
     return "\n".join(lines)
 
 
@@ -439,7 +450,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"prompt lengths (default {DEFAULT_TOKENS})")
     p.add_argument("--reps", type=int, default=3, help="timed prompts per length and arm (default 3)")
     p.add_argument("--cache-share", type=float, default=1 / 3, help="ours-streamed: share of experts cached (default 1/3)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default all: {', '.join(ARMS)})")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                   help=f"comma-separated arms of {', '.join(ARMS)} (default: {', '.join(DEFAULT_ARMS)})")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads (default: the CPUs)")
     p.add_argument("--seed", type=int, default=0, help="the prompts' seed (default 0)")
     p.add_argument("--out", help="results folder (default $OUT, else ./gpu-logs)")
@@ -597,13 +609,15 @@ def main(argv=None) -> int:
     if not resumed:  # no last-prompt logits of another setup compared with this one's
         shutil.rmtree(logits_dir, ignore_errors=True)
     save()
-    for arm, host in (("llama-resident", None), ("llama-host-experts", cfg.n_layer)):
+    for arm, (host, load_mode) in LLAMA_ARMS.items():
         if arm not in arms or not (todo := missing(arm)):
             continue
         (logits_dir / arm).mkdir(parents=True, exist_ok=True)
-        log(f"{arm}: {cfg.n_layer} layers, " + (f"the experts of all {host} in host memory" if host else "all on the device"))
-        model = run_driver(exe, pack_path, [files[n] for n in todo], host, args.threads, logits_dir / arm,
-                           out / f"{arm}.log", lambda r, arm=arm: save(r["tokens"], {arm: r}))
+        log(f"{arm}: {cfg.n_layer} layers, " + (f"the experts of all {cfg.n_layer} in host memory" if host
+                                                 else "all on the device") + f", load mode {load_mode}")
+        model = run_driver(exe, pack_path, [files[n] for n in todo], cfg.n_layer if host else None, load_mode,
+                           args.threads, logits_dir / arm, out / f"{arm}.log",
+                           lambda r, arm=arm: save(r["tokens"], {arm: r}))
         results.setdefault("llama_models", {})[arm] = model
     ours_arms = [a for a in arms if a.startswith("ours-")]
     todo = sorted({n for a in ours_arms for n in missing(a)})

@@ -130,6 +130,13 @@ def test_format_table_rows_ratios_and_gaps(bwm):
     assert table[4] == "| 1,030 | 8,000 | 12,000 | 0.67x | 4,000 | 1.27x | 500 | 8.00x | 0.021 |"
     assert table[5] == "| 32,768 | - | 5,000 | - | - | - | - | - | 0.500 (top-1 differs) |"
     assert len(table) == 6
+    rows[1]["arms"]["llama-host-experts-pinned"] = arm(1000.0)  # its columns where some row holds it
+    table = bwm.format_table(_results(rows)).splitlines()
+    assert table[0].endswith("--n-cpu-moe 48 (pinned: --load-mode none)")
+    assert table[2].endswith("| llama.cpp host experts pinned | streamed / pinned | logits vs llama.cpp |")
+    assert table[3] == "|---" * 11 + "|"
+    assert table[4] == "| 1,030 | 8,000 | 12,000 | 0.67x | 4,000 | 1.27x | 500 | 8.00x | - | - | 0.021 |"
+    assert table[5] == "| 32,768 | - | 5,000 | - | - | - | - | - | 1,000 | - | 0.500 (top-1 differs) |"
 
 
 def _tgz(path: Path, members: dict[str, bytes]) -> Path:
@@ -216,7 +223,7 @@ def test_driver_logits_match_the_reference(bwm, driver, small_pack, tmp_path):
     """llama.cpp's logits for the last prompt of each file against the NumPy reference's on the
     same ids: within 10% relative L2 and the same top token (2% when written; a prompt fed at
     wrong positions or with other ids is about 120% off), resident and with the experts in host
-    memory; the timed rows say what ran."""
+    memory (memory-mapped, and read in); the timed rows say what ran."""
     from reference import ReferenceEngine
     from strata.pack import Pack
     from strata.session import Session
@@ -228,14 +235,16 @@ def test_driver_logits_match_the_reference(bwm, driver, small_pack, tmp_path):
         files.append(tmp_path / f"prompts-{n}.bin")
         bwm.write_prompts(files[-1], ids)
     ref = {n: Session(ReferenceEngine(pack), progress=False).prefill(ids[-1]) for n, ids in prompts.items()}
-    for host in (None, "2"):
+    for host, load_mode in ((None, "auto"), ("2", "auto"), ("all", "none")):
         out = tmp_path / f"logits-{host}"
         out.mkdir()
-        res = _driver(driver, small_pack, *files, "--logits-dir", out, *(["--host-experts", host] if host else []))
+        res = _driver(driver, small_pack, *files, "--logits-dir", out, "--load-mode", load_mode,
+                      *(["--host-experts", host] if host else []))
         assert res.returncode == 0, res.stderr
         lines = [json.loads(x) for x in res.stdout.splitlines()]
         assert lines[0]["n_layer"] == 2 and lines[0]["n_vocab"] == pack.config.n_vocab
-        assert lines[0]["host_experts"] == (int(host) if host else 0)
+        assert lines[0]["host_experts"] == {None: 0, "2": 2, "all": "all"}[host]
+        assert lines[0]["load_mode"] == load_mode
         assert [r["tokens"] for r in lines[1:]] == [37, 100]
         for r in lines[1:]:
             assert len(r["times_s"]) == 2 and r["median_s"] > 0 and r["n_batch"] == r["tokens"]

@@ -2,7 +2,7 @@
  *
  *   prefill_driver MODEL.gguf PROMPTS.bin [PROMPTS.bin ...] [--host-experts N|all]
  *                  [--ubatch 2048] [--flash-attn on|off|auto] [--threads N]
- *                  [--logits-dir DIR] [--verbose]
+ *                  [--load-mode auto|mmap|none] [--logits-dir DIR] [--verbose]
  *
  * Built against llama.cpp's `llama` library (bench/bench_whole_model.py builds both). A pack
  * made by `make-pack` has no vocabulary (tokenizer.ggml.model = none): llama.cpp loads it with
@@ -13,23 +13,27 @@
  * The first prompt is the warm-up, the rest are timed.
  *
  * The model is loaded once, every layer on the accelerator where there is one (n_gpu_layers
- * -1), with defaults as llama.cpp's own tools leave them (memory-mapped file, extra buffer
- * types on). --host-experts N keeps the expert tensors of layers 0 to N-1 in host memory as
- * llama.cpp's `--n-cpu-moe N` does: one tensor buffer type override per layer, the pattern
- * `blk\.I\.ffn_(up|down|gate|gate_up)_(ch|)exps` on the CPU device's buffer type (`all`: every
- * layer, `--cpu-moe`). For each prompt file a context of its own: n_ctx and n_batch the prompt's
- * length (one llama_decode takes the whole prompt), n_ubatch min(--ubatch, N), F16 K and V
- * caches, flash attention as --flash-attn says (default on). Each prompt: the KV cache cleared,
- * then llama_decode of the N ids at positions 0..N-1 in sequence 0 with the last token's logits
+ * -1), with defaults as llama.cpp's own tools leave them (extra buffer types on, the file
+ * memory-mapped: --load-mode auto). --host-experts N keeps the expert tensors of layers 0 to
+ * N-1 in host memory as llama.cpp's `--n-cpu-moe N` does: one tensor buffer type override per
+ * layer, the pattern `blk\.I\.ffn_(up|down|gate|gate_up)_(ch|)exps` on the CPU device's buffer
+ * type (`all`: one pattern without the layer, as `--cpu-moe`). Memory-mapped, those tensors stay
+ * in the file's pageable pages; with --load-mode none (llama.cpp's `--load-mode none`, which its
+ * loader recommends beside CPU overrides) they are read into the GPU backend's page-locked host
+ * buffer type. For each prompt file a context of its own: n_ctx and n_batch the prompt's length
+ * (one llama_decode takes the whole prompt), n_ubatch min(--ubatch, N), F16 K and V caches,
+ * flash attention as --flash-attn says (default on). Each prompt: the KV cache cleared, then
+ * llama_decode of the N ids at positions 0..N-1 in sequence 0 with the last token's logits
  * requested, then llama_synchronize; the time is the host's monotonic clock around the two.
  *
  * Output (stdout): a JSON object a line: first the model (layers, vocabulary, bytes, devices,
- * host_experts), then one per prompt file: tokens, the warm-up's seconds, every timed prompt's
- * seconds, their median, tokens per second (N over the median) and the context's settings.
- * With --logits-dir, the last prompt's logits (n_vocab little-endian float32) are written to
- * DIR/logits-N.f32. llama.cpp's own log goes to stderr: warnings and errors, everything with
- * --verbose. Exit 2 on bad arguments or a prompt file that cannot be read (before the model is
- * loaded), 1 when llama.cpp fails.
+ * host_experts, load_mode), then one per prompt file: tokens, the warm-up's seconds, every
+ * timed prompt's seconds, their median, tokens per second (N over the median) and the context's
+ * settings. With --logits-dir, the last prompt's logits (n_vocab little-endian float32) are
+ * written to DIR/logits-N.f32. llama.cpp's own log goes to stderr: warnings and errors,
+ * everything with --verbose. Exit 2 on bad arguments or a prompt file that cannot be read
+ * (before the model is loaded) or holding an id outside the model's vocabulary (before any
+ * prompt runs), 1 when llama.cpp fails.
  */
 #define _POSIX_C_SOURCE 199309L /* clock_gettime under -std=c11 */
 #include <errno.h>
@@ -168,6 +172,7 @@ int main(int argc, char **argv) {
     const char *files[MAX_FILES];
     int n_files = 0, host_experts = 0, ubatch = 2048, threads = 0;
     enum llama_flash_attn_type fa = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    enum llama_load_mode load_mode = LLAMA_LOAD_MODE_AUTO;
     for (int i = 1; i < argc; ++i) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -208,6 +213,16 @@ int main(int argc, char **argv) {
                 } else {
                     die_usage("--flash-attn takes on, off or auto", v);
                 }
+            } else if (!strcmp(a, "--load-mode")) {
+                if (!strcmp(v, "auto")) {
+                    load_mode = LLAMA_LOAD_MODE_AUTO;
+                } else if (!strcmp(v, "mmap")) {
+                    load_mode = LLAMA_LOAD_MODE_MMAP;
+                } else if (!strcmp(v, "none")) {
+                    load_mode = LLAMA_LOAD_MODE_NONE;
+                } else {
+                    die_usage("--load-mode takes auto, mmap or none", v);
+                }
             } else if (!strcmp(a, "--logits-dir")) {
                 logits_dir = v;
             } else {
@@ -224,7 +239,8 @@ int main(int argc, char **argv) {
     }
     if (!model_path || n_files == 0) {
         die_usage("usage: prefill_driver MODEL.gguf PROMPTS.bin [PROMPTS.bin ...] [--host-experts N|all] "
-                  "[--ubatch N] [--flash-attn on|off|auto] [--threads N] [--logits-dir DIR] [--verbose]", NULL);
+                  "[--ubatch N] [--flash-attn on|off|auto] [--threads N] [--load-mode auto|mmap|none] [--logits-dir DIR] "
+                  "[--verbose]", NULL);
     }
     FILE *probe = fopen(model_path, "rb");
     if (!probe) {
@@ -265,6 +281,7 @@ int main(int argc, char **argv) {
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = -1; /* every layer on the accelerator where there is one */
     mp.tensor_buft_overrides = n_over > 0 ? overrides : NULL;
+    mp.load_mode = load_mode;
     double t_load = now_s();
     struct llama_model *model = llama_model_load_from_file(model_path, mp);
     if (!model) {
@@ -288,7 +305,7 @@ int main(int argc, char **argv) {
     } else {
         printf("%d", host_experts);
     }
-    printf(", \"load_s\": %.3f, \"devices\": [", t_load);
+    printf(", \"load_mode\": \"%s\", \"load_s\": %.3f, \"devices\": [", llama_load_mode_name(load_mode), t_load);
     for (size_t d = 0; d < ggml_backend_dev_count(); ++d) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(d);
         printf(d ? ", " : "");
