@@ -50,6 +50,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -198,7 +199,7 @@ def start_build(tgz: Path, root: Path, cuda: bool, jobs: int, log_path: Path) ->
     log(f"llama.cpp: building the `llama` library ({'CUDA sm_90' if cuda else 'CPU only'}, -j {jobs}) "
         f"in {build}, log {log_path}")
     out = open(log_path, "w")
-    return subprocess.Popen(["bash", "-c", script], stdout=out, stderr=subprocess.STDOUT), build
+    return subprocess.Popen(["bash", "-c", script], stdout=out, stderr=subprocess.STDOUT, start_new_session=True), build
 
 
 def finish_build(proc: subprocess.Popen | None, build: Path, log_path: Path, t0: float) -> tuple[Path, Path]:
@@ -209,6 +210,27 @@ def finish_build(proc: subprocess.Popen | None, build: Path, log_path: Path, t0:
             raise SystemExit(f"{PROG}: llama.cpp's build failed (exit {rc}); the end of {log_path}:\n{tail}")
         log(f"llama.cpp: built in {time.monotonic() - t0:.0f} s")
     return build_paths(build)
+
+
+def gpu_present() -> str | None:
+    """The first CUDA device's name, from the CUDA backend where PyCUDA runs, else from
+    nvidia-smi (a GPU machine before PyCUDA is installed still builds llama.cpp for CUDA);
+    None where there is none."""
+    from fast.cuda import runtime
+
+    ok, name = runtime.cuda_available()
+    if ok:
+        return name
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            res = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        names = res.stdout.strip().splitlines() if res.returncode == 0 else []
+        return names[0].strip() if names else None
+    return None
 
 
 def c_compiler() -> str | None:
@@ -491,10 +513,8 @@ def main(argv=None) -> int:
         p.error("building llama.cpp needs cmake, which is not on PATH")
     if want_llama and not c_compiler():
         p.error("the llama.cpp driver needs a C compiler ($CC, cc or gcc), and none is on PATH")
-    from fast.cuda import runtime
-
-    has_gpu, gpu_name = runtime.cuda_available()
-    cuda = args.llama_backend == "cuda" or (args.llama_backend == "auto" and has_gpu)
+    gpu_name = gpu_present()
+    cuda = args.llama_backend == "cuda" or (args.llama_backend == "auto" and gpu_name is not None)
     if want_llama and cuda and not args.llama_build and not shutil.which("nvcc"):
         nvcc = Path("/usr/local/cuda/bin/nvcc")
         if not nvcc.is_file():
@@ -509,6 +529,9 @@ def main(argv=None) -> int:
             cfg = Pack.open(pack_path).config
         except (PackError, OSError, ValueError) as e:
             p.error(f"--pack {pack_path}: {e}")
+        if args.layers is not None and cfg.n_layer != args.layers:
+            p.error(f"--layers {args.layers}: the pack {pack_path} there has {cfg.n_layer} (another --pack, "
+                    "or remove it to make a new one)")
     else:
         cfg = preset.replace(n_layer=layers)
     if cfg.has_shexp and want_llama:
@@ -543,8 +566,9 @@ def main(argv=None) -> int:
             exe = compile_driver(src, lib, args.build_root / "prefill_driver")
             log(f"llama.cpp: driver {exe} (library {lib})")
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
+        if proc is not None and proc.poll() is None:  # the build's own process group, cmake and compilers
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
 
     from bench_streaming_cuda import LINK_GBS
     from strata.pack import Pack
@@ -563,7 +587,7 @@ def main(argv=None) -> int:
                      + (f" --mix {pack.field('strata.mix')}" if pack.field("strata.mix") else ""),
         "layers": cfg.n_layer, "experts": cfg.n_expert, "top_k": cfg.n_expert_used, "n_experts_all": n_all,
         "cache": int(round(args.cache_share * n_all)), "reps": args.reps, "seed": args.seed,
-        "device": gpu_name if has_gpu else "no CUDA device (llama.cpp on the CPU)",
+        "device": gpu_name or "no CUDA device",
         "llama_backend": ("cuda" if cuda else "cpu") if want_llama else None, "threads": args.threads,
         "link_gbs": LINK_GBS, "ubatch": UBATCH, "tree": tree_digest(),
         "llama_build": str(build.resolve()) if build else None,

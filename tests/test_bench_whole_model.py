@@ -149,8 +149,8 @@ def _tgz(path: Path, members: dict[str, bytes]) -> Path:
 
 
 @pytest.mark.parametrize("case", ["tokens", "arms", "reps", "no-tgz", "missing-tgz", "not-gzip", "not-llama",
-                                  "shared-expert", "context", "not-a-build", "cache-share"])
-def test_bad_arguments_refused_before_any_work(case, tmp_path):
+                                  "shared-expert", "context", "not-a-build", "cache-share", "layers-vs-pack"])
+def test_bad_arguments_refused_before_any_work(case, tmp_path, small_pack):
     root = tmp_path / "root"
     tgz = _tgz(tmp_path / "l.tgz", {"llama.cpp/CMakeLists.txt": b"project(x)\n"})
     other = _tgz(tmp_path / "o.tgz", {"other/CMakeLists.txt": b"project(x)\n"})
@@ -168,6 +168,8 @@ def test_bad_arguments_refused_before_any_work(case, tmp_path):
         "context": (["--llama-tgz", tgz, "--tokens", "32769"], "32,769 is past the pack's context of 32,768"),
         "not-a-build": (["--llama-build", tmp_path], "is not a cmake build folder"),
         "cache-share": (["--arms", "ours-streamed", "--cache-share", "1"], "--cache-share 1.0: between 0 and 1"),
+        "layers-vs-pack": (["--llama-tgz", tgz, "--pack", small_pack, "--layers", "3"],
+                           f"--layers 3: the pack {small_pack} there has 2"),
     }[case]
     res = run_script(*base, *args)
     assert res.returncode == 2, res.stdout + res.stderr
