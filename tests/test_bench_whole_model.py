@@ -150,7 +150,7 @@ def _tgz(path: Path, members: dict[str, bytes]) -> Path:
 
 @pytest.mark.parametrize("case", ["tokens", "arms", "reps", "no-tgz", "missing-tgz", "not-gzip", "not-llama",
                                   "shared-expert", "context", "not-a-build", "cache-share", "layers-vs-pack"])
-def test_bad_arguments_refused_before_any_work(case, tmp_path, small_pack):
+def test_bad_arguments_refused_before_any_work(bwm, case, tmp_path, small_pack, capsys):
     root = tmp_path / "root"
     tgz = _tgz(tmp_path / "l.tgz", {"llama.cpp/CMakeLists.txt": b"project(x)\n"})
     other = _tgz(tmp_path / "o.tgz", {"other/CMakeLists.txt": b"project(x)\n"})
@@ -171,11 +171,13 @@ def test_bad_arguments_refused_before_any_work(case, tmp_path, small_pack):
         "layers-vs-pack": (["--llama-tgz", tgz, "--pack", small_pack, "--layers", "3"],
                            f"--layers 3: the pack {small_pack} there has 2"),
     }[case]
-    res = run_script(*base, *args)
-    assert res.returncode == 2, res.stdout + res.stderr
-    last = res.stderr.strip().splitlines()[-1]
+    with pytest.raises(SystemExit) as exc:
+        bwm.main([str(a) for a in base + args])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2, out + err
+    last = err.strip().splitlines()[-1]
     assert last.startswith("bench_whole_model.py: error: ") and want in last, last
-    assert not root.exists() and not (tmp_path / "out").exists() and res.stdout == ""
+    assert not root.exists() and not (tmp_path / "out").exists() and out == ""
 
 
 # ---------------------------------------------------------------------------------------
