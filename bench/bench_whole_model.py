@@ -3,7 +3,7 @@
 prefill timed the same way in one call.
 
     python3 bench/bench_whole_model.py --llama-tgz ../shared/peers/llama.cpp-0.3.36-vendored.tgz
-        [--layers 48] [--tokens 1030,2048,8192,32768] [--reps 3] [--out DIR]
+        [--layers 48] [--tokens 1030,2048,8192,32768] [--reps 3] [--out DIR] [--resume]
         [--arms ours-resident,ours-streamed,llama-resident,llama-host-experts]
 
 What it does, in order:
@@ -24,7 +24,10 @@ What it does, in order:
 5. llama.cpp, one driver process per arm, every layer on the GPU, flash attention, F16 KV cache,
    n_ubatch 2048, n_batch the prompt: `llama-resident` (every tensor in VRAM) and
    `llama-host-experts` (the expert tensors of every layer in host memory, as `--n-cpu-moe`
-   puts them; llama.cpp copies them to the GPU for each ubatch).
+   puts them, in the memory-mapped file's pageable pages; llama.cpp copies them to the GPU for
+   each ubatch); `llama-host-experts-pinned` where --arms names it (the same read into
+   page-locked buffers: `--load-mode none`). They run first: our process keeps its device memory
+   until it exits.
 6. Our fast path (needs PyCUDA and a GPU; without one these arms skip with one line, as the other
    GPU bench scripts do): `ours-resident` (every expert in the expert cache) and `ours-streamed`
    (a cache of `--cache-share` of the experts, the rest streamed from page-locked host memory,
@@ -39,8 +42,11 @@ max(the resident time, its bytes copied / 55.3 GB/s) on CUDA-event times (`vs fl
 llama.cpp's last-prompt logits are compared with ours on the same ids (relative L2 distance and
 whether the top token agrees): a check that both ran the same model, not a numerics contract.
 
-Writes OUT/whole_model.json after each arm (partial results survive a time limit) and
-OUT/whole_model.md, and prints the Markdown table last. OUT: --out, else $OUT, else ./gpu-logs.
+Writes OUT/whole_model.json after each arm and length (partial results survive a time limit)
+and OUT/whole_model.md, and prints the Markdown table last. OUT: --out, else $OUT, else
+./gpu-logs. With --resume, a second call on the same machine (the same build root, pack, tree and
+settings) keeps what the first measured and measures the rest: for a machine that limits a
+command's time.
 """
 from __future__ import annotations
 
@@ -359,7 +365,8 @@ def run_ours(pack, prompts: dict[int, np.ndarray], arms: list[str], cache_share:
             got = {a: timed_ours(engines[a], prompt) for a in order}
             for a in names:
                 reps[a].append(got[a])
-            if "ours-streamed" in got and got["ours-streamed"]["logits"].tobytes() != got["ours-resident"]["logits"].tobytes():
+            streamed = got.get("ours-streamed")
+            if streamed and streamed["logits"].tobytes() != got["ours-resident"]["logits"].tobytes():
                 raise SystemExit(f"{PROG}: the streamed prefill differs from the resident one at {n} tokens (rep {r})")
         atomic.write_bytes(logits_dir / f"logits-{n}.f32",
                            np.asarray(reps["ours-resident"][-1]["logits"], dtype="<f4").tobytes())
@@ -471,7 +478,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, help="layers of a made pack (default: the preset's)")
     p.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"prompt lengths (default {DEFAULT_TOKENS})")
     p.add_argument("--reps", type=int, default=3, help="timed prompts per length and arm (default 3)")
-    p.add_argument("--cache-share", type=float, default=1 / 3, help="ours-streamed: share of experts cached (default 1/3)")
+    p.add_argument("--cache-share", type=float, default=1 / 3,
+                   help="ours-streamed: share of experts cached (default 1/3)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated arms of {', '.join(ARMS)} (default: {', '.join(DEFAULT_ARMS)})")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp's threads (default: the CPUs)")
@@ -651,7 +659,8 @@ def main(argv=None) -> int:
     for n in tokens:  # llama.cpp's last prompt against ours, where both are on disk
         theirs, ours = (logits_dir / a / f"logits-{n}.f32" for a in ("llama-resident", "ours-resident"))
         if theirs.is_file() and ours.is_file():
-            by_n[n]["logits_vs_llama"] = logits_agreement(np.fromfile(theirs, dtype="<f4"), np.fromfile(ours, dtype="<f4"))
+            by_n[n]["logits_vs_llama"] = logits_agreement(np.fromfile(theirs, dtype="<f4"),
+                                                          np.fromfile(ours, dtype="<f4"))
     save()
     table = format_table(results)
     atomic.write_text(out / "whole_model.md", table + "\n")

@@ -239,8 +239,8 @@ int main(int argc, char **argv) {
     }
     if (!model_path || n_files == 0) {
         die_usage("usage: prefill_driver MODEL.gguf PROMPTS.bin [PROMPTS.bin ...] [--host-experts N|all] "
-                  "[--ubatch N] [--flash-attn on|off|auto] [--threads N] [--load-mode auto|mmap|none] [--logits-dir DIR] "
-                  "[--verbose]", NULL);
+                  "[--ubatch N] [--flash-attn on|off|auto] [--threads N] [--load-mode auto|mmap|none] "
+                  "[--logits-dir DIR] [--verbose]", NULL);
     }
     FILE *probe = fopen(model_path, "rb");
     if (!probe) {
