@@ -17,6 +17,14 @@
 #   bash bench/gpu_gate.sh streaming  # the streamed arms against the resident run (bench_streaming_cuda.py;
 #                                   # ARMS, STREAM_TOKENS, REPS: default,head-0,head-predict,head-predict-96 at
 #                                   # 254,1030,4096,8179 tokens, 5 reps); not part of `all`
+#   bash bench/gpu_gate.sh llama [TGZ]  # the whole model beside llama.cpp (bench_whole_model.py): the
+#                                   # qwen3-30b-a3b --mix Q4_K_M pack (LAYERS, default 48) made, llama.cpp's
+#                                   # CUDA library built from TGZ (default: the first llama.cpp-*.tgz in
+#                                   # ../shared/peers/, shared/peers/ or .peers/), ours resident and streamed
+#                                   # and llama.cpp resident and with host experts (WHOLE_ARMS: --arms) at
+#                                   # WHOLE_TOKENS (1030,2048,8192,32768), REPS (3); --resume: a second call on
+#                                   # the same machine measures only what the first did not finish; not part
+#                                   # of `all`
 # Uses the installed PyCUDA (`pip install -e '.[cuda,test]'`). Where `import pycuda` fails it
 # installs it from the package index, and only where no index answers from the wheels in
 # ../shared/wheels/, shared/wheels/ or .whl/ (into /tmp/site). `pytest verify/` sizes its own
@@ -26,6 +34,22 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
 LOG=${OUT:-gpu-logs}
+if [[ $MODE == llama ]]; then  # the source tgz, found before any work
+  TGZ=${2:-}
+  if [[ -z $TGZ ]]; then
+    for t in ../shared/peers/llama.cpp-*.tgz shared/peers/llama.cpp-*.tgz .peers/llama.cpp-*.tgz; do
+      if [[ -f $t ]]; then TGZ=$t; break; fi
+    done
+  fi
+  if [[ -z $TGZ ]]; then
+    echo "gpu_gate: llama needs llama.cpp's source tgz: bash bench/gpu_gate.sh llama TGZ (none in" \
+         "../shared/peers/, shared/peers/ or .peers/)" >&2
+    exit 2
+  elif [[ ! -f $TGZ ]]; then
+    echo "gpu_gate: llama: $TGZ: no such file (a path from the repository root)" >&2
+    exit 2
+  fi
+fi
 mkdir -p "$LOG"
 if ! python3 -c "import pycuda" 2>/dev/null; then
   if ! python3 -m pip install -q --retries 0 --timeout 15 'pycuda>=2026.1' 2>/dev/null; then
@@ -109,6 +133,13 @@ fi
 if [[ $MODE == types ]]; then
   python3 bench/bench_types_cuda.py --tokens "${TYPE_TOKENS:-1024,8192}" --reps "${REPS:-7}" --out "$LOG" 2>&1 \
       | tee "$LOG/types.log" | sed -n '/^| tokens/,$p' >> "$SUMMARY"
+fi
+if [[ $MODE == llama ]]; then
+  python3 bench/bench_whole_model.py --llama-tgz "$TGZ" --layers "${LAYERS:-48}" \
+      --tokens "${WHOLE_TOKENS:-1030,2048,8192,32768}" --reps "${REPS:-3}" ${WHOLE_ARMS:+--arms "$WHOLE_ARMS"} \
+      --resume --out "$LOG" 2>&1 \
+      | tee "$LOG/whole_model.log"
+  cat "$LOG/whole_model.md" >> "$SUMMARY" 2>/dev/null || echo "llama: no table (see $LOG/whole_model.log)" >> "$SUMMARY"
 fi
 if [[ $MODE == suites ]]; then
   python3 -m pytest bench/ -q -p no:cacheprovider -k "not reference" --benchmark-storage "file://$PWD/$LOG/benchmarks" \
