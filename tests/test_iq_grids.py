@@ -14,6 +14,10 @@ block is compared.
 """
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
@@ -251,3 +255,26 @@ def test_a_shared_table_name_must_be_the_same_grid():
         class Other(qformats._IQFormat, qtype=QT.TQ1_0):  # noqa: F841
             grid_source, table_name = "IQ2_S", "IQ1S"
     assert qformats.lookup(QT.TQ1_0) is None
+
+
+# --------------------------------------------------------------------------- the CUDA build
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("qt", IQ, ids=IDS)
+def test_each_grid_types_kernel_compiles(tmp_path, qt):
+    """mmq.cu's module of each grid type (MMQ_ONLY) compiles as the runtime builds it
+    (NVCC_OPTIONS, sm_90) under the largest automatic tile configuration, and holds the kernel
+    the registry names."""
+    from fast.cuda import products, runtime
+
+    fmt = qformats.lookup(qt)
+    src = tmp_path / "mmq.cu"
+    src.write_text(runtime.kernel_source("mmq"))
+    (_name, defines), = [m for m in products.mmq_modules(products.AUTO_CONFIGS[-1][1])
+                         if m[1]["MMQ_ONLY"] == int(qt)]
+    cmd = ["nvcc", "-cubin", "-arch=sm_90", *runtime.NVCC_OPTIONS, "-Xptxas", "-v",
+           *[f"-D{k}={v}" for k, v in defines.items()], str(src), "-o", str(tmp_path / "k.cubin")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert re.findall(r"Compiling entry function '(\w+)'", r.stderr) == [fmt.mmq_kernel]
