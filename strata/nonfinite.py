@@ -10,8 +10,9 @@ position and element in it.
 
 Pack tensors: a quantized block's values are its integer codes times its half-precision
 scale (and min): the codes and sub-scales are small integers, so a block decodes to a
-non-finite value exactly when one of its half fields is NaN or Inf, and then every value of
-the block is (Inf times a code is Inf, times 0 is NaN). `in_tensor` reads only those fields,
+non-finite value exactly when one of its half-precision scales is NaN or Inf (its half
+fields; IQ1_M's d, spread over four nibbles: `QuantFormat.scale_values`), and then every value
+of the block is (Inf times a code is Inf, times 0 is NaN). `in_tensor` reads only those scales,
 which is what makes `info --check` fast enough for the large packs; tests/test_nonfinite.py
 holds it equal to a full `strata.quants.dequantize` for every type.
 """
@@ -24,7 +25,7 @@ from typing import Callable, Iterator
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from strata import dumps, q8_1, quants
+from strata import dumps, q8_1, qformats, quants
 from strata.dense import FLOAT_TYPES, decode_float
 from strata.records import op_of, q8_layouts, read_timeline  # noqa: F401 - q8_layouts for callers
 from strata.report import _sort_key as computed_order  # the order the first-difference report walks
@@ -173,7 +174,7 @@ def in_records(path: str | Path, layouts: dict | None = None,
 def in_tensor(qtype, raw: np.ndarray) -> tuple[int, int] | None:
     """(row, value index in the row) of the first value of raw rows uint8 [..., row_bytes]
     (leading dims flattened into rows) that decodes to NaN or Inf; None when all are
-    finite. Quantized types by their half fields only (module docstring)."""
+    finite. Quantized types by their half scales only (module docstring)."""
     qt = QT(qtype)
     raw = np.asarray(raw, dtype=np.uint8)
     rows = raw.reshape(-1, raw.shape[-1])
@@ -182,10 +183,9 @@ def in_tensor(qtype, raw: np.ndarray) -> tuple[int, int] | None:
         return None if idx is None else (idx[0], idx[1])
     values, nbytes = quants.block_size(qt)
     blocks = rows.reshape(rows.shape[0], -1, nbytes)
-    bad = np.zeros(blocks.shape[:2], bool)
-    for off in quants._F16_OFFSETS[qt].values():  # the block's half fields (strata/quants.py)
-        h = np.ascontiguousarray(blocks[..., off:off + 2]).view("<f2")[..., 0]
-        bad |= ~np.isfinite(h)
+    # the block's half scales (strata.qformats: QuantFormat.scale_values)
+    scales = qformats.lookup(qt).scale_values(blocks.reshape(-1, nbytes))
+    bad = ~np.isfinite(scales).all(axis=1).reshape(blocks.shape[:2])
     if not bad.any():
         return None
     row, blk = (int(i) for i in np.unravel_index(int(np.argmax(bad.reshape(-1))), bad.shape))

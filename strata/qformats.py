@@ -16,7 +16,7 @@ from gguf's ``GGML_QUANT_SIZES``.
 The IQ grids and the sign table are taken from the gguf package's own data and expanded once
 (lazily) to int8 tables; nothing else in strata holds them. The CUDA MMQ kernel reads them
 from one table buffer (:func:`table_layout`): the sign masks, then each grid in registration
-order.
+order (one two types share, once), each in the form its decode reads (:meth:`QuantFormat.table`).
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ class QuantFormat:
     #: table buffer (TAB_<name>); None without a grid
     grid_source: ClassVar[str | None] = None
     table_name: ClassVar[str | None] = None
+    #: the signs are 7-bit indices into the 128-entry sign table (sign_table), not one bit a value:
+    #: mmq.cu stages the sign masks for these types only
+    sign_index: ClassVar[bool] = False
 
     def __init_subclass__(cls, qtype: QT | None = None, **kw) -> None:
         super().__init_subclass__(**kw)
@@ -83,6 +86,10 @@ class QuantFormat:
             raise TypeError(f"{qt.name} blocks are not whole 32-value blocks")
         if (cls.grid_source is None) != (cls.table_name is None):
             raise TypeError(f"{qt.name}: a grid needs both its gguf source and its table name")
+        for other in _REGISTRY.values():  # a table name shared is one table, held once
+            if cls.table_name is not None and other.table_name == cls.table_name and (
+                    other.grid_source != cls.grid_source or other.table.__func__ is not cls.table.__func__):
+                raise TypeError(f"{qt.name}: table {cls.table_name} is {other.qtype.name}'s, another grid")
         _REGISTRY[qt] = cls
 
     @classmethod
@@ -105,17 +112,33 @@ class QuantFormat:
         _put_half(blk, cls.half_fields["d"], d)
 
     @classmethod
+    def scale_values(cls, blk: np.ndarray) -> np.ndarray:
+        """float32 [N, k]: each block's k half-precision scales (its half fields, in
+        half_fields' order), as a pack's check for NaN and Inf reads them. A type whose scale is
+        no plain half field (IQ1_M's half in four nibbles, MXFP4's e8m0 byte, NVFP4's ue4m3
+        bytes) says how it assembles it."""
+        return np.stack([_half(blk, off) for off in cls.half_fields.values()], 1)
+
+    @classmethod
+    def put_scale_values(cls, blk: np.ndarray, v: np.ndarray) -> None:
+        """Write the k scales of :meth:`scale_values` into blk [N, block_bytes] from v float32
+        [N, k], each rounded to half (nearest even): scale_values gives v back wherever v is a
+        half's value. Every other bit of the block is kept."""
+        for i, off in enumerate(cls.half_fields.values()):
+            _put_half(blk, off, v[:, i])
+
+    @classmethod
     def grid(cls) -> np.ndarray | None:
         """int8 [entries, width] grid this type indexes (expanded once), or None."""
         return None if cls.grid_source is None else _gguf_grid(cls.grid_source)
 
     @classmethod
-    def scale_values(cls, blk: np.ndarray) -> np.ndarray:
-        """float32 [N, k]: the k decoded scales of each block row of blk [N, block_bytes] (its
-        half fields, in half_fields' order), so that a reader can check a tensor's scales for
-        NaN and Inf without decoding its codes. A format whose scales are not half fields
-        (MXFP4's e8m0 byte, NVFP4's ue4m3 bytes) overrides it."""
-        return np.stack([_half(blk, off) for off in cls.half_fields.values()], 1)
+    def table(cls) -> np.ndarray | None:
+        """uint8 bytes of this type's grid in the CUDA MMQ table buffer (:func:`table_layout`),
+        in the form mmq.cu's decode reads it: the int8 entries as they are, unless a type says
+        otherwise (the IQ1 grid); None without a grid."""
+        g = cls.grid()
+        return None if g is None else np.ascontiguousarray(g).reshape(-1).view(np.uint8)
 
 
 def formats() -> tuple[type[QuantFormat], ...]:
@@ -204,17 +227,19 @@ def _gguf_grid(name: str) -> np.ndarray:
 
 def table_layout() -> dict[str, tuple[int, int]]:
     """The CUDA MMQ table buffer: {name: (byte offset, bytes)} for "SIGN" (the sign table as
-    byte masks) and each registered grid's table_name in registration order (int8 entries),
-    plus "BYTES": (0, total). fast/cuda/kernels/mmq.cu's TAB_<name> defines are written from these
-    offsets when it is compiled (fast/cuda/generated.py)."""
+    byte masks) and each registered grid's table_name in registration order (its
+    :meth:`QuantFormat.table` bytes; a table two types share, IQ1_S's and IQ1_M's, once), plus
+    "BYTES": (0, total). Every offset is a multiple of 16 (the kernel copies 16-byte pieces).
+    fast/cuda/kernels/mmq.cu's TAB_<name> and TABLEN_<name> defines are written from these when
+    it is compiled (fast/cuda/generated.py)."""
     out = {"SIGN": (0, _SIGN_ENTRIES * _SIGN_WIDTH)}
     off = out["SIGN"][1]
     for f in formats():
-        if f.grid_source is not None:
-            shape = _gguf_class(f.grid_source).grid_shape
-            size = int(np.prod(shape))
+        if f.table_name is not None and f.table_name not in out:
+            size = int(f.table().size)
             out[f.table_name] = (off, size)
             off += size
+            assert off % 16 == 0, f.table_name
     out["BYTES"] = (0, off)
     return out
 
@@ -347,6 +372,7 @@ class IQ2_XS(_IQFormat, qtype=QT.IQ2_XS):
 
     half_fields = {"d": 0}
     dw_factor = 0.125
+    sign_index = True
     mmq_kernel = "mmq_iq2_xs"
     grid_source, table_name = "IQ2_XS", "IQ2XS"
 
@@ -371,6 +397,7 @@ class IQ3_XXS(_IQFormat, qtype=QT.IQ3_XXS):
 
     half_fields = {"d": 0}
     dw_factor = 0.25
+    sign_index = True
     mmq_kernel = "mmq_iq3_xxs"
     grid_source, table_name = "IQ3_XXS", "IQ3XXS"
 
@@ -421,6 +448,175 @@ class IQ3_S(_IQFormat, qtype=QT.IQ3_S):
 # The K-quants and the legacy quants of llama-quantize's default mixes, registered after the
 # formats above (their module imports this one's base class).
 from strata import kquants  # noqa: E402,F401
+
+# --------------------------------------------------------------------------- #
+# The low-bit grid types of llama-quantize's IQ file types (IQ2_XXS, IQ2_S, IQ1_S, IQ1_M),
+# registered after the K-quants: block layouts from ggml-common.h's block_iq2_xxs, block_iq2_s,
+# block_iq1_s and block_iq1_m. Each decodes to the PLAIN epilogue's integer form, dw = d / 8.
+
+_SHIFTS_7 = np.array([0, 7, 14, 21], np.uint32)  # four 7-bit sign indices of an aux word
+_BITS_8 = np.arange(8, dtype=np.uint8)
+
+
+def _odd_ls(ls: np.ndarray) -> np.ndarray:
+    """int16 odd sub-scales 2*ls + 1 from the stored scale bits ls."""
+    return 2 * ls.astype(np.int16) + 1
+
+
+class IQ2_XXS(_IQFormat, qtype=QT.IQ2_XXS):
+    """256 values, 66 B: d: half, then per 32 values 8 bytes: 4 grid indices (uint8, into a
+    256 x 8 grid, one per 8 values) and a uint32 aux: bits 7k..7k+6 index the sign table for
+    the k-th 8 values, bits 28..31 the scale ls of all 32. gguf: d * (0.5 + ls) * 0.25 * grid *
+    sign; here u = 2*ls + 1 per 32 values and dw = d * 0.125 (IQ3_XXS's form with its factor)."""
+
+    half_fields = {"d": 0}
+    dw_factor = 0.125
+    sign_index = True
+    mmq_kernel = "mmq_iq2_xxs"
+    grid_source, table_name = "IQ2_XXS", "IQ2XXS"
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        d = _half(blk, 0)
+        q = blk[:, 2:66].reshape(N, 8, 8)
+        g = cls.grid()[q[:, :, :4]]  # [N, 8, 4, 8]
+        aux = _u32(q[:, :, 4:]).reshape(N, 8)
+        s = sign_table()[(aux[:, :, None] >> _SHIFTS_7) & np.uint32(127)]  # [N, 8, 4, 8]
+        codes = (g * s).reshape(N, 8, 32)
+        u = _odd_ls(aux >> np.uint32(28))
+        return codes, np.stack([u, u], axis=-1), cls._dw(d), None, None
+
+
+class IQ2_S(_IQFormat, qtype=QT.IQ2_S):
+    """256 values, 82 B: d: half, qs: uint8[32] (low 8 bits of a 10-bit index into a 1024 x 8
+    grid, one per 8 values), signs: uint8[32] (bit i of byte k: the sign of value 8k + i),
+    qh: uint8[8] (bits 2l..2l+1 of byte j: bits 8..9 of index 4j + l), scales: uint8[8] (one
+    nibble per 16 values, low nibble first). u = 2*ls + 1 per 16 values, dw = d * 0.125
+    (IQ2_XS's form)."""
+
+    half_fields = {"d": 0}
+    dw_factor = 0.125
+    mmq_kernel = "mmq_iq2_s"
+    grid_source, table_name = "IQ2_S", "IQ2S"
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        d = _half(blk, 0)
+        hi = (blk[:, 66:74, None] >> np.array([0, 2, 4, 6], np.uint8)) & np.uint8(3)  # [N, 8, 4]
+        idx = blk[:, 2:34].astype(np.uint16) | (hi.reshape(N, 32).astype(np.uint16) << np.uint16(8))
+        g = cls.grid()[idx]  # [N, 32, 8]
+        sb = ((blk[:, 34:66, None] >> _BITS_8) & np.uint8(1)).view(np.int8)  # [N, 32, 8]
+        codes = (g * (np.int8(1) - np.int8(2) * sb)).reshape(N, 8, 32)
+        sc = blk[:, 74:82]
+        ls = np.stack([sc & np.uint8(15), sc >> np.uint8(4)], axis=-1)  # [N, 8, 2]
+        return codes, _odd_ls(ls), cls._dw(d), None, None
+
+
+class _IQ1Format(_IQFormat):
+    """IQ1_S and IQ1_M: 11-bit indices into one 2048 x 8 grid of -1, 0, 1 and a delta of
+    +-1/8 per group of values, gguf's value d * (2*ls + 1) * (g + delta) with a 3-bit ls.
+
+    Integer form: codes c = 8*g + s in -9..9 (s = +1, or -1 where the delta's sign bit is set),
+    u = 2*ls + 1 in 1..15, dw = d * 0.125, value (dw * u) * c. Bit for bit gguf's: d * 0.125 is
+    exact (a power of two; a half's smallest subnormal over 8 is a normal float32), d * u is
+    exact (11 significant bits times 4), so dw * u is gguf's d * (2*ls + 1) over 8 exactly, and
+    its product with 8*g + s is the one rounding of gguf's product with g + s/8 (exact in
+    float32), scaled by the power of two 8. c is never 0, and has the sign of g + s/8.
+
+    The MMQ table buffer holds the grid as mmq.cu reads it (:meth:`table`): one uint32 per
+    entry, g + 1 (0, 1 or 2) of value k in the low nibble of byte k (k < 4) or the high nibble
+    of byte k - 4, 8 KB where int8 entries would take 16 KB."""
+
+    dw_factor = 0.125
+    grid_source, table_name = "IQ1_S", "IQ1S"
+
+    @classmethod
+    def _codes(cls, idx: np.ndarray, neg: np.ndarray) -> np.ndarray:
+        """int8 [..., 8]: 8*g + s for grid indices idx [...] and delta signs neg [...] (bool)."""
+        return cls.grid()[idx] * np.int8(8) + np.where(neg, np.int8(-1), np.int8(1))[..., None]
+
+    @classmethod
+    def unit_std(cls):
+        g2 = float(np.mean(cls.grid().astype(np.float64) ** 2))
+        u2 = float(np.mean((2.0 * np.arange(8) + 1.0) ** 2))  # 3-bit ls
+        return float(cls.dw_factor * np.sqrt(u2 * (64.0 * g2 + 1.0)))  # E[(8g + s)^2], s = +-1
+
+    @classmethod
+    def table(cls):
+        t = (cls.grid().astype(np.int32) + 1).astype(np.uint32)  # [2048, 8], 0..2
+        k = np.arange(8, dtype=np.uint32)
+        words = np.bitwise_or.reduce(t << (8 * (k % 4) + 4 * (k // 4)), axis=1)
+        return words.astype("<u4").view(np.uint8)
+
+
+class IQ1_S(_IQ1Format, qtype=QT.IQ1_S):
+    """256 values, 50 B: d: half, qs: uint8[32] (low 8 bits of the index of each 8 values),
+    qh: uint16[8], one per 32 values: bits 3l..3l+2 the high bits of index 4j + l, bits 12..14
+    ls, bit 15 the delta's sign. One u and one delta per 32 values."""
+
+    half_fields = {"d": 0}
+    mmq_kernel = "mmq_iq1_s"
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        d = _half(blk, 0)
+        qh = _u16(blk[:, 34:50])  # [N, 8]
+        hi = (qh[:, :, None] >> np.array([0, 3, 6, 9], np.uint16)) & np.uint16(7)  # [N, 8, 4]
+        idx = blk[:, 2:34].reshape(N, 8, 4).astype(np.uint16) | (hi << np.uint16(8))
+        neg = np.broadcast_to(((qh >> np.uint16(15)) != 0)[:, :, None], idx.shape)
+        codes = cls._codes(idx, neg).reshape(N, 8, 32)
+        u = _odd_ls((qh >> np.uint16(12)) & np.uint16(7))
+        return codes, np.stack([u, u], axis=-1), cls._dw(d), None, None
+
+
+class IQ1_M(_IQ1Format, qtype=QT.IQ1_M):
+    """256 values, 56 B: qs: uint8[32] (low 8 bits of the index of each 8 values), qh:
+    uint8[16] (a nibble per 8 values, low nibble first: bits 0..2 the index's high bits, bit 3
+    the delta's sign), scales: uint16[4]: bits 3m..3m+2 of word w the ls of values 16 (4w + m)
+    .. + 15 (m < 4), bits 12..15 of word w bits 4w..4w+3 of the block's half d.
+
+    d is no plain half field (half_fields is empty: no byte pair holds it); scale_values and
+    put_scale_values read and write it where it lies, set_scales through them."""
+
+    half_fields: ClassVar[dict[str, int]] = {}
+    mmq_kernel = "mmq_iq1_m"
+
+    @classmethod
+    def _d_bits(cls, blk: np.ndarray) -> np.ndarray:
+        sc = _u16(blk[:, 48:56])  # [N, 4]
+        parts = (sc & np.uint16(0xF000)) >> np.array([12, 8, 4, 0], np.uint16)
+        return np.bitwise_or.reduce(parts, axis=1).astype(np.uint16)
+
+    @classmethod
+    def scale_values(cls, blk):
+        return cls._d_bits(blk).astype("<u2").view("<f2").astype(np.float32)[:, None]
+
+    @classmethod
+    def put_scale_values(cls, blk, v):
+        h = np.asarray(v, np.float32)[:, 0].astype("<f2").view("<u2").astype(np.uint16)
+        nib = ((h[:, None] >> np.array([0, 4, 8, 12], np.uint16)) & np.uint16(15)) << np.uint16(12)
+        sc = (_u16(blk[:, 48:56]) & np.uint16(0x0FFF)) | nib
+        blk[:, 48:56] = sc.astype("<u2").view(np.uint8).reshape(-1, 8)
+
+    @classmethod
+    def set_scales(cls, blk, d):
+        cls.put_scale_values(blk, np.asarray(d, np.float32)[:, None])
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        N = blk.shape[0]
+        d = cls.scale_values(blk)[:, 0]
+        qh = blk[:, 32:48]
+        nib = np.stack([qh & np.uint8(15), qh >> np.uint8(4)], axis=-1).reshape(N, 32)
+        idx = blk[:, 0:32].astype(np.uint16) | ((nib & np.uint8(7)).astype(np.uint16) << np.uint16(8))
+        codes = cls._codes(idx, (nib & np.uint8(8)) != 0).reshape(N, 8, 32)
+        sc = _u16(blk[:, 48:56])
+        ls = (sc[:, :, None] >> np.array([0, 3, 6, 9], np.uint16)) & np.uint16(7)  # [N, 4, 4]
+        return codes, _odd_ls(ls.reshape(N, 8, 2)), cls._dw(d), None, None
+
 
 # The codebook formats (IQ4_NL, IQ4_XS, MXFP4, NVFP4: codes looked up in a 16-entry codebook).
 from strata import codebooks  # noqa: E402,F401

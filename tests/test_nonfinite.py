@@ -235,19 +235,28 @@ def test_info_check_on_the_ff_pack_names_a_few_then_counts(ff_pack, capsys):
 
 @pytest.mark.parametrize("qtype", quants.SUPPORTED_TYPES, ids=lambda q: q.name)
 def test_in_tensor_equals_a_full_dequantize(qtype):
-    """The half-field scan says what a full decode says, for every type and half field."""
+    """The half-scale scan says what a full decode says, for every type and half scale (a
+    half field, or IQ1_M's d in four nibbles: QuantFormat.scale_values)."""
+    from strata import qformats
+
+    fmt = qformats.lookup(qtype)
     rng = np.random.default_rng(int(qtype))
     vals, nbytes = quants.block_size(qtype)
     n_blocks = 6
     raw = quants.random_blocks(qtype, n_blocks * 3, rng).reshape(3, n_blocks * nbytes)
     assert nonfinite.in_tensor(qtype, raw) is None
     assert np.isfinite(quants.dequantize(qtype, raw)).all()
-    for field, off in quants._F16_OFFSETS[qtype].items():
+    n_scales = fmt.scale_values(raw[:1, :nbytes]).shape[1]
+    assert n_scales == max(1, len(fmt.half_fields))
+    for field in range(n_scales):
         for bad in (np.inf, -np.inf, np.nan):
             r = raw.copy()
             row, blk = int(rng.integers(1, 3)), int(rng.integers(0, n_blocks))
-            r[row, blk * nbytes + off:blk * nbytes + off + 2] = np.frombuffer(
-                np.float16(bad).tobytes(), np.uint8)
+            block = r[row, blk * nbytes:(blk + 1) * nbytes][None]  # a view of the block in r
+            v = fmt.scale_values(block)
+            v[0, field] = bad
+            fmt.put_scale_values(block, v)
+            assert not np.isfinite(fmt.scale_values(r[row, blk * nbytes:(blk + 1) * nbytes][None])).all()
             with np.errstate(invalid="ignore"):  # inf times a zero code: NaN, as intended
                 full = ~np.isfinite(quants.dequantize(qtype, r))
             first = np.unravel_index(int(np.argmax(full)), full.shape)

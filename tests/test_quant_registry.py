@@ -36,8 +36,9 @@ CUDA_FORMATS = [f for f in FORMATS if f.mmq_kernel is not None]
 
 
 def header_facts(text: str) -> dict:
-    """What a qformats.cuh text states: {"tab": {name: offset}, "qt": {name: value}, "layout":
-    {name: value}, "format": {type name: {field: value}}, "kernels": {kernel: type name}}."""
+    """What a qformats.cuh text states: {"tab": {name: offset}, "tablen": {name: bytes}, "qt":
+    {name: value}, "layout": {name: value}, "format": {type name: {field: value}}, "kernels":
+    {kernel: type name}}."""
     defs = dict(re.findall(r"^#define (\w+) (-?\d+)\s*$", text, re.M))
     pick = lambda pre: {k[len(pre):]: int(v) for k, v in defs.items() if k.startswith(pre)}  # noqa: E731
     fmt = {}
@@ -54,7 +55,8 @@ def header_facts(text: str) -> dict:
     each = dict(re.findall(r"^#define MMQ_KERNEL_(\w+)\(X\) X\((\w+), QT_\1\)$", text, re.M))  # type -> kernel
     listed = re.findall(r"MMQ_KERNEL_(\w+)\(X\)", lst[1]) if lst else []
     kernels = {each[t]: t for t in listed if t in each}
-    return {"tab": pick("TAB_"), "qt": pick("QT_"), "layout": pick("LAYOUT_"), "format": fmt, "kernels": kernels}
+    return {"tab": pick("TAB_"), "tablen": pick("TABLEN_"), "qt": pick("QT_"), "layout": pick("LAYOUT_"),
+            "format": fmt, "kernels": kernels}
 
 
 def header_mismatches(facts: dict) -> list[str]:
@@ -65,6 +67,9 @@ def header_mismatches(facts: dict) -> list[str]:
     want_tab["BYTES"] = layout["BYTES"][1]
     if facts["tab"] != want_tab:
         bad.append(f"TAB_*: {facts['tab']} != registry {want_tab}")
+    want_len = {name: size for name, (_, size) in layout.items() if name != "BYTES"}
+    if facts["tablen"] != want_len:
+        bad.append(f"TABLEN_*: {facts['tablen']} != registry {want_len}")
     if facts["layout"] != {lay.name: int(lay) for lay in q8_1.Layout}:
         bad.append(f"LAYOUT_*: {facts['layout']}")
     if facts["qt"] != {f.qtype.name: int(f.qtype) for f in CUDA_FORMATS}:
@@ -72,6 +77,9 @@ def header_mismatches(facts: dict) -> list[str]:
     for f in CUDA_FORMATS:
         want = {"BS": f.block_bytes, "VPB": f.block_values, "LAY": int(f.q8_1_layout),
                 "TAB": int(f.table_name is not None), **{f"HALF_{k.upper()}": v for k, v in f.half_fields.items()}}
+        if f.table_name is not None:
+            off, size = layout[f.table_name]
+            want.update(GRID=off, GRID_BYTES=size, SIGNS=int(f.sign_index))
         if getattr(f, "dw_factor", None) is not None:
             want["DW_FACTOR"] = f.dw_factor
         if hasattr(f, "codebook_words"):
@@ -128,7 +136,10 @@ def test_registry_change_changes_the_compiled_source(monkeypatch):
 
 @pytest.mark.parametrize("plant", [
     ("#define TAB_IQ3XXS 5120", "#define TAB_IQ3XXS 5124"),
-    ("#define TAB_BYTES 8192", "#define TAB_BYTES 8448"),
+    ("#define TAB_BYTES {}".format(qformats.table_layout()["BYTES"][1]), "#define TAB_BYTES 8448"),
+    ("#define TABLEN_IQ2S 8192", "#define TABLEN_IQ2S 4096"),
+    ("GRID = TAB_IQ1S, GRID_BYTES = TABLEN_IQ1S, SIGNS = 0, HALF_D", "GRID = TAB_IQ2S, GRID_BYTES = TABLEN_IQ1S, SIGNS = 0, HALF_D"),
+    ("GRID = TAB_IQ2XXS, GRID_BYTES = TABLEN_IQ2XXS, SIGNS = 1", "GRID = TAB_IQ2XXS, GRID_BYTES = TABLEN_IQ2XXS, SIGNS = 0"),
     ("#define QT_IQ3_S 21", "#define QT_IQ3_S 22"),
     ("X(mmq_q2_k, QT_Q2_K)", "X(mmq_q2k, QT_Q2_K)"),
     ("HALF_DMIN = 82", "HALF_DMIN = 80"),
@@ -178,7 +189,9 @@ def test_products_read_the_registry():
     for f in FORMATS:
         if f.table_name is not None:
             off, size = layout[f.table_name]
-            assert np.array_equal(tab[off:off + size].view(np.int8), f.grid().reshape(-1))
+            assert np.array_equal(tab[off:off + size], f.table())
+            if f.grid().min() > 0:  # int8 entries as they are (the IQ1 grid's form: tests/test_iq_grids.py)
+                assert np.array_equal(tab[off:off + size].view(np.int8), f.grid().reshape(-1))
 
 
 def _is_type(node: ast.AST) -> bool:
@@ -286,7 +299,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("fmt", FORMATS, ids=NAMES)
 def test_every_format_decodes_as_gguf(fmt):
     """gguf.quants.dequantize is the independent oracle: random valid blocks of every
-    registered type, and blocks of fully random bytes with finite half fields."""
+    registered type, and blocks of fully random bytes with finite half scales."""
     rng = np.random.default_rng(int(fmt.qtype))
     for std in (0.02, 1.0, 300.0):
         raw = quants.random_blocks(fmt.qtype, 96, rng, std=std).reshape(8, -1)
@@ -296,10 +309,10 @@ def test_every_format_decodes_as_gguf(fmt):
         assert np.isfinite(ref).all()
         np.testing.assert_array_equal(_bits(ours), _bits(ref))
     raw = rng.integers(0, 256, (96, fmt.block_bytes), dtype=np.uint8)
-    for off in fmt.half_fields.values():
-        h = np.ascontiguousarray(raw[:, off:off + 2]).view("<u2")[:, 0]
-        h = np.where((h & 0x7C00) == 0x7C00, h ^ 0x4000, h).astype("<u2")  # inf / NaN: finite
-        raw[:, off:off + 2] = h.view(np.uint8).reshape(-1, 2)
+    h = fmt.scale_values(raw).astype("<f2").view("<u2")  # the half scales' bits
+    h = np.where((h & 0x7C00) == 0x7C00, h ^ 0x4000, h).astype("<u2")  # inf / NaN: finite
+    fmt.put_scale_values(raw, h.view("<f2").astype(np.float32))
+    assert np.isfinite(fmt.scale_values(raw)).all()
     raw = raw.reshape(8, -1)
     np.testing.assert_array_equal(_bits(quants.dequantize(fmt.qtype, raw)), _bits(gq.dequantize(raw, fmt.qtype)))
 

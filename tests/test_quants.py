@@ -15,27 +15,6 @@ from strata.errors import PackError
 TYPES = list(Q.SUPPORTED_TYPES)
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-# byte offsets of every half field per block
-HALF_FIELDS = {
-    QT.Q8_0: (0,),
-    QT.Q4_1: (0, 2),
-    QT.Q2_K: (80, 82),
-    QT.IQ2_XS: (0,),
-    QT.IQ3_XXS: (0,),
-    QT.IQ3_S: (0,),
-    QT.Q4_0: (0,),
-    QT.Q5_0: (0,),
-    QT.Q5_1: (0, 2),
-    QT.Q4_K: (0, 2),
-    QT.Q5_K: (0, 2),
-    QT.Q6_K: (208,),
-    QT.Q3_K: (108,),
-    # the codebook types (strata/codebooks.py): MXFP4's and NVFP4's scales are bytes (BYTE_SCALES)
-    QT.IQ4_NL: (0,),
-    QT.IQ4_XS: (0,),
-    QT.MXFP4: (),
-    QT.NVFP4: (),
-}
 #: scales stored as bytes, not halves: (offset, count) per block (MXFP4 e8m0, NVFP4 ue4m3)
 BYTE_SCALES = {QT.MXFP4: (0, 1), QT.NVFP4: (0, 4)}
 #: MXFP4's largest e8m0 byte whose values stay finite (2^124 * 12); random_raw keeps below it,
@@ -47,6 +26,39 @@ def bits(a):
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
+def scale_halves(qt, flat) -> np.ndarray:
+    """uint16 [N, k]: the bits of each block's half scales (the registry's scale_values)."""
+    return qformats.lookup(qt).scale_values(flat).astype("<f2").view("<u2")
+
+
+def put_scale_halves(qt, flat, h) -> None:
+    """Write the half scales of blocks flat [N, block_bytes] from their bits h [N, k]."""
+    h = np.asarray(h, "<u2")
+    qformats.lookup(qt).put_scale_values(flat, h.view("<f2").astype(np.float32))
+
+
+def finite_scales(qt, flat) -> np.ndarray:
+    """flat [N, block_bytes] with each half scale's inf / NaN exponent made finite (bit 14
+    flipped; every other bit as drawn)."""
+    h = scale_halves(qt, flat)
+    bad = (h & 0x7C00) == 0x7C00
+    if bad.any():
+        put_scale_halves(qt, flat, np.where(bad, h ^ 0x4000, h))
+    return flat
+
+
+def scale_byte_mask(qt) -> np.ndarray:
+    """bool [block_bytes]: the bytes any bit of a block's half scales lies in."""
+    fmt = qformats.lookup(qt)
+    k = len(qformats.lookup(qt).scale_values(np.zeros((1, fmt.block_bytes), np.uint8))[0])
+    touched = np.zeros(fmt.block_bytes, np.uint8)
+    for h in (0xFBFF, 0x0400):  # together every bit of a half
+        blk = np.zeros((1, fmt.block_bytes), np.uint8)
+        put_scale_halves(qt, blk, np.full((1, k), h))
+        touched |= blk[0]
+    return touched != 0
+
+
 def random_raw(qt, shape, rng):
     """Fully random bytes [..., row_bytes] of whole blocks whose half scales are
     finite (any sign, subnormals included) and whose values are finite (MXFP4's e8m0 byte at
@@ -54,12 +66,7 @@ def random_raw(qt, shape, rng):
     vals, nbytes = GGML_QUANT_SIZES[qt]
     *lead, nblk = shape
     raw = rng.integers(0, 256, size=(*lead, nblk, nbytes), dtype=np.uint8)
-    flat = raw.reshape(-1, nbytes)
-    for off in HALF_FIELDS[qt]:
-        h = np.ascontiguousarray(flat[:, off : off + 2]).view("<u2")[:, 0]
-        bad = (h & 0x7C00) == 0x7C00  # inf / NaN exponent: make it finite
-        h = np.where(bad, h ^ 0x4000, h).astype("<u2")
-        flat[:, off : off + 2] = h.view(np.uint8).reshape(-1, 2)
+    flat = finite_scales(qt, raw.reshape(-1, nbytes))
     if qt == QT.MXFP4:
         flat[:, 0] = np.minimum(flat[:, 0], E8M0_FINITE_MAX)
     return raw.reshape(*lead, nblk * nbytes)
@@ -97,9 +104,13 @@ def test_block_sizes_and_row_bytes():
     assert Q.block_size(QT.Q5_K) == (256, 176)
     assert Q.block_size(QT.Q6_K) == (256, 210)
     assert Q.block_size(QT.Q3_K) == (256, 110)
+    assert Q.block_size(QT.IQ2_XXS) == (256, 66)
+    assert Q.block_size(QT.IQ2_S) == (256, 82)
+    assert Q.block_size(QT.IQ1_S) == (256, 50)
+    assert Q.block_size(QT.IQ1_M) == (256, 56)
 
 
-@pytest.mark.parametrize("qt", [QT.F32, QT.F16, QT.TQ2_0, QT.IQ2_XXS, QT.TQ1_0, 9999, "junk"])
+@pytest.mark.parametrize("qt", [QT.F32, QT.F16, QT.TQ2_0, QT.TQ1_0, 9999, "junk"])
 def test_unsupported_type(qt):
     with pytest.raises(PackError, match="unsupported quant type .* \\(supported: Q8_0, Q4_1"):
         Q.block_size(qt)
@@ -173,9 +184,28 @@ def test_dequantize_sub_scale_extremes():
         _, nbytes = GGML_QUANT_SIZES[qt]
         raw = random_raw(qt, (6, 2), rng).reshape(12, nbytes)
         for i, h in enumerate([0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x0400, 0x3C00]):
-            for off in HALF_FIELDS[qt]:
-                raw[2 * i : 2 * i + 2, off : off + 2] = np.array([h], "<u2").view(np.uint8)
+            rows = raw[2 * i : 2 * i + 2]
+            put_scale_halves(qt, rows, np.full(scale_halves(qt, rows).shape, h))
+            assert (scale_halves(qt, rows) == h).all()
         assert_matches_gguf(qt, raw)
+
+
+@SETTINGS
+@given(qt=st.sampled_from(TYPES), seed=st.integers(0, 2**32 - 1), nblk=st.integers(1, 4),
+       halves=st.lists(st.one_of(st.sampled_from([0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x0000, 0x8000]),
+                                 st.integers(0, 0xFFFF).filter(lambda h: (h & 0x7C00) != 0x7C00)),
+                       min_size=1, max_size=4))
+def test_extreme_scales_dequantize_bit_exact(qt, seed, nblk, halves):
+    """Random valid blocks whose half scales are the extremes (subnormal, the largest, signed
+    zeros) or any finite half, one drawn list cycled over every block and scale."""
+    rng = np.random.default_rng(seed)
+    _, nbytes = GGML_QUANT_SIZES[qt]
+    raw = Q.random_blocks(qt, nblk, rng)
+    k = scale_halves(qt, raw).shape[1]
+    h = np.resize(np.array(halves, np.uint16), nblk * k).reshape(nblk, k)
+    put_scale_halves(qt, raw, h)
+    assert (scale_halves(qt, raw) == h).all()
+    assert_matches_gguf(qt, raw.reshape(1, nblk * nbytes))
 
 
 # --------------------------------------------------------------------------- decoded form
@@ -184,8 +214,15 @@ def test_dequantize_sub_scale_extremes():
 # What each type's integer form holds: the codes' values, the sub-scales' values (None: all 1),
 # the min sub-scales' values (None: no min sub-scales), whether mw is present, whether dw and
 # mw are one per 256-value superblock, and whether a 32-block's two sub-scales are equal.
+# The IQ types: the codes' magnitudes, the factor k of dw = d * k, the sub-scales' values and
+# whether a 32-block's two are equal (one scale per 32 values).
 _IQ_CODES = {QT.IQ2_XS: {8, 25, 43}, QT.IQ3_XXS: {4, 12, 20, 28, 36, 44, 52, 62},
-             QT.IQ3_S: {1, 3, 5, 7, 9, 11, 13, 15}}
+             QT.IQ3_S: {1, 3, 5, 7, 9, 11, 13, 15}, QT.IQ2_XXS: {8, 25, 43}, QT.IQ2_S: {8, 25, 43},
+             QT.IQ1_S: {1, 7, 9}, QT.IQ1_M: {1, 7, 9}}
+_IQ_FORM = {QT.IQ2_XS: (0.125, range(1, 32, 2), False), QT.IQ3_XXS: (0.25, range(1, 32, 2), True),
+            QT.IQ3_S: (1.0, range(1, 32, 2), True), QT.IQ2_XXS: (0.125, range(1, 32, 2), True),
+            QT.IQ2_S: (0.125, range(1, 32, 2), False), QT.IQ1_S: (0.125, range(1, 16, 2), True),
+            QT.IQ1_M: (0.125, range(1, 16, 2), False)}
 FORM = {
     QT.Q8_0: dict(codes=range(-128, 128), sub=None, msub=None, mw=False),
     QT.Q4_1: dict(codes=range(16), sub=None, msub=None, mw=True),
@@ -211,7 +248,7 @@ CODEBOOK_FORM = {
 def sub_values(qt):
     """The values a type's sub-scales take (None: every one is 1)."""
     if qt in _IQ_CODES:
-        return range(1, 32, 2)
+        return _IQ_FORM[qt][1]
     return (FORM[qt] if qt in FORM else CODEBOOK_FORM[qt])["sub"]
 
 
@@ -273,15 +310,14 @@ def test_decoded_shapes_and_ranges(qt):
         return
     assert dec.dw.shape == (2, 3, nb32) and dec.dw.dtype == np.float32
     if qt in _IQ_CODES:
-        assert (u % 2 == 1).all() and u.min() >= 1 and u.max() <= 31
-        assert set(np.unique(np.abs(c))) <= _IQ_CODES[qt]
+        k, subs, equal = _IQ_FORM[qt]
+        takes(u, subs)
+        takes(np.abs(c), _IQ_CODES[qt])
         assert (c < 0).any() and (c > 0).any()
-        if qt != QT.IQ2_XS:
-            assert (u[..., 0] == u[..., 1]).all()
+        assert (u[..., 0] == u[..., 1]).all() == equal
         # dw = d * k, d the block's half
-        k = {QT.IQ2_XS: 0.125, QT.IQ3_XXS: 0.25, QT.IQ3_S: 1.0}[qt]
-        d = np.ascontiguousarray(raw.reshape(2, 3, 5, nbytes)[..., 0:2]).view("<f2")[..., 0]
-        expect = np.repeat(d.astype(np.float32) * np.float32(k), 8, axis=-1)
+        d = qformats.lookup(qt).scale_values(raw.reshape(-1, nbytes))[:, 0].reshape(2, 3, 5)
+        expect = np.repeat(d * np.float32(k), 8, axis=-1)
         np.testing.assert_array_equal(bits(dec.dw), bits(expect))
         assert dec.mw is None and dec.msub is None
         return
@@ -308,7 +344,7 @@ def test_decoded_shapes_and_ranges(qt):
             assert (dec.msub[..., 0] == dec.msub[..., 1]).all()
     # the main scale (and the min) is the half at its offset, one per block of the type
     halves = [np.ascontiguousarray(raw.reshape(2, 3, 5, nbytes)[..., o:o + 2]).view("<f2")[..., 0]
-              for o in HALF_FIELDS[qt]]
+              for o in qformats.lookup(qt).half_fields.values()]
     per = 8 if form.get("superblock") else 1
     np.testing.assert_array_equal(bits(dec.dw), bits(np.repeat(halves[0].astype(np.float32), per, axis=-1)))
     if form["mw"]:
@@ -339,9 +375,17 @@ def test_iq_tables():
     assert Q._grid(QT.IQ2_XS).shape == (512, 8)
     assert Q._grid(QT.IQ3_XXS).shape == (256, 4)
     assert Q._grid(QT.IQ3_S).shape == (512, 4)
-    for qt in (QT.IQ2_XS, QT.IQ3_XXS, QT.IQ3_S):
+    assert Q._grid(QT.IQ2_XXS).shape == (256, 8)
+    assert Q._grid(QT.IQ2_S).shape == (1024, 8)
+    assert Q._grid(QT.IQ1_S).shape == (2048, 8)
+    assert Q._grid(QT.IQ1_M) is Q._grid(QT.IQ1_S)  # one grid, expanded once
+    for qt in (QT.IQ2_XS, QT.IQ3_XXS, QT.IQ3_S, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_S):
         g = Q._grid(qt)
-        assert g.dtype == np.int8 and g.min() > 0
+        assert g.dtype == np.int8
+        if qt == QT.IQ1_S:
+            assert set(np.unique(g)) == {-1, 0, 1}
+        else:  # positive entries: the signs come apart (mmq.cu's sgn negates bytes 1..127)
+            assert g.min() > 0 and g.max() < 128
         assert len(np.unique(g, axis=0)) == len(g)  # all grid points distinct
         assert Q._grid(qt) is g  # expanded once
 
@@ -394,7 +438,8 @@ def test_folded_codes_worst_case_within_float_exact_range():
     worst = {QT.Q8_0: 128, QT.Q4_1: 15, QT.Q2_K: 3 * 15, QT.IQ2_XS: 43 * 31,
              QT.IQ3_XXS: 62 * 31, QT.IQ3_S: 15 * 31, QT.Q4_0: 8, QT.Q5_0: 16, QT.Q5_1: 31,
              QT.Q4_K: 15 * 63, QT.Q5_K: 31 * 63, QT.Q6_K: 32 * 128, QT.Q3_K: 4 * 32,
-             QT.IQ4_NL: 127, QT.IQ4_XS: 127 * 32, QT.MXFP4: 12, QT.NVFP4: 12}
+             QT.IQ4_NL: 127, QT.IQ4_XS: 127 * 32, QT.MXFP4: 12, QT.NVFP4: 12,
+             QT.IQ2_XXS: 43 * 31, QT.IQ2_S: 43 * 31, QT.IQ1_S: 9 * 15, QT.IQ1_M: 9 * 15}
     rng = np.random.default_rng(11)
     for qt in TYPES:
         dec = Q.decode(qt, random_raw(qt, (8, 4), rng))
@@ -450,10 +495,9 @@ def test_random_blocks_valid_and_scaled(qt, std):
     # sub-scale bits random: every sub-scale value of the type appears
     if sub_values(qt) is not None:
         assert set(np.unique(dec.sub)) == set(sub_values(qt))
-    # halves are finite and positive (mins of Q4_1 negative)
-    for off in HALF_FIELDS[qt]:
-        h = np.ascontiguousarray(a[:, off : off + 2]).view("<f2")[:, 0]
-        assert np.isfinite(h).all() and (h != 0).all()
+    # scales are finite and positive (mins of Q4_1 negative)
+    h = qformats.lookup(qt).scale_values(a)
+    assert np.isfinite(h).all() and (h != 0).all()
     if qt in BYTE_SCALES:  # byte scales positive, and values finite (checked above)
         assert (byte_scales(qt, a) > 0).all()
 
@@ -462,10 +506,8 @@ def test_random_blocks_code_bits_random():
     rng = np.random.default_rng(9)
     for qt in TYPES:
         a = Q.random_blocks(qt, 2048, rng)
-        # every byte position outside the half fields takes many values
-        mask = np.ones(a.shape[1], bool)
-        for off in HALF_FIELDS[qt]:
-            mask[off : off + 2] = False
+        # every byte position outside the scales takes many values
+        mask = ~scale_byte_mask(qt)
         if qt in BYTE_SCALES:
             off, n = BYTE_SCALES[qt]
             mask[off : off + n] = False

@@ -21,25 +21,31 @@ from dataclasses import dataclass, field
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as _QT  # noqa: E402
 
-from strata import codebooks as _codebooks, kquants as _kquants, q8_1 as _q8_1, qformats as _qformats  # noqa: E402
+from strata import codebooks as _codebooks, q8_1 as _q8_1, qformats as _qformats  # noqa: E402
 from strata import quants as _quants  # noqa: E402
 from strata.config import PRESETS as _PRESETS  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
 
 #: the weight types with an MMQ kernel (the registry's, strata/qformats.py)
 MMQ_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel())
-#: the types of llama-quantize's mixes beyond the first six: those strata/kquants.py registers.
-#: To keep the GPU gate short they get the small kernel shapes and a few parity rows each
-#: (_cuda_rows), not the spread below
-MIX_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel() if f.__module__ == _kquants.__name__)
+#: the types that get the full spread: every parity length and switch arm, the streamed arms,
+#: the strata-shape and 32K layer kernel rows: the types strata's own packs are made of (the
+#: registry's first six)
+SPREAD_TYPES = ("Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S")
+assert set(SPREAD_TYPES) <= set(MMQ_TYPES), "a spread type without an MMQ kernel"
 #: the codebook types, the formats MoE files carry (IQ4_NL, IQ4_XS, MXFP4, NVFP4: those
 #: strata/codebooks.py registers). Their own rows: every MMQ kernel form and tile edge, the strata
 #: shapes and the layer rows the GPU suites time, and parity rows per type (_codebook_rows,
 #: _cuda_rows, _sim_rows), not the spread's every length and arm
 CODEBOOK_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel() if f.__module__ == _codebooks.__name__)
-#: the types that get the full spread: every parity length and switch arm, the streamed arms,
-#: the strata-shape and 32K layer kernel rows (the registry's own six, strata/qformats.py)
-SPREAD_TYPES = tuple(t for t in MMQ_TYPES if t not in MIX_TYPES and t not in CODEBOOK_TYPES)
+#: every other type with an MMQ kernel: llama-quantize's, the K-quants and legacy types of its
+#: mixes (strata/kquants.py) and the grid types of its low-bit IQ file types (strata/qformats.py,
+#: after the K-quants). To keep the GPU gate short they get the small kernel shapes and a few
+#: parity rows each (_cuda_rows), not the spread
+MIX_TYPES = tuple(t for t in MMQ_TYPES if t not in SPREAD_TYPES and t not in CODEBOOK_TYPES)
+#: the mixes' types with an IQ grid: besides the small shapes, the strata gate/up shape, the
+#: largest block sums, the pair and the dense launch (their decodes read a staged grid)
+MIX_GRID_TYPES = tuple(t for t in MIX_TYPES if _qformats.lookup(_QT[t]).table_name is not None)
 #: the kernels fast.cuda.attention.attend picks between (ATTEND_VARIANTS: the prefill kernel, the
 #: split-K kernels, the automatic choice) and None, its default
 ATTEND_FORMS = ("pair", "split", "auto", None)
@@ -238,7 +244,7 @@ def _kernels_rows() -> list[KernelCase]:
                                                           tile_rows=(128, 32, 8), seed=1), weight_type=t, quick=True))
         rows.append(kernel_case("mmq", f"tiny-256x256-{t}", dict(N=256, K=256, rows=(5, 0, 1, 64), stride_pad=0, seed=2),
                          weight_type=t))
-    for t in SPREAD_TYPES:
+    for t in SPREAD_TYPES + MIX_GRID_TYPES:
         rows.append(kernel_case("mmq", f"strata-gate_up-1280x2560-{t}", dict(N=1280, K=2560, rows=(0, 1, 37, 161, 0, 12),
                                                                      tile_rows=(128, 64), seed=3), weight_type=t))
     for t in ("Q8_0", "Q4_1"):
@@ -253,14 +259,17 @@ def _kernels_rows() -> list[KernelCase]:
     rows.append(kernel_case("mmq", "sixteen_experts-512x256-IQ2_XS",
                      dict(N=512, K=256, rows=(0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 1, 0, 7, 160), seed=6),
                      weight_type="IQ2_XS"))
-    # Q6_K: sub-scales -128 and codes -32, a block's sum 32 * 127 * 4096, the nearest any type comes to 2^24
-    for t, floor in (("IQ2_XS", 2 ** 22), ("IQ3_XXS", 2 ** 21), ("Q2_K", 2 ** 14), ("Q6_K", 2 ** 23 + 2 ** 22)):
+    # Q6_K: sub-scales -128 and codes -32, a block's sum 32 * 127 * 4096, the nearest any type comes to 2^24;
+    # IQ1's largest, 15 * 32 * 127 * 9 = 548,640, passes 2^19
+    extremes = (("IQ2_XS", 2 ** 22), ("IQ3_XXS", 2 ** 21), ("Q2_K", 2 ** 14), ("Q6_K", 2 ** 23 + 2 ** 22),
+                ("IQ2_XXS", 2 ** 21), ("IQ2_S", 2 ** 22), ("IQ1_S", 2 ** 19), ("IQ1_M", 2 ** 19))
+    for t, floor in extremes:
         rows.append(kernel_case("mmq_extreme", f"64x512-{t}", dict(N=64, K=512, rows=(40, 0, 24), tile_rows=(128, 16),
                                                             seed=11, floor=floor), weight_type=t, quick=t == "IQ2_XS"))
-    for t in ("Q8_0", "IQ3_S", "Q6_K"):  # Q6_K: the mixes' head
+    for t in ("Q8_0", "IQ3_S", "Q6_K", *MIX_GRID_TYPES):  # Q6_K: the mixes' head
         rows.append(kernel_case("mmq_dense", f"384x512-R300-{t}", dict(N=384, K=512, R=300, seed=7), weight_type=t,
                          quick=t == "Q8_0"))
-    for t in ("Q8_0", "IQ2_XS", "Q2_K", "Q4_K"):  # Q4_K: the activation sums its min reads
+    for t in ("Q8_0", "IQ2_XS", "Q2_K", "Q4_K", *MIX_GRID_TYPES):  # Q4_K: the activation sums its min reads
         rows.append(kernel_case("mmq_pair", f"384x512-{t}", dict(N=384, K=512, rows=(7, 0, 1, 150, 33)), weight_type=t,
                          form="pair", quick=t == "Q8_0"))
     few = tuple(int(v) for v in np.random.default_rng(11).integers(0, 30, 40))  # 40 experts: the small-rows config
@@ -775,7 +784,8 @@ def _cuda_rows() -> list[ParityCase]:
         rows.append(_row("cuda", preset, etype, n, chunk, arm, quick=etype == "IQ2_XS" and preset == "tiny"))
     # The mixes' types (MIX_TYPES), a few rows each on the tiny pack: 63 tokens (Q4_K's in the
     # quick tier) and 600 with the defaults, 130 in a streamed arm (the arms rotate over the
-    # types); then each llama-quantize mix (strata/mixes.py) on both small packs. The 63- and
+    # types), and for the grid types (MIX_GRID_TYPES) one more: the other resident walk, streamed
+    # experts gathered; then each llama-quantize mix (strata/mixes.py) on both small packs. The 63- and
     # 130-token prompts and the mixes' are the sim rows' (seeds 21 and 23): their reference runs
     # are shared.
     tiny_all = _all_experts("tiny")
@@ -786,6 +796,10 @@ def _cuda_rows() -> list[ParityCase]:
         arm = dict(group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=(0, tiny_all // 3)[i % 2],
                    ring=RINGS[i % len(RINGS)], stream_min=64, in_place=1 - (i // 2) % 2)
         rows.append(_row("cuda", "tiny", etype, 130, 64, arm, seed=21))
+        if etype in MIX_GRID_TYPES:  # the grid types: the other resident walk too, streamed experts gathered
+            rows.append(_row("cuda", "tiny", etype, 130, 64, dict(group_gather=1 - gg, expert_cache=tiny_all // 3, ring=16,
+                                                                  stream_min=64, in_place=1 - arm["in_place"],
+                                                                  ring_in_place=0), seed=21))
     for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
         rows.append(_row("cuda", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),)))
     rows += _codebook_parity("cuda")
@@ -897,7 +911,7 @@ def _sim_rows() -> list[ParityCase]:
         rows.append(_row("sim", "tiny", etype, 200, 64, dict(expert_cache=10, ring=8, stream_min=16), prompt="few",
                          open_skip=True, sim_seed=1))
     # The mixes' types (MIX_TYPES): experts of each, at two lengths on two arms of the design,
-    # and the dense matrices of each; then the llama-quantize mixes (strata/mixes.py), small's
+    # and the dense matrices of each, the grid types also streamed; then the llama-quantize mixes (strata/mixes.py), small's
     # expert rows of 384 falling back to Q4_0, Q5_0 and Q8_0.
     for etype in MIX_TYPES:
         for n in (63, 130):
@@ -905,6 +919,8 @@ def _sim_rows() -> list[ParityCase]:
                 rows.append(_row("sim", "tiny", etype, n, 64, dict(zip(SWITCH_NAMES, sw)), seed=21,
                                  quick=n == 63 and sw == SWITCH_DESIGN[0]))
         rows.append(_row("sim", "tiny", "Q8_0", 70, 64, seed=22, pack_options=(("dense_type", etype),)))
+        if etype in MIX_GRID_TYPES:  # the grid types streamed from the host tier too
+            rows.append(_row("sim", "tiny", etype, 130, 64, dict(expert_cache=11, ring=8, stream_min=64), seed=21))
     for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
         rows.append(_row("sim", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),),
                          quick=(preset, mix) == ("tiny", "Q4_K_M")))

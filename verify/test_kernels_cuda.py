@@ -213,11 +213,12 @@ def _slice_rows(act: q8_1.Q8Rows, r0: int, r1: int) -> q8_1.Q8Rows:
 
 def _extreme_blocks(qt, n_blocks: int, rng) -> np.ndarray:
     """Random valid blocks pushed to the largest block sums: every integer sub-scale at its
-    maximum (31; Q2_K 15; Q6_K -128 with every code -32; IQ4_XS -32 with every code -127) and,
-    for IQ2_XS and IQ3_XXS, every grid index at the grid entry of largest magnitude; signs and
+    maximum (31; IQ1's 15; Q2_K 15; Q6_K -128 with every code -32; IQ4_XS -32 with every code
+    -127) and, for the grid types but IQ3_S, every grid index at the grid entry of largest
+    magnitude; signs (IQ1's deltas) and
     block scales stay random."""
     blk = quants.random_blocks(qt, n_blocks, rng)
-    if qt in (QT.IQ2_XS, QT.IQ3_XXS):
+    if qt in (QT.IQ2_XS, QT.IQ3_XXS, QT.IQ2_XXS, QT.IQ2_S, QT.IQ1_S, QT.IQ1_M):
         gmax = int(np.argmax(np.abs(quants._grid(qt).astype(np.int32)).sum(axis=1)))
     if qt == QT.IQ2_XS:  # d | 32 x u16 (9-bit grid index, 7-bit sign index) | 8 scale bytes
         qs = np.ascontiguousarray(blk[:, 2:66]).view("<u2")
@@ -235,6 +236,23 @@ def _extreme_blocks(qt, n_blocks: int, rng) -> np.ndarray:
         blk[:, 192:208] = 0x80
     elif qt == QT.IQ4_XS:  # d | scales_h u16 | scales_l[4] | 128 index bytes: ls 0 (u -32), index 0 (-127)
         blk[:, 2:136] = 0
+    elif qt == QT.IQ2_XXS:  # d | 8 x (4 grid indices, u32 of 4 sign indices and the scale on top)
+        q = blk[:, 2:66].reshape(-1, 8, 8)
+        q[:, :, :4] = gmax
+        q[:, :, 7] |= 0xF0
+    elif qt == QT.IQ2_S:  # d | 32 index bytes | 32 sign bytes | 8 qh (2 index bits an entry) | 8 scales
+        blk[:, 2:34] = gmax & 255
+        blk[:, 66:74] = (gmax >> 8) * 0x55
+        blk[:, 74:82] = 0xFF
+    elif qt == QT.IQ1_S:  # d | 32 index bytes | 8 x u16 (3 index bits an entry, the scale, the delta's sign)
+        blk[:, 2:34] = gmax & 255
+        qh = np.ascontiguousarray(blk[:, 34:50]).view("<u2")
+        blk[:, 34:50] = ((qh & np.uint16(0x8000)) | np.uint16(0x7000 | (gmax >> 8) * 0o1111)).view(np.uint8)
+    elif qt == QT.IQ1_M:  # 32 index bytes | 16 qh (a nibble an entry: 3 index bits, the delta's sign) | 4 scale words
+        blk[:, 0:32] = gmax & 255
+        blk[:, 32:48] = (blk[:, 32:48] & 0x88) | ((gmax >> 8) * 0x11)
+        sc = np.ascontiguousarray(blk[:, 48:56]).view("<u2")
+        blk[:, 48:56] = (sc | np.uint16(0x0FFF)).view(np.uint8)  # every 3-bit scale 7, d kept
     return blk
 
 

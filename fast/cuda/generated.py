@@ -48,17 +48,23 @@ def qformats_header() -> str:
     layout = qformats.table_layout()
     out += [f"#define TAB_{name} {off}" for name, (off, _size) in layout.items() if name != "BYTES"]
     out += [f"#define TAB_BYTES {layout['BYTES'][1]}"]
+    out += ["// and each table's bytes"]
+    out += [f"#define TABLEN_{name} {size}" for name, (_off, size) in layout.items() if name != "BYTES"]
     out += [
         "",
         "// per type: BS bytes and VPB values of a GGUF block, LAY the q8_1 layout its kernel reads,",
-        "// TAB whether it reads the table buffer, HALF_<field> the byte offset of each half field,",
-        "// DW_FACTOR (where the type has one) the factor of the main scale, CODEBOOK0..3 (the codebook",
-        "// types) the 16 int8 codes, entry 4w + b in byte b of word w",
+        "// TAB whether it reads the table buffer (then GRID, GRID_BYTES: its grid's offset and bytes",
+        "// there, SIGNS: whether it reads the sign masks too), HALF_<field> the byte offset of each",
+        "// half field, DW_FACTOR (where the type has one) the factor of the main scale, CODEBOOK0..3",
+        "// (the codebook types) the 16 int8 codes, entry 4w + b in byte b of word w",
         "template <int QT> struct QFormat;",
     ]
     for f in fmts:
         fields = [f"BS = {f.block_bytes}", f"VPB = {f.block_values}", f"LAY = LAYOUT_{f.q8_1_layout.name}",
                   f"TAB = {int(f.table_name is not None)}"]
+        if f.table_name is not None:
+            fields += [f"GRID = TAB_{f.table_name}", f"GRID_BYTES = TABLEN_{f.table_name}",
+                       f"SIGNS = {int(f.sign_index)}"]
         fields += [f"HALF_{name.upper()} = {off}" for name, off in f.half_fields.items()]
         body = f"enum {{ {', '.join(fields)} }};"
         factor = getattr(f, "dw_factor", None)

@@ -155,7 +155,8 @@ _mmq_state: dict = {}
 
 def _tables_host() -> np.ndarray:
     """The table buffer the MMQ kernel reads (strata.qformats.table_layout: the sign masks, then
-    each registered grid), from strata.qformats' tables."""
+    each registered grid, in the form its decode reads: QuantFormat.table), from strata.qformats'
+    tables."""
     layout = qformats.table_layout()
     t = np.zeros(layout["BYTES"][1], dtype=np.uint8)
     off, size = layout["SIGN"]
@@ -164,10 +165,10 @@ def _tables_host() -> np.ndarray:
         if f.table_name is None:
             continue
         off, size = layout[f.table_name]
-        g = np.ascontiguousarray(f.grid())
-        if g.size != size or g.min() < 1:
-            raise DeviceError(f"unexpected {f.qtype.name} grid from strata.qformats: {g.shape}")
-        t[off:off + size] = g.reshape(-1).view(np.uint8)
+        tb = f.table()
+        if tb.size != size:
+            raise DeviceError(f"unexpected {f.qtype.name} table from strata.qformats: {tb.size} bytes, not {size}")
+        t[off:off + size] = tb
     return t
 
 

@@ -112,9 +112,19 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 // dynamic shared memory a CTA may take on sm_90 (227 KB, less 1 KB the runtime reserves)
 #define MMQ_SMEM_MAX (232448 - 1024)
 
-// Table buffer (uploaded by fast/cuda/products.py from strata.qformats; offsets TAB_*): at
-// TAB_SIGN the sign masks, 128 entries x 8 bytes, 0xFF where the sign table says -1; then each
-// IQ grid (int8 entries: IQ2_XS 512 x 8, IQ3_XXS 256 x 4, IQ3_S 512 x 4) at TAB_<its name>.
+// Table buffer (uploaded by fast/cuda/products.py from strata.qformats; offsets TAB_*, bytes
+// TABLEN_*): at TAB_SIGN the sign masks, 128 entries x 8 bytes, 0xFF where the sign table says
+// -1; then each IQ grid at TAB_<its name>: int8 entries (IQ2_XS 512 x 8, IQ3_XXS 256 x 4, IQ3_S
+// 512 x 4, IQ2_XXS 256 x 8, IQ2_S 1024 x 8), and the IQ1 grid (2048 x 8 of -1, 0, 1, IQ1_S's and
+// IQ1_M's) as one uint32 an entry, g + 1 of value k in the low nibble of byte k (k < 4) or the
+// high nibble of byte k - 4 (strata.qformats._IQ1Format.table).
+// A CTA stages in shared memory only what its type's decode reads (Staged<QT>): the sign masks
+// where its signs index them (SIGNS), then its own grid: at most 8 KB (IQ2_S's grid, and IQ1's as
+// nibbles rather than 16 KB of int8 entries, so that the largest tiles keep 2 CTAs an SM). Shared
+// memory and not global loads through L1: every lane of a warp decodes a different weight row,
+// so a grid load is 32 scattered entries, a few bank conflicts in shared memory but up to 32
+// separate L1 wavefronts from global memory; and the decode runs inside the products' unrolled
+// body, where a load's latency is what stalls the warp.
 
 
 static_assert(MMQ_NT8 % 2 == 0, "need an even number of n8 tiles per warp");
@@ -141,6 +151,14 @@ template <> struct Tr<QT_Q4_K>    : QFormat<QT_Q4_K>    { enum { SPLIT = 0, NAUX
 template <> struct Tr<QT_Q5_K>    : QFormat<QT_Q5_K>    { enum { SPLIT = 0, NAUX = 3, ASUM = 1 }; };
 template <> struct Tr<QT_Q6_K>    : QFormat<QT_Q6_K>    { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
 template <> struct Tr<QT_Q3_K>    : QFormat<QT_Q3_K>    { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
+// The grid types of llama-quantize's IQ file types, PLAIN with odd sub-scales as the three above:
+// IQ2_XXS and IQ1_S one sub-scale per 32 values, as IQ3_XXS (aux: u); IQ2_S and IQ1_M one per 16,
+// split as IQ2_XS (aux: u0, u1).
+template <> struct Tr<QT_IQ2_XXS> : QFormat<QT_IQ2_XXS> { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
+template <> struct Tr<QT_IQ2_S>   : QFormat<QT_IQ2_S>   { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
+template <> struct Tr<QT_IQ1_S>   : QFormat<QT_IQ1_S>   { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
+template <> struct Tr<QT_IQ1_M>   : QFormat<QT_IQ1_M>   { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
+
 // The codebook types (strata/codebooks.py), codes from a 16-entry codebook. IQ4_NL, MXFP4: PLAIN
 // as Q8_0. IQ4_XS: PLAIN with one signed sub-scale per 32 values, as IQ3_S (aux: u). NVFP4: the
 // HALVES epilogue, a float scale per 16 values, split (aux: dw1, the second half's scale).
@@ -148,6 +166,15 @@ template <> struct Tr<QT_IQ4_NL>  : QFormat<QT_IQ4_NL>  { enum { SPLIT = 0, NAUX
 template <> struct Tr<QT_IQ4_XS>  : QFormat<QT_IQ4_XS>  { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
 template <> struct Tr<QT_MXFP4>   : QFormat<QT_MXFP4>   { enum { SPLIT = 0, NAUX = 0, ASUM = 0 }; };
 template <> struct Tr<QT_NVFP4>   : QFormat<QT_NVFP4>   { enum { SPLIT = 1, NAUX = 1, ASUM = 0 }; };
+
+// What a CTA of type QT stages of the table buffer, in shared memory from byte 0: the sign masks
+// at SIGN (where SIGNS), its grid at GRID; BYTES in all (0: a type without a grid).
+template <int QT, bool T = Tr<QT>::TAB> struct Staged { enum { SIGN = 0, GRID = 0, BYTES = 0 }; };
+template <int QT> struct Staged<QT, true> {
+    enum { SIGN = 0, GRID = Tr<QT>::SIGNS ? TABLEN_SIGN : 0, BYTES = GRID + Tr<QT>::GRID_BYTES };
+    static_assert(TAB_SIGN % 16 == 0 && TABLEN_SIGN % 16 == 0 && Tr<QT>::GRID % 16 == 0 &&
+                  Tr<QT>::GRID_BYTES % 16 == 0, "the table is staged in 16-byte pieces");
+};
 
 template <int QT> struct Geo {
     enum {
@@ -163,7 +190,7 @@ template <int QT> struct Geo {
         ASTR = 144,                                               // act row stride in smem
         WSTR = KC + 16,                                           // decoded weight row stride
         NAA = (Tr<QT>::LAY == LAYOUT_D4) ? 1 + Tr<QT>::ASUM : ((Tr<QT>::LAY == LAYOUT_DS4) ? 2 : 3),  // act scale arrays
-        TABB = Tr<QT>::TAB ? TAB_BYTES : 0,
+        TABB = Staged<QT>::BYTES,
         WDEC_B = MMQ_BM * WSTR,                                   // bytes of one decoded buffer
         WSC_F = (1 + Tr<QT>::NAUX) * NBLK * MMQ_BM,               // floats of one weight-scale buffer
         ASC_F = NAA * NBLK * MMQ_BN,                              // floats of one act-scale buffer
@@ -225,7 +252,8 @@ __device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, u
 __device__ __forceinline__ float ifl(int d) { return __int_as_float(d) - MAGIC_F; }
 // Sub-scale u = x[i] (an integer 0..31, exact in float; a Q2_K sub-scale may be 0) times the
 // k16 or k32 sum in d: u * S in one fused multiply-add (scaled_magic: exact, |u * S| < 2^24 for
-// every type here: IQ2_XS 31 * 16 * 127 * 43, IQ3_XXS 31 * 32 * 127 * 62, Q2_K 15 * 16 * 127 * 3).
+// every type here: IQ2_XS 31 * 16 * 127 * 43, IQ3_XXS 31 * 32 * 127 * 62, Q2_K 15 * 16 * 127 * 3,
+// IQ2_XXS 31 * 32 * 127 * 43, IQ2_S 31 * 16 * 127 * 43, IQ1_S 15 * 32 * 127 * 9, IQ1_M 15 * 16 * 127 * 9).
 // -u * MAGIC_F is the same product for every tile of a block: the compiler computes it once.
 // The K-quants widen u: Q4_K and Q5_K 0..63 (k32: 63 * 32 * 127 * 15 and * 31); Q3_K -32..31
 // (k16: 32 * 16 * 127 * 4); Q6_K -128..127, the widest (k16: 128 * 16 * 127 * 32 = 8323072, and
@@ -276,6 +304,16 @@ __device__ __forceinline__ uint32_t k_scale(const uint8_t* rowb, int sc, int j) 
     if (j < 4) return ldb(rowb, sc + j + (MIN ? 4 : 0)) & 63;
     const uint32_t lo = ldb(rowb, sc + j + 4), hi = ldb(rowb, sc + j - (MIN ? 0 : 4)) >> 6;
     return (MIN ? lo >> 4 : lo & 15) | (hi << 4);
+}
+
+// The 8 codes 8*g + s (s = +1, or -1 where neg) of IQ1 grid entry e (g + 1 in the nibbles, as
+// staged: values 0..3 in the low nibbles, 4..7 in the high ones) in two words. Per byte t = g + 1
+// in 0..2: 8t + (0x80 - 7) or + (0x80 - 9) stays in its byte (at most 0x89), and flipping bit 7
+// subtracts the 0x80: 8t - 7 = 8g + 1, or 8t - 9 = 8g - 1, as a signed byte (minus_bytes' way).
+__device__ __forceinline__ void iq1_codes(uint32_t e, bool neg, uint32_t& lo, uint32_t& hi) {
+    const uint32_t k = neg ? (0x80u - 9) * 0x01010101u : (0x80u - 7) * 0x01010101u;
+    lo = ((e & 0x0F0F0F0Fu) * 8 + k) ^ 0x80808080u;
+    hi = (((e >> 4) & 0x0F0F0F0Fu) * 8 + k) ^ 0x80808080u;
 }
 
 // ---- the codebook types (strata/codebooks.py): each type's decode its own function, of
@@ -367,7 +405,8 @@ __device__ __forceinline__ void decode_nvfp4(const uint8_t* rowb, int o, int j, 
 }
 
 // Decode 32-block j (of this chunk) of one staged row. rowb: staged words of the row;
-// o: byte offset of the chunk's first byte in rowb. tab: IQ tables in shared memory.
+// o: byte offset of the chunk's first byte in rowb. tab: the type's staged tables in shared
+// memory (Staged<QT>).
 template <int QT>
 __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, const uint8_t* tab,
                                             uint32_t (&c)[8], float& dw, float (&aux)[5]) {
@@ -410,8 +449,8 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
             const uint32_t q = ldh(rowb, o + 2 + 2 * (4 * j + l));
-            const uint2 g = *reinterpret_cast<const uint2*>(tab + TAB_IQ2XS + 8 * (q & 511));
-            const uint2 m = *reinterpret_cast<const uint2*>(tab + TAB_SIGN + 8 * (q >> 9));
+            const uint2 g = *reinterpret_cast<const uint2*>(tab + Staged<QT>::GRID + 8 * (q & 511));
+            const uint2 m = *reinterpret_cast<const uint2*>(tab + Staged<QT>::SIGN + 8 * (q >> 9));
             c[2 * l] = sgn(g.x, m.x);
             c[2 * l + 1] = sgn(g.y, m.y);
         }
@@ -423,11 +462,11 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
         const uint32_t a32 = ldw(rowb, o + 66 + 4 * j);
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const uint2 m = *reinterpret_cast<const uint2*>(tab + TAB_SIGN + 8 * ((a32 >> (7 * l)) & 127));
+            const uint2 m = *reinterpret_cast<const uint2*>(tab + Staged<QT>::SIGN + 8 * ((a32 >> (7 * l)) & 127));
             const uint32_t i1 = ldb(rowb, o + 2 + 8 * j + 2 * l);
             const uint32_t i2 = ldb(rowb, o + 2 + 8 * j + 2 * l + 1);
-            const uint32_t g1 = *reinterpret_cast<const uint32_t*>(tab + TAB_IQ3XXS + 4 * i1);
-            const uint32_t g2 = *reinterpret_cast<const uint32_t*>(tab + TAB_IQ3XXS + 4 * i2);
+            const uint32_t g1 = *reinterpret_cast<const uint32_t*>(tab + Staged<QT>::GRID + 4 * i1);
+            const uint32_t g2 = *reinterpret_cast<const uint32_t*>(tab + Staged<QT>::GRID + 4 * i2);
             c[2 * l] = sgn(g1, m.x);
             c[2 * l + 1] = sgn(g2, m.y);
         }
@@ -440,8 +479,8 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
             const uint32_t i1 = ldb(rowb, o + 2 + 8 * j + 2 * l) | (((qh >> (2 * l)) & 1) << 8);
             const uint32_t i2 = ldb(rowb, o + 2 + 8 * j + 2 * l + 1) | (((qh >> (2 * l + 1)) & 1) << 8);
             const uint32_t sb = ldb(rowb, o + 74 + 4 * j + l);
-            const uint32_t g1 = *reinterpret_cast<const uint32_t*>(tab + TAB_IQ3S + 4 * i1);
-            const uint32_t g2 = *reinterpret_cast<const uint32_t*>(tab + TAB_IQ3S + 4 * i2);
+            const uint32_t g1 = *reinterpret_cast<const uint32_t*>(tab + Staged<QT>::GRID + 4 * i1);
+            const uint32_t g2 = *reinterpret_cast<const uint32_t*>(tab + Staged<QT>::GRID + 4 * i2);
             c[2 * l] = sgn(g1, expand4(sb & 15));
             c[2 * l + 1] = sgn(g2, expand4(sb >> 4));
         }
@@ -532,6 +571,68 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
     } else if constexpr (QT == QT_NVFP4) {
         decode_nvfp4<QT>(rowb, o, j, c, dw, aux);
     }
+    // ---- the grid types of llama-quantize's IQ file types (strata/qformats.py, after the K-quants)
+    else if constexpr (QT == QT_IQ2_XXS) {
+        // d, then per 32-block j 8 bytes at 2 + 8j: 4 grid indices (one per 8 values), a u32 of
+        // four 7-bit sign indices and the scale in bits 28..31
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D)) * Tr<QT>::DW_FACTOR;
+        const uint32_t q4 = ldw(rowb, o + 2 + 8 * j), a32 = ldw(rowb, o + 6 + 8 * j);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const uint2 g = *reinterpret_cast<const uint2*>(tab + Staged<QT>::GRID + 8 * ((q4 >> (8 * l)) & 255));
+            const uint2 m = *reinterpret_cast<const uint2*>(tab + Staged<QT>::SIGN + 8 * ((a32 >> (7 * l)) & 127));
+            c[2 * l] = sgn(g.x, m.x);
+            c[2 * l + 1] = sgn(g.y, m.y);
+        }
+        aux[0] = (float)(2 * (a32 >> 28) + 1);
+    } else if constexpr (QT == QT_IQ2_S) {
+        // d, qs[32] (index bits 0..7), signs[32] (a bit a value), qh[8] (index bits 8..9 of
+        // entry 4j + l at bits 2l of byte j), scales[8] (a nibble per 16 values)
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D)) * Tr<QT>::DW_FACTOR;
+        const uint32_t q4 = ldw(rowb, o + 2 + 4 * j), s4 = ldw(rowb, o + 34 + 4 * j), qh = ldb(rowb, o + 66 + j);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const uint32_t i = ((q4 >> (8 * l)) & 255) | (((qh >> (2 * l)) & 3) << 8);
+            const uint2 g = *reinterpret_cast<const uint2*>(tab + Staged<QT>::GRID + 8 * i);
+            const uint32_t sb = (s4 >> (8 * l)) & 255;
+            c[2 * l] = sgn(g.x, expand4(sb & 15));
+            c[2 * l + 1] = sgn(g.y, expand4(sb >> 4));
+        }
+        const uint32_t sc = ldb(rowb, o + 74 + j);
+        aux[0] = (float)(2 * (sc & 15) + 1);
+        aux[1] = (float)(2 * (sc >> 4) + 1);
+    } else if constexpr (QT == QT_IQ1_S) {
+        // d, qs[32] (index bits 0..7), qh u16[8] at 34: per 32-block j the index bits 8..10 of
+        // entry 4j + l at bits 3l, the 3-bit scale at 12, the delta's sign at 15
+        dw = h2f(ldh(rowb, o + Tr<QT>::HALF_D)) * Tr<QT>::DW_FACTOR;
+        const uint32_t q4 = ldw(rowb, o + 2 + 4 * j), qh = ldh(rowb, o + 34 + 2 * j);
+        const bool neg = (qh >> 15) != 0;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const uint32_t i = ((q4 >> (8 * l)) & 255) | (((qh >> (3 * l)) & 7) << 8);
+            iq1_codes(*reinterpret_cast<const uint32_t*>(tab + Staged<QT>::GRID + 4 * i), neg, c[2 * l], c[2 * l + 1]);
+        }
+        aux[0] = (float)(2 * ((qh >> 12) & 7) + 1);
+    } else if constexpr (QT == QT_IQ1_M) {
+        // qs[32] (index bits 0..7), qh[16] (a nibble per entry: index bits 8..10, the delta's
+        // sign at bit 3), scales u16[4] at 48: 3-bit scale of 16 values 16 (4w + m) at bits 3m of
+        // word w, and bits 12..15 of word w are bits 4w..4w+3 of the half d
+        const uint32_t s01 = ldw(rowb, o + 48), s23 = ldw(rowb, o + 52);
+        const uint32_t d = ((s01 >> 12) & 0xFu) | ((s01 >> 24) & 0xF0u) | ((s23 >> 4) & 0xF00u) | ((s23 >> 16) & 0xF000u);
+        dw = h2f(d) * Tr<QT>::DW_FACTOR;
+        const uint32_t q4 = ldw(rowb, o + 4 * j), qh = ldh(rowb, o + 32 + 2 * j);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const uint32_t nib = (qh >> (4 * l)) & 15;
+            const uint32_t i = ((q4 >> (8 * l)) & 255) | ((nib & 7) << 8);
+            iq1_codes(*reinterpret_cast<const uint32_t*>(tab + Staged<QT>::GRID + 4 * i), (nib & 8) != 0, c[2 * l],
+                      c[2 * l + 1]);
+        }
+        // word j >> 1 (the high half of s01 or s23 where it is odd), bits 6 (j & 1) .. + 5
+        const uint32_t sc = (((j >> 2) ? s23 : s01) >> (16 * ((j >> 1) & 1) + 6 * (j & 1))) & 63;
+        aux[0] = (float)(2 * (sc & 7) + 1);
+        aux[1] = (float)(2 * (sc >> 3) + 1);
+    }
 }
 
 // ------------------------------------------------------------------ epilogues
@@ -547,7 +648,7 @@ __device__ __forceinline__ void epi_one(float (&ac)[4], const int (&d)[4], float
         ac[1] = ac[1] + (dwA * da.y) * ifl(d[1]);
         ac[2] = ac[2] + (dwB * da.x) * ifl(d[2]);
         ac[3] = ac[3] + (dwB * da.y) * ifl(d[3]);
-    } else if constexpr (QT == QT_IQ3_XXS || QT == QT_IQ3_S) {
+    } else if constexpr (QT == QT_IQ3_XXS || QT == QT_IQ3_S || QT == QT_IQ2_XXS || QT == QT_IQ1_S) {
         ac[0] = ac[0] + (dwA * da.x) * sub_sum(xA, 0, d[0]);
         ac[1] = ac[1] + (dwA * da.y) * sub_sum(xA, 0, d[1]);
         ac[2] = ac[2] + (dwB * da.x) * sub_sum(xB, 0, d[2]);
@@ -578,7 +679,7 @@ template <int QT, int NX>
 __device__ __forceinline__ void epi_split(float (&ac)[4], const int (&d0)[4], const int (&d1)[4], float dwA,
                                           float dwB, const float (&xA)[NX], const float (&xB)[NX], float2 da,
                                           const float* asc, int j, int col) {
-    if constexpr (QT == QT_IQ2_XS || QT == QT_Q6_K || QT == QT_Q3_K) {
+    if constexpr (QT == QT_IQ2_XS || QT == QT_Q6_K || QT == QT_Q3_K || QT == QT_IQ2_S || QT == QT_IQ1_M) {
         ac[0] = ac[0] + (dwA * da.x) * (sub_sum(xA, 0, d0[0]) + sub_sum(xA, 1, d1[0]));
         ac[1] = ac[1] + (dwA * da.y) * (sub_sum(xA, 0, d0[1]) + sub_sum(xA, 1, d1[1]));
         ac[2] = ac[2] + (dwB * da.x) * (sub_sum(xB, 0, d0[2]) + sub_sum(xB, 1, d1[2]));
@@ -755,9 +856,11 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         s_nrt[tid] = nrt;
         s_rpt[tid] = rpt;
     }
-    if constexpr (Tr<QT>::TAB) {
-        for (int i = tid; i < TAB_BYTES / 16; i += NT)
-            reinterpret_cast<uint4*>(tab)[i] = reinterpret_cast<const uint4*>(tabg)[i];
+    if constexpr (Tr<QT>::TAB) {  // the sign masks where the type reads them, then its grid (Staged<QT>)
+        constexpr int NS = Staged<QT>::GRID / 16, NP = Staged<QT>::BYTES / 16;  // 16-byte pieces: the masks', all
+        for (int i = tid; i < NP; i += NT)
+            reinterpret_cast<uint4*>(tab)[i] =
+                reinterpret_cast<const uint4*>(tabg)[i < NS ? TAB_SIGN / 16 + i : Tr<QT>::GRID / 16 + (i - NS)];
     }
     __syncthreads();
     if (tid == 0) {
