@@ -218,7 +218,7 @@ def test_both_backends_take_a_mixed_pack(tmp_path):
     rows)."""
     from fast import make_fast_engine
 
-    for mix in ("Q2_K", "Q4_K_M"):
+    for mix in MIXES:
         pack = Pack.open(make_pack(tmp_path / f"{mix}.gguf", "tiny", mix=mix, seed=1))
         assert pack.cuda_type_problems() == []
         assert pack.config.cuda_problems() == []
@@ -226,9 +226,10 @@ def test_both_backends_take_a_mixed_pack(tmp_path):
 
 
 @pytest.mark.parametrize("preset, layers, mix, tie", [("tiny", 3, "Q4_K_M", False), ("small", 9, "Q4_K_M", True),
-                                                      ("small", 2, "Q2_K", False)])
+                                                      ("small", 2, "Q2_K", False), ("small", 17, "IQ4_XS", False),
+                                                      ("tiny", 20, "IQ2_XXS", False), ("small", 9, "IQ1_S", True)])
 def test_a_mix_is_sized_from_the_arguments_alone(tmp_path, preset, layers, mix, tie):
-    """make-pack's free-disk check sizes a mix by its two kinds of layer: the data it writes."""
+    """make-pack's free-disk check sizes a mix by its classes of layer: the data it writes."""
     import argparse
 
     from strata_prefill.commands.make_pack import data_bytes
