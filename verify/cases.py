@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as _QT  # noqa: E402
 from strata import codebooks as _codebooks, q8_1 as _q8_1, qformats as _qformats  # noqa: E402
 from strata import quants as _quants  # noqa: E402
 from strata.config import PRESETS as _PRESETS  # noqa: E402
+from strata.mixes import MIXES as _MIXES  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
 
 #: the weight types with an MMQ kernel (the registry's, strata/qformats.py)
@@ -633,7 +634,10 @@ def _row(backend, preset, etype, tokens, chunk="auto", arm=None, **kw) -> Parity
 
 
 #: a llama-quantize mix's expert type (the pack's expert_type of its parity rows)
-_MIX_BASE = {"Q4_K_M": "Q4_K", "Q2_K": "Q2_K"}
+_MIX_BASE = {mix: base.name for mix, base in _MIXES.items()}
+#: the packs every mix's parity rows are made on (strata/mixes.py: tiny's shared expert and 256-value
+#: rows, small's 384-value expert rows that fall back)
+_MIX_PRESETS = ("tiny", "small")
 
 
 def _all_experts(preset: str, layers: int | None = None) -> int:
@@ -800,8 +804,9 @@ def _cuda_rows() -> list[ParityCase]:
             rows.append(_row("cuda", "tiny", etype, 130, 64, dict(group_gather=1 - gg, expert_cache=tiny_all // 3, ring=16,
                                                                   stream_min=64, in_place=1 - arm["in_place"],
                                                                   ring_in_place=0), seed=21))
-    for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
-        rows.append(_row("cuda", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),)))
+    for preset in _MIX_PRESETS:
+        for mix in _MIXES:
+            rows.append(_row("cuda", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),)))
     rows += _codebook_parity("cuda")
     # ---- ring_in_place 0 (issue 26, item 2): streamed experts gathered into the group buffers --
     # The default multiplies them in their ring slots (every streamed row above takes that walk);
@@ -921,9 +926,10 @@ def _sim_rows() -> list[ParityCase]:
         rows.append(_row("sim", "tiny", "Q8_0", 70, 64, seed=22, pack_options=(("dense_type", etype),)))
         if etype in MIX_GRID_TYPES:  # the grid types streamed from the host tier too
             rows.append(_row("sim", "tiny", etype, 130, 64, dict(expert_cache=11, ring=8, stream_min=64), seed=21))
-    for preset, mix in (("tiny", "Q4_K_M"), ("tiny", "Q2_K"), ("small", "Q4_K_M"), ("small", "Q2_K")):
-        rows.append(_row("sim", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),),
-                         quick=(preset, mix) == ("tiny", "Q4_K_M")))
+    for preset in _MIX_PRESETS:
+        for mix in _MIXES:
+            rows.append(_row("sim", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),),
+                             quick=(preset, mix) == ("tiny", "Q4_K_M")))
     rows += _codebook_parity("sim")
     n_cache = _all_experts("small") // 3
     for gg in (1, 0):
