@@ -52,7 +52,7 @@ def sizes_of(pack: str | Path) -> Sizes:
     """The vocabulary and width of a pack (opened, and so checked, by strata.pack)."""
     from strata.pack import Pack
 
-    with Pack.open(pack) as p:
+    with Pack.open(pack, check_values=False) as p:  # its shape only: no value is read
         return Sizes(Path(pack), p.config.n_vocab, p.config.n_embd)
 
 

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf import quants as gq
 
-from strata import quants
+from strata import qformats, quants
 from strata_prefill.cli import main as cli
 from strata.config import PRESETS, ModelConfig
 from strata.constants import PACK_FORMAT
@@ -391,7 +391,7 @@ MICRO = ModelConfig(n_layer=1, n_embd=256, n_head=2, n_head_kv=1, head_dim=128, 
 def write_micro(path: Path, arch: str = "qwen3moe", drop: tuple[str, ...] = (),
                 ne: dict[str, list[int]] | None = None, types: dict[str, QT] | None = None,
                 drop_keys: tuple[str, ...] = (), old_names: bool = False) -> Path:
-    """A small hand-made GGUF (tensor bytes are random: validation does not decode them).
+    """A small hand-made GGUF (random codes under finite scales: validation does not decode them).
     drop, ne and types take names without `.weight`; old_names writes them so."""
     cfg = MICRO
     rng = np.random.default_rng(0)
@@ -420,6 +420,10 @@ def write_micro(path: Path, arch: str = "qwen3moe", drop: tuple[str, ...] = (),
             vals, nbytes = gq.GGML_QUANT_SIZES[qt]
             byte_shape = (*reversed(shape[1:]), shape[0] // vals * nbytes)
             data = rng.integers(0, 256, byte_shape, dtype=np.uint8)
+            fmt = qformats.lookup(qt)
+            if fmt is not None:  # finite scales: a pack holding NaN is refused at open
+                blocks = data.reshape(-1, nbytes)
+                fmt.set_scales(blocks, np.full(blocks.shape[0], 0.01, np.float32))
             w.add_tensor(name, data, raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
