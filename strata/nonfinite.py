@@ -299,28 +299,40 @@ class BadTensor:
 
 def in_pack(pack, progress: Callable[[int, int, str], None] | None = None) -> Iterator[BadTensor]:
     """Every tensor of a pack that decodes to a NaN or an Inf, in file order, with the first
-    such value. progress(bytes done, bytes in all, the tensor's name) is called after each
-    piece read."""
-    tensors = list(pack.reader.tensors)
-    total = sum(int(t.n_bytes) for t in tensors)
-    done = 0
+    such value. Read in slabs of SLAB_BYTES (memory stays bounded; one expert's rows at most),
+    as many at a time as strata/parallel.py has threads (each slab says what it says alone);
+    progress(bytes done, bytes in all, the tensor's name) is called after each round of them.
+    A tensor's slabs after its first bad one are not read."""
+    from strata import parallel
+
+    pieces = []  # (logical name, expert index (0 for a plain matrix), first row, end row), file order
     for logical in pack.tensor_names():
-        t = pack.tensor(logical)
         m = pack.matrix(logical)
-        data = m.data if m.data.ndim == 3 else m.data[None]
-        hit = None
         step = max(1, SLAB_BYTES // m.row_bytes)
-        for e in range(data.shape[0]):  # one expert (or the whole matrix) at a time,
-            for r0 in range(0, m.n_rows, step):  # in slabs of rows: memory stays bounded
-                got = in_tensor(m.qtype, data[e, r0:r0 + step])
-                done += int(data[e, r0:r0 + step].nbytes)
-                if progress is not None:
-                    progress(done, total, str(t.name))
-                if got is not None:  # the first is named; the rest of the tensor is not read
-                    hit = BadTensor(str(t.name), e if m.data.ndim == 3 else None, r0 + got[0], got[1])
-                    break
-            if hit is not None:
-                done += int(data[e + 1:].nbytes) + int(data[e, r0 + step:].nbytes)
-                break
-        if hit is not None:
-            yield hit
+        for e in range(m.n_expert or 1):
+            pieces += [(logical, e, r0, min(r0 + step, m.n_rows)) for r0 in range(0, m.n_rows, step)]
+
+    def rows(piece):
+        logical, e, r0, r1 = piece
+        m = pack.matrix(logical)
+        return (m.data if m.data.ndim == 3 else m.data[None])[e, r0:r1]
+
+    def scan(piece):
+        return in_tensor(pack.matrix(piece[0]).qtype, rows(piece))
+
+    total = sum(int(t.n_bytes) for t in pack.reader.tensors)
+    done, hits = 0, {}
+    at_once = 2 * parallel.workers()
+    for i in range(0, len(pieces), at_once):
+        todo = [p for p in pieces[i:i + at_once] if p[0] not in hits]
+        for piece, got in zip(todo, parallel.map_ordered(scan, todo)):
+            if got is not None and piece[0] not in hits:  # the tensor's first, in row order
+                m = pack.matrix(piece[0])
+                hits[piece[0]] = BadTensor(str(pack.tensor(piece[0]).name), piece[1] if m.n_expert else None,
+                                           piece[2] + got[0], got[1])
+        done += sum(int(rows(p).nbytes) for p in pieces[i:i + at_once])
+        if progress is not None:
+            progress(done, total, str(pack.tensor(pieces[min(i + at_once, len(pieces)) - 1][0]).name))
+    for logical in pack.tensor_names():
+        if logical in hits:
+            yield hits[logical]

@@ -141,9 +141,12 @@ def lookup(qtype) -> type[QuantFormat] | None:
 
 
 def _half(blk: np.ndarray, off: int) -> np.ndarray:
-    """float32 [N] from the half at byte offset `off` of each block row of blk [N, bpb]."""
-    h = np.ascontiguousarray(blk[:, off : off + 2]).view("<f2")[:, 0]
-    return h.astype(np.float32)
+    """float32 [N] from the half at byte offset `off` of each block row of blk [N, bpb]: read
+    through a strided view where the rows' bytes are contiguous (no gathered copy first)."""
+    field = blk[:, off : off + 2]
+    if field.strides[-1] != 1:
+        field = np.ascontiguousarray(field)
+    return field.view("<f2")[:, 0].astype(np.float32)
 
 
 def _put_half(blk: np.ndarray, off: int, v: np.ndarray) -> None:
