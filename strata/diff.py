@@ -226,7 +226,11 @@ def _fields(reader) -> dict:
     for key, f in reader.fields.items():
         if key.startswith("GGUF.") and key != "GGUF.version":
             continue
-        out[key] = (tuple(int(t) for t in f.types), f.contents())
+        try:
+            value = f.contents()
+        except UnicodeDecodeError:  # not UTF-8 text: compared as its bytes
+            value = b"".join(bytes(f.parts[i]) for i in f.data)
+        out[key] = (tuple(int(t) for t in f.types), value)
     return out
 
 

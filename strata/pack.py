@@ -206,12 +206,19 @@ class _CheckedReader(GGUFReader):
         problems, misfit, spans, seen = [], [], [], {}
         for i, field in enumerate(fields):
             try:
-                _nl, name_data, _nd, dims, raw_dtype, offset_tensor = field.parts
-                raw_name = bytes(name_data)
-                dims = [int(d) for d in dims]
-                type_id, rel = int(raw_dtype[0]), int(offset_tensor[0])
+                _nl, name_data, n_dims, dims, raw_dtype, offset_tensor = field.parts
             except Exception:  # layout of gguf internals changed: fall back to gguf's checks
                 return super()._build_tensors(start_offs, fields)
+            if not (len(n_dims) == len(raw_dtype) == len(offset_tensor) == 1 and len(dims) == int(n_dims[0])):
+                # the entry was read past the end of the file (gguf-py's views come back short)
+                raise _Layout([f"the tensor table is cut short or corrupt at tensor #{i} (of {len(fields)})"])
+            raw_name = bytes(name_data)
+            if len(dims) > GGML_MAX_DIMS:
+                problems.append(f"tensor #{i} ({raw_name[:40].decode('utf-8', 'replace')}): {len(dims)} "
+                                f"dimensions (ggml's tensors have at most {GGML_MAX_DIMS})")
+                continue
+            dims = [int(d) for d in dims]
+            type_id, rel = int(raw_dtype[0]), int(offset_tensor[0])
             try:
                 name = raw_name.decode("utf-8")
             except UnicodeDecodeError:
@@ -224,10 +231,6 @@ class _CheckedReader(GGUFReader):
             if len(raw_name) > GGML_NAME_BYTES:
                 problems.append(f"tensor {name[:40]}...: a name of {len(raw_name)} bytes (ggml's "
                                 f"hold at most {GGML_NAME_BYTES})")
-            if len(dims) > GGML_MAX_DIMS:
-                problems.append(f"tensor {name}: {len(dims)} dimensions (ggml's tensors have at most "
-                                f"{GGML_MAX_DIMS})")
-                continue
             try:
                 qt = QT(type_id)
                 vals, nbytes = _gguf_sizes(qt)
@@ -422,7 +425,7 @@ class Pack:
         # of them, beside every problem of the metadata (its values and counts against the
         # limits and the tensors present, each key named: strata/config.py, strata/limits.py)
         # or, where the metadata is sound, of the tensors' names and shapes
-        unread = _type_problems(tensors)
+        unread = _unknown_tensors(reader) + _type_problems(tensors)
         try:
             config = ModelConfig.from_metadata(reader.fields, {n: _ne(t) for n, t in tensors.items()})
         except PackError as exc:
@@ -473,7 +476,12 @@ class Pack:
     def field(self, key: str, default: Any = None) -> Any:
         """A metadata value (python scalar, str or list), or default."""
         f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        if f is None:
+            return default
+        try:
+            return f.contents()
+        except UnicodeDecodeError:  # GGUF's strings are UTF-8
+            raise PackError(f"{self.path}: metadata key {key}: its value is not UTF-8 text") from None
 
     @property
     def fallbacks(self) -> list[str]:
@@ -806,6 +814,20 @@ def _type_problems(tensors: dict[str, Any]) -> list[str]:
              if vec in kinds]
     return [f"{len(bad)} tensor{'s' * (len(bad) > 1)} of unsupported types ({by_type(bad)}); "
             f"supported: {'; '.join(takes)}"]
+
+
+def _unknown_tensors(reader) -> list[str]:
+    """One phrase naming the file's tensors that a qwen3moe pack does not hold ([] if none):
+    a writer's mistake or a renamed tensor (an `output.weight` renamed would otherwise make
+    the pack one of tied embeddings), refused as llama.cpp's loader refuses a tensor it does
+    not create."""
+    odd = [str(t.name) for t in reader.tensors
+           if (logical := tn.logical_name(str(t.name))) is None or tensor_kind(logical) is None]
+    if not odd:
+        return []
+    shown = ", ".join(n[:64] for n in odd[:LAYOUT_SHOWN]) + (f" and {len(odd) - LAYOUT_SHOWN} more" if len(odd) > LAYOUT_SHOWN else "")
+    return [f"{len(odd)} tensor{'s' * (len(odd) > 1)} a qwen3moe pack does not hold ({shown}; "
+            "strata/tensor_names.py lists those it does)"]
 
 
 def _validate(cfg: ModelConfig, tensors: dict[str, Any], unread: list[str] = (),

@@ -296,8 +296,8 @@ def test_every_unsupported_tensor_and_key_in_one_refusal(tmp_path):
 
 
 def test_sound_metadata_every_tensor_problem_in_one_refusal(tmp_path):
-    """With the metadata sound: missing tensors, a wrong shape and the unsupported types, all
-    in one message."""
+    """With the metadata sound: missing tensors, the tensors no qwen3moe pack holds and the
+    unsupported types, all in one message."""
     from strata.pack import Pack
 
     path = write_pack(tmp_path / "t.gguf", types={"blk.0.ffn_down_exps.weight": QT.IQ4_NL})
@@ -311,6 +311,7 @@ def test_sound_metadata_every_tensor_problem_in_one_refusal(tmp_path):
         Pack.open(path)
     msg = str(err.value)
     assert msg.startswith(f"{path}: missing tensors blk.{{0,1}}.attn_k.weight; ")
+    assert "; 2 tensors a qwen3moe pack does not hold (blk.0.attn_x.weight, blk.1.attn_x.weight; " in msg
     assert msg.endswith("1 tensor of unsupported types (IQ4_NL: blk.0.ffn_down_exps.weight); supported: matrices "
                         + ", ".join(t.name for t in (*quants.SUPPORTED_TYPES, QT.F32, QT.F16, QT.BF16)))
 
