@@ -245,9 +245,11 @@ class _CheckedReader(GGUFReader):
             spans.append((name, rel, rel + n_bytes))
         if not problems and not misfit:
             problems = _layout_problems(spans, int(self.alignment))
-            for name, _rel, end in spans:  # the layout is sound: every tensor inside the file?
-                if not problems and int(start_offs) + end > size:
-                    raise _Truncated(name, int(start_offs) + end, size)
+            past = [(name, int(start_offs) + end) for name, _rel, end in spans if int(start_offs) + end > size]
+            if past and not problems:  # laid out as the format says, the file cut short
+                raise _Truncated(*past[0], size)
+            problems = [f"tensor {name} ends at byte {end:,}, past the end of the file ({size:,} bytes)"
+                        for name, end in past[:LAYOUT_SHOWN]] + problems
         if problems:
             raise _Layout(problems)
         if misfit:
@@ -333,6 +335,9 @@ def _open_reader(path: Path) -> GGUFReader:
                         + "; ".join(bad.problems)) from None
     except PackError:
         raise
+    except UnicodeDecodeError as exc:  # gguf-py decodes keys and tensor names as it reads them
+        raise PackError(f"{path}: a metadata key or tensor name is not UTF-8 text: "
+                        f"{bytes(exc.object)[:48]!r}") from None
     except KeyError as exc:  # gguf-py's reader on a metadata key the file holds twice
         if "Duplicate" not in str(exc):
             raise PackError(f"corrupt or truncated GGUF file {path} ({size:,} bytes): its metadata "
