@@ -252,7 +252,10 @@ def test_a_nan_a_quantize_would_hide_is_named(healthy, tmp_path, unchecked, caps
     out, err = capsys.readouterr()
     line = one_line(err)
     assert PLANTED[tensor] in line, line
-    assert "the first-token logits are finite" in line and out == ""
+    assert out == ""
+    if impl != CUDA:  # NumPy's quantize zeroes the NaN's block; a kernel's fmaxf drops it, or
+        # keeps an all-NaN block's (docs/numerics.md section 10): past the named op, the bits differ
+        assert "the first-token logits are finite" in line
 
 
 @pytest.mark.parametrize("value, kind, impl", [
