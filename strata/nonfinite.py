@@ -299,23 +299,23 @@ class BadTensor:
 
 def in_pack(pack, progress: Callable[[int, int, str], None] | None = None) -> Iterator[BadTensor]:
     """Every tensor of a pack that decodes to a NaN or an Inf, in file order, with the first
-    such value. Read in slabs of SLAB_BYTES (memory stays bounded; one expert's rows at most),
-    as many at a time as strata/parallel.py has threads (each slab says what it says alone);
-    progress(bytes done, bytes in all, the tensor's name) is called after each round of them.
-    A tensor's slabs after its first bad one are not read."""
+    such value. Read in slabs of SLAB_BYTES (memory stays bounded; a stacked tensor's experts
+    one after another), as many at a time as strata/parallel.py has threads (each slab says
+    what it says alone); progress(bytes done, bytes in all, the tensor's name) is called after
+    each round of them. A tensor's slabs after its first bad one are not read."""
     from strata import parallel
 
-    pieces = []  # (logical name, expert index (0 for a plain matrix), first row, end row), file order
+    pieces = []  # (logical name, first row, end row) of the tensor's rows, experts one after another
     for logical in pack.tensor_names():
         m = pack.matrix(logical)
+        n = m.n_rows * (m.n_expert or 1)
         step = max(1, SLAB_BYTES // m.row_bytes)
-        for e in range(m.n_expert or 1):
-            pieces += [(logical, e, r0, min(r0 + step, m.n_rows)) for r0 in range(0, m.n_rows, step)]
+        pieces += [(logical, r0, min(r0 + step, n)) for r0 in range(0, n, step)]
 
     def rows(piece):
-        logical, e, r0, r1 = piece
+        logical, r0, r1 = piece
         m = pack.matrix(logical)
-        return (m.data if m.data.ndim == 3 else m.data[None])[e, r0:r1]
+        return m.data.reshape(-1, m.row_bytes)[r0:r1]  # a stacked tensor's experts are contiguous
 
     def scan(piece):
         return in_tensor(pack.matrix(piece[0]).qtype, rows(piece))
@@ -328,8 +328,9 @@ def in_pack(pack, progress: Callable[[int, int, str], None] | None = None) -> It
         for piece, got in zip(todo, parallel.map_ordered(scan, todo)):
             if got is not None and piece[0] not in hits:  # the tensor's first, in row order
                 m = pack.matrix(piece[0])
-                hits[piece[0]] = BadTensor(str(pack.tensor(piece[0]).name), piece[1] if m.n_expert else None,
-                                           piece[2] + got[0], got[1])
+                expert, row = divmod(piece[1] + got[0], m.n_rows)
+                hits[piece[0]] = BadTensor(str(pack.tensor(piece[0]).name), expert if m.n_expert else None,
+                                           row, got[1])
         done += sum(int(rows(p).nbytes) for p in pieces[i:i + at_once])
         if progress is not None:
             progress(done, total, str(pack.tensor(pieces[min(i + at_once, len(pieces)) - 1][0]).name))
