@@ -582,3 +582,35 @@ def test_the_kernel_is_mark():
                         assert got == nonfinite.mark(held, x, code), (n, skip, kind, where, held, code)
                     if kind is None:  # where is nothing to plant: once
                         break
+
+
+def test_a_nan_first_in_a_greedy_step_is_named_there(healthy, monkeypatch, capsys):
+    """The watch reads the greedy steps too; the replay runs the prompt and the steps before to
+    reach the step's unit (chunk 1: the first one-token step, at position 70)."""
+    import reference.moe_half as moe_half
+
+    combine = moe_half.combine
+
+    def planted(x, weights, slot, y, shared):
+        out = combine(x, weights, slot, y, shared)
+        if x.shape[0] == 1:  # a one-token step: a NaN in the residual it leaves
+            out = out.copy()
+            out[0, 5] = np.nan
+        return out
+
+    monkeypatch.setattr(moe_half, "combine", planted)
+    assert main(["run", "--pack", str(healthy[0]), "--prompt-tokens", "70", "--greedy", "3", "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    assert ("NaN first in layer 0, op moe_out (L00.moe_out) of chunk 1, position 70, element 5 (1 of 256 "
+            "values non-finite); the first-token logits are finite") in line and out == ""
+
+
+def test_a_windowed_run_is_named_the_same(overflowing, capsys):
+    """Layer-major windows of two chunks (the sim): the unit is the window, the op the same."""
+    assert main(["run", "--pack", str(overflowing), "--prompt-tokens", "70", "--prefill", "16", "--window", "32",
+                 "--greedy", "1", "--no-progress", *SIM]) == 1
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    assert "Inf first in layer 1, op attn_norm (L01.attn_norm) of chunk 0, position 0, element 0 (" in line
+    assert " of 8,192 values non-finite)" in line and out == ""  # the window's 32 rows of 256
