@@ -133,6 +133,16 @@ class Backend(Protocol):
     def sigmoid(self, v: Array) -> Array:
         """strata.numerics.sigmoid of v's values, flat."""
 
+    # ---- the NaN/Inf watch (strata/nonfinite.py) ------------------------------------------
+    def nonfinite_reset(self) -> None:
+        """Forget what the watch saw: a run starts."""
+
+    def nonfinite_mark(self, x: Array, code: int) -> None:
+        """strata.nonfinite.mark of x under code, queued behind the op that wrote x (no wait)."""
+
+    def nonfinite_first(self) -> int:
+        """The watch's value (strata.nonfinite.NOTHING: nothing seen); waits for the marks."""
+
     # ---- the MoE half ---------------------------------------------------------------------
     def top_k(self, logits: Array, k: int) -> tuple:
         """(ids int32 [T, k], weights float32 [T, k]): strata.routing.top_k."""

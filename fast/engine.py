@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 
-from strata import dense, q8_1
+from strata import dense, nonfinite, q8_1
 from strata.constants import MMQ_GROUP, PINNED_SHARE, PREDICT_ROWS, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS
 from strata.errors import InputError
 
@@ -40,6 +40,26 @@ def window_bytes_per_token(config) -> int:
     per_token = (4 * f32 * c.n_embd + q8_1.buffer_nbytes(1, c.n_embd) + f32 * c.n_expert + 4 * 4 * k
                  + 3 * f32 * c.n_ff_shexp)
     return k * per_row + per_token
+
+
+class DeviceWatch(nonfinite.Watch):
+    """The run's NaN/Inf watch (strata/nonfinite.py) kept by the backend: each `see` queues a
+    mark behind the op that wrote the array (a kernel on the cuda backend, no host wait);
+    `first` reads the one value, when the run has its logits."""
+
+    def __init__(self, backend, n_layer: int):
+        super().__init__(n_layer)
+        self.be = backend
+
+    def reset(self) -> None:
+        super().reset()
+        self.be.nonfinite_reset()
+
+    def see(self, layer: int, op: str, array) -> None:
+        self.be.nonfinite_mark(array, self.code(layer, op))
+
+    def _read(self) -> int:
+        return self.be.nonfinite_first()
 
 
 class FastEngine:
@@ -92,6 +112,7 @@ class FastEngine:
                                f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
             self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=staging_slots)
         self.name = f"fast/{backend.name}"
+        self.watch = DeviceWatch(backend, cfg.n_layer)  # where a run first computed a NaN or an Inf
 
     def __getattr__(self, name):
         """A switch by its keyword (engine.group_gather): its resolved value."""
@@ -365,9 +386,11 @@ class FastEngine:
         k = be.rope(be.view(k, (n_tok, cfg.n_head_kv, cfg.head_dim)), positions)
         v = be.view(v, (n_tok, cfg.n_head_kv, cfg.head_dim))
         for name, a in (("q", q), ("k", k), ("v", v)):
+            self.watch.see(layer, name, a)  # what the KV cache's quantize would hide
             self._rec(dump, layer, name, a)
         be.kv_write(layer, positions, k, v)
         o = be.view(be.attend(layer, q, positions), (n_tok, cfg.n_q))
+        self.watch.see(layer, "attn_out", o)  # what the o-projection's quantize would hide
         self._rec(dump, layer, "attn_out", o)
         wo = be.w(p + "attn_output")
         out = self._dense(wo, o)
@@ -388,6 +411,7 @@ class FastEngine:
         with be.phase("router", layer=layer):
             h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
             logits = self._dense(be.w(p + "ffn_gate_inp"), h)
+            self.watch.see(layer, "router_logits", logits)  # a -Inf logit is only an expert not picked
             self._rec(dump, layer, "ffn_norm", h)
             self._rec(dump, layer, "router_logits", logits)
             ids, weights = be.top_k(logits, k_used)
@@ -428,6 +452,9 @@ class FastEngine:
                                 placement=self.placement, ring_pass=ring_pass, ahead=ahead, options=o,
                                 group_size=self.group_size, keep_h=dump is not None and dump.ops)
 
+        self.watch.see(layer, "gate", rows.gate)  # H's quantize would hide what they hold
+        self.watch.see(layer, "up", rows.up)
+
         # 5. The shared expert, where it was not queued before the walk.
         if not o.overlap_plan:
             shared = self._shared_phase(layer, p, h)
@@ -435,6 +462,7 @@ class FastEngine:
         # 6. Combine in rank order, then the shared expert, then the residual.
         with be.phase("combine", layer=layer):
             out = be.combine(x, weights, tab.slot, rows.y, shared)
+        self.watch.see(layer, "moe_out", out)  # the residual: what every op before it reaches
 
         if dump is not None:  # in the order computed (strata/records.py)
             slot = be.download(tab.slot)
@@ -468,6 +496,9 @@ class FastEngine:
         else:
             act = self._quantize(h, wg)
             gate, up = be.mmq_dense(wg, act), be.mmq_dense(wu, act)
+        layer = int(p.split(".")[1])
+        self.watch.see(layer, "shexp", gate)  # H's quantize would hide what they hold
+        self.watch.see(layer, "shexp", up)
         n_tok = be.shape(h)[0]
         hh = be.swiglu_rows(gate, up, 0, n_tok)
         return g, self._dense(wd, hh)

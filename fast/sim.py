@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata import attention, dense, mmq, numerics, q8_1, quants
+from strata import attention, dense, mmq, nonfinite, numerics, q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
 from strata.moe import combine, gather_rows, scatter_rows, swiglu
+from strata.nonfinite import NOTHING
 from strata.routing import routing_tables, top_k
 
 from fast.backend_base import BackendBase
@@ -265,6 +266,28 @@ class SimBackend(BackendBase):
         positions = np.array(positions, copy=True)
         return self._step("attention", self.alloc_f32(q.shape),
                           lambda: attention.attend(self.kv, layer, q, positions))
+
+    # ---- the NaN/Inf watch (strata/nonfinite.py), a step on the compute stream like the kernel's
+    _nonfinite = None
+
+    def nonfinite_reset(self) -> None:
+        self._nonfinite = [NOTHING]  # a new box: a mark still queued from before writes the old one
+
+    def nonfinite_mark(self, x, code: int) -> None:
+        if self._nonfinite is None:
+            self.nonfinite_reset()
+        box = self._nonfinite
+
+        def run():
+            box[0] = nonfinite.mark(box[0], x, code)
+
+        self._launch("nonfinite_mark", run)
+
+    def nonfinite_first(self) -> int:
+        if self._nonfinite is None:
+            return NOTHING
+        self.streams.synchronize("compute")
+        return self._nonfinite[0]
 
     def add(self, x, y):
         return self._step("add", self.alloc_f32(x.shape), lambda: x + y)

@@ -45,8 +45,11 @@ def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray, dump
     q = numerics.rope_neox(q, positions, cos, sin)
     k = numerics.rope_neox(k, positions, cos, sin)
 
+    for name, a in (("q", q), ("k", k), ("v", v)):  # what the KV cache's quantize would hide
+        model.watch.see(layer, name, a)
     model.kv.write(layer, positions, k, v)
     o = attention.attend(model.kv, layer, q, positions).reshape(n_tok, cfg.n_q)
+    model.watch.see(layer, "attn_out", o)  # what the o-projection's quantize would hide
     out = dense_product(model, (layer, "attn_output"), L.attn_output, o)
     x = x + out
     if dump is not None:  # the op records, in the order computed (strata/records.py)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import dense, mmq, numerics, parallel
+from strata import dense, mmq, nonfinite, numerics, parallel
 from strata.attention import KVCache
 from strata.pack import Pack
 
@@ -36,6 +36,8 @@ class ReferenceEngine:
         self.kv = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self._rope = numerics.RopeTable(cfg.head_dim, cfg.rope_base, scaling=cfg.rope_scaling)
         self._weights = PreparedCache()  # decoded quantized matrices and float32 float ones
+        # where a run first computed a NaN or an Inf (strata/nonfinite.py: the session reads it)
+        self.watch = nonfinite.Watch(cfg.n_layer)
 
     def product(self, key, matrix, act) -> np.ndarray:
         """matrix (a quantized QMatrix) times decoded q8_1 rows, its decoded form cached

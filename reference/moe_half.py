@@ -62,6 +62,7 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     # 1. Norm and router.
     h = numerics.rmsnorm(x, L.ffn_norm, cfg.rms_eps)
     logits = dense_product(model, (layer, "ffn_gate_inp"), L.ffn_gate_inp, h)
+    model.watch.see(layer, "router_logits", logits)  # a -Inf logit is only an expert not picked
     ids, weights = top_k(logits, k_used)
 
     # 2. Routing tables.
@@ -102,6 +103,8 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     # Experts share nothing but their inputs, so they run on the pool's threads; the
     # largest first, so that the last to finish is a small one.
     parallel.map_ordered(expert, sorted(tab.order, key=lambda e: -int(tab.cnt[e])))
+    model.watch.see(layer, "gate", gate_all)  # H's quantize would hide what they hold
+    model.watch.see(layer, "up", up_all)
 
     # 5. The shared expert.
     shared = None
@@ -110,6 +113,7 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
 
     # 6. Combine in rank order, then the shared expert, then the residual.
     out = combine(x, weights, tab.slot, y, shared)
+    model.watch.see(layer, "moe_out", out)  # the residual: what every op before it reaches
 
     if dump is not None:  # in the order computed (strata/records.py)
         dump.op(layer, "ffn_norm", h)
@@ -137,4 +141,6 @@ def shared_expert(model, layer: int, L, h: np.ndarray) -> tuple[np.ndarray, np.n
     g = numerics.sigmoid(dense_product(model, (layer, "shexp_gate_inp"), L.ffn_gate_inp_shexp, h)[:, 0])
     gate = dense_product(model, (layer, "shexp_gate"), L.ffn_gate_shexp, h)
     up = dense_product(model, (layer, "shexp_up"), L.ffn_up_shexp, h)
+    model.watch.see(layer, "shexp", gate)  # H's quantize would hide what they hold
+    model.watch.see(layer, "shexp", up)
     return g, dense_product(model, (layer, "shexp_down"), L.ffn_down_shexp, swiglu(gate, up))

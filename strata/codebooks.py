@@ -176,6 +176,18 @@ class MXFP4(_CodebookFormat, qtype=QT.MXFP4):
         return e8m0_half(blk[:, 0:1])
 
     @classmethod
+    def finite_blocks(cls, blk):
+        # every e8m0 scale is finite, but from 2^125 (e >= 253) a code of 12 overflows float32:
+        # those rare blocks are decoded to say which
+        ok = blk[:, 0] < 253
+        if not ok.all():
+            big = ~ok
+            codes, _, dw, _, _ = cls.decode_blocks(blk[big])
+            with np.errstate(over="ignore"):
+                ok[big] = np.isfinite(dw[:, None] * codes.reshape(len(dw), -1).astype(np.float32)).all(axis=1)
+        return ok
+
+    @classmethod
     def set_scales(cls, blk, d):
         # A power of two 2^k: k rounds log2(d) down or up at random, up with probability
         # (d^2 / 4^k - 1) / 3 (the block's random scale byte drawing it), so the mean square

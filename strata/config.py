@@ -186,8 +186,12 @@ class ModelConfig:
                     return _STAND_IN[kind]
                 return default
             value = fields[key]
-            if hasattr(value, "contents"):
-                value = value.contents()
+            try:
+                if hasattr(value, "contents"):
+                    value = value.contents()
+            except UnicodeDecodeError:  # GGUF's strings are UTF-8
+                unread.append(f"metadata key {key}: its value is not UTF-8 text")
+                return _STAND_IN[kind] if default is ... else default
             try:
                 if kind is str:
                     if not isinstance(value, str):
@@ -318,7 +322,8 @@ def _layout_problems(cfg: ModelConfig, shapes: Mapping[str, list[int]],
     the loader's (strata/pack.py:_validate), which names them."""
     out = []
     layers = sorted({int(m.group(1)) for n in shapes if (m := _BLOCK.match(n))})
-    if layers != list(range(cfg.n_layer)) and cfg.n_layer >= 1:
+    # compared without a list of n_layer entries: block_count may be 2**32 - 1
+    if (len(layers) != cfg.n_layer or layers != list(range(len(layers)))) and cfg.n_layer >= 1:
         if not layers:
             held = "no layer tensors (blk.N.*)"
         elif layers == list(range(len(layers))):

@@ -52,7 +52,7 @@ def sizes_of(pack: str | Path) -> Sizes:
     """The vocabulary and width of a pack (opened, and so checked, by strata.pack)."""
     from strata.pack import Pack
 
-    with Pack.open(pack) as p:
+    with Pack.open(pack, check_values=False) as p:  # its shape only: no value is read
         return Sizes(Path(pack), p.config.n_vocab, p.config.n_embd)
 
 
@@ -226,7 +226,11 @@ def _fields(reader) -> dict:
     for key, f in reader.fields.items():
         if key.startswith("GGUF.") and key != "GGUF.version":
             continue
-        out[key] = (tuple(int(t) for t in f.types), f.contents())
+        try:
+            value = f.contents()
+        except UnicodeDecodeError:  # not UTF-8 text: compared as its bytes
+            value = b"".join(bytes(f.parts[i]) for i in f.data)
+        out[key] = (tuple(int(t) for t in f.types), value)
     return out
 
 

@@ -8,13 +8,16 @@ chunk's embedding, its layers in order and each layer's ops in `strata.records.O
 then the logits) and names the first record holding a non-finite value, with the first
 position and element in it.
 
-Pack tensors: a quantized block's values are its integer codes times its half-precision
-scale (and min): the codes and sub-scales are small integers, so a block decodes to a
-non-finite value exactly when one of its half-precision scales is NaN or Inf (its half
-fields; IQ1_M's d, spread over four nibbles: `QuantFormat.scale_values`), and then every value
-of the block is (Inf times a code is Inf, times 0 is NaN). `in_tensor` reads only those scales,
-which is what makes `info --check` fast enough for the large packs; tests/test_nonfinite.py
-holds it equal to a full `strata.quants.dequantize` for every type.
+Pack tensors: a quantized block's values are its integer codes times its float fields (the
+scale, a min: `QuantFormat.scale_values`; the half fields of most formats, IQ1_M's d spread over
+four nibbles, MXFP4's and NVFP4's scale bytes): the codes and sub-scales are small integers, so
+a block decodes to a non-finite value exactly when one of those fields is NaN or Inf, and then
+every value of the block is (Inf times a code is Inf, times 0 is NaN), or, for MXFP4 alone,
+when a finite scale of 2^125 or more times a code overflows (`QuantFormat.finite_blocks` says
+which blocks decode finite). `in_tensor` reads only those fields, which is what makes the check
+cheap enough for `run` to make whenever it opens a pack (`Pack.open`) and `info --check` on
+the large packs; tests/test_nonfinite.py holds it equal to a full `strata.quants.dequantize`
+for every type. A float tensor (F32, F16, BF16) is read whole.
 """
 from __future__ import annotations
 
@@ -25,9 +28,9 @@ from typing import Callable, Iterator
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from strata import dumps, q8_1, qformats, quants
+from strata import dumps, q8_1, qformats
 from strata.dense import FLOAT_TYPES, decode_float
-from strata.records import op_of, q8_layouts, read_timeline  # noqa: F401 - q8_layouts for callers
+from strata.records import OPS, ORDER, op_of, q8_layouts, read_timeline  # noqa: F401 - q8_layouts for callers
 from strata.report import _sort_key as computed_order  # the order the first-difference report walks
 
 SLAB_BYTES = 32 << 20  # a pack tensor is scanned this much at a time (its decode is 4x that)
@@ -168,6 +171,101 @@ def in_records(path: str | Path, layouts: dict | None = None,
     return None
 
 
+# ---- the watch: every run, every engine --------------------------------------------------
+# A NaN can vanish on its way to the logits: an int8 block quantization stores a block holding
+# one as zeros (strata/blockquant.py; a kernel's fmaxf drops it), and RMSNorm of a row holding
+# an Inf gives zeros beside a NaN. So `run` does not trust the logits alone: each engine
+# watches the outputs of the ops that feed those steps and the residual at each layer's end
+# (docs/numerics.md section 10 argues why these are enough), on every run, and says at the end
+# which of them first held a NaN or an Inf. The CUDA backend keeps the answer on the device
+# (fast/cuda/kernels/nonfinite.cu, this module's `mark`), read once when the run has its
+# logits, so no op waits for the host.
+
+#: the ops watched on every run, record names of strata.records.OPS ("shexp": the shared
+#: expert's gate and up products, which its quantize of H would hide, are watched under its name)
+WATCHED = ("q", "k", "v", "attn_out", "router_logits", "gate", "up", "shexp", "moe_out")
+#: the watch's value while nothing was seen: the largest uint64, above every code
+NOTHING = 2**64 - 1
+
+
+def mark(first: int, x, code: int) -> int:
+    """`code` where x holds a NaN or an Inf and code is below `first`, else `first`: the
+    definition of fast/cuda/kernels/nonfinite.cu's `nonfinite_mark`. A code at or above
+    `first` does not read x (an earlier op already holds the watch)."""
+    if code >= first:
+        return first
+    return code if not np.isfinite(np.asarray(x)).all() else first
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The first watched op that held a NaN or an Inf: its unit (the record file's chunk
+    index: a chunk, a window, or a greedy step), layer and op (a name of WATCHED)."""
+
+    unit: int
+    layer: int
+    op: str
+
+    def where(self) -> str:
+        return f"layer {self.layer}, op {self.op} (L{self.layer:02d}.{self.op}) of chunk {self.unit}"
+
+
+def to_json(found) -> dict | None:
+    """A run's answer (a Found, a Seen or None) as JSON-able values: a cached run keeps it."""
+    if found is None:
+        return None
+    d = {k: getattr(found, k) for k in found.__dataclass_fields__}
+    if isinstance(found, Found):
+        d["value"] = repr(float(found.value))  # nan, inf, -inf: JSON has no word for them
+    return {"kind": type(found).__name__, **d}
+
+
+def from_json(d: dict | None):
+    """to_json's inverse."""
+    if not d:
+        return None
+    d = dict(d)
+    kind = d.pop("kind")
+    if kind == "Found":
+        return Found(**{**d, "index": tuple(d["index"]), "value": float(d["value"])})
+    return Seen(**d)
+
+
+class Watch:
+    """Where a run first computed a NaN or an Inf among the WATCHED ops. The session sets
+    `unit` before each unit (a chunk, a window, a greedy step) and `reset()`s it before a run;
+    the engine calls `see(layer, op, array)` after each watched op; `first()` answers at the
+    end. A code orders (unit, layer, op) as the record file does (units, then layers, then
+    strata.records.OPS), so the first in that order wins whatever order the ops ran in."""
+
+    def __init__(self, n_layer: int):
+        self.n_layer = int(n_layer)
+        self.unit = 0
+        self._first = NOTHING
+
+    def reset(self) -> None:
+        self.unit = 0
+        self._first = NOTHING
+
+    def code(self, layer: int, op: str) -> int:
+        return (self.unit * self.n_layer + int(layer)) * len(OPS) + ORDER[op]
+
+    def see(self, layer: int, op: str, array) -> None:
+        """A host array (the reference's)."""
+        self._first = mark(self._first, array, self.code(layer, op))
+
+    def _read(self) -> int:
+        return self._first
+
+    def first(self) -> Seen | None:
+        c = int(self._read())
+        if c == NOTHING:
+            return None
+        unit, rest = divmod(c, self.n_layer * len(OPS))
+        layer, i = divmod(rest, len(OPS))
+        return Seen(unit, layer, OPS[i].name)
+
+
 # ---- pack tensors ------------------------------------------------------------------------
 
 
@@ -181,11 +279,12 @@ def in_tensor(qtype, raw: np.ndarray) -> tuple[int, int] | None:
     if qt in FLOAT_TYPES:
         idx = first_nonfinite(decode_float(qt, rows))
         return None if idx is None else (idx[0], idx[1])
-    values, nbytes = quants.block_size(qt)
-    blocks = rows.reshape(rows.shape[0], -1, nbytes)
-    # the block's half scales (strata.qformats: QuantFormat.scale_values)
-    scales = qformats.lookup(qt).scale_values(blocks.reshape(-1, nbytes))
-    bad = ~np.isfinite(scales).all(axis=1).reshape(blocks.shape[:2])
+    fmt = qformats.lookup(qt)
+    blocks = rows.reshape(-1, fmt.block_bytes)
+    # the block's float fields (QuantFormat.finite_blocks): one non-finite, the block is
+    bad = ~fmt.finite_blocks(blocks)
+    bad = bad.reshape(rows.shape[0], -1)
+    values = fmt.block_values
     if not bad.any():
         return None
     row, blk = (int(i) for i in np.unravel_index(int(np.argmax(bad.reshape(-1))), bad.shape))
@@ -202,28 +301,41 @@ class BadTensor:
 
 def in_pack(pack, progress: Callable[[int, int, str], None] | None = None) -> Iterator[BadTensor]:
     """Every tensor of a pack that decodes to a NaN or an Inf, in file order, with the first
-    such value. progress(bytes done, bytes in all, the tensor's name) is called after each
-    piece read."""
-    tensors = list(pack.reader.tensors)
-    total = sum(int(t.n_bytes) for t in tensors)
-    done = 0
+    such value. Read in slabs of SLAB_BYTES (memory stays bounded; a stacked tensor's experts
+    one after another), as many at a time as strata/parallel.py has threads (each slab says
+    what it says alone); progress(bytes done, bytes in all, the tensor's name) is called after
+    each round of them. A tensor's slabs after its first bad one are not read."""
+    from strata import parallel
+
+    pieces = []  # (logical name, first row, end row) of the tensor's rows, experts one after another
     for logical in pack.tensor_names():
-        t = pack.tensor(logical)
         m = pack.matrix(logical)
-        data = m.data if m.data.ndim == 3 else m.data[None]
-        hit = None
+        n = m.n_rows * (m.n_expert or 1)
         step = max(1, SLAB_BYTES // m.row_bytes)
-        for e in range(data.shape[0]):  # one expert (or the whole matrix) at a time,
-            for r0 in range(0, m.n_rows, step):  # in slabs of rows: memory stays bounded
-                got = in_tensor(m.qtype, data[e, r0:r0 + step])
-                done += int(data[e, r0:r0 + step].nbytes)
-                if progress is not None:
-                    progress(done, total, str(t.name))
-                if got is not None:  # the first is named; the rest of the tensor is not read
-                    hit = BadTensor(str(t.name), e if m.data.ndim == 3 else None, r0 + got[0], got[1])
-                    break
-            if hit is not None:
-                done += int(data[e + 1:].nbytes) + int(data[e, r0 + step:].nbytes)
-                break
-        if hit is not None:
-            yield hit
+        pieces += [(logical, r0, min(r0 + step, n)) for r0 in range(0, n, step)]
+
+    def rows(piece):
+        logical, r0, r1 = piece
+        m = pack.matrix(logical)
+        return m.data.reshape(-1, m.row_bytes)[r0:r1]  # a stacked tensor's experts are contiguous
+
+    def scan(piece):
+        return in_tensor(pack.matrix(piece[0]).qtype, rows(piece))
+
+    total = sum(int(t.n_bytes) for t in pack.reader.tensors)
+    done, hits = 0, {}
+    at_once = 2 * parallel.workers()
+    for i in range(0, len(pieces), at_once):
+        todo = [p for p in pieces[i:i + at_once] if p[0] not in hits]
+        for piece, got in zip(todo, parallel.map_ordered(scan, todo)):
+            if got is not None and piece[0] not in hits:  # the tensor's first, in row order
+                m = pack.matrix(piece[0])
+                expert, row = divmod(piece[1] + got[0], m.n_rows)
+                hits[piece[0]] = BadTensor(str(pack.tensor(piece[0]).name), expert if m.n_expert else None,
+                                           row, got[1])
+        done += sum(int(rows(p).nbytes) for p in pieces[i:i + at_once])
+        if progress is not None:
+            progress(done, total, str(pack.tensor(pieces[min(i + at_once, len(pieces)) - 1][0]).name))
+    for logical in pack.tensor_names():
+        if logical in hits:
+            yield hits[logical]

@@ -180,31 +180,111 @@ class _Truncated(Exception):
         self.name, self.end, self.size = name, end, size
 
 
+class _Layout(Exception):
+    """The tensor table's problems, one phrase each (_CheckedReader)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__(problems)
+        self.problems = problems
+
+
+#: ggml's tensors have at most 4 dimensions and names of at most 63 bytes (GGML_MAX_DIMS,
+#: GGML_MAX_NAME with its NUL): llama.cpp's GGUF reader refuses a table past either
+GGML_MAX_DIMS = 4
+GGML_NAME_BYTES = 63
+LAYOUT_SHOWN = 3  # layout problems named in the one line; the rest are counted
+
+
 class _CheckedReader(GGUFReader):
-    """GGUFReader that checks every tensor's data lies inside the file before it maps it
-    (so a truncated pack is reported as such, not as a reshape error)."""
+    """GGUFReader that checks the tensor table before it maps any tensor: every name once and
+    of at most GGML_NAME_BYTES; at most GGML_MAX_DIMS dimensions; a type id ggml knows, rows of
+    whole blocks; and the data laid out as the format lays it (`_layout_problems`). A
+    truncated pack is reported as such, not as a reshape error."""
 
     def _build_tensors(self, start_offs, fields):  # noqa: D401 - gguf internal hook
         size = int(self.data.shape[0])
-        misfit = []  # every tensor whose rows are not whole blocks of its type, named at once
-        for field in fields:
+        problems, misfit, spans, seen = [], [], [], {}
+        for i, field in enumerate(fields):
             try:
-                _nl, name_data, _nd, dims, raw_dtype, offset_tensor = field.parts
-                qt = QT(int(raw_dtype[0]))
-                vals, nbytes = _gguf_sizes(qt)
-                n_elems = int(np.prod(dims.astype(np.uint64), dtype=np.uint64))
-                end = int(start_offs) + int(offset_tensor[0]) + n_elems * nbytes // vals
-                name = bytes(name_data).decode("utf-8", "replace")
+                _nl, name_data, n_dims, dims, raw_dtype, offset_tensor = field.parts
             except Exception:  # layout of gguf internals changed: fall back to gguf's checks
-                break
-            if end > size:
-                raise _Truncated(name, end, size)
-            if len(dims) and int(dims[0]) % vals:
-                misfit.append(f"tensor {name} ({qt.name}): rows of {int(dims[0])} values are not a "
+                return super()._build_tensors(start_offs, fields)
+            if not (len(n_dims) == len(raw_dtype) == len(offset_tensor) == 1 and len(dims) == int(n_dims[0])):
+                # the entry was read past the end of the file (gguf-py's views come back short)
+                raise _Layout([f"the tensor table is cut short or corrupt at tensor #{i} (of {len(fields)})"])
+            raw_name = bytes(name_data)
+            if len(dims) > GGML_MAX_DIMS:
+                problems.append(f"tensor #{i} ({raw_name[:40].decode('utf-8', 'replace')}): {len(dims)} "
+                                f"dimensions (ggml's tensors have at most {GGML_MAX_DIMS})")
+                continue
+            dims = [int(d) for d in dims]
+            type_id, rel = int(raw_dtype[0]), int(offset_tensor[0])
+            name = raw_name.decode("utf-8", "replace")  # gguf-py has refused one not UTF-8 (_open_reader)
+            if name in seen:
+                problems.append(f"tensor name {name} appears twice (tensors #{seen[name]} and #{i})")
+                continue
+            seen[name] = i
+            if len(raw_name) > GGML_NAME_BYTES:
+                problems.append(f"tensor {name[:40]}...: a name of {len(raw_name)} bytes (ggml's "
+                                f"hold at most {GGML_NAME_BYTES})")
+            try:
+                qt = QT(type_id)
+                vals, nbytes = _gguf_sizes(qt)
+            except (ValueError, KeyError):
+                problems.append(f"tensor {name}: unknown GGML type id {type_id}")
+                continue
+            if dims and dims[0] % vals:
+                misfit.append(f"tensor {name} ({qt.name}): rows of {dims[0]} values are not a "
                               f"multiple of the {qt.name} block size ({vals})")
+                continue
+            n_bytes = int(np.prod(dims, dtype=object)) * nbytes // vals
+            spans.append((name, rel, rel + n_bytes))
+        if not problems and not misfit:
+            problems = _layout_problems(spans, int(self.alignment))
+            past = [(name, int(start_offs) + end) for name, _rel, end in spans if int(start_offs) + end > size]
+            if past and not problems:  # laid out as the format says, the file cut short
+                raise _Truncated(*past[0], size)
+            problems = [f"tensor {name} ends at byte {end:,}, past the end of the file ({size:,} bytes)"
+                        for name, end in past[:LAYOUT_SHOWN]] + problems
+        if problems:
+            raise _Layout(problems)
         if misfit:
             raise PackError("; ".join(misfit))
         return super()._build_tensors(start_offs, fields)
+
+
+def _layout_problems(spans: list[tuple[str, int, int]], alignment: int) -> list[str]:
+    """What breaks GGUF's data layout, one phrase each (LAYOUT_SHOWN of them, then a count),
+    [] if nothing. spans: (name, start, end) of each tensor's bytes, offsets into the data
+    section, in table order. The format (llama.cpp's reader, ggml/src/gguf.cpp) lays the
+    tensors one after another in table order, each starting at a multiple of the alignment: the
+    first at 0, each next at the end of the one before rounded up to the alignment. So two
+    tensors whose bytes overlap (a changed type id or dimension makes a tensor's bytes run into
+    the next), a tensor off the alignment, a gap beyond the padding and data out of table order
+    are each refused, named."""
+    out, overlapping = [], set()
+    by_start = sorted(spans, key=lambda s: (s[1], s[2]))
+    for (a, a0, a1), (b, b0, _b1) in zip(by_start, by_start[1:]):
+        if b0 < a1:
+            out.append(f"tensor {a} (data bytes {a0:,} to {a1:,}) overlaps tensor {b} (from byte {b0:,})")
+            overlapping |= {a, b}
+    at, before = 0, None  # where the format puts the next tensor, and the tensor before it
+    for name, start, end in spans:
+        if start % alignment:
+            out.append(f"tensor {name} starts at data byte {start:,}, not a multiple of the "
+                       f"alignment ({alignment})")
+        elif start > at:
+            after = f"after tensor {before}'s end (padded)" if before else "at the start of the data"
+            out.append(f"a gap of {start - at:,} bytes {after}, before tensor {name} (GGUF lays tensors "
+                       f"one after another, each padded to {alignment} bytes)")
+        elif start < at and name not in overlapping:
+            out.append(f"tensor {name} lies before tensor {before}'s end, listed before it (GGUF "
+                       f"keeps the data in table order)")
+        at = -(-end // alignment) * alignment
+        before = name
+    if len(out) > LAYOUT_SHOWN:
+        out = out[:LAYOUT_SHOWN] + [f"{len(out) - LAYOUT_SHOWN} more"]
+    return out
 
 
 def _gguf_sizes(qt: QT) -> tuple[int, int]:
@@ -246,8 +326,20 @@ def _open_reader(path: Path) -> GGUFReader:
         raise PackError(
             f"truncated pack {path}: tensor {t.name} ends at byte {t.end} but the file has "
             f"{t.size} bytes") from None
+    except _Layout as bad:
+        raise PackError(f"{path}: its tensor table does not describe its data: "
+                        + "; ".join(bad.problems)) from None
     except PackError:
         raise
+    except UnicodeDecodeError as exc:  # gguf-py decodes keys and tensor names as it reads them
+        raise PackError(f"{path}: a metadata key or tensor name is not UTF-8 text: "
+                        f"{bytes(exc.object)[:48]!r}") from None
+    except KeyError as exc:  # gguf-py's reader on a metadata key the file holds twice
+        if "Duplicate" not in str(exc):
+            raise PackError(f"corrupt or truncated GGUF file {path} ({size:,} bytes): its metadata "
+                            "and tensor list do not parse") from None
+        key = str(exc).split("Duplicate ", 1)[1].split(" already", 1)[0]
+        raise PackError(f"{path}: metadata key {key[:80]} appears twice") from None
     except MemoryError:
         raise PackError(f"corrupt GGUF header (implausible sizes): {path}") from None
     except Exception:  # gguf raises ValueError, IndexError, KeyError, ... on corrupt files,
@@ -314,7 +406,13 @@ class Pack:
 
     # ---- opening -------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> "Pack":
+    def open(cls, path: str | os.PathLike[str], check_values: bool = True,
+             progress: bool | None = None) -> "Pack":
+        """Open and validate a pack (module docstring). check_values: also refuse a pack any
+        tensor of which decodes to NaN or Inf (`refuse_nonfinite`: the scale fields of the
+        quantized tensors, the float ones whole), as every command that computes on it does;
+        `info` and `diff`, which only describe, pass False. progress: that scan's progress
+        (strata/progress.py: None a bar on a terminal, else a line every 10 s of a long scan)."""
         path = Path(path)
         reader = _open_reader(path)
         file_size = int(reader.data.shape[0])
@@ -328,13 +426,39 @@ class Pack:
         # of them, beside every problem of the metadata (its values and counts against the
         # limits and the tensors present, each key named: strata/config.py, strata/limits.py)
         # or, where the metadata is sound, of the tensors' names and shapes
-        unread = _type_problems(tensors)
+        unread = _unknown_tensors(reader) + _type_problems(tensors)
         try:
             config = ModelConfig.from_metadata(reader.fields, {n: _ne(t) for n, t in tensors.items()})
         except PackError as exc:
             raise PackError(f"{path}: " + "; ".join([str(exc), *unread])) from None
         config = _validate(config, tensors, unread, where=f"{path}: ")
-        return cls(path, reader, config, tensors, file_size)
+        pack = cls(path, reader, config, tensors, file_size)
+        if check_values:
+            pack.refuse_nonfinite(progress)
+        return pack
+
+    def refuse_nonfinite(self, progress: bool | None = None) -> None:
+        """A PackError in one line naming every tensor that decodes to NaN or Inf (grouped by
+        type, layers folded), or nothing. Quantized tensors are read by their scale fields only
+        (`QuantFormat.scale_values`, strata/nonfinite.py): a block decodes to a non-finite
+        value exactly when one of them is NaN or Inf. Float tensors are read whole.
+        docs/numerics.md section 10 gives what it costs."""
+        from strata import nonfinite
+        from strata.progress import Progress
+
+        total = sum(int(t.n_bytes) for t in self.reader.tensors)
+        with Progress(total, "checking the pack's scales", "B", progress, unit_scale=True) as bar:
+            def step(done: int, _total: int, name: str) -> None:
+                bar.at(name)
+                bar.step(done - bar.done)
+
+            bad = [(tn.logical_name(b.name) or b.name, self.tensor_type(tn.logical_name(b.name)).name)
+                   for b in nonfinite.in_pack(self, step)]
+        if bad:
+            raise PackError(
+                f"{self.path}: {len(bad)} tensor{'s decode' if len(bad) > 1 else ' decodes'} to NaN or Inf (a scale "
+                f"or float value is NaN or Inf): {by_type(bad)}; `strata-prefill info --check` names "
+                "the first row of each")
 
     def close(self) -> None:
         """Drop the caches and the map (views handed out keep their own reference)."""
@@ -353,7 +477,12 @@ class Pack:
     def field(self, key: str, default: Any = None) -> Any:
         """A metadata value (python scalar, str or list), or default."""
         f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        if f is None:
+            return default
+        try:
+            return f.contents()
+        except UnicodeDecodeError:  # GGUF's strings are UTF-8
+            raise PackError(f"{self.path}: metadata key {key}: its value is not UTF-8 text") from None
 
     @property
     def fallbacks(self) -> list[str]:
@@ -686,6 +815,20 @@ def _type_problems(tensors: dict[str, Any]) -> list[str]:
              if vec in kinds]
     return [f"{len(bad)} tensor{'s' * (len(bad) > 1)} of unsupported types ({by_type(bad)}); "
             f"supported: {'; '.join(takes)}"]
+
+
+def _unknown_tensors(reader) -> list[str]:
+    """One phrase naming the file's tensors that a qwen3moe pack does not hold ([] if none):
+    a writer's mistake or a renamed tensor (an `output.weight` renamed would otherwise make
+    the pack one of tied embeddings), refused as llama.cpp's loader refuses a tensor it does
+    not create."""
+    odd = [str(t.name) for t in reader.tensors
+           if (logical := tn.logical_name(str(t.name))) is None or tensor_kind(logical) is None]
+    if not odd:
+        return []
+    shown = ", ".join(n[:64] for n in odd[:LAYOUT_SHOWN]) + (f" and {len(odd) - LAYOUT_SHOWN} more" if len(odd) > LAYOUT_SHOWN else "")
+    return [f"{len(odd)} tensor{'s' * (len(odd) > 1)} a qwen3moe pack does not hold ({shown}; "
+            "strata/tensor_names.py lists those it does)"]
 
 
 def _validate(cfg: ModelConfig, tensors: dict[str, Any], unread: list[str] = (),

@@ -100,6 +100,16 @@ class QuantFormat:
         raise NotImplementedError
 
     @classmethod
+    def scale_values(cls, blk: np.ndarray) -> np.ndarray:
+        """float32 [N, k]: the k float fields of each block of blk uint8 [N, block_bytes] (its
+        scale, min, ...) that make the block's values non-finite when one of them is: the codes
+        and sub-scales are bounded integers, so a block decodes to NaN or Inf exactly where one
+        of these is NaN or Inf (strata/nonfinite.py, which `run` checks at open and `info
+        --check` reports). Default: the half fields; a format whose scale is not a plain half
+        (an exponent byte, a float8) overrides it."""
+        return np.stack([_half(blk, off) for off in cls.half_fields.values()], 1)
+
+    @classmethod
     def unit_std(cls) -> float:
         """Standard deviation of the dequantized values of a block with random code bits and
         its main scale set to 1 (and the min chosen by :meth:`set_scales` to centre them)."""
@@ -118,6 +128,13 @@ class QuantFormat:
         no plain half field (IQ1_M's half in four nibbles, MXFP4's e8m0 byte, NVFP4's ue4m3
         bytes) says how it assembles it."""
         return np.stack([_half(blk, off) for off in cls.half_fields.values()], 1)
+
+    @classmethod
+    def finite_blocks(cls, blk: np.ndarray) -> np.ndarray:
+        """bool [N]: which blocks of blk [N, block_bytes] decode to finite values only. A block's
+        codes and sub-scales are small integers, so it is its float fields (:meth:`scale_values`)
+        being finite; a type whose finite scale times a code can overflow (MXFP4) says so."""
+        return np.isfinite(cls.scale_values(blk)).all(axis=1)
 
     @classmethod
     def put_scale_values(cls, blk: np.ndarray, v: np.ndarray) -> None:
@@ -165,9 +182,12 @@ def lookup(qtype) -> type[QuantFormat] | None:
 
 
 def _half(blk: np.ndarray, off: int) -> np.ndarray:
-    """float32 [N] from the half at byte offset `off` of each block row of blk [N, bpb]."""
-    h = np.ascontiguousarray(blk[:, off : off + 2]).view("<f2")[:, 0]
-    return h.astype(np.float32)
+    """float32 [N] from the half at byte offset `off` of each block row of blk [N, bpb]: read
+    through a strided view where the rows' bytes are contiguous (no gathered copy first)."""
+    field = blk[:, off : off + 2]
+    if field.strides[-1] != 1:
+        field = np.ascontiguousarray(field)
+    return field.view("<f2")[:, 0].astype(np.float32)
 
 
 def _put_half(blk: np.ndarray, off: int, v: np.ndarray) -> None:

@@ -53,12 +53,19 @@ class LayerDump:
     adds every op's output (strata/records.py). Engines ask `dump.ops` before downloading
     what only the op level records."""
 
-    def __init__(self, directory: str | Path, level: str = "layer"):
+    def __init__(self, directory: str | Path, level: str = "layer", only: tuple[int, int] | None = None):
         if level not in records.LEVELS:
             raise InputError(f"dump level must be one of {', '.join(records.LEVELS)}, got {level!r}")
         self.dir = Path(directory)
         self.level = level
         self.records = dumps.RecordWriter(self.dir / "layers.spd")
+        #: (unit, layer): record that layer of that unit only (the session then hands the engine
+        #: no dump elsewhere, so nothing else is downloaded); None: everything
+        self.only = only
+
+    def wants(self, unit: int, layer: int | None) -> bool:
+        """Whether `layer` of `unit` is recorded (layer None: the unit's embedding)."""
+        return self.only is None or (layer is not None and self.only == (unit, layer))
 
     @property
     def ops(self) -> bool:
@@ -100,6 +107,12 @@ class RunResult:
     # the first-token logits are `logits`), else None
     greedy_nonfinite: int | None = None
     window: int = 0  # tokens of a layer-major window (whole chunks); the chunk without windows
+    # where the run first computed a NaN or an Inf (strata/nonfinite.py), else None: the first
+    # non-finite record of the layer the engine's watch named (a strata.nonfinite.Found, from a
+    # replay that records that layer alone), or the watch's own answer (a Seen) where the replay
+    # was not made or its records are all finite. A run that saw one in its prefill makes no
+    # greedy step.
+    nonfinite: object = None
 
 
 class Session:
@@ -126,6 +139,8 @@ class Session:
         self.n_past = 0
         self._chunks_done = 0  # the residual dump is truncated on a run's first chunk
         self._residuals: dumps.ResidualWriter | None = None
+        self.watch = getattr(engine, "watch", None)  # strata.nonfinite.Watch: where NaN or Inf first
+        self._stop_after: tuple[int, int] | None = None  # (unit, layer): a replay ends there
 
     # ---- input checks ---------------------------------------------------------------
     def _check_tokens(self, ids) -> np.ndarray:
@@ -173,24 +188,30 @@ class Session:
             if begin is not None:
                 begin()
             x = self.engine.embed(chunk_ids)
+            at = self._chunks_done  # the unit's index in the record file and the watch
+            if self.watch is not None:
+                self.watch.unit = at
             if self.layer_dump is not None:
-                self.layer_dump.begin_chunk(self._chunks_done, positions)
-                if self.layer_dump.ops:
+                self.layer_dump.begin_chunk(at, positions)
+                if self.layer_dump.ops and self.layer_dump.wants(at, None):
                     self.layer_dump.global_("embed", self.engine.to_host(x))
             unit = "chunk" if window == self.chunk else "window"
             for layer in range(n_layer):
                 if bar is not None:
                     bar.at(f"{unit} {index + 1}/{len(starts)}, layer {layer + 1}/{n_layer}")
+                dump = self.layer_dump if self.layer_dump is not None and self.layer_dump.wants(at, layer) else None
                 if len(spans) == 1:
-                    x = self.engine.layer(layer, x, positions, self.layer_dump)
+                    x = self.engine.layer(layer, x, positions, dump)
                 else:
-                    x = self.engine.window_layer(layer, x, spans, self.layer_dump)
-                if self.layer_dump is not None:
+                    x = self.engine.window_layer(layer, x, spans, dump)
+                if dump is not None:
                     keep = positions % dumps.RESIDUAL_STRIDE == 0
-                    self.layer_dump.layer(layer, "resid_pos", positions[keep])
-                    self.layer_dump.layer(layer, "resid", self.engine.to_host(x)[keep])
+                    dump.layer(layer, "resid_pos", positions[keep])
+                    dump.layer(layer, "resid", self.engine.to_host(x)[keep])
                 if bar is not None:
                     bar.step()
+                if self._stop_after == (at, layer):
+                    raise _ReplayDone
             if end is not None:
                 end()
             if self.dump_r:
@@ -231,28 +252,78 @@ class Session:
 
     def _run(self, prompt, greedy: int) -> RunResult:
         ids = self._check_tokens(prompt)
+        fresh = self.n_past == 0 and self._chunks_done == 0  # a replay can repeat it
+        if self.watch is not None:
+            self.watch.reset()
         t0 = time.perf_counter()
         logits = self.prefill(ids)
         t1 = time.perf_counter()
+        # the logits are on the host, so every mark queued before them has run: no wait. A
+        # replay (_name_nonfinite) knows what it looks for: it runs on to its layer.
+        watching = self.watch is not None and self._stop_after is None
+        seen = self.watch.first() if watching else None
         if self.dump_first_logits:
             dumps.write_first_logits(self.dump_first_logits, logits)
         if self.layer_dump is not None:
             self.layer_dump.global_("first_logits", logits[None])
         first = logits
-        out = [greedy_token(logits)] if greedy > 0 else []
+        out = [greedy_token(logits)] if greedy > 0 and seen is None else []
         bad = None  # RunResult.greedy_nonfinite
         # the first greedy token is the prefill's; each further one is a one-token step
-        with Progress(greedy - 1, "greedy", "token", self.progress) as bar:
-            while len(out) < greedy:
+        with Progress(len(out) and greedy - 1, "greedy", "token", self.progress) as bar:
+            while out and len(out) < greedy:
                 bar.at(f"token {len(out) + 1}/{greedy}")
                 logits = self._prefill(self._check_tokens([out[-1]]), None)
                 if bad is None and not np.isfinite(logits).all():
                     bad = len(out)
                 out.append(greedy_token(logits))
                 bar.step()
+        if seen is None and watching and greedy > 1:
+            seen = self.watch.first()
         t2 = time.perf_counter()
         n_chunks = -(-ids.size // self.chunk)
-        return RunResult(ids.size, self.chunk, n_chunks, first, out, t1 - t0, t2 - t1, bad, self.window_taken)
+        found = None
+        if seen is not None:  # the run's own op records name it where it keeps them (`run` reads them)
+            own = self.layer_dump is not None and self.layer_dump.ops
+            found = (self._name_nonfinite(ids, greedy, seen) if fresh and not own else None) or seen
+        return RunResult(ids.size, self.chunk, n_chunks, first, out, t1 - t0, t2 - t1, bad, self.window_taken,
+                         nonfinite=found)
+
+    def _name_nonfinite(self, ids: np.ndarray, greedy: int, seen):
+        """The first non-finite record of the (unit, layer) the watch named (a
+        strata.nonfinite.Found with its op, position and element), from a replay of the run on
+        the same engine (the same chunks and greedy steps: the same bits) that records every op
+        of that layer of that unit and nothing else, and stops after it; None where those
+        records are all finite (the watch saw what no op records: the shared expert's gate or
+        up) or the engine has no pack. The replay's files are removed."""
+        import shutil
+        import tempfile
+
+        from strata import nonfinite
+
+        pack = getattr(self.engine, "pack", None)
+        if pack is None:
+            return None
+        folder = Path(tempfile.mkdtemp(prefix="strata-prefill-nonfinite-"))
+        try:
+            replay = Session(self.engine, chunk=self.chunk, progress=self.progress,
+                             progress_desc=f"naming where NaN or Inf first appear (layer {seen.layer})")
+            replay.dump_first_logits = replay.dump_r = None  # never the run's own files
+            replay.layer_dump = LayerDump(folder, "ops", only=(seen.unit, seen.layer))
+            replay._stop_after = (seen.unit, seen.layer)
+            try:
+                replay._run(ids, greedy)
+            except _ReplayDone:
+                pass
+            replay.layer_dump.records.close()
+            return nonfinite.in_records(folder / "layers.spd", records.q8_layouts(pack),
+                                        self.config.n_expert_used)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+class _ReplayDone(Exception):
+    """A replay (Session._name_nonfinite) has recorded the layer it was made for."""
 
 
 def greedy_token(logits: np.ndarray) -> int:

@@ -41,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from strata import atomic
+from strata import atomic, nonfinite
 from strata.cache_home import user_cache_dir
 
 ENV = "STRATA_PREFILL_REFERENCE_CACHE"
@@ -455,6 +455,8 @@ class RefRun:
     entry: Path | None = None  # the cache entry (None: cache off)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    greedy_nonfinite: int | None = None  # as strata.session.RunResult's
+    nonfinite: object = None             # as strata.session.RunResult's (a Found or a Seen)
 
 
 def _prompt_key(ids, n_vocab: int) -> str | None:
@@ -481,7 +483,8 @@ def _compute_run(pack, ids, greedy: int, dump_level: str | None, chunk, folder: 
     res = s.run(ids, greedy=greedy)
     (folder / RESULT).write_text(json.dumps({
         "greedy": [int(t) for t in res.greedy], "chunk": res.chunk, "prompt_tokens": res.prompt_tokens,
-        "prefill_seconds": res.prefill_seconds, "decode_seconds": res.decode_seconds}))
+        "prefill_seconds": res.prefill_seconds, "decode_seconds": res.decode_seconds,
+        "greedy_nonfinite": res.greedy_nonfinite, "nonfinite": nonfinite.to_json(res.nonfinite)}))
 
 
 def _read_run(folder: Path, hit: bool, entry: Path | None) -> RefRun:
@@ -490,7 +493,8 @@ def _read_run(folder: Path, hit: bool, entry: Path | None) -> RefRun:
     pre, dec = (0.0, 0.0) if hit else (result["prefill_seconds"], result["decode_seconds"])
     return RefRun(np.fromfile(folder / LOGITS, dtype="<f4"), [int(t) for t in result["greedy"]],
                   records if records.exists() else None, (folder / RESIDUALS).read_bytes(), hit,
-                  pre + dec, int(result["chunk"]), entry, pre, dec)
+                  pre + dec, int(result["chunk"]), entry, pre, dec, result.get("greedy_nonfinite"),
+                  nonfinite.from_json(result.get("nonfinite")))
 
 
 _SCRATCH: list[Path] = []

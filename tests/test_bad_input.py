@@ -75,12 +75,12 @@ CASES = [
     (["run", "--pack", "{head100.gguf}"], "corrupt or truncated GGUF file", None),
     (["run", "--pack", "{folder}"], "pack is not a file", None),
     (["run", "--pack", "{dir}/missing.gguf"], "pack not found", None),
-    # run: a pack whose values are NaN (tests/test_nonfinite.py: the records name the op);
-    # refused after the prefill, which is short, with exit 1 and no NumPy warning
+    # run: a pack whose values are NaN, refused when it is opened, naming the tensors (their
+    # scale fields are read: tests/test_nonfinite.py), before any prefill
     (["run", "--pack", "{ff.gguf}", "--prompt-tokens", "8", "--greedy", "0"],
-     "the run computed non-finite values: NaN first in the logits", None),
+     "{ff.gguf}: 35 tensors decode to NaN or Inf", None),
     (["run", "--pack", "{ff.gguf}", "--prompt-tokens", "8", "--greedy", "2", "--impl", "fast",
-      "--backend", "sim"], "the run computed non-finite values: NaN first in the logits", None),
+      "--backend", "sim"], "{ff.gguf}: 35 tensors decode to NaN or Inf", None),
     # make-pack
     (["make-pack", "{dir}/missing/x.gguf"], "folder {dir}/missing does not exist", "{dir}/missing"),
     (["make-pack", "{folder}"], "is a folder, not a file name", None),

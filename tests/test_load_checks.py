@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 from gguf import GGUFWriter
 
-from strata import limits, quants
+from strata import limits, qformats, quants
 from strata.config import PRESETS, ModelConfig
 from strata.errors import PackError
 from strata_prefill.cli import main
@@ -78,7 +78,7 @@ def write_pack(path: Path, cfg: ModelConfig = TINY, n_layer: int | None = None,
                edits: dict | None = None, types: dict | None = None) -> Path:
     """A pack of cfg's tensors (n_layer blocks, default cfg's), its metadata that of cfg with
     `edits` (key -> (value, type), or None to leave the key out) applied; `types` (file name
-    -> GGML type) writes those tensors as random bytes of that type instead."""
+    -> GGML type) writes those tensors as random codes of that type (finite scales) instead."""
     rng = np.random.default_rng(24)
     md = {**metadata(cfg), **(edits or {})}
     w = GGUFWriter(path, "qwen3moe")
@@ -94,6 +94,10 @@ def write_pack(path: Path, cfg: ModelConfig = TINY, n_layer: int | None = None,
         if name in (types or {}):
             vals, nbytes = GGML_QUANT_SIZES[types[name]]
             raw = rng.integers(0, 256, (*reversed(ne[1:]), ne[0] // vals * nbytes), dtype=np.uint8)
+            fmt = qformats.lookup(types[name])
+            if fmt is not None:  # finite scales: a pack holding NaN is refused at open
+                blocks = raw.reshape(-1, nbytes)
+                fmt.set_scales(blocks, np.full(blocks.shape[0], 0.01, np.float32))
             w.add_tensor(name, raw, raw_dtype=types[name])
         elif len(ne) == 1 or ".ffn_gate_inp." in name:  # norms and the router: F32
             values = rng.standard_normal(tuple(reversed(ne))).astype(np.float32)
@@ -292,8 +296,8 @@ def test_every_unsupported_tensor_and_key_in_one_refusal(tmp_path):
 
 
 def test_sound_metadata_every_tensor_problem_in_one_refusal(tmp_path):
-    """With the metadata sound: missing tensors, a wrong shape and the unsupported types, all
-    in one message."""
+    """With the metadata sound: missing tensors, the tensors no qwen3moe pack holds and the
+    unsupported types, all in one message."""
     from strata.pack import Pack
 
     path = write_pack(tmp_path / "t.gguf", types={"blk.0.ffn_down_exps.weight": QT.TQ2_0})
@@ -307,6 +311,7 @@ def test_sound_metadata_every_tensor_problem_in_one_refusal(tmp_path):
         Pack.open(path)
     msg = str(err.value)
     assert msg.startswith(f"{path}: missing tensors blk.{{0,1}}.attn_k.weight; ")
+    assert "; 2 tensors a qwen3moe pack does not hold (blk.0.attn_x.weight, blk.1.attn_x.weight; " in msg
     assert msg.endswith("1 tensor of unsupported types (TQ2_0: blk.0.ffn_down_exps.weight); supported: matrices "
                         + ", ".join(t.name for t in (*quants.SUPPORTED_TYPES, QT.F32, QT.F16, QT.BF16)))
 

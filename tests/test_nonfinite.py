@@ -1,5 +1,8 @@
-"""Non-finite values named (issue 24, deliverable 4): a run whose logits, residuals or records
-hold NaN or Inf says where they first appear in one line and exits 1; `info --check` names
+"""Non-finite values named: a pack any tensor of which decodes to NaN or Inf is refused when a
+command that computes opens it (exit 2, one line naming the tensors, before any work); a run
+that computes a NaN or an Inf anyway (a finite weight so large that a product overflows) exits 1
+in one line naming the first layer and op, with or without dump flags, on every engine, even
+where the logits come out finite (an int8 quantize turns a NaN into zeros); `info --check` names
 the tensors that decode to NaN or Inf; NumPy's warnings never reach the user."""
 import hashlib
 import shutil
@@ -13,6 +16,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from strata import nonfinite, quants
+from strata.errors import PackError
 from strata.pack import KEY_TENSOR_DIGEST, KEY_TENSOR_DIGESTS, Pack, tensor_digest_root
 from strata.records import read_timeline
 from strata_prefill.cli import main
@@ -55,7 +59,7 @@ def one_line(stderr: str) -> str:
 def reseal(path: Path) -> None:
     """Rewrite a pack's tensor digests to match its data, as if make-pack had written the
     edited bytes (the digests' hex strings keep their length, so they are patched in place)."""
-    pack = Pack.open(path)
+    pack = Pack.open(path, check_values=False)
     old = [str(d) for d in pack.field(KEY_TENSOR_DIGESTS)]
     old_root = str(pack.field(KEY_TENSOR_DIGEST))
     data = bytearray(path.read_bytes())
@@ -116,47 +120,142 @@ def scaled_pack(healthy, folder: Path, value: float) -> tuple[Path, int]:
     return out, expert
 
 
+def overflow_pack(healthy, folder: Path) -> Path:
+    """The tiny pack with every value of blk.1.attn_norm 3e38: finite, so the pack opens, but
+    its RMSNorm's products overflow to Inf, and the projections' int8 quantize of those turns
+    the NaN they lead to into zeros: the logits stay finite (test_the_watch_names...). Digests
+    resealed."""
+    out = folder / "overflow.gguf"
+    shutil.copy(healthy[0], out)
+    with Pack.open(out) as p:
+        t = p.tensor("blk.1.attn_norm")
+        at, n = int(t.data_offset), int(t.n_elements)
+    with open(out, "r+b") as f:
+        f.seek(at)
+        f.write(np.full(n, 3e38, "<f4").tobytes())
+    reseal(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def overflowing(healthy, tmp_path_factory):
+    return overflow_pack(healthy, tmp_path_factory.mktemp("overflow"))
+
+
+@pytest.fixture
+def unchecked(monkeypatch):
+    """Pack.open without its value check: a NaN planted in a weight reaches the run, so the
+    run's own watch is what is tested."""
+    monkeypatch.setattr(Pack, "refuse_nonfinite", lambda self, progress=None: None)
+
+
 @pytest.mark.parametrize("impl", [pytest.param([], id="reference"), pytest.param(SIM, id="sim"), ON_CUDA])
-def test_an_all_ff_pack_is_refused_in_one_line_naming_where(ff_pack, impl):
+def test_an_all_ff_pack_is_refused_at_open_naming_the_tensors(ff_pack, impl):
     before = ff_pack.read_bytes()
     t0 = time.monotonic()
     r = cli("run", "--pack", str(ff_pack), *PROMPT, *impl)
-    assert r.returncode == 1, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert "non-finite values: NaN first in the logits, element 0 (512 of 512" in lines[0]
-    assert "--dump-dir DIR --dump-level ops names the layer and op" in lines[0]
+    assert r.returncode == 2, r.stderr
+    line = one_line(r.stderr)
+    assert line.startswith(f"strata-prefill: error: {ff_pack}: 35 tensors decode to NaN or Inf")
+    assert "Q8_0: token_embd.weight, output.weight, blk.{0,1}.attn_q.weight" in line
+    assert "F32: output_norm.weight, blk.{0,1}.attn_norm.weight" in line
+    assert "`strata-prefill info --check` names the first row of each" in line
     assert not any(w in r.stderr for w in WARNING_WORDS)
-    assert "next" not in r.stdout  # no NaN logits printed as if they were a result
-    assert impl == CUDA or time.monotonic() - t0 < 60  # cuda may compile its kernels first
+    assert r.stdout == ""  # nothing computed, nothing printed as a result
+    assert time.monotonic() - t0 < 30  # the open's scan, not a prefill (no kernel is compiled)
     assert ff_pack.read_bytes() == before
 
 
-def test_a_cached_reference_run_is_refused_too(ff_pack, tmp_path):
-    """Through --reference-cache: the miss that computes it and the hit that reads it back."""
-    for hit in ("miss", "hit"):
-        r = cli("run", "--pack", str(ff_pack), *PROMPT, "--reference-cache", str(tmp_path / "c"),
-                "--dump-dir", str(tmp_path / "d"))
-        assert r.returncode == 1, r.stderr
-        cache_line, line = r.stderr.strip().splitlines()
-        assert cache_line.startswith(f"reference cache: {hit}")
-        assert "NaN first in layer 0, op topk_w (L00.topk_w)" in line  # the layer level's first
-        assert "; --dump-level ops names the op" in line
-        assert not any(w in r.stderr for w in WARNING_WORDS) and r.stdout == ""
+@pytest.mark.parametrize("value, impl", [(np.nan, []), (np.inf, SIM), (-np.inf, [])],
+                         ids=["nan", "inf-sim", "-inf"])
+def test_a_bad_scale_is_refused_before_any_work(healthy, tmp_path, monkeypatch, capsys, value, impl):
+    """One scale of one block among 35 tensors: named, in the process before a session is made."""
+    import strata.session
+
+    pack, _ = scaled_pack(healthy, tmp_path, value)
+    before = pack.read_bytes()
+
+    def no_work(*a, **k):
+        raise AssertionError("the run started work on a pack it should have refused")
+
+    monkeypatch.setattr(strata.session.Session, "__init__", no_work)
+    assert main(["run", "--pack", str(pack), *PROMPT, *impl]) == 2
+    out, err = capsys.readouterr()
+    assert one_line(err) == (f"strata-prefill: error: {pack}: 1 tensor decodes to NaN or Inf (a scale "
+                             f"or float value is NaN or Inf): Q8_0: {DOWN}.weight; `strata-prefill info "
+                             "--check` names the first row of each")
+    assert out == "" and pack.read_bytes() == before
+
+
+def test_the_scale_check_reads_float_tensors_whole(healthy, tmp_path):
+    """A NaN in the middle of a norm is found; info and diff open the pack without the check."""
+    path = tmp_path / "norm.gguf"
+    shutil.copy(healthy[0], path)
+    with Pack.open(path) as p:
+        t = p.tensor("blk.0.ffn_norm")
+        at = int(t.data_offset) + 4 * (int(t.n_elements) // 2)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(np.float32(np.nan).tobytes())
+    with pytest.raises(PackError, match=r"1 tensor decodes to NaN or Inf .*: F32: blk\.0\.ffn_norm\.weight;"):
+        Pack.open(path)
+    assert Pack.open(path, check_values=False).config.n_layer == 2
 
 
 @pytest.mark.parametrize("impl", [pytest.param([], id="reference"), pytest.param(SIM, id="sim"), ON_CUDA])
-def test_the_records_name_the_first_op(ff_pack, tmp_path, impl):
-    r = cli("run", "--pack", str(ff_pack), *PROMPT, *impl, "--dump-dir", str(tmp_path / "d"),
-            "--dump-level", "ops", "--dump-first-logits", str(tmp_path / "l.f32"))
-    assert r.returncode == 1
+def test_the_watch_names_what_the_logits_hide(overflowing, impl):
+    """No dump flag: the run names the layer and op (a replay of that layer alone gives the
+    position), though its logits are finite."""
+    before = overflowing.read_bytes()
+    r = cli("run", "--pack", str(overflowing), *PROMPT, *impl)
+    assert r.returncode == 1, r.stdout + r.stderr
     line = one_line(r.stderr)
-    # the token embeddings are the first thing a chunk computes
-    assert "NaN first in the token embeddings (embed) of chunk 0, position 0, element 0" in line
-    assert "the first-token logits hold 512 non-finite of 512" in line
-    assert "(the dumps written stay)" in line and "--dump-level ops names" not in line
-    assert (tmp_path / "d" / "layers.spd").exists() and (tmp_path / "l.f32").stat().st_size == 2048
+    assert line.startswith("strata-prefill: error: the run computed non-finite values: ")
+    assert "Inf first in layer 1, op attn_norm (L01.attn_norm) of chunk 0, position 0, element " in line
+    assert line.endswith("; the first-token logits are finite")
     assert not any(w in r.stderr for w in WARNING_WORDS)
+    assert "next" not in r.stdout and overflowing.read_bytes() == before
+
+
+@pytest.mark.parametrize("impl", [pytest.param([], id="reference"), pytest.param(SIM, id="sim")])
+def test_without_the_watch_that_run_prints_an_answer(overflowing, monkeypatch, capsys, impl):
+    """The control of the test above: what the logits alone let through."""
+    monkeypatch.setattr(nonfinite.Watch, "first", lambda self: None)
+    assert main(["run", "--pack", str(overflowing), *PROMPT, *impl]) == 0
+    out, err = capsys.readouterr()
+    assert "next      " in out and err == ""
+
+
+# the tensor whose Q8_0 block 3 (of row 0) gets a NaN scale -> what the line names: in the
+# attention's output projection it reaches the residual, then the next quantize zeroes it (the
+# logits come out finite); in attn_q the Q quantize zeroes it at once
+PLANTED = {
+    "blk.0.attn_output": "NaN first in layer 0, op attn_proj (L00.attn_proj) of chunk 0, position 0, element 0 (",
+    "blk.0.attn_q": "NaN first in layer 0, op q (L00.q) of chunk 0, position 0, element 0 (",
+}
+
+
+@pytest.mark.parametrize("impl", [pytest.param([], id="reference"), pytest.param(SIM, id="sim"), ON_CUDA])
+@pytest.mark.parametrize("tensor", list(PLANTED))
+@pytest.mark.parametrize("dumps", [[], ["--dump-level", "ops"]], ids=["no-dumps", "ops-records"])
+def test_a_nan_a_quantize_would_hide_is_named(healthy, tmp_path, unchecked, capsys, impl, tensor, dumps):
+    path = tmp_path / "planted.gguf"
+    shutil.copy(healthy[0], path)
+    with Pack.open(path) as p:
+        at = p.tensor_offset(tensor) + 3 * quants.block_size(QT.Q8_0)[1]
+    with open(path, "r+b") as f:
+        f.seek(at)  # a Q8_0 block's scale is its first two bytes
+        f.write(np.float16(np.nan).tobytes())
+    if dumps:
+        dumps = ["--dump-dir", str(tmp_path / "d"), *dumps]
+    assert main(["run", "--pack", str(path), *PROMPT, *impl, *dumps]) == 1
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    assert PLANTED[tensor] in line, line
+    assert out == ""
+    if impl != CUDA:  # NumPy's quantize zeroes the NaN's block; a kernel's fmaxf drops it, or
+        # keeps an all-NaN block's (docs/numerics.md section 10): past the named op, the bits differ
+        assert "the first-token logits are finite" in line
 
 
 @pytest.mark.parametrize("value, kind, impl", [
@@ -166,19 +265,42 @@ def test_the_records_name_the_first_op(ff_pack, tmp_path, impl):
     pytest.param(np.nan, "NaN first", SIM, id="nan-sim"),
     *(pytest.param(v, k, CUDA, id=f"{i}-cuda", marks=ON_CUDA.marks)
       for v, k, i in ((np.inf, "Inf first", "inf"), (np.nan, "NaN first", "nan")))])
-def test_a_bad_scale_in_layer_1_is_named_at_layer_1(healthy, tmp_path, value, kind, impl):
+def test_a_bad_scale_in_layer_1_is_named_at_layer_1(healthy, tmp_path, unchecked, capsys, value, kind, impl):
     pack, expert = scaled_pack(healthy, tmp_path, value)
-    before = pack.read_bytes()
-    r = cli("run", "--pack", str(pack), *PROMPT, *impl, "--dump-dir", str(tmp_path / "d"),
-            "--dump-level", "ops")
-    assert r.returncode == 1, r.stdout + r.stderr
-    line = one_line(r.stderr)
+    assert main(["run", "--pack", str(pack), *PROMPT, *impl]) == 1
+    out, err = capsys.readouterr()
+    line = one_line(err)
     # the down product of position 0's first expert, at the row whose scale is bad
     assert (f"first in layer 1, op y (L01.y) of chunk 0, position 0 (top-K rank 0), "
             f"element {BAD_ROW}") in line, line
     assert kind in line  # an Inf scale times a code is +-Inf (the code's sign), NaN stays NaN
+    assert out == ""
+
+
+def test_a_cached_reference_run_is_refused_too(overflowing, tmp_path):
+    """Through --reference-cache: the miss that computes it and the hit that reads it back."""
+    for hit in ("miss", "hit"):
+        r = cli("run", "--pack", str(overflowing), *PROMPT, "--reference-cache", str(tmp_path / "c"),
+                "--dump-dir", str(tmp_path / "d"))
+        assert r.returncode == 1, r.stderr
+        cache_line, line = r.stderr.strip().splitlines()
+        assert cache_line.startswith(f"reference cache: {hit}")
+        assert "Inf first in layer 1, op attn_norm (L01.attn_norm) of chunk 0, position 0" in line
+        assert "--dump-level ops names" not in line  # the replay named the op
+        assert not any(w in r.stderr for w in WARNING_WORDS) and r.stdout == ""
+
+
+@pytest.mark.parametrize("impl", [pytest.param([], id="reference"), pytest.param(SIM, id="sim"), ON_CUDA])
+def test_the_records_name_the_first_op(overflowing, tmp_path, impl):
+    r = cli("run", "--pack", str(overflowing), *PROMPT, *impl, "--dump-dir", str(tmp_path / "d"),
+            "--dump-level", "ops", "--dump-first-logits", str(tmp_path / "l.f32"))
+    assert r.returncode == 1
+    line = one_line(r.stderr)
+    assert "Inf first in layer 1, op attn_norm (L01.attn_norm) of chunk 0, position 0, element " in line
+    assert "the first-token logits are finite" in line
+    assert "(the dumps written stay)" in line and "--dump-level ops names" not in line
+    assert (tmp_path / "d" / "layers.spd").exists() and (tmp_path / "l.f32").stat().st_size == 2048
     assert not any(w in r.stderr for w in WARNING_WORDS)
-    assert pack.read_bytes() == before
 
 
 def test_in_records_walks_the_computed_order(healthy, tmp_path):
@@ -231,6 +353,25 @@ def test_info_check_on_the_ff_pack_names_a_few_then_counts(ff_pack, capsys):
     assert len(named) == 5 and "token_embd.weight" in named[0]
     assert "35 of 35 tensors decode to NaN or Inf, 30 not named above" in out
     assert len(err.strip().splitlines()) == 1 and "does not match the digest" in err
+
+
+def test_mxfp4_overflow_is_found_where_a_full_dequantize_finds_it():
+    """MXFP4's e8m0 scales are finite, but from 2^125 a large code overflows float32: the scan
+    names the tensor exactly where gguf's own dequantize gives Inf, and only there."""
+    import gguf.quants as gq
+
+    qt = quants.QT.MXFP4
+    rng = np.random.default_rng(5)
+    raw = quants.random_blocks(qt, 64, rng).reshape(4, 16 * 17)
+    assert nonfinite.in_tensor(qt, raw) is None
+    blocks = raw.reshape(-1, 17)
+    blocks[:, 0] = 253  # 2^125: a code of 12 overflows, a code of 4 does not
+    blocks[:, 1:] &= 0x22  # every code 0, 1, 2 (small: finite)
+    assert nonfinite.in_tensor(qt, raw) is None and np.isfinite(gq.dequantize(raw, qt)).all()
+    blocks[37, 5] = 0x07  # one code of 12 in block 37 (row 2)
+    with np.errstate(over="ignore"):
+        assert not np.isfinite(gq.dequantize(raw, qt)).all()
+    assert nonfinite.in_tensor(qt, raw) is not None
 
 
 # MXFP4's and NVFP4's scales are bytes that always decode finite (tests/test_codebooks.py)
@@ -305,7 +446,7 @@ def test_in_pack_reads_in_slabs_and_counts_every_byte(healthy, tmp_path, monkeyp
     monkeypatch.setattr(nonfinite, "SLAB_BYTES", 1000)  # 3 rows of 272 bytes a slab
     for path, want in ((pack, [(f"{DOWN}.weight", expert, BAD_ROW, BAD_BLOCK * 32)]), (healthy[0], [])):
         seen = []
-        with Pack.open(path) as p:
+        with Pack.open(path, check_values=False) as p:
             got = [(b.name, b.expert, b.row, b.value)
                    for b in nonfinite.in_pack(p, lambda done, total, _: seen.append((done, total)))]
             size = sum(int(t.n_bytes) for t in p.reader.tensors)
@@ -313,18 +454,23 @@ def test_in_pack_reads_in_slabs_and_counts_every_byte(healthy, tmp_path, monkeyp
         assert seen[-1] == (size, size) and [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
-def test_the_residual_dump_alone_names_a_position(ff_pack, tmp_path, capsys):
-    """--dump-r without --dump-dir: the last layer's residual, its first position."""
-    r_bin = tmp_path / "r.bin"
-    assert main(["run", "--pack", str(ff_pack), "--prompt-tokens", "130", "--greedy", "0",
-                 "--no-progress", "--dump-r", str(r_bin)]) == 1
+def test_the_residual_dump_stays_and_the_replay_leaves_the_runs_files(overflowing, tmp_path, monkeypatch,
+                                                                      capsys):
+    """--dump-r and --dump-first-logits (here from their variables): the run writes them
+    whole; the replay that names the op writes neither, nor anything beside them. The
+    residual they hold is finite: the dump alone would not have told."""
+    r_bin, logits = tmp_path / "r.bin", tmp_path / "l.f32"
+    monkeypatch.setenv("STRATA_PREFILL_DUMP_R", str(r_bin))
+    monkeypatch.setenv("STRATA_DUMP_FIRST_LOGITS", str(logits))
+    assert main(["run", "--pack", str(overflowing), "--prompt-tokens", "130", "--greedy", "0",
+                 "--no-progress"]) == 1
     out, err = capsys.readouterr()
     line = one_line(err)
-    assert ("NaN first in the residual dump (the last layer's output), position 0, element 0 "
-            "(768 of 768 values non-finite)") in line  # positions 0, 64, 128 of 256 values each
-    assert "--dump-dir DIR --dump-level ops names the layer and op" in line
-    assert line.endswith("(the dumps written stay)") and r_bin.stat().st_size == 3 * (8 + 4 * 256)
-    assert out == ""
+    assert "Inf first in layer 1, op attn_norm (L01.attn_norm) of chunk 0, position 0" in line
+    assert line.endswith("(the dumps written stay)") and out == ""
+    assert r_bin.stat().st_size == 3 * (8 + 4 * 256)  # positions 0, 64, 128 of 256 values each
+    assert nonfinite.in_residual_dump(r_bin, 256) is None  # what the dump alone would not have said
+    assert logits.stat().st_size == 2048 and sorted(p.name for p in tmp_path.iterdir()) == ["l.f32", "r.bin"]
 
 
 def test_a_greedy_step_with_non_finite_logits_is_refused(healthy, monkeypatch, capsys):
@@ -392,3 +538,109 @@ def test_a_q8_1_record_is_read_by_its_layout(tmp_path, layout):
     f = nonfinite.in_records(path, {("L00", "moe_in_q8_1"): layout})
     assert (f.layer, f.op, f.position, f.rank) == (0, "moe_in_q8_1", 12, 1)
     assert f.kind == "Inf" and f.where().endswith("header value 6")
+
+
+# ---- the watch's parts -------------------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from strata.records import OPS  # noqa: E402
+from strata.report import _sort_key as computed_order  # noqa: E402
+
+OP_NAMES = [op.name for op in OPS]
+BITS = {"nan": 0x7FC00000, "-nan": 0xFFC00000, "signalling nan": 0x7F800001, "inf": 0x7F800000,
+        "-inf": 0xFF800000}
+
+
+@settings(max_examples=200, deadline=None)
+@given(n_layer=st.integers(1, 200), seen=st.lists(
+    st.tuples(st.integers(0, 10**6), st.integers(0, 199), st.sampled_from(OP_NAMES)), min_size=1, max_size=20))
+def test_the_watch_keeps_the_first_in_the_record_files_order(n_layer, seen):
+    """Whatever order the engine sees them in, the first in (unit, layer, op) order is kept,
+    the order in_records walks a record file in (strata/report.py's)."""
+    seen = [(u, l % n_layer, op) for u, l, op in seen]
+    w = nonfinite.Watch(n_layer)
+    bad = np.array([1.0, np.nan], np.float32)
+    for unit, layer, op in seen:
+        w.unit = unit
+        w.see(layer, op, bad)
+        w.see(layer, op, np.ones(3, np.float32))  # finite: changes nothing
+    first = min(seen, key=lambda s: (s[0], computed_order(f"L{s[1]:02d}.{s[2]}")))
+    assert w.first() == nonfinite.Seen(*first)
+    w.reset()
+    assert w.first() is None and w.unit == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 300), at=st.integers(0, 299), kind=st.sampled_from([None, *BITS]),
+       first=st.integers(0, 2**64 - 1), code=st.integers(0, 2**64 - 2), seed=st.integers(0, 2**32 - 1))
+def test_mark_is_the_bits_rule(n, at, kind, first, code, seed):
+    """mark: a NaN (any payload, either sign) or an Inf marks; a code not below first does not."""
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32) * np.float32(1e30)
+    if kind is not None:
+        x.view(np.uint32)[at % n] = BITS[kind]
+    want = code if kind is not None and code < first else first
+    assert nonfinite.mark(first, x, code) == want
+
+
+@pytest.mark.skipif(not _CUDA, reason=f"cuda backend unavailable: {_WHY}")
+def test_the_kernel_is_mark():
+    """fast/cuda/kernels/nonfinite.cu against strata.nonfinite.mark: sizes around the vector
+    width and the grid, views off the 16-byte alignment, every kind of NaN and Inf at the
+    first, last and a random element, a code above, equal to and below the value held."""
+    from pycuda import gpuarray
+
+    from fast.cuda import elementwise as cu_ew, runtime
+
+    dev = runtime.Device()
+    rng = np.random.default_rng(11)
+    for n in (1, 3, 4, 5, 255, 1024, 1027, 3 * 1024 * 1024 + 1):
+        base = rng.standard_normal(n + 3).astype(np.float32)
+        for skip in (0, 1, 3):
+            for kind in (None, *BITS):
+                for where in ("first", "last", "any"):
+                    x = base[skip:skip + n].copy()
+                    if kind is not None:
+                        i = {"first": 0, "last": n - 1, "any": int(rng.integers(n))}[where]
+                        x.view(np.uint32)[i] = BITS[kind]
+                    buf = gpuarray.to_gpu(np.concatenate([base[:skip], x]))
+                    view = buf[skip:]
+                    for held, code in ((nonfinite.NOTHING, 7), (7, 7), (9, 7), (3, 2**40)):
+                        first = gpuarray.to_gpu(np.array([held], np.uint64))
+                        cu_ew.nonfinite_mark(dev, view, first, code)
+                        got = int(first.get()[0])
+                        assert got == nonfinite.mark(held, x, code), (n, skip, kind, where, held, code)
+                    if kind is None:  # where is nothing to plant: once
+                        break
+
+
+def test_a_nan_first_in_a_greedy_step_is_named_there(healthy, monkeypatch, capsys):
+    """The watch reads the greedy steps too; the replay runs the prompt and the steps before to
+    reach the step's unit (chunk 1: the first one-token step, at position 70)."""
+    import reference.moe_half as moe_half
+
+    combine = moe_half.combine
+
+    def planted(x, weights, slot, y, shared):
+        out = combine(x, weights, slot, y, shared)
+        if x.shape[0] == 1:  # a one-token step: a NaN in the residual it leaves
+            out = out.copy()
+            out[0, 5] = np.nan
+        return out
+
+    monkeypatch.setattr(moe_half, "combine", planted)
+    assert main(["run", "--pack", str(healthy[0]), "--prompt-tokens", "70", "--greedy", "3", "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    assert ("NaN first in layer 0, op moe_out (L00.moe_out) of chunk 1, position 70, element 5 (1 of 256 "
+            "values non-finite); the first-token logits are finite") in line and out == ""
+
+
+def test_a_windowed_run_is_named_the_same(overflowing, capsys):
+    """Layer-major windows of two chunks (the sim): the unit is the window, the op the same."""
+    assert main(["run", "--pack", str(overflowing), "--prompt-tokens", "70", "--prefill", "16", "--window", "32",
+                 "--greedy", "1", "--no-progress", *SIM]) == 1
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    assert "Inf first in layer 1, op attn_norm (L01.attn_norm) of chunk 0, position 0, element 0 (" in line
+    assert " of 8,192 values non-finite)" in line and out == ""  # the window's 32 rows of 256

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf import quants as gq
 
-from strata import quants
+from strata import qformats, quants
 from strata_prefill.cli import main as cli
 from strata.config import PRESETS, ModelConfig
 from strata.constants import PACK_FORMAT
@@ -391,7 +391,7 @@ MICRO = ModelConfig(n_layer=1, n_embd=256, n_head=2, n_head_kv=1, head_dim=128, 
 def write_micro(path: Path, arch: str = "qwen3moe", drop: tuple[str, ...] = (),
                 ne: dict[str, list[int]] | None = None, types: dict[str, QT] | None = None,
                 drop_keys: tuple[str, ...] = (), old_names: bool = False) -> Path:
-    """A small hand-made GGUF (tensor bytes are random: validation does not decode them).
+    """A small hand-made GGUF (random codes under finite scales: validation does not decode them).
     drop, ne and types take names without `.weight`; old_names writes them so."""
     cfg = MICRO
     rng = np.random.default_rng(0)
@@ -420,6 +420,10 @@ def write_micro(path: Path, arch: str = "qwen3moe", drop: tuple[str, ...] = (),
             vals, nbytes = gq.GGML_QUANT_SIZES[qt]
             byte_shape = (*reversed(shape[1:]), shape[0] // vals * nbytes)
             data = rng.integers(0, 256, byte_shape, dtype=np.uint8)
+            fmt = qformats.lookup(qt)
+            if fmt is not None:  # finite scales: a pack holding NaN is refused at open
+                blocks = data.reshape(-1, nbytes)
+                fmt.set_scales(blocks, np.full(blocks.shape[0], 0.01, np.float32))
             w.add_tensor(name, data, raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -599,3 +603,93 @@ def test_cli_make_pack_bad_args(tmp_path, capsys):
     assert err[0].startswith("strata-prefill: error: make-pack: argument --expert-type")
     assert err[1].startswith("strata-prefill: error: make-pack: argument --layers")
     assert not (tmp_path / "x.gguf").exists() and not (tmp_path / "x.gguf.tmp").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# The tensor table against the data (strata/pack.py:_layout_problems): refused at open
+
+
+def _table(path: Path) -> dict:
+    """file tensor name -> (offset of its type id, offset of its data offset) in the header,
+    read with gguf-py (the entry's last two fields)."""
+    r = GGUFReader(path)
+    return {t.name: (int(t.field.offset) + 8 + len(t.name.encode()) + 4 + 8 * len(t.shape),
+                     int(t.field.offset) + 8 + len(t.name.encode()) + 4 + 8 * len(t.shape) + 4)
+            for t in r.tensors}
+
+
+def _edited(tiny_path: Path, folder: Path, name: str, at: str, value: int, size: int) -> Path:
+    data = bytearray(tiny_path.read_bytes())
+    where = _table(tiny_path)[name][0 if at == "type" else 1]
+    data[where:where + size] = value.to_bytes(size, "little")
+    out = folder / f"{name}-{at}-{value}.gguf"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def _data_offset(tiny_path: Path, name: str) -> int:
+    r = GGUFReader(tiny_path)
+    return next(int(t.data_offset) - int(r.data_offset) for t in r.tensors if t.name == name)
+
+
+@pytest.mark.parametrize("case", ["type into the next", "same offset as another", "off the alignment",
+                                  "a gap", "out of order", "past the file"])
+def test_a_table_that_does_not_describe_the_data_is_refused(tmp_path, tiny_path, capsys, monkeypatch, case):
+    """Each in one line naming the tensors, by `run` before any session and by `info`."""
+    import strata.session
+    from strata_prefill.cli import main
+
+    q, k = "blk.0.attn_q.weight", "blk.0.attn_k.weight"
+    q_at, k_at = _data_offset(tiny_path, q), _data_offset(tiny_path, k)
+    edit, needle = {
+        # F16 takes 2 bytes a value where Q8_0 takes 34 per 32: attn_q's bytes run into attn_k's
+        "type into the next": ((q, "type", int(QT.F16), 4),
+                               f"tensor {q} (data bytes {q_at:,} to {q_at + 256 * 256 * 2:,}) overlaps tensor {k}"),
+        "same offset as another": ((k, "offset", q_at, 8), f"tensor {k} (data bytes {q_at:,} to {q_at + 34816:,}) overlaps "
+                                                           f"tensor {q} (from byte {q_at:,})"),
+        "off the alignment": ((k, "offset", k_at + 4, 8), f"tensor {k} starts at data byte {k_at + 4:,}, "
+                                                          "not a multiple of the alignment (32)"),
+        "a gap": ((k, "offset", k_at + 64, 8), f"a gap of 64 bytes after tensor {q}'s end (padded), before "
+                                               f"tensor {k}"),
+        "out of order": ((q, "offset", 0, 8), "overlaps"),
+        "past the file": ((k, "offset", 2**40, 8), f"tensor {k} ends at byte "),
+    }[case]
+    path = _edited(tiny_path, tmp_path, *edit)
+    before = path.read_bytes()
+    monkeypatch.setattr(strata.session.Session, "__init__", lambda *a, **kw: pytest.fail("work started"))
+    assert main(["run", "--pack", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"strata-prefill: error: {path}: its tensor table does not "
+                                               "describe its data: "), err
+    assert needle in err[0], err[0]
+    assert_cli_error(path, capsys, needle)
+    assert path.read_bytes() == before
+
+
+def test_the_layout_rule_against_hand_made_spans():
+    from strata.pack import _layout_problems as problems
+
+    assert problems([("a", 0, 10), ("b", 32, 40), ("c", 64, 64)], 32) == []  # padding, an empty tensor
+    assert problems([("a", 0, 40), ("b", 32, 40)], 32) == ["tensor a (data bytes 0 to 40) overlaps tensor b "
+                                                           "(from byte 32)"]
+    assert problems([("a", 32, 40)], 32)[0].startswith("a gap of 32 bytes at the start of the data")
+    got = problems([("a", 64, 70), ("b", 0, 10)], 32)
+    assert len(got) == 2 and "tensor b lies before tensor a's end, listed before it" in got[1]
+    many = problems([(f"t{i}", 33 * i + 1, 33 * i + 2) for i in range(8)], 32)
+    assert len(many) == 4 and many[-1] == "5 more"  # three named, the rest counted
+
+
+def test_names_the_format_forbids_are_refused(tmp_path, tiny_path, capsys):
+    """A duplicate tensor name, one that is not UTF-8, and one no qwen3moe pack holds (a renamed
+    output.weight would otherwise make a pack of tied embeddings)."""
+    data = tiny_path.read_bytes()
+    for old, new, needle in (
+            (b"blk.0.attn_q.weight", b"blk.0.attn_k.weight", "tensor name blk.0.attn_k.weight appears twice"),
+            (b"blk.0.attn_q.weight", b"blk.0.attn_q.weigh\xff", "a metadata key or tensor name is not UTF-8 text: "
+                                                          "b'blk.0.attn_q.weigh\\xff'"),
+            (b"\x0d\0\0\0\0\0\0\0output.weight", b"\x0d\0\0\0\0\0\0\0outpux.weight",  # its length first
+             "1 tensor a qwen3moe pack does not hold (outpux.weight;")):
+        assert data.count(old) == 1
+        path = tmp_path / "renamed.gguf"
+        path.write_bytes(data.replace(old, new))
+        assert_cli_error(path, capsys, needle)

@@ -27,6 +27,7 @@ import numpy as np
 from strata import dense, q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
 from strata.errors import DeviceError, InternalError
+from strata.nonfinite import NOTHING
 
 from fast.backend_base import BackendBase
 from fast.cuda import attention, dense as cuda_dense, elementwise as ops, float_rows, kernel_cache, products, runtime
@@ -360,6 +361,20 @@ class CudaBackend(BackendBase):
 
     def sigmoid(self, v):
         return ops.sigmoid(self.dev, v)
+
+    # ---- the NaN/Inf watch (strata/nonfinite.py): one uint64 on the device -------------
+    _nonfinite = None
+
+    def nonfinite_reset(self) -> None:
+        self._nonfinite = self.dev.upload(np.array([NOTHING], np.uint64))
+
+    def nonfinite_mark(self, x, code: int) -> None:
+        if self._nonfinite is None:
+            self.nonfinite_reset()
+        ops.nonfinite_mark(self.dev, x, self._nonfinite, code)
+
+    def nonfinite_first(self) -> int:
+        return NOTHING if self._nonfinite is None else int(self.dev.download(self._nonfinite)[0])
 
     # ---- the MoE steps ---------------------------------------------------------------
     def top_k(self, logits, k):

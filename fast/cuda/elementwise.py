@@ -19,6 +19,7 @@ swiglu                 strata.moe.swiglu                      swiglu.cu
 combine                strata.moe.combine                     combine.cu
 sigmoid                strata.numerics.sigmoid                combine.cu
 embed_q8_0             strata.quants.dequantize (Q8_0 rows)   embed.cu
+nonfinite_mark         strata.nonfinite.mark                  nonfinite.cu
 =====================  =====================================  ===========================
 """
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "combine",
     "sigmoid",
     "embed_q8_0",
+    "nonfinite_mark",
 ]
 
 _THREADS = 256
@@ -309,3 +311,21 @@ def embed_q8_0(dev, ids, table, n_embd: int, out=None):
     dev.launch(f, "embed", _grid1(T * n), (_THREADS, 1, 1), ptr(idv), T, ptr(table),
                n // 32 * 34, n, ptr(out), n)
     return out
+
+
+# --------------------------------------------------------------------------- the NaN/Inf watch
+
+
+def nonfinite_mark(dev, x, first, code: int) -> None:
+    """strata.nonfinite.mark on the device: first (uint64 [1]) becomes code where x (float32,
+    any shape) holds a NaN or an Inf and code is below it. Returns at once; the host reads
+    first when the run ends."""
+    check(x, "nonfinite_mark x", np.float32)
+    check(first, "nonfinite_mark first", np.uint64, shape=(1,))
+    n = int(x.size)
+    if n == 0:
+        return
+    vec4 = int(int(x.gpudata) % 16 == 0)
+    f = runtime.function("nonfinite", "nonfinite_mark", "PqPQi")
+    grid = (max(1, min(-(-n // (_THREADS * (4 if vec4 else 1))), 4 * runtime.multiprocessor_count())), 1, 1)
+    dev.launch(f, "nonfinite_mark", grid, (_THREADS, 1, 1), ptr(x), n, ptr(first), np.uint64(code), vec4)

@@ -326,7 +326,7 @@ def run_cached(args, cache: refcache.Cache, pack, pack_path: Path, prompt) -> in
     print(line, file=sys.stderr)
     from strata_prefill.nonfinite import EXIT_NONFINITE, refuse  # NaN/Inf: one line naming where
 
-    if refuse(r.logits, pack, args):
+    if refuse(r, pack, args):
         return EXIT_NONFINITE
 
     n = int(np.asarray(prompt).size)
