@@ -268,7 +268,10 @@ def check_paths(args, labels: dict, pack_path: Path) -> None:
 
 
 def reference_cache_dir(text: str) -> str:
-    """`off` (or 0, none), or a folder the cache may be made in."""
+    """`off` (or 0, none), or a folder the cache may be made in (not an empty word: that is
+    no folder, not the current one)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no folder: give a folder, or off")
     if text.strip().lower() in refcache.OFF:
         return "off"
     return str(checks.output_dir(text))
@@ -300,35 +303,48 @@ def _write_atomic(path: Path, data: bytes | None = None, copy_of: Path | None = 
 
 def run_cached(args, cache: refcache.Cache, pack, pack_path: Path, prompt) -> int:
     """A reference run through the cache: the same lines and files as a computed run (the
-    dumps copied from the entry), one line on stderr saying hit or miss, and on a hit a speed
-    line that says nothing was timed."""
+    dumps copied from the entry, held meanwhile so that a `cache clear` passes over it), one
+    line on stderr saying hit or miss (and what was wrong with an entry found there, or why
+    the result could not be kept), and on a hit a speed line that says nothing was timed."""
     from strata.session import parse_chunk, parse_dump_level
 
-    cfg = pack.config
     level = parse_dump_level(args.dump_level) if args.dump_dir else None
     asked = parse_chunk(args.prefill)
-    r = refcache.reference_run(pack, prompt, greedy=args.greedy, dump_level=level, cache=cache,
-                               chunk=asked, progress=None if not args.no_progress else False)
-    if args.dump_first_logits:
-        _write_atomic(args.dump_first_logits, r.logits.astype("<f4").tobytes())
-    if args.dump_r:
-        _write_atomic(args.dump_r, r.residuals)
-    if args.dump_dir:
-        args.dump_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(args.dump_dir / "layers.spd", copy_of=r.records)
+    with refcache.open_reference_run(pack, prompt, greedy=args.greedy, dump_level=level, cache=cache,
+                                     chunk=asked, progress=None if not args.no_progress else False) as r:
+        if args.dump_first_logits:
+            _write_atomic(args.dump_first_logits, r.logits.astype("<f4").tobytes())
+        if args.dump_r:
+            _write_atomic(args.dump_r, r.residuals)
+        if args.dump_dir:
+            args.dump_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(args.dump_dir / "layers.spd", copy_of=r.records)
+    print(cache_line(r, args.dump_dir is not None, asked), file=sys.stderr)
+    return print_cached(args, r, pack, pack_path, prompt)
+
+
+def cache_line(r: refcache.RefRun, dumped: bool, asked) -> str:
+    """The one line a run through the cache prints on stderr."""
     if r.hit:
         line = f"reference cache: hit (nothing computed or timed) {r.entry}"
-        if args.dump_dir and r.chunk != asked:
+        if dumped and r.chunk != asked:
             line += (f"; its records are cut in chunks of up to {r.chunk}, not {asked} (no bit "
                      "differs: docs/numerics.md section 9)")
-    else:
-        line = f"reference cache: miss, computed in {r.seconds:.1f} s, stored {r.entry}"
-    print(line, file=sys.stderr)
+        return line
+    line = "reference cache: miss"
+    if r.recomputed:
+        line += f" (the entry there was {r.recomputed})"
+    line += f", computed in {r.seconds:.1f} s, "
+    return line + (f"not kept: {r.not_stored}" if r.not_stored else f"stored {r.entry}")
+
+
+def print_cached(args, r: refcache.RefRun, pack, pack_path: Path, prompt) -> int:
+    """A cached run's lines on stdout, as a computed run prints them."""
     from strata_prefill.nonfinite import EXIT_NONFINITE, refuse  # NaN/Inf: one line naming where
 
     if refuse(r.logits, pack, args):
         return EXIT_NONFINITE
-
+    cfg = pack.config
     n = int(np.asarray(prompt).size)
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
     print("impl      reference")
