@@ -8,9 +8,12 @@ by the sha256 of exactly those inputs, and read back instead of recomputed (docs
 - The code is named by `source_digest()`: the path and bytes of every module under `reference/`
   and `strata/` (all that `reference/` imports of this project), NumPy's version and gguf's.
   An edit of one character anywhere there is a new key; nothing is ever invalidated by hand.
-- A pack is named by its content (`pack_digest`), not its path, and that digest is computed
-  from the pack's bytes by the process that asks, never read from a file: an entry can only be
-  served for the bytes it was computed from.
+- A pack is named by its content (`content_digest`), not its path. A digest is never taken
+  from a file alone: the pack index (`_packs.json`: a file's path, inode, size, mtime and ctime
+  -> its digest) only names a candidate, and the candidate entry must itself record that very
+  file, in that very state, among the packs it was computed from or checked against (the
+  `packs` of its meta.json); else the pack is hashed. An edited, stale or foreign index record
+  costs a hash, never another pack's result.
 - An entry is a folder `<kind>/<key[:2]>/<key>/` of files plus `meta.json` (its kind, its key,
   each file's size and sha256). Every lookup checks them all: an entry that is damaged, or
   whose meta.json names another key, is removed and recomputed, never trusted.
@@ -57,7 +60,8 @@ SOURCE_ROOT: Path | None = None
 
 # inside the cache folder, beside the kinds (a kind never starts with "_" or a capital)
 _TMP, _LOCKS = "_tmp", "_locks"
-_PACKS = "_packs.json"  # the pack index of earlier versions (path -> digest), never read: `clear` removes it
+_PACKS = "_packs.json"  # the pack index: a hint of a file's digest, vouched for by the entry (vouched_digest)
+_PACKS_KEPT = 8  # the pack files an entry records
 #: the Cache Directory Tagging Specification's file (https://bford.info/cachedir/): it tells
 #: backup tools to skip the folder, and tells `clear` that the folder is a cache
 TAG = "CACHEDIR.TAG"
@@ -72,7 +76,7 @@ PIECE = 1 << 26
 
 _STATS = {"hits": 0, "misses": 0, "recomputed": 0}
 _SOURCE_DIGESTS: dict[tuple, str] = {}
-_PACK_DIGESTS: dict[tuple, str] = {}
+_PACK_DIGESTS: dict[tuple, str] = {}  # _frozen(mark) -> digest, hashed here
 
 
 def default_dir() -> Path:
@@ -190,26 +194,45 @@ def content_digest(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _stat_mark(path: Path) -> tuple:
+def _stat_mark(path: Path) -> dict:
+    """What says a file is still the file it was: its resolved path, device, inode, size, mtime
+    and ctime. ctime moves on every write and no call sets it back (mtime can be set), so with the
+    inode it tells a file apart from one that was rewritten, replaced or copied in its place."""
     st = os.stat(path)
-    # ctime moves on every write and no call sets it back (mtime can be set): with the inode it
-    # tells this process that the file it hashed is still the file it was
-    return (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return {"path": str(path), "dev": st.st_dev, "ino": st.st_ino, "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def _settled(mark: dict) -> bool:
+    """Whether a mark may vouch for the bytes hashed under it: no write within _RACY_S of now,
+    so a later write in the same clock tick (which could leave both times as they are) would
+    have come after the hash (git's "racily clean" rule)."""
+    return time.time_ns() - max(mark["mtime_ns"], mark["ctime_ns"]) > _RACY_S * 1e9
+
+
+def _frozen(mark: dict) -> tuple:
+    return tuple(sorted(mark.items()))
 
 
 def pack_digest(path: str | os.PathLike) -> str:
     """The content digest of a pack file (content_digest), computed from its bytes by this
-    process: once per process and state of the file (resolved path, device, inode, size,
-    mtime_ns, ctime_ns), again whenever any of them moves. Never read from a file (a digest a
-    file holds could be another pack's)."""
-    p = Path(path).resolve()
+    process: once per process and state of the file (its _stat_mark), again whenever it moves."""
+    return _hashed(Path(path).resolve())[0]
+
+
+def _hashed(p: Path) -> tuple[str, dict | None]:
+    """(the digest, the mark it was hashed under where that mark vouches for it (_settled,
+    unchanged while hashed), else None)."""
     mark = _stat_mark(p)
-    if mark not in _PACK_DIGESTS:
-        digest = content_digest(p)
-        if _stat_mark(p) == mark:  # unchanged while hashed: remembered
-            _PACK_DIGESTS[mark] = digest
-        return digest
-    return _PACK_DIGESTS[mark]
+    if _frozen(mark) in _PACK_DIGESTS:
+        return _PACK_DIGESTS[_frozen(mark)], mark
+    settled = _settled(mark)
+    digest = content_digest(p)
+    if _stat_mark(p) != mark:  # written while hashed: neither remembered nor vouched for
+        return digest, None
+    if settled:
+        _PACK_DIGESTS[_frozen(mark)] = digest
+    return digest, mark if settled else None
 
 
 def _canonical(value):
@@ -336,13 +359,15 @@ class Cache:
             return found.entry, found.hit
 
     @contextlib.contextmanager
-    def held(self, kind: str, key: dict, compute: Callable[[Path], None]) -> Iterator[Lookup]:
+    def held(self, kind: str, key: dict, compute: Callable[[Path], None],
+             extra: dict | None = None) -> Iterator[Lookup]:
         """The entry of (kind, key), held for the block (`clear` passes over it). On a miss
         `compute(folder)` writes the entry's files into an empty folder; they are checksummed
         and the folder renamed into place. Several processes asking at once: one computes, the
         others wait on the key's lock and read its entry. A cache that cannot be written (or
         an entry that cannot be stored) costs the caching, not the result: it is computed in
-        a scratch folder, and Lookup.not_stored says why."""
+        a scratch folder, and Lookup.not_stored says why. `extra`: more of meta.json (a
+        reference run's `packs`)."""
         entry = self.entry(kind, key)
         try:
             use = _acquire(self._use(entry.name), fcntl.LOCK_SH)
@@ -356,12 +381,12 @@ class Cache:
             if use is None:
                 yield self._compute_aside(compute, f"the cache folder cannot be locked ({_why(unlocked)})")
                 return
-            yield self._compute(entry, kind, key, compute)
+            yield self._compute(entry, kind, key, compute, extra)
         finally:
             if use is not None:
                 use.release()
 
-    def _compute(self, entry: Path, kind: str, key: dict, compute) -> Lookup:
+    def _compute(self, entry: Path, kind: str, key: dict, compute, extra: dict | None = None) -> Lookup:
         """The miss of `held` (its key's use lock held): wait for the compute lock, look
         again, else compute and store."""
         try:
@@ -394,7 +419,7 @@ class Cache:
                 seconds = time.perf_counter() - t0
                 _STATS["misses"] += 1
                 try:
-                    self._write_meta(tmp, kind, entry.name, key, seconds)
+                    self._write_meta(tmp, kind, entry.name, key, seconds, extra)
                     self._place(tmp, entry)
                 except OSError as exc:  # the result is kept, outside the cache
                     aside = _scratch() / entry.name
@@ -439,14 +464,15 @@ class Cache:
 
     # ---- entries --------------------------------------------------------------------
     @staticmethod
-    def _write_meta(folder: Path, kind: str, digest: str, key: dict, seconds: float) -> None:
+    def _write_meta(folder: Path, kind: str, digest: str, key: dict, seconds: float,
+                    extra: dict | None = None) -> None:
         files = {}
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             rel = path.relative_to(folder).as_posix()
             if rel == META:
                 raise ValueError(f"a cache entry may not write its own {META}")
             files[rel] = {"size": path.stat().st_size, "sha256": _file_sha256(path)}
-        meta = {"kind": kind, "digest": digest, "key": key, "source": source_digest(),
+        meta = {**(extra or {}), "kind": kind, "digest": digest, "key": key, "source": source_digest(),
                 "seconds": round(seconds, 6), "files": files}
         (folder / META).write_text(json.dumps(meta, indent=1, sort_keys=True, default=_canonical))
 
@@ -526,6 +552,79 @@ class Cache:
                       if p.is_dir() and _DIGEST.fullmatch(p.name) and p.name[:2] == sub.name)
 
 
+    # ---- the pack index: a hint, vouched for by the entry ------------------------------
+    def pack_hint(self, mark: dict) -> str | None:
+        """The digest the pack index records for the file of `mark` in exactly that state, or
+        None. A hint only: vouched_digest checks it against the entry it leads to."""
+        try:
+            index = json.loads((self.root / _PACKS).read_text())
+            record = index.get(mark["path"]) if isinstance(index, dict) else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or {k: record.get(k) for k in mark if k != "path"} != {
+                k: v for k, v in mark.items() if k != "path"}:
+            return None
+        digest = record.get("sha256")
+        return digest if isinstance(digest, str) and _DIGEST.fullmatch(digest) else None
+
+    def remember_pack(self, mark: dict, digest: str) -> None:
+        """Record the file of `mark` (hashed here, _settled) in the pack index, dropping the
+        records of files gone or changed. The index only saves a hash: one it cannot write costs
+        a hash next time."""
+        try:
+            lock = _acquire(self._compute_lock("_packs"), fcntl.LOCK_EX)
+        except OSError:
+            return
+        try:
+            path = self.root / _PACKS
+            try:
+                index = json.loads(path.read_text())
+            except (OSError, ValueError):
+                index = {}
+            index = {p: r for p, r in (index.items() if isinstance(index, dict) else ()) if _still(p, r)}
+            index[mark["path"]] = {**{k: v for k, v in mark.items() if k != "path"}, "sha256": digest}
+            from strata import atomic
+
+            atomic.write_text(path, json.dumps(index, indent=1, sort_keys=True))
+        except OSError:
+            pass
+        finally:
+            lock.release()
+
+    def vouch(self, entry: Path, mark: dict) -> None:
+        """Add the file of `mark` (hashed here, _settled, its digest the entry's) to the packs
+        the entry records, so that the next lookup from that file takes the index's hint without
+        hashing. meta.json is replaced whole (readers see the old one or the new one), under the
+        key's compute lock; nothing is lost where it cannot be written."""
+        try:
+            lock = _acquire(self._compute_lock(entry.name), fcntl.LOCK_EX)
+        except OSError:
+            return
+        try:
+            meta = self.read_meta(entry)
+            if meta is None or mark in meta.get("packs", []):
+                return
+            meta["packs"] = [*meta.get("packs", []), mark][-_PACKS_KEPT:]
+            tmp = self.root / _TMP / f"{entry.name}.meta.{uuid.uuid4().hex[:8]}"
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(meta, indent=1, sort_keys=True, default=_canonical))
+            os.replace(tmp, entry / META)
+        except OSError:
+            pass
+        finally:
+            lock.release()
+
+
+def _still(path: str, record) -> bool:
+    """Whether a pack index record still describes its file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return isinstance(record, dict) and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == tuple(
+        record.get(k) for k in ("dev", "ino", "size", "mtime_ns", "ctime_ns"))
+
+
 def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
@@ -600,7 +699,7 @@ class Cleared:
 
 def clear(cache: Cache) -> Cleared:
     """Remove every entry no running process holds, with its lock files and temp folders, and
-    the pack index of earlier versions. An entry is removed only while this process holds its
+    the pack index. An entry is removed only while this process holds its
     use lock exclusively, taken without waiting: an entry being read or computed is passed
     over (counted in `in_use`), and so are the temp folders of a computation under way. The
     caller checks first that the folder is a cache (not_a_cache)."""
@@ -637,19 +736,29 @@ def clear(cache: Cache) -> Cleared:
                 freed += _drop_key_files(cache, name)
             finally:
                 held.release()
+    index = cache.root / _PACKS
+    try:
+        held = _acquire(cache._compute_lock("_packs"), fcntl.LOCK_EX, wait=False)
+    except OSError:
+        held = None
+    if held is not None:  # the pack index (a hint only) and its lock, where no process writes it now
+        try:
+            if index.is_file():
+                freed += index.stat().st_size
+                index.unlink()
+            with contextlib.suppress(FileNotFoundError):
+                cache._compute_lock("_packs").unlink()
+        finally:
+            held.release()
     locks = cache.root / _LOCKS
     if locks.is_dir():  # lock files of keys with no entry any more
-        for name in sorted({p.name.split(".", 1)[0] for p in locks.iterdir()} - busy):
+        for name in sorted({p.name.split(".", 1)[0] for p in locks.iterdir()} - busy - {"_packs"}):
             held = _try_exclusive(cache, name)
             if held is not None:
                 try:
                     freed += _drop_key_files(cache, name)
                 finally:
                     held.release()
-    index = cache.root / _PACKS
-    if index.is_file():
-        freed += index.stat().st_size
-        index.unlink()
     for folder in (tmp, locks):
         with contextlib.suppress(OSError):
             folder.rmdir()  # once empty
@@ -721,6 +830,7 @@ class RefRun:
     decode_seconds: float = 0.0
     recomputed: str | None = None  # what was wrong with the entry found, recomputed (Lookup)
     not_stored: str | None = None  # why the result is not in the cache (Lookup)
+    pack_index: str | None = None  # what was wrong with the pack index's record of the pack, if anything
 
 
 def _prompt_key(ids, n_vocab: int) -> str | None:
@@ -762,6 +872,32 @@ def _read_run(folder: Path, found: Lookup | None) -> RefRun:
                   found.recomputed if found else None, found.not_stored if found else None)
 
 
+def _vouched_digest(c: Cache, path: Path, key_of) -> tuple[str, dict | None, str | None]:
+    """The pack's content digest for a lookup in `c`: (the digest; the file's mark where this
+    process hashed it and the mark may vouch for it, to be recorded in the pack index and the
+    entry; a phrase where the index named a wrong digest for this file as it is). The index's
+    hint is taken without hashing only where the entry it leads to (key_of(hint)) records this
+    file, in this state, among its `packs`: an index edited, stale or copied from elsewhere leads
+    to an entry that does not, and the pack is hashed."""
+    mark = _stat_mark(path)
+    if _frozen(mark) in _PACK_DIGESTS:  # hashed (or vouched for) by this process, the file as it was then
+        return _PACK_DIGESTS[_frozen(mark)], mark if _settled(mark) else None, None
+    hint = c.pack_hint(mark)
+    if hint is not None:
+        meta = c.read_meta(c.entry("reference-run", key_of(hint)))
+        if meta is not None and mark in meta.get("packs", []):
+            _PACK_DIGESTS[_frozen(mark)] = hint
+            return hint, mark, None
+    digest, settled = _hashed(path)
+    wrong = None
+    if hint is not None and hint != digest:
+        wrong = (f"the pack index named another pack's digest for {path} (an edited, stale or copied "
+                 "index): its bytes were hashed")
+    if settled is not None:
+        c.remember_pack(settled, digest)
+    return digest, settled, wrong
+
+
 @contextlib.contextmanager
 def open_reference_run(pack, ids, greedy: int = 0, dump_level: str | None = "layer", cache="env",
                        chunk="auto", progress: bool = False) -> Iterator[RefRun]:
@@ -784,11 +920,19 @@ def open_reference_run(pack, ids, greedy: int = 0, dump_level: str | None = "lay
         _compute_run(pack, ids, greedy, dump_level, chunk, folder, progress)
         yield _read_run(folder, None)
         return
-    key = {"pack": pack_digest(pack.path), "prompt": prompt, "tokens": int(np.asarray(ids).size),
-           "greedy": int(greedy), "dump_level": dump_level}
-    with c.held("reference-run", key,
-                lambda folder: _compute_run(pack, ids, greedy, dump_level, chunk, folder, progress)) as found:
-        yield _read_run(found.entry, found)
+    def key_of(digest: str) -> dict:
+        return {"pack": digest, "prompt": prompt, "tokens": int(np.asarray(ids).size),
+                "greedy": int(greedy), "dump_level": dump_level}
+
+    digest, mark, wrong_hint = _vouched_digest(c, Path(pack.path).resolve(), key_of)
+    extra = {"packs": [mark]} if mark is not None else None
+    with c.held("reference-run", key_of(digest),
+                lambda folder: _compute_run(pack, ids, greedy, dump_level, chunk, folder, progress), extra) as found:
+        if mark is not None and found.hit and found.not_stored is None:
+            c.vouch(found.entry, mark)  # the next lookup from this file takes the index's hint
+        r = _read_run(found.entry, found)
+        r.pack_index = wrong_hint
+        yield r
 
 
 def reference_run(pack, ids, greedy: int = 0, dump_level: str | None = "layer", cache="env",

@@ -192,8 +192,9 @@ def test_the_pack_digest_is_its_pieces_digest_whatever_the_threads(tmp_path, mon
 
 
 def test_a_pack_is_hashed_once_a_process_and_again_when_it_changes(tmp_path, monkeypatch):
-    """Remembered by this process only, by (path, device, inode, size, mtime, ctime): a write
-    that keeps the size and sets the mtime back still moves the ctime, and is hashed again."""
+    """Remembered by this process by the file's mark (path, device, inode, size, mtime, ctime):
+    a write that keeps the size and sets the mtime back still moves the ctime, and is hashed
+    again. A file written within the racy window is hashed at every call."""
     monkeypatch.setattr(refcache, "_PACK_DIGESTS", {})
     path = tmp_path / "blob.gguf"
     data = bytearray(np.random.default_rng(0).bytes(5000))
@@ -202,34 +203,94 @@ def test_a_pack_is_hashed_once_a_process_and_again_when_it_changes(tmp_path, mon
     real = refcache.content_digest
     monkeypatch.setattr(refcache, "content_digest", lambda p: hashed.append(p) or real(p))
     want = by_hand(bytes(data), refcache.PIECE)
-    assert refcache.pack_digest(path) == want and refcache.pack_digest(path) == want and len(hashed) == 1
+    assert refcache.pack_digest(path) == want and refcache.pack_digest(path) == want and len(hashed) == 2  # racy
+    monkeypatch.setattr(refcache, "_RACY_S", 0.0)
+    assert refcache.pack_digest(path) == want and refcache.pack_digest(path) == want and len(hashed) == 3
     st = path.stat()
     data[100] ^= 0xFF
     time.sleep(0.01)
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same size and mtime
-    assert refcache.pack_digest(path) == by_hand(bytes(data), refcache.PIECE) != want and len(hashed) == 2
-    monkeypatch.setattr(refcache, "_PACK_DIGESTS", {})  # a new process hashes again: nothing is read from disk
-    assert refcache.pack_digest(path) != want and len(hashed) == 3
+    assert refcache.pack_digest(path) == by_hand(bytes(data), refcache.PIECE) != want and len(hashed) == 4
+    monkeypatch.setattr(refcache, "_PACK_DIGESTS", {})  # a new process hashes again
+    assert refcache.pack_digest(path) != want and len(hashed) == 5
 
 
-def test_an_index_that_names_another_packs_digest_is_not_read(pack, cache, make_test_pack, monkeypatch):
-    """The pack index of earlier versions (path -> digest) could name another pack's digest
-    (planted, stale, or copied from another machine): it is never read, so a lookup finds this
-    pack's own entry, and the other pack's bytes are never served."""
+@pytest.fixture
+def counted(monkeypatch):
+    """The packs hashed (content_digest calls), with marks out of the racy window at once."""
+    monkeypatch.setattr(refcache, "_RACY_S", 0.0)
+    monkeypatch.setattr(refcache, "_PACK_DIGESTS", {})
+    hashed = []
+    real = refcache.content_digest
+    monkeypatch.setattr(refcache, "content_digest", lambda p: hashed.append(Path(p).name) or real(p))
+    return hashed
+
+
+def new_process(monkeypatch) -> None:
+    monkeypatch.setattr(refcache, "_PACK_DIGESTS", {})
+
+
+def test_a_hit_from_the_file_an_entry_records_hashes_nothing(pack, cache, counted, monkeypatch, tmp_path):
+    """The index's hint is taken where the entry it leads to records this very file as it is;
+    a copy (another file, the same bytes) is hashed, hits, and is recorded in turn."""
+    ids = prompt(pack)
+    a = refcache.reference_run(pack, ids, greedy=2, cache=cache)
+    assert counted == [Path(pack.path).name] and not a.hit
+    assert refcache.Cache.read_meta(a.entry)["packs"] == [refcache._stat_mark(Path(pack.path).resolve())]
+    new_process(monkeypatch)
+    assert refcache.reference_run(pack, ids, greedy=2, cache=cache).hit and len(counted) == 1  # nothing hashed
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(pack.path, copy)
+    new_process(monkeypatch)
+    b = refcache.reference_run(copy, ids, greedy=2, cache=cache)
+    assert b.hit and b.entry == a.entry and counted[-1] == "copy.gguf" and len(counted) == 2
+    assert len(refcache.Cache.read_meta(a.entry)["packs"]) == 2
+    new_process(monkeypatch)
+    assert refcache.reference_run(copy, ids, greedy=2, cache=cache).hit and len(counted) == 2
+    assert refcache.reference_run(pack, ids, greedy=2, cache=cache).hit and len(counted) == 2
+    refcache.reference_run(pack, ids, greedy=3, cache=cache)  # another key: the hint's entry is not there yet
+    assert len(counted) == 2  # this process hashed the file already
+
+
+def test_an_index_that_names_another_packs_digest_costs_a_hash_not_a_wrong_result(pack, cache, make_test_pack,
+                                                                                   counted, monkeypatch):
+    """The index could name another pack's digest for this file (edited, stale, copied from
+    another machine): the entry it leads to records another file, so the pack is hashed, and
+    its own entry (here none yet) is what the lookup finds; the RefRun says what was wrong."""
     other = make_test_pack("small", "Q8_0")
     ids = prompt(pack)
     fresh = refcache.reference_run(pack, ids, greedy=2, cache=None)
     b = refcache.reference_run(other, ids, greedy=2, cache=cache)
-    st = Path(pack.path).resolve().stat()
-    poisoned = {str(Path(pack.path).resolve()): {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                                 "sha256": refcache.pack_digest(other.path)}}
-    (cache.root / "_packs.json").write_text(json.dumps(poisoned))
-    monkeypatch.setattr(refcache, "_PACK_DIGESTS", {})  # a new process: nothing remembered
+    mark = refcache._stat_mark(Path(pack.path).resolve())
+    index = json.loads((cache.root / "_packs.json").read_text())
+    index[mark["path"]] = {**{k: v for k, v in mark.items() if k != "path"}, "sha256": refcache.pack_digest(other.path)}
+    (cache.root / "_packs.json").write_text(json.dumps(index))
+    new_process(monkeypatch)
+    n = len(counted)
     a = refcache.reference_run(pack, ids, greedy=2, cache=cache)
-    assert not a.hit and a.entry != b.entry
+    assert not a.hit and a.entry != b.entry and len(counted) == n + 1
+    assert a.pack_index.startswith("the pack index named another pack's digest for ")
     same(fresh, a)
     assert max(a.greedy) < pack.config.n_vocab and a.logits.shape == (pack.config.n_vocab,)
+    new_process(monkeypatch)  # the index was set right: the next lookup takes its hint
+    again = refcache.reference_run(pack, ids, greedy=2, cache=cache)
+    assert again.hit and again.pack_index is None and len(counted) == n + 1
+
+
+def test_a_pack_rewritten_in_place_with_its_size_and_mtime_is_hashed_again(pack, cache, counted, monkeypatch,
+                                                                          tmp_path):
+    copy = tmp_path / "copy.gguf"
+    shutil.copyfile(pack.path, copy)
+    ids = prompt(pack)
+    a = refcache.reference_run(copy, ids, cache=cache)
+    st = copy.stat()
+    flip_tensor_byte(copy)
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
+    new_process(monkeypatch)
+    b = refcache.reference_run(copy, ids, cache=cache)
+    assert not b.hit and b.entry != a.entry and b.pack_index is None and counted[-1] == "copy.gguf"
+    assert b.logits.tobytes() != a.logits.tobytes()
 
 
 def plant(src: Path, dst: Path, digest_too: bool) -> None:
@@ -256,6 +317,23 @@ def test_a_foreign_entry_planted_under_this_key_is_recomputed(pack, cache, make_
     same(a, again)
     assert refcache.stats() == {"hits": 0, "misses": 1, "recomputed": 1}
     assert refcache.reference_run(pack, ids, greedy=2, cache=cache).hit
+
+
+def test_run_says_the_pack_index_was_wrong(pack, cache, make_test_pack, capsys, monkeypatch):
+    other = make_test_pack("small", "Q8_0")
+    args = lambda p: ["run", "--pack", str(p.path), "--prompt-tokens", "40", "--greedy", "4", "--no-progress",
+                      "--reference-cache", str(cache.root)]
+    assert main(args(other)) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(refcache, "_RACY_S", 0.0)
+    mark = refcache._stat_mark(Path(pack.path).resolve())
+    (cache.root / "_packs.json").write_text(json.dumps({mark["path"]: {
+        **{k: v for k, v in mark.items() if k != "path"}, "sha256": refcache.pack_digest(other.path)}}))
+    monkeypatch.setattr(refcache, "_PACK_DIGESTS", {})
+    assert main(args(pack)) == 0
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("reference cache:")]
+    assert len(line) == 1 and line[0].startswith("reference cache: miss, computed in ")
+    assert line[0].endswith("(an edited, stale or copied index): its bytes were hashed")
 
 
 def test_run_with_a_foreign_entry_prints_this_packs_tokens(pack, cache, make_test_pack, tmp_path, capsys):

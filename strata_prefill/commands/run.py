@@ -330,12 +330,13 @@ def cache_line(r: refcache.RefRun, dumped: bool, asked) -> str:
         if dumped and r.chunk != asked:
             line += (f"; its records are cut in chunks of up to {r.chunk}, not {asked} (no bit "
                      "differs: docs/numerics.md section 9)")
-        return line
-    line = "reference cache: miss"
-    if r.recomputed:
-        line += f" (the entry there was {r.recomputed})"
-    line += f", computed in {r.seconds:.1f} s, "
-    return line + (f"not kept: {r.not_stored}" if r.not_stored else f"stored {r.entry}")
+    else:
+        line = "reference cache: miss"
+        if r.recomputed:
+            line += f" (the entry there was {r.recomputed})"
+        line += f", computed in {r.seconds:.1f} s, "
+        line += f"not kept: {r.not_stored}" if r.not_stored else f"stored {r.entry}"
+    return line + (f"; {r.pack_index}" if r.pack_index else "")
 
 
 def print_cached(args, r: refcache.RefRun, pack, pack_path: Path, prompt) -> int:
