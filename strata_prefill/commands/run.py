@@ -218,29 +218,54 @@ def check_env_dumps(args) -> dict:
     return labels
 
 
-# dests of the flags only the fast path reads (with the switches of arms.SWITCHES)
-FAST_ONLY = ("backend", "timing", "trace")
-
-
 def flag_of(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
 def refuse_idle_flags(args) -> None:
-    """A flag that would do nothing in this run is an error naming what it needs."""
-    for flag, on in (("--timing", args.timing), ("--trace", args.trace is not None)):
+    """A flag that would do nothing in this run is an error naming what it needs (the switches
+    of fast/options.py's table, flags and variables alike: refuse_idle_switches)."""
+    from fast.phases import timing_enabled
+
+    for flag, on in (("--timing", args.timing), ("--trace", args.trace is not None),
+                     ("STRATA_PREFILL_TIMING=1", timing_enabled())):
         if on and args.impl != "fast":
             raise InputError(f"{flag} times the fast path's streams: it needs --impl fast")
-    if args.impl != "fast":
-        for dest in (*FAST_ONLY, *SWITCHES):
-            value = getattr(args, dest, None)
-            if value is not None and value is not False:  # 0 is a value given
-                raise InputError(f"{flag_of(dest)} is a flag of the fast path: it needs --impl fast")
+    if args.impl != "fast" and args.backend is not None:
+        raise InputError("--backend picks the fast path's backend: it needs --impl fast")
     if args.dump_level is not None and args.dump_dir is None:
         raise InputError("--dump-level picks what --dump-dir records: it needs --dump-dir")
     if args.seed is not None and not isinstance(args.prompt_tokens, int):
         raise InputError("--seed seeds the random prompt of --prompt-tokens N: a prompt file "
                          f"({args.prompt_tokens}) takes no seed")
+
+
+def refuse_idle_switches(args, config=None, prompt_tokens: int | None = None) -> None:
+    """The switches set (flags, variables) that would do nothing in this run, refused by the
+    switch table's one rule (fast.options.refuse_idle): before the pack is opened, what the
+    command line says (--impl, --backend, --expert-cache); once its header is read (`config`),
+    the experts too, and the window against the prompt's chunks."""
+    from fast import options
+
+    kwargs = fast_engine_kwargs(args)
+    options.refuse_idle(kwargs, options.facts_of(args.impl, backend_of(args) if args.impl == "fast" else None,
+                                                 kwargs.get("expert_cache"), config))
+    if args.impl == "fast" and prompt_tokens is not None:
+        from strata.session import parse_chunk
+
+        window = options.resolve(kwargs).window
+        if window != options.AUTO:  # a number less than the prompt's chunk: one line, before the engine
+            options.window_taken(window, parse_chunk(args.prefill), prompt_tokens)
+
+
+def window_cut(engine, res) -> bool:
+    """Whether the run took another window than the number of tokens asked (the flag or its
+    variable): one past the prompt, or not a whole number of chunks. The window line then says
+    what was taken, even where that is one chunk."""
+    from fast import options
+
+    asked = engine.options.window
+    return asked not in (options.AUTO, options.OFF_WORD) and res.window != int(asked)
 
 
 def check_counts(args, file_ids, config, where: str = "") -> None:
@@ -394,6 +419,7 @@ def main(args) -> int:
     refuse_idle_flags(args)
     checks.environment_values()
     arms.environment_aliases()
+    refuse_idle_switches(args)
     check_paths(args, labels, Path(args.pack) if args.pack else default_pack_path())
     timing = timing_asked(args)
     ref_cache = reference_cache_of(args)
@@ -405,8 +431,7 @@ def main(args) -> int:
     pack = Pack.open(pack_path)
     cfg = pack.config
     check_counts(args, file_ids, cfg)  # before the prompt is made or any layer runs
-    if args.impl == "fast":
-        checks.fast_switches_used(fast_engine_kwargs(args), backend_of(args), cfg, flag_of)
+    refuse_idle_switches(args, cfg, args.prompt_tokens if file_ids is None else int(file_ids.size))
     if file_ids is None:
         seed = DEFAULT_PROMPT_SEED if args.seed is None else args.seed
         prompt = np.random.default_rng(seed).integers(0, cfg.n_vocab, size=args.prompt_tokens,
@@ -430,10 +455,10 @@ def main(args) -> int:
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
     print(f"impl      {engine.name}")
     print(f"prompt    {res.prompt_tokens} tokens in {res.n_chunks} chunk(s) of up to {res.chunk}")
-    asked_window = getattr(getattr(engine, "options", None), "window", None)
-    windowed = asked_window is not None and res.window != res.chunk
-    if windowed:  # the window the run took (auto: sized by the engine), where it holds several chunks
-        print(f"window    {res.window} tokens ({res.window // res.chunk} chunk(s) a window, "
+    windowed = args.impl == "fast" and (res.window != res.chunk or window_cut(engine, res))
+    if windowed:  # the window the run took (auto: sized by the engine) where it holds several chunks or was cut
+        shown = res.window if res.window != res.chunk else min(res.window, res.prompt_tokens)  # one chunk: the prompt's
+        print(f"window    {shown} tokens ({res.window // res.chunk} chunk(s) a window, "
               f"{-(-res.prompt_tokens // res.window)} window(s); {engine.window_reason})")
     print_logits(res.logits, res.greedy, args.top)
     print(speed_line(res.prompt_tokens, res.greedy, res.prefill_seconds, res.decode_seconds))
