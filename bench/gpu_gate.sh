@@ -94,7 +94,9 @@ if [[ $MODE == bench || $MODE == all ]]; then
   if python3 -c "import matplotlib" 2>/dev/null; then
     python3 -m strata_prefill plot "$LOG/trace.json" "$LOG/trace-chunk0.png" | tee -a "$SUMMARY"
   fi
-  python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_GROUP_GATHER=0 --b default \
+  # every expert resident: the gathers happen with in_place 0 only (group_gather does nothing otherwise)
+  python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_GROUP_GATHER=0,STRATA_PREFILL_IN_PLACE=0 \
+      --b STRATA_PREFILL_IN_PLACE=0 \
       --tokens "${TOKENS:-2048,8192,32768}" --reps "${REPS:-3}" --markdown "$LOG/ab_group.md" 2>&1 \
       | tee "$LOG/ab_group.log"; cat "$LOG/ab_group.md" >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_QUANT_GATHER=1 --b STRATA_QUANT_GATHER=0 \

@@ -4,8 +4,10 @@
 
 A 2-layer `strata` pack with IQ2_XS experts (made once per session), every expert resident,
 prompts of 2K, 8K and 32K random tokens in chunks of Session's default (8K). Arms: `group`
-(the defaults: one gather launch per group, scatter quantize), `per_expert`
-(group_gather=0), `gather_q` (quant_gather=1). Each round is a fresh prompt on an emptied KV
+(every expert gathered, in_place=0: one gather launch per group, scatter quantize),
+`per_expert` (in_place=0, group_gather=0), `gather_q` (the defaults, quant_gather=1). With
+in_place 1 (the default) no resident expert is gathered, so the gather arms take in_place 0:
+group_gather would do nothing otherwise (fast/options.py refuses it). Each round is a fresh prompt on an emptied KV
 cache, timed with CUDA events on the engine's compute stream (prefill returns host logits, so
 everything is in). extra_info: tokens/s and the launches, gathers, waits and events a prefill
 makes. The reference on the CPU: bench/test_bench_reference.py; streamed experts:
@@ -20,7 +22,7 @@ from strata.session import AUTO_CHUNK, Session
 pytestmark = pytest.mark.gpu
 
 LAYERS = 2
-ARMS = {"group": {}, "per_expert": {"group_gather": 0}, "gather_q": {"quant_gather": 1}}
+ARMS = {"group": {"in_place": 0}, "per_expert": {"in_place": 0, "group_gather": 0}, "gather_q": {"quant_gather": 1}}
 
 
 @pytest.fixture(scope="module")

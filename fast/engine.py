@@ -73,11 +73,6 @@ class FastEngine:
         o = options.resolve(switches)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
-        if o.head_predict and not (o.in_place and o.ring_in_place and o.stage_in_ring):
-            raise InputError("--head-predict 1 needs --in-place 1, --ring-in-place 1 and --stage-in-ring 1 (a "
-                             "predicted head's experts are multiplied where they land in the streamed walk's "
-                             f"ring), got in_place {int(o.in_place)}, ring_in_place {int(o.ring_in_place)}, "
-                             f"stage_in_ring {int(o.stage_in_ring)}")
         self.group_size = group_size
         ring_slots = o.ring
         if ring_slots is None:  # Strata's rule: a deep ring only where the host side is pinned
@@ -93,6 +88,9 @@ class FastEngine:
         else:
             n_cache = o.expert_cache
         self.placement = place_experts(cfg.n_layer, cfg.n_expert, n_cache)
+        # a switch set that does nothing with these experts where they lie is refused (the one rule
+        # of fast/options.py), before any weight is loaded; the command line checked what it knew
+        options.refuse_idle(switches, self._facts(backend.name, o.expert_cache, n_cache))
         self.ring = Ring("ring", ring_slots)
         self.staging = self.ring if o.stage_in_ring else Ring("stage", STAGING_SLOTS)
         self.passes = Passes(backend, o.copy_coalesce)
@@ -113,6 +111,16 @@ class FastEngine:
             self.be.load(pack, placement=self.placement, ring_slots=ring_slots, staging_slots=staging_slots)
         self.name = f"fast/{backend.name}"
         self.watch = DeviceWatch(backend, cfg.n_layer)  # where a run first computed a NaN or an Inf
+
+    def _facts(self, backend: str, setting, n_cache: int) -> options.Facts:
+        """What refuse_idle knows here: the experts' places, and who sized the cache."""
+        cfg = self.config
+        if setting == options.AUTO and backend == "sim":
+            return options.facts_of("fast", backend, setting, cfg)
+        by = (f"--expert-cache auto ({n_cache} slots in free memory)" if setting == options.AUTO
+              else f"--expert-cache {n_cache}")
+        return options.placed_facts("fast", backend, n_cache, cfg.n_layer * cfg.n_expert, by, cfg.n_layer,
+                                    cfg.n_expert)
 
     def __getattr__(self, name):
         """A switch by its keyword (engine.group_gather): its resolved value."""
@@ -158,9 +166,6 @@ class FastEngine:
         the prompt's; one chunk where every expert is resident (a window saves copies, nothing else:
         docs/results/2026-12-02-ring-in-place-8layer.md). window_reason: why, in a few words."""
         w = self.options.window
-        if w == options.OFF_WORD:
-            self.window_reason = "--window off: one chunk a window"
-            return chunk
         if w == options.AUTO:
             if not self.placement.n_streamed:
                 self.window_reason = "--window auto: every expert resident, a window would save no copy"
@@ -172,11 +177,8 @@ class FastEngine:
                                   f"({per_chunk / 2**20:,.0f} MiB a chunk) fit in {budget / 2**30:,.1f} GiB, "
                                   f"the prompt has {need}")
             return chunk * max(1, min(int(fit), need))
-        if w < chunk:
-            raise InputError(f"--window {w} is less than the chunk ({chunk} tokens, --prefill): a window "
-                             f"holds whole chunks")
-        self.window_reason = f"--window {w}: {w // chunk} whole chunk(s)"
-        return chunk * (w // chunk)
+        tokens, self.window_reason = options.window_taken(w, chunk, n_tok)
+        return tokens
 
     def window_layer(self, layer: int, x, spans: list, dump=None):
         """One layer of a layer-major window: x [W, n_embd], the window's residual; spans: the

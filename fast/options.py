@@ -108,6 +108,11 @@ class Switch:
     # on/off variables of the seeds that say the opposite (1 sets the switch to 0), read after
     # the aliases: STRATA_PREFILL_GATHER_ONE=1 is group_gather 0
     opposites: tuple[str, ...] = ()
+    # what it needs to do anything, beside --impl fast (every switch's) and --backend cuda (a
+    # kernel form's): refuse_idle refuses a switch set where one of these is not met
+    needs: tuple = ()
+    # the most that can matter, from the pack: "experts" (layers x experts) or "layer_experts"
+    most: str | None = None
 
     @property
     def flag(self) -> str:
@@ -117,6 +122,19 @@ class Switch:
     def variables(self) -> tuple[str, ...]:
         """The names the engine reads, the one that wins first."""
         return ((self.variable,) if self.variable else ()) + self.aliases
+
+    @property
+    def requirements(self) -> tuple:
+        """Everything it needs, the table's own needs last."""
+        return (FAST,) + ((CUDA,) if self.kind == KERNEL_FORM else ()) + tuple(self.needs)
+
+    def set_by(self, environ) -> str | None:
+        """The variable that sets it in `environ` (its own, an older name or an opposite, the
+        one resolve reads), or None."""
+        for name in self.variables + self.opposites:
+            if environ.get(name):
+                return name
+        return None
 
     def shown_default(self) -> str:
         return self.default_text if self.default_text is not None else self.value.shown(self.default)
@@ -137,65 +155,235 @@ class Switch:
         return self.default
 
 
+# ---- what a switch needs to do anything ---------------------------------------------------------
+# A switch set (a run flag, a variable, a bench arm) where what it needs does not hold changes
+# nothing in the run: refuse_idle refuses it, naming it and what it needs. Each need answers
+# met() True, False, or None where the place that checks does not know yet (the cuda backend's
+# `--expert-cache auto` is sized by the engine: the engine checks again once it has placed the
+# experts). `when`: the switch's own values the need is for (None: any value it is set to).
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What is known of a run where a check runs (None: not known there).
+
+    holds: how the expert cache holds the pack's experts, in a few words naming the switch
+    that sized it (the messages' reason)."""
+    impl: str = "fast"
+    backend: str | None = None
+    streams: bool | None = None  # some expert streams from host memory
+    resident: bool | None = None  # some expert lies in the expert cache
+    holds: str = ""
+    layers: int | None = None
+    layer_experts: int | None = None
+
+    @property
+    def experts(self) -> int | None:
+        return None if self.layers is None or self.layer_experts is None else self.layers * self.layer_experts
+
+
+def facts_of(impl: str, backend: str | None, expert_cache, config=None, label=None) -> Facts:
+    """The Facts a command line gives before any engine exists: `expert_cache` the setting (a
+    number of slots, AUTO or None), `config` the pack's (None: not open yet). A number of slots
+    says which experts stream; auto: the sim holds every expert, the cuda backend sizes the cache
+    from its free memory (known to the engine only). label(keyword) names a switch."""
+    label = label or flag_label
+    if config is None or impl != "fast":
+        return Facts(impl, backend)
+    total, ec = config.n_layer * config.n_expert, label("expert_cache")
+    shape = dict(layers=config.n_layer, layer_experts=config.n_expert)
+    if expert_cache is None or expert_cache == AUTO:
+        if backend == "sim":
+            return Facts(impl, backend, False, True, f"the sim holds all {total} unless {ec} N is below that", **shape)
+        return Facts(impl, backend, **shape)
+    return placed_facts(impl, backend, int(expert_cache), total, f"{ec} {int(expert_cache)}", **shape)
+
+
+def placed_facts(impl: str, backend: str | None, slots: int, total: int, by: str, layers: int,
+                 layer_experts: int) -> Facts:
+    """Facts where the expert cache's slots are known (`by` says who set them)."""
+    holds = f"{by} holds all {total}" if slots >= total else (f"{by} holds none" if slots <= 0
+                                                              else f"{by} holds {slots} of {total}")
+    return Facts(impl, backend, slots < total, slots > 0, holds, layers, layer_experts)
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """--impl fast: every switch's (they shape the fast path's run; the reference reads none)."""
+    when: tuple | None = None
+
+    def met(self, values, facts: Facts):
+        return facts.impl == "fast"
+
+    def text(self, label) -> str:
+        return "--impl fast"
+
+    def instead(self, values, facts: Facts, label, origin) -> str:
+        return f"this run is --impl {facts.impl}"
+
+
+@dataclass(frozen=True)
+class Cuda:
+    """--backend cuda: a kernel form's (the sim runs the NumPy definitions whatever it says)."""
+    when: tuple | None = None
+
+    def met(self, values, facts: Facts):
+        return None if facts.backend is None else facts.backend == "cuda"
+
+    def text(self, label) -> str:
+        return "--backend cuda"
+
+    def instead(self, values, facts: Facts, label, origin) -> str:
+        return f"this run is --backend {facts.backend}"
+
+
+@dataclass(frozen=True)
+class Streams:
+    """Some expert streams from host memory: an expert cache smaller than the pack."""
+    when: tuple | None = None
+
+    def met(self, values, facts: Facts):
+        return facts.streams
+
+    def text(self, label) -> str:
+        return "experts that stream (an expert cache smaller than the pack)"
+
+    def instead(self, values, facts: Facts, label, origin) -> str:
+        return f"every expert is resident ({facts.holds})"
+
+
+@dataclass(frozen=True)
+class Resident:
+    """Some expert lies in the expert cache."""
+    when: tuple | None = None
+
+    def met(self, values, facts: Facts):
+        return facts.resident
+
+    def text(self, label) -> str:
+        return "resident experts (an expert cache of at least one slot)"
+
+    def instead(self, values, facts: Facts, label, origin) -> str:
+        return f"none is resident ({facts.holds})"
+
+
+def _shown(value) -> str:
+    return str(int(value)) if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
+class Is:
+    """Another switch's value: one of `values`, or with `other` any value but those."""
+    keyword: str
+    values: tuple
+    other: bool = False
+    when: tuple | None = None
+
+    def met(self, values, facts: Facts):
+        v = getattr(values, self.keyword)
+        return (v in self.values) != self.other
+
+    def text(self, label) -> str:
+        return f"{label(self.keyword)} {'other than ' if self.other else ''}{' or '.join(map(_shown, self.values))}"
+
+    def instead(self, values, facts: Facts, label, origin) -> str:
+        return f"{label(self.keyword)} is {_shown(getattr(values, self.keyword))}{origin(self.keyword)}"
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """One of several needs."""
+    needs: tuple
+    when: tuple | None = None
+
+    def met(self, values, facts: Facts):
+        got = [n.met(values, facts) for n in self.needs]
+        return True if True in got else (False if all(g is False for g in got) else None)
+
+    def text(self, label) -> str:
+        return " or ".join(n.text(label) for n in self.needs)
+
+    def instead(self, values, facts: Facts, label, origin) -> str:
+        return " and ".join(n.instead(values, facts, label, origin) for n in self.needs
+                            if n.met(values, facts) is False)
+
+
+FAST, CUDA, STREAMS, RESIDENT = FastPath(), Cuda(), Streams(), Resident()
+
+
+def flag_label(keyword: str) -> str:
+    """A switch as `run` names it: its flag."""
+    return "--" + keyword.replace("_", "-")
+
+
 ON, OFF = True, False
 SWITCHES = (
     Switch("group_gather", "STRATA_PREFILL_GROUP_GATHER", ON, SCHEDULE, OnOff(),
-           "1: one wait, gather and event per MMQ group; 0: one each per expert",
-           opposites=("STRATA_PREFILL_GATHER_ONE",)),
+           "1: one wait, gather and event per MMQ group (ring_in_place: runs of up to ring_run experts); "
+           "0: one each per expert",
+           opposites=("STRATA_PREFILL_GATHER_ONE",), needs=(AnyOf((STREAMS, Is("in_place", (OFF,)))),)),
     Switch("quant_gather", "STRATA_PREFILL_QUANT_GATHER", OFF, SCHEDULE, OnOff(),
            "1: the MoE input quantized by a per-row gather; 0: by a per-token scatter",
            aliases=("STRATA_QUANT_GATHER",)),
     Switch("expert_cache", None, AUTO, SCHEDULE, Count(0, auto=True, metavar="N|auto"),
            "VRAM slots for resident experts, the rest stream from page-locked host memory (auto: "
            "what free memory less --vram-reserve-mib holds; sim: all); at most the pack's experts "
-           "(layers x experts)"),
+           "(layers x experts)", most="experts"),
     Switch("vram_reserve_mib", None, VRAM_RESERVE_MIB, SCHEDULE, Count(0, metavar="MIB"),
-           "device memory (MiB) --expert-cache auto leaves free on cuda"),
+           "device memory (MiB) --expert-cache auto leaves free on cuda",
+           needs=(CUDA, Is("expert_cache", (AUTO,)))),
     Switch("ring", "STRATA_PREFILL_RING", None, SCHEDULE, Count(1),
            "ring slots of the streamed walk",
            default_text=f"{RING_SLOTS}, {RING_SLOTS_PINNED} when at least {PINNED_SHARE:.0%} of the "
-                        "streamed bytes are page-locked"),
+                        "streamed bytes are page-locked",
+           needs=(STREAMS,), most="experts"),
     Switch("stream_min", "STRATA_PREFILL_STREAM_MIN", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto"),
            "auto: each layer of a chunk (or window) streams every streamed expert where its routing is "
            "expected to reach enough of them (--stream-hide; the coverage of the same layer of the prompt's last chunk scaled "
            "to this one's tokens, else this chunk's previous layer; layer 0 of the first chunk from "
            f"{STREAM_MIN} tokens), and stages its routed ones after its routing otherwise "
            "(fast.walk.choose_layer); N: every layer of a chunk of at least N tokens streams, smaller "
-           "ones stage (the old rule); run --timing prints each chunk's walks and why"),
+           "ones stage (the old rule); run --timing prints each chunk's walks and why", needs=(STREAMS,)),
     Switch("stream_hide", "STRATA_PREFILL_STREAM_HIDE", STREAM_HIDE_KB, SCHEDULE, Count(0, metavar="KB"),
            "stream_min auto: the KB of copies one token's compute of a layer hides; a layer of a chunk "
            "of T tokens streams where the bytes it would copy for experts its routing skips fit in T "
-           "times this (fast.walk.stream_need), else it stages"),
+           "times this (fast.walk.stream_need), else it stages", needs=(STREAMS, Is("stream_min", (AUTO,)))),
     Switch("stage_head", "STRATA_PREFILL_STAGE_HEAD", AUTO, SCHEDULE, Count(0, auto=True, metavar="N|auto"),
            "stage_in_ring: a staged layer's first N streamed experts (by id) are copied before its "
            "routing is known, right behind the layer before it, so the link works while the layer "
            "before finishes and this one's attention and router run; its routed ones beyond them after "
            "its routing, as before; auto: what the link copies in the time a staged layer leaves it "
-           "idle (fast.walk.stage_head); 0: only routed experts, after the routing"),
+           "idle (fast.walk.stage_head); 0: only routed experts, after the routing",
+           needs=(STREAMS, Is("stage_in_ring", (ON,))), most="layer_experts"),
     Switch("head_predict", "STRATA_PREFILL_HEAD_PREDICT", OFF, SCHEDULE, OnOff(),
            "stage_head: 1: a staged layer's head is the streamed experts its own router, run on the "
            "layer before's residual while that layer routes, names most often (ties: lower ids), "
            "rather than its lowest ids; the walk visits the head first, then the routed rest (runs "
            "cut where ids fall); costs a norm, router and top-k over the unit's first PREDICT_ROWS "
-           "rows and a count read per such layer (fast.walk.predicted_head). Needs in_place 1, "
-           "ring_in_place 1 and stage_in_ring 1; 0: the lowest ids"),
+           "rows and a count read per such layer (fast.walk.predicted_head); 0: the lowest ids",
+           needs=(STREAMS, Is("in_place", (ON,), when=(ON,)), Is("ring_in_place", (ON,), when=(ON,)),
+                  Is("stage_in_ring", (ON,), when=(ON,)), Is("stage_head", (0,), other=True, when=(ON,)))),
     Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
-           "layer-major windows of N tokens (whole chunks, N at least the chunk): a window's chunks run "
+           "layer-major windows of N tokens (whole chunks, N at least the prompt's chunk; more than the "
+           "prompt holds is taken as the prompt's chunks): a window's chunks run "
            "layer by layer, attention per chunk, the MoE half once over all of its tokens, so a streamed "
            "expert is copied once per window and layer; auto: where experts stream, the most whole chunks "
            "whose window buffers fit in half the free device memory (sim: a fixed 1 GiB), at most the "
            "prompt, and one chunk where every expert is resident; off: one chunk a window; run prints "
            "the window taken"),
     Switch("copy_coalesce", "STRATA_PREFILL_COPY_COALESCE", ON, SCHEDULE, OnOff(),
-           "1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy per expert"),
+           "1: adjacent ring slots of adjacent host blobs in one copy; 0: one copy per expert",
+           needs=(STREAMS,)),
     Switch("stage_in_ring", "STRATA_PREFILL_STAGE_IN_RING", ON, SCHEDULE, OnOff(),
            "1: a staged layer's routed streamed experts join the unit's pass of the streamed walk's "
            "ring, behind the layers before it (all of a layer's copies queued at once where they fit, "
-           "coalesced); 0: they go through the 8-slot staging ring, a pass of their own"),
+           "coalesced); 0: they go through the 8-slot staging ring, a pass of their own", needs=(STREAMS,)),
     Switch("flush_on_skip", "STRATA_PREFILL_FLUSH_ON_SKIP", OFF, SCHEDULE, OnOff(),
            "1: the streamed walk gathers what an open group holds whenever it meets a ring entry "
            "the routing skipped; 0: the group is held across skipped entries (released unused at "
-           "once) and gathered once, earlier only where its entries span the ring"),
+           "once) and gathered once, earlier only where its entries span the ring (the gathered walk: "
+           "a run of the in-ring walk is never cut at a skip)",
+           needs=(STREAMS, AnyOf((Is("ring_in_place", (OFF,)), Is("in_place", (OFF,))), when=(ON,)))),
     Switch("overlap_plan", "STRATA_PREFILL_OVERLAP_PLAN", ON, SCHEDULE, OnOff(),
            "1: the MoE-input quantize and the shared expert are queued before the host reads the "
            "routing counts, so the device runs them while the host plans the walk; 0: the host "
@@ -205,17 +393,21 @@ SWITCHES = (
            "(4 launches a group); 0: one launch each (6)"),
     Switch("in_place", "STRATA_PREFILL_IN_PLACE", ON, SCHEDULE, OnOff(),
            "1: a layer's routed resident experts are multiplied where they lie in the expert cache "
-           "(one launch for all their gate/up products, one SwiGLU+quantize of H, one down), only "
-           "streamed experts are gathered, in groups; 0: every routed expert goes through the "
-           "group buffers"),
+           "(one launch for all their gate/up products, one SwiGLU+quantize of H, one down), and "
+           "streamed ones are gathered in groups, or with ring_in_place 1 multiplied in their ring "
+           "slots; 0: every routed expert, resident or streamed, goes through the group buffers",
+           needs=(AnyOf((RESIDENT, Is("ring_in_place", (ON,)))),)),
     Switch("ring_in_place", "STRATA_PREFILL_RING_IN_PLACE", ON, SCHEDULE, OnOff(),
            "1: streamed experts are multiplied where their copies land in the ring (one launch per "
            "product for a run of ring entries, no gather), each slot released after the last product "
-           "that reads it; 0: gathered into the group buffers first, an MMQ group at a time. Needs "
-           "in_place 1 (with 0 every expert is gathered)"),
+           "that reads it; 0: gathered into the group buffers first, an MMQ group at a time (with in_place "
+           "0 every expert is gathered)",
+           needs=(STREAMS, Is("in_place", (ON,), when=(ON,)))),
     Switch("ring_run", "STRATA_PREFILL_RING_RUN", RING_RUN, SCHEDULE, Count(1),
            "ring_in_place: the most routed experts one run multiplies (one wait, one launch per "
-           "product, one event); runs are also cut where their entries would span the ring"),
+           "product, one event); runs are also cut where their entries would span the ring",
+           needs=(STREAMS, Is("in_place", (ON,)), Is("ring_in_place", (ON,)), Is("group_gather", (ON,))),
+           most="layer_experts"),
 )
 BY_KEYWORD = {sw.keyword: sw for sw in SWITCHES}
 #: switches that were kernel forms until their A/B settled: variable -> the form every run now
@@ -273,6 +465,91 @@ def resolve(keywords: dict | None = None, environ=None) -> FastOptions:
     return FastOptions(**{sw.keyword: sw.resolve(keywords.get(sw.keyword), environ) for sw in SWITCHES})
 
 
+def refuse_idle(keywords: dict | None, facts: Facts, label=flag_label, environ=None, where: str = "") -> None:
+    """An InputError for the first switch set (a keyword, given as a `run` flag or a bench arm,
+    or a variable of `environ`, default os.environ) whose requirements (Switch.requirements)
+    `facts` says are not met, or whose value is more than the pack can use (Switch.most): one
+    line naming the switch as it was set, what it needs and what holds instead. The one rule of
+    every surface: `run` before the pack is opened (facts of the command line) and once its
+    header is read, bench for each arm, the engine once it has placed the experts. label(keyword)
+    names a switch given as a keyword (run: its flag; bench: its arm name); `where` goes first."""
+    for _keyword, _most, message in idle(keywords, facts, label, environ):
+        raise InputError(where + message)
+
+
+def idle(keywords: dict | None, facts: Facts, label=flag_label, environ=None) -> list[tuple[str, int | None, str]]:
+    """Every switch set that refuse_idle refuses, in the table's order: (keyword, the most it can
+    take where that is what it passed, else None; the message)."""
+    keywords = {k: v for k, v in (keywords or {}).items() if v is not None}
+    environ = os.environ if environ is None else environ
+    values = resolve(keywords, environ)
+    source: dict[str, str | None] = {}  # keyword -> the variable that set it (None: a keyword)
+    for sw in SWITCHES:
+        if sw.keyword in keywords:
+            source[sw.keyword] = None
+        elif (var := sw.set_by(environ)) is not None:
+            source[sw.keyword] = var
+
+    def origin(keyword: str) -> str:
+        if keyword not in source:
+            return " (the default)"
+        return "" if source[keyword] is None else f" ({source[keyword]})"
+
+    out = []
+    for sw in SWITCHES:
+        if sw.keyword not in source:
+            continue
+        value = getattr(values, sw.keyword)
+        var = source[sw.keyword]
+        spelled = f"{label(sw.keyword)} {_shown(value)}" if var is None else f"{var}={environ[var]}"
+        unmet = next((n for n in sw.requirements
+                      if (n.when is None or value in n.when) and n.met(values, facts) is False), None)
+        most = None if sw.most is None else getattr(facts, sw.most)
+        if unmet is not None:
+            out.append((sw.keyword, None, f"{spelled} needs {unmet.text(label)}: "
+                                          f"{unmet.instead(values, facts, label, origin)}: it does nothing"))
+        elif most is not None and isinstance(value, int) and not isinstance(value, bool) and value > most:
+            what = (f"the pack has {most:,} experts ({facts.layers} layers x {facts.layer_experts})"
+                    if sw.most == "experts" else f"a layer of the pack has {most:,} experts")
+            out.append((sw.keyword, most, f"{spelled}: {what}: more can do nothing more: at most {most:,}"))
+    return out
+
+
+def settle(keywords: dict, facts: Facts) -> dict:
+    """`keywords` as the rule takes them, for a table of runs (verify/cases.py) that sets
+    switches across placements: each switch that would do nothing dropped, each value past what
+    can matter set to the most (no variable read). Dropping one switch can make another idle or
+    not (its default then holds): repeated until nothing is refused."""
+    kw = {k: v for k, v in keywords.items() if v is not None}
+    while found := idle(kw, facts, environ={}):
+        keyword, most, _ = found[0]
+        if most is None:
+            del kw[keyword]
+        else:
+            kw[keyword] = most
+    return kw
+
+
+def window_taken(setting, chunk: int, n_tok: int) -> tuple[int, str]:
+    """A window of `setting` (a number of tokens or OFF_WORD; AUTO is the engine's) for a prompt
+    of n_tok tokens cut into chunks of `chunk`: its tokens (whole chunks; `chunk` itself for one
+    chunk a window) and why, in a few words. The prompt's chunk is the smaller of the chunk and
+    the prompt: a number less than that holds no whole chunk, an InputError; one past the
+    prompt's chunks is taken as the prompt's, and the reason says so."""
+    if setting == OFF_WORD:
+        return chunk, "--window off: one chunk a window"
+    unit = max(1, min(int(chunk), int(n_tok)))
+    w = int(setting)
+    if w < unit:
+        raise InputError(f"--window {w} is less than the chunk ({unit} tokens, "
+                         f"{'--prefill' if unit == chunk else 'the whole prompt'}): a window holds whole chunks")
+    have, whole = -(-int(n_tok) // unit), w // unit
+    if whole > have:
+        return chunk * have, (f"--window {w}: the prompt's {have} chunk(s) of {unit}, fewer than the "
+                              f"{whole} it would hold")
+    return chunk * whole, f"--window {w}: {whole} whole chunk(s)"
+
+
 # ---- the README's table ---------------------------------------------------------------------
 BEGIN = "<!-- switches: made by fast/options.py (python3 -m fast.options README.md); do not edit -->"
 END = "<!-- end of switches -->"
@@ -289,13 +566,30 @@ def _variable_cell(sw: Switch) -> str:
     return cell
 
 
+def needs_cell(sw: Switch) -> str:
+    """What the switch needs, as the README says it: its declared needs, then those only some
+    of its values have ("1 also: ..."); --impl fast is every switch's and goes unsaid."""
+    def said(need) -> str:
+        return need.text(lambda kw: f"`{kw}`").replace(" (an expert cache smaller than the pack)", "").replace(
+            " (an expert cache of at least one slot)", "")
+
+    always = [said(n) for n in sw.requirements if n is not FAST and n.when is None]
+    if sw.most:
+        always.append({"experts": "at most the pack's experts", "layer_experts": "at most a layer's experts"}[sw.most])
+    parts = ["; ".join(always)] if always else []
+    for when in dict.fromkeys(n.when for n in sw.requirements if n.when is not None):
+        also = ", ".join(said(n) for n in sw.requirements if n.when == when)
+        parts.append(f"{' or '.join(map(_shown, when))} also: {also}")
+    return "; ".join(parts) or "-"
+
+
 def markdown_table() -> str:
     """The switches as a Markdown table: one row each, in the table's order."""
-    rows = ["| keyword | `run` flag | variable | default | kind | values | what it does |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| keyword | `run` flag | variable | default | kind | values | needs | what it does |",
+            "|---|---|---|---|---|---|---|---|"]
     for sw in SWITCHES:
         rows.append(f"| `{sw.keyword}` | `{sw.flag}` | {_variable_cell(sw)} | {sw.shown_default()} | "
-                    f"{sw.kind} | {sw.value.values} | {sw.help} |")
+                    f"{sw.kind} | {sw.value.values} | {needs_cell(sw)} | {sw.help} |")
     return "\n".join(rows)
 
 

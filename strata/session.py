@@ -132,9 +132,9 @@ class Session:
         # (strata/progress.py); True: the bar anyway; False: nothing
         self.progress = progress
         self.progress_desc = progress_desc
+        # the window depends on the prompt's length (a window holds whole chunks of it): a bad one
+        # is refused at the start of the prefill, before any layer runs
         self.window_of = getattr(engine, "window_tokens", None)
-        if self.window_of is not None:
-            self.window_of(self.chunk, self.chunk)  # a bad window is refused before any work
         self.window_taken = self.chunk  # the window of the last prefill
         self.n_past = 0
         self._chunks_done = 0  # the residual dump is truncated on a run's first chunk

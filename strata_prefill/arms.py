@@ -66,7 +66,7 @@ def _refuse(variable: str):
 
 
 # FastEngine keyword -> (environment variable or None, value check), from the table: what
-# checks.environment_values and checks.fast_switches_used read; each is also a `run` flag
+# checks.environment_values reads; each is also a `run` flag
 SWITCHES = {sw.keyword: (sw.variable, value_check(sw)) for sw in options.SWITCHES}
 
 

@@ -8,12 +8,13 @@ receive the output. No check leaves anything behind.
 Numbers: every integer a user types (a flag, a bench list or arm spec, a switch variable) is
 read by `integer`, against the limits below (TOKENS_MAX, SEED_MAX, WORKERS_MAX, LAYERS_MAX,
 COUNT_MAX: each with where it comes from); what only the pack bounds (its context with the
-greedy tokens, its vocabulary, its experts) by `counts_fit` and `fast_switches_used` once its
-header is read, before the prompt is made.
+greedy tokens, its vocabulary) by `counts_fit` once its header is read, before the prompt is
+made.
 
 After the command line, before any work: `distinct_files` (no output is an input or another
-output), `environment_values` (the switch variables' values) and `fast_switches_used` (no
-fast-path switch that would do nothing on the pack at hand, no ring past its experts).
+output) and `environment_values` (the switch variables' values). A fast-path switch that would
+do nothing, or a value past what the pack can use, is refused by the switch table's one rule
+(fast/options.py: refuse_idle), for flags, variables and bench arms alike.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 # ---- numbers a user types: one parser, and the limits the code has -----------------------------
 # Every integer of a command line, an arm spec or a switch variable goes through `integer`; a
-# limit that needs the pack (its context, vocabulary, experts) is checked by `counts_fit` once the
+# limit that needs the pack (its context, vocabulary) is checked by `counts_fit` once the
 # pack's header is read, before the prompt is made or any layer runs.
 
 #: a count of tokens or positions (a prompt, a chunk, greedy tokens, bench's lengths, the stream
@@ -268,7 +269,7 @@ def _another_name(path: str, other: str) -> str:
     return f" {other}, the same file under another name"
 
 
-# ---- values the environment gives, and switches that would do nothing ------------------------
+# ---- values the environment gives ------------------------------------------------------------
 
 def environment_values() -> None:
     """Refuse a value of a switch variable the code would not take, before any work: the 0/1
@@ -302,77 +303,7 @@ def _one_of(choices):
     return check
 
 
-# FastEngine keywords read only when some expert streams through the ring (fast/engine.py)
-STREAMING = ("ring", "stream_min", "stream_hide", "stage_head", "head_predict", "copy_coalesce", "ring_in_place")
-
-
-def _given_or_default(switches: dict, keyword: str):
-    """The switch's value as given, else its default (fast/options.py)."""
-    from fast.options import DEFAULTS
-
-    value = switches.get(keyword)
-    return getattr(DEFAULTS, keyword) if value is None else value
-
-
-def fast_switches_used(switches: dict, backend: str, config, label, where: str = "") -> None:
-    """Refuse (InputError) a fast-path switch that would do nothing on this pack, or an expert
-    cache larger than the pack: `switches` are the FastEngine keywords given (None values: not
-    given), `label(keyword)` names one in the message, after `where` (bench: the arm). The engine caps --expert-cache at every
-    expert; a user who asked for more is told instead. Needs the pack's config, not the engine."""
-    from strata.errors import InputError
-
-    total = config.n_layer * config.n_expert
-    slots = switches.get("expert_cache")
-    fixed = isinstance(slots, int)  # not None or "auto"
-    if fixed and slots > total:
-        raise InputError(f"{where}{label('expert_cache')} {slots}: the pack has {total} experts "
-                         f"({config.n_layer} layers x {config.n_expert}): at most {total} slots")
-    if switches.get("vram_reserve_mib") is not None:
-        if fixed:
-            raise InputError(f"{where}{label('vram_reserve_mib')} sizes {label('expert_cache')} auto: "
-                             f"with {label('expert_cache')} {slots} it does nothing")
-        if backend == "sim":
-            raise InputError(f"{where}{label('vram_reserve_mib')} sizes the cuda backend's expert cache: "
-                             "the sim holds every expert, it does nothing with --backend sim")
-    if backend == "sim":
-        from fast.options import KERNEL_FORMS  # only the cuda backend reads them (fast/backend_base.py)
-
-        for kw in KERNEL_FORMS:
-            if switches.get(kw) is not None:
-                raise InputError(f"{where}{label(kw)} picks a cuda kernel's form: the sim runs the "
-                                 "NumPy definitions whatever it says: it needs --backend cuda")
-    if fixed and slots == 0 and switches.get("in_place") is not None:
-        raise InputError(f"{where}{label('in_place')} picks how resident experts are multiplied: with "
-                         f"{label('expert_cache')} 0 none is resident: it does nothing")
-    ring, ring_label = switches.get("ring"), label("ring")
-    if ring is None:  # the variable, checked by environment_values, sizes the ring as the flag would
-        from strata_prefill.arms import SWITCHES
-
-        var = SWITCHES["ring"][0]
-        if os.environ.get(var):
-            ring, ring_label, where = integer(os.environ[var], 1), var, ""
-    if isinstance(ring, int) and ring > total:
-        raise InputError(f"{where}{ring_label} {ring}: the pack has {total} experts ({config.n_layer} "
-                         f"layers x {config.n_expert}): a ring of more slots never fills them: at most {total}")
-    every = (fixed and slots >= total) or (backend == "sim" and not fixed)
-    if every and switches.get("group_gather") is not None and _given_or_default(switches, "in_place"):
-        raise InputError(f"{where}{label('group_gather')} picks how a group's streamed experts are gathered: "
-                         f"every expert is resident and multiplied where it lies ({label('in_place')} 1, the "
-                         f"default): none is gathered: it does nothing")
-    if switches.get("ring_in_place") and not _given_or_default(switches, "in_place"):
-        raise InputError(f"{where}{label('ring_in_place')} 1 multiplies streamed experts in their slots by "
-                         f"the in-place products: with {label('in_place')} 0 every expert is gathered: it "
-                         f"does nothing (drop {label('in_place')} 0)")
-    if every:
-        for kw in STREAMING:
-            if switches.get(kw) is not None:
-                why = (f"{label('expert_cache')} {slots} holds all {total}" if fixed
-                       else f"the sim holds all {total} unless {label('expert_cache')} N is below that")
-                raise InputError(f"{where}{label(kw)} shapes how streamed experts are copied: none stream "
-                                 f"when every expert is resident ({why}): it does nothing")
-
-
-# ---- counts bounded by the pack: its context, its vocabulary, its experts --------------------
+# ---- counts bounded by the pack: its context, its vocabulary ---------------------------------
 
 def counts_fit(config, prompt_tokens: int | None = None, prompt_label: str | None = None,
                greedy: int = 0, top: int | None = None, where: str = "") -> None:

@@ -30,6 +30,13 @@ def test_arm_table_has_the_window_arms_and_only_known_switches(bsc):
     for switches in table.values():  # every keyword is a switch of the table, and its value resolves
         options.resolve(switches)
         assert set(switches) <= set(options.BY_KEYWORD)
+    # and the switch table's rule takes each arm on the 8-layer strata pack with a third of its
+    # experts resident (the bench's default cache): none sets a switch that would do nothing
+    layers, n_expert = 8, 512
+    facts = options.placed_facts("fast", "cuda", layers * n_expert // 3, layers * n_expert, "--expert-cache",
+                                 layers, n_expert)
+    for name, switches in table.items():
+        options.refuse_idle({**switches, "expert_cache": layers * n_expert // 3}, facts, environ={})
 
 
 def test_pick_arms_keeps_the_order_and_names_the_known_ones(bsc):

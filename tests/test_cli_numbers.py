@@ -90,8 +90,8 @@ RUN_ROWS = [
                                        "1000)", {}),
     (FAST + ["--expert-cache", HUGE], "--expert-cache: must be at most 9,223,372,036,854,775,807", {}),
     (FAST + ["--expert-cache", "4", "--ring", "0"], "--ring: must be a positive integer, got '0'", {}),
-    (FAST + ["--expert-cache", "4", "--ring", "33"], "--ring 33: the pack has 32 experts (2 layers x 16): a ring "
-                                                     "of more slots never fills them: at most 32", {}),
+    (FAST + ["--expert-cache", "4", "--ring", "33"], "--ring 33: the pack has 32 experts (2 layers x 16): more "
+                                                     "can do nothing more: at most 32", {}),
     (FAST + ["--expert-cache", "4", "--ring", "-" + HUGE], "--ring: must be a positive integer", {}),
     (FAST + ["--expert-cache", "4", "--stream-min", "0"], "--stream-min: must be 'auto' or a positive integer, got '0'", {}),
     (FAST + ["--expert-cache", "4", "--stream-min", "1k"], "--stream-min: must be 'auto' or a positive integer, got '1k'", {}),
@@ -99,7 +99,7 @@ RUN_ROWS = [
     # numbers given through the switch variables
     (FAST + ["--expert-cache", "4"], "STRATA_PREFILL_RING must be a positive integer, got '1e3' (in digits: 1000)",
      {"STRATA_PREFILL_RING": "1e3"}),
-    (FAST + ["--expert-cache", "4"], "STRATA_PREFILL_RING 1000000000000: the pack has 32 experts",
+    (FAST + ["--expert-cache", "4"], "STRATA_PREFILL_RING=1000000000000: the pack has 32 experts",
      {"STRATA_PREFILL_RING": "1000000000000"}),
     (FAST, "STRATA_PREFILL_STREAM_MIN must be 'auto' or a positive integer, got '-4'", {"STRATA_PREFILL_STREAM_MIN": "-4"}),
     (RUN, "STRATA_PREFILL_THREADS must be a positive integer, got '0'", {"STRATA_PREFILL_THREADS": "0"}),

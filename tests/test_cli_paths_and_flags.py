@@ -125,13 +125,17 @@ PATHS = [
      "is the kernel source folder this build-kernels reads", {}),
 ]
 
-# a `run` flag of the fast path, with the reference
+# a `run` flag of the fast path, with the reference: --backend, --timing and --trace say why;
+# a switch of the table is refused by its rule (fast/options.py: refuse_idle; every need of every
+# switch is derived and tested in tests/test_switch_needs.py)
 FAST_FLAGS = [("--backend", "sim"), ("--timing", None), ("--trace", "{dir}/t.json"),
               *[("--" + kw.replace("_", "-"), v) for kw, v in SAMPLE.items()]]
-NEEDS_FAST = ("is a flag of the fast path: it needs --impl fast",
-              "times the fast path's streams: it needs --impl fast")
+NEEDS_FAST = {"--backend": "--backend picks the fast path's backend: it needs --impl fast",
+              "--timing": "--timing times the fast path's streams: it needs --impl fast",
+              "--trace": "--trace times the fast path's streams: it needs --impl fast"}
 IDLE = [
-    *[(RUN + [flag] + ([v] if v is not None else []), f"{flag} {NEEDS_FAST[flag in ('--timing', '--trace')]}", {})
+    *[(RUN + [flag] + ([v] if v is not None else []),
+       NEEDS_FAST.get(flag, f"{flag} {v} needs --impl fast: this run is --impl reference: it does nothing"), {})
       for flag, v in FAST_FLAGS],
     *[(RUN + ["--impl", "reference", flag] + ([v] if v is not None else []), "it needs --impl fast", {})
       for flag, v in FAST_FLAGS[:1]],
@@ -140,23 +144,31 @@ IDLE = [
     (RUN + ["--prompt-tokens", "{prompt}", "--seed", "3"], "--seed seeds the random prompt of --prompt-tokens N", {}),
     (FAST + ["--reference-cache", "{dir}/rc"], "--reference-cache keeps reference runs: it needs --impl reference", {}),
     # run --impl fast: switches that would do nothing on this pack (2 layers x 16 experts)
-    (FAST + ["--expert-cache", "33"], "--expert-cache 33: the pack has 32 experts (2 layers x 16): at most 32", {}),
+    (FAST + ["--expert-cache", "33"], "--expert-cache 33: the pack has 32 experts (2 layers x 16): more can do "
+                                      "nothing more: at most 32", {}),
     (CUDA + ["--expert-cache", "1000"], "--expert-cache 1000: the pack has 32 experts", {}),
-    (FAST + ["--vram-reserve-mib", "100"], "--vram-reserve-mib sizes the cuda backend's expert cache", {}),
+    (FAST + ["--vram-reserve-mib", "100"], "--vram-reserve-mib 100 needs --backend cuda: this run is --backend sim: "
+                                           "it does nothing", {}),
     (CUDA + ["--expert-cache", "4", "--vram-reserve-mib", "100"],
-     "--vram-reserve-mib sizes --expert-cache auto: with --expert-cache 4 it does nothing", {}),
-    *[(FAST + [flag, v], f"{flag} shapes how streamed experts are copied: none stream when every expert "
-                         "is resident (the sim holds all 32", {})
+     "--vram-reserve-mib 100 needs --expert-cache auto: --expert-cache is 4: it does nothing", {}),
+    *[(FAST + [flag, v], f"{flag} {v} needs experts that stream (an expert cache smaller than the pack): every "
+                         "expert is resident (the sim holds all 32 unless --expert-cache N is below that): it does "
+                         "nothing", {})
       for flag, v in (("--ring", "8"), ("--stream-min", "4"), ("--copy-coalesce", "0"))],
     *[(CUDA + [flag, "1"], f"argument {flag}: retired: every run takes", {})
       for flag in ("--lean-attention", "--tiled-dense", "--widen-float", "--pair-attention")],
-    (CUDA + ["--expert-cache", "0", "--in-place", "1"], "--in-place picks how resident experts are multiplied: "
-                                                        "with --expert-cache 0 none is resident", {}),
-    (CUDA + ["--expert-cache", "32", "--ring", "8"], "--ring shapes how streamed experts are copied: none "
-                                                     "stream when every expert is resident (--expert-cache 32 holds all 32)", {}),
-    (FAST + ["--group-gather", "0"], "--group-gather picks how a group's streamed experts are gathered: every "
-                                     "expert is resident and multiplied where it lies (--in-place 1, the default)", {}),
-    (CUDA + ["--expert-cache", "32", "--in-place", "1", "--group-gather", "1"], "--group-gather picks how", {}),
+    (CUDA + ["--expert-cache", "0", "--ring-in-place", "0", "--in-place", "1"],
+     "--in-place 1 needs resident experts (an expert cache of at least one slot) or --ring-in-place 1: none is "
+     "resident (--expert-cache 0 holds none) and --ring-in-place is 0: it does nothing", {}),
+    (CUDA + ["--expert-cache", "32", "--ring", "8"], "--ring 8 needs experts that stream (an expert cache smaller than "
+                                                     "the pack): every expert is resident (--expert-cache 32 holds all "
+                                                     "32): it does nothing", {}),
+    (FAST + ["--group-gather", "0"], "--group-gather 0 needs experts that stream (an expert cache smaller than the "
+                                     "pack) or --in-place 0: every expert is resident (the sim holds all 32 unless "
+                                     "--expert-cache N is below that) and --in-place is 1 (the default): it does nothing",
+     {}),
+    (CUDA + ["--expert-cache", "32", "--in-place", "1", "--group-gather", "1"], "--group-gather 1 needs experts that "
+                                                                               "stream", {}),
     # environment values the code would not take
     (RUN, "STRATA_PREFILL_TIMING must be 0 or 1, got 'yes'", {"STRATA_PREFILL_TIMING": "yes"}),
     (FAST, "STRATA_PREFILL_TIMING must be 0 or 1, got 'true'", {"STRATA_PREFILL_TIMING": "true"}),
@@ -168,24 +180,33 @@ IDLE = [
     (RUN, "STRATA_PREFILL_THREADS must be a positive integer", {"STRATA_PREFILL_THREADS": "-2"}),
     # bench: arms whose switches would do nothing
     (BENCH + ["--a", "expert-cache=33", "--b", "default"], "--a: expert-cache 33: the pack has 32 experts", {}),
-    (BENCH + ["--a", "default", "--b", "ring=8"], "--b: ring shapes how streamed experts are copied", {}),
-    (BENCH + ["--a", "default", "--b", "STRATA_PREFILL_COPY_COALESCE=1"], "--b: copy-coalesce shapes how", {}),
-    (BENCH + ["--a", "default", "--b", "ring-in-place=1"], "--b: ring-in-place shapes how streamed experts", {}),
+    (BENCH + ["--a", "default", "--b", "ring=8"], "--b: ring 8 needs experts that stream", {}),
+    (BENCH + ["--a", "default", "--b", "STRATA_PREFILL_COPY_COALESCE=1"], "--b: copy-coalesce 1 needs experts that "
+                                                                         "stream", {}),
+    (BENCH + ["--a", "default", "--b", "ring-in-place=1"], "--b: ring-in-place 1 needs experts that stream", {}),
     (BENCH + ["--a", "expert-cache=4,in-place=0,ring-in-place=1", "--b", "default"],
-     "--a: ring-in-place 1 multiplies streamed experts in their slots by the in-place products: with in-place 0", {}),
+     "--a: ring-in-place 1 needs in-place 1: in-place is 0: it does nothing", {}),
     (BENCH + ["--a", "expert_cache=32,stream-min=4", "--b", "default"],
-     "--a: stream-min shapes how streamed experts are copied: none stream when every expert is resident "
-     "(expert-cache 32 holds all 32)", {}),
+     "--a: stream-min 4 needs experts that stream (an expert cache smaller than the pack): every expert is resident "
+     "(expert-cache 32 holds all 32): it does nothing", {}),
     (BENCH + ["--a", "STRATA_PREFILL_PAIR_ATTENTION=0", "--b", "default"],
      "--a: 'STRATA_PREFILL_PAIR_ATTENTION' is retired: every run takes the pair kernel", {}),
     (BENCH + AB, "STRATA_PREFILL_WIDEN_FLOAT is retired: every run takes F16/BF16 dense matrices widened",
      {"STRATA_PREFILL_WIDEN_FLOAT": "0"}),
     (RUN, "STRATA_PREFILL_LEAN_ATTENTION is retired: every run takes the lean", {"STRATA_PREFILL_LEAN_ATTENTION": "1"}),
-    (BENCH + ["--a", "default", "--b", "expert-cache=0,in-place=0"], "--b: in-place picks how resident", {}),
-    (BENCH + ["--a", "STRATA_PREFILL_GROUP_GATHER=0", "--b", "default"], "--a: group-gather picks how a group's", {}),
-    (BENCH + ["--a", "vram-reserve-mib=10", "--b", "default"], "--a: vram-reserve-mib sizes the cuda backend's", {}),
+    (BENCH + ["--a", "default", "--b", "expert-cache=0,ring-in-place=0,in-place=0"],
+     "--b: in-place 0 needs resident experts (an expert cache of at least one slot) or ring-in-place 1", {}),
+    (BENCH + ["--a", "STRATA_PREFILL_GROUP_GATHER=0", "--b", "default"], "--a: group-gather 0 needs experts that "
+                                                                        "stream", {}),
+    (BENCH + ["--a", "vram-reserve-mib=10", "--b", "default"], "--a: vram-reserve-mib 10 needs --backend cuda: this "
+                                                              "run is --backend sim", {}),
     (["bench", "--pack", "{pack}", "--tokens", "8", "--json", "{dir}/out.json", "--a", "expert-cache=4,vram-reserve-mib=10",
-      "--b", "default"], "--a: vram-reserve-mib sizes expert-cache auto: with expert-cache 4 it does nothing", {}),
+      "--b", "default"], "--a: vram-reserve-mib 10 needs expert-cache auto: expert-cache is 4: it does nothing", {}),
+    (BENCH + ["--a", "default", "--b", "default"], "--a: STRATA_PREFILL_RING=8 needs experts that stream",
+     {"STRATA_PREFILL_RING": "8"}),
+    (BENCH + ["--a", "expert-cache=4,window=4", "--b", "default"], "--a: window 4 is less than the chunk (8 tokens, "
+                                                                   "the whole prompt): a window holds whole chunks "
+                                                                   "(--tokens 8)", {}),
     (BENCH + AB, "STRATA_PREFILL_TIMING must be 0 or 1, got 'yes'", {"STRATA_PREFILL_TIMING": "yes"}),
     (BENCH + AB, "STRATA_PREFILL_DUMP_R names a dump of a run: bench writes none", {"STRATA_PREFILL_DUMP_R": "{dir}/r.bin"}),
     (BENCH + AB, "STRATA_DUMP_FIRST_LOGITS names a dump of a run", {"STRATA_DUMP_FIRST_LOGITS": "{pack}"}),

@@ -10,6 +10,7 @@ from fast import make_fast_engine
 from fast.sim_streams import POLICIES, ScheduleHazard
 from fast.walk import LayerWalk, plan_runs
 from reference import ReferenceEngine
+from switch_needs import settled
 from verify.common import assert_same_run, copied_by_choices, run_engine
 
 
@@ -75,7 +76,7 @@ PLANTED = {"release right after the copy wait": _release_after_the_wait,
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@pytest.mark.parametrize("ring", [4, 96])  # 96: deeper than a layer's entries, so no refill follows
+@pytest.mark.parametrize("ring", [4, 32])  # 32: the pack's every expert, deeper than a layer's entries: no refill
 @pytest.mark.parametrize("case", sorted(PLANTED))
 def test_an_early_release_is_caught(make_test_pack, tmp_path, monkeypatch, case, ring, policy):
     pack = make_test_pack("tiny", "Q8_0")
@@ -88,7 +89,7 @@ def test_an_early_release_is_caught(make_test_pack, tmp_path, monkeypatch, case,
     msg = str(err.value)
     assert " slot " in msg and "expert " in msg and "layer " in msg, msg
     # a ring of 4 may refill the slot before the read is enqueued (that check fires first); a
-    # ring of 96 never refills within a layer: the release itself is what is reported
+    # ring of 32 never refills within a layer: the release itself is what is reported
     assert "released" in msg or (ring == 4 and "refilled" in msg), msg
 
 
@@ -162,10 +163,17 @@ def test_per_expert_mode_one_wait_and_event_per_streamed_expert(make_test_pack, 
     assert got["waits"] == got["events"] == n_experts and got.get("gathers", 0) == 0
 
 
-def test_the_switch_does_nothing_without_in_place(make_test_pack, tmp_path):
-    """in_place 0 gathers every expert: ring_in_place then changes no count."""
+def test_the_switch_does_nothing_without_in_place(make_test_pack, tmp_path, monkeypatch):
+    """in_place 0 gathers every expert: ring_in_place 1 then changes no count, and the switch
+    table's rule refuses it (fast/options.py)."""
+    from fast import options
+    from strata.errors import InputError
+
     pack = make_test_pack("small", "Q8_0")
     kw = dict(expert_cache=20, ring=16, stream_min=1, in_place=0)
+    with pytest.raises(InputError, match="^--ring-in-place 1 needs --in-place 1: --in-place is 0: it does nothing$"):
+        _engine(pack, ring_in_place=1, **kw)
+    monkeypatch.setattr(options, "refuse_idle", lambda *a, **k: None)
     assert counts(pack, tmp_path / "a", 12, **kw) == counts(pack, tmp_path / "b", 12, ring_in_place=1, **kw)
 
 
@@ -181,9 +189,10 @@ def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, 
     ids = _prompt(pack, n_tok, seed)
     out = tmp_path_factory.mktemp("h")
     ref = run_engine(ReferenceEngine(pack), ids, 32, out / "ref", greedy=1)
-    eng = _engine(pack, policy, sched, ring=ring, ring_run=run_cap, expert_cache=cache, stream_min=stream_min,
-                  group_gather=gg, copy_coalesce=coalesce, ring_in_place=1, window=window, stage_head=head,
-                  head_predict=int(predict))
+    eng = _engine(pack, policy, sched, **settled(pack, ring=ring, ring_run=run_cap, expert_cache=cache,
+                                                 stream_min=stream_min, group_gather=gg, copy_coalesce=coalesce,
+                                                 ring_in_place=1, window=window, stage_head=head,
+                                                 head_predict=int(predict)))
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} run cap {run_cap} cache {cache} stream_min {stream_min} "
                                     f"window {window} stage_head {head} head_predict {int(predict)}")

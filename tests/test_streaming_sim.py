@@ -9,6 +9,7 @@ from fast.experts import RingPass, place_experts
 from fast.sim_streams import POLICIES, ScheduleHazard
 from fast.walk import LayerWalk
 from reference import ReferenceEngine
+from switch_needs import settled
 from verify.common import assert_same_run, copied_by_choices, run_engine
 
 
@@ -135,10 +136,11 @@ def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, 
     ids = _prompt(pack, n_tok, seed)
     out = tmp_path_factory.mktemp("h")
     ref = run_engine(ReferenceEngine(pack), ids, 32, out / "ref", greedy=1)
-    eng = make_fast_engine(pack, "sim", sim_options=dict(schedule_seed=sched, policy=policy), ring=ring,
-                           group_size=group_size, expert_cache=cache, stream_min=stream_min, group_gather=gg,
-                           quant_gather=qg, copy_coalesce=coalesce, in_place=in_place,
-                           flush_on_skip=flush_on_skip, stage_in_ring=stage_in_ring, ring_in_place=0, stage_head=head)
+    eng = make_fast_engine(pack, "sim", sim_options=dict(schedule_seed=sched, policy=policy), group_size=group_size,
+                           **settled(pack, ring=ring, expert_cache=cache, stream_min=stream_min, group_gather=gg,
+                                     quant_gather=qg, copy_coalesce=coalesce, in_place=in_place,
+                                     flush_on_skip=flush_on_skip, stage_in_ring=stage_in_ring, ring_in_place=0,
+                                     stage_head=head))
     got = run_engine(eng, ids, 32, out / "fast", greedy=1)
     assert_same_run(ref, got, pack, f"ring {ring} group {group_size} cache {cache} stream_min {stream_min} "
                                     f"in_place {in_place} flush_on_skip {flush_on_skip} stage_in_ring {stage_in_ring} "
@@ -146,7 +148,7 @@ def test_any_schedule_same_bytes(make_test_pack, tmp_path_factory, n_tok, seed, 
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)  # what the walks chose, no more
 
 
-@pytest.mark.parametrize("ring", [4, 96])
+@pytest.mark.parametrize("ring", [4, 32])  # 32: the pack's every expert
 def test_a_group_held_across_skips_is_gathered_once(make_test_pack, tmp_path, ring):
     """A short prompt routes few of a layer's experts, so the streamed walk meets skipped
     entries between a group's members: flush_on_skip 1 gathers the group in pieces there, 0

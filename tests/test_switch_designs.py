@@ -23,11 +23,13 @@ def test_design_covers_every_pair_defaults_first():
 
 def test_every_cuda_arm_meets_every_weight_type():
     """The resident rows run each arm of the design on every spread expert type of both small
-    packs (the mixes' types, cases.MIX_TYPES, get a few rows each: the next test)."""
+    packs (the mixes' types, cases.MIX_TYPES, get a few rows each: the next test), as the switch
+    table's rule takes it (a switch that does nothing where every expert is resident left out)."""
     defaults = dict(zip(cases.SWITCH_NAMES, cases.SWITCH_DESIGN[0]))
     for sw in cases.SWITCH_DESIGN[1:]:
-        arm = tuple((k, v) for k, v in zip(cases.SWITCH_NAMES, sw) if defaults[k] != v)
         for preset in ("tiny", "small"):
+            arm = tuple(cases._settled("cuda", preset, (), {k: v for k, v in zip(cases.SWITCH_NAMES, sw)
+                                                            if defaults[k] != v}).items())
             for etype in cases.SPREAD_TYPES:
                 got = [c for c in cases.parity_rows("cuda", preset=preset, expert_type=etype) if c.arm == arm]
                 assert len(got) >= 2, (arm, preset, etype)
@@ -64,6 +66,22 @@ def test_every_codebook_type_runs_resident_streamed_in_place_gathered_and_dense(
             dense = [c for c in cases.parity_rows(backend) if dict(c.pack_options).get("dense_type") == etype]
             assert dense and all(c.expert_type != etype for c in dense), (backend, etype)
     assert any(c.quick and c.expert_type in cases.CODEBOOK_TYPES for c in cases.parity_rows("cuda"))
+
+
+def test_no_row_sets_a_switch_the_rule_refuses():
+    """Every parity row's arm passes the switch table's rule on its pack and placement (the
+    cuda backend's auto cache taken to hold every expert, as the gate's GPUs do)."""
+    from strata.config import PRESETS
+
+    for c in cases.PARITY_CASES:
+        switches = {k: v for k, v in c.options.items() if k in options.BY_KEYWORD}
+        layers = dict(c.pack_options).get("layers") or PRESETS[c.preset].n_layer
+        n_expert = PRESETS[c.preset].n_expert
+        total, cache = layers * n_expert, switches.get("expert_cache", options.AUTO)
+        facts = options.placed_facts("fast", c.backend, total if cache == options.AUTO else int(cache), total,
+                                     f"expert_cache {cache}", layers, n_expert)
+        options.refuse_idle(switches, facts, environ={})
+    assert len({c.name for c in cases.PARITY_CASES}) == len(cases.PARITY_CASES)
 
 
 def test_every_switch_earlier_form_is_quick():

@@ -20,10 +20,11 @@ ALL_VARIABLES = [name for sw in options.SWITCHES for name in sw.variables + sw.o
 
 
 def other(sw) -> str:
-    """A value of `sw` other than its default, as a flag or variable spells it."""
+    """A value of `sw` other than its default, as a flag or variable spells it (within what the
+    tiny pack can use: a switch's most)."""
     if isinstance(sw.value, OnOff):
         return "0" if sw.default else "1"
-    return str((sw.default if isinstance(sw.default, int) else 0) + sw.value.minimum + 7)
+    return str(sw.value.minimum + 7)
 
 
 def parsed(sw, text: str):
@@ -68,11 +69,6 @@ def test_every_switch_is_declared_once_with_a_kind_a_value_type_and_one_line_of_
         assert sw.flag == "--" + sw.keyword.replace("_", "-")
         if sw.default is None:
             assert sw.default_text, f"{sw.keyword}: a rule for a default says which"
-
-
-def test_checks_lists_of_switches_are_the_tables():
-    """checks.py names the streaming switches for its refusals: switches of the table."""
-    assert set(checks.STREAMING) <= set(options.BY_KEYWORD)
 
 
 @pytest.mark.parametrize("variable", options.RETIRED)
@@ -121,22 +117,29 @@ def test_nothing_set_resolves_to_the_tables_defaults(no_switch_variables):
 
 @pytest.mark.parametrize("sw", [sw for sw in options.SWITCHES if sw.variable], ids=lambda sw: sw.keyword)
 def test_every_variable_is_the_one_the_engine_reads(sw, no_switch_variables, sim_engine):
+    """Each in a setting where it does something (its needs met: tests/switch_needs.py)."""
+    from switch_needs import setting_for
+
+    setting = setting_for(sw, parsed(sw, other(sw)))
+    context = {k: v for k, v in setting["switches"].items() if k != sw.keyword}
+    if setting["expert_cache"] != options.AUTO:
+        context["expert_cache"] = setting["expert_cache"]
     no_switch_variables.setenv(sw.variable, other(sw))
-    eng = sim_engine()
+    eng = sim_engine(**context)
     assert getattr(eng.options, sw.keyword) == parsed(sw, other(sw))
     if sw.keyword == "ring":  # engine.ring is the ring itself
         assert eng.ring.n_slots == parsed(sw, other(sw))
     else:
         assert getattr(eng, sw.keyword) == parsed(sw, other(sw))
     for rest in options.SWITCHES:  # no other switch moved
-        if rest is not sw and rest.keyword not in ("ring", "expert_cache"):  # these two the engine sizes
+        if rest is not sw and rest.keyword not in ("ring", "expert_cache", *context):  # the engine sizes these two
             assert getattr(eng.options, rest.keyword) == rest.default, rest.keyword
     if sw.kind == options.KERNEL_FORM:  # the backend reads the engine's options
         assert eng.be.options is eng.options
         assert getattr(eng.be, sw.keyword) == parsed(sw, other(sw))
     # a keyword argument wins over the variable
-    given = sw.default if sw.default is not None else parsed(sw, other(sw)) + 1
-    assert getattr(sim_engine(**{sw.keyword: given}).options, sw.keyword) == given
+    given = (not parsed(sw, other(sw))) if isinstance(sw.value, OnOff) else parsed(sw, other(sw)) + 1
+    assert getattr(sim_engine(**context, **{sw.keyword: given}).options, sw.keyword) == given
 
 
 @pytest.mark.parametrize("sw", [sw for sw in options.SWITCHES if sw.variable], ids=lambda sw: sw.keyword)

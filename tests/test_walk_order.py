@@ -50,7 +50,7 @@ def _logged_engine(pack, log, monkeypatch, **kw):
 def test_the_pass_queues_its_head_before_layer_0s_attention_and_the_rest_after(make_test_pack, monkeypatch):
     pack = make_test_pack("small", "Q8_0")  # 4 layers x 64 experts: far more streamed entries than PASS_HEAD
     log = []
-    eng = _logged_engine(pack, log, monkeypatch, expert_cache=0, stream_min=1, ring=384, copy_coalesce=0)
+    eng = _logged_engine(pack, log, monkeypatch, expert_cache=0, stream_min=1, ring=256, copy_coalesce=0)
     eng.be.reset_cache()
     from strata.session import Session
 

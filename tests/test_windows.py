@@ -13,6 +13,7 @@ from fast.engine import window_bytes_per_token
 from fast.sim import SIM_WINDOW_BUDGET, SimBackend
 from fast.sim_streams import POLICIES
 from reference import ReferenceEngine
+from switch_needs import settled
 from strata.errors import InputError
 from strata.records import q8_layouts
 from strata.report import compare_timelines
@@ -48,8 +49,8 @@ def test_windows_same_bytes_fewer_copies(make_test_pack, tmp_path_factory, n_tok
     ids = _prompt(pack, n_tok, seed)
     window = per_window * chunk + min(extra, chunk - 1)  # not a multiple: rounded down to whole chunks
     out = tmp_path_factory.mktemp("w")
-    kw = dict(ring=ring, expert_cache=cache, stream_min=stream_min, group_gather=gg, in_place=in_place,
-              copy_coalesce=coalesce, stage_head=head)
+    kw = settled(pack, ring=ring, expert_cache=cache, stream_min=stream_min, group_gather=gg, in_place=in_place,
+                 copy_coalesce=coalesce, stage_head=head)
     what = f"window {window} chunk {chunk} ring {ring} cache {cache} stream_min {stream_min} gg {gg} head {head}"
     ref = run_engine(ReferenceEngine(pack), ids, chunk, out / "ref", greedy=1)
     flat = _fast(pack, sched, policy, window="off", **kw)
@@ -124,13 +125,18 @@ def test_bad_window_variable_refused(make_test_pack, monkeypatch, raw):
 
 
 def test_window_below_the_chunk_refused_before_work(make_test_pack):
+    """A window holds whole chunks of the prompt: refused at the start of the prefill, before any
+    layer runs, where the prompt's chunk is longer; a prompt shorter than the window takes it."""
     pack = make_test_pack("tiny", "Q8_0")
     eng = _fast(pack, window=15)
+    session = Session(eng, chunk=16, progress=False)
     with pytest.raises(InputError) as err:
-        Session(eng, chunk=16, progress=False)
+        session.run(_prompt(pack, 20, 1), greedy=0)
     assert str(err.value) == ("--window 15 is less than the chunk (16 tokens, --prefill): a window holds "
                               "whole chunks")
     assert eng.counters["launches"] == 0
+    res = Session(eng, chunk=16, progress=False).run(_prompt(pack, 12, 1), greedy=0)  # one chunk of 12: taken
+    assert res.window == 16 and eng.window_reason == "--window 15: 1 whole chunk(s)"
 
 
 # ---- auto ----------------------------------------------------------------------------------

@@ -621,9 +621,35 @@ def _arm_name(arm: dict) -> str:
     return ",".join(f"{short.get(k, k)}{v}" for k, v in arm.items()) or "default"
 
 
+def settled_arm(backend: str, n_layer: int, n_expert: int, arm: dict) -> dict:
+    """An arm as the switch table's one rule takes it on a pack of n_layer x n_expert experts
+    (fast.options.settle): a switch that would do nothing there left out, a value past what the
+    pack can use set to the most; other keywords (group_size, sim_options) kept. The cuda
+    backend's `expert_cache auto` is taken to hold every expert (the gate's GPUs hold each test
+    pack whole), so a switch that needs streaming is kept only where the arm sizes the cache
+    below the pack."""
+    from fast import options
+
+    switches = {k: v for k, v in arm.items() if k in options.BY_KEYWORD}
+    total, cache = n_layer * n_expert, switches.get("expert_cache", options.AUTO)
+    slots = total if cache in (options.AUTO, None) else min(int(cache), total)
+    facts = options.placed_facts("fast", backend, slots, total, f"expert_cache {cache}", n_layer, n_expert)
+    kept = options.settle(switches, facts)
+    return {k: kept[k] if k in options.BY_KEYWORD else v for k, v in arm.items()
+            if k in kept or k not in options.BY_KEYWORD}
+
+
+def _settled(backend: str, preset: str, opts: tuple, arm: dict) -> dict:
+    """A row's arm, settled on its pack (settled_arm)."""
+    from strata.config import PRESETS
+
+    layers = dict(opts).get("layers") or PRESETS[preset].n_layer
+    return settled_arm(backend, layers, PRESETS[preset].n_expert, arm)
+
+
 def _row(backend, preset, etype, tokens, chunk="auto", arm=None, **kw) -> ParityCase:
-    arm = {k: v for k, v in (arm or {}).items() if v is not None}
     opts = kw.get("pack_options", ())
+    arm = _settled(backend, preset, opts, {k: v for k, v in (arm or {}).items() if v is not None})
     bits = [backend, preset, etype, *(f"{k}{v}" for k, v in opts), f"T{tokens}", f"c{chunk}", _arm_name(arm)]
     for flag in ("prompt", "stress", "base"):
         if flag in kw and kw[flag] not in ("uniform", False, "reference"):
@@ -1012,7 +1038,19 @@ def _sim_rows() -> list[ParityCase]:
     return rows
 
 
-PARITY_CASES: tuple[ParityCase, ...] = tuple(_cuda_rows() + _sim_rows())
+def _named_apart(rows: list[ParityCase]) -> list[ParityCase]:
+    """Rows whose names the rule made one (a switch dropped or capped by _settled: rings past a
+    small pack's experts, streamed arms where every expert is resident) told apart by their
+    prompt's seed, which differs: each still runs its own prompt."""
+    import collections
+    import dataclasses
+
+    count = collections.Counter(c.name for c in rows)
+    return [dataclasses.replace(c, name=f"{c.name}-p{c.seed if c.seed is not None else c.tokens}")
+            if count[c.name] > 1 else c for c in rows]
+
+
+PARITY_CASES: tuple[ParityCase, ...] = tuple(_named_apart(_cuda_rows() + _sim_rows()))
 
 
 def parity_rows(backend: str | None = None, **where) -> list[ParityCase]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from verify.cases import settled_arm
 from verify.common import run_engine
 
 SEED = 7
@@ -144,6 +145,8 @@ def child(args: dict) -> None:
     plant, schedule, options = PLANTS[args["case"]]
     backend = args.get("backend", "cuda")
     pack = Pack.open(args["pack"])
+    # as the switch table's rule takes them on this pack (RESIDENT's cache capped at every expert)
+    options = settled_arm(backend, pack.config.n_layer, pack.config.n_expert, options)
     out = Path(args["out"])
     ids = prompt(pack.config.n_vocab, 64, seed=64)
 

@@ -91,9 +91,9 @@ def _base(case: ParityCase, pack, ids, tmp_path, monkeypatch) -> Run:
     if key not in _bases:
         from strata.records import read_timeline
 
-        ref = refcache.reference_run(pack, ids, greedy=case.greedy, dump_level=case.level)
-        _remember(_bases, key, Run(ref.logits, ref.greedy, read_timeline(ref.records) if ref.records else [],
-                                   ref.residuals), _BASES_KEPT)
+        with refcache.open_reference_run(pack, ids, greedy=case.greedy, dump_level=case.level) as ref:  # held while read
+            _remember(_bases, key, Run(ref.logits, ref.greedy, read_timeline(ref.records) if ref.records else [],
+                                       ref.residuals), _BASES_KEPT)
     return _bases[key]
 
 

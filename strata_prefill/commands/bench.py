@@ -98,6 +98,23 @@ def arm_name(keyword: str) -> str:
     return keyword.replace("_", "-")
 
 
+def refuse_idle_arm(keywords: dict, args, config, where: str) -> None:
+    """An arm's switches (and the switch variables set) that would do nothing on this pack and
+    backend, refused (fast.options.refuse_idle), and its window against every prompt length."""
+    from fast import options
+    from strata.session import parse_chunk
+
+    options.refuse_idle(keywords, options.facts_of("fast", args.backend, keywords.get("expert_cache"), config,
+                                                   arm_name), label=arm_name, where=where)
+    window = options.resolve(keywords).window
+    if window != options.AUTO:
+        for n in args.tokens:
+            try:
+                options.window_taken(window, parse_chunk(args.prefill), n)
+            except InputError as exc:
+                raise InputError(f"{where}{str(exc).removeprefix('--')} (--tokens {n})") from None
+
+
 def default_json(markdown: Path | None, now: datetime) -> Path:
     if markdown is not None:
         path = markdown.with_suffix(".json")
@@ -334,8 +351,8 @@ def main(args) -> int:
     pack = Pack.open(pack_path)
     cfg = pack.config
     check_lengths(args.tokens, cfg)
-    for arm, kw in keywords.items():
-        checks.fast_switches_used(kw, args.backend, cfg, arm_name, where=f"--{arm.lower()}: ")
+    for arm, kw in keywords.items():  # the switch table's one rule, as `run` has it for flags and variables
+        refuse_idle_arm(kw, args, cfg, where=f"--{arm.lower()}: ")
     engines = {arm: make_fast_engine(pack, args.backend, **kw) for arm, kw in keywords.items()}
     for engine in engines.values():
         engine.be.timing = args.phases

@@ -218,29 +218,54 @@ def check_env_dumps(args) -> dict:
     return labels
 
 
-# dests of the flags only the fast path reads (with the switches of arms.SWITCHES)
-FAST_ONLY = ("backend", "timing", "trace")
-
-
 def flag_of(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
 def refuse_idle_flags(args) -> None:
-    """A flag that would do nothing in this run is an error naming what it needs."""
-    for flag, on in (("--timing", args.timing), ("--trace", args.trace is not None)):
+    """A flag that would do nothing in this run is an error naming what it needs (the switches
+    of fast/options.py's table, flags and variables alike: refuse_idle_switches)."""
+    from fast.phases import timing_enabled
+
+    for flag, on in (("--timing", args.timing), ("--trace", args.trace is not None),
+                     ("STRATA_PREFILL_TIMING=1", timing_enabled())):
         if on and args.impl != "fast":
             raise InputError(f"{flag} times the fast path's streams: it needs --impl fast")
-    if args.impl != "fast":
-        for dest in (*FAST_ONLY, *SWITCHES):
-            value = getattr(args, dest, None)
-            if value is not None and value is not False:  # 0 is a value given
-                raise InputError(f"{flag_of(dest)} is a flag of the fast path: it needs --impl fast")
+    if args.impl != "fast" and args.backend is not None:
+        raise InputError("--backend picks the fast path's backend: it needs --impl fast")
     if args.dump_level is not None and args.dump_dir is None:
         raise InputError("--dump-level picks what --dump-dir records: it needs --dump-dir")
     if args.seed is not None and not isinstance(args.prompt_tokens, int):
         raise InputError("--seed seeds the random prompt of --prompt-tokens N: a prompt file "
                          f"({args.prompt_tokens}) takes no seed")
+
+
+def refuse_idle_switches(args, config=None, prompt_tokens: int | None = None) -> None:
+    """The switches set (flags, variables) that would do nothing in this run, refused by the
+    switch table's one rule (fast.options.refuse_idle): before the pack is opened, what the
+    command line says (--impl, --backend, --expert-cache); once its header is read (`config`),
+    the experts too, and the window against the prompt's chunks."""
+    from fast import options
+
+    kwargs = fast_engine_kwargs(args)
+    options.refuse_idle(kwargs, options.facts_of(args.impl, backend_of(args) if args.impl == "fast" else None,
+                                                 kwargs.get("expert_cache"), config))
+    if args.impl == "fast" and prompt_tokens is not None:
+        from strata.session import parse_chunk
+
+        window = options.resolve(kwargs).window
+        if window != options.AUTO:  # a number less than the prompt's chunk: one line, before the engine
+            options.window_taken(window, parse_chunk(args.prefill), prompt_tokens)
+
+
+def window_cut(engine, res) -> bool:
+    """Whether the run took another window than the number of tokens asked (the flag or its
+    variable): one past the prompt, or not a whole number of chunks. The window line then says
+    what was taken, even where that is one chunk."""
+    from fast import options
+
+    asked = engine.options.window
+    return asked not in (options.AUTO, options.OFF_WORD) and res.window != int(asked)
 
 
 def check_counts(args, file_ids, config, where: str = "") -> None:
@@ -268,7 +293,10 @@ def check_paths(args, labels: dict, pack_path: Path) -> None:
 
 
 def reference_cache_dir(text: str) -> str:
-    """`off` (or 0, none), or a folder the cache may be made in."""
+    """`off` (or 0, none), or a folder the cache may be made in (not an empty word: that is
+    no folder, not the current one)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no folder: give a folder, or off")
     if text.strip().lower() in refcache.OFF:
         return "off"
     return str(checks.output_dir(text))
@@ -300,35 +328,49 @@ def _write_atomic(path: Path, data: bytes | None = None, copy_of: Path | None = 
 
 def run_cached(args, cache: refcache.Cache, pack, pack_path: Path, prompt) -> int:
     """A reference run through the cache: the same lines and files as a computed run (the
-    dumps copied from the entry), one line on stderr saying hit or miss, and on a hit a speed
-    line that says nothing was timed."""
+    dumps copied from the entry, held meanwhile so that a `cache clear` passes over it), one
+    line on stderr saying hit or miss (and what was wrong with an entry found there, or why
+    the result could not be kept), and on a hit a speed line that says nothing was timed."""
     from strata.session import parse_chunk, parse_dump_level
 
-    cfg = pack.config
     level = parse_dump_level(args.dump_level) if args.dump_dir else None
     asked = parse_chunk(args.prefill)
-    r = refcache.reference_run(pack, prompt, greedy=args.greedy, dump_level=level, cache=cache,
-                               chunk=asked, progress=None if not args.no_progress else False)
-    if args.dump_first_logits:
-        _write_atomic(args.dump_first_logits, r.logits.astype("<f4").tobytes())
-    if args.dump_r:
-        _write_atomic(args.dump_r, r.residuals)
-    if args.dump_dir:
-        args.dump_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(args.dump_dir / "layers.spd", copy_of=r.records)
+    with refcache.open_reference_run(pack, prompt, greedy=args.greedy, dump_level=level, cache=cache,
+                                     chunk=asked, progress=None if not args.no_progress else False) as r:
+        if args.dump_first_logits:
+            _write_atomic(args.dump_first_logits, r.logits.astype("<f4").tobytes())
+        if args.dump_r:
+            _write_atomic(args.dump_r, r.residuals)
+        if args.dump_dir:
+            args.dump_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(args.dump_dir / "layers.spd", copy_of=r.records)
+    print(cache_line(r, args.dump_dir is not None, asked), file=sys.stderr)
+    return print_cached(args, r, pack, pack_path, prompt)
+
+
+def cache_line(r: refcache.RefRun, dumped: bool, asked) -> str:
+    """The one line a run through the cache prints on stderr."""
     if r.hit:
         line = f"reference cache: hit (nothing computed or timed) {r.entry}"
-        if args.dump_dir and r.chunk != asked:
+        if dumped and r.chunk != asked:
             line += (f"; its records are cut in chunks of up to {r.chunk}, not {asked} (no bit "
                      "differs: docs/numerics.md section 9)")
     else:
-        line = f"reference cache: miss, computed in {r.seconds:.1f} s, stored {r.entry}"
-    print(line, file=sys.stderr)
+        line = "reference cache: miss"
+        if r.recomputed:
+            line += f" (the entry there was {r.recomputed})"
+        line += f", computed in {r.seconds:.1f} s, "
+        line += f"not kept: {r.not_stored}" if r.not_stored else f"stored {r.entry}"
+    return line + (f"; {r.pack_index}" if r.pack_index else "")
+
+
+def print_cached(args, r: refcache.RefRun, pack, pack_path: Path, prompt) -> int:
+    """A cached run's lines on stdout, as a computed run prints them."""
     from strata_prefill.nonfinite import EXIT_NONFINITE, refuse  # NaN/Inf: one line naming where
 
     if refuse(r, pack, args):
         return EXIT_NONFINITE
-
+    cfg = pack.config
     n = int(np.asarray(prompt).size)
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
     print("impl      reference")
@@ -377,6 +419,7 @@ def main(args) -> int:
     refuse_idle_flags(args)
     checks.environment_values()
     arms.environment_aliases()
+    refuse_idle_switches(args)
     check_paths(args, labels, Path(args.pack) if args.pack else default_pack_path())
     timing = timing_asked(args)
     ref_cache = reference_cache_of(args)
@@ -388,8 +431,7 @@ def main(args) -> int:
     pack = Pack.open(pack_path)
     cfg = pack.config
     check_counts(args, file_ids, cfg)  # before the prompt is made or any layer runs
-    if args.impl == "fast":
-        checks.fast_switches_used(fast_engine_kwargs(args), backend_of(args), cfg, flag_of)
+    refuse_idle_switches(args, cfg, args.prompt_tokens if file_ids is None else int(file_ids.size))
     if file_ids is None:
         seed = DEFAULT_PROMPT_SEED if args.seed is None else args.seed
         prompt = np.random.default_rng(seed).integers(0, cfg.n_vocab, size=args.prompt_tokens,
@@ -413,10 +455,10 @@ def main(args) -> int:
     print(f"pack      {pack_path} ({cfg.n_layer} layers, {cfg.n_expert} experts, top-{cfg.n_expert_used})")
     print(f"impl      {engine.name}")
     print(f"prompt    {res.prompt_tokens} tokens in {res.n_chunks} chunk(s) of up to {res.chunk}")
-    asked_window = getattr(getattr(engine, "options", None), "window", None)
-    windowed = asked_window is not None and res.window != res.chunk
-    if windowed:  # the window the run took (auto: sized by the engine), where it holds several chunks
-        print(f"window    {res.window} tokens ({res.window // res.chunk} chunk(s) a window, "
+    windowed = args.impl == "fast" and (res.window != res.chunk or window_cut(engine, res))
+    if windowed:  # the window the run took (auto: sized by the engine) where it holds several chunks or was cut
+        shown = res.window if res.window != res.chunk else min(res.window, res.prompt_tokens)  # one chunk: the prompt's
+        print(f"window    {shown} tokens ({res.window // res.chunk} chunk(s) a window, "
               f"{-(-res.prompt_tokens // res.window)} window(s); {engine.window_reason})")
     print_logits(res.logits, res.greedy, args.top)
     print(speed_line(res.prompt_tokens, res.greedy, res.prefill_seconds, res.decode_seconds))
