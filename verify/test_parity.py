@@ -13,6 +13,7 @@ rows check the same walk on the real card, and `STRATA_VERIFY_SIM=1` runs the si
 """
 from __future__ import annotations
 
+import gc
 import shutil
 import zlib
 
@@ -58,6 +59,11 @@ def _engine(case: ParityCase, pack, monkeypatch):
     keep = case.backend == "cuda" and case.preset != "strata"
     key = (str(pack.path), case.backend, case.arm, case.stress)
     eng = _engines.get(key) if keep else None
+    if eng is None and case.backend == "cuda" and not keep and _engines:
+        # a strata pack's engine takes gigabytes of device memory: the kept small engines go
+        # first (five workers' kept engines left an 80 GB card too little for it)
+        _engines.clear()
+        gc.collect()
     if eng is None:
         eng = make_fast_engine(pack, case.backend, sim_options=sim, **case.options)
     elif case.backend == "cuda":
