@@ -21,6 +21,7 @@ prompt) they cover, the reference cache's hits and misses, the slowest five test
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
@@ -275,6 +276,15 @@ def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
 
 
 _in_use: list = []  # the lock files of the kept packs this process uses, each under a shared lock
+
+
+@atexit.register
+def _release_packs() -> None:
+    """Close the kept packs' lock files as the process ends (which releases their locks, as the
+    end itself would): left to the interpreter's teardown, each is an `unclosed file`
+    ResourceWarning printed after the test summary."""
+    while _in_use:
+        _in_use.pop().close()
 
 
 # Versions of one test pack kept (one per pack-making source, newest first): two trees compared

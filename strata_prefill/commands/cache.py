@@ -7,7 +7,7 @@ import argparse
 import os
 
 from strata.errors import InputError
-from strata_prefill import checks, refcache
+from strata_prefill import checks, refcache, variables
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
@@ -18,7 +18,7 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     for action, text in (("info", "the folder, entries and bytes by kind, the source digest"),
                          ("clear", "remove every entry")):
         a = actions.add_parser(action, help=text, description=text)
-        a.add_argument("--dir", metavar="DIR", help=f"the cache folder (default: ${refcache.ENV}, "
+        a.add_argument("--dir", metavar="DIR", type=checks.folder_path, help=f"the cache folder (default: ${refcache.ENV}, "
                                                     f"else {refcache.default_dir()})")
     p.set_defaults(func=main)
     return p
@@ -27,12 +27,14 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     if args.action is None:
         raise InputError("cache: say which: info or clear")
-    cache = refcache.Cache(args.dir) if args.dir else refcache.from_env(default=True)
+    if args.dir is None:
+        variables.refuse_empty(refcache.ENV)  # never the default folder for an unset shell variable
+    cache = refcache.Cache(args.dir) if args.dir is not None else refcache.from_env(default=True)
     if cache is None:
         print(f"the reference cache is off ({refcache.ENV}={os.environ.get(refcache.ENV)}); "
               "--dir DIR names a folder")
         return 0
-    checks.distinct_files("cache", [], [("--dir" if args.dir else refcache.ENV, cache.root)])
+    checks.distinct_files("cache", [], [("--dir" if args.dir is not None else refcache.ENV, cache.root)])
     if cache.root.exists() and not cache.root.is_dir():
         raise InputError(f"cache folder {cache.root} is a file")
     if args.action == "info":
