@@ -12,8 +12,9 @@ greedy tokens, its vocabulary, its experts) by `counts_fit` and `fast_switches_u
 header is read, before the prompt is made.
 
 After the command line, before any work: `distinct_files` (no output is an input or another
-output), `environment_values` (the switch variables' values) and `fast_switches_used` (no
-fast-path switch that would do nothing on the pack at hand, no ring past its experts).
+output), `environment_values` (every variable the command reads: strata_prefill/variables.py)
+and `fast_switches_used` (no fast-path switch that would do nothing on the pack at hand, no ring
+past its experts).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Every environment variable the `strata-prefill` command reads, in one table: VARIABLES, built
-from where each is declared (the switch table of fast/options.py with its older and retired
+"""Every environment variable the `strata-prefill` command reads, in one table (`variables()`),
+built from where each is declared (the switch table of fast/options.py with its older and retired
 names, each reader's own constant). `check(command)` refuses, before any work and in one line,
 a value the code would not take: a switch's value as its `run` flag's, a path as the flag that
 names the same file, an empty or blank path (an unset shell variable, `"$UNSET"`) never taken as
@@ -93,7 +93,7 @@ _TABLE: dict[str, Variable] = {}
 
 
 def variables() -> dict[str, Variable]:
-    """VARIABLES: {name: Variable}, made on first use (it imports the readers' modules)."""
+    """The table, {name: Variable}, made on first use (it imports the readers' modules)."""
     if not _TABLE:
         _TABLE.update(_table())
     return _TABLE
