@@ -82,7 +82,7 @@ def read_trace_meta(path) -> tuple[list[Span], dict]:
     is not is a one-line InputError naming the event: the phases M and X; integer pids and
     tids; a thread_name event naming each track once; an X event on a track, with a string
     name, finite ts and dur >= 0 in microseconds, and args holding an integer chunk >= 0;
-    otherData an object whose units, where present, are a list of strings naming every chunk
+    otherData an object whose units, where present, are a list of names (non-blank) for every chunk
     the spans name. Other args and otherData keys are not read."""
     path = Path(path)
     try:
@@ -120,8 +120,9 @@ def read_trace_meta(path) -> tuple[list[Span], dict]:
         raise InputError(f"{path}: otherData must be an object, got {_short(meta)}")
     units = meta.get("units")
     if units is not None:
-        if not isinstance(units, list) or not all(isinstance(u, str) for u in units):
-            raise InputError(f"{path}: otherData.units must be a list of strings, got {_short(units)}")
+        if not isinstance(units, list) or not all(isinstance(u, str) and u.strip() for u in units):
+            raise InputError(f"{path}: otherData.units must be a list of names (non-blank strings), "
+                             f"got {_short(units)}")
         past = [s.args["chunk"] for s in spans if s.args["chunk"] >= len(units)]
         if past:
             raise InputError(f"{path}: a span names chunk {max(past)}, but otherData.units names "

@@ -352,3 +352,37 @@ def test_every_field_of_a_trace_read_by_plot(inputs, trace_folder, shape, data):
     names = {**inputs, "trace": str(trace), "dir": str(trace_folder)}
     chunk = data.draw(st.sampled_from(["0", "2"]), label="--chunk")  # the first unit, or the last
     ran_or_refused(["plot", "{trace}", "{here}/out.png", "--chunk", chunk], names)
+
+
+# the mutations that once ended plot in a traceback (a report's, and this file's findings), each
+# refused by name: (field path, value, what the one line says)
+FOUND = [
+    (("traceEvents", 4, "args"), "a string", "event 4: args must be an object, got 'a string'"),
+    (("traceEvents", 4, "args"), None, "event 4: args must be an object, got None"),
+    (("traceEvents", 1, "args"), None, "event 1 (thread_name): args must be an object with a string name"),
+    (("traceEvents", 4, "pid"), [1], "event 4: pid must be an integer, got [1]"),
+    (("traceEvents", 4, "args", "chunk"), "0", "event 4: args.chunk must be an integer >= 0, got '0'"),
+    (("traceEvents", 4, "args", "chunk"), 0.5, "event 4: args.chunk must be an integer >= 0, got 0.5"),
+    (("traceEvents", 4, "ts"), float("nan"), "event 4: ts must be a finite number >= 0 (microseconds), got nan"),
+    (("traceEvents", 4, "dur"), 10**400, "event 4: dur must be a finite number >= 0 (microseconds)"),
+    (("otherData", "units", 0), "", "otherData.units must be a list of names (non-blank strings)"),
+]
+
+
+@pytest.mark.parametrize("path, value, needle", FOUND, ids=[".".join(map(str, p)) + f"={v!r}"[:24] for p, v, _ in FOUND])
+def test_the_trace_fields_that_once_raised_are_refused_by_name(inputs, trace_folder, path, value, needle):
+    import copy
+
+    doc = copy.deepcopy(TRACE)
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    trace = trace_folder / "found.json"
+    trace.write_text(json.dumps(doc))
+    names = {**inputs, "trace": str(trace), "dir": str(trace_folder)}
+    with world(names) as (_status, out, err):
+        assert cli.main(["plot", str(trace), "out.png"]) == 2
+    (line,) = err.getvalue().splitlines()
+    assert line.startswith(f"strata-prefill: error: {trace}: {needle}"), line
+    assert out.getvalue() == ""
