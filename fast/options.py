@@ -14,8 +14,8 @@ NumPy definitions whatever it says). A kernel form stays a switch only while its
 none is today (the settled ones, with their figures, are in docs/performance.md, "Retired
 kernel forms"); a kernel's tile configurations are defines that the benchmarks sweep.
 
-`python3 -m fast.options README.md` rewrites the README's switch table (markdown_table) between
-its markers; tests/test_switch_table.py holds it current.
+`python3 -m fast.options docs/user-guide.md` rewrites the user guide's switch table
+(markdown_table) between its markers (TABLE_DOC); tests/test_switch_table.py holds it current.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ OFF_WORD = "off"  # a Count's word for "none of it" (--window off: one chunk a w
 class OnOff:
     """0 or 1. A variable holds exactly one of those two words; a keyword argument is any
     integer, nonzero meaning on."""
-    values = "0, 1"  # as the README's table says it
+    values = "0, 1"  # as the user guide's table says it
 
     def from_keyword(self, value, label: str) -> bool:
         try:
@@ -550,8 +550,9 @@ def window_taken(setting, chunk: int, n_tok: int) -> tuple[int, str]:
     return chunk * whole, f"--window {w}: {whole} whole chunk(s)"
 
 
-# ---- the README's table ---------------------------------------------------------------------
-BEGIN = "<!-- switches: made by fast/options.py (python3 -m fast.options README.md); do not edit -->"
+# ---- the user guide's table -----------------------------------------------------------------
+TABLE_DOC = "docs/user-guide.md"  # the document that holds the table, from the repository's root
+BEGIN = f"<!-- switches: made by fast/options.py (python3 -m fast.options {TABLE_DOC}); do not edit -->"
 END = "<!-- end of switches -->"
 
 
@@ -594,7 +595,7 @@ def markdown_table() -> str:
 
 
 def with_table(text: str) -> str:
-    """`text` (the README) with the lines between BEGIN and END replaced by markdown_table()."""
+    """`text` (TABLE_DOC's) with the lines between BEGIN and END replaced by markdown_table()."""
     head, sep, rest = text.partition(BEGIN + "\n")
     if not sep:
         raise ValueError(f"no line {BEGIN!r}")
@@ -606,7 +607,7 @@ def with_table(text: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python3 -m fast.options README.md   (rewrites its switch table)", file=sys.stderr)
+        print(f"usage: python3 -m fast.options {TABLE_DOC}   (rewrites its switch table)", file=sys.stderr)
         return 2
     from strata import atomic
 

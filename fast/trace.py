@@ -24,6 +24,7 @@ interval arithmetic on half-open [start, end) spans. Per layer, three figures:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,32 +77,111 @@ def read_trace(path) -> list[Span]:
 
 
 def read_trace_meta(path) -> tuple[list[Span], dict]:
-    """(the spans, the otherData metadata: {} in a trace that has none), as read_trace."""
+    """(the spans, the otherData metadata: {} in a trace that has none), as read_trace. Every
+    field a reader here takes is checked against what `write_trace` writes, and the first that
+    is not is a one-line InputError naming the event: the phases M and X; integer pids and
+    tids; a thread_name event naming each track once; an X event on a track, with a string
+    name, finite ts and dur >= 0 in microseconds, and args holding an integer chunk >= 0;
+    otherData an object whose units, where present, are a list of names (non-blank) for every chunk
+    the spans name. Other args and otherData keys are not read."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not a JSON trace ({exc})") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: a folder, not a trace file") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, 4,300 digits
+        raise InputError(f"{path}: not a JSON trace ({' '.join(str(exc).split())[:200]})") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise InputError(f"{path}: not a Chrome trace (no traceEvents list)")
-    names = {(e.get("pid"), e.get("tid")): e.get("args", {}).get("name") for e in events
-             if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name"}
+    unit = doc.get("displayTimeUnit", "ms")
+    if unit not in ("ms", "ns"):  # the Chrome format's two; ts and dur are microseconds either way
+        raise InputError(f"{path}: displayTimeUnit must be \"ms\" or \"ns\", got {_short(unit)}")
+    names: dict[tuple[int, int], str] = {}
+    for i, e in enumerate(events):
+        _event_head(path, i, e)
+        if e["ph"] == "M" and e["name"] in ("thread_name", "process_name"):
+            args = e.get("args")
+            if not isinstance(args, dict) or not isinstance(args.get("name"), str):
+                raise InputError(f"{path}: event {i} ({e['name']}): args must be an object with a string "
+                                 f"name, got {_short(args)}")
+            if e["name"] == "thread_name" and args["name"] in TRACKS:
+                if args["name"] in names.values():
+                    raise InputError(f"{path}: event {i}: a second thread named {args['name']!r}")
+                names[(e["pid"], e["tid"])] = args["name"]
     if not set(TRACKS) <= set(names.values()):
         raise InputError(f"{path}: the trace names no 'compute' and 'copy' tracks "
                          "(written by strata-prefill run --trace?)")
-    spans = []
-    for e in events:
-        if isinstance(e, dict) and e.get("ph") == "X" and names.get((e.get("pid"), e.get("tid"))) in TRACKS:
-            try:
-                spans.append(Span(names[(e["pid"], e["tid"])], str(e["name"]), float(e["ts"]) / 1e6,
-                                  float(e["dur"]) / 1e6, dict(e.get("args") or {})))
-            except (KeyError, TypeError, ValueError):
-                raise InputError(f"{path}: a trace event without a name, ts or dur: {e}") from None
-    meta = doc.get("otherData")
-    return spans, meta if isinstance(meta, dict) else {}
+    spans = [_span(path, i, e, names) for i, e in enumerate(events) if e["ph"] == "X"]
+    meta = doc.get("otherData", {})
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: otherData must be an object, got {_short(meta)}")
+    units = meta.get("units")
+    if units is not None:
+        if not isinstance(units, list) or not all(isinstance(u, str) and u.strip() for u in units):
+            raise InputError(f"{path}: otherData.units must be a list of names (non-blank strings), "
+                             f"got {_short(units)}")
+        past = [s.args["chunk"] for s in spans if s.args["chunk"] >= len(units)]
+        if past:
+            raise InputError(f"{path}: a span names chunk {max(past)}, but otherData.units names "
+                             f"{len(units)} unit(s)")
+    return spans, meta
+
+
+def _short(value) -> str:
+    """A JSON value as a message shows it: its repr, cut."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _event_head(path: Path, i: int, e) -> None:
+    """An event's phase, name, pid and tid, as write_trace writes them."""
+    if not isinstance(e, dict):
+        raise InputError(f"{path}: event {i} is not an object: {_short(e)}")
+    if e.get("ph") not in ("M", "X"):
+        raise InputError(f"{path}: event {i}: phase {_short(e.get('ph'))} is not one a trace of "
+                         "`run --trace` holds (M, X)")
+    for key in ("pid", "tid"):
+        if not _whole(e.get(key)):
+            raise InputError(f"{path}: event {i}: {key} must be an integer, got {_short(e.get(key))}")
+    if not isinstance(e.get("name"), str):
+        raise InputError(f"{path}: event {i}: name must be a string, got {_short(e.get('name'))}")
+
+
+def _span(path: Path, i: int, e: dict, names: dict) -> Span:
+    """The Span of X event `e`, its fields checked (read_trace_meta)."""
+    track = names.get((e["pid"], e["tid"]))
+    if track is None:
+        raise InputError(f"{path}: event {i}: pid {e['pid']} tid {e['tid']} is no track the trace names "
+                         f"({', '.join(TRACKS)})")
+    ts, dur = (_microseconds(path, i, e, key) for key in ("ts", "dur"))
+    if not math.isfinite(ts + dur):
+        raise InputError(f"{path}: event {i}: ts + dur overflows ({ts:g} + {dur:g} us)")
+    args = e.get("args")
+    if not isinstance(args, dict):
+        raise InputError(f"{path}: event {i}: args must be an object, got {_short(args)}")
+    if not (_whole(args.get("chunk")) and args["chunk"] >= 0):
+        raise InputError(f"{path}: event {i}: args.chunk must be an integer >= 0, got {_short(args.get('chunk'))}")
+    return Span(track, e["name"], ts / 1e6, dur / 1e6, dict(args))
+
+
+def _microseconds(path: Path, i: int, e: dict, key: str) -> float:
+    """Event i's ts or dur: a finite number >= 0 (an integer of 400 digits is not one)."""
+    v = e.get(key)
+    try:
+        us = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+    except OverflowError:
+        us = math.inf
+    if not (math.isfinite(us) and us >= 0):
+        raise InputError(f"{path}: event {i}: {key} must be a finite number >= 0 (microseconds), "
+                         f"got {_short(v)}")
+    return us
 
 
 def chunks_of(spans: list[Span]) -> list[int]:

@@ -142,7 +142,7 @@ class ModelConfig:
             value = getattr(self, field)
             if not (math.isfinite(value) and value > 0):
                 out.append(f"{k[field]} {value}: must be a finite number > 0")
-        out += _rope_problems(self.rope_scaling, self.rope_base)
+        out += rope_problems(self.rope_scaling, self.rope_base)
         return out
 
     def cuda_problems(self) -> list[str]:
@@ -272,7 +272,7 @@ def _rope_scaling(get, fields: Mapping[str, Any], context_length: int, unread: l
     when the factor is absent too: the same table), a factor of 0 or absent is 1, the original
     context defaults to the context length. A type outside ROPE_SCALING_TYPES, and a key the
     loader would ignore with a value other than the one it uses, are added to `unread`; the
-    values' ranges are `_rope_problems`'."""
+    values' ranges are `rope_problems`'."""
     rk = ROPE_KEYS
     factor_key = rk["factor"] if rk["factor"] in fields or ROPE_FACTOR_OLD_KEY not in fields \
         else ROPE_FACTOR_OLD_KEY
@@ -294,25 +294,36 @@ def _rope_scaling(get, fields: Mapping[str, Any], context_length: int, unread: l
         attn_factor=get(rk["attn_factor"], 1.0, kind=float))
 
 
-def _rope_problems(r: RopeScaling, base: float) -> list[str]:
-    """What in a RoPE scaling no table can be built from, one phrase each (as problems())."""
+def rope_problems(r: RopeScaling, base: float | None = None) -> list[str]:
+    """What in a RoPE scaling no table can be built from, or the pack's header cannot hold,
+    one phrase each (as problems()); base: the rope base it scales (None: not checked)."""
     rk, out = ROPE_KEYS, []
-    if r.type == "yarn" and not base > 1:
+    if r.type == "yarn" and base is not None and not base > 1:
         # the correction dimensions divide by ln(base)
         out.append(f"{KEYS['rope_base']} {base}: yarn needs a base > 1")
     if r.type not in ROPE_SCALING_TYPES:
         out.append(f"{rk['type']} {r.type!r} is not supported (supported: "
                    f"{', '.join(ROPE_SCALING_TYPES)})")
-    # yarn's factor below 1 is refused: llama.cpp's releases disagree on its magnitude there
+    # yarn's factor below 1 is refused: llama.cpp's releases disagree on its magnitude there;
+    # the header holds the factors as float32: one that is 0 or infinite there is refused too
     least = 1.0 if r.type == "yarn" else 0.0
-    if not (math.isfinite(r.factor) and r.factor > 0 and r.factor >= least):
-        out.append(f"{rk['factor']} {r.factor}: must be a finite number "
+    if not (_finite_f32(r.factor) and r.factor > 0 and r.factor >= least):
+        out.append(f"{rk['factor']} {r.factor}: must be a finite float32 number "
                    + (">= 1 for yarn" if r.type == "yarn" else "> 0"))
-    if not (math.isfinite(r.attn_factor) and r.attn_factor > 0):
-        out.append(f"{rk['attn_factor']} {r.attn_factor}: must be a finite number > 0")
-    if r.type == "yarn" and r.original_context < 1:
-        out.append(f"{rk['original_context']} {r.original_context}: must be at least 1")
+    if not (_finite_f32(r.attn_factor) and r.attn_factor > 0):
+        out.append(f"{rk['attn_factor']} {r.attn_factor}: must be a finite float32 number > 0")
+    if r.type == "yarn" and not 1 <= r.original_context <= 2**32 - 1:
+        out.append(f"{rk['original_context']} {r.original_context}: must be 1 to 4,294,967,295 "
+                   "(a uint32 in the header)")
     return out
+
+
+def _finite_f32(x: float) -> bool:
+    """Whether x is finite and nonzero or zero alike once rounded to float32 (as the header
+    stores it): 1e39 is infinite there, 1e-46 zero."""
+    with np.errstate(over="ignore", under="ignore"):
+        y = np.float32(x)
+    return bool(np.isfinite(y)) and (y != 0) == (x != 0)
 
 
 def _layout_problems(cfg: ModelConfig, shapes: Mapping[str, list[int]],

@@ -144,6 +144,13 @@ def check_kind(path: Path, kind: str, sizes: Sizes | None = None) -> None:
                          f"{sizes.pack} are {sizes.n_vocab} float32 ({4 * sizes.n_vocab:,} bytes)")
     elif size % 4:
         raise InputError(f"{path}: --kind logits, but its {size:,} bytes are not whole float32 values")
+    elif sizes is None and (width := _residual_width(path, size)) is not None and size > 8 + 4 * width:
+        # two records or more, positions 0, 64, ...: a residual dump, which compared as logits
+        # would be one row of positions and values. One record (8 zero bytes, then floats) may
+        # be either: there --kind decides, and with --pack a file of the vocabulary's size is logits
+        raise InputError(f"{path} ({size:,} bytes): --kind logits, but it is a residual dump ("
+                         f"{size // (8 + 4 * width)} records of an int64 position 0, 64, ... and "
+                         f"{width} float32 values each): --kind residuals")
 
 
 # ---------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from strata.constants import RESIDUAL_STRIDE
 from strata.errors import InputError
 
 MAGIC = b"SPDUMP01"
+RECORD_FILE = "layers.spd"  # the record file's name in a --dump-dir folder
 
 
 class _GrowingFile:

@@ -58,7 +58,7 @@ class LayerDump:
             raise InputError(f"dump level must be one of {', '.join(records.LEVELS)}, got {level!r}")
         self.dir = Path(directory)
         self.level = level
-        self.records = dumps.RecordWriter(self.dir / "layers.spd")
+        self.records = dumps.RecordWriter(self.dir / dumps.RECORD_FILE)
         #: (unit, layer): record that layer of that unit only (the session then hands the engine
         #: no dump elsewhere, so nothing else is downloaded); None: everything
         self.only = only

@@ -12,9 +12,10 @@ greedy tokens, its vocabulary) by `counts_fit` once its header is read, before t
 made.
 
 After the command line, before any work: `distinct_files` (no output is an input or another
-output) and `environment_values` (the switch variables' values). A fast-path switch that would
-do nothing, or a value past what the pack can use, is refused by the switch table's one rule
-(fast/options.py: refuse_idle), for flags, variables and bench arms alike.
+output) and `environment_values` (every variable the command reads: strata_prefill/variables.py).
+A fast-path switch that would do nothing, or a value past what the pack can use, is refused by
+the switch table's one rule (fast/options.py: refuse_idle), for flags, variables and bench arms
+alike.
 """
 from __future__ import annotations
 
@@ -41,9 +42,10 @@ SEED_MAX = 2**64 - 1
 #: time: each is a thread of this process (the pool starts one per piece of work, up to this), and
 #: beyond the CPUs they only contend
 WORKERS_MAX = 1024
-#: make-pack --layers: the pack's header holds block_count as a uint32 (strata/make_pack.py); the
-#: free disk, checked from the arguments before anything is written, is the tighter bound
-LAYERS_MAX = 2**32 - 1
+#: a count a GGUF header holds as a uint32 (make-pack --layers, block_count; --rope-scaling's
+#: original context); for --layers the free disk, checked from the arguments before anything is
+#: written, is the tighter bound
+UINT32_MAX = LAYERS_MAX = 2**32 - 1
 #: any other count (expert-cache slots, ring slots, reps, --top, --vram-reserve-mib): what NumPy's
 #: int64 sizes and indices hold (the pack, once open, bounds most of them far lower)
 COUNT_MAX = 2**63 - 1
@@ -59,14 +61,14 @@ def integer(text: str, minimum: int = 0, maximum: int = COUNT_MAX, why: str = ""
     would take. The length is checked before the conversion (int() refuses 4,300 digits)."""
     word = str(text).strip()
     if not re.fullmatch(r"[+-]?[0-9]+", word):
-        raise argparse.ArgumentTypeError(f"must be {_at_least(minimum)}, got {_shown(text)}{_digits_hint(word)}")
+        raise argparse.ArgumentTypeError(f"must be {_at_least(minimum)}, got {shown(text)}{_digits_hint(word)}")
     digits = word.lstrip("+-").lstrip("0")
     n = int(word) if len(digits) <= len(str(abs(maximum))) + 1 else None  # None: far past the limit
     if n is not None and n < minimum or n is None and word.startswith("-"):
-        raise argparse.ArgumentTypeError(f"must be {_at_least(minimum)}, got {_shown(text)}")
+        raise argparse.ArgumentTypeError(f"must be {_at_least(minimum)}, got {shown(text)}")
     if n is None or n > maximum:
         because = f" ({why})" if why else ""
-        raise argparse.ArgumentTypeError(f"must be at most {maximum:,}{because}, got {_shown(text)}")
+        raise argparse.ArgumentTypeError(f"must be at most {maximum:,}{because}, got {shown(text)}")
     return n
 
 
@@ -83,7 +85,7 @@ def _at_least(minimum: int) -> str:
     return {1: "a positive integer", 0: "an integer >= 0"}.get(minimum, f"an integer >= {minimum}")
 
 
-def _shown(text) -> str:
+def shown(text) -> str:
     text = str(text)
     if len(text) <= SHOWN_MAX:
         return repr(text)
@@ -143,7 +145,7 @@ def auto_or(count, off: bool = False):
         if text in words:
             return text
         return _count_or(count, text, f"must be {said} or {_at_least(count.minimum)}, "
-                                      f"got {_shown(text)}{_digits_hint(text.strip())}")
+                                      f"got {shown(text)}{_digits_hint(text.strip())}")
     check.__name__ = f"auto_or_{count.__name__}"
     return check
 
@@ -155,12 +157,13 @@ chunk_size = auto_or(token_count)
 def prompt_source(text: str) -> int | Path:
     """A token count (a positive integer) or an existing prompt file. A word that looks like a
     number (1e3, -5, 2.5) and is not a file is refused as a count."""
+    _not_blank(text, "prompt file or a token count")
     if re.fullmatch(r"[+-]?\d+", text.strip()):
         return _count_or(token_count, text, f"{text!r} is not a token count (a count is a positive integer)")
     path = Path(text)
     if _number_like(text) and not path.exists():
         hint = _digits_hint(text.strip())
-        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a token count (a count is a positive "
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a token count (a count is a positive "
                                          f"integer{', ' + hint[2:-1] if hint else ''}) nor a prompt file")
     if not path.exists():
         raise argparse.ArgumentTypeError(f"prompt file not found: {text}")
@@ -169,11 +172,36 @@ def prompt_source(text: str) -> int | Path:
     return path
 
 
+def _not_blank(text: str, noun: str) -> None:
+    """An empty or blank path (an unset shell variable: `--dump-dir "$UNSET"`) is refused: it
+    would name the current folder, or stand for the default."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is an empty path: name a {noun}")
+
+
+def input_path(text: str) -> str:
+    """A file or folder the command reads (what it holds is checked where it is opened, before
+    any work); never empty."""
+    _not_blank(text, "file")
+    return text
+
+
+def folder_path(text: str) -> str:
+    """A folder the command reads or empties; never empty."""
+    _not_blank(text, "folder")
+    return text
+
+
 def output_file(text: str) -> Path:
-    """A file the command may create or replace: not a folder, in an existing, writable folder."""
+    """A file the command may create or replace: not a folder nor a device, pipe or socket (a
+    write renames a temp file onto it), in an existing, writable folder."""
+    _not_blank(text, "file")
     path = Path(text)
     if text.endswith(os.sep) or path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
+    if path.exists() and not path.is_file():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: it is not a regular file (a device, pipe "
+                                         "or socket), which a write would replace")
     folder = path.parent
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
@@ -184,8 +212,10 @@ def output_file(text: str) -> Path:
     return path
 
 
-def output_dir(text: str) -> Path:
-    """A folder the command may create (with its parents) and write into."""
+def output_dir(text: str, files: tuple[str, ...] = ()) -> Path:
+    """A folder the command may create (with its parents) and write into; `files`: the names
+    it will write there, each checked as output_file is where the folder exists."""
+    _not_blank(text, "folder")
     path = Path(text)
     existing = path
     while not existing.exists():
@@ -196,7 +226,18 @@ def output_dir(text: str) -> Path:
         where = "it" if existing == path else existing
         raise argparse.ArgumentTypeError(f"cannot make folder {text}: {where} is a file")
     _probe(existing, text)
+    if existing == path:
+        for name in files:
+            output_file(str(path / name))
     return path
+
+
+def folder_for(*files: str):
+    """An argparse `type=`: output_dir(text, files)."""
+    def check(text: str) -> Path:
+        return output_dir(text, files)
+    check.__name__ = "output_dir"
+    return check
 
 
 def _probe(folder: Path, target: str) -> None:
@@ -271,31 +312,18 @@ def _another_name(path: str, other: str) -> str:
 
 # ---- values the environment gives ------------------------------------------------------------
 
-def environment_values() -> None:
-    """Refuse a value of a switch variable the code would not take, before any work: the 0/1
-    switches and counts of the fast path (read by the engine only once it is made), the timing
-    switch (fast/phases.py reads anything but "1" as off, so `yes` would pass unseen), the dump
-    level, the thread count (STRATA_PREFILL_THREADS, at most WORKERS_MAX). Each count through
-    `integer`, as the flags are."""
-    from strata import parallel, records
-    from strata.errors import InputError
-    from strata_prefill.arms import SWITCHES, zero_one
+def environment_values(command: str = "run") -> None:
+    """Refuse, before any work, a value the code would not take of a variable `command` reads
+    (strata_prefill/variables.py: the switches of the fast path, read by the engine only once it
+    is made; the timing switch, which fast/phases.py reads as off unless "1", so `yes` would pass
+    unseen; the dump level and files, the thread count, the caches' folders). Each count through
+    `integer`, as the flags are; an empty path as an empty path flag is."""
+    from strata_prefill import variables
 
-    variables = {env: check for env, check in SWITCHES.values() if env}
-    variables["STRATA_PREFILL_TIMING"] = zero_one
-    variables["STRATA_PREFILL_DUMP_LEVEL"] = _one_of(records.LEVELS)
-    variables[parallel.ENV] = workers  # the prefill's threads, the limit of `--jobs` too
-    for var, check in variables.items():
-        raw = os.environ.get(var)
-        if raw is None or raw == "":  # unset or empty: the default, as the readers take it
-            continue
-        try:
-            check(raw)
-        except argparse.ArgumentTypeError as exc:
-            raise InputError(f"{var} {exc}") from None
+    variables.check(command)
 
 
-def _one_of(choices):
+def one_of(choices):
     def check(text: str) -> str:
         if text not in choices:
             raise argparse.ArgumentTypeError(f"must be one of {', '.join(choices)}, got {text!r}")

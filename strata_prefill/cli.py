@@ -44,6 +44,16 @@ class OneLineParser(argparse.ArgumentParser):
         sub = self.prog[len(PROG):].strip()
         sys.exit(fail(f"{sub}: {message}" if sub else message))
 
+    def _get_value(self, action, arg_string):
+        """A value's check that meets the file system's own refusal (a name too long, a loop
+        of links) says it as the argument's one-line error, as any other bad value."""
+        try:
+            return super()._get_value(action, arg_string)
+        except OSError as exc:
+            from strata_prefill.checks import shown
+
+            raise argparse.ArgumentError(action, f"{shown(arg_string)}: {exc.strerror or exc}") from None
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(

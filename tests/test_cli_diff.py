@@ -8,6 +8,7 @@ import shutil
 import struct
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,6 +206,12 @@ KIND_ROWS = [
     (["--kind", "logits", "{lza.f32}", "{lzb.f32}"], 1, "1 of 512 logits differ, first at token id 9"),
     (["--pack", "{p.gguf}", "{lza.f32}", "{lzb.f32}"], 1, "1 of 512 logits differ"),  # ...or sized
     (["--kind", "logits", "{p.gguf}", "{p.gguf}"], 2, "{p.gguf}: --kind logits, but the file is a GGUF pack"),
+    (["--kind", "logits", "{ra.bin}", "{rb.bin}"], 2, "{ra.bin} (4,128 bytes): --kind logits, but it is a residual "
+                                                      "dump (4 records of an int64 position 0, 64, ... and 256"),
+    (["--kind", "logits", "{la.f32}", "{ra.bin}"], 2, "{ra.bin} (4,128 bytes): --kind logits, but it is a residual"),
+    (["", "{la.f32}"], 2, "diff: argument A: '' is an empty path: name a file"),
+    (["{la.f32}", " "], 2, "diff: argument B: ' ' is an empty path: name a file"),
+    (["--pack", "", "{la.f32}", "{la.f32}"], 2, "diff: argument --pack: '' is an empty path"),
     (["--kind", "logits", "--pack", "{p.gguf}", "{l600.f32}", "{l600.f32}"], 2,
      "{l600.f32}: --kind logits, but it holds 2,400 bytes and the logits of {p.gguf} are 512 float32"),
     (["--kind", "residuals", "{la.f32}", "{la.f32}"], 2, "{la.f32} (2,048 bytes): --kind residuals, but it "
@@ -236,7 +243,7 @@ def test_diff_knows_what_it_reads(files, monkeypatch, capsys, template, status, 
     monkeypatch.chdir(files["odd"].rsplit("/", 1)[0])
     args = ["diff", *(_fill(a, files) for a in template)]
     inputs = [a for a in args[1:] if a in files.values() and not a.endswith(("/A", "/B", "/C"))]
-    before = {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in inputs}
+    before = {p: hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in inputs}
     capsys.readouterr()
     t0 = time.perf_counter()
     with warnings.catch_warnings():
@@ -252,4 +259,4 @@ def test_diff_knows_what_it_reads(files, monkeypatch, capsys, template, status, 
     else:
         assert err == "" and _fill(needle, files) in out, out
     for p, digest in before.items():
-        assert hashlib.sha256(open(p, "rb").read()).hexdigest() == digest
+        assert hashlib.sha256(Path(p).read_bytes()).hexdigest() == digest

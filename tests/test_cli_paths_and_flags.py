@@ -59,6 +59,9 @@ def inputs(make_test_pack, tmp_path_factory):
     os.link(pack, d / "bench.json")  # what `bench --markdown bench.md` would write by default
     (d / "old-out.bin").write_bytes(rng.integers(0, 256, 40, dtype=np.uint8).tobytes())  # an earlier output
     os.link(d / "old-out.bin", d / "old-out-link.bin")
+    (d / "layers.spd").mkdir()  # where --dump-dir {dir} would write its record file
+    (d / "dev").mkdir()
+    os.symlink("/dev/null", d / "dev" / "layers.spd")  # a write would rename a file onto the device
     names = {"pack": pack, "prompt": prompt, "trace": trace, "dump": d / "dump",
              "dump-prompt": d / "dump" / "layers.spd", "pack-link": d / "pack-link.gguf",
              "pack-sym": d / "pack-sym.gguf", "trace-link": d / "trace-link.png",
@@ -212,7 +215,45 @@ IDLE = [
     (BENCH + AB, "STRATA_DUMP_FIRST_LOGITS names a dump of a run", {"STRATA_DUMP_FIRST_LOGITS": "{pack}"}),
 ]
 
-CASES = PATHS + IDLE
+# an empty path (`--dump-dir "$UNSET"`) never names the current folder or the default; a record
+# file that cannot be written is refused before the prefill, not after it
+EMPTY = "is an empty path: name a"
+EMPTY_PATHS = [
+    (["run", "--pack", "", "--greedy", "0"], "run: argument --pack: '' " + EMPTY + " file", {}),
+    (RUN + ["--dump-dir", ""], "run: argument --dump-dir: '' " + EMPTY + " folder", {}),
+    (RUN + ["--dump-dir", "\t"], "run: argument --dump-dir: '\\t' " + EMPTY + " folder", {}),
+    (RUN + ["--reference-cache", ""], "run: argument --reference-cache: '' " + EMPTY + " folder", {}),
+    (RUN + ["--dump-r", ""], "run: argument --dump-r: '' " + EMPTY + " file", {}),
+    (RUN + ["--dump-first-logits", ""], "argument --dump-first-logits: '' " + EMPTY, {}),
+    (RUN + ["--prompt-tokens", ""], "argument --prompt-tokens: '' " + EMPTY + " prompt file or a token count", {}),
+    (FAST + ["--expert-cache", "4", "--trace", ""], "argument --trace: '' " + EMPTY + " file", {}),
+    (["make-pack", ""], "make-pack: argument OUT.gguf: '' " + EMPTY + " file", {}),
+    (["info", ""], "info: argument PACK: '' " + EMPTY + " file", {}),
+    (["plot", "", "{dir}/o.png"], "plot: argument TRACE.json: '' " + EMPTY + " file", {}),
+    (["plot", "{trace}", ""], "plot: argument OUT.png: '' " + EMPTY + " file", {}),
+    (BENCH[:-2] + AB + ["--json", ""], "bench: argument --json: '' " + EMPTY, {}),
+    (["bench", "--pack", "", *AB], "bench: argument --pack: '' " + EMPTY, {}),
+    (BENCH + AB + ["--markdown", ""], "bench: argument --markdown: '' " + EMPTY, {}),
+    (["build-kernels", "--cache", ""], "build-kernels: argument --cache: '' " + EMPTY + " folder", {}),
+    (["cache", "clear", "--dir", ""], "cache clear: argument --dir: '' " + EMPTY + " folder", {}),
+    (["cache", "info", "--dir", " "], "cache info: argument --dir: ' ' " + EMPTY + " folder", {}),
+    (RUN, "STRATA_PREFILL_DUMP_R is set but empty (''): name a file or unset it", {"STRATA_PREFILL_DUMP_R": ""}),
+    (RUN, "STRATA_DUMP_FIRST_LOGITS is set but empty (' '): name a file", {"STRATA_DUMP_FIRST_LOGITS": " "}),
+    (RUN, "STRATA_PREFILL_REFERENCE_CACHE is set but empty (''): name a folder or unset it",
+     {"STRATA_PREFILL_REFERENCE_CACHE": ""}),
+    (["cache", "clear"], "STRATA_PREFILL_REFERENCE_CACHE is set but empty (''): name a folder",
+     {"STRATA_PREFILL_REFERENCE_CACHE": ""}),
+    (["build-kernels"], "STRATA_PREFILL_KERNEL_CACHE is set but empty (''): name a folder",
+     {"STRATA_PREFILL_KERNEL_CACHE": ""}),
+    (BENCH + AB, "STRATA_PREFILL_KERNEL_CACHE is set but empty", {"STRATA_PREFILL_KERNEL_CACHE": ""}),
+    # the record file the run would write at the end is a folder, or cannot be replaced
+    (RUN + ["--dump-dir", "{dir}"], "run: argument --dump-dir: {dir}/layers.spd is a folder, not a file name", {}),
+    (RUN + ["--dump-dir", "{dir}/dev", "--dump-level", "ops"],
+     "argument --dump-dir: cannot write {dir}/dev/layers.spd: it is not a regular file", {}),
+    (RUN + ["--dump-r", "/dev/null"], "cannot write /dev/null: it is not a regular file", {}),
+]
+
+CASES = PATHS + IDLE + EMPTY_PATHS
 
 
 def _fill(text: str, names: dict) -> str:

@@ -226,3 +226,43 @@ def test_the_gate_spreads_by_work_stealing_unless_told(monkeypatch):
         config = SimpleNamespace(option=opt, args=[], pluginmanager=SimpleNamespace(hasplugin=lambda name: True))
         gate.plan_workers(config)
         assert (opt.numprocesses, opt.dist) == (8, want)
+
+
+def test_the_last_lines_say_what_the_run_leaves_in_the_cache(tmp_path, monkeypatch):
+    """The cache home's size by folder and how to clear it, measured at the end of every run
+    (the README cites the line, never a count that goes stale)."""
+    import numpy as np
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(gate, "_ahead", {})
+    monkeypatch.setattr(gate, "_plan", {})
+    home = tmp_path / "strata-prefill"
+    assert gate.Summary().lines() == []  # no cache home yet: nothing to say
+    rng = np.random.default_rng(5)
+    (home / "test-packs").mkdir(parents=True)
+    (home / "test-packs" / "a.gguf").write_bytes(rng.integers(0, 256, 3_000_000, dtype=np.uint8).tobytes())
+    (home / "reference" / "x").mkdir(parents=True)
+    (home / "reference" / "x" / "r.bin").write_bytes(rng.integers(0, 256, 2_000_000, dtype=np.uint8).tobytes())
+    (home / "small.txt").write_text("tiny")
+    assert gate.Summary().lines() == [
+        f"gate: cache: 5 MB kept in {home} for the next run (test-packs 3 MB, reference 2 MB); "
+        f"rm -rf {home} clears it, the next run remakes what it needs"]
+
+
+def test_a_process_that_took_a_kept_pack_closes_its_locks_as_it_ends(tmp_path, monkeypatch):
+    """kept_pack's shared locks are files held open for the process's life; they are closed as
+    it ends (atexit), not left to the interpreter's teardown, which may warn of each one
+    (`ResourceWarning: unclosed file ... .gguf.lock`, printed after pytest's summary). A check
+    registered before the gate (atexit runs last-in first-out) sees them closed; with -X dev,
+    where every ResourceWarning prints, stderr stays empty."""
+    monkeypatch.setenv(gate.ENV_PACKS, str(tmp_path))
+    code = ("import atexit, sys\n"
+            "held = []\n"
+            "atexit.register(lambda: print('closed' if held and all(f.closed for f in held) else 'open'))\n"
+            "from verify import gate\n"
+            "gate.kept_pack('tiny', 'Q8_0', {}, None)\n"
+            "held += gate._in_use\n")
+    proc = subprocess.run([sys.executable, "-X", "dev", "-c", code], cwd=gate.ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout == "closed\n"

@@ -130,3 +130,13 @@ def test_no_tracked_file_cites_a_design_document_the_repository_lacks():
             if b"DESIGN.md" in line:
                 cites.append(f"{name}:{i}")
     assert not cites, f"DESIGN.md is cited but the repository has none: {cites}"
+
+
+def test_the_readme_is_short_and_counts_no_tests():
+    """The README is a newcomer's two minutes (the reference material is docs/user-guide.md), and
+    says no count of tests a later commit makes stale: the run's summary line says those."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 100, "README.md grew past 100 lines: move the detail to docs/user-guide.md"
+    stale = re.findall(r"\b\d[\d,]*\s+(?:GPU\s+)?(?:tests?|passed|skipped|failed)\b", text)
+    assert not stale, f"README.md counts tests: {stale}"
+    assert "docs/user-guide.md" in text

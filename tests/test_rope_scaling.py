@@ -172,7 +172,7 @@ def _write_header(path, extra):
     ({"rope.scaling.type": "longrope"},
      "qwen3moe.rope.scaling.type 'longrope' is not supported (supported: none, linear, yarn)"),
     ({"rope.scaling.type": "yarn", "rope.scaling.factor": 0.5},
-     "qwen3moe.rope.scaling.factor 0.5: must be a finite number >= 1 for yarn"),
+     "qwen3moe.rope.scaling.factor 0.5: must be a finite float32 number >= 1 for yarn"),
     ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.yarn_beta_fast": 16.0},
      "qwen3moe.rope.scaling.yarn_beta_fast 16: llama.cpp's qwen3moe loader does not read it"),
 ])
@@ -225,10 +225,17 @@ def test_make_pack_writes_the_scaling_it_is_given(tmp_path):
 
 
 @pytest.mark.parametrize("spec, needle", [
-    ("yarn:0.5:4096", "--rope-scaling: qwen3moe.rope.scaling.factor 0.5: must be a finite number >= 1"),
-    ("yarn:4:0", "qwen3moe.rope.scaling.original_context_length 0: must be at least 1"),
+    ("yarn:0.5:4096", "--rope-scaling: qwen3moe.rope.scaling.factor 0.5: must be a finite float32 number >= 1"),
+    ("yarn:4:0", "--rope-scaling: ORIG_CTX must be a positive integer, got '0'"),
     ("dynamic:2", "'dynamic:2' is not yarn:FACTOR:ORIG_CTX or linear:FACTOR"),
     ("yarn:4", "'yarn:4' is not yarn:FACTOR:ORIG_CTX or linear:FACTOR"),
+    # past what the header's fields hold: a uint32 context, float32 factors (no struct.error)
+    ("yarn:4:4294967296", "ORIG_CTX must be at most 4,294,967,295 (the pack's header holds it as a uint32)"),
+    ("linear:1e39", "qwen3moe.rope.scaling.factor 1e+39: must be a finite float32 number > 0"),
+    ("yarn:1e39:4096", "qwen3moe.rope.scaling.factor 1e+39: must be a finite float32 number >= 1"),
+    ("linear:1e-46", "qwen3moe.rope.scaling.factor 1e-46: must be a finite float32 number > 0"),
+    ("yarn:nan:4096", "'yarn:nan:4096' is not yarn:FACTOR:ORIG_CTX"),
+    ("linear:1_0", "'linear:1_0' is not yarn:FACTOR:ORIG_CTX"),
 ])
 def test_make_pack_refuses_a_bad_scaling_in_one_line(tmp_path, spec, needle):
     proc = _cli(["make-pack", "bad.gguf", "--rope-scaling", spec, "--no-progress"], tmp_path)

@@ -1,5 +1,5 @@
 """The fast path's switch table (fast/options.py) is the one place a switch is declared: the
-README's table is its output, `run`'s flags and bench's arm names are made from it, the engine
+user guide's table (docs/user-guide.md) is its output, `run`'s flags and bench's arm names are made from it, the engine
 and the backends read the variables it names, and no other source spells those names."""
 from __future__ import annotations
 
@@ -48,10 +48,11 @@ def sim_engine(make_test_pack):
     return lambda **kw: make_fast_engine(pack, "sim", **kw)
 
 
-def test_the_readme_table_is_the_tables_output():
-    text = (ROOT / "README.md").read_text()
+def test_the_user_guides_table_is_the_tables_output():
+    text = (ROOT / options.TABLE_DOC).read_text()
     assert text.count(options.BEGIN) == 1 and text.count(options.END) == 1
-    assert options.with_table(text) == text, "README.md's switch table is stale: python3 -m fast.options README.md"
+    assert options.with_table(text) == text, \
+        f"{options.TABLE_DOC}'s switch table is stale: python3 -m fast.options {options.TABLE_DOC}"
     for sw in options.SWITCHES:
         assert f"| `{sw.keyword}` | `{sw.flag}` |" in text
 
@@ -64,7 +65,7 @@ def test_every_switch_is_declared_once_with_a_kind_a_value_type_and_one_line_of_
     for sw in options.SWITCHES:
         assert sw.kind in options.KINDS
         assert isinstance(sw.value, (OnOff, Count))
-        assert sw.help and "\n" not in sw.help and "|" not in sw.help  # one cell of the README's table
+        assert sw.help and "\n" not in sw.help and "|" not in sw.help  # one cell of the user guide's table
         assert sw.variable is None or sw.variable.startswith("STRATA_PREFILL_")
         assert sw.flag == "--" + sw.keyword.replace("_", "-")
         if sw.default is None:
@@ -170,7 +171,7 @@ def test_the_quant_gather_variables_older_name_is_an_alias_the_new_name_wins(no_
     env.setenv("STRATA_PREFILL_QUANT_GATHER", "1")  # the alias is not read: its value does nothing
     arms.environment_aliases()
     assert options.resolve().quant_gather is True
-    assert "STRATA_QUANT_GATHER" in (ROOT / "README.md").read_text()
+    assert "STRATA_QUANT_GATHER" in (ROOT / options.TABLE_DOC).read_text()
     # bench's arms take either name, and describe the new one
     assert arms.parse_arm("STRATA_QUANT_GATHER=1", "--a") == arms.parse_arm("STRATA_PREFILL_QUANT_GATHER=1", "--a")
     assert arms.describe({"quant_gather": 1}) == "STRATA_PREFILL_QUANT_GATHER=1"
@@ -249,4 +250,4 @@ def test_the_seeds_gather_one_is_group_gather_the_other_way_round(no_switch_vari
     env.delenv("STRATA_PREFILL_GATHER_ONE")
     assert arms.parse_arm("STRATA_PREFILL_GATHER_ONE=1", "--a") == {"group_gather": 0}
     assert arms.parse_arm("STRATA_PREFILL_GATHER_ONE=0", "--a") == {"group_gather": 1}
-    assert "`STRATA_PREFILL_GATHER_ONE`: 1 sets it to 0" in (ROOT / "README.md").read_text()
+    assert "`STRATA_PREFILL_GATHER_ONE`: 1 sets it to 0" in (ROOT / options.TABLE_DOC).read_text()

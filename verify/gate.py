@@ -21,6 +21,7 @@ prompt) they cover, the reference cache's hits and misses, the slowest five test
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
@@ -277,6 +278,15 @@ def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
 _in_use: list = []  # the lock files of the kept packs this process uses, each under a shared lock
 
 
+@atexit.register
+def _release_packs() -> None:
+    """Close the kept packs' lock files as the process ends (which releases their locks, as the
+    end itself would): left to the interpreter's teardown, each is an `unclosed file`
+    ResourceWarning printed after the test summary."""
+    while _in_use:
+        _in_use.pop().close()
+
+
 # Versions of one test pack kept (one per pack-making source, newest first): two trees compared
 # side by side keep theirs, and the folder does not grow with every edit of strata/.
 PACK_VERSIONS_KEPT = 2
@@ -301,6 +311,37 @@ def _prune(folder: Path, name: str, new: Path) -> None:
 
 
 # ---------------------------------------------------------------- last lines
+
+
+def _bytes_under(folder: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:  # removed while walked (another run pruning)
+                pass
+    return total
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+
+
+def cache_lines() -> list[str]:
+    """What the run leaves in the cache home for the next one (the kept test packs, the
+    reference results, the compiled kernels, the default pack): its size by folder, and how to
+    clear it; none where there is no cache home yet."""
+    from strata.cache_home import user_cache_dir
+
+    home = user_cache_dir()
+    if not home.is_dir():
+        return []
+    parts = {p.name: (_bytes_under(p) if p.is_dir() else p.stat().st_size) for p in home.iterdir()}
+    total = sum(parts.values())
+    shown = ", ".join(f"{name} {_size(n)}" for name, n in sorted(parts.items(), key=lambda kv: -kv[1]) if n >= 1e6)
+    return [f"gate: cache: {_size(total)} kept in {home} for the next run ({shown or 'nothing large'}); "
+            f"rm -rf {home} clears it, the next run remakes what it needs"]
 
 
 # ---------------------------------------------------------------- the order of the tests
@@ -433,7 +474,7 @@ class Summary:
             t["outcome"] = "skipped"
 
     def lines(self) -> list[str]:
-        out = report_header() + finish_ahead()
+        out = report_header() + finish_ahead() + cache_lines()
         gated = {k: t for k, t in self.tests.items() if "kind" in t}
         if not gated:
             return out

@@ -43,7 +43,8 @@ def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="A/B two sets of fast-path switches on fresh prompts",
                        description="A/B the fast path: two arms of switches, interleaved on fresh "
                                    "prompts, medians, counts, and whether the logits match.")
-    p.add_argument("--pack", help="GGUF pack (default: run's tiny pack, made on first use and cached)")
+    p.add_argument("--pack", type=checks.input_path,
+                   help="GGUF pack (default: run's tiny pack, made on first use and cached)")
     p.add_argument("--backend", choices=["cuda", "sim"], default="cuda",
                    help="cuda (PyCUDA, default) or sim (NumPy kernels, host timing)")
     p.add_argument("--a", required=True, metavar="SPEC",
@@ -328,7 +329,7 @@ def main(args) -> int:
     from strata_prefill.commands.run import DEFAULT_PRESET, DUMP_ENV, default_pack, default_pack_path
 
     keywords = {"A": arms.parse_arm(args.a, "--a"), "B": arms.parse_arm(args.b, "--b")}
-    checks.environment_values()
+    checks.environment_values("bench")
     arms.environment_aliases()
     for var in DUMP_ENV.values():  # a Session would grow the dump in a temp and drop it
         if os.environ.get(var):

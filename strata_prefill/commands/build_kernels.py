@@ -21,14 +21,14 @@ import sys
 import time
 
 from strata.errors import InputError
-from strata_prefill import checks
+from strata_prefill import checks, variables
 
 
 def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="compile the CUDA kernels into the cubin folder (needs nvcc, no GPU)",
                        description="Compile the fast path's kernels into its cubin folder, in parallel, "
                                    "ahead of a GPU run.")
-    p.add_argument("--cache", metavar="DIR",
+    p.add_argument("--cache", metavar="DIR", type=checks.output_dir,
                    help="the cubin folder (default: $STRATA_PREFILL_KERNEL_CACHE, else under the user cache dir)")
     p.add_argument("--arch", type=arch_name, default=None,
                    help="nvcc architecture (default: the GPU's, else sm_90, the H200)")
@@ -51,11 +51,13 @@ def arch_name(text: str) -> str:
 def main(args) -> int:
     from fast.cuda import kernel_cache, runtime  # noqa: PLC0415
 
-    folder = args.cache or kernel_cache.cache_dir()
+    if args.cache is None:
+        variables.value_of(kernel_cache.ENV)  # an empty or bad folder said in one line, never the default
+    folder = str(args.cache) if args.cache is not None else kernel_cache.cache_dir()
     if folder is None:
         raise InputError(f"the kernel cache is off ({kernel_cache.ENV}={kernel_cache.OFF}): give --cache DIR")
     checks.distinct_files("build-kernels", [("fast/cuda/kernels", runtime.KERNEL_DIR, "the kernel source folder")],
-                          [("--cache" if args.cache else "the cubin folder", folder)])
+                          [("--cache" if args.cache is not None else "the cubin folder", folder)])
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from strata.errors import InputError
-from strata_prefill import checks, refcache
+from strata_prefill import checks, refcache, variables
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
@@ -24,9 +24,9 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     for action, text in (("info", "the folder, entries and bytes by kind, the source digest"),
                          ("clear", "remove every entry no running process holds")):
         a = actions.add_parser(action, help=text, description=text)
-        a.add_argument("--dir", metavar="DIR", help=f"the cache folder (default: ${refcache.ENV}, "
-                                                    f"else {refcache.default_dir()}); for clear an "
-                                                    "absolute folder, or one starting ./ or ../")
+        a.add_argument("--dir", metavar="DIR", type=checks.folder_path,
+                       help=f"the cache folder (default: ${refcache.ENV}, else {refcache.default_dir()}); "
+                            "for clear an absolute folder, or one starting ./ or ../")
     p.set_defaults(func=main)
     return p
 
@@ -55,6 +55,8 @@ def folder_problem(text: str, clearing: bool) -> str | None:
 def main(args: argparse.Namespace) -> int:
     if args.action is None:
         raise InputError("cache: say which: info or clear")
+    if args.dir is None:
+        variables.refuse_empty(refcache.ENV)  # never the default folder for an unset shell variable
     clearing = args.action == "clear"
     if args.dir is not None:
         label, text = "--dir", args.dir

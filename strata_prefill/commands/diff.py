@@ -16,12 +16,12 @@ def add_parser(sub, name: str) -> None:
                                    "and top-1 agreement. Packs: metadata key by key, then tensor by "
                                    "tensor, naming the first difference. Exit status 1 when they "
                                    "differ, 2 for files of two kinds or sizes, or empty.")
-    p.add_argument("a", metavar="A", help="a file or a dump folder (--dump-dir)")
-    p.add_argument("b", metavar="B", help="the same kind of file or folder")
+    p.add_argument("a", metavar="A", type=checks.input_path, help="a file or a dump folder (--dump-dir)")
+    p.add_argument("b", metavar="B", type=checks.input_path, help="the same kind of file or folder")
     p.add_argument("--kind", choices=KINDS, default=None,
                    help="what the files hold (default: read from each file's content); checked "
                         "against the content")
-    p.add_argument("--pack", metavar="PACK", default=None,
+    p.add_argument("--pack", metavar="PACK", default=None, type=checks.input_path,
                    help="the pack the dumps came from: logits must hold its vocabulary, residual "
                         "rows its width (default: the two must have the same size)")
     p.set_defaults(func=main)

@@ -15,7 +15,7 @@ from strata_prefill import checks
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p = subparsers.add_parser(name, help="describe a pack",
                               description="Describe a qwen3moe pack: shape, types, expert blobs.")
-    p.add_argument("pack", metavar="PACK", help="GGUF pack")
+    p.add_argument("pack", metavar="PACK", type=checks.input_path, help="GGUF pack")
     p.add_argument("--check", action="store_true",
                    help="decode every tensor and name those that decode to NaN or Inf (exit 1), "
                         "then recompute every tensor's sha256 and compare it with the digests the "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -64,21 +65,33 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     return p
 
 
+# a FACTOR as a user types it: decimal digits, a fraction, an exponent (not 1_0, 0x10, nan or inf)
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def rope_scaling(text: str):
-    """--rope-scaling's SPEC: yarn:FACTOR:ORIG_CTX or linear:FACTOR, a strata.config.RopeScaling
-    (its values' ranges are make_pack's, ModelConfig.problems)."""
-    from strata.config import RopeScaling
+    """--rope-scaling's SPEC: yarn:FACTOR:ORIG_CTX or linear:FACTOR, a strata.config.RopeScaling,
+    every value in the range the pack's header holds and the RoPE table takes
+    (strata.config.rope_problems), so nothing is refused once writing has begun."""
+    from strata.config import RopeScaling, rope_problems
 
     parts = text.split(":")
-    try:
-        if parts[0] == "yarn" and len(parts) == 3:
-            return RopeScaling("yarn", float(parts[1]), int(parts[2]))
-        if parts[0] == "linear" and len(parts) == 2:
-            return RopeScaling("linear", float(parts[1]))
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is not yarn:FACTOR:ORIG_CTX or linear:FACTOR (e.g. yarn:4:4096)")
+    shape = (len(parts) == 3 if parts[0] == "yarn" else len(parts) == 2 if parts[0] == "linear" else False)
+    if not shape or not _DECIMAL.fullmatch(parts[1]):
+        raise argparse.ArgumentTypeError(
+            f"{checks.shown(text)} is not yarn:FACTOR:ORIG_CTX or linear:FACTOR (e.g. yarn:4:4096)")
+    if parts[0] == "yarn":
+        try:
+            ctx = checks.integer(parts[2], 1, checks.UINT32_MAX, "the pack's header holds it as a uint32")
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"ORIG_CTX {exc}") from None
+        scaling = RopeScaling("yarn", float(parts[1]), ctx)
+    else:
+        scaling = RopeScaling("linear", float(parts[1]))
+    bad = rope_problems(scaling)
+    if bad:
+        raise argparse.ArgumentTypeError("; ".join(bad))
+    return scaling
 
 
 def data_bytes(args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ def add_parser(sub, name: str) -> None:
                                    "stretches of the compute stream shaded, copy time not covered by "
                                    "compute and compute time waiting for copies marked between the "
                                    "lanes, their totals in the title.")
-    p.add_argument("trace", metavar="TRACE.json", help="a trace written by strata-prefill run --trace")
+    p.add_argument("trace", metavar="TRACE.json", type=checks.input_path, help="a trace written by strata-prefill run --trace")
     p.add_argument("out", metavar="OUT.png", type=checks.output_file, help="the PNG to write")
     p.add_argument("--chunk", type=checks.non_negative_int, default=0, metavar="N",
                    help="which chunk of the prompt (default 0); a window's index where the prompt "

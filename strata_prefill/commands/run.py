@@ -7,8 +7,6 @@ before the prefill.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import re
 import sys
 import time
@@ -20,8 +18,9 @@ from strata import atomic
 from strata.cache_home import user_cache_dir
 from strata.config import PRESETS
 from strata.constants import PACK_FORMAT
+from strata.dumps import RECORD_FILE
 from strata.errors import InputError
-from strata_prefill import arms, checks, refcache
+from strata_prefill import arms, checks, refcache, variables
 from strata_prefill.arms import SWITCHES
 
 DEFAULT_PROMPT_TOKENS = 200
@@ -40,7 +39,8 @@ DUMP_ENV = {
 def add_parser(sub, name: str) -> None:
     p = sub.add_parser(name, help="prefill a prompt (default: built-in tiny pack and prompt)",
                        description="Run the prompt path: prefill, first-token logits, greedy tokens.")
-    p.add_argument("--pack", help="GGUF pack (default: a tiny pack, made on first use and cached)")
+    p.add_argument("--pack", type=checks.input_path,
+                   help="GGUF pack (default: a tiny pack, made on first use and cached)")
     p.add_argument("--prompt-tokens", type=checks.prompt_source, default=str(DEFAULT_PROMPT_TOKENS),
                    metavar="FILE|N",
                    help="a file of token ids (whitespace/comma separated, or a 1-D integer .npy), "
@@ -54,8 +54,8 @@ def add_parser(sub, name: str) -> None:
                         "the greedy tokens but the last fit the pack's context")
     p.add_argument("--impl", choices=["reference", "fast"], default="reference",
                    help="which implementation runs (default reference)")
-    p.add_argument("--dump-dir", type=checks.output_dir,
-                   help="write the project's record file (layers.spd) here")
+    p.add_argument("--dump-dir", type=checks.folder_for(RECORD_FILE),
+                   help=f"write the project's record file ({RECORD_FILE}) here")
     p.add_argument("--dump-level", choices=["layer", "ops"], default=None,
                    help="with --dump-dir: layer: router, q8_1 buffers, sampled residual (default); ops: "
                         "every op's output too (env STRATA_PREFILL_DUMP_LEVEL)")
@@ -203,17 +203,15 @@ def read_prompt_file(path: Path) -> np.ndarray:
 
 
 def check_env_dumps(args) -> dict:
-    """The dump files named by Strata's environment variables, checked as their switches are;
-    {dest: the label that named it} for the messages of check_paths."""
+    """The dump files named by Strata's environment variables, checked as their switches are
+    (strata_prefill/variables.py); {dest: the label that named it} for the messages of
+    check_paths."""
     labels = {}
     for dest, var in DUMP_ENV.items():
-        value = os.environ.get(var)
+        value = variables.value_of(var)  # checked even where the flag wins: a bad value is said
         labels[dest] = flag_of(dest)
-        if getattr(args, dest) is None and value:
-            try:
-                setattr(args, dest, checks.output_file(value))
-            except argparse.ArgumentTypeError as exc:
-                raise InputError(f"{var}: {exc}") from None
+        if getattr(args, dest) is None and value is not None:
+            setattr(args, dest, value)
             labels[dest] = var
     return labels
 
@@ -287,7 +285,7 @@ def check_paths(args, labels: dict, pack_path: Path) -> None:
     writes = [(labels["dump_first_logits"], args.dump_first_logits),
               (labels["dump_r"], args.dump_r),
               ("--dump-dir", args.dump_dir),
-              ("--dump-dir's record file", None if args.dump_dir is None else args.dump_dir / "layers.spd"),
+              ("--dump-dir's record file", None if args.dump_dir is None else args.dump_dir / RECORD_FILE),
               ("--trace", args.trace)]
     checks.distinct_files("run", reads, writes)
 
@@ -311,12 +309,7 @@ def reference_cache_of(args) -> refcache.Cache | None:
     if args.impl != "reference":
         return None
     if value is None:
-        env = os.environ.get(refcache.ENV)
-        if env:
-            try:
-                value = reference_cache_dir(env)
-            except argparse.ArgumentTypeError as exc:
-                raise InputError(f"{refcache.ENV}: {exc}") from None
+        value = variables.value_of(refcache.ENV)  # an empty one is refused, never the current folder
     return refcache.cache_from(value, default=False)
 
 
@@ -343,7 +336,7 @@ def run_cached(args, cache: refcache.Cache, pack, pack_path: Path, prompt) -> in
             _write_atomic(args.dump_r, r.residuals)
         if args.dump_dir:
             args.dump_dir.mkdir(parents=True, exist_ok=True)
-            _write_atomic(args.dump_dir / "layers.spd", copy_of=r.records)
+            _write_atomic(args.dump_dir / RECORD_FILE, copy_of=r.records)
     print(cache_line(r, args.dump_dir is not None, asked), file=sys.stderr)
     return print_cached(args, r, pack, pack_path, prompt)
 
@@ -417,7 +410,7 @@ def main(args) -> int:
 
     labels = check_env_dumps(args)
     refuse_idle_flags(args)
-    checks.environment_values()
+    checks.environment_values("run")
     arms.environment_aliases()
     refuse_idle_switches(args)
     check_paths(args, labels, Path(args.pack) if args.pack else default_pack_path())
