@@ -646,8 +646,8 @@ def default_cache(tmp_path, monkeypatch, pack):
 
 
 @pytest.mark.parametrize("words, needle", [
-    (["--dir", ""], "--dir '' names no folder (an unset variable?)"),
-    (["--dir", "  "], "names no folder (an unset variable?)"),
+    (["--dir", ""], "argument --dir: '' is an empty path: name a folder"),
+    (["--dir", "  "], "is an empty path: name a folder"),
     (["--dir", "reference"], "--dir reference is relative to nothing named"),
     (["--dir", "/"], "--dir / is the filesystem root"),
     (["--dir", "/.."], "--dir /.. is the filesystem root"),
@@ -675,7 +675,7 @@ def test_clear_refuses_the_variable_as_it_refuses_the_flag(default_cache, tmp_pa
 
 def test_info_refuses_an_empty_dir_and_clear_takes_a_relative_one_written_with_dot(default_cache, tmp_path,
                                                                                    capsys, monkeypatch):
-    assert "--dir '' names no folder" in refused(["cache", "info", "--dir", ""], capsys)
+    assert "argument --dir: '' is an empty path" in refused(["cache", "info", "--dir", ""], capsys)
     monkeypatch.chdir(default_cache.root.parent)
     assert main(["cache", "clear", "--dir", "./reference"]) == 0
     assert capsys.readouterr().out.startswith(f"removed 1 entry (")

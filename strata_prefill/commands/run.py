@@ -7,6 +7,7 @@ before the prefill.
 """
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import time
@@ -220,6 +221,10 @@ def flag_of(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+#: run's own flags of the fast path, beside the switches of fast/options.py: each needs --impl fast
+FAST_ONLY = ("backend", "timing", "trace")
+
+
 def refuse_idle_flags(args) -> None:
     """A flag that would do nothing in this run is an error naming what it needs (the switches
     of fast/options.py's table, flags and variables alike: refuse_idle_switches)."""
@@ -294,7 +299,7 @@ def reference_cache_dir(text: str) -> str:
     """`off` (or 0, none), or a folder the cache may be made in (not an empty word: that is
     no folder, not the current one)."""
     if not text.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} names no folder: give a folder, or off")
+        raise argparse.ArgumentTypeError(f"{text!r} is an empty path: name a folder, or off")
     if text.strip().lower() in refcache.OFF:
         return "off"
     return str(checks.output_dir(text))
