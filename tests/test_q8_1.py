@@ -43,7 +43,7 @@ def test_layout_for():
     assert q8_1.layout_for(QT.Q5_1) == LAYOUT_DS4  # Q4_1's float min times the block's sum
     for qt in (QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4, QT.NVFP4):  # the codebook types: float32 scales
         assert q8_1.layout_for(qt) == LAYOUT_D4
-    for bad in (QT.F32, QT.F16, QT.TQ2_0, QT.TQ1_0, QT.IQ2_XXS, 9999):
+    for bad in (QT.F32, QT.F16, QT.TQ2_0, QT.TQ1_0, 9999):
         with pytest.raises(PackError):
             q8_1.layout_for(bad)
     assert (int(LAYOUT_D4), int(LAYOUT_DS4), int(LAYOUT_D2S6)) == (0, 1, 2)

@@ -43,6 +43,8 @@ def put_scale_halves(qt, flat, h) -> None:
 def finite_scales(qt, flat) -> np.ndarray:
     """flat [N, block_bytes] with each half scale's inf / NaN exponent made finite (bit 14
     flipped; every other bit as drawn)."""
+    if qt in BYTE_SCALES:  # byte scales are never NaN or Inf
+        return flat
     h = scale_halves(qt, flat)
     bad = (h & 0x7C00) == 0x7C00
     if bad.any():

@@ -349,7 +349,7 @@ def main(args) -> int:
     if not args.pack:  # the default pack's shape is its preset's: checked before it is made
         check_lengths(args.tokens, PRESETS[DEFAULT_PRESET], "the default pack")
     pack_path = Path(args.pack) if args.pack else default_pack()
-    pack = Pack.open(pack_path)
+    pack = Pack.open(pack_path, progress=False if args.no_progress else None)
     cfg = pack.config
     check_lengths(args.tokens, cfg)
     for arm, kw in keywords.items():  # the switch table's one rule, as `run` has it for flags and variables

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import math
+import warnings
 
 from strata.atomic import atomic_write
 from strata.errors import InputError
@@ -154,7 +155,9 @@ def draw(plt, lanes: dict, gaps: list, t0: float, t1: float, out, title: str, ma
     seen = dict(zip(labels, handles))  # one entry a name
     ax.legend(seen.values(), seen.keys(), loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
               frameon=False)
-    fig.tight_layout()
-    with atomic_write(out) as f:  # never a half PNG at OUT
-        fig.savefig(f, format="png")
+    with warnings.catch_warnings():  # a name of characters the font lacks draws as boxes, silently
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
+        fig.tight_layout()
+        with atomic_write(out) as f:  # never a half PNG at OUT
+            fig.savefig(f, format="png")
     plt.close(fig)

@@ -426,7 +426,7 @@ def main(args) -> int:
         check_counts(args, file_ids, PRESETS[DEFAULT_PRESET], "the default pack")
     args.explain = args.explain or (not args.pack and not default_pack_path().exists())
     pack_path = Path(args.pack) if args.pack else default_pack()
-    pack = Pack.open(pack_path)
+    pack = Pack.open(pack_path, progress=False if args.no_progress else None)
     cfg = pack.config
     check_counts(args, file_ids, cfg)  # before the prompt is made or any layer runs
     refuse_idle_switches(args, cfg, args.prompt_tokens if file_ids is None else int(file_ids.size))
