@@ -546,8 +546,8 @@ class _IQ1Format(_IQFormat):
     float32), scaled by the power of two 8. c is never 0, and has the sign of g + s/8.
 
     The MMQ table buffer holds the grid as mmq.cu reads it (:meth:`table`): one uint32 per
-    entry, g + 1 (0, 1 or 2) of value k in the low nibble of byte k (k < 4) or the high nibble
-    of byte k - 4, 8 KB where int8 entries would take 16 KB."""
+    entry, g + 1 (0, 1 or 2) of value k in nibble k (the kernel's byte permutes take four
+    values' nibbles at once), 8 KB where int8 entries would take 16 KB."""
 
     dw_factor = 0.125
     grid_source, table_name = "IQ1_S", "IQ1S"
@@ -567,7 +567,7 @@ class _IQ1Format(_IQFormat):
     def table(cls):
         t = (cls.grid().astype(np.int32) + 1).astype(np.uint32)  # [2048, 8], 0..2
         k = np.arange(8, dtype=np.uint32)
-        words = np.bitwise_or.reduce(t << (8 * (k % 4) + 4 * (k // 4)), axis=1)
+        words = np.bitwise_or.reduce(t << (4 * k), axis=1)  # value k's g + 1 in nibble k
         return words.astype("<u4").view(np.uint8)
 
 

@@ -233,20 +233,22 @@ def test_table_layout_holds_each_grid_once():
 
 
 def test_iq1_table_is_the_grid_in_nibbles_and_gives_the_kernels_codes():
-    """The IQ1 table: one uint32 an entry, g + 1 of value k in nibble k of bytes 0..3 (low) and
-    4..7 (high); mmq.cu's iq1_codes on it (emulated here, the same word arithmetic) gives the
-    codes 8*g + s of both signs, which are the decoded form's."""
+    """The IQ1 table: one uint32 an entry, g + 1 of value k in nibble k; mmq.cu's iq1_codes on it
+    (emulated here: __byte_perm's byte pick, each selector nibble's low 3 bits choosing a byte of
+    the word of the sign's three codes) gives the codes 8*g + s of both signs, which are the
+    decoded form's."""
     grid = quants._grid(QT.IQ1_S).astype(np.int32)
     e = qformats.IQ1_S.table().view("<u4").astype(np.uint64)
     assert e.size == len(grid) and qformats.IQ1_M.table().tobytes() == qformats.IQ1_S.table().tobytes()
     for k in range(8):
-        assert ((e >> (8 * (k % 4) + 4 * (k // 4))) & 15).astype(np.int32).tolist() == (grid[:, k] + 1).tolist()
+        assert ((e >> (4 * k)) & 15).astype(np.int32).tolist() == (grid[:, k] + 1).tolist()
     assert int(e.max()) < 2**32
     for neg, s in ((False, 1), (True, -1)):
-        kk = ((0x80 - 9) if neg else (0x80 - 7)) * 0x01010101
-        lo = (((e & 0x0F0F0F0F) * 8 + kk) & 0xFFFFFFFF) ^ 0x80808080
-        hi = ((((e >> 4) & 0x0F0F0F0F) * 8 + kk) & 0xFFFFFFFF) ^ 0x80808080
-        codes = np.stack([lo, hi], 1).astype("<u4").view(np.int8).reshape(-1, 8)
+        w = np.array([0x0007FFF7 if neg else 0x000901F9], "<u4").view(np.uint8)  # the word's 4 bytes
+        def byte_perm(sel):  # bytes n = 0..3 of __byte_perm(w, 0, sel): byte (nibble n of sel) & 7 of (w, 0)
+            pair = np.concatenate([w, np.zeros(4, np.uint8)])
+            return np.stack([pair[(sel >> (4 * n)) & 7] for n in range(4)], 1)
+        codes = np.concatenate([byte_perm(e & 0xFFFF), byte_perm(e >> 16)], 1).view(np.int8)
         np.testing.assert_array_equal(codes.astype(np.int32), 8 * grid + s)
 
 

@@ -116,8 +116,7 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 // TABLEN_*): at TAB_SIGN the sign masks, 128 entries x 8 bytes, 0xFF where the sign table says
 // -1; then each IQ grid at TAB_<its name>: int8 entries (IQ2_XS 512 x 8, IQ3_XXS 256 x 4, IQ3_S
 // 512 x 4, IQ2_XXS 256 x 8, IQ2_S 1024 x 8), and the IQ1 grid (2048 x 8 of -1, 0, 1, IQ1_S's and
-// IQ1_M's) as one uint32 an entry, g + 1 of value k in the low nibble of byte k (k < 4) or the
-// high nibble of byte k - 4 (strata.qformats._IQ1Format.table).
+// IQ1_M's) as one uint32 an entry, g + 1 of value k in nibble k (strata.qformats._IQ1Format.table).
 // A CTA stages in shared memory only what its type's decode reads (Staged<QT>): the sign masks
 // where its signs index them (SIGNS), then its own grid: at most 8 KB (IQ2_S's grid, and IQ1's as
 // nibbles rather than 16 KB of int8 entries, so that the largest tiles keep 2 CTAs an SM). Shared
@@ -306,14 +305,15 @@ __device__ __forceinline__ uint32_t k_scale(const uint8_t* rowb, int sc, int j) 
     return (MIN ? lo >> 4 : lo & 15) | (hi << 4);
 }
 
-// The 8 codes 8*g + s (s = +1, or -1 where neg) of IQ1 grid entry e (g + 1 in the nibbles, as
-// staged: values 0..3 in the low nibbles, 4..7 in the high ones) in two words. Per byte t = g + 1
-// in 0..2: 8t + (0x80 - 7) or + (0x80 - 9) stays in its byte (at most 0x89), and flipping bit 7
-// subtracts the 0x80: 8t - 7 = 8g + 1, or 8t - 9 = 8g - 1, as a signed byte (minus_bytes' way).
+// The 8 codes 8*g + s (s = +1, or -1 where neg) of IQ1 grid entry e (as staged: value k's
+// t = g + 1, 0..2, in nibble k) in two words. __byte_perm(w, 0, sel) gives output byte n byte
+// (nibble n of sel) & 7 of the pair: a nibble t picks byte t of w, which holds the three codes of
+// the sign: -7, 1, 9 (s = +1) or -9, -1, 7 (s = -1), i.e. 8 (t - 1) + s. Values 0..3 from e's low
+// half, 4..7 from its high half: two byte permutes a grid entry.
 __device__ __forceinline__ void iq1_codes(uint32_t e, bool neg, uint32_t& lo, uint32_t& hi) {
-    const uint32_t k = neg ? (0x80u - 9) * 0x01010101u : (0x80u - 7) * 0x01010101u;
-    lo = ((e & 0x0F0F0F0Fu) * 8 + k) ^ 0x80808080u;
-    hi = (((e >> 4) & 0x0F0F0F0Fu) * 8 + k) ^ 0x80808080u;
+    const uint32_t w = neg ? 0x0007FFF7u : 0x000901F9u;  // bytes -9 -1 7 0 / -7 1 9 0
+    lo = __byte_perm(w, 0, e);
+    hi = __byte_perm(w, 0, e >> 16);
 }
 
 // ---- the codebook types (strata/codebooks.py): each type's decode its own function, of
