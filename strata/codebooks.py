@@ -114,6 +114,14 @@ class _CodebookFormat(QuantFormat):
         return cls.codebook()[idx]
 
     @classmethod
+    def _unit_sub_blocks(cls, blk: np.ndarray, qs: int, dw: np.ndarray):
+        """decode_blocks of a 32-value block whose 16 index bytes start at byte qs and whose
+        one scale is dw (IQ4_NL's half, MXFP4's e8m0): the codes, unit sub-scales, dw."""
+        n = blk.shape[0]
+        codes = cls._codes(_nibbles(blk[:, qs:qs + 16])).reshape(n, 1, 32)
+        return codes, np.ones((n, 1, 2), np.int16), dw, None, None
+
+    @classmethod
     def unit_std(cls):
         return float(np.std(cls.codebook().astype(np.float64)))
 
@@ -128,9 +136,7 @@ class IQ4_NL(_CodebookFormat, qtype=QT.IQ4_NL):
 
     @classmethod
     def decode_blocks(cls, blk):
-        n = blk.shape[0]
-        codes = cls._codes(_nibbles(blk[:, 2:18])).reshape(n, 1, 32)
-        return codes, np.ones((n, 1, 2), np.int16), _half(blk, 0), None, None
+        return cls._unit_sub_blocks(blk, 2, _half(blk, 0))
 
 
 class IQ4_XS(_CodebookFormat, qtype=QT.IQ4_XS):
@@ -167,9 +173,7 @@ class MXFP4(_CodebookFormat, qtype=QT.MXFP4):
 
     @classmethod
     def decode_blocks(cls, blk):
-        n = blk.shape[0]
-        codes = cls._codes(_nibbles(blk[:, 1:17])).reshape(n, 1, 32)
-        return codes, np.ones((n, 1, 2), np.int16), e8m0_half(blk[:, 0]), None, None
+        return cls._unit_sub_blocks(blk, 1, e8m0_half(blk[:, 0]))
 
     @classmethod
     def scale_values(cls, blk):

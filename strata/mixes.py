@@ -55,10 +55,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 from gguf import LlamaFileType
 
+from strata import quants
 from strata import tensor_names as tn
 from strata.config import ModelConfig
 
@@ -94,18 +94,14 @@ def parse_mix(name) -> str:
     return key
 
 
-def _block(qt: QT) -> int:
-    return int(GGML_QUANT_SIZES[qt][0])
-
-
 def _fits(qt: QT, n_cols: int) -> QT:
     """qt, or its fallback for rows of n_cols values that are not a multiple of its block."""
-    if n_cols % _block(qt) == 0:
+    if n_cols % quants.block_size(qt)[0] == 0:
         return qt
     fb = FALLBACK.get(qt)
     if fb is None:  # Q8_0 and the other 32-value types: the rows are not a multiple of 32
         return QT.F16
-    return fb if n_cols % _block(fb) == 0 else QT.F16
+    return fb if n_cols % quants.block_size(fb)[0] == 0 else QT.F16
 
 
 def mix_types(cfg: ModelConfig, mix: str, tie_embeddings: bool = False) -> dict[str, QT]:
@@ -126,7 +122,7 @@ def head_types(cfg: ModelConfig, mix: str, tie_embeddings: bool = False) -> dict
     """{logical name: type} of token_embd and output (the whole-model matrices)."""
     mix = parse_mix(mix)
     base, D, low = MIXES[mix], cfg.n_embd, _FAMILY[mix] == "IQ_LOW"
-    head = QT.Q8_0 if D % _block(base) else QT.Q5_K if low else QT.Q6_K  # the output head
+    head = QT.Q8_0 if D % quants.block_size(base)[0] else QT.Q5_K if low else QT.Q6_K  # the output head
     embd = QT.Q2_K if low else base
     out = {tn.name(T.TOKEN_EMBD): _fits(head if tie_embeddings else embd, D)}
     if not tie_embeddings:

@@ -313,8 +313,8 @@ def test_every_format_decodes_as_gguf(fmt):
         h = fmt.scale_values(raw).astype("<f2").view("<u2")  # the half scales' bits
         h = np.where((h & 0x7C00) == 0x7C00, h ^ 0x4000, h).astype("<u2")  # inf / NaN: finite
         fmt.put_scale_values(raw, h.view("<f2").astype(np.float32))
-    else:  # MXFP4's scale byte below 2^125, where a code of 12 would overflow
-        raw[:, 0] = np.minimum(raw[:, 0], 252) if fmt.qtype == QT.MXFP4 else raw[:, 0]
+    elif fmt.qtype == QT.MXFP4:  # its scale byte below 2^125, where a code of 12 would overflow
+        raw[:, 0] = np.minimum(raw[:, 0], 252)
     assert np.isfinite(fmt.scale_values(raw)).all()
     raw = raw.reshape(8, -1)
     np.testing.assert_array_equal(_bits(quants.dequantize(fmt.qtype, raw)), _bits(gq.dequantize(raw, fmt.qtype)))
