@@ -30,8 +30,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata import dumps, q8_1, qformats
 from strata.dense import FLOAT_TYPES, decode_float
-from strata.records import OPS, ORDER, op_of, q8_layouts, read_timeline  # noqa: F401 - q8_layouts for callers
-from strata.report import _sort_key as computed_order  # the order the first-difference report walks
+from strata.records import OPS, ORDER, computed_order, op_of, q8_layouts, read_timeline  # noqa: F401 - q8_layouts for callers
 
 SLAB_BYTES = 32 << 20  # a pack tensor is scanned this much at a time (its decode is 4x that)
 

@@ -118,6 +118,15 @@ class Chunk:
     records: dict = field(default_factory=dict)
 
 
+def computed_order(name: str):
+    """A record's sort key in the order a prefill computes them: the embedding, then each layer's
+    ops in OPS order, then what follows the last layer (the first-difference report walks this)."""
+    layer, op = op_of(name)
+    if layer is None:
+        return (-1 if name == "embed" else 10**9, 0, name)
+    return (layer, ORDER[op.name] if op else len(ORDER), name)
+
+
 def read_timeline(path: str | Path) -> list[Chunk]:
     """The chunks of a record file in the order they ran. Records written before any chunk
     header (files of an older writer) form one chunk of index -1 with no positions."""

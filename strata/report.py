@@ -16,7 +16,7 @@ import numpy as np
 
 from strata import q8_1
 from strata.constants import MMQ_GROUP
-from strata.records import ORDER, Chunk, Op, op_of, read_timeline, routed_groups
+from strata.records import Chunk, Op, computed_order, op_of, read_timeline, routed_groups
 
 BLOCK = q8_1.BLOCK_BYTES
 
@@ -103,13 +103,6 @@ def diff_array(name: str, a: np.ndarray, b: np.ndarray, positions: np.ndarray | 
     vals = f"{_float_text(va)} vs {_float_text(vb)}" if a.dtype.kind == "f" else f"{va} vs {vb}"
     return Mismatch(name, f"first difference at {where}, element {col} (32-value block {col // 32}): "
                           f"{vals}; {int(neq.sum())} of {neq.size} elements differ")
-
-
-def _sort_key(name: str):
-    layer, op = op_of(name)
-    if layer is None:
-        return (-1 if name == "embed" else 10**9, 0, name)
-    return (layer, ORDER[op.name] if op else len(ORDER), name)
 
 
 def _k_used(chunk: Chunk, layer: int, fallback: int | None) -> int | None:
@@ -283,7 +276,7 @@ def compare_timelines(ta: list[Chunk], tb: list[Chunk], layouts: dict | None = N
     seen_globals: dict[str, int] = {}
     names_a = set()
     for chunk in ta:
-        for name in sorted(chunk.records, key=_sort_key):
+        for name in sorted(chunk.records, key=computed_order):
             names_a.add(name)
             layer, op = op_of(name)
             if op is not None and (op.kind == "chunk" or op.name == "resid_pos"):
@@ -316,7 +309,7 @@ def compare_timelines(ta: list[Chunk], tb: list[Chunk], layouts: dict | None = N
                                 kernel=op.kernel)
             if a.tobytes() != b.tobytes():
                 return _describe(name, op, layer, chunk, a, b, pos, ku, layouts, group)
-    only_b = sorted((set(rb.parts) | set(rb.globals)) - names_a, key=_sort_key)
+    only_b = sorted((set(rb.parts) | set(rb.globals)) - names_a, key=computed_order)
     if only_b:
         return Mismatch(only_b[0], "present only in the second run")
     return None

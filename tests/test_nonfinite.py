@@ -545,7 +545,7 @@ def test_a_q8_1_record_is_read_by_its_layout(tmp_path, layout):
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from strata.records import OPS  # noqa: E402
-from strata.report import _sort_key as computed_order  # noqa: E402
+from strata.records import computed_order  # noqa: E402
 
 OP_NAMES = [op.name for op in OPS]
 BITS = {"nan": 0x7FC00000, "-nan": 0xFFC00000, "signalling nan": 0x7F800001, "inf": 0x7F800000,
