@@ -29,6 +29,17 @@ def _package_of(path: Path, root: Path) -> list[str]:
     return list(path.relative_to(root).with_suffix("").parts)[:-1]
 
 
+def _from_module(node: ast.ImportFrom, path: Path, root: Path) -> str:
+    """The absolute module of a `from X import ...` in path (relative ones resolved; "" for
+    `from ... import name` above the top package)."""
+    module = node.module or ""
+    if node.level:
+        base = _package_of(path, root)
+        base = base[: max(0, len(base) - (node.level - 1))]
+        module = ".".join(base + ([module] if module else []))
+    return module
+
+
 def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     """(line, absolute module name) for every import in a file."""
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -37,11 +48,7 @@ def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level:
-                base = _package_of(path, root)
-                base = base[: max(0, len(base) - (node.level - 1))]
-                module = ".".join(base + ([module] if module else []))
+            module = _from_module(node, path, root)
             if module:
                 found.append((node.lineno, module))
             else:  # `from ... import fast` above the top package: the names are modules
@@ -88,11 +95,7 @@ def module_level_imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level:
-                base = _package_of(path, root)
-                base = base[: max(0, len(base) - (node.level - 1))]
-                module = ".".join(base + ([module] if module else []))
+            module = _from_module(node, path, root)
             for alias in node.names:
                 found.append((node.lineno, f"{module}.{alias.name}" if module else alias.name))
     return found

@@ -22,7 +22,6 @@ No PyCUDA here: building is plain nvcc, loading is the runtime's (``module_from_
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -128,18 +127,6 @@ def lock_path(cubin: str) -> str:
     return os.path.join(folder, f".{base}.lock")
 
 
-@contextlib.contextmanager
-def _held(path: str):
-    """An exclusive flock on path (created if missing), released on exit. flock belongs to the
-    open file, so two threads of one process exclude each other as two processes do."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the file releases its lock
-
-
 def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
           base_options: tuple[str, ...], on_compile=None) -> str:
     """The cubin's path, compiling it with nvcc first if the folder lacks it. The builder holds
@@ -150,7 +137,7 @@ def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
     path = cubin_path(folder, name, source, defines, arch, base_options)
     if os.path.exists(path):
         return path
-    with _held(lock_path(path)):
+    with atomic.flocked(lock_path(path), create=True):
         if os.path.exists(path):  # built by whoever held the lock before us
             return path
         with (on_compile() if on_compile is not None else contextlib.nullcontext()):
