@@ -4,7 +4,7 @@ kernel by kernel: each kernel's PTX body first, then, where the PTX is equal, th
 ptxas makes of that kernel alone. A kernel edit that should change no instruction (a dead form
 removed, a file split) is checked this way without a GPU.
 
-    python3 dev/compare_cubins.py --base REV [--new REV] [--cache DIR] [--jobs N] [--no-cubin]
+    python3 -m dev.compare_cubins --base REV [--new REV] [--cache DIR] [--jobs N] [--no-cubin]
 
 --base is a git revision; --new one too (or a folder holding a tree), or the working tree when
 absent. The (module, defines)
@@ -38,7 +38,7 @@ RENAMES: dict[str, str] = {"attention_pair": "attention_mma", "attention_split":
 # Run inside a tree: its build list, nvcc options, architecture and every kernel source (headers inlined).
 _PROBE = r"""
 import json, os, sys
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.getcwd())  # the tree's own packages, before any installed copy
 from fast.cuda import runtime
 try:
     from fast.cuda.build_list import default_modules
