@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from gpu_timing import interleaved, stream_device
+from bench.gpu_timing import interleaved, stream_device
 
 
 def parser(doc: str, tokens: str, reps: int) -> argparse.ArgumentParser:
@@ -85,7 +85,9 @@ class Result:
 
 def first_difference(got: np.ndarray, want: np.ndarray) -> str | None:
     """None where the two arrays hold the same bytes, else how many bytes differ and the first
-    (its row of the first axis and both bytes)."""
+    (its row of the first axis and both bytes), and where the two share a dtype, the element it
+    falls in (its index in ``want``'s shape and both values with their bytes). The one
+    byte-for-byte report of the A/B scripts here and of dev/kernels."""
     g = np.ascontiguousarray(got).reshape(-1).view(np.uint8)
     w = np.ascontiguousarray(want).reshape(-1).view(np.uint8)
     if g.size != w.size:
@@ -95,7 +97,15 @@ def first_difference(got: np.ndarray, want: np.ndarray) -> str | None:
         return None
     i = int(bad[0])
     row_bytes = max(1, w.size // max(1, np.shape(want)[0] if np.ndim(want) else 1))
-    return f"{bad.size} bytes differ; first at byte {i} (row {i // row_bytes}): got 0x{int(g[i]):02x} want 0x{int(w[i]):02x}"
+    out = f"{bad.size} bytes differ; first at byte {i} (row {i // row_bytes}): got 0x{int(g[i]):02x} want 0x{int(w[i]):02x}"
+    if np.ndim(want) and np.asarray(got).dtype == np.asarray(want).dtype:
+        size = np.asarray(want).dtype.itemsize
+        e = i // size
+        at = tuple(int(x) for x in np.unravel_index(e, np.shape(want)))
+        ge, we = np.ascontiguousarray(got).reshape(-1)[e], np.ascontiguousarray(want).reshape(-1)[e]
+        out += (f"; element {at}: {ge.item()!r} (0x{bytes(g[e * size:(e + 1) * size][::-1]).hex()}) against "
+                f"{we.item()!r} (0x{bytes(w[e * size:(e + 1) * size][::-1]).hex()})")
+    return out
 
 
 def check(got, first, definition) -> str | None:

@@ -2,7 +2,7 @@
 """A/B of the prefill attention kernel's configurations (attention_pair.cu's defines),
 interleaved in one run, on the strata heads.
 
-    python3 bench/bench_attention_ab_cuda.py [--tokens 4096,8192,32768] [--reps 5]
+    python3 -m bench.bench_attention_ab_cuda [--tokens 4096,8192,32768] [--reps 5]
         [--arms '{};{"PAIR_QG": 6}'] [--sass DIR]
 
 An arm is a JSON object of the kernel file's defines (ATTEND_PAIR_CONFIG's under them); its
@@ -37,16 +37,13 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
-from fast.cuda import attention as cu_att  # noqa: E402
-from fast.cuda import runtime  # noqa: E402
-from gpu_timing import stream_device  # noqa: E402
-from strata import attention  # noqa: E402
-from strata.constants import KEY_BLOCK  # noqa: E402
-from verify.cases import kernel_case, sample_index  # noqa: E402
+from bench.ab_harness import Arm, Definition, markdown, measure
+from fast.cuda import attention as cu_att
+from fast.cuda import runtime
+from bench.gpu_timing import stream_device
+from strata import attention
+from strata.constants import KEY_BLOCK
+from verify.cases import kernel_case, sample_index
 
 H, HKV, HD = 32, 4, 128
 CHECKED_QUERIES = 8  # queries of each length compared with the NumPy definition

@@ -3,7 +3,7 @@
 2560, a shared expert): "element" (combine_rows, a thread an element) and "row"
 (combine_rows_vec, a CTA a token, float4).
 
-    python3 bench/bench_combine_ab_cuda.py [--tokens 1024,8192,32768] [--reps 9]
+    python3 -m bench.bench_combine_ab_cuda [--tokens 1024,8192,32768] [--reps 9]
 
 Each length is a "combine" row of verify/cases.py (kernel_case: its bytes are the K expert rows,
 the shared row, x and the output, per token, and the weights and slots). bench/ab_harness.py
@@ -14,18 +14,14 @@ prints last.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from ab_harness import Arm, Definition, markdown, measure, parser, start  # noqa: E402
-from fast.cuda import elementwise  # noqa: E402
-from strata import moe  # noqa: E402
-from verify.cases import kernel_case, sample_index  # noqa: E402
+from bench.ab_harness import Arm, Definition, markdown, measure, parser, start
+from fast.cuda import elementwise
+from strata import moe
+from verify.cases import kernel_case, sample_index
 
 K, D = 10, 2560
 FORMS = ("element", "row")

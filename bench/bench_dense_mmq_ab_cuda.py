@@ -3,7 +3,7 @@
 one run: the attention projections and the shared expert, Q8_0 weights, one launch a product
 as fast/engine.py launches them (products.mmq_dense).
 
-    python3 bench/bench_dense_mmq_ab_cuda.py [--tokens 1024,8192] [--reps 7]
+    python3 -m bench.bench_dense_mmq_ab_cuda [--tokens 1024,8192] [--reps 7]
         [--configs '{"MMQ_WM": 8, ...};...']
 
 Each (product, tokens) is an "mmq_dense" row of verify/cases.py (kernel_case: 2 * N * K * T
@@ -18,22 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf import GGMLQuantizationType as QT
 
-from gguf import GGMLQuantizationType as QT  # noqa: E402
-
-from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
-from fast.cuda import products, runtime  # noqa: E402
-from gpu_timing import stream_device  # noqa: E402
-from strata import mmq, q8_1, quants  # noqa: E402
-from strata.constants import WEIGHT_TAIL_BYTES  # noqa: E402
-from verify.cases import kernel_case, sample_index  # noqa: E402
+from bench.ab_harness import Arm, Definition, markdown, measure
+from fast.cuda import products, runtime
+from bench.gpu_timing import stream_device
+from strata import mmq, q8_1, quants
+from strata.constants import WEIGHT_TAIL_BYTES
+from verify.cases import kernel_case, sample_index
 
 #: (name, N, K) of the strata shape's dense Q8_0 products: 32 x 128 query dims, 4 x 128 key and
 #: value dims, hidden 2560, shared expert width 640

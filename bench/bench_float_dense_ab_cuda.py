@@ -2,7 +2,7 @@
 """A/B of float_dense.cu's two forms ("warp" and "tile"), interleaved in one run, on the
 strata router shape (512 x 2560 weights, BF16 as in the strata pack, and F32) and the shared expert's gate vector (1 x 2560).
 
-    python3 bench/bench_float_dense_ab_cuda.py [--tokens 1024,8192,32768] [--reps 7]
+    python3 -m bench.bench_float_dense_ab_cuda [--tokens 1024,8192,32768] [--reps 7]
 
 Each (shape, tokens) is a "float_dense" row of verify/cases.py (kernel_case; the GPU suite times
 the router rows at 2K, 8K and 32K). bench/ab_harness.py runs the arms: one untimed call per
@@ -13,20 +13,16 @@ and the warp form's bytes elsewhere (exit 1 if not). GFLOP/s counts the row's fl
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf import GGMLQuantizationType as QT
 
-from gguf import GGMLQuantizationType as QT  # noqa: E402
-
-from ab_harness import Arm, Definition, markdown, measure, parser, start  # noqa: E402
-from fast.cuda import dense  # noqa: E402
-from strata.dense import decode_float, encode_float, float_matmul  # noqa: E402
-from verify.cases import kernel_case, sample_index  # noqa: E402
+from bench.ab_harness import Arm, Definition, markdown, measure, parser, start
+from fast.cuda import dense
+from strata.dense import decode_float, encode_float, float_matmul
+from verify.cases import kernel_case, sample_index
 
 SHAPES = (("router", 512, 2560, "BF16"), ("router", 512, 2560, "F32"), ("shexp gate", 1, 2560, "F32"))
 #: form -> (variant, float_dense.cu defines of the tiled form)

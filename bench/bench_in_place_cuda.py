@@ -2,7 +2,7 @@
 """A layer's routed-expert products, gathered in groups against read in place (the in_place
 switch), on the `strata` MoE shape, with the weight-read floor beside them.
 
-    python3 bench/bench_in_place_cuda.py [--tokens 256,1024,2048,8192] [--reps 7]
+    python3 -m bench.bench_in_place_cuda [--tokens 256,1024,2048,8192] [--reps 7]
         [--configs '{"MMQ_BN": 32, ...};...'] [--skew S] [--out DIR]
 
 512 experts of one layer lie in one device buffer as the expert cache holds them: blobs of
@@ -42,17 +42,14 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf import GGMLQuantizationType as QT
 
-from gguf import GGMLQuantizationType as QT  # noqa: E402
-
-from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
-from fast.cuda import products, runtime  # noqa: E402
-from gpu_timing import stream_device  # noqa: E402
-from strata import mmq, q8_1, quants  # noqa: E402
-from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
-from verify.cases import kernel_case, sample_index  # noqa: E402
+from bench.ab_harness import Arm, Definition, markdown, measure
+from fast.cuda import products, runtime
+from bench.gpu_timing import stream_device
+from strata import mmq, q8_1, quants
+from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
+from verify.cases import kernel_case, sample_index
 
 N_EXPERT, TOP_K, N_EMBD, N_FF = 512, 10, 2560, 640
 GU, DOWN = QT.IQ2_XS, QT.Q8_0

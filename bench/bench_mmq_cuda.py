@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of the grouped MMQ kernel (fast/cuda/kernels/mmq.cu) on the `strata` MoE shape.
 
-    python3 bench/bench_mmq_cuda.py [--tokens 1024,8192,32768] [--repeats 7] [--out DIR]
+    python3 -m bench.bench_mmq_cuda [--tokens 1024,8192,32768] [--repeats 7] [--out DIR]
 
 1. The int8 tensor-core peak: a tight loop of independent mma.sync m16n8k32 (and m16n8k16)
    s8 instructions on every SM; ops = 2*M*N*K per instruction.
@@ -33,17 +33,14 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf import GGMLQuantizationType as QT
 
-from gguf import GGMLQuantizationType as QT  # noqa: E402
-
-from ab_harness import Arm, Definition, markdown, measure  # noqa: E402
-from fast.cuda import products, runtime  # noqa: E402
-from gpu_timing import PycudaClock, unavailable  # noqa: E402
-from strata import mmq, q8_1, quants  # noqa: E402
-from strata.constants import WEIGHT_TAIL_BYTES  # noqa: E402
-from verify.cases import kernel_case, sample_index  # noqa: E402
+from bench.ab_harness import Arm, Definition, markdown, measure
+from fast.cuda import products, runtime
+from bench.gpu_timing import PycudaClock, unavailable
+from strata import mmq, q8_1, quants
+from strata.constants import WEIGHT_TAIL_BYTES
+from verify.cases import kernel_case, sample_index
 
 N_EXPERT, TOP_K, N_EMBD, N_FF, GROUP = 512, 10, 2560, 640, 16
 CHECKED_ROWS, CHECKED_EXPERTS = 256, 4  # quantized rows, and experts' product rows, compared with NumPy

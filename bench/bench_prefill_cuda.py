@@ -1,6 +1,6 @@
 """Whole prefill on the GPU, all experts resident: tokens/s and the share of time per phase.
 
-    python3 bench/bench_prefill_cuda.py --pack strata8.gguf --tokens 2048,8192,32768
+    python3 -m bench.bench_prefill_cuda --pack strata8.gguf --tokens 2048,8192,32768
 
 Per size: one untimed warm-up, then `--reps` prefills of fresh prompts (one chunk each),
 timed on the host around `prefill` (it returns host logits, so the device work is done); the
@@ -13,16 +13,13 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fast import make_fast_engine  # noqa: E402
-from fast.phases import format_phase_table  # noqa: E402
-from strata.pack import Pack  # noqa: E402
-from strata.session import Session  # noqa: E402
+from fast import make_fast_engine
+from fast.phases import format_phase_table
+from strata.pack import Pack
+from strata.session import Session
 
 
 def main(argv=None) -> int:

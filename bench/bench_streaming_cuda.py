@@ -1,7 +1,7 @@
 """Expert streaming on the GPU: arms interleaved on fresh prompts, against the all-resident run.
 
-    python3 bench/bench_streaming_cuda.py --pack strata8.gguf --tokens 254,1030,3866,8179,30118
-    python3 bench/bench_streaming_cuda.py --plot streaming.json streaming.png   # needs matplotlib
+    python3 -m bench.bench_streaming_cuda --pack strata8.gguf --tokens 254,1030,3866,8179,30118
+    python3 -m bench.bench_streaming_cuda --plot streaming.json streaming.png   # needs matplotlib
 
 Arms (each its own engine on the same pack): `resident` (every expert in the expert cache),
 and with a cache of `--cache-share` of the experts, switches over the defaults (arm_table):
@@ -40,12 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fast import make_fast_engine  # noqa: E402
-from strata.constants import STREAM_HIDE_KB, STREAM_MIN  # noqa: E402
-from strata.pack import Pack  # noqa: E402
-from strata.session import Session  # noqa: E402
+from fast import make_fast_engine
+from strata.constants import STREAM_HIDE_KB, STREAM_MIN
+from strata.pack import Pack
+from strata.session import Session
 
 LINK_GBS = 55.3  # pinned host-to-device copies measured on the H200 machine
 COUNTED = ("launches", "gathers", "waits", "events", "copies", "copy_bytes", "copy_waits")

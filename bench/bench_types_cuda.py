@@ -2,7 +2,7 @@
 """A layer's in-place gate/up products for each weight type, side by side: time per weight byte
 against IQ2_XS's, on the `strata` MoE shape.
 
-    python3 bench/bench_types_cuda.py [--tokens 1024,8192] [--reps 7]
+    python3 -m bench.bench_types_cuda [--tokens 1024,8192] [--reps 7]
         [--types IQ2_XS,IQ4_NL,...] [--out DIR]
 
 For every type (default: every registered type with a CUDA MMQ kernel whose block divides the
@@ -30,17 +30,14 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf import GGMLQuantizationType as QT
 
-from gguf import GGMLQuantizationType as QT  # noqa: E402
-
-from ab_harness import first_difference  # noqa: E402
-from fast.cuda import products, runtime  # noqa: E402
-from gpu_timing import interleaved, stream_device  # noqa: E402
-from strata import mmq, q8_1, qformats, quants  # noqa: E402
-from strata.constants import GROUP_TAIL_BYTES  # noqa: E402
-from verify.cases import sample_index  # noqa: E402
+from bench.ab_harness import first_difference
+from fast.cuda import products, runtime
+from bench.gpu_timing import interleaved, stream_device
+from strata import mmq, q8_1, qformats, quants
+from strata.constants import GROUP_TAIL_BYTES
+from verify.cases import sample_index
 
 N_EXPERT, TOP_K, N_EMBD, N_FF = 512, 10, 2560, 640
 BASE = QT.IQ2_XS  # the type every other's time per byte is compared with

@@ -2,7 +2,7 @@
 """The whole model beside llama.cpp: one pack, one set of prompts, our fast path and llama.cpp's
 prefill timed the same way in one call.
 
-    python3 bench/bench_whole_model.py --llama-tgz ../shared/peers/llama.cpp-0.3.36-vendored.tgz
+    python3 -m bench.bench_whole_model --llama-tgz ../shared/peers/llama.cpp-0.3.36-vendored.tgz
         [--layers 48] [--tokens 1030,2048,8192,32768] [--reps 3] [--out DIR] [--resume]
         [--arms ours-resident,ours-streamed,llama-resident,llama-host-experts]
 
@@ -66,13 +66,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from strata import atomic
+from strata.config import PRESETS
+from strata.mixes import MIXES
 
-from strata import atomic  # noqa: E402
-from strata.config import PRESETS  # noqa: E402
-from strata.mixes import MIXES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ARMS = ("ours-resident", "ours-streamed", "llama-resident", "llama-host-experts", "llama-host-experts-pinned")
 DEFAULT_ARMS = ARMS[:4]
@@ -316,7 +314,7 @@ def ours_row(n: int, reps: list[dict], resident_event_s: float | None) -> dict:
     """An arm of ours at one length from its timed reps: medians (host and event), tokens/s on
     the host median, the bytes copied, and for a streamed arm (resident_event_s given) the time
     against bench_streaming_cuda's floor, max(resident, bytes / LINK_GBS), on event times."""
-    from bench_streaming_cuda import LINK_GBS
+    from bench.bench_streaming_cuda import LINK_GBS
 
     host = statistics.median(r["host_s"] for r in reps)
     event = statistics.median(r["event_s"] for r in reps)
@@ -337,7 +335,7 @@ def run_ours(pack, prompts: dict[int, np.ndarray], arms: list[str], cache_share:
     last-prompt logits to logits_dir/logits-N.f32; False after one line where the CUDA backend
     cannot run here. The streamed logits must equal the resident ones byte for byte (SystemExit).
     The resident engine runs wherever the streamed one does: its time is the floor's."""
-    from gpu_timing import unavailable
+    from bench.gpu_timing import unavailable
 
     if unavailable(PROG):
         return False
@@ -578,7 +576,7 @@ def main(argv=None) -> int:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
 
-    from bench_streaming_cuda import LINK_GBS
+    from bench.bench_streaming_cuda import LINK_GBS
     from strata.pack import Pack
 
     pack = Pack.open(pack_path)

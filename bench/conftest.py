@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_timing import EventTimer, PycudaClock, per_call
+from bench.gpu_timing import EventTimer, PycudaClock, per_call
 
 _RATIOS = pytest.StashKey[list]()
 _cuda = {}
@@ -115,7 +115,7 @@ def attention_case(cuda_device):
     import numpy as np
 
     from fast.cuda.attention import DeviceKVCache
-    from gpu_shapes import STRATA
+    from bench.gpu_shapes import STRATA
 
     dev = cuda_device
 

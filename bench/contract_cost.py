@@ -3,7 +3,7 @@
 would cost in accuracy: the measurement behind the contract change proposed in
 docs/performance.md ("What limits each kernel"). NumPy only; runs anywhere.
 
-    python3 bench/contract_cost.py [--tokens 256] [--seed 0]
+    python3 -m bench.contract_cost [--tokens 256] [--seed 0]
 
 1. The MoE product: IQ2_XS expert weights (strata gate shape, 640 x 2560) times activations
    quantized to int8 with one scale per 32 values (the contract's q8_1 D4 layout) or per 128
@@ -24,19 +24,16 @@ real model has; keys and queries the same. Prints a table.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gguf import GGMLQuantizationType as QT
 
-from gguf import GGMLQuantizationType as QT  # noqa: E402
+import math
 
-import math  # noqa: E402
-
-from strata import numerics, quants  # noqa: E402
-from strata.blockquant import quantize_blocks  # noqa: E402
+from strata import numerics, quants
+from strata.blockquant import quantize_blocks
 
 
 def outlier_rows(rng, rows: int, n: int) -> np.ndarray:

@@ -81,13 +81,13 @@ if [[ $MODE == bench || $MODE == all ]]; then
   PACK=/tmp/strata8.gguf
   [[ -f $PACK ]] || python3 -m strata_prefill make-pack --preset strata --layers "${LAYERS:-8}" \
       --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
-  python3 bench/bench_mmq_cuda.py 2>&1 | tee "$LOG/mmq.log" | tail -n 25 >> "$SUMMARY"
-  python3 bench/bench_prefill_cuda.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" 2>&1 \
+  python3 -m bench.bench_mmq_cuda 2>&1 | tee "$LOG/mmq.log" | tail -n 25 >> "$SUMMARY"
+  python3 -m bench.bench_prefill_cuda --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" 2>&1 \
       | tee "$LOG/prefill.log" | tail -n 5 >> "$SUMMARY"
-  python3 bench/phase_floors.py --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" --out "$LOG" 2>&1 \
+  python3 -m bench.phase_floors --pack "$PACK" --tokens "${TOKENS:-2048,8192,32768}" --out "$LOG" 2>&1 \
       | tee "$LOG/phase_floors.log" | tail -n 11 >> "$SUMMARY"
   if python3 -c "import matplotlib" 2>/dev/null; then
-    python3 bench/phase_floors.py --plot "$LOG/phase_floors.json" "$LOG/phase_floors.png" | tee -a "$SUMMARY"
+    python3 -m bench.phase_floors --plot "$LOG/phase_floors.json" "$LOG/phase_floors.png" | tee -a "$SUMMARY"
   fi
   python3 -m strata_prefill run --pack "$PACK" --impl fast --prompt-tokens "${TRACE_TOKENS:-8192}" --greedy 0 \
       --no-progress --timing --trace "$LOG/trace.json" 2>&1 | tee "$LOG/timing.log" | tail -n 3 >> "$SUMMARY"
@@ -107,15 +107,15 @@ if [[ $MODE == kernels ]]; then
   PACK=/tmp/strata8.gguf
   [[ -f $PACK ]] || python3 -m strata_prefill make-pack --preset strata --layers "${LAYERS:-8}" \
       --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
-  python3 bench/bench_attention_ab_cuda.py --sass "$LOG/sass" 2>&1 | tee "$LOG/attention_ab.log" | tail -n 6 >> "$SUMMARY"
-  python3 bench/bench_float_dense_ab_cuda.py 2>&1 | tee "$LOG/float_dense_ab.log" | tail -n 12 >> "$SUMMARY"
-  python3 bench/bench_dense_mmq_ab_cuda.py --configs \
+  python3 -m bench.bench_attention_ab_cuda --sass "$LOG/sass" 2>&1 | tee "$LOG/attention_ab.log" | tail -n 6 >> "$SUMMARY"
+  python3 -m bench.bench_float_dense_ab_cuda 2>&1 | tee "$LOG/float_dense_ab.log" | tail -n 12 >> "$SUMMARY"
+  python3 -m bench.bench_dense_mmq_ab_cuda --configs \
       '{"MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2};{"MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_MIX_MIN": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 13 >> "$SUMMARY"
-  python3 bench/bench_combine_ab_cuda.py 2>&1 | tee "$LOG/combine_ab.log" | tail -n 6 >> "$SUMMARY"
-  python3 bench/bench_in_place_cuda.py --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 7 >> "$SUMMARY"
-  python3 dev/kernels/attention.py 2>&1 | tee "$LOG/dev_attention.log" | tail -n 6 >> "$SUMMARY"
-  python3 dev/kernels/mma_probe.py 2>&1 | tee "$LOG/dev_mma_probe.log" | tail -n 6 >> "$SUMMARY"
-  python3 dev/kernels/mmq_core.py 2>&1 | tee "$LOG/dev_mmq_core.log" | tail -n 5 >> "$SUMMARY"
+  python3 -m bench.bench_combine_ab_cuda 2>&1 | tee "$LOG/combine_ab.log" | tail -n 6 >> "$SUMMARY"
+  python3 -m bench.bench_in_place_cuda --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 7 >> "$SUMMARY"
+  python3 -m dev.kernels.attention 2>&1 | tee "$LOG/dev_attention.log" | tail -n 6 >> "$SUMMARY"
+  python3 -m dev.kernels.mma_probe 2>&1 | tee "$LOG/dev_mma_probe.log" | tail -n 6 >> "$SUMMARY"
+  python3 -m dev.kernels.mmq_core 2>&1 | tee "$LOG/dev_mmq_core.log" | tail -n 5 >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_IN_PLACE=0 --b default \
       --tokens "${SMALL_TOKENS:-254,1024,2048}" --reps "${REPS:-5}" --markdown "$LOG/ab_in_place.md" 2>&1 \
       | tee "$LOG/ab_in_place.log"; cat "$LOG/ab_in_place.md" >> "$SUMMARY"
@@ -128,16 +128,16 @@ if [[ $MODE == streaming ]]; then
   PACK=/tmp/strata8.gguf
   [[ -f $PACK ]] || python3 -m strata_prefill make-pack --preset strata --layers "${LAYERS:-8}" \
       --expert-type IQ2_XS --no-progress "$PACK" 2>&1 | tail -n 2
-  python3 bench/bench_streaming_cuda.py --pack "$PACK" --tokens "${STREAM_TOKENS:-254,1030,4096,8179}" \
+  python3 -m bench.bench_streaming_cuda --pack "$PACK" --tokens "${STREAM_TOKENS:-254,1030,4096,8179}" \
       --reps "${REPS:-5}" --arms "${ARMS:-default,head-0,head-predict,head-predict-96}" \
       --out "$LOG/streaming.json" 2>&1 | tee "$LOG/streaming.log" | tail -n 12 >> "$SUMMARY"
 fi
 if [[ $MODE == types ]]; then
-  python3 bench/bench_types_cuda.py --tokens "${TYPE_TOKENS:-1024,8192}" --reps "${REPS:-7}" --out "$LOG" 2>&1 \
+  python3 -m bench.bench_types_cuda --tokens "${TYPE_TOKENS:-1024,8192}" --reps "${REPS:-7}" --out "$LOG" 2>&1 \
       | tee "$LOG/types.log" | sed -n '/^| tokens/,$p' >> "$SUMMARY"
 fi
 if [[ $MODE == llama ]]; then
-  python3 bench/bench_whole_model.py --llama-tgz "$TGZ" --layers "${LAYERS:-48}" \
+  python3 -m bench.bench_whole_model --llama-tgz "$TGZ" --layers "${LAYERS:-48}" \
       --tokens "${WHOLE_TOKENS:-1030,2048,8192,32768}" --reps "${REPS:-3}" ${WHOLE_ARMS:+--arms "$WHOLE_ARMS"} \
       --resume --out "$LOG" 2>&1 \
       | tee "$LOG/whole_model.log"

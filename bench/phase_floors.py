@@ -2,8 +2,8 @@
 """Each prefill phase against its floor inside the numerics contract: how far the fast path is
 from the fastest any kernel keeping these bytes could be, on this device.
 
-    python3 bench/phase_floors.py --pack strata8.gguf [--tokens 2048,8192,32768] [--out DIR]
-    python3 bench/phase_floors.py --plot phase_floors.json phase_floors.png   # needs matplotlib
+    python3 -m bench.phase_floors --pack strata8.gguf [--tokens 2048,8192,32768] [--out DIR]
+    python3 -m bench.phase_floors --plot phase_floors.json phase_floors.png   # needs matplotlib
 
 A phase's floor is the larger of two lower bounds:
 - issue: the instructions the contract itself writes down for the phase's elements
@@ -26,14 +26,11 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
 
-from gguf import GGML_QUANT_SIZES  # noqa: E402
-from gguf import GGMLQuantizationType as QT  # noqa: E402
-
-from strata.config import ModelConfig  # noqa: E402
+from strata.config import ModelConfig
 
 #: issue slots of the MMQ epilogue per output element and 32-value block, as mmq.cu writes the
 #: contract's float steps (docs/numerics.md section 3; exact fused forms counted as one):

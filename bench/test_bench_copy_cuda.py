@@ -14,7 +14,7 @@ import pytest
 
 from fast.cuda import runtime
 from fast.cuda.tiers import NON_BLOCKING
-from gpu_shapes import blob_bytes
+from bench.gpu_shapes import blob_bytes
 from strata.constants import COALESCE_MAX, MMQ_GROUP
 
 pytestmark = pytest.mark.gpu

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from fast.cuda import products, runtime
-from gpu_shapes import N_GROUPS, Routing
+from bench.gpu_shapes import N_GROUPS, Routing
 from gguf import GGMLQuantizationType as QT
 from strata import q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fast.cuda import products
-from gpu_shapes import Routing
+from bench.gpu_shapes import Routing
 from strata import q8_1
 from verify.cases import kernel_rows
 

@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from fast.cuda import dense, elementwise as ops
-from gpu_shapes import Routing
+from bench.gpu_shapes import Routing
 from strata.dense import encode_float
 from verify.cases import kernel_rows
 

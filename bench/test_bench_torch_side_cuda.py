@@ -1,7 +1,7 @@
 """Ours beside torch on the same shapes, in one run: the grouped MMQ against torch._int_mm and
 the int8 attention against torch's SDPA (bf16). Skipped where torch or the GPU is missing.
 
-    pytest bench/test_bench_torch_side_cuda.py        (or: python3 bench/test_bench_torch_side_cuda.py)
+    pytest bench/test_bench_torch_side_cuda.py        (or: python3 -m bench.test_bench_torch_side_cuda)
 
 Each benchmark times ours with pytest-benchmark (CUDA events, bench/conftest.py) and torch's
 with the same events, warm-up and rounds on torch's stream; extra_info holds torch's median and
@@ -26,10 +26,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fast.cuda import products, runtime  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
-from gpu_shapes import N_EMBD, N_EXPERT, N_FF, N_GROUPS, Routing  # noqa: E402
-from gpu_timing import TorchClock, measure  # noqa: E402
+
+from bench.gpu_shapes import N_EMBD, N_EXPERT, N_FF, N_GROUPS, Routing  # noqa: E402
+from bench.gpu_timing import TorchClock, measure  # noqa: E402
+from fast.cuda import products, runtime  # noqa: E402
 from strata import q8_1, quants  # noqa: E402
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
 from verify.cases import kernel_rows  # noqa: E402

@@ -4,11 +4,11 @@ kernel by kernel: each kernel's PTX body first, then, where the PTX is equal, th
 ptxas makes of that kernel alone. A kernel edit that should change no instruction (a dead form
 removed, a file split) is checked this way without a GPU.
 
-    python3 dev/compare_cubins.py --base REV [--new REV] [--cache DIR] [--jobs N] [--no-cubin]
+    python3 -m dev.compare_cubins --base REV [--new REV] [--cache DIR] [--jobs N] [--no-cubin]
 
 --base is a git revision; --new one too (or a folder holding a tree), or the working tree when
 absent. The (module, defines)
-pairs are the new tree's fast-path and gate builds (fast.cuda.kernel_cache.default_modules()
+pairs are the new tree's fast-path and gate builds (fast.cuda.build_list.default_modules()
 and verify.cases.ahead_modules(), read in that tree); each is compiled in both trees with the
 new tree's nvcc options (fast/cuda/runtime.py NVCC_OPTIONS) for runtime.DEFAULT_ARCH. A module
 the base lacks is looked up under its earlier name (RENAMES, or --rename NEW=OLD); kernels are
@@ -38,16 +38,21 @@ RENAMES: dict[str, str] = {"attention_pair": "attention_mma", "attention_split":
 # Run inside a tree: its build list, nvcc options, architecture and every kernel source (headers inlined).
 _PROBE = r"""
 import json, os, sys
-sys.path.insert(0, os.getcwd())
-from fast.cuda import kernel_cache, runtime
-mods = kernel_cache.default_modules()
+sys.path.insert(0, os.getcwd())  # the tree's own packages, before any installed copy
+from fast.cuda import runtime
+try:
+    from fast.cuda.build_list import default_modules
+except ImportError:  # a tree from before the build list left fast/cuda/kernel_cache.py
+    from fast.cuda.kernel_cache import default_modules
+mods = default_modules()
 try:
     from verify import cases
     mods += cases.ahead_modules()
 except ImportError:
     pass
 names = sorted(f[:-3] for f in os.listdir(runtime.KERNEL_DIR) if f.endswith(".cu"))
-print(json.dumps({"modules": kernel_cache._unique(mods), "options": list(runtime.NVCC_OPTIONS),
+mods = [(n, d) for i, (n, d) in enumerate(mods) if (n, d) not in mods[:i]]  # each once, in order
+print(json.dumps({"modules": mods, "options": list(runtime.NVCC_OPTIONS),
                   "arch": runtime.DEFAULT_ARCH, "sources": {n: runtime.kernel_source(n) for n in names}}))
 """
 

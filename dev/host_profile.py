@@ -1,7 +1,7 @@
 """Where the host's time goes in a prefill: cProfile over a few prefills of one engine, after a
 warm-up, printed as the functions that took the most time of their own and with their callees.
 
-    python3 dev/host_profile.py --pack strata8.gguf --tokens 1030 --expert-cache 1365 [--stage-head 0]
+    python3 -m dev.host_profile --pack strata8.gguf --tokens 1030 --expert-cache 1365 [--stage-head 0]
 
 A streamed prompt of a few thousand tokens can be bound by the host: the compute stream idles
 while the host reads a layer's routing, plans its walk and queues its copies and launches
@@ -17,16 +17,13 @@ import cProfile
 import pstats
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fast import make_fast_engine  # noqa: E402
-from fast.options import BY_KEYWORD  # noqa: E402
-from strata.pack import Pack  # noqa: E402
-from strata.session import Session  # noqa: E402
+from fast import make_fast_engine
+from fast.options import BY_KEYWORD
+from strata.pack import Pack
+from strata.session import Session
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 one pack (`strata-prefill run --dump-dir DIR`): whether a cache or a head filled by the experts
 an earlier prompt used would hold the experts a later prompt routes.
 
-    python3 dev/routing_overlap.py --expert-cache 1365 --head 15 A/layers.spd B/layers.spd
+    python3 -m dev.routing_overlap --expert-cache 1365 --head 15 A/layers.spd B/layers.spd
 
 Per layer, for prompt B: how many experts it routes at all; how many of the streamed ones (the
 fast path's placement of --expert-cache, fast.experts.place_experts) it routes, against the
@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fast.experts import place_experts  # noqa: E402
-from strata.dumps import read_records  # noqa: E402
+from fast.experts import place_experts
+from strata.dumps import read_records
 
 
 def layer_counts(path: str) -> list[np.ndarray]:

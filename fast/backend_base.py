@@ -29,6 +29,10 @@ class BackendBase:
             return getattr(self.options, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def expert_types(self, layer: int):
+        """The quant types of a layer's expert tensors, as the pack (``self.pack``) holds them."""
+        return self.pack.expert_types(layer)
+
     def released(self, *, ring, slots, tags, event) -> None:
         """Ring slots released (fast/experts.py): nothing to do on the device; the sim checks it."""
 

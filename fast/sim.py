@@ -204,9 +204,6 @@ class SimBackend(BackendBase):
             self._weights[name] = got
         return got
 
-    def expert_types(self, layer: int):
-        return self.pack.expert_types(layer)
-
     # ---- buffers ------------------------------------------------------------------------
     def download(self, a):
         self.streams.synchronize("compute")

@@ -115,7 +115,9 @@ class AtomicFile:
                 self.file.flush()
                 os.fsync(self.file.fileno())
                 self.file.close()
-                with _folder_locked(self.path.parent):  # the look and the rename as one step
+                # the folder locked while a writer looks at the target and renames onto it: without
+                # it two writers could each look before either renamed, and neither would be told
+                with flocked(self.path.parent):  # the look and the rename as one step
                     now = _identity(self.path)
                     if now != self._before:
                         self.raced = True
@@ -229,16 +231,19 @@ def _renamed_error(exc: BaseException | None, af: AtomicFile) -> OSError | None:
 
 
 @contextlib.contextmanager
-def _folder_locked(folder: Path):
-    """An exclusive flock on the target's folder while a writer looks at the target and renames
-    onto it: without it two writers could each look before either renamed, and neither would
-    be told (a lock on the folder itself leaves no lock file behind)."""
-    fd = os.open(folder, os.O_RDONLY)
+def flocked(path, create: bool = False):
+    """An exclusive flock on ``path`` held for the block: a folder or existing file (opened
+    read-only), or with ``create`` a lock file, made if missing. flock belongs to the open file,
+    so two threads of one process exclude each other as two processes do; closing the
+    descriptor releases the lock. The atomic writer's folder lock (a lock on the folder itself
+    leaves no lock file behind) and the cubin folder's per-cubin lock files
+    (fast/cuda/kernel_cache.py) both take it."""
+    fd = os.open(path, (os.O_RDWR | os.O_CREAT) if create else os.O_RDONLY, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # closing the descriptor releases the lock
+        os.close(fd)
 
 
 def _fsync_folder(folder: Path) -> None:

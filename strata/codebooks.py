@@ -47,7 +47,7 @@ from typing import ClassVar
 import numpy as np
 
 from strata.kquants import _nibbles, _spread
-from strata.qformats import QT, Epilogue, QuantFormat, _half, _u16
+from strata.qformat_base import QT, Epilogue, QuantFormat, _half, _u16
 
 _codebooks: dict[str, np.ndarray] = {}
 

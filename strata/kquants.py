@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.q8_1 import Layout
-from strata.qformats import QT, Epilogue, QuantFormat, _half, _put_half, _u32
+from strata.qformat_base import QT, Epilogue, QuantFormat, _half, _put_half, _u32
 
 _BYTE_SHIFTS = np.arange(8, dtype=np.uint8)
 

@@ -2,24 +2,19 @@
 the arm choice, each arm's row from its reps (bytes per token, link busy share and rate, the
 floor), the Markdown table over a results dict and its picture (--plot), on made-up and random
 numbers."""
-import importlib.util
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fast import options
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def bsc():
-    spec = importlib.util.spec_from_file_location("bench_streaming_cuda", ROOT / "bench" / "bench_streaming_cuda.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # nothing imports PyCUDA until a prefill is timed
-    return mod
+    from bench import bench_streaming_cuda  # nothing imports PyCUDA until a prefill is timed
+
+    return bench_streaming_cuda
 
 
 def test_arm_table_has_the_window_arms_and_only_known_switches(bsc):

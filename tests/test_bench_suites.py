@@ -64,11 +64,7 @@ def test_autosave_then_compare(tmp_path):
 
 def test_per_call_counts_keep_every_counter():
     """extra_info's counts: every counter the suites report, per call, zeros included."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from gpu_timing import COUNTED, per_call
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    from bench.gpu_timing import COUNTED, per_call
     before = {"launches": 5, "waits": 1}
     after = {"launches": 5 + 12, "waits": 1, "gathers": 7}
     got = per_call(after, before, 4)
@@ -80,11 +76,7 @@ def test_per_call_counts_keep_every_counter():
 def test_interleaved_alternates_the_arms():
     """bench/gpu_timing.interleaved: one untimed call per arm, then rounds in alternating order,
     each call between its own start and stop of the clock."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from gpu_timing import interleaved
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    from bench.gpu_timing import interleaved
     log = []
 
     class Clock:
@@ -107,8 +99,8 @@ def test_interleaved_alternates_the_arms():
 def test_contract_cost_prints_its_table():
     """bench/contract_cost.py (NumPy only) prints the three error rows, each a coarser block
     costing more error than the contract's 32-value blocks, and the two exponentials' ulps."""
-    res = subprocess.run([sys.executable, str(ROOT / "bench" / "contract_cost.py"), "--tokens", "64", "--seed", "3",
-                          "--exp-step", "4999"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-m", "bench.contract_cost", "--tokens", "64", "--seed", "3",
+                          "--exp-step", "4999"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and line.endswith("x |")]
     assert len(rows) == 3, res.stdout
@@ -126,15 +118,7 @@ def test_a_kernel_row_goes_into_extra_info():
     """bench/conftest.row_info: a timed row's id, op, shape, weight type and form, as JSON (what
     gpu_benchmark(case=...) puts into extra_info beside TOP/s and GB/s from the row's flops and
     bytes)."""
-    import importlib.util
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_conftest", ROOT / "bench" / "conftest.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    from bench import conftest as mod
     from verify.cases import kernel_rows
 
     case = [c for c in kernel_rows("float_dense", timed=True) if c.weight_type == "BF16"][0]
@@ -153,11 +137,7 @@ def test_ab_harness_interleaves_checks_and_tabulates():
     Markdown table's lines."""
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        from ab_harness import Arm, Definition, markdown, measure
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    from bench.ab_harness import Arm, Definition, markdown, measure
     from verify.cases import kernel_case
 
     calls, now = [], [0.0]

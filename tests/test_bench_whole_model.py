@@ -9,7 +9,6 @@ the build tests use a build that is there: STRATA_LLAMA_BUILD=DIR (a cmake build
 `llama` target, e.g. `/tmp/strata-llama/build-cpu` as `bench_whole_model.py --llama-backend cpu`
 leaves it), else that default folder where it holds a build; otherwise they skip saying so."""
 import gzip
-import importlib.util
 import io
 import json
 import os
@@ -22,21 +21,18 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "bench" / "bench_whole_model.py"
 DEFAULT_BUILD = Path("/tmp/strata-llama/build-cpu")
 
 
 @pytest.fixture(scope="module")
 def bwm():
-    sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_whole_model", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # nothing imports PyCUDA until our arms run
-    return mod
+    from bench import bench_whole_model  # nothing imports PyCUDA until our arms run
+
+    return bench_whole_model
 
 
 def run_script(*args, cwd=ROOT, env=None):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bench.bench_whole_model", *map(str, args)], cwd=cwd, capture_output=True,
                           text=True, env=env)
 
 
@@ -196,7 +192,7 @@ def llama_build(bwm):
             pytest.fail(f"STRATA_LLAMA_BUILD={given}: {e}")
         pytest.skip("no llama.cpp build: building one takes over 5 minutes on 2 cores, past this suite's budget "
                     f"(set STRATA_LLAMA_BUILD to a cmake build folder of the `llama` target, or leave one in "
-                    f"{DEFAULT_BUILD}: python3 bench/bench_whole_model.py --llama-tgz TGZ --llama-backend cpu)")
+                    f"{DEFAULT_BUILD}: python3 -m bench.bench_whole_model --llama-tgz TGZ --llama-backend cpu)")
     if not bwm.c_compiler():
         pytest.skip("no C compiler (cc, gcc or $CC) to build the driver")
     return build, src, lib

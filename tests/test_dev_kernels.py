@@ -6,7 +6,7 @@ one-line exit without CUDA. On a GPU: attention's check and the core's, byte for
 the NumPy definitions, and the probe's run."""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import shutil
 import subprocess
 import sys
@@ -27,19 +27,8 @@ except ImportError as exc:  # pragma: no cover - a broken install
 
 
 def _load(stem: str):
-    """dev/kernels/<stem>.py as a module (dev/ is no package); registered before it runs, as
-    its dataclasses need."""
-    name = f"dev_kernels_{stem}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{stem}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        try:
-            spec.loader.exec_module(mod)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
+    """dev/kernels/<stem>.py, the module dev.kernels.<stem>."""
+    return importlib.import_module(f"dev.kernels.{stem}")
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +115,7 @@ def test_each_kernel_file_compiles_against_production_headers(tmp_path, stem, mo
 def test_without_cuda_each_script_says_so_in_one_line(stem, args):
     if _CUDA:
         pytest.skip("a CUDA device is here: the script would run")
-    r = subprocess.run([sys.executable, str(SCRIPT.parent / f"{stem}.py"), *args], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", f"dev.kernels.{stem}", *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr

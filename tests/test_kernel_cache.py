@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fast.cuda import kernel_cache, products, runtime
+from fast.cuda import build_list, kernel_cache, products, runtime
 from strata.errors import DeviceError, InputError
 from strata_prefill.cli import main
 
@@ -213,7 +213,7 @@ def test_two_threads_compile_a_module_once(tmp_path, fake_nvcc, monkeypatch):
     assert fake_nvcc() == 1  # the second waited for the lock, then found the cubin
     assert os.path.exists(kernel_cache.lock_path(paths[0]))
     # the lock is what holds it to one: without it both compile
-    monkeypatch.setattr(kernel_cache, "_held", lambda path: contextlib.nullcontext())
+    monkeypatch.setattr(kernel_cache.atomic, "flocked", lambda path, create=False: contextlib.nullcontext())
     os.remove(paths[0])
     _build_same_module_twice_at_once(folder)
     assert fake_nvcc() == 3
@@ -313,7 +313,7 @@ def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
     gate session builds ahead (wanted: the folder's manifest and default_modules)."""
     from fast.cuda import attention, dense
 
-    mods = kernel_cache.wanted(str(tmp_path))
+    mods = build_list.wanted(str(tmp_path))
     keys = {(n, tuple(sorted(d.items()))) for n, d in mods}
     need = [("attention_pair", dict(attention.ATTEND_PAIR_CONFIG)), ("float_dense", dict(dense.TILE_CONFIG)),
             ("spin", {}), ("gather_group", {})]
@@ -321,9 +321,9 @@ def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
     for name, d in need:
         assert (name, tuple(sorted(d.items()))) in keys, (name, d)
     assert len(keys) == len(mods)  # each once
-    for name in kernel_cache.CONFIGURED:  # built with a configuration only: no build without defines ahead
+    for name in build_list.CONFIGURED:  # built with a configuration only: no build without defines ahead
         assert (name, ()) not in keys or any(not d for n, d in need if n == name), name
     kernel_cache.record(str(tmp_path), "mmq", {"MMQ_BN": 32})
-    assert ("mmq", {"MMQ_BN": 32}) in kernel_cache.wanted(str(tmp_path), defaults=False)
+    assert ("mmq", {"MMQ_BN": 32}) in build_list.wanted(str(tmp_path), defaults=False)
     monkeypatch.setenv("STRATA_MMQ_DEFINES", '{"MMQ_MIX": 0}')
-    assert products.mmq_modules(products.auto_config(1e9))[0] in kernel_cache.default_modules()
+    assert products.mmq_modules(products.auto_config(1e9))[0] in build_list.default_modules()

@@ -1,7 +1,11 @@
 """The layers, read from the source: `strata/` is the base, `reference/` and `fast/` stand on it
 side by side, `strata_prefill/` (the command) stands on all three. An import that crosses these
 lines fails here with its file, line and module, wherever it sits (top level, inside a function,
-relative, or a literal `importlib.import_module`)."""
+relative, or a literal `importlib.import_module`).
+
+Within the layers, modules import each other at module level without a circle: a circle held
+apart by an import inside a function hides which module stands on which (a shared bottom module
+breaks it). A circle fails here naming its modules in order."""
 from __future__ import annotations
 
 import ast
@@ -25,6 +29,17 @@ def _package_of(path: Path, root: Path) -> list[str]:
     return list(path.relative_to(root).with_suffix("").parts)[:-1]
 
 
+def _from_module(node: ast.ImportFrom, path: Path, root: Path) -> str:
+    """The absolute module of a `from X import ...` in path (relative ones resolved; "" for
+    `from ... import name` above the top package)."""
+    module = node.module or ""
+    if node.level:
+        base = _package_of(path, root)
+        base = base[: max(0, len(base) - (node.level - 1))]
+        module = ".".join(base + ([module] if module else []))
+    return module
+
+
 def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     """(line, absolute module name) for every import in a file."""
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -33,11 +48,7 @@ def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level:
-                base = _package_of(path, root)
-                base = base[: max(0, len(base) - (node.level - 1))]
-                module = ".".join(base + ([module] if module else []))
+            module = _from_module(node, path, root)
             if module:
                 found.append((node.lineno, module))
             else:  # `from ... import fast` above the top package: the names are modules
@@ -48,6 +59,128 @@ def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
                    or getattr(node.func, "id", None) in ("import_module", "__import__"))):
             found.append((node.lineno, node.args[0].value))
     return found
+
+
+# the packages whose modules may not import each other in a circle
+PACKAGES = ("strata", "reference", "fast", "strata_prefill", "verify", "bench", "dev", "tests")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_statements(body):
+    """The statements a module runs when it is imported: its own, and those inside top-level
+    if/try/with/for/while blocks and class bodies; not function bodies, nor `if TYPE_CHECKING:`."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from _top_level_statements(node.orelse)
+            continue
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            inner = getattr(node, field, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], (ast.stmt, ast.excepthandler)):
+                yield from _top_level_statements(inner)
+
+
+def module_level_imports(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line, absolute name) of every import a module runs when it is imported; for
+    ``from P import a, b`` P.a and P.b (a submodule, where there is one, is what it loads; else
+    the name stands in P)."""
+    found = []
+    for node in _top_level_statements(ast.parse(path.read_text(), filename=str(path)).body):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = _from_module(node, path, root)
+            for alias in node.names:
+                found.append((node.lineno, f"{module}.{alias.name}" if module else alias.name))
+    return found
+
+
+def import_graph(root: Path = ROOT, packages=PACKAGES) -> dict[str, set[str]]:
+    """module -> the project modules it imports at module level (a name that is no module of
+    the project, e.g. a function imported from one, resolves to the module that holds it)."""
+    paths = {_module_name(p, root): p for package in packages for p in sorted((root / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        edges = set()
+        for _line, target in module_level_imports(path, root):
+            while target and target not in paths:  # P.function -> P
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def import_circles(root: Path = ROOT, packages=PACKAGES) -> list[list[str]]:
+    """The circles of module-level imports, each as its modules in import order (the first again
+    at the end): in each strongly connected set of modules, the shortest circle through each
+    module that no earlier one passes."""
+    graph = import_graph(root, packages)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    circles = []
+    for group in groups:
+        named: set[str] = set()
+        for start in sorted(group):  # a circle through each module no circle named yet
+            if start not in named:
+                circles.append(_shortest_circle(graph, group, start))
+                named.update(circles[-1])
+    return sorted(circles)
+
+
+def _shortest_circle(graph: dict[str, set[str]], group: set[str], start: str) -> list[str]:
+    """The shortest way from start back to start through modules of group (breadth first)."""
+    came: dict[str, str | None] = {start: None}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & group):
+                if w == start:
+                    path = [start]
+                    while v is not None and v != start:
+                        path.insert(1, v)
+                        v = came[v]
+                    return path + [start]
+                if w not in came:
+                    came[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{start} is in no circle of {sorted(group)}")
 
 
 def layer_violations(root: Path = ROOT) -> list[str]:
@@ -84,3 +217,26 @@ def test_the_check_sees_every_form(tmp_path, source, line, module):
     path.parent.mkdir(parents=True)
     path.write_text(source + "from .. import config\nfrom . import sibling\n")
     assert layer_violations(tmp_path) == [f"strata/pkg/mod.py:{line}: strata imports {module}"]
+
+
+def test_no_module_level_import_circle():
+    circles = import_circles()
+    assert not circles, "module-level import circles:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_circle_check_names_the_circle(tmp_path):
+    """The check itself: a circle of three modules through absolute, relative and from-package
+    imports is named in order; an import inside a function, under TYPE_CHECKING, or of a
+    module that imports nothing back closes no circle."""
+    pkg = tmp_path / "fast" / "cuda"
+    pkg.mkdir(parents=True)
+    (tmp_path / "fast" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import os\nfrom fast.cuda import b\n")
+    (pkg / "b.py").write_text("from .c import thing\nfrom . import leaf\n")
+    (pkg / "c.py").write_text("try:\n    from ..cuda.a import x\nexcept ImportError:\n    pass\nthing = 1\n")
+    (pkg / "leaf.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n"
+                                 "def f():\n    from . import a\n")
+    assert import_circles(tmp_path, ("fast",)) == [["fast.cuda.a", "fast.cuda.b", "fast.cuda.c", "fast.cuda.a"]]
+    (pkg / "c.py").write_text("thing = 1\ndef g():\n    from . import a\n")
+    assert import_circles(tmp_path, ("fast",)) == []

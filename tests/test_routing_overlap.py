@@ -1,22 +1,15 @@
 """dev/routing_overlap.py on record files written here: the per-layer counts it prints for a
 second prompt against the first, checked against the counts worked out by hand."""
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from strata.dumps import RecordWriter
 
-SCRIPT = Path(__file__).resolve().parent.parent / "dev" / "routing_overlap.py"
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("dev_routing_overlap", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from dev import routing_overlap
+
+    return routing_overlap
 
 
 def _records(path, layers):

@@ -517,7 +517,7 @@ def mmq_configs() -> list:
 
 def ahead_modules(quick: bool = False) -> list[tuple[str, dict]]:
     """The (kernel module, defines) pairs the kernel rows (the quick tier's only, when `quick`)
-    load besides the fast path's own (fast/cuda/kernel_cache.py:default_modules): the MMQ
+    load besides the fast path's own (fast/cuda/build_list.py:default_modules): the MMQ
     configurations and the pair attention configuration rows', so that the gate compiles them ahead
     of the rows that wait for them."""
     from fast.cuda import attention, products

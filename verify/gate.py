@@ -161,20 +161,20 @@ def start_ahead(config) -> None:
 
     if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly or gpu_name() is None:
         return
-    from fast.cuda import kernel_cache
+    from fast.cuda import build_list, kernel_cache, runtime
 
     from verify.cases import ahead_modules
 
     folder = kernel_cache.cache_dir()
     quick = (config.option.markexpr or "").strip() == "quick"
     if folder is not None:
-        modules = kernel_cache.check_modules(kernel_cache._unique(kernel_cache.wanted(folder) + ahead_modules(quick)))
+        modules = kernel_cache.check_modules(kernel_cache.distinct(build_list.wanted(folder) + ahead_modules(quick)))
         _ahead["kernels"] = len(modules)
 
         def build():
             t0 = time.perf_counter()
             try:
-                done = kernel_cache.build_all(folder, modules=modules, progress=lambda *a: None)
+                done = kernel_cache.build_all(folder, runtime.device_arch(), modules, progress=lambda *a: None)
                 _ahead["compiled"] = sum(d[3] is not None for d in done)
             except Exception as exc:  # the worker that loads the module names the failure
                 _ahead["kernel_error"] = " ".join(str(exc).split())[:200]

@@ -2,7 +2,7 @@
 """The prefill attention kernel's versions, side by side: each checked byte for byte against the
 NumPy definition (strata.attention.attend), then both timed on the same launches.
 
-    python3 dev/kernels/attention.py [--tokens 4096,32768] [--reps 5] [--check-tokens 1000]
+    python3 -m dev.kernels.attention [--tokens 4096,32768] [--reps 5] [--check-tokens 1000]
 
 Version 1: dev/kernels/attention_v1_mma.cu (one warp per 16-query group), launched from here.
 Version 2: production's fast/cuda/kernels/attention_pair.cu (each group split between two
@@ -31,18 +31,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-for path in (ROOT, HERE):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+from bench.ab_harness import first_difference
+from dev.kernels.harness import cuda_or_exit, finish, progress
+from fast.cuda import attention as cu_att, runtime, signatures
+from strata import attention
+from strata.config import PRESETS
+from strata.constants import KEY_BLOCK
+from verify.kernel_inputs import normal  # fast random draws at 32K
 
-from fast.cuda import attention as cu_att, runtime, signatures  # noqa: E402
-from strata import attention  # noqa: E402
-from strata.config import PRESETS  # noqa: E402
-from strata.constants import KEY_BLOCK  # noqa: E402
-from verify.kernel_inputs import normal  # noqa: E402  (fast random draws at 32K)
-from harness import cuda_or_exit, first_difference, progress  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 F32 = np.float32
 
@@ -323,10 +320,7 @@ def main(argv=None) -> int:
     print(f"\n{'tokens':>8} {'v1 ms':>10} {'v2 ms':>10} {'v2/v1':>7}  bytes")
     for T, a, b, same in rows:
         print(f"{T:>8} {a:>10.3f} {b:>10.3f} {b / a:>7.3f}  {'same' if same else 'DIFFER'}")
-    if bad:
-        print(f"\n{len(bad)} mismatch(es):\n" + "\n".join(bad), file=sys.stderr)
-        return 1
-    return 0
+    return finish(bad)
 
 
 if __name__ == "__main__":

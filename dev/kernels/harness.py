@@ -1,10 +1,9 @@
-"""What every script of dev/kernels shares: the one-line exit where no CUDA GPU is, progress
-lines on stderr, and the report of the first differing float32 element."""
+"""What every script of dev/kernels shares: the one-line exit where no CUDA GPU is and progress
+lines on stderr, the exit status after the mismatches. The report of the first differing byte is bench/ab_harness.py's
+first_difference, the A/B scripts' own."""
 from __future__ import annotations
 
 import sys
-
-import numpy as np
 
 
 def cuda_or_exit(script: str) -> None:
@@ -22,13 +21,9 @@ def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def first_difference(got: np.ndarray, want: np.ndarray) -> str | None:
-    """None where the two float32 arrays are the same bytes, else where and how they first differ."""
-    g, w = got.reshape(-1).view(np.uint32), want.reshape(-1).view(np.uint32)
-    bad = np.flatnonzero(g != w)
-    if bad.size == 0:
-        return None
-    i = int(bad[0])
-    at = tuple(int(x) for x in np.unravel_index(i, want.shape))
-    return (f"{bad.size} of {w.size} floats differ; first at index {at}: "
-            f"{got.reshape(-1)[i]!r} (0x{int(g[i]):08x}) against {want.reshape(-1)[i]!r} (0x{int(w[i]):08x})")
+def finish(bad: list[str]) -> int:
+    """A script's exit status: 0, or 1 after the mismatches in ``bad`` on stderr."""
+    if bad:
+        print(f"\n{len(bad)} mismatch(es):\n" + "\n".join(bad), file=sys.stderr)
+        return 1
+    return 0

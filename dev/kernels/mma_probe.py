@@ -2,7 +2,7 @@
 """Two facts about mma.sync on this GPU that decide whether MMQ's sub-scaled types could use
 fp16 tensor cores (docs/performance.md, "MMQ's sub-scales on half-precision tensor cores"):
 
-    python3 dev/kernels/mma_probe.py [--cases 8192] [--iters 4096] [--reps 5]
+    python3 -m dev.kernels.mma_probe [--cases 8192] [--iters 4096] [--reps 5]
 
 check: does m16n8k16 with f16 operands and an f32 accumulator give the exact integer when A, B
 and C hold integers and the sums stay below 2^24? The cases (dev/kernels/mma_probe.cu
@@ -28,14 +28,10 @@ import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-for path in (ROOT, HERE):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+from dev.kernels.harness import cuda_or_exit
+from fast.cuda import runtime
 
-from fast.cuda import runtime  # noqa: E402
-from harness import cuda_or_exit  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 FILE = os.path.join(HERE, "mma_probe.cu")
 A_MAX, B_MAX = 31 * 43, 127  # an IQ2_XS sub-scale times its largest grid code; a q8_1 code

@@ -4,7 +4,7 @@ epilogue) and on fp16 tensor cores (v2: the sub-scaled integers summed by the mm
 side: each checked byte for byte against the NumPy definition (strata.mmq.mmq_prepared), then
 both timed on the same launches.
 
-    python3 dev/kernels/mmq_core.py [--rows 1024,8192] [--reps 7]
+    python3 -m dev.kernels.mmq_core [--rows 1024,8192] [--reps 7]
 
 Kernels: dev/kernels/mmq_core.cu (its comment says what the core leaves out: the decode, edge
 tiles). Inputs are IQ2_XS-like: weight codes +-8, +-25, +-43 (the grid's values), a sub-scale
@@ -29,17 +29,14 @@ import sys
 
 import numpy as np
 
+from gguf import GGMLQuantizationType as QT
+
+from bench.ab_harness import first_difference
+from dev.kernels.harness import cuda_or_exit, finish, progress
+from fast.cuda import runtime
+from strata import mmq, q8_1
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-for path in (ROOT, HERE):
-    if path not in sys.path:
-        sys.path.insert(0, path)
-
-from gguf import GGMLQuantizationType as QT  # noqa: E402
-
-from fast.cuda import runtime  # noqa: E402
-from harness import cuda_or_exit, first_difference, progress  # noqa: E402
-from strata import mmq, q8_1  # noqa: E402
 
 F32 = np.float32
 FILE = os.path.join(HERE, "mmq_core.cu")
@@ -184,10 +181,7 @@ def main(argv=None) -> int:
     print(f"\n{'rows':>6} {'v1 ms':>9} {'v2 ms':>9} {'v2/v1':>7} {'v1 TOP/s':>9} {'v2 TOP/s':>9}  bytes")
     for R, a, b, same in rows:
         print(f"{R:>6} {a:>9.3f} {b:>9.3f} {b / a:>7.3f} {ops(R, a):>9.1f} {ops(R, b):>9.1f}  {'same' if same else 'DIFFER'}")
-    if bad:
-        print(f"\n{len(bad)} mismatch(es):\n" + "\n".join(bad), file=sys.stderr)
-        return 1
-    return 0
+    return finish(bad)
 
 
 if __name__ == "__main__":

@@ -270,9 +270,6 @@ class CudaBackend(BackendBase):
         self._weights[name] = got
         return got
 
-    def expert_types(self, layer: int):
-        return self.pack.expert_types(layer)
-
     # ---- buffers ---------------------------------------------------------------------
     def download(self, a):
         return self.dev.download(a.buf if isinstance(a, Q8Dev) else a)

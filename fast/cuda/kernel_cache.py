@@ -13,8 +13,8 @@ builder holds an ``fcntl.flock`` on the cubin's lock file (``.NAME.cubin.lock``)
 waits, then finds the cubin and loads it.
 
 The folder also keeps ``manifest.jsonl``, one line per (module, defines) ever asked for, so
-``strata-prefill build-kernels`` (or :func:`build_all`, e.g. at the start of a gate session)
-can rebuild the same set ahead of time, in parallel nvcc processes, on a machine without a GPU
+``strata-prefill build-kernels`` (or :func:`build_all` over fast/cuda/build_list.py's
+``wanted``, e.g. at the start of a gate session) can rebuild the same set ahead of time, in parallel nvcc processes, on a machine without a GPU
 (it needs nvcc only), e.g. after a kernel edit and before a GPU run.
 
 No PyCUDA here: building is plain nvcc, loading is the runtime's (``module_from_file``).
@@ -22,7 +22,6 @@ No PyCUDA here: building is plain nvcc, loading is the runtime's (``module_from_
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -37,8 +36,10 @@ from strata import atomic
 from strata.cache_home import user_cache_dir
 from strata.errors import DeviceError, InputError
 
+from .kernel_paths import KERNEL_DIR, NVCC_OPTIONS, kernel_source
+
 __all__ = ["ENV", "OFF", "cache_dir", "default_dir", "cubin_path", "build", "build_all", "check_modules",
-           "record", "manifest", "wanted", "default_modules", "nvcc_release"]
+           "record", "manifest", "distinct", "nvcc_release"]
 
 #: the environment variable that moves the folder (unset or empty: default_dir(); OFF: no folder)
 ENV = "STRATA_PREFILL_KERNEL_CACHE"
@@ -126,18 +127,6 @@ def lock_path(cubin: str) -> str:
     return os.path.join(folder, f".{base}.lock")
 
 
-@contextlib.contextmanager
-def _held(path: str):
-    """An exclusive flock on path (created if missing), released on exit. flock belongs to the
-    open file, so two threads of one process exclude each other as two processes do."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the file releases its lock
-
-
 def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
           base_options: tuple[str, ...], on_compile=None) -> str:
     """The cubin's path, compiling it with nvcc first if the folder lacks it. The builder holds
@@ -148,7 +137,7 @@ def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
     path = cubin_path(folder, name, source, defines, arch, base_options)
     if os.path.exists(path):
         return path
-    with _held(lock_path(path)):
+    with atomic.flocked(lock_path(path), create=True):
         if os.path.exists(path):  # built by whoever held the lock before us
             return path
         with (on_compile() if on_compile is not None else contextlib.nullcontext()):
@@ -207,28 +196,8 @@ def manifest(folder: str) -> list[tuple[str, dict]]:
     return sorted(out, key=lambda m: (m[0], sorted(m[1].items())))
 
 
-#: kernel files the fast path only ever builds with a configuration (mmq.cu with a tile
-#: configuration): their build without defines, which nothing loads, is not made ahead (mmq.cu's
-#: was the longest compile of a cold gate)
-CONFIGURED = ("mmq",)
-
-
-def default_modules() -> list[tuple[str, dict]]:
-    """The modules the fast path builds with the default settings and every switch: each kernel
-    file without defines but those of CONFIGURED (the pair and split-K attention kernels among
-    them), attention_pair.cu with ATTEND_PAIR_CONFIG, and mmq.cu in each automatic tile
-    configuration (with STRATA_MMQ_DEFINES), one build a type (products.mmq_modules). Test sweeps of other
-    configurations reach a folder through its manifest."""
-    from fast.cuda import attention, products, runtime  # noqa: PLC0415 - runtime imports us
-
-    names = sorted(f[:-3] for f in os.listdir(runtime.KERNEL_DIR) if f.endswith(".cu"))
-    out = [(n, {}) for n in names if n not in CONFIGURED]
-    out += [("attention_pair", dict(attention.ATTEND_PAIR_CONFIG))]
-    out += [m for _bound, cfg in products.AUTO_CONFIGS for m in products.mmq_modules(products._with_extra(cfg))]
-    return _unique(out)
-
-
-def _unique(pairs) -> list[tuple[str, dict]]:
+def distinct(pairs) -> list[tuple[str, dict]]:
+    """(module, defines) pairs each once, in their first order."""
     seen, out = set(), []
     for name, d in pairs:
         k = (name, tuple(sorted(d.items())))
@@ -238,41 +207,27 @@ def _unique(pairs) -> list[tuple[str, dict]]:
     return out
 
 
-def wanted(folder: str | None, defaults: bool = True) -> list[tuple[str, dict]]:
-    """The (module, defines) pairs worth building into folder: its manifest's (every module some
-    run there asked for), plus default_modules() when ``defaults`` (or when the manifest is
-    empty)."""
-    out = manifest(folder) if folder else []
-    if defaults or not out:
-        out += default_modules()
-    return _unique(out)
-
-
 def check_modules(modules, folder: str = "") -> list[tuple[str, dict]]:
     """modules as a list, or a one-line InputError naming one without a kernel file."""
-    from fast.cuda import runtime  # noqa: PLC0415 - runtime imports us
-
     modules = list(modules)
     for name, _ in modules:
-        if not os.path.exists(os.path.join(runtime.KERNEL_DIR, f"{name}.cu")):
+        if not os.path.exists(os.path.join(KERNEL_DIR, f"{name}.cu")):
             where = f" ({folder}'s manifest or the modules asked for)" if folder else ""
             raise InputError(f"no kernel file {name}.cu{where}")
     return modules
 
 
-def build_all(folder: str | None = None, arch: str | None = None, modules=None, jobs: int | None = None,
+def build_all(folder: str | None, arch: str, modules, jobs: int | None = None,
               progress=None) -> list[tuple[str, dict, str, float | None]]:
-    """Compile every module of ``modules`` ((name, defines) pairs; None: ``wanted(folder)``) into
-    ``folder`` (None: cache_dir()) for ``arch`` (None: the GPU's where one is present, else
-    sm_90, the H200's: the runtime names it the same way, so the digests meet), ``jobs`` nvcc
-    processes at a time (None: the CPU count), longest sources first. Cubins already there are
-    kept; a module another process is compiling is waited for. ``progress(done, total, name,
-    defines, seconds)`` after each (seconds None: it was there). Returns (name, defines, cubin
-    path, seconds or None) in the order given. Raises InputError for a folder that is off, a
-    module without a kernel file or a bad jobs count, DeviceError for a failed compile (after
-    the others ran)."""
-    from fast.cuda import runtime  # noqa: PLC0415 - runtime imports us
-
+    """Compile every module of ``modules`` ((name, defines) pairs: fast/cuda/build_list.py's
+    ``wanted`` says which are worth it) into ``folder`` (None: cache_dir()) for ``arch`` (the
+    runtime's ``device_arch()`` names a present GPU's, or sm_90, the H200's, the same way the
+    runtime does, so the digests meet), ``jobs`` nvcc processes at a time (None: the CPU count),
+    longest sources first. Cubins already there are kept; a module another process is compiling
+    is waited for. ``progress(done, total, name, defines, seconds)`` after each (seconds None: it
+    was there). Returns (name, defines, cubin path, seconds or None) in the order given. Raises
+    InputError for a folder that is off, a module without a kernel file or a bad jobs count,
+    DeviceError for a failed compile (after the others ran)."""
     folder = folder if folder is not None else cache_dir()
     if folder is None:
         raise InputError(f"the kernel cache is off ({ENV}={OFF}, or the default folder is not writable): "
@@ -281,9 +236,8 @@ def build_all(folder: str | None = None, arch: str | None = None, modules=None, 
     jobs = (os.cpu_count() or 1) if jobs is None else int(jobs)
     if jobs < 1:
         raise InputError(f"jobs must be >= 1, got {jobs}")
-    arch = runtime.device_arch() if arch is None else arch
-    todo = check_modules(wanted(folder) if modules is None else _unique(modules), folder)
-    sources = {name: runtime.kernel_source(name) for name, _ in todo}
+    todo = check_modules(distinct(modules), folder)
+    sources = {name: kernel_source(name) for name, _ in todo}
     order = sorted(range(len(todo)), key=lambda i: -len(sources[todo[i][0]]))  # long compiles first
     results: list = [None] * len(todo)
     count = [0]
@@ -292,7 +246,7 @@ def build_all(folder: str | None = None, arch: str | None = None, modules=None, 
     def one(i: int):
         name, defines = todo[i]
         src = sources[name]
-        path = cubin_path(folder, name, src, defines, arch, runtime.NVCC_OPTIONS)
+        path = cubin_path(folder, name, src, defines, arch, NVCC_OPTIONS)
         took = []
 
         @contextlib.contextmanager
@@ -301,7 +255,7 @@ def build_all(folder: str | None = None, arch: str | None = None, modules=None, 
             yield
             took.append(time.perf_counter() - t0)
 
-        build(folder, name, src, defines, arch, runtime.NVCC_OPTIONS, on_compile=timed)
+        build(folder, name, src, defines, arch, NVCC_OPTIONS, on_compile=timed)
         results[i] = (name, defines, path, took[0] if took else None)
         if progress is not None:
             with count_lock:

@@ -20,7 +20,6 @@ import atexit
 import collections
 import contextlib
 import os
-import re
 import sys
 import threading
 import time
@@ -29,7 +28,10 @@ import numpy as np
 
 from strata.errors import DeviceError, InputError
 
-from . import generated, kernel_cache
+from . import kernel_cache, signatures
+# the kernel folder, nvcc options and source reader live in kernel_paths (the bottom of fast/cuda,
+# read by the cubin folder and the signature reader too); named here as the runtime's own
+from .kernel_paths import DEFAULT_ARCH, KERNEL_DIR, NVCC_OPTIONS, arch_of, kernel_source  # noqa: F401
 
 __all__ = [
     "DeviceError",
@@ -50,9 +52,6 @@ __all__ = [
     "KERNEL_DIR",
     "NVCC_OPTIONS",
 ]
-
-KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
-NVCC_OPTIONS = ("--fmad=false",)
 
 _lock = threading.RLock()
 _state: dict = {"ctx": None, "dev": None, "modules": {}}
@@ -123,17 +122,6 @@ def device_name() -> str:
     return _device().name()
 
 
-def arch_of(compute_capability) -> str:
-    """nvcc's name of a compute capability: (9, 0) -> "sm_90". The one spelling, shared by the
-    runtime and `build-kernels` (the cubin's digest holds it: the two must agree)."""
-    major, minor = (int(v) for v in compute_capability)
-    return f"sm_{major}{minor}"
-
-
-#: what `build-kernels` builds for where no GPU says otherwise: the H200's architecture
-DEFAULT_ARCH = "sm_90"
-
-
 def arch() -> str:
     """The device's architecture as nvcc names it, e.g. "sm_90"."""
     return arch_of(_device().compute_capability())
@@ -162,25 +150,6 @@ def clock_rate_khz(fallback: int = 2_000_000) -> int:
 def multiprocessor_count() -> int:
     cuda = _driver()
     return int(_device().get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
-
-
-_LOCAL_INCLUDE = re.compile(r'^#include "([A-Za-z0-9_]+\.cuh)".*$', re.M)
-
-
-def kernel_source(name: str, folder: str = KERNEL_DIR) -> str:
-    """The text of <folder>/<name>.cu (default fast/cuda/kernels) with the project's own headers
-    (`#include "x.cuh"`) inlined, so the compiled source, and PyCUDA's compile cache key, hold all
-    of it. The headers always come from KERNEL_DIR: a kernel kept elsewhere (dev/kernels' numbered
-    versions) computes production's shared steps, not copies of them. A header written from
-    Python (fast/cuda/generated.py: ``qformats.cuh``) is inlined as that text; it is no file."""
-    def read(where: str, fname: str) -> str:
-        text = generated.header(fname)
-        if text is not None:
-            return text
-        with open(os.path.join(where, fname), encoding="utf-8") as f:
-            return f.read()
-
-    return _LOCAL_INCLUDE.sub(lambda m: read(KERNEL_DIR, m.group(1)), read(folder, f"{name}.cu"))
 
 
 # Seconds between the lines that say a compile is still running (a module compiles for up to a
@@ -323,8 +292,6 @@ def function(module: str, name: str, fmt: str, defines: dict | None = None):
         f = _functions.get(key)
         if f is None:
             # a format unlike the C signature packs the arguments at wrong offsets, silently
-            from . import signatures  # noqa: PLC0415  (it imports this module)
-
             signatures.check(module, name, fmt, defines)
             f = load_module(module, defines).get_function(name)
             f.prepare(fmt)

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 
 from . import generated
-from .runtime import KERNEL_DIR
+from .kernel_paths import KERNEL_DIR
 
 __all__ = [
     "SCALAR",

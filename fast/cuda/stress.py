@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 from strata.errors import InputError
 
+from fast.cuda import runtime
+
 __all__ = ["ENV", "Config", "Schedule", "Stress", "plan", "current", "enabled"]
 
 ENV = "STRATA_PREFILL_STRESS"
@@ -107,8 +109,6 @@ class Stress:
 
     def cycles(self, us: float) -> int:
         if self._khz is None:
-            from fast.cuda import runtime  # noqa: PLC0415
-
             self._khz = runtime.clock_rate_khz()
         return int(round(us * self._khz / 1000.0))
 
@@ -131,8 +131,6 @@ class Stress:
 def _spin_kernel():
     """(stream, cycles) -> None: kernels/spin.cu on one thread, queued on the stream by
     runtime.enqueue, not Device.launch: a spin is no launch of the walk's, and never spins itself."""
-    from fast.cuda import runtime  # noqa: PLC0415
-
     f = runtime.function("spin", "spin", "q")
 
     def launch(stream, cycles: int) -> None:

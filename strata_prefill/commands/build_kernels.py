@@ -6,7 +6,7 @@ Fills the folder the fast path loads its cubins from (fast/cuda/kernel_cache.py:
 under the user cache dir, STRATA_PREFILL_KERNEL_CACHE moves it): every module the folder's
 manifest lists (the (module, defines) pairs some run asked for), and with --defaults (or an
 empty manifest) every module the fast path builds with its defaults and switches
-(kernel_cache.default_modules). N nvcc processes at a time (default: the CPU count), a
+(build_list.default_modules). N nvcc processes at a time (default: the CPU count), a
 progress line per module. Needs nvcc, not a GPU: build on any machine, then run on the GPU
 with the folder and no compile waits. The architecture is the GPU's where one is present,
 else sm_90 (the H200's), named as the runtime names it so the cubins' digests meet. Cubins
@@ -49,7 +49,7 @@ def arch_name(text: str) -> str:
 
 
 def main(args) -> int:
-    from fast.cuda import kernel_cache, runtime  # noqa: PLC0415
+    from fast.cuda import build_list, kernel_cache, runtime  # noqa: PLC0415
 
     if args.cache is None:
         variables.value_of(kernel_cache.ENV)  # an empty or bad folder said in one line, never the default
@@ -62,7 +62,7 @@ def main(args) -> int:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
         raise InputError(f"{folder}: cannot create the cubin folder ({e.strerror or e})") from None
-    todo = kernel_cache.check_modules(kernel_cache.wanted(folder, args.defaults), folder)
+    todo = kernel_cache.check_modules(build_list.wanted(folder, args.defaults), folder)
     arch = args.arch or runtime.device_arch()
     release = kernel_cache.nvcc_release()
     print(f"{len(todo)} modules for {arch} with {release} into {folder}, {args.jobs} at a time", flush=True)

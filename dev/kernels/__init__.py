@@ -1,0 +1,2 @@
+"""Kernel versions, probes and candidate forms beside production's, run as modules from the
+repository root (`python3 -m dev.kernels.attention ...`); README.md here says what each one shows."""

@@ -1,0 +1,42 @@
+"""Which kernel modules are worth compiling ahead into the cubin folder
+(fast/cuda/kernel_cache.py): the fast path's own builds under the default settings and every
+switch, read from the tables that decide them (products.AUTO_CONFIGS, attention's
+ATTEND_PAIR_CONFIG), plus whatever a folder's manifest recorded. `build-kernels` and the gate
+hand the list to kernel_cache.build_all.
+
+It sits above the products and attention wrappers (it reads their tables), so the cubin folder
+and the runtime below them never import it.
+"""
+from __future__ import annotations
+
+from . import attention, kernel_cache, products
+from .kernel_paths import kernel_names
+
+__all__ = ["CONFIGURED", "default_modules", "wanted"]
+
+#: kernel files the fast path only ever builds with a configuration (mmq.cu with a tile
+#: configuration): their build without defines, which nothing loads, is not made ahead (mmq.cu's
+#: was the longest compile of a cold gate)
+CONFIGURED = ("mmq",)
+
+
+def default_modules() -> list[tuple[str, dict]]:
+    """The modules the fast path builds with the default settings and every switch: each kernel
+    file without defines but those of CONFIGURED (the pair and split-K attention kernels among
+    them), attention_pair.cu with ATTEND_PAIR_CONFIG, and mmq.cu in each automatic tile
+    configuration (with STRATA_MMQ_DEFINES), one build a type (products.mmq_modules). Test sweeps
+    of other configurations reach a folder through its manifest."""
+    out = [(n, {}) for n in kernel_names() if n not in CONFIGURED]
+    out += [("attention_pair", dict(attention.ATTEND_PAIR_CONFIG))]
+    out += [m for _bound, cfg in products.AUTO_CONFIGS for m in products.mmq_modules(products._with_extra(cfg))]
+    return kernel_cache.distinct(out)
+
+
+def wanted(folder: str | None, defaults: bool = True) -> list[tuple[str, dict]]:
+    """The (module, defines) pairs worth building into folder: its manifest's (every module some
+    run there asked for), plus default_modules() when ``defaults`` (or when the manifest is
+    empty)."""
+    out = kernel_cache.manifest(folder) if folder else []
+    if defaults or not out:
+        out += default_modules()
+    return kernel_cache.distinct(out)
