@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from strata import archs, limits
+from strata import archs, limits, moe
 from strata.errors import PackError
 
 ARCH_KEY = "general.architecture"
@@ -125,6 +125,7 @@ class ModelConfig:
             if not (math.isfinite(value) and value > 0):
                 out.append(f"{k[field]} {value}: must be a finite number > 0")
         out += rope_problems(self.rope_scaling, self.rope_base, self.arch)
+        out += [f"{self.arch}: {p}" for p in moe.unsupported(self.spec.MOE)]
         return out
 
     def cuda_problems(self) -> list[str]:
