@@ -20,8 +20,9 @@ from strata import dense, nonfinite, q8_1
 from strata.constants import MMQ_GROUP, PINNED_SHARE, PREDICT_ROWS, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS
 from strata.errors import InputError
 
-from fast import options, walk
+from fast import archs, options, walk
 from fast.experts import PASS_HEAD, Passes, Ring, place_experts
+from fast.weights import LayerWeights
 
 F32 = np.float32
 
@@ -70,6 +71,8 @@ class FastEngine:
         self.pack = pack
         cfg = self.config = pack.config
         self.be = backend
+        self._arch = archs.module(cfg.arch)  # its attention half (fast/archs)
+        self._layer_weights: dict = {}  # layer -> LayerWeights
         o = options.resolve(switches)
         if not 1 <= group_size <= MMQ_GROUP:
             raise InputError(f"group size must be 1..{MMQ_GROUP}, got {group_size}")
@@ -306,10 +309,10 @@ class FastEngine:
                 unit.tokens, self._n_streamed[nxt] * self._blob_bytes[nxt], o.stream_hide * 1000) <= 0):
             return  # the coverage rule will stream it whatever this layer routes: no head to choose
         with be.phase("predict", layer=layer):
-            q = f"blk.{nxt}."
+            W = self.layer_weights(nxt)
             n = be.shape(x)[0]
-            h = be.rmsnorm(x if n <= PREDICT_ROWS else be.rows(x, 0, PREDICT_ROWS), be.w(q + "ffn_norm"), cfg.rms_eps)
-            ids, _weights = be.top_k(self._dense(be.w(q + "ffn_gate_inp"), h), cfg.n_expert_used)
+            h = be.rmsnorm(x if n <= PREDICT_ROWS else be.rows(x, 0, PREDICT_ROWS), W.ffn_norm, cfg.rms_eps)
+            ids, _weights = be.top_k(self._dense(W.ffn_gate_inp, h), cfg.n_expert_used)
             self._predicted[nxt] = be.expert_counts(ids, cfg.n_expert)
 
     def _layer_pass(self, layer: int, tab):
@@ -364,55 +367,29 @@ class FastEngine:
             return self.be.float_dense(w, x)
         return self.be.mmq_dense(w, self._quantize(x, w))
 
+    def layer_weights(self, layer: int) -> LayerWeights:
+        """Layer `layer`'s weights by field (fast/weights.py: the architecture's table)."""
+        got = self._layer_weights.get(layer)
+        if got is None:
+            got = self._layer_weights[layer] = LayerWeights(self.be, self.pack, layer)
+        return got
+
     def attention_half(self, layer: int, x, positions: np.ndarray, dump=None):
-        be, cfg = self.be, self.config
-        n_tok = len(positions)
-        p = f"blk.{layer}."
-        h = be.rmsnorm(x, be.w(p + "attn_norm"), cfg.rms_eps)
-        self._rec(dump, layer, "attn_norm", h)
-        acts = {}
-
-        def product(name):
-            w = be.w(p + name)
-            if dense.is_float(w.qtype):
-                return be.float_dense(w, h)
-            layout = q8_1.layout_for(w.qtype)
-            if layout not in acts:
-                acts[layout] = be.quantize_rows(h, layout)
-            return be.mmq_dense(w, acts[layout])
-
-        q, k, v = product("attn_q"), product("attn_k"), product("attn_v")
-        q = be.rmsnorm(be.view(q, (n_tok * cfg.n_head, cfg.head_dim)), be.w(p + "attn_q_norm"), cfg.rms_eps)
-        k = be.rmsnorm(be.view(k, (n_tok * cfg.n_head_kv, cfg.head_dim)), be.w(p + "attn_k_norm"), cfg.rms_eps)
-        q = be.rope(be.view(q, (n_tok, cfg.n_head, cfg.head_dim)), positions)
-        k = be.rope(be.view(k, (n_tok, cfg.n_head_kv, cfg.head_dim)), positions)
-        v = be.view(v, (n_tok, cfg.n_head_kv, cfg.head_dim))
-        for name, a in (("q", q), ("k", k), ("v", v)):
-            self.watch.see(layer, name, a)  # what the KV cache's quantize would hide
-            self._rec(dump, layer, name, a)
-        be.kv_write(layer, positions, k, v)
-        o = be.view(be.attend(layer, q, positions), (n_tok, cfg.n_q))
-        self.watch.see(layer, "attn_out", o)  # what the o-projection's quantize would hide
-        self._rec(dump, layer, "attn_out", o)
-        wo = be.w(p + "attn_output")
-        out = self._dense(wo, o)
-        self._rec(dump, layer, "attn_proj", out)
-        x = be.add(x, out)
-        self._rec(dump, layer, "attn_resid", x)
-        return x
+        """The architecture's attention half (fast/archs/<name>.py), x [T, n_embd] in and out."""
+        return self._arch.attention_half(self, layer, x, positions, dump)
 
     def moe_half(self, layer: int, x, dump=None):
         """x [T, n_embd] residual in, residual out: reference/moe_half.py's steps on the device."""
         be, cfg, o = self.be, self.config, self.options
-        p = f"blk.{layer}."
+        W = self.layer_weights(layer)
         n_tok, k_used = be.shape(x)[0], cfg.n_expert_used
         n_rows = n_tok * k_used
 
         # 1. Norm and router. 2. Routing tables (device); their counts reach the host when the
         # walk first reads them.
         with be.phase("router", layer=layer):
-            h = be.rmsnorm(x, be.w(p + "ffn_norm"), cfg.rms_eps)
-            logits = self._dense(be.w(p + "ffn_gate_inp"), h)
+            h = be.rmsnorm(x, W.ffn_norm, cfg.rms_eps)
+            logits = self._dense(W.ffn_gate_inp, h)
             self.watch.see(layer, "router_logits", logits)  # a -Inf logit is only an expert not picked
             self._rec(dump, layer, "ffn_norm", h)
             self._rec(dump, layer, "router_logits", logits)
@@ -445,7 +422,7 @@ class FastEngine:
         # 5 before 4 with overlap_plan: the shared expert needs no routing, so it is queued first and
         # the device runs it while the host waits for the routing counts and plans the walk (no
         # idle gap before the first gather)
-        shared = self._shared_phase(layer, p, h) if o.overlap_plan else None
+        shared = self._shared_phase(layer, W, h) if o.overlap_plan else None
 
         # 4. The per-expert walk (fast/walk.py), through the pass its walk chose.
         ring_pass, ahead = self._layer_pass(layer, tab)
@@ -459,7 +436,7 @@ class FastEngine:
 
         # 5. The shared expert, where it was not queued before the walk.
         if not o.overlap_plan:
-            shared = self._shared_phase(layer, p, h)
+            shared = self._shared_phase(layer, W, h)
 
         # 6. Combine in rank order, then the shared expert, then the residual.
         with be.phase("combine", layer=layer):
@@ -485,20 +462,20 @@ class FastEngine:
             self._rec(dump, layer, "moe_out", out)
         return out
 
-    def _shared_phase(self, layer: int, p: str, h):
+    def _shared_phase(self, layer: int, W: LayerWeights, h):
         with self.be.phase("shared expert", layer=layer):
-            return self.shared_expert(p, h) if self.config.has_shexp else None
+            return self.shared_expert(W, h) if self.config.has_shexp else None
 
-    def shared_expert(self, p: str, h):
+    def shared_expert(self, W: LayerWeights, h):
         be = self.be
-        g = be.sigmoid(self._dense(be.w(p + "ffn_gate_inp_shexp"), h))
-        wg, wu, wd = be.w(p + "ffn_gate_shexp"), be.w(p + "ffn_up_shexp"), be.w(p + "ffn_down_shexp")
+        g = be.sigmoid(self._dense(W.ffn_gate_inp_shexp, h))
+        wg, wu, wd = W.ffn_gate_shexp, W.ffn_up_shexp, W.ffn_down_shexp
         if dense.is_float(wg.qtype):
             gate, up = be.float_dense(wg, h), be.float_dense(wu, h)
         else:
             act = self._quantize(h, wg)
             gate, up = be.mmq_dense(wg, act), be.mmq_dense(wu, act)
-        layer = int(p.split(".")[1])
+        layer = W.index
         self.watch.see(layer, "shexp", gate)  # H's quantize would hide what they hold
         self.watch.see(layer, "shexp", up)
         n_tok = be.shape(h)[0]

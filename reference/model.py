@@ -1,8 +1,9 @@
-"""The reference engine: the whole qwen3moe prompt path in NumPy, one layer at a time.
+"""The reference engine: the whole prompt path of a pack in NumPy, one layer at a time.
 
 `ReferenceEngine` plugs into `strata.session.Session`, which cuts the prompt into chunks,
-runs the layers, records the dumps and continues greedily. Each layer is the attention half
-(reference/attention_half.py) then the MoE half (reference/moe_half.py).
+runs the layers, records the dumps and continues greedily. Each layer is the attention half of
+the pack's architecture (reference/archs/<name>.py, picked by `general.architecture`) then the
+MoE half every architecture shares (reference/moe_half.py).
 
 The operations those halves call (the q8_1 quantization, the MMQ product of each weight type,
 attention, routing, SwiGLU, the combine) are vectorized NumPy in strata/; reference/scalar.py
@@ -18,7 +19,7 @@ from strata import dense, mmq, nonfinite, numerics, parallel
 from strata.attention import KVCache
 from strata.pack import Pack
 
-from reference.attention_half import attention_half
+from reference import archs
 from reference.moe_half import moe_half, quantize
 from reference.weights import PreparedCache
 
@@ -33,6 +34,7 @@ class ReferenceEngine:
         self.pack = pack
         self.config = pack.config
         cfg = self.config
+        self._attention_half = archs.module(cfg.arch).attention_half
         self.kv = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self._rope = numerics.RopeTable(cfg.head_dim, cfg.rope_base, scaling=cfg.rope_scaling)
         self._weights = PreparedCache()  # decoded quantized matrices and float32 float ones
@@ -58,7 +60,7 @@ class ReferenceEngine:
         return self.pack.embedding_rows(ids)
 
     def layer(self, layer: int, x: np.ndarray, positions: np.ndarray, dump=None) -> np.ndarray:
-        x = attention_half(self, layer, x, positions, dump)
+        x = self._attention_half(self, layer, x, positions, dump)
         return moe_half(self, layer, x, dump)
 
     @staticmethod

@@ -1,7 +1,8 @@
-"""Model configuration of a qwen3moe pack: dimensions, expert counts, types.
+"""Model configuration of a pack: its architecture, dimensions, expert counts, types.
 
-`ModelConfig.from_metadata` reads the metadata keys llama.cpp's qwen3moe loader reads and
-refuses, in one line, every value no path of the project can run (`ModelConfig.problems`, the
+`ModelConfig.from_metadata` picks the pack's architecture (`general.architecture`) from the
+registry (strata/archs), reads the metadata keys its module names (those llama.cpp's loader of
+that architecture reads) and refuses, in one line, every value no path of the project can run (`ModelConfig.problems`, the
 limits of strata/limits.py) and, given the file's tensor shapes, a layer count or vocabulary
 the tensors contradict. `PRESETS` are the shapes `make-pack` writes.
 """
@@ -16,37 +17,11 @@ from typing import Any, Mapping
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from strata import limits
+from strata import archs, limits, moe
 from strata.errors import PackError
 
-ARCH = "qwen3moe"
-_P = ARCH + "."
-#: ModelConfig field -> the metadata key it is read from (llama.cpp's qwen3moe names)
-KEYS = {
-    "n_layer": _P + "block_count", "n_embd": _P + "embedding_length",
-    "n_head": _P + "attention.head_count", "n_head_kv": _P + "attention.head_count_kv",
-    "head_dim": _P + "attention.key_length", "n_expert": _P + "expert_count",
-    "n_expert_used": _P + "expert_used_count", "n_ff_exp": _P + "expert_feed_forward_length",
-    "n_ff_shexp": _P + "expert_shared_feed_forward_length", "n_vocab": _P + "vocab_size",
-    "rms_eps": _P + "attention.layer_norm_rms_epsilon", "rope_base": _P + "rope.freq_base",
-    "context_length": _P + "context_length",
-}
-#: RopeScaling field -> the metadata key it is read from (llama.cpp's generic rope keys)
-ROPE_KEYS = {
-    "type": _P + "rope.scaling.type", "factor": _P + "rope.scaling.factor",
-    "original_context": _P + "rope.scaling.original_context_length",
-    "attn_factor": _P + "rope.scaling.attn_factor",
-}
-ROPE_FACTOR_OLD_KEY = _P + "rope.scale_linear"  # the factor's older name, read when it is absent
+ARCH_KEY = "general.architecture"
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")
-#: keys llama.cpp's qwen3moe loader does not read, with the value it uses instead: a pack
-#: that sets one to another value would run differently there, so it is refused
-ROPE_UNREAD_KEYS = {
-    _P + "rope.scaling.yarn_beta_fast": 32.0, _P + "rope.scaling.yarn_beta_slow": 1.0,
-    _P + "rope.scaling.yarn_ext_factor": None, _P + "rope.scaling.yarn_attn_factor": 1.0,
-    _P + "rope.scaling.yarn_log_multiplier": 0.0,
-}
-VALUE_LENGTH_KEY = _P + "attention.value_length"  # V's head size: this project has one head size
 TOKENS_KEY = "tokenizer.ggml.tokens"
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
@@ -54,9 +29,9 @@ _BLOCK = re.compile(r"blk\.(\d+)\.")
 @dataclass(frozen=True)
 class RopeScaling:
     """How the RoPE table is scaled (strata/numerics.py:rope_table, docs/numerics.md "RoPE
-    scaling"), as llama.cpp's qwen3moe path runs it. Fields a type does not use hold their
-    defaults: factor is 1 for ``none``, original_context 0 unless ``yarn``. ext_factor and the
-    betas are llama.cpp's fixed values for this architecture (1 for yarn, 32 and 1)."""
+    scaling"), as llama.cpp runs it for the architectures of strata/archs. Fields a type does
+    not use hold their defaults: factor is 1 for ``none``, original_context 0 unless ``yarn``.
+    ext_factor and the betas are llama.cpp's fixed values (1 for yarn, 32 and 1)."""
     type: str = "none"
     factor: float = 1.0
     original_context: int = 0
@@ -96,6 +71,13 @@ class ModelConfig:
     expert_gu_type: QT = QT.Q8_0    # type of ffn_gate_exps / ffn_up_exps (layer 0)
     expert_down_type: QT = QT.Q8_0  # type of ffn_down_exps (layer 0)
     dense_type: QT = QT.Q8_0        # type of the attention matrices (layer 0) as stored
+    arch: str = archs.DEFAULT       # general.architecture: its module is `spec` (strata/archs)
+
+    @property
+    def spec(self):
+        """The architecture's module (strata/archs/<name>.py): its keys, tensors, attention
+        and MoE parameters."""
+        return archs.get(self.arch)
 
     # ---- derived sizes -------------------------------------------------------------
     @property
@@ -120,7 +102,7 @@ class ModelConfig:
         """What in this configuration no path of the project can run, one phrase each naming
         the metadata key, its value and the limit (strata/limits.py); [] when it runs.
         n_vocab 0 is allowed here (the loader takes the vocabulary from token_embd)."""
-        k, out = KEYS, []
+        k, out = self.spec.KEYS, []
         for field in ("n_layer", "n_embd", "n_head", "n_expert", "n_ff_exp", "context_length"):
             value = getattr(self, field)
             if value < 1:
@@ -142,13 +124,14 @@ class ModelConfig:
             value = getattr(self, field)
             if not (math.isfinite(value) and value > 0):
                 out.append(f"{k[field]} {value}: must be a finite number > 0")
-        out += rope_problems(self.rope_scaling, self.rope_base)
+        out += rope_problems(self.rope_scaling, self.rope_base, self.arch)
+        out += [f"{self.arch}: {p}" for p in moe.unsupported(self.spec.MOE)]
         return out
 
     def cuda_problems(self) -> list[str]:
         """What in this configuration the CUDA kernels cannot run (strata/limits.py), beyond
         `problems()`: for the fast path's cuda backend to check before it loads anything."""
-        k, out = KEYS, []
+        k, out = self.spec.KEYS, []
         if self.head_dim not in limits.CUDA_HEAD_DIMS:
             out.append(f"{k['head_dim']} (the head size) {self.head_dim}: the CUDA attention "
                        f"kernels are built for {' and '.join(map(str, limits.CUDA_HEAD_DIMS))}")
@@ -213,10 +196,14 @@ class ModelConfig:
                 unread.append(f"metadata key {key} must be {what}, got {value!r}")
                 return _STAND_IN[kind] if default is ... else default
 
-        arch = get("general.architecture", kind=str)
-        if unread or arch != ARCH:  # the other keys are named after the architecture: nothing else is read
-            raise PackError(where + (unread[0] if unread else f"wrong architecture: expected {ARCH}, got {arch}"))
-        k = KEYS
+        arch = get(ARCH_KEY, kind=str)
+        if unread:  # the other keys are named after the architecture: nothing else is read
+            raise PackError(where + unread[0])
+        try:
+            spec = archs.get(arch)  # an unknown one is refused, naming the known ones
+        except PackError as exc:
+            raise PackError(where + str(exc)) from None
+        k = spec.KEYS
         n_embd = get(k["n_embd"])
         n_head = get(k["n_head"])
         vocab_key = k["n_vocab"] if k["n_vocab"] in fields else None
@@ -241,7 +228,8 @@ class ModelConfig:
             rms_eps=get(k["rms_eps"], kind=float),
             rope_base=get(k["rope_base"], 10000.0, kind=float),
             context_length=get(k["context_length"]),
-            rope_scaling=_rope_scaling(get, fields, get(k["context_length"]), unread),
+            rope_scaling=_rope_scaling(get, fields, get(k["context_length"]), unread, spec),
+            arch=arch,
         )
         if unread:
             raise PackError(where + "; ".join(unread))
@@ -249,9 +237,9 @@ class ModelConfig:
         if k["head_dim"] not in fields and n_head > 0 and n_embd % n_head:
             problems.append(f"{k['head_dim']} absent and {k['n_embd']} {n_embd} is not a "
                             f"multiple of {k['n_head']} {n_head} (the head size it implies)")
-        value_length = get(VALUE_LENGTH_KEY, cfg.head_dim)
+        value_length = get(spec.VALUE_LENGTH_KEY, cfg.head_dim)
         if value_length != cfg.head_dim:
-            problems.append(f"{VALUE_LENGTH_KEY} {value_length} differs from {k['head_dim']} "
+            problems.append(f"{spec.VALUE_LENGTH_KEY} {value_length} differs from {k['head_dim']} "
                             f"{cfg.head_dim} (one head size for K and V)")
         if n_tokens is not None and vocab_key != TOKENS_KEY and n_tokens != n_vocab:
             problems.append(f"{vocab_key} {n_vocab} but {TOKENS_KEY} lists {n_tokens} tokens")
@@ -267,26 +255,26 @@ class ModelConfig:
 _STAND_IN = {int: 1, float: 1.0, str: ""}
 
 
-def _rope_scaling(get, fields: Mapping[str, Any], context_length: int, unread: list) -> RopeScaling:
+def _rope_scaling(get, fields: Mapping[str, Any], context_length: int, unread: list, spec) -> RopeScaling:
     """The RoPE scaling keys as llama.cpp reads them: an absent type is ``linear`` (``none``
     when the factor is absent too: the same table), a factor of 0 or absent is 1, the original
     context defaults to the context length. A type outside ROPE_SCALING_TYPES, and a key the
     loader would ignore with a value other than the one it uses, are added to `unread`; the
-    values' ranges are `rope_problems`'."""
-    rk = ROPE_KEYS
-    factor_key = rk["factor"] if rk["factor"] in fields or ROPE_FACTOR_OLD_KEY not in fields \
-        else ROPE_FACTOR_OLD_KEY
+    values' ranges are `rope_problems`'. spec: the architecture's module (its keys)."""
+    rk = spec.ROPE_KEYS
+    factor_key = rk["factor"] if rk["factor"] in fields or spec.ROPE_FACTOR_OLD_KEY not in fields \
+        else spec.ROPE_FACTOR_OLD_KEY
     factor = get(factor_key, 0.0, kind=float) or 1.0
     kind = get(rk["type"], "none" if factor == 1.0 else "linear", kind=str)
     if kind not in ROPE_SCALING_TYPES:
         unread.append(f"{rk['type']} {kind!r} is not supported (supported: {', '.join(ROPE_SCALING_TYPES)})")
         kind = "none"
-    for key, default in ROPE_UNREAD_KEYS.items():
+    for key, default in spec.ROPE_UNREAD_KEYS.items():
         if key in fields:
             value = get(key, kind=float)
             used = (1.0 if kind == "yarn" else 0.0) if default is None else default
             if value != used:
-                unread.append(f"{key} {value:g}: llama.cpp's qwen3moe loader does not read it "
+                unread.append(f"{key} {value:g}: llama.cpp's {spec.NAME} loader does not read it "
                               f"(it uses {used:g}); only {used:g} is accepted")
     return RopeScaling(
         type=kind, factor=1.0 if kind == "none" else factor,
@@ -294,13 +282,15 @@ def _rope_scaling(get, fields: Mapping[str, Any], context_length: int, unread: l
         attn_factor=get(rk["attn_factor"], 1.0, kind=float))
 
 
-def rope_problems(r: RopeScaling, base: float | None = None) -> list[str]:
+def rope_problems(r: RopeScaling, base: float | None = None, arch: str = archs.DEFAULT) -> list[str]:
     """What in a RoPE scaling no table can be built from, or the pack's header cannot hold,
-    one phrase each (as problems()); base: the rope base it scales (None: not checked)."""
-    rk, out = ROPE_KEYS, []
+    one phrase each (as problems()); base: the rope base it scales (None: not checked); arch:
+    the architecture whose keys name the values."""
+    spec = archs.get(arch)
+    rk, out = spec.ROPE_KEYS, []
     if r.type == "yarn" and base is not None and not base > 1:
         # the correction dimensions divide by ln(base)
-        out.append(f"{KEYS['rope_base']} {base}: yarn needs a base > 1")
+        out.append(f"{spec.KEYS['rope_base']} {base}: yarn needs a base > 1")
     if r.type not in ROPE_SCALING_TYPES:
         out.append(f"{rk['type']} {r.type!r} is not supported (supported: "
                    f"{', '.join(ROPE_SCALING_TYPES)})")
@@ -331,7 +321,7 @@ def _layout_problems(cfg: ModelConfig, shapes: Mapping[str, list[int]],
     """The metadata against the file's tensors (logical name -> ggml ne): the layers present,
     token_embd's rows (the vocabulary) and width. Missing tensors and every other shape are
     the loader's (strata/pack.py:_validate), which names them."""
-    out = []
+    out, keys = [], cfg.spec.KEYS
     layers = sorted({int(m.group(1)) for n in shapes if (m := _BLOCK.match(n))})
     # compared without a list of n_layer entries: block_count may be 2**32 - 1
     if (len(layers) != cfg.n_layer or layers != list(range(len(layers)))) and cfg.n_layer >= 1:
@@ -342,12 +332,12 @@ def _layout_problems(cfg: ModelConfig, shapes: Mapping[str, list[int]],
         else:
             shown = ", ".join(f"blk.{i}" for i in layers[:8]) + (", ..." if len(layers) > 8 else "")
             held = f"layers {shown}, not numbered 0 to N-1"
-        out.append(f"{KEYS['n_layer']} {cfg.n_layer} but the file holds {held}")
+        out.append(f"{keys['n_layer']} {cfg.n_layer} but the file holds {held}")
     embd = shapes.get("token_embd")
     if embd is not None and len(embd) == 2:
         width, rows = embd
         if width != cfg.n_embd:
-            out.append(f"{KEYS['n_embd']} {cfg.n_embd} but token_embd.weight rows hold {width} values")
+            out.append(f"{keys['n_embd']} {cfg.n_embd} but token_embd.weight rows hold {width} values")
         if vocab_key is not None and rows != cfg.n_vocab:
             out.append(f"{vocab_key} {cfg.n_vocab} but token_embd.weight has {rows} rows")
         elif rows < 1:

@@ -7,7 +7,7 @@ class StrataError(Exception):
 
 
 class PackError(StrataError):
-    """The pack file is unreadable, truncated, or not what a qwen3moe pack must be."""
+    """The pack file is unreadable, truncated, or not what a pack of its architecture (strata/archs) must be."""
 
 
 class InputError(StrataError):

@@ -1,8 +1,10 @@
-"""Synthetic packs: real qwen3moe GGUF files with random but valid blocks.
+"""Synthetic packs: real GGUF files of an architecture of strata/archs (a preset's), with random
+but valid blocks.
 
 `make_pack(path, preset, ...)` writes a file that gguf-py opens, with the tensor names
 llama.cpp's converters write (gguf-py's own tables, strata.tensor_names: `token_embd.weight`,
-`blk.0.ffn_gate_exps.weight`, ...) and the shapes and metadata keys its qwen3moe loader reads,
+`blk.0.ffn_gate_exps.weight`, ...) and the shapes and metadata keys its loader of the
+architecture reads (the architecture's table and `write_metadata`, strata/archs),
 deterministic for a seed:
 
 - every tensor's values come from its own generators, derived from (seed, tensor name, chunk)
@@ -78,7 +80,7 @@ from gguf.gguf_writer import WriterState
 from strata import dense, quants
 from strata import tensor_names as tn
 from strata.atomic import AtomicFile
-from strata.config import ARCH, PRESETS, ROPE_KEYS, ModelConfig, RopeScaling
+from strata.config import PRESETS, ModelConfig, RopeScaling
 from strata.progress import Progress
 from strata.constants import PACK_FORMAT
 from strata.errors import InputError
@@ -224,38 +226,25 @@ def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
     """Every tensor of a pack, in file order, by logical name (tensor_names.name). types:
     {logical name: type} of the matrices whose type is their own (a mix, strata.mixes); the
     others as the arguments say."""
-    D, E, F, V = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp, cfg.n_vocab
-    T, n = tn.T, tn.name
-    shexp_gate_type = router_type if router_type in (QT.F32, QT.BF16) else QT.F32
-    plans = [
-        _Plan(n(T.TOKEN_EMBD), dense_type, (V, D), "blocks", EMBD_STD),
-        _Plan(n(T.OUTPUT_NORM), QT.F32, (D,), "normal", NORM_STD, 1.0),
-    ]
-    if not tie_embeddings:
-        plans.append(_Plan(n(T.OUTPUT), dense_type, (V, D), "blocks", _in_std(D)))
+    spec = cfg.spec
+    type_of = {"embd": dense_type, "dense": dense_type, "norm": QT.F32, "router": router_type,
+               "gate": router_type if router_type in (QT.F32, QT.BF16) else QT.F32,
+               "expert_gu": gu_type, "expert_down": down_type}
+    # the optional groups of the table (strata/archs/spec.py) written: the lm_head unless tied,
+    # the shared expert where the config has one
+    groups = {"output": not tie_embeddings, "shexp": cfg.has_shexp}
+
+    def plan(t, name: str) -> _Plan:
+        ne = t.shape(cfg)
+        shape, n_cols = tuple(reversed(ne)), ne[0]
+        kind, std, mean = {"norm": ("normal", NORM_STD, 1.0), "gate": ("normal", 2.0 / np.sqrt(n_cols), 0.0),
+                           "embd": ("blocks", EMBD_STD, 0.0), "in": ("blocks", _in_std(n_cols), 0.0),
+                           "out": ("blocks", _out_std(n_cols), 0.0)}[t.fill]
+        return _Plan(name, type_of[t.role], shape, kind, std, mean)
+
+    plans = [plan(t, tn.name(t.kind)) for t in spec.MODEL_TENSORS if t.group is None or groups[t.group]]
     for l in range(cfg.n_layer):
-        plans += [
-            _Plan(n(T.ATTN_NORM, l), QT.F32, (D,), "normal", NORM_STD, 1.0),
-            _Plan(n(T.ATTN_Q, l), dense_type, (cfg.n_q, D), "blocks", _in_std(D)),
-            _Plan(n(T.ATTN_K, l), dense_type, (cfg.n_kv, D), "blocks", _in_std(D)),
-            _Plan(n(T.ATTN_V, l), dense_type, (cfg.n_kv, D), "blocks", _in_std(D)),
-            _Plan(n(T.ATTN_OUT, l), dense_type, (D, cfg.n_q), "blocks", _out_std(cfg.n_q)),
-            _Plan(n(T.ATTN_Q_NORM, l), QT.F32, (cfg.head_dim,), "normal", NORM_STD, 1.0),
-            _Plan(n(T.ATTN_K_NORM, l), QT.F32, (cfg.head_dim,), "normal", NORM_STD, 1.0),
-            _Plan(n(T.FFN_NORM, l), QT.F32, (D,), "normal", NORM_STD, 1.0),
-            _Plan(n(T.FFN_GATE_INP, l), router_type, (E, D), "normal", 2.0 / np.sqrt(D)),
-            _Plan(n(T.FFN_GATE_EXP, l), gu_type, (E, F, D), "blocks", _in_std(D)),
-            _Plan(n(T.FFN_UP_EXP, l), gu_type, (E, F, D), "blocks", _in_std(D)),
-            _Plan(n(T.FFN_DOWN_EXP, l), down_type, (E, D, F), "blocks", _out_std(F)),
-        ]
-        if cfg.has_shexp:
-            S = cfg.n_ff_shexp
-            plans += [
-                _Plan(n(T.FFN_GATE_INP_SHEXP, l), shexp_gate_type, (D,), "normal", 2.0 / np.sqrt(D)),
-                _Plan(n(T.FFN_GATE_SHEXP, l), dense_type, (S, D), "blocks", _in_std(D)),
-                _Plan(n(T.FFN_UP_SHEXP, l), dense_type, (S, D), "blocks", _in_std(D)),
-                _Plan(n(T.FFN_DOWN_SHEXP, l), dense_type, (D, S), "blocks", _out_std(S)),
-            ]
+        plans += [plan(t, tn.name(t.kind, l)) for t in spec.BLOCK_TENSORS if t.group is None or groups[t.group]]
     for p in plans if types else ():
         p.qtype = types.get(p.name, p.qtype)
     return plans
@@ -318,33 +307,10 @@ def pack_types(config: ModelConfig, preset: str, expert_type: Any = None, dense_
 def _add_metadata(w: GGUFWriter, cfg: ModelConfig, preset: str, seed: int, expert_type: QT,
                   dense_type: QT, router_type: QT, fallbacks: list[str], n_tensors: int,
                   mix: str | None = None) -> None:
-    a = ARCH + "."
     w.add_name(f"strata synthetic {preset}")
     w.add_type("model")
     w.add_quantization_version(2)
-    w.add_uint32(a + "block_count", cfg.n_layer)
-    w.add_uint32(a + "context_length", cfg.context_length)
-    w.add_uint32(a + "embedding_length", cfg.n_embd)
-    w.add_uint32(a + "feed_forward_length", cfg.n_ff_exp)
-    w.add_uint32(a + "attention.head_count", cfg.n_head)
-    w.add_uint32(a + "attention.head_count_kv", cfg.n_head_kv)
-    w.add_uint32(a + "attention.key_length", cfg.head_dim)
-    w.add_uint32(a + "attention.value_length", cfg.head_dim)
-    w.add_float32(a + "rope.freq_base", float(cfg.rope_base))
-    r = cfg.rope_scaling
-    if r != type(r)():  # an unscaled pack keeps the header it always had
-        w.add_string(ROPE_KEYS["type"], r.type)
-        w.add_float32(ROPE_KEYS["factor"], float(r.factor))
-        w.add_float32(ROPE_KEYS["attn_factor"], float(r.attn_factor))
-        if r.type == "yarn":
-            w.add_uint32(ROPE_KEYS["original_context"], int(r.original_context))
-    w.add_float32(a + "attention.layer_norm_rms_epsilon", float(cfg.rms_eps))
-    w.add_uint32(a + "expert_count", cfg.n_expert)
-    w.add_uint32(a + "expert_used_count", cfg.n_expert_used)
-    w.add_uint32(a + "expert_feed_forward_length", cfg.n_ff_exp)
-    if cfg.has_shexp:
-        w.add_uint32(a + "expert_shared_feed_forward_length", cfg.n_ff_shexp)
-    w.add_uint32(a + "vocab_size", cfg.n_vocab)
+    cfg.spec.write_metadata(w, cfg)  # the architecture's hyperparameters (strata/archs)
     w.add_string("tokenizer.ggml.model", "none")
     w.add_string(KEY_PRESET, preset)
     w.add_uint64(KEY_SEED, int(seed))
@@ -499,7 +465,7 @@ def make_pack(path: str | os.PathLike[str], preset: str = "tiny", layers: int | 
             w.add_tensor_info(tn.file_name(p.name), p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=p.qtype)
         return w
 
-    sizer = described(_HeaderSizer(None, ARCH))
+    sizer = described(_HeaderSizer(None, config.arch))
     header = _render_header(sizer)
     align = sizer.data_alignment
     size = _file_size(len(header), align, plans)

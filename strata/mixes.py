@@ -1,6 +1,6 @@
 """Mixed-type packs as llama-quantize writes them: `make-pack --mix NAME` gives every matrix the
 type llama.cpp's quantizer picks for that file type (src/llama-quant.cpp:
-llama_tensor_get_type_impl and tensor_type_fallback), for a qwen3moe model (with or without a
+llama_tensor_get_type_impl and tensor_type_fallback), for a MoE model of strata/archs (with or without a
 shared expert) and no importance matrix. The file types (:data:`MIXES`) fall into three
 families, each with its rules for the tensors a pack holds:
 

@@ -9,6 +9,21 @@ from strata.constants import MMQ_GROUP  # noqa: F401  (fast/ imports it from her
 
 F32 = np.float32
 
+#: what the shared MoE half (reference/moe_half.py; fast/engine.py with fast/walk.py and the
+#: kernels) computes, as the fields of strata.archs.spec.MoeParams it reads: softmax over every
+#: expert's logit then top-k, the k weights renormalized, no router or expert biases, SwiGLU.
+#: An architecture asking for another value is refused (`unsupported`) until the half has it.
+IMPLEMENTED = {"scoring": ("softmax",), "renormalize": (True,), "router_bias": (False,),
+               "expert_bias": (False,), "activation": ("swiglu",),
+               "shared_expert": ("never", "optional")}
+
+
+def unsupported(params) -> list[str]:
+    """One phrase per MoeParams field (strata/archs) whose value the MoE half does not compute."""
+    return [f"the MoE half does not compute {field}={getattr(params, field)!r} (it computes "
+            f"{' or '.join(map(repr, values))})"
+            for field, values in IMPLEMENTED.items() if getattr(params, field) not in values]
+
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """H = silu(gate) * up, elementwise."""

@@ -1,7 +1,7 @@
-"""The pack loader: a qwen3moe GGUF file read in place.
+"""The pack loader: a GGUF file of an architecture of strata/archs, read in place.
 
 `Pack.open(path)` memory-maps the file with `gguf.GGUFReader`, validates it (architecture,
-every tensor present with the shape and a type the project supports, every tensor's data
+which picks its module from strata/archs: its keys and tensor table; every tensor present with the shape and a type the project supports, every tensor's data
 inside the file) and exposes it as `QMatrix` views into the map: tensors are never copied.
 Float matrices (F32/F16/BF16), stacked experts included, keep their type (`strata.dense`
 multiplies them in float32); norms are read as float32 vectors.
@@ -27,9 +27,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 
-from strata import dense, qformats, quants
+from strata import archs, dense, qformats, quants
 from strata import tensor_names as tn
-from strata.config import ARCH, ModelConfig
+from strata.archs.spec import SharedExpert, TensorSpec, layer_names  # noqa: F401 - SharedExpert: Layer.shexp's
+from strata.config import ARCH_KEY, ModelConfig
 from strata.dense import FLOAT_TYPES
 from strata.errors import InputError, PackError
 
@@ -121,53 +122,6 @@ class QMatrix:
         if self.is_float:
             return dense.decode_float(self.qtype, self.data)
         return quants.dequantize(self.qtype, self.data)
-
-
-@dataclass(frozen=True)
-class SharedExpert:
-    gate_inp: QMatrix  # 1 row of n_embd values: the shared expert's gate
-    gate: QMatrix      # [n_ff_shexp rows, n_embd]
-    up: QMatrix        # [n_ff_shexp rows, n_embd]
-    down: QMatrix      # [n_embd rows, n_ff_shexp]
-
-
-#: the block tensors a Layer holds as float32 vectors (Pack.vector); the others are QMatrix
-BLOCK_NORMS = frozenset({tn.T.ATTN_NORM, tn.T.ATTN_Q_NORM, tn.T.ATTN_K_NORM, tn.T.FFN_NORM})
-
-
-@dataclass(frozen=True)
-class Layer:
-    """The tensors of block `index`, a field each, named as its tensor is in the block
-    (tensor_names.BLOCK, then SHEXP). Matrices are QMatrix, norms float32 vectors (BLOCK_NORMS)."""
-
-    index: int
-    attn_norm: np.ndarray      # [n_embd]
-    attn_q: QMatrix            # [n_head*head_dim rows, n_embd]
-    attn_k: QMatrix            # [n_head_kv*head_dim rows, n_embd]
-    attn_v: QMatrix            # [n_head_kv*head_dim rows, n_embd]
-    attn_output: QMatrix       # [n_embd rows, n_head*head_dim]
-    attn_q_norm: np.ndarray    # [head_dim]
-    attn_k_norm: np.ndarray    # [head_dim]
-    ffn_norm: np.ndarray       # [n_embd]
-    ffn_gate_inp: QMatrix      # router: [n_expert rows, n_embd]
-    ffn_gate_exps: QMatrix     # [E, n_ff_exp rows, n_embd]
-    ffn_up_exps: QMatrix       # [E, n_ff_exp rows, n_embd]
-    ffn_down_exps: QMatrix     # [E, n_embd rows, n_ff_exp]
-    ffn_gate_inp_shexp: QMatrix | None = None  # 1 row of n_embd
-    ffn_gate_shexp: QMatrix | None = None
-    ffn_up_shexp: QMatrix | None = None
-    ffn_down_shexp: QMatrix | None = None
-
-    @property
-    def has_shexp(self) -> bool:
-        return self.ffn_gate_shexp is not None
-
-    @property
-    def shexp(self) -> SharedExpert | None:
-        if not self.has_shexp:
-            return None
-        return SharedExpert(self.ffn_gate_inp_shexp, self.ffn_gate_shexp,
-                            self.ffn_up_shexp, self.ffn_down_shexp)
 
 
 # ---------------------------------------------------------------------------------------
@@ -391,7 +345,8 @@ def _logical_tensors(path: Path, reader: GGUFReader) -> dict[str, Any]:
 
 
 class Pack:
-    """A validated qwen3moe pack, read in place. Use `Pack.open(path)`."""
+    """A validated pack, read in place. Use `Pack.open(path)`. Its architecture's module is
+    `config.spec` (strata/archs)."""
 
     def __init__(self, path: Path, reader: GGUFReader, config: ModelConfig,
                  tensors: dict[str, Any], file_size: int):
@@ -402,7 +357,7 @@ class Pack:
         self._tensors = tensors
         self._matrices: dict[str, QMatrix] = {}
         self._vectors: dict[str, np.ndarray] = {}
-        self._layers: dict[int, Layer] = {}
+        self._layers: dict[int, Any] = {}
 
     # ---- opening -------------------------------------------------------------------
     @classmethod
@@ -425,8 +380,10 @@ class Pack:
         # one refusal for every reason: the tensors of types this loader does not read, all
         # of them, beside every problem of the metadata (its values and counts against the
         # limits and the tensors present, each key named: strata/config.py, strata/limits.py)
-        # or, where the metadata is sound, of the tensors' names and shapes
-        unread = _unknown_tensors(reader) + _type_problems(tensors)
+        # or, where the metadata is sound, of the tensors' names and shapes. The tensors are
+        # judged by the architecture's table; an unknown architecture is refused alone.
+        spec = _arch_of(reader)
+        unread = (_unknown_tensors(reader, spec) + _type_problems(tensors, spec)) if spec else []
         try:
             config = ModelConfig.from_metadata(reader.fields, {n: _ne(t) for n, t in tensors.items()})
         except PackError as exc:
@@ -551,7 +508,8 @@ class Pack:
         for name in self.tensor_names():
             qt = self.tensor_type(name)
             fmt = qformats.lookup(qt)
-            if fmt is None or fmt.mmq_kernel is not None or tensor_kind(name) in VECTORS:
+            kind = tensor_kind(name, self.config.spec)
+            if fmt is None or fmt.mmq_kernel is not None or kind is None or kind.float_only:
                 continue
             if name == tn.name(tn.T.TOKEN_EMBD) and not self.tied_embeddings:
                 continue
@@ -559,6 +517,12 @@ class Pack:
         if not bad:
             return []
         return [f"no CUDA MMQ kernel decodes {by_type(bad)}"]
+
+    def is_vector(self, name: str) -> bool:
+        """Whether logical `name` is read as a float32 vector (`vector`: a norm) rather than a
+        matrix, by its architecture's table (strata/archs)."""
+        kind = tensor_kind(name, self.config.spec)
+        return kind is not None and kind.is_vector
 
     def tensor_type(self, name: str) -> QT:
         return QT(self._tensor(name).tensor_type)
@@ -627,23 +591,23 @@ class Pack:
     def output_norm(self) -> np.ndarray:
         return self.vector("output_norm")
 
-    def layer(self, l: int) -> Layer:
-        """Block l's tensors (cached)."""
+    def layer(self, l: int):
+        """Block l's tensors (cached): the architecture's Layer (strata/archs), a field per
+        tensor of its table, matrices as QMatrix and norms as float32 vectors; a group the
+        block does not hold (the shared expert's) None."""
         l = self._check_layer(l)
         lay = self._layers.get(l)
         if lay is not None:
             return lay
-        p = f"blk.{l}."  # a Layer field is named as its tensor without this
-        kinds = tn.BLOCK + (tn.SHEXP if p + "ffn_gate_shexp" in self._tensors else ())
-        kw: dict[str, Any] = {}
-        for t in kinds:
-            name = tn.name(t, l)
-            kw[name.removeprefix(p)] = (self.vector if t in BLOCK_NORMS else self.matrix)(name)
-        lay = Layer(index=l, **kw)
+        spec = self.config.spec
+        vectors = {t.field for t in spec.BLOCK_TENSORS if t.is_vector}
+        kw: dict[str, Any] = {field: (self.vector if field in vectors else self.matrix)(name)
+                              for field, name in layer_names(spec, l, self._tensors.__contains__).items()}
+        lay = spec.Layer(index=l, **kw)
         self._layers[l] = lay
         return lay
 
-    def layers(self) -> Iterator[Layer]:
+    def layers(self) -> Iterator[Any]:
         for l in range(self.config.n_layer):
             yield self.layer(l)
 
@@ -705,53 +669,49 @@ class Pack:
 # Validation
 
 
-def block_shapes(cfg: ModelConfig) -> dict:
-    """MODEL_TENSOR -> ggml ne (fastest dimension first) of a block's tensors, the shared
-    expert's included."""
-    T, E, D, F, S = tn.T, cfg.n_expert, cfg.n_embd, cfg.n_ff_exp, cfg.n_ff_shexp
-    return {
-        T.ATTN_NORM: [D], T.ATTN_Q: [D, cfg.n_q], T.ATTN_K: [D, cfg.n_kv],
-        T.ATTN_V: [D, cfg.n_kv], T.ATTN_OUT: [cfg.n_q, D], T.ATTN_Q_NORM: [cfg.head_dim],
-        T.ATTN_K_NORM: [cfg.head_dim], T.FFN_NORM: [D], T.FFN_GATE_INP: [D, E],
-        T.FFN_GATE_EXP: [D, F, E], T.FFN_UP_EXP: [D, F, E], T.FFN_DOWN_EXP: [F, D, E],
-        T.FFN_GATE_INP_SHEXP: [D], T.FFN_GATE_SHEXP: [D, S], T.FFN_UP_SHEXP: [D, S],
-        T.FFN_DOWN_SHEXP: [S, D],
-    }
-
-
-def _expected_shapes(cfg: ModelConfig, has_output: bool, shexp_layers: set[int]) -> dict[str, list[int]]:
-    """logical name -> ggml ne of every tensor a pack of this config must hold."""
-    T, D = tn.T, cfg.n_embd
-    ex: dict[str, list[int]] = {tn.name(T.TOKEN_EMBD): [D, cfg.n_vocab], tn.name(T.OUTPUT_NORM): [D]}
-    if has_output:
-        ex[tn.name(T.OUTPUT)] = [D, cfg.n_vocab]
-    shapes = block_shapes(cfg)
+def _expected_shapes(cfg: ModelConfig, present: set[str], groups_of: dict[int, set[str]]) -> dict[str, list[int]]:
+    """logical name -> ggml ne of every tensor a pack of this config must hold: the
+    architecture's table (strata/archs), a model tensor of a group only where `present` holds
+    its name (`output`: absent where the embeddings are tied), a block's group only where
+    groups_of[layer] names it."""
+    spec = cfg.spec
+    ex: dict[str, list[int]] = {}
+    for t in spec.MODEL_TENSORS:
+        if t.group is None or tn.name(t.kind) in present:
+            ex[tn.name(t.kind)] = t.shape(cfg)
     for l in range(cfg.n_layer):
-        for t in tn.BLOCK + (tn.SHEXP if l in shexp_layers else ()):
-            ex[tn.name(t, l)] = shapes[t]
+        for t in spec.BLOCK_TENSORS:
+            if t.group is None or t.group in groups_of.get(l, ()):
+                ex[tn.name(t.kind, l)] = t.shape(cfg)
     return ex
 
 
-#: the tensors read as float vectors (norms and the shared expert's gate): a float type only
-VECTORS = BLOCK_NORMS | {tn.T.OUTPUT_NORM, tn.T.FFN_GATE_INP_SHEXP}
-#: a block tensor's kind by its name less `blk.N.`
-_BLOCK_KINDS = {tn.name(t, 0).removeprefix("blk.0."): t for t in tn.BLOCK + tn.SHEXP}
-_MODEL_KINDS = {tn.name(t): t for t in tn.MODEL}
+def _arch_of(reader) -> Any:
+    """The module of the file's architecture (strata/archs), None where it is absent, not a
+    string or unknown (ModelConfig.from_metadata refuses it, named)."""
+    f = reader.fields.get(ARCH_KEY)
+    try:
+        return archs.ARCHS.get(f.contents()) if f is not None else None
+    except (UnicodeDecodeError, TypeError, ValueError, IndexError):
+        return None
 
 
-def tensor_kind(logical: str):
-    """The MODEL_TENSOR of a logical name (`blk.3.attn_q`: ATTN_Q), None for a tensor a qwen3moe
-    pack does not hold."""
+def tensor_kind(logical: str, spec) -> TensorSpec | None:
+    """The table entry (strata/archs) of a logical name (`blk.3.attn_q`: ATTN_Q's), None for a
+    tensor a pack of the architecture `spec` does not hold."""
     if logical.startswith("blk."):
         layer, _, rest = logical[4:].partition(".")
-        return _BLOCK_KINDS.get(rest) if layer.isdigit() else None
-    return _MODEL_KINDS.get(logical)
+        if not layer.isdigit():
+            return None
+        return next((t for t in spec.BLOCK_TENSORS if t.field == rest), None)
+    return next((t for t in spec.MODEL_TENSORS if tn.name(t.kind) == logical), None)
 
 
-def allowed_types(kind) -> tuple[QT, ...]:
-    """The types the loader reads for a tensor of this kind: a float type for a vector, any
-    registered quant type or a float type for a matrix (stacked experts included)."""
-    return FLOAT_TYPES if kind in VECTORS else tuple(quants.SUPPORTED_TYPES) + FLOAT_TYPES
+def allowed_types(kind: TensorSpec) -> tuple[QT, ...]:
+    """The types the loader reads for a tensor of this kind: a float type for a vector (norms
+    and gates), any registered quant type or a float type for a matrix (stacked experts
+    included)."""
+    return FLOAT_TYPES if kind.float_only else tuple(quants.SUPPORTED_TYPES) + FLOAT_TYPES
 
 
 def folded(names: list[str]) -> str:
@@ -792,43 +752,43 @@ def _layer_set(ids: list[int]) -> str:
     return "{" + ",".join(runs) + "}"
 
 
-def _type_problems(tensors: dict[str, Any]) -> list[str]:
+def _type_problems(tensors: dict[str, Any], spec) -> list[str]:
     """The tensors of types the loader does not read, all of them, in one phrase grouped by
     type with the types each kind takes ([] if none): from the names and types alone, so it
     stands beside the metadata's problems whatever they are."""
     bad, kinds = [], set()
     for name, t in tensors.items():
-        kind = tensor_kind(name)
+        kind = tensor_kind(name, spec)
         if kind is None:
-            continue  # not a qwen3moe tensor: never read
+            continue  # not a tensor of the architecture: never read
         try:
             qt = QT(int(t.tensor_type))
         except ValueError:
             qt = None
         if qt not in allowed_types(kind):
             bad.append((name, _type_name(t.tensor_type)))
-            kinds.add(kind in VECTORS)
+            kinds.add(kind.float_only)
     if not bad:
         return []
-    takes = [f"{what} {', '.join(a.name for a in allowed_types(kind))}"
-             for vec, what, kind in ((False, "matrices", tn.T.ATTN_Q), (True, "norms and vectors", tn.T.ATTN_NORM))
-             if vec in kinds]
+    takes = [f"{what} {', '.join(a.name for a in (FLOAT_TYPES if vec else tuple(quants.SUPPORTED_TYPES) + FLOAT_TYPES))}"
+             for vec, what in ((False, "matrices"), (True, "norms and vectors")) if vec in kinds]
     return [f"{len(bad)} tensor{'s' * (len(bad) > 1)} of unsupported types ({by_type(bad)}); "
             f"supported: {'; '.join(takes)}"]
 
 
-def _unknown_tensors(reader) -> list[str]:
-    """One phrase naming the file's tensors that a qwen3moe pack does not hold ([] if none):
+def _unknown_tensors(reader, spec) -> list[str]:
+    """One phrase naming the file's tensors that a pack of the architecture `spec` does not
+    hold ([] if none):
     a writer's mistake or a renamed tensor (an `output.weight` renamed would otherwise make
     the pack one of tied embeddings), refused as llama.cpp's loader refuses a tensor it does
     not create."""
     odd = [str(t.name) for t in reader.tensors
-           if (logical := tn.logical_name(str(t.name))) is None or tensor_kind(logical) is None]
+           if (logical := tn.logical_name(str(t.name))) is None or tensor_kind(logical, spec) is None]
     if not odd:
         return []
     shown = ", ".join(n[:64] for n in odd[:LAYOUT_SHOWN]) + (f" and {len(odd) - LAYOUT_SHOWN} more" if len(odd) > LAYOUT_SHOWN else "")
-    return [f"{len(odd)} tensor{'s' * (len(odd) > 1)} a qwen3moe pack does not hold ({shown}; "
-            "strata/tensor_names.py lists those it does)"]
+    return [f"{len(odd)} tensor{'s' * (len(odd) > 1)} a {spec.NAME} pack does not hold ({shown}; "
+            f"strata/archs/{spec.__name__.rsplit('.', 1)[-1]}.py lists those it does)"]
 
 
 def _validate(cfg: ModelConfig, tensors: dict[str, Any], unread: list[str] = (),
@@ -837,13 +797,17 @@ def _validate(cfg: ModelConfig, tensors: dict[str, Any], unread: list[str] = (),
     Every problem found is listed in one PackError with `unread` (the tensors of unsupported
     types, _type_problems), `where` prefixed. Messages name tensors as the file does (with
     `.weight`)."""
-    T, f = tn.T, tn.file_name
+    T, f, spec = tn.T, tn.file_name, cfg.spec
     embd = tn.name(T.TOKEN_EMBD)
     if embd not in tensors:
         raise PackError(where + "; ".join([f"missing tensor {f(embd)}", *unread]))
     n_vocab = cfg.n_vocab or _ne(tensors[embd])[-1]
-    shexp_layers = {l for l in range(cfg.n_layer)
-                    if any(tn.name(t, l) in tensors for t in tn.SHEXP)}
+    groups_of: dict[int, set[str]] = {}  # layer -> the groups of the table it holds a tensor of
+    for l in range(cfg.n_layer):
+        held = {t.group for t in spec.BLOCK_TENSORS if t.group and tn.name(t.kind, l) in tensors}
+        if held:
+            groups_of[l] = held
+    shexp_layers = {l for l, held in groups_of.items() if "shexp" in held}
     n_ff_shexp = cfg.n_ff_shexp
     if shexp_layers and n_ff_shexp == 0:
         gate = tn.name(T.FFN_GATE_SHEXP, min(shexp_layers))
@@ -851,7 +815,7 @@ def _validate(cfg: ModelConfig, tensors: dict[str, Any], unread: list[str] = (),
             raise PackError(where + "; ".join([f"missing tensor {f(gate)}", *unread]))
         n_ff_shexp = _ne(tensors[gate])[-1]
     cfg = cfg.replace(n_vocab=n_vocab, n_ff_shexp=n_ff_shexp if shexp_layers else 0)
-    expected = _expected_shapes(cfg, tn.name(T.OUTPUT) in tensors, shexp_layers)
+    expected = _expected_shapes(cfg, set(tensors), groups_of)
     quant_ok = tuple(quants.SUPPORTED_TYPES)
     missing, problems = [], []
     for name, ne in expected.items():
@@ -867,7 +831,7 @@ def _validate(cfg: ModelConfig, tensors: dict[str, Any], unread: list[str] = (),
             qt = QT(int(t.tensor_type))
         except ValueError:
             qt = None
-        if qt in quant_ok and qt in allowed_types(tensor_kind(name)):
+        if qt in quant_ok and qt in allowed_types(tensor_kind(name, spec)):
             vals, _ = quants.block_size(qt)
             if ne[0] % vals:
                 problems.append(

@@ -10,7 +10,7 @@ from gguf import GGUFWriter
 from gguf import quants as gq
 from gguf.constants import MODEL_ARCH, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
 
-from strata import tensor_names
+from strata import archs, tensor_names
 from strata.pack import Pack
 
 T = MODEL_TENSOR
@@ -103,11 +103,15 @@ def test_pack_opens_a_converter_style_file(tmp_path):
 
 
 def test_names_come_from_gguf_tables():
-    qwen3moe = {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH.QWEN3MOE]}
-    for t in tensor_names.MODEL + tensor_names.BLOCK:
-        assert TENSOR_NAMES[t] in qwen3moe
-    for t in tensor_names.SHEXP:
-        assert t in MODEL_TENSORS[tensor_names.SHEXP_ARCH]
+    arch = archs.get("qwen3moe")
+    own = {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH.QWEN3MOE]}
+    table = arch.MODEL_TENSORS + arch.BLOCK_TENSORS
+    for t in table:
+        if t.group == "shexp":
+            assert t.kind in MODEL_TENSORS[arch.SHEXP_ARCH]
+        else:
+            assert TENSOR_NAMES[t.kind] in own
+    assert {t.group for t in table} == {None, "output", "shexp"}
     assert tensor_names.name(T.FFN_GATE_EXP, 3) == "blk.3.ffn_gate_exps"
     assert tensor_names.file_name("blk.3.ffn_gate_exps") == "blk.3.ffn_gate_exps.weight"
     assert tensor_names.logical_name("token_embd.weight") == "token_embd"
@@ -117,11 +121,12 @@ def test_names_come_from_gguf_tables():
 def test_make_pack_writes_only_gguf_names(make_test_pack):
     """Every tensor make-pack writes is a qwen3moe (or shared-expert) name plus `.weight`."""
     pack = make_test_pack("tiny")
+    arch = pack.config.spec
     allowed = set()
     for l in range(pack.config.n_layer):
-        for t in tensor_names.BLOCK + tensor_names.SHEXP:
-            allowed.add(gguf_name(t, l))
-    allowed |= {gguf_name(t) for t in tensor_names.MODEL}
+        for t in arch.BLOCK_TENSORS:
+            allowed.add(gguf_name(t.kind, l))
+    allowed |= {gguf_name(t.kind) for t in arch.MODEL_TENSORS}
     names = {t.name for t in pack.reader.tensors}
     assert names <= allowed and len(names) == len(allowed)
 

@@ -255,7 +255,7 @@ class CudaBackend(BackendBase):
         got = self._weights.get(name)
         if got is not None:
             return got
-        if name.endswith("_norm"):
+        if self.pack.is_vector(name):  # a norm (the architecture's table)
             got = self.ga.to_gpu(np.ascontiguousarray(self.pack.vector(name), dtype=np.float32))
         else:
             m = self.pack.output() if name == "output" else self.pack.matrix(name)

@@ -1,4 +1,5 @@
-"""The attention half of a layer, as the reference computes it.
+"""qwen3moe's attention half of a layer, as the reference computes it (strata/archs/qwen3moe.py:
+ATTENTION).
 
     h = RMSNorm(x)                              attn_norm
     q, k, v = h . W_q, h . W_k, h . W_v         MMQ products on q8_1 rows (float weights:
@@ -21,6 +22,7 @@ F32 = np.float32
 
 
 def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray, dump=None) -> np.ndarray:
+    """x [T, n_embd] residual in, residual out; positions: the tokens' absolute positions."""
     cfg = model.config
     L = model.pack.layer(layer)
     n_tok = x.shape[0]
