@@ -124,8 +124,10 @@ class Backend(Protocol):
     def kv_write(self, layer: int, positions: np.ndarray, k: Array, v: Array) -> None:
         """Quantize k and v into the layer's int8 KV cache at positions."""
 
-    def attend(self, layer: int, q: Array, positions: np.ndarray) -> Array:
-        """Causal attention of q [T, heads, head_dim] over the layer's cache."""
+    def attend(self, layer: int, q: Array, positions: np.ndarray, sinks=None, window: int | None = None) -> Array:
+        """Causal attention of q [T, heads, head_dim] over the layer's cache; sinks (the
+        layer's sink logits, float32 [heads]: a host array, or on the GPU a device copy) and
+        window (keys a query sees) as strata.attention.attend's, None: none."""
 
     def add(self, x: Array, y: Array) -> Array:
         """x + y (may reuse x's memory)."""

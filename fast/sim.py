@@ -259,10 +259,10 @@ class SimBackend(BackendBase):
         positions = np.array(positions, copy=True)
         self._launch("kv_write", lambda: self.kv.write(layer, positions, k, v))
 
-    def attend(self, layer, q, positions):
+    def attend(self, layer, q, positions, sinks=None, window=None):
         positions = np.array(positions, copy=True)
         return self._step("attention", self.alloc_f32(q.shape),
-                          lambda: attention.attend(self.kv, layer, q, positions))
+                          lambda: attention.attend(self.kv, layer, q, positions, sinks=sinks, window=window))
 
     # ---- the NaN/Inf watch (strata/nonfinite.py), a step on the compute stream like the kernel's
     _nonfinite = None

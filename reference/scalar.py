@@ -275,10 +275,13 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 # --------------------------------------------------------------------------- attention (section 5)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos, n_head_kv: int) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos, n_head_kv: int, sinks=None,
+              window=None) -> np.ndarray:
     """Section 5, Attention: queries q [T, H, hd] at positions qpos over keys and values
     k, v [n_keys, n_head_kv, hd] at positions 0..n_keys-1, through the int8 KV cache:
-    [T, H, hd] float32 (``strata.attention.KVCache.write``, then ``strata.attention.attend``)."""
+    [T, H, hd] float32 (``strata.attention.KVCache.write``, then ``strata.attention.attend``).
+    sinks: float32 [H] or None; window: the keys a query sees, or None (section 5, "Sinks",
+    "Sliding window")."""
     n_tok, n_head, hd = q.shape
     # the KV cache: K one scale per 32 values, V one scale per head_dim row
     kq = [[int8_row(k[j, g].tolist(), 32) for g in range(n_head_kv)] for j in range(k.shape[0])]
@@ -287,12 +290,13 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos, n_head_kv: int)
     out = np.zeros(q.shape, F32)
     for t in range(n_tok):
         P = int(qpos[t])
+        lo = 0 if window is None else max(0, P - int(window) + 1)  # the first key the query sees
         for h in range(n_head):
             g = h // (n_head // n_head_kv)
             qc, qd = int8_row(q[t, h].tolist(), 32)
-            # scores of the keys at positions 0..P
+            # scores of the keys at positions lo..P
             s = {}
-            for j in range(P + 1):
+            for j in range(lo, P + 1):
                 kc, kd = kq[j][g]
                 acc = ZERO
                 for b in range(hd // 32):
@@ -300,20 +304,24 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos, n_head_kv: int)
                     d = qd[b] * kd[b]
                     acc = acc + d * F32(sumi)
                 s[j] = acc * kq_scale
-            # online softmax over key blocks of 64, ascending
-            M, L, O = F32(-np.inf), ZERO, [ZERO] * hd
-            for c in range(P // 64 + 1):
+            # online softmax over key blocks of 64, ascending, from the block holding key lo; a
+            # sink is a key merged before them whose value is zero: M = sink, L = exp(0) = 1
+            if sinks is None:
+                M, L, O = F32(-np.inf), ZERO, [ZERO] * hd
+            else:
+                M, L, O = F32(sinks[h]), F32(1.0), [ZERO] * hd
+            for c in range(lo // 64, P // 64 + 1):
                 keys = range(64 * c, 64 * c + 64)
-                m_new = max(M, max(s[j] for j in keys if j <= P))
+                m_new = max(M, max(s[j] for j in keys if lo <= j <= P))
                 alpha = exp(M - m_new)
-                p = [exp(s[j] - m_new) if j <= P else ZERO for j in keys]
+                p = [exp(s[j] - m_new) if lo <= j <= P else ZERO for j in keys]
                 lsum = tree_sum(p)
-                w = [p[i] * vq[j][g][1][0] if j <= P else ZERO for i, j in enumerate(keys)]
+                w = [p[i] * vq[j][g][1][0] if lo <= j <= P else ZERO for i, j in enumerate(keys)]
                 wq, dw = int8_block(w)
                 L = L * alpha
                 L = L + lsum
                 for i in range(hd):
-                    pv = sum(wq[jj] * vq[j][g][0][i] for jj, j in enumerate(keys) if j <= P)  # exact
+                    pv = sum(wq[jj] * vq[j][g][0][i] for jj, j in enumerate(keys) if lo <= j <= P)  # exact
                     ob = dw * F32(pv)
                     O[i] = O[i] * alpha
                     O[i] = O[i] + ob

@@ -4,6 +4,12 @@ Scores are exact integer dot products of int8 Q and K blocks (32 values, one flo
 each). Keys are visited in blocks of 64 at absolute positions with an online softmax, merged
 in ascending order. P is folded with V's per-token scale and quantized to int8 per (query,
 key block), so P.V is an exact int32 too. The attention kernel names `attend` here.
+
+Two options, both off by default (then not one operation differs): a learned sink logit per
+query head, which joins each row's softmax as a key whose value is zero (the online softmax
+starts from it: M = sink, L = 1), and a sliding window of `window` keys (a key is masked when
+position - key >= window), whose key blocks wholly outside a query's window are not visited
+(section 5, "Sinks" and "Sliding window").
 """
 from __future__ import annotations
 
@@ -81,14 +87,42 @@ _TILE_BYTES = 64 << 20
 _TILE_QUERIES = KEY_BLOCK
 
 
-def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray) -> np.ndarray:
+def window_start(positions, window: int | None):
+    """The first key each query at `positions` sees: position - window + 1, at least 0 (0
+    without a window). A key j is valid for the query iff window_start <= j <= position."""
+    positions = np.asarray(positions)
+    if window is None:
+        return np.zeros_like(positions)
+    return np.maximum(positions - (int(window) - 1), 0)
+
+
+def check_options(n_head: int, sinks, window):
+    """(sinks as float32 [n_head] or None, window as an int or None), refused with a one-line
+    ValueError where they are malformed."""
+    if window is not None:
+        if isinstance(window, bool) or int(window) != window or int(window) < 1:
+            raise ValueError(f"attention window must be a whole number of keys >= 1, got {window!r}")
+        window = int(window)
+    if sinks is not None:
+        sinks = np.asarray(sinks)
+        if sinks.dtype != F32 or sinks.shape != (n_head,):
+            raise ValueError(f"attention sinks must be float32 [{n_head}], got {sinks.dtype} {sinks.shape}")
+    return sinks, window
+
+
+def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray, sinks: np.ndarray | None = None,
+           window: int | None = None) -> np.ndarray:
     """Causal attention of q [T, n_head, hd] (float32, after norm and RoPE) at absolute
     `positions` over the cache's keys 0..position. Returns [T, n_head, hd] float32.
+
+    sinks: float32 [n_head], each head's sink logit (None: no sink). window: each query sees
+    the keys position - window + 1 .. position only (None: every key up to its position).
 
     Queries and heads are independent: a (query tile, KV head) piece computes its queries of
     the query heads that KV head serves, each by the same operations whatever the tile, and
     the pieces run on the threads of strata.parallel."""
     n_tok, n_head, hd = q.shape
+    sinks, window = check_options(n_head, sinks, window)
     out = np.empty_like(q, dtype=F32)
     n_keys = int(positions.max()) + 1
     n_blk = -(-n_keys // KEY_BLOCK)
@@ -109,22 +143,30 @@ def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray) -> 
         t0, kvh = piece
         rows, heads = slice(t0, t0 + tile), slice(kvh * group, (kvh + 1) * group)
         pos = positions[rows]
-        # a tile visits only the key blocks up to its last query's position
+        # a tile visits only the key blocks up to its last query's position, and with a window
+        # from the block of its earliest query's first key
+        b0 = int(window_start(pos, window).min()) // KEY_BLOCK
         out[rows, heads] = _attend_tile(kv[kvh], qc[rows, heads], qd[rows, heads], pos,
-                                        int(pos.max()) // KEY_BLOCK + 1)
+                                        int(pos.max()) // KEY_BLOCK + 1, b0=b0, window=window,
+                                        sink=None if sinks is None else sinks[heads])
 
     parallel.map_ordered(run, pieces)
     return out
 
 
-def _attend_tile(kv, qc: np.ndarray, qd: np.ndarray, pos: np.ndarray, n_blk: int) -> np.ndarray:
+def _attend_tile(kv, qc: np.ndarray, qd: np.ndarray, pos: np.ndarray, n_blk: int, b0: int = 0,
+                 window: int | None = None, sink: np.ndarray | None = None) -> np.ndarray:
     """The query heads that one KV head serves (GQA), as int8 blocks qc [T, group, hd] with
-    scales qd [T, group, hd/32], over key blocks 0..n_blk-1. kv: that head's keys and values,
+    scales qd [T, group, hd/32], over key blocks b0..n_blk-1. kv: that head's keys and values,
     shared by its query heads (broadcast over them): K codes as float32 [keys, hd], K scales
-    [hd/32, keys], V codes as float32 [keys, hd], V scales [keys]."""
+    [hd/32, keys], V codes as float32 [keys, hd], V scales [keys]. window, sink: as attend's
+    (sink: the group's sink logits [group])."""
     n_tok, n_head, hd = qc.shape
+    key0 = b0 * KEY_BLOCK  # the first key visited
+    n_blk -= b0
     n_k = n_blk * KEY_BLOCK
-    kc, kd, vc, vd = kv[0][:n_k], kv[1][:, :n_k], kv[2][:n_k], kv[3][:n_k]
+    kc, kd = kv[0][key0:key0 + n_k], kv[1][:, key0:key0 + n_k]
+    vc, vd = kv[2][key0:key0 + n_k], kv[3][key0:key0 + n_k]
 
     # Scores: per 32-value block an exact integer dot, then the float epilogue in block order:
     # s = s + (qd * kd) * sumi per element.
@@ -141,20 +183,34 @@ def _attend_tile(kv, qc: np.ndarray, qd: np.ndarray, pos: np.ndarray, n_blk: int
     np.multiply(s, kq_scale(hd), out=s)
 
     # Mask keys after each query's position. Keys up to the tile's first position are valid
-    # for every query, so only the keys after it are looked at.
-    k0 = min(n_k, int(pos.min()) + 1)
-    masked = (np.arange(k0, n_k)[None, :] > pos[:, None])[None]  # [1, T, n_k - k0]
+    # for every query, so only the keys after it are looked at. With a window, keys before
+    # each query's first key (window_start) too, over the whole span.
+    keys = np.arange(key0, key0 + n_k)
+    if window is None:
+        k0 = min(n_k, int(pos.min()) + 1 - key0)
+        masked = (keys[None, k0:] > pos[:, None])[None]  # [1, T, n_k - k0]
+    else:
+        k0 = 0
+        masked = ((keys[None, :] > pos[:, None]) | (keys[None, :] < window_start(pos, window)[:, None]))[None]
     np.copyto(s[:, :, k0:], F32(-np.inf), where=masked)
     s = s.reshape(n_head, n_tok, n_blk, KEY_BLOCK)
 
-    # Running maximum after each block (max is exact in any order).
+    # Running maximum after each block (max is exact in any order); a sink is the maximum
+    # before the first block. A block wholly outside a query's window has m_blk = -inf and
+    # leaves the running maximum as it is; its alpha and p (NaN where the maximum is still
+    # -inf) are never merged.
     m_blk = s.max(axis=-1)  # [H, T, n_blk]
-    m_run = np.maximum.accumulate(m_blk, axis=-1)
-    m_prev = np.concatenate([np.full_like(m_run[..., :1], -np.inf), m_run[..., :-1]], axis=-1)
-    alpha = numerics.exp(m_prev - m_run)  # exp(-inf) = 0 for the first block
-
-    np.subtract(s, m_run[..., None], out=s)
-    p = numerics.exp(s)
+    if sink is None:
+        m_run = np.maximum.accumulate(m_blk, axis=-1)
+        m_prev = np.concatenate([np.full_like(m_run[..., :1], -np.inf), m_run[..., :-1]], axis=-1)
+    else:
+        start = np.broadcast_to(sink[:, None, None], (n_head, n_tok, 1))
+        m_all = np.maximum.accumulate(np.concatenate([start, m_blk], axis=-1), axis=-1)
+        m_prev, m_run = m_all[..., :-1], m_all[..., 1:]
+    with np.errstate(invalid="ignore"):  # -inf - -inf in the blocks outside a window
+        alpha = numerics.exp(m_prev - m_run)  # exp(-inf) = 0 for the first block
+        np.subtract(s, m_run[..., None], out=s)
+        p = numerics.exp(s)
     np.copyto(p.reshape(n_head, n_tok, n_k)[:, :, k0:], F32(0.0), where=masked)
     lsum = numerics.tree_sum(p, axis=-1)  # [H, T, n_blk]
 
@@ -166,20 +222,23 @@ def _attend_tile(kv, qc: np.ndarray, qd: np.ndarray, pos: np.ndarray, n_blk: int
     pv = np.matmul(wq.astype(F32).transpose(0, 2, 1, 3), vc_blk)  # [H, n_blk, T, hd], exact ints
     ob = wd.transpose(0, 2, 1, 3) * pv  # [H, n_blk, T, hd]
 
-    # Merge the blocks in ascending order; a query stops at the block holding its position.
-    last_blk = pos // KEY_BLOCK  # [T]
-    acc_l = np.zeros((n_head, n_tok), dtype=F32)
+    # Merge the blocks in ascending order; a query starts at the block holding its first key
+    # and stops at the block holding its position. A sink starts L at exp(sink - sink) = 1.
+    last_blk = pos // KEY_BLOCK - b0  # [T]
+    first_blk = window_start(pos, window) // KEY_BLOCK - b0
+    acc_l = (np.zeros if sink is None else np.ones)((n_head, n_tok), dtype=F32)
     acc_o = np.zeros((n_head, n_tok, hd), dtype=F32)
-    all_live = int(last_blk.min())  # blocks up to this one are live for every query
+    all_from, all_live = int(first_blk.max()), int(last_blk.min())  # blocks live for every query
     for c in range(n_blk):
         a = alpha[:, :, c]
-        if c <= all_live:  # acc = acc * a + block, in place
+        if all_from <= c <= all_live:  # acc = acc * a + block, in place
             np.multiply(acc_l, a, out=acc_l)
             np.add(acc_l, lsum[:, :, c], out=acc_l)
             np.multiply(acc_o, a[..., None], out=acc_o)
             np.add(acc_o, ob[:, c], out=acc_o)
             continue
-        live = (c <= last_blk)[None, :]  # [1, T]
-        acc_l = np.where(live, acc_l * a + lsum[:, :, c], acc_l)
-        acc_o = np.where(live[..., None], acc_o * a[..., None] + ob[:, c], acc_o)
+        live = ((first_blk <= c) & (c <= last_blk))[None, :]  # [1, T]
+        with np.errstate(invalid="ignore"):
+            acc_l = np.where(live, acc_l * a + lsum[:, :, c], acc_l)
+            acc_o = np.where(live[..., None], acc_o * a[..., None] + ob[:, c], acc_o)
     return (acc_o / acc_l[..., None]).transpose(1, 0, 2)

@@ -355,9 +355,10 @@ def test_the_sites_are_found():
         ("fast/cuda/runtime.py", "function"), ("fast/cuda/attention.py", "_split_func"),
         ("verify/test_kernels_cuda.py", "_probe")}
     assert len(CASES) >= 40
-    # the f-string of the pair kernel expands to both head dims, from the .cu
+    # the f-strings of the pair kernels expand to both head dims, from the .cu
     pair = {c.kernel for c in CASES if c.where.startswith("fast/cuda/attention.py") and "pair" in (c.kernel or "")}
-    assert pair == {"attend_pair_hd64", "attend_pair_hd128"}
+    assert pair == {"attend_pair_hd64", "attend_pair_hd128", "attend_pair_sinks_window_hd64",
+                    "attend_pair_sinks_window_hd128"}
 
 
 def test_every_kernel_has_a_checked_launch():

@@ -183,9 +183,9 @@ def _cost(op: str, s: dict, wtype: str | None) -> tuple[int, int]:
     if op == "kv_write":  # float K and V and the positions in; codes, scales and V's blocks out
         T, n_kv, hd = len(s["positions"]), s["n_kv"], s["hd"]
         return 0, 2 * T * n_kv * hd * 4 + T * 4 + T * n_kv * (3 * hd + 4 * (hd // 32) + 4)
-    if op in ("attention", "attention_pair_config", "attention_positions"):
+    if op in ("attention", "attention_pair_config", "attention_positions", "attention_options"):
         return attention_cost(s["n_head"], s["n_kv"], s["hd"], s["positions"])
-    if op == "attention_chunks":
+    if op in ("attention_chunks", "attention_options_chunks"):
         flops = nbytes = 0
         for chunk in s["chunks"]:
             f, b = attention_cost(s["n_head"], s["n_kv"], s["hd"], chunk)
@@ -328,6 +328,23 @@ ATTENTION_SHAPES = [
 ]
 
 
+# The options' rows (sink logits, a sliding window: gpt-oss' attention): (name, n_head, n_kv, hd,
+# chunk positions, keys already in the cache, sinks' standard deviation or None, window or None)
+ATTENTION_OPTION_SHAPES = [
+    ("prefill-300-w128-sinks-hd64", 16, 2, 64, range(0, 300), 0, 2.0, 128),
+    ("chunk-200-T130-w128-sinks-hd64", 16, 2, 64, range(200, 330), 200, 2.0, 128),  # reaching into the earlier keys
+    ("prefill-200-w1-sinks8-hd64", 4, 1, 64, range(0, 200), 0, 8.0, 1),  # a window of the query itself
+    ("prefill-260-w64-hd128", 8, 2, 128, range(0, 260), 0, None, 64),  # windows on block edges
+    ("prefill-260-w65-hd64", 8, 2, 64, range(0, 260), 0, None, 65),
+    ("prefill-150-sinks-hd128", 8, 4, 128, range(0, 150), 0, 4.0, None),
+    ("prefill-100-w1000-hd64", 4, 4, 64, range(0, 100), 0, None, 1000),  # past the context: no window
+    ("T1-decode-1000-w128-sinks-hd64", 64, 8, 64, (1000,), 1000, 2.0, 128),
+    ("T3-scattered-w100-sinks-hd64", 8, 1, 64, (700, 5, 1300), 1301, 2.0, 100),
+    # the released models' geometry: 64 query heads, 8 KV heads, head_dim 64, a window of 128
+    ("prefill-1000-gqa8-w128-sinks-hd64", 64, 8, 64, range(0, 1000), 0, 2.0, 128),
+]
+
+
 def _attention_shape(i: int, scale: float, **extra) -> tuple[str, dict]:
     name, n_head, n_kv, hd, positions, start = ATTENTION_SHAPES[i]
     return name, dict(n_head=n_head, n_kv=n_kv, hd=hd, positions=positions, start=start, scale=scale, **extra)
@@ -371,6 +388,17 @@ def _model_rows() -> list[KernelCase]:
     for v in ("pair", "split"):
         rows.append(kernel_case("attention_positions", f"T2-at200-{v}", dict(n_head=8, n_kv=2, hd=128, positions=(200, 201),
                                                                       start=200, scale=4.0), form=v, quick=v == "pair"))
+    for i, (name, n_head, n_kv, hd, positions, start, sinks, window) in enumerate(ATTENTION_OPTION_SHAPES):
+        shape = dict(n_head=n_head, n_kv=n_kv, hd=hd, positions=positions, start=start, scale=4.0, sinks=sinks,
+                     window=window, seed=700 + i)
+        for v in ATTEND_FORMS:
+            rows.append(kernel_case("attention_options", f"{name}-{v or 'default'}", shape, form=v,
+                                    quick=i == 0 and v is None))
+    for v in ATTEND_FORMS:
+        rows.append(kernel_case("attention_options_chunks", f"3x70+1-w100-sinks-{v or 'default'}",
+                                dict(n_layer=2, n_head=8, n_kv=2, hd=64, window=100, sinks=2.0,
+                                     chunks=(range(0, 70), range(70, 140), range(140, 210), (210,))),
+                                form=v, quick=v is None))
     for v in ATTEND_FORMS:
         rows.append(kernel_case("attention_chunks", f"2x70+1-{v or 'default'}",
                          dict(n_layer=2, n_head=8, n_kv=2, hd=128, chunks=(range(0, 70), range(70, 140), (140,))),

@@ -9,7 +9,8 @@ embed.cu (Q8_0 strata.quants.dequantize), gather_group.cu (strata.moe.group_buff
 Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
 probabilities, T=1, positions crossing 64-key blocks, GQA, head_dim 64 and 128, n_embd 256 and
 2560). Attention runs every kernel variant (pair, split, auto and the default) on each case,
-with long prompts crossing many key blocks and T=1 decode at large positions. Outputs are poisoned before each launch and compared whole as bytes; a mismatch reports
+with long prompts crossing many key blocks and T=1 decode at large positions, and again with
+gpt-oss' options (sink logits, a sliding window). Outputs are poisoned before each launch and compared whole as bytes; a mismatch reports
 the first differing element, both values (float and hex) and the count. At the sizes the GPU
 suites time (rows with `check`), a spread of rows (tokens, queries) is compared with the NumPy
 definition and the rest must be written. Every case is a row of verify/cases.py
@@ -404,6 +405,60 @@ def test_attention_chunks_device_cache(dev, case):
             assert_same(got, want, f"device cache {name} layer {layer}")
         # the transposed V blocks kept beside them (grown with the cache): the layout of v_codes
         assert_same(_get(kv.v_t[layer]), cu_att.v_blocks_host(_get(kv.v_codes[layer])), f"device cache v_t layer {layer}")
+
+
+def _sinks(rng, n_head: int, spread):
+    """The sink logits of a row (spread: their standard deviation; None: no sinks)."""
+    return None if spread is None else (rng.standard_normal(n_head) * spread).astype(F32)
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("attention_options")))
+def test_attention_options(dev, case):
+    """Sink logits and a sliding window (gpt-oss' attention; docs/numerics.md section 5) on
+    every kernel variant and the default, against strata.attention.attend with the same
+    options: windows of one key, on and off block edges and past the context, a chunk whose
+    window reaches into the keys before it, scattered decode positions. The sinks go up as a
+    GPUArray for the kernels named, as a host array for the default."""
+    s = case.shape
+    rng = np.random.default_rng(s["seed"])
+    positions = np.array(s["positions"], np.int32)
+    cache, q, _, _ = _attention_case(rng, s["n_head"], s["n_kv"], s["hd"], positions, s["start"], s["scale"])
+    sinks = _sinks(rng, s["n_head"], s["sinks"])
+    want = attention.attend(cache, 0, q, positions, sinks=sinks, window=s["window"])
+    out = _poisoned(q.shape, F32)
+    dev_sinks = sinks if sinks is None or case.form is None else _up(sinks)
+    cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant=case.form,
+                  sinks=dev_sinks, window=s["window"])
+    assert_same(_get(out), want, f"attention[{case.form}] options {case.name}")
+    if case.form == "split":  # the positions on the device: the grid from block 0
+        out = _poisoned(q.shape, F32)
+        cu_att.attend(dev, _up(q), _up(positions), *_device_cache_from(cache, 0), out=out, variant="split",
+                      sinks=dev_sinks, window=s["window"])
+        assert_same(_get(out), want, f"attention[split] options, device positions, {case.name}")
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("attention_options_chunks")))
+def test_attention_options_chunks_device_cache(dev, case):
+    """Chunks and a decode step through the device cache with sinks and a window: each chunk's
+    window reaches back into the chunks before it, every output the NumPy cache's bytes."""
+    rng = np.random.default_rng(78)
+    variant = case.form
+    n_layer, n_head, n_kv, hd = (case.shape[k] for k in ("n_layer", "n_head", "n_kv", "hd"))
+    window = case.shape["window"]
+    sinks = [_sinks(rng, n_head, case.shape["sinks"]) for _ in range(n_layer)]
+    ref = attention.KVCache(n_layer, n_kv, hd)
+    kv = cu_att.DeviceKVCache(dev, n_layer, n_kv, hd, capacity=64)
+    for chunk in case.shape["chunks"]:
+        chunk = np.array(chunk, np.int32)
+        for layer in range(n_layer):
+            k, v = _kv_inputs(rng, chunk.size, n_kv, hd)
+            q = _randn(rng, (chunk.size, n_head, hd), -1.0, 1.0) * F32(4.0)
+            ref.write(layer, chunk, k, v)
+            kv.write(layer, chunk, _up(k), _up(v))
+            want = attention.attend(ref, layer, q, chunk, sinks=sinks[layer], window=window)
+            out = _poisoned(q.shape, F32)
+            kv.attend(layer, _up(q), chunk, out=out, variant=variant, sinks=_up(sinks[layer]), window=window)
+            assert_same(_get(out), want, f"attention[{variant}] options chunk {chunk[0]}.. layer {layer}")
 
 
 # ---------------------------------------------------------------- routing

@@ -7,7 +7,9 @@ Kernels and the NumPy functions they match bit for bit (docs/numerics.md):
 - :func:`kv_write` -> strata.attention.KVCache.write (kernels/kv_cache.cu)
 - :func:`attend`   -> strata.attention.attend        (kernels/attention_pair.cu for prefill,
   attention_split.cu for few queries: their shared steps in attention_common.cuh; the earlier
-  one-warp prefill form is dev/kernels/attention_v1_mma.cu)
+  one-warp prefill form is dev/kernels/attention_v1_mma.cu). With sinks or a window, the same
+  files' *_sinks_window kernels (the options' code compiled in; the plain kernels are the same
+  code as before the options existed).
 """
 from __future__ import annotations
 
@@ -208,23 +210,53 @@ def _attend_variant(variant, T: int) -> str:
 _pair_funcs: dict = {}
 
 
-def _pair_func(hd: int, defines: dict):
-    """(prepared attend_pair_hd<hd>, dynamic shared bytes, queries per CTA, threads) built with
-    ``defines``; its shared memory limit raised once."""
-    key = (hd, tuple(sorted(defines.items())))
+def _pair_func(hd: int, defines: dict, options: bool = False):
+    """(prepared attend_pair_hd<hd>, or with ``options`` attend_pair_sinks_window_hd<hd>,
+    dynamic shared bytes, queries per CTA, threads) built with ``defines``; its shared memory
+    limit raised once."""
+    key = (hd, tuple(sorted(defines.items())), options)
     got = _pair_funcs.get(key)
     if got is None:
         mod = runtime.load_module("attention_pair", defines)
         geo = runtime.module_ints(mod, "attend_pair_geometry", 4)
         smem = geo[0] if hd == 64 else geo[1]
-        f = runtime.allow_dynamic_smem(mod.get_function(f"attend_pair_hd{hd}"), smem)
-        f.prepare("PqPiiPPPPPifPq")
+        if options:
+            f_opt = runtime.allow_dynamic_smem(mod.get_function(f"attend_pair_sinks_window_hd{hd}"), smem)
+            f_opt.prepare("PqPiiPPPPPifPqPi")
+            f = f_opt
+        else:
+            f = runtime.allow_dynamic_smem(mod.get_function(f"attend_pair_hd{hd}"), smem)
+            f.prepare("PqPiiPPPPPifPq")
         got = _pair_funcs[key] = (f, smem, geo[2], geo[3])
     return got
 
 
+def _options(dev, sinks, window, H: int, p):
+    """(sinks pointer or 0, window or 0, the split grid's first block) of attend's options,
+    checked: sinks float32 [H] (a GPUArray, or a host array, uploaded), window an int >= 1.
+    The first block is the smallest of the host positions' first keys' blocks (0 where the
+    positions stay on the device)."""
+    if window is not None:
+        if isinstance(window, bool) or int(window) != window or int(window) < 1:
+            raise InputError(f"attend: the window must be a whole number of keys >= 1, got {window!r}")
+        window = int(window)
+    sp = 0
+    if sinks is not None:
+        if not hasattr(sinks, "gpudata"):
+            sinks = np.asarray(sinks)
+            if sinks.dtype != np.float32 or sinks.shape != (H,):
+                raise InputError(f"attend sinks must be float32 [{H}], got {sinks.dtype} {sinks.shape}")
+            sinks = dev.upload(np.ascontiguousarray(sinks))
+        check(sinks, "attend sinks", np.float32, shape=(H,))
+        sp = ptr(sinks)
+    c_base = 0
+    if window is not None and p is not None and p.size:
+        c_base = int(_attention.window_start(p, window).min()) // KEY_BLOCK
+    return sp, window or 0, c_base
+
+
 def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, variant=None,
-           max_pos=None, config=None, v_t=None):
+           max_pos=None, config=None, v_t=None, sinks=None, window=None):
     """Causal attention (strata.attention.attend) of q float32 [T, n_head, hd] (after norm and
     RoPE) at absolute positions (int32 GPUArray [T], or a host int array: checked and uploaded)
     over one layer's cache (see :func:`kv_write`; keys 0..position of each query must be
@@ -234,7 +266,10 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     positions are a GPUArray (else the capacity does); ``config``: attention_pair.cu's defines
     over ATTEND_PAIR_CONFIG for the pair kernel; ``v_t``: the cache's transposed V blocks (see
     :func:`kv_write`), which the pair kernel reads; without them it transposes v_codes first
-    (:func:`v_transpose`, into scratch). Returns out, float32 [T, n_head, hd]."""
+    (:func:`v_transpose`, into scratch). ``sinks`` (float32 [n_head], a GPUArray or a host
+    array) and ``window`` (keys a query sees, an int >= 1) as strata.attention.attend's; either
+    one runs the *_sinks_window kernels, neither the plain ones. Returns out, float32
+    [T, n_head, hd]."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
     vt = _checked_vt(v_t, n_kv, cap, hd)
     check(q, "attend q", np.float32, shape=(None, None, hd))
@@ -246,6 +281,8 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     pos, p = _device_positions(dev, positions, cap, T, "attend")
     if p is not None and p.size:
         max_pos = int(p.max())
+    opt = sinks is not None or window is not None
+    sp, win, c_base = _options(dev, sinks, window, H, p) if opt else (0, 0, 0)
     out = dev.output(out, "attend out", (T, H, hd), np.float32)
     if T == 0 or H == 0:
         return out
@@ -253,13 +290,14 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     kq = np.float32(_attention.kq_scale(hd))
     if v == "pair":
         defines = {**ATTEND_PAIR_CONFIG, **(config or {})}
-        f, smem, tile, threads = _pair_func(hd, defines)
+        f, smem, tile, threads = _pair_func(hd, defines, opt)
         if not vt:  # a cache without its transposed V blocks
             top = cap if max_pos is None else min(int(max_pos) + 1, cap)
             vt = ptr(v_transpose(dev, v_codes, top, out=_vt_scratch(dev, n_kv, cap, hd)))
+        extra = (sp, win) if opt else ()
         dev.launch(f, "attention", (-(-T // tile), H, 1), (threads, 1, 1), ptr(q), H * hd, ptr(pos), T,
                    H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), vt, cap,
-                   kq, ptr(out), H * hd, shared_size=smem)
+                   kq, ptr(out), H * hd, *extra, shared_size=smem)
     else:  # split: three launches, counted as one "attention"
         top = cap - 1 if max_pos is None else min(int(max_pos), cap - 1)
         nblk = top // KEY_BLOCK + 1
@@ -271,16 +309,30 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
         OB = MC + 4 * sizes[1]
         LS = OB + 4 * sizes[2]
         AL = LS + 4 * sizes[3]
-        f1 = _split_func(f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
         warps, merge_g = _split_geometry()
-        dev.launch(f1, None, (nblk, n_kv, 1), (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos),
-                   T, H, H // n_kv, ptr(k_codes), ptr(k_scale), cap, kq, nblk, S, MC)
-        f2 = _split_func(f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPP")
-        dev.launch(f2, None, (nblk, n_kv, 1), (32 * warps, 1, 1), ptr(pos), T, H, H // n_kv,
-                   ptr(v_codes), ptr(v_scale), cap, nblk, S, MC, OB, LS, AL)
-        f3 = _split_func(f"attend_split_merge_hd{hd}", "PiiPPPPq")
-        dev.launch(f3, "attention", (T, H, 1), (merge_g * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL, ptr(out),
-                   H * hd)
+        if not opt:
+            f1 = _split_func(f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
+            dev.launch(f1, None, (nblk, n_kv, 1), (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos),
+                       T, H, H // n_kv, ptr(k_codes), ptr(k_scale), cap, kq, nblk, S, MC)
+            f2 = _split_func(f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPP")
+            dev.launch(f2, None, (nblk, n_kv, 1), (32 * warps, 1, 1), ptr(pos), T, H, H // n_kv,
+                       ptr(v_codes), ptr(v_scale), cap, nblk, S, MC, OB, LS, AL)
+            f3 = _split_func(f"attend_split_merge_hd{hd}", "PiiPPPPq")
+            dev.launch(f3, "attention", (T, H, 1), (merge_g * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL,
+                       ptr(out), H * hd)
+            return out
+        # the options: the grid of passes 1 and 2 from block c_base (the blocks before every
+        # query's window are never launched); the scratch stays indexed by absolute block
+        c_base = min(c_base, nblk - 1)
+        f1 = _split_func(f"attend_split_scores_sinks_window_hd{hd}", "PqPiiiPPifiPPii")
+        dev.launch(f1, None, (nblk - c_base, n_kv, 1), (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos),
+                   T, H, H // n_kv, ptr(k_codes), ptr(k_scale), cap, kq, nblk, S, MC, win, c_base)
+        f2 = _split_func(f"attend_split_pv_sinks_window_hd{hd}", "PiiiPPiiPPPPPPii")
+        dev.launch(f2, None, (nblk - c_base, n_kv, 1), (32 * warps, 1, 1), ptr(pos), T, H, H // n_kv,
+                   ptr(v_codes), ptr(v_scale), cap, nblk, S, MC, OB, LS, AL, sp, win, c_base)
+        f3 = _split_func(f"attend_split_merge_sinks_window_hd{hd}", "PiiPPPPqPi")
+        dev.launch(f3, "attention", (T, H, 1), (merge_g * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL,
+                   ptr(out), H * hd, sp, win)
     return out
 
 
@@ -352,11 +404,13 @@ class DeviceKVCache:
         kv_write(self.dev, k, v, p if positions_dev is None else positions_dev, *self.layer(layer),
                  v_t=self.v_t[layer])
 
-    def attend(self, layer: int, q, positions, *, positions_dev=None, out=None, variant=None, config=None):
-        """Causal attention of q float32 [T, n_head, hd] at positions (host int array)."""
+    def attend(self, layer: int, q, positions, *, positions_dev=None, out=None, variant=None, config=None,
+               sinks=None, window=None):
+        """Causal attention of q float32 [T, n_head, hd] at positions (host int array); sinks
+        and window as :func:`attend`'s."""
         p = np.asarray(positions)
         if p.size and int(p.max()) >= self.capacity:
             raise InputError(f"attend: position {int(p.max())} past the cache capacity {self.capacity}")
         return attend(self.dev, q, p if positions_dev is None else positions_dev, *self.layer(layer),
                       out=out, variant=variant, max_pos=int(p.max()) if p.size else None, config=config,
-                      v_t=self.v_t[layer])
+                      v_t=self.v_t[layer], sinks=sinks, window=window)

@@ -324,8 +324,8 @@ class CudaBackend(BackendBase):
     def kv_write(self, layer, positions, k, v):
         self.kv.write(layer, np.asarray(positions, np.int32), k, v)
 
-    def attend(self, layer, q, positions):
-        return self.kv.attend(layer, q, np.asarray(positions, np.int32))
+    def attend(self, layer, q, positions, sinks=None, window=None):
+        return self.kv.attend(layer, q, np.asarray(positions, np.int32), sinks=sinks, window=window)
 
     def add(self, x, y):
         return ops.add(self.dev, x, y, out=x)

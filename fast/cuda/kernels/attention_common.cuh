@@ -17,6 +17,10 @@
 //     block; ob_i = dw * (float)(sum_j wq_j * vq_ji) (exact int32);
 //   L = L * alpha + lsum; O_i = O_i * alpha + ob_i; M = m_new; finally out_i = O_i / L.
 //   exp is the shared polynomial of strata.numerics.exp (strata_exp, never expf/__expf).
+// The options (the *_sinks_window kernels; docs/numerics.md section 5, "Sinks", "Sliding
+// window"): a sink logit per query head starts the state at M = sink, L = 1.0f (O = 0); a window
+// of W keys makes key j valid iff lo <= j <= pos with lo = max(pos - W + 1, 0), and a query
+// merges the blocks lo/64 .. pos/64 only (a block before them leaves its state as it is).
 // GQA: query head h reads KV head h / group (group = n_head / n_head_kv). Cache of one layer as
 // strata.attention.KVCache: k_codes [n_kv, cap, HD] int8, k_scale [n_kv, cap, HD/32] f32,
 // v_codes [n_kv, cap, HD] int8, v_scale [n_kv, cap] f32; keys at or past `cap` are never read.
@@ -117,12 +121,18 @@ struct BoolTag {
 // ---- the per-(query, key) steps both prefill kernels share. A thread holds NT x 4 scores of a
 // key block: accumulator (nt, e) is query row r0 (e < 2) or r1 (positions pos0, pos1) and the
 // absolute key key(nt, e), which each kernel's key layout gives. A key past its row's position
-// is invalid; FULL: the block lies below both rows, every key valid (no tests).
+// is invalid, and so is one that lo(key, e) rejects (a window's first key; NoLow: none);
+// FULL: the block lies inside both rows' keys, every key valid (no tests).
+
+// The lower bound of the valid keys where there is none: every key passes.
+struct NoLow {
+    __device__ __forceinline__ constexpr bool operator()(int, int) const { return true; }
+};
 
 // s = s * kq_scale, -inf where invalid; (mc0, mc1) = the rows' maxima over the lane quad.
-template <bool FULL, int NT, class Key>
+template <bool FULL, int NT, class Key, class Lo = NoLow>
 __device__ __forceinline__ void scale_mask_max(float (&s)[NT][4], float kq_scale, int pos0, int pos1, Key key,
-                                               float& mc0, float& mc1)
+                                               float& mc0, float& mc1, Lo lo = Lo{})
 {
     const float NEG_INF = __int_as_float(0xff800000);
     mc0 = NEG_INF;
@@ -131,7 +141,7 @@ __device__ __forceinline__ void scale_mask_max(float (&s)[NT][4], float kq_scale
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
+            const bool valid = FULL || (key(nt, e) <= ((e < 2) ? pos0 : pos1) && lo(key(nt, e), e));
             const float sc = __fmul_rn(s[nt][e], kq_scale);
             s[nt][e] = valid ? sc : NEG_INF;
         }
@@ -144,14 +154,15 @@ __device__ __forceinline__ void scale_mask_max(float (&s)[NT][4], float kq_scale
 
 // s = p = exp(s - m_new) of the row, 0 where invalid: strata_exp_nonpos, as the argument is
 // never above 0 (s <= m_new).
-template <bool FULL, int NT, class Key>
-__device__ __forceinline__ void exp_masked(float (&s)[NT][4], float mn0, float mn1, int pos0, int pos1, Key key)
+template <bool FULL, int NT, class Key, class Lo = NoLow>
+__device__ __forceinline__ void exp_masked(float (&s)[NT][4], float mn0, float mn1, int pos0, int pos1, Key key,
+                                           Lo lo = Lo{})
 {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
+            const bool valid = FULL || (key(nt, e) <= ((e < 2) ? pos0 : pos1) && lo(key(nt, e), e));
             const float x = __fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1);
             const float pe = strata_exp_nonpos(x);
             s[nt][e] = valid ? pe : 0.0f;
@@ -161,9 +172,9 @@ __device__ __forceinline__ void exp_masked(float (&s)[NT][4], float mn0, float m
 
 // s = w = p * dv (dv(nt): the float2 scales of keys with e & 1 = 0 and 1), 0 where invalid;
 // (amax0, amax1) = the rows' max |w| over the lane quad.
-template <bool FULL, int NT, class Key, class DV>
+template <bool FULL, int NT, class Key, class DV, class Lo = NoLow>
 __device__ __forceinline__ void fold_v_scale(float (&s)[NT][4], int pos0, int pos1, Key key, DV dv,
-                                             float& amax0, float& amax1)
+                                             float& amax0, float& amax1, Lo lo = Lo{})
 {
     amax0 = 0.0f;
     amax1 = 0.0f;
@@ -172,7 +183,7 @@ __device__ __forceinline__ void fold_v_scale(float (&s)[NT][4], int pos0, int po
         const float2 d = dv(nt);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const bool valid = FULL || key(nt, e) <= ((e < 2) ? pos0 : pos1);
+            const bool valid = FULL || (key(nt, e) <= ((e < 2) ? pos0 : pos1) && lo(key(nt, e), e));
             const float we = __fmul_rn(s[nt][e], (e & 1) ? d.y : d.x);
             s[nt][e] = valid ? we : 0.0f;
         }
@@ -276,6 +287,24 @@ __device__ __forceinline__ void store_out(float* __restrict__ out, long long ldo
     {                                                                                              \
         attend_##KIND##_body<HD>(q, ldq, positions, T, group, k_codes, k_scale, v_codes, v_scale,  \
                                  v_t, cap, kq_scale, out, ldo);                                    \
+    }
+
+// The same with the options: sinks (float32 [n_head], or null: no sink) and window (keys a
+// query sees, or 0: every key up to its position): attend_<KIND>_sinks_window_hd<HD>, its body
+// attend_<KIND>_body<HD, true> (whose OPT false, sinks null and window 0 are the defaults the
+// plain entry takes).
+#define ATTEND_KERNEL_SINKS_WINDOW(KIND, HD, THREADS, MINB)                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                    \
+    attend_##KIND##_sinks_window_hd##HD(const float* __restrict__ q, long long ldq,                \
+                           const int* __restrict__ positions, int T, int group,                    \
+                           const int8_t* __restrict__ k_codes,                                     \
+                           const float* __restrict__ k_scale, const int8_t* __restrict__ v_codes,  \
+                           const float* __restrict__ v_scale, const int8_t* __restrict__ v_t,     \
+                           int cap, float kq_scale, float* __restrict__ out, long long ldo,       \
+                           const float* __restrict__ sinks, int window)                            \
+    {                                                                                              \
+        attend_##KIND##_body<HD, true>(q, ldq, positions, T, group, k_codes, k_scale, v_codes,    \
+                                       v_scale, v_t, cap, kq_scale, out, ldo, sinks, window);      \
     }
 
 #endif  // STRATA_ATTENTION_COMMON_CUH

@@ -1,5 +1,6 @@
 // Causal attention over the int8 KV cache of one layer on tensor cores, the work of each
-// 16-query group split between two warps: the prefill kernel attend_pair_hd{64,128}.
+// 16-query group split between two warps: the prefill kernel attend_pair_hd{64,128}, and
+// attend_pair_sinks_window_hd{64,128} with the options (sink logits, a sliding window).
 //
 // Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit; written out in
 // attention_common.cuh (the earlier one-warp form of the same work: dev/kernels/attention_v1_mma.cu).
@@ -26,6 +27,12 @@
 //   memory, so the first key blocks are in flight while it is quantized.
 //   Per block and row, alpha (skipped while every row of the warp keeps a finite maximum:
 //   exp(0) = 1) and the two divisions of the P quantization run once a lane, one row each.
+// attend_pair_sinks_window_hd{64,128}: the same body with OPT true. A row's state starts at its
+//   head's sink (M = sink, L = 1.0f) where sinks is not null; with a window (window > 0) a row
+//   sees keys lo .. pos (lo = max(pos - window + 1, 0)), the CTA's walk starts at the block of
+//   its smallest lo (the blocks before it are never loaded), a pair skips the blocks before both
+//   its rows' first, and a row merges the blocks lo/64 .. pos/64 only (live). FULL also needs the
+//   block to start at or after both rows' lo. OPT false compiles to the plain kernel's code.
 // Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
 
 #include <stdint.h>
@@ -93,13 +100,14 @@ struct PairSmem {
     static_assert(STAGE % 16 == 0 && XCH_OFF % 16 == 0, "16-byte aligned parts");
 };
 
-template <int HD>
+template <int HD, bool OPT = false>
 __device__ __forceinline__ void attend_pair_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int group,
     const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,
     const int8_t* __restrict__ /* v_codes: V is read from v_t */, const float* __restrict__ v_scale,
     const int8_t* __restrict__ v_t, int cap,
-    float kq_scale, float* __restrict__ out, long long ldo)
+    float kq_scale, float* __restrict__ out, long long ldo, const float* __restrict__ sinks = nullptr,
+    int window = 0)
 {
     using SM = PairSmem<HD>;
     constexpr int NB = SM::NB;
@@ -137,6 +145,23 @@ __device__ __forceinline__ void attend_pair_body(
     const int last1 = pos1 < 0 ? -1 : pos1 / KEY_BLOCK;
     const int plast = __reduce_max_sync(0xffffffffu, max(last0, last1));    // the pair's (same rows)
     const int pminpos = __reduce_min_sync(0xffffffffu, min(pos0, pos1));   // -1 with padding rows
+    // the window: each row's first key lo (0 without one) and block; the CTA's first block c_begin;
+    // the pair's first block pfirst (padding rows: none) and largest lo pmaxlo (for FULL)
+    const int lo0 = (OPT && window > 0) ? max(pos0 - window + 1, 0) : 0;
+    const int lo1 = (OPT && window > 0) ? max(pos1 - window + 1, 0) : 0;
+    int c_begin = 0, first0 = 0, first1 = 0, pfirst = 0, pmaxlo = 0;
+    if constexpr (OPT) {
+        if (window > 0) {
+            int minlo = 0x7fffffff;
+            for (int i = 0; i < PAIR_TILE; ++i)
+                if (spos[i] >= 0) minlo = min(minlo, max(spos[i] - window + 1, 0));
+            c_begin = maxpos < 0 ? 0 : minlo / KEY_BLOCK;
+            first0 = pos0 < 0 ? 0x7fffffff : lo0 / KEY_BLOCK;
+            first1 = pos1 < 0 ? 0x7fffffff : lo1 / KEY_BLOCK;
+            pfirst = __reduce_min_sync(0xffffffffu, min(first0, first1));
+            pmaxlo = __reduce_max_sync(0xffffffffu, max(lo0, lo1));
+        }
+    }
 
     // key block c -> ring stage c % PAIR_STAGES (stage_in, advanced by issue); key kappa at row
     // 32 (kappa & 1) + (kappa >> 1). A thread's K chunks are the same bytes of the same keys
@@ -184,7 +209,7 @@ __device__ __forceinline__ void attend_pair_body(
 
     // the first key blocks are in flight while Q is quantized
 #pragma unroll
-    for (int s = 0; s < PAIR_STAGES - 1; ++s) issue(s);
+    for (int s = 0; s < PAIR_STAGES - 1; ++s) issue(c_begin + s);
 
     // ---- Q of the tile, quantized (int8, one scale per 32) into shared memory, then its A
     // fragments (ldmatrix) and scales into registers for every block
@@ -223,6 +248,12 @@ __device__ __forceinline__ void attend_pair_body(
 
     const float NEG_INF = __int_as_float(0xff800000);
     float M0 = NEG_INF, M1 = NEG_INF, L0 = 0.0f, L1 = 0.0f;
+    if constexpr (OPT) {
+        if (sinks != nullptr) {  // the sink, a key of value zero merged first: M = sink, L = exp(0)
+            M0 = M1 = sinks[h];
+            L0 = L1 = 1.0f;
+        }
+    }
     float O[NG][2][4];
 #pragma unroll
     for (int gr = 0; gr < NG; ++gr)
@@ -237,12 +268,12 @@ __device__ __forceinline__ void attend_pair_body(
     const float* xs_oth = xs + (qg * 2 + 1 - hh) * 32;
     const int bar_id = 1 + qg;
 
-    int stage_use = 0;  // block c's stage, c % PAIR_STAGES
-    for (int c = 0; c < n_blk; ++c) {
+    int stage_use = 0;  // block c's stage, (c - c_begin) % PAIR_STAGES
+    for (int c = c_begin; c < n_blk; ++c) {
         cp_async_wait<PAIR_STAGES - 2>();
         __syncthreads();  // block c is in the ring for every thread; block c - 1's stage is free
         issue(c + PAIR_STAGES - 1);
-        if (c > plast) {  // pair-uniform: none of the pair's queries reaches block c
+        if (c > plast || (OPT && c < pfirst)) {  // pair-uniform: none of the pair's queries reaches block c
             stage_use = (stage_use + 1 == PAIR_STAGES) ? 0 : stage_use + 1;
             continue;
         }
@@ -280,8 +311,13 @@ __device__ __forceinline__ void attend_pair_body(
                                [&](int k) { return k ? dk1[b] : dk0[b]; });
             }
             auto key = [&](int nt, int e) { return j0 + 2 * (8 * nt + 2 * tq + (e & 1)) + hh; };
+            // the window's first keys (NoLow without the options: no test at all)
+            auto lo = [&]() {
+                if constexpr (OPT) return [&](int k, int e) { return k >= ((e < 2) ? lo0 : lo1); };
+                else return NoLow{};
+            }();
             float mc0, mc1;
-            scale_mask_max<FULL>(s, kq_scale, pos0, pos1, key, mc0, mc1);
+            scale_mask_max<FULL>(s, kq_scale, pos0, pos1, key, mc0, mc1, lo);
             if (tq == 0) {
                 xm_own[g] = mc0;
                 xm_own[g + 8] = mc1;
@@ -304,7 +340,7 @@ __device__ __forceinline__ void attend_pair_body(
                 }
             }
 
-            exp_masked<FULL>(s, mn0, mn1, pos0, pos1, key);
+            exp_masked<FULL>(s, mn0, mn1, pos0, pos1, key, lo);
             // the tree over lambda: + 16 (nt, nt + 2), + 8 (nt 0, 1), + 4 (lanes xor 2), + 2 (xor 1),
             // + 1 (e, e + 1); the pair's halves last
             float u[4];
@@ -319,7 +355,7 @@ __device__ __forceinline__ void attend_pair_body(
             float amax0, amax1;
             fold_v_scale<FULL>(s, pos0, pos1, key, [&](int nt) {
                 return *reinterpret_cast<const float2*>(stp + SM::VS_OFF + 4 * (32 * hh + 8 * nt + 2 * tq));
-            }, amax0, amax1);
+            }, amax0, amax1, lo);
             if (tq == 0) {
                 xs_own[2 * g] = ls0;
                 xs_own[2 * g + 1] = amax0;
@@ -361,7 +397,8 @@ __device__ __forceinline__ void attend_pair_body(
             pa[0][0] = p0.x; pa[0][1] = p0.y; pa[0][2] = p0.z; pa[0][3] = p0.w;
             pa[1][0] = p1.x; pa[1][1] = p1.y; pa[1][2] = p1.z; pa[1][3] = p1.w;
 
-            const bool live0 = FULL || c <= last0, live1 = FULL || c <= last1;
+            const bool live0 = FULL || (c <= last0 && (!OPT || c >= first0));
+            const bool live1 = FULL || (c <= last1 && (!OPT || c >= first1));
             auto pv = [&](auto keep_tag) {
                 constexpr bool KEEP = decltype(keep_tag)::value;
 #pragma unroll
@@ -391,7 +428,7 @@ __device__ __forceinline__ void attend_pair_body(
             M0 = live0 ? mn0 : M0;
             M1 = live1 ? mn1 : M1;
         };
-        if (j0 + KEY_BLOCK - 1 <= pminpos) block(BoolTag<true>{});
+        if (j0 + KEY_BLOCK - 1 <= pminpos && (!OPT || j0 >= pmaxlo)) block(BoolTag<true>{});
         else block(BoolTag<false>{});
     }
     cp_async_wait<0>();  // nothing in flight at exit
@@ -403,6 +440,8 @@ __device__ __forceinline__ void attend_pair_body(
 
 ATTEND_KERNEL(pair, 64, PAIR_THREADS, PAIR_MINB)
 ATTEND_KERNEL(pair, 128, PAIR_THREADS, PAIR_MINB)
+ATTEND_KERNEL_SINKS_WINDOW(pair, 64, PAIR_THREADS, PAIR_MINB)
+ATTEND_KERNEL_SINKS_WINDOW(pair, 128, PAIR_THREADS, PAIR_MINB)
 
 // dynamic shared memory bytes of attend_pair_hd64 / _hd128, and the CTA's queries and threads
 extern "C" __device__ int attend_pair_geometry[4] = {PairSmem<64>::BYTES, PairSmem<128>::BYTES, PAIR_TILE,

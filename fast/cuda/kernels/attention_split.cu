@@ -11,6 +11,12 @@
 //   alpha, p, lsum, the P quantization and ob of each block independently. Pass 3, one CTA per
 //   (query, head), one thread per output dim: the merge L = L*alpha + lsum, O = O*alpha + ob
 //   in ascending block order, out = O / L.
+// attend_split_{scores,pv,merge}_sinks_window_hd{64,128}: the same bodies with OPT true, and
+//   the options' parameters: window (> 0: a unit sees keys lo .. pos, lo = max(pos - window + 1,
+//   0); its units skip the blocks before lo/64 as they skip those after pos/64, and the grid of
+//   passes 1 and 2 starts at block c_base, the smallest lo/64 of the chunk, its blocks before it
+//   never launched), sinks (not null: the running maximum of pass 2 starts at the head's sink,
+//   and the merge at L = 1.0f). OPT false compiles to the plain kernels' code.
 // Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
 
 #include <stdint.h>
@@ -43,13 +49,17 @@ __device__ __forceinline__ void stage_v(int* svt, const int8_t* __restrict__ vba
 // Scratch (float32), for U = T * n_head units (query t, head h: unit t * n_head + h) and nblk
 // blocks: S [U, nblk * 64] scores, MC [U, nblk] block maxima, OB [U, nblk, HD], LS and AL [U, nblk].
 
+// The first key a query at pos sees through a window of `window` keys (window > 0).
+__device__ __forceinline__ int first_key(int pos, int window) { return max(pos - window + 1, 0); }
+
 // Pass 1: grid (nblk, n_kv), SPL_WARPS warps; a warp per (query, head of the group).
 // Passes 1 and 2 walk the (query, head) units of KV head kvh a warp a unit: body(t, h, pos) for
 // each unit's token t, query head h and position, except where key block c lies wholly after
 // the position (causal: the unit reads nothing of it; warp-uniform).
+// With a window (window > 0), also except where block c lies wholly before the unit's first key.
 template <typename Body>
 __device__ __forceinline__ void for_each_unit(int T, int group, int kvh, int c, const int* __restrict__ positions,
-                                              int warp, Body body)
+                                              int warp, Body body, int window = 0)
 {
     const int units = T * group;
     for (int un = warp; un < units; un += SPL_WARPS) {
@@ -57,15 +67,16 @@ __device__ __forceinline__ void for_each_unit(int T, int group, int kvh, int c, 
         const int h = kvh * group + (un - t * group);
         const int pos = positions[t];
         if (c > pos / KEY_BLOCK) continue;  // warp-uniform
+        if (window > 0 && c < first_key(pos, window) / KEY_BLOCK) continue;
         body(t, h, pos);
     }
 }
 
-template <int HD>
+template <int HD, bool OPT = false>
 __device__ __forceinline__ void split_scores_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int n_head,
     int group, const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale, int cap,
-    float kq_scale, int nblk, float* __restrict__ S, float* __restrict__ MC)
+    float kq_scale, int nblk, float* __restrict__ S, float* __restrict__ MC, int window = 0, int c_base = 0)
 {
     constexpr int NB = HD / 32;
     constexpr int QW = HD / 4;
@@ -77,7 +88,7 @@ __device__ __forceinline__ void split_scores_body(
     __shared__ float sqd[SPL_WARPS * NB];
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int c = blockIdx.x, kvh = blockIdx.y;
+    const int c = OPT ? c_base + (int)blockIdx.x : (int)blockIdx.x, kvh = blockIdx.y;
     const int j0 = c * KEY_BLOCK;
     const long long head_row0 = (long long)kvh * cap;
     const int8_t* kbase = k_codes + head_row0 * HD;
@@ -119,23 +130,25 @@ __device__ __forceinline__ void split_scores_body(
                 acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(qd[b], skd[key * KDS + b]), (float)sumi));
             }
             acc = __fmul_rn(acc, kq_scale);
-            const float s = (j0 + key <= pos) ? acc : __int_as_float(0xff800000);
+            const bool valid = (j0 + key <= pos) && (!OPT || window <= 0 || j0 + key >= first_key(pos, window));
+            const float s = valid ? acc : __int_as_float(0xff800000);
             S[unit * nblk * KEY_BLOCK + j0 + key] = s;
             m = fmaxf(m, s);
         }
         m = warp_max(m);
         if (lane == 0) MC[unit * nblk + c] = m;
         __syncwarp();  // this warp's Q codes are read before the next unit overwrites them
-    });
+    }, OPT ? window : 0);
 }
 
 // Pass 2: grid (nblk, n_kv), SPL_WARPS warps.
-template <int HD>
+template <int HD, bool OPT = false>
 __device__ __forceinline__ void split_pv_body(
     const int* __restrict__ positions, int T, int n_head, int group,
     const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale, int cap, int nblk,
     const float* __restrict__ S, const float* __restrict__ MC, float* __restrict__ OB,
-    float* __restrict__ LS, float* __restrict__ AL)
+    float* __restrict__ LS, float* __restrict__ AL, const float* __restrict__ sinks = nullptr, int window = 0,
+    int c_base = 0)
 {
     constexpr int VW = KEY_BLOCK / 4 + 1;
     constexpr int R = HD / 32;
@@ -144,7 +157,7 @@ __device__ __forceinline__ void split_pv_body(
     __shared__ int swq[SPL_WARPS * (KEY_BLOCK / 4)];
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int c = blockIdx.x, kvh = blockIdx.y;
+    const int c = OPT ? c_base + (int)blockIdx.x : (int)blockIdx.x, kvh = blockIdx.y;
     const int j0 = c * KEY_BLOCK;
     const long long head_row0 = (long long)kvh * cap;
     stage_v<HD, VW>(svt, v_codes + head_row0 * HD, j0, cap, tid, blockDim.x);
@@ -153,24 +166,32 @@ __device__ __forceinline__ void split_pv_body(
 
     for_each_unit(T, group, kvh, c, positions, warp, [&](int t, int h, int pos) {
         const long long unit = (long long)t * n_head + h;
-        // running max after block c (prefix max of m_0..m_c) and before it (m_0..m_{c-1})
+        // running max after block c (prefix max of m_0..m_c) and before it (m_0..m_{c-1}); with
+        // a window from the unit's first block (the blocks before it were not scored), with a
+        // sink from the sink
         const float* mrow = MC + unit * nblk;
         float m_new = __int_as_float(0xff800000), m_old = __int_as_float(0xff800000);
+        const int i0 = (OPT && window > 0) ? first_key(pos, window) / KEY_BLOCK : 0;
 #pragma unroll 8
-        for (int i = lane; i <= c; i += 32) {
+        for (int i = i0 + lane; i <= c; i += 32) {
             const float v = mrow[i];
             m_new = fmaxf(m_new, v);
             if (i < c) m_old = fmaxf(m_old, v);
         }
         m_new = warp_max(m_new);
         m_old = warp_max(m_old);
+        if (OPT && sinks != nullptr) {
+            m_new = fmaxf(m_new, sinks[h]);
+            m_old = fmaxf(m_old, sinks[h]);
+        }
         const float alpha = strata_exp(__fsub_rn(m_old, m_new));
         const float* srow = S + unit * nblk * KEY_BLOCK + j0;
         float p[2], w[2];
         bool valid[2];
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
-            valid[u] = (j0 + lane + 32 * u) <= pos;
+            valid[u] = (j0 + lane + 32 * u) <= pos &&
+                       (!OPT || window <= 0 || j0 + lane + 32 * u >= first_key(pos, window));
             p[u] = valid[u] ? strata_exp(__fsub_rn(srow[lane + 32 * u], m_new)) : 0.0f;
         }
         float lsum = __fadd_rn(p[0], p[1]);
@@ -205,17 +226,18 @@ __device__ __forceinline__ void split_pv_body(
             AL[unit * nblk + c] = alpha;
         }
         __syncwarp();
-    });
+    }, OPT ? window : 0);
 }
 
 // Pass 3: grid (T, n_head), MERGE_G * HD threads: per chunk of CH blocks all of them load the
 // block values into shared memory (many loads in flight), then the first HD threads (one per
 // output dim) run the ordered chain L = L*alpha + lsum, O = O*alpha + ob.
 #define MERGE_G 4
-template <int HD>
+template <int HD, bool OPT = false>
 __device__ __forceinline__ void split_merge_body(
     const int* __restrict__ positions, int n_head, int nblk, const float* __restrict__ OB,
-    const float* __restrict__ LS, const float* __restrict__ AL, float* __restrict__ out, long long ldo)
+    const float* __restrict__ LS, const float* __restrict__ AL, float* __restrict__ out, long long ldo,
+    const float* __restrict__ sinks = nullptr, int window = 0)
 {
     constexpr int CH = 8192 / HD;  // 32 KB of ob per chunk
     __shared__ float sob[CH * HD];
@@ -228,7 +250,12 @@ __device__ __forceinline__ void split_merge_body(
     const float* ls = LS + unit * nblk;
     const float* ob = OB + unit * nblk * HD + d;
     float O = 0.0f, L = 0.0f;
-    for (int c0 = 0; c0 <= last; c0 += CH) {
+    int first = 0;  // the unit's first block: 0, or its window's
+    if constexpr (OPT) {
+        if (sinks != nullptr) L = 1.0f;  // the sink merged first: L = exp(sink - sink)
+        if (window > 0) first = first_key(positions[t], window) / KEY_BLOCK;
+    }
+    for (int c0 = first; c0 <= last; c0 += CH) {
         __syncthreads();  // the previous chunk is no longer read
 #pragma unroll
         for (int k = 0; k < CH / MERGE_G; ++k) {
@@ -279,6 +306,36 @@ __device__ __forceinline__ void split_merge_body(
                               const float* __restrict__ AL, float* __restrict__ out, long long ldo)\
     {                                                                                              \
         split_merge_body<HD>(positions, n_head, nblk, OB, LS, AL, out, ldo);                       \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
+    attend_split_scores_sinks_window_hd##HD(const float* __restrict__ q, long long ldq,           \
+                               const int* __restrict__ positions, int T, int n_head, int group,    \
+                               const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,\
+                               int cap, float kq_scale, int nblk, float* __restrict__ S,           \
+                               float* __restrict__ MC, int window, int c_base)                     \
+    {                                                                                              \
+        split_scores_body<HD, true>(q, ldq, positions, T, n_head, group, k_codes, k_scale, cap,    \
+                                    kq_scale, nblk, S, MC, window, c_base);                        \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
+    attend_split_pv_sinks_window_hd##HD(const int* __restrict__ positions, int T, int n_head,      \
+                           int group, const int8_t* __restrict__ v_codes,                          \
+                           const float* __restrict__ v_scale, int cap, int nblk,                   \
+                           const float* __restrict__ S, const float* __restrict__ MC,              \
+                           float* __restrict__ OB, float* __restrict__ LS, float* __restrict__ AL, \
+                           const float* __restrict__ sinks, int window, int c_base)                \
+    {                                                                                              \
+        split_pv_body<HD, true>(positions, T, n_head, group, v_codes, v_scale, cap, nblk, S, MC,   \
+                                OB, LS, AL, sinks, window, c_base);                                \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MERGE_G * HD)                                     \
+    attend_split_merge_sinks_window_hd##HD(const int* __restrict__ positions, int n_head,          \
+                              int nblk, const float* __restrict__ OB,                              \
+                              const float* __restrict__ LS, const float* __restrict__ AL,          \
+                              float* __restrict__ out, long long ldo,                              \
+                              const float* __restrict__ sinks, int window)                         \
+    {                                                                                              \
+        split_merge_body<HD, true>(positions, n_head, nblk, OB, LS, AL, out, ldo, sinks, window); \
     }
 
 ATTEND_SPLIT_KERNELS(64)
