@@ -222,3 +222,48 @@ def test_combine_down_bias_is_its_scalar_loop(seed, n_tok, k, d, with_shared):
     yb = y.copy()
     yb[slot] = y[slot] + bd[ids.reshape(-1)]
     assert same(got, moe.combine(x, w, slot, yb, shared))
+
+
+# --------------------------------------------------------------------------- the sim backend
+
+
+def test_sim_backend_steps_take_the_variants():
+    """fast/sim.py's MoE steps compute the NumPy definitions with the gpt-oss variants (the
+    router's bias and scoring, row_experts, the clamped SwiGLU with gate/up biases, alone and
+    fused with H's quantize, the combine's down bias); their defaults stay the plain forms."""
+    from fast.sim import SimBackend
+    from strata import q8_1
+
+    rng = np.random.default_rng(11)
+    T, E, K, n, D = 7, 8, 3, 96, 64
+    be = SimBackend()
+    logits, rb = rand(rng, (T, E)), rand(rng, E, 1.0)
+    ids, w = be.top_k(logits, K, bias=rb, gating=routing.SOFTMAX_SELECTED)
+    ids0, w0 = be.top_k(logits, K)
+    want_ids, want_w = routing.top_k(logits, K, bias=rb, gating=routing.SOFTMAX_SELECTED)
+    tab = routing.routing_tables(want_ids, E)
+    rexp = be.row_experts(ids, tab.slot)  # filled in stream order, before the steps that read it
+    g, u = around_limits(rng, (T * K, n)), around_limits(rng, (T * K, n))
+    bg, bu = rand(rng, (E, n)), rand(rng, (E, n))
+    act = moe.SwigluOai()
+    h = be.swiglu_rows(g, u, 2, T * K - 1, act=act, expert_bias=(rexp, bg, bu))
+    h0 = be.swiglu_rows(g, u, 0, T * K)
+    layout = q8_1.Layout.D4
+    buf = be.alloc_q8(T * K, n)
+    be.swiglu_quantize(gate=g, up=u, r0=0, r1=T * K, layout=layout, out=buf, row0=0, n_rows_total=T * K, act=act,
+                       expert_bias=(rexp, bg, bu))
+    x, y, bd = rand(rng, (T, D)), rand(rng, (T * K, D)), rand(rng, (E, D))
+    out = be.combine(x, w, tab.slot, y, None, down_bias=(bd, ids))
+    be.streams.synchronize()
+
+    assert same(ids, want_ids) and same(w, want_w)
+    assert all(same(a, b) for a, b in zip((ids0, w0), routing.top_k(logits, K)))
+    want_rexp = routing.row_experts(want_ids, tab.slot)
+    assert same(rexp, want_rexp)
+    r = slice(2, T * K - 1)
+    want_h = moe.swiglu_oai(moe.add_expert_bias(g[r], bg, want_rexp[r]), moe.add_expert_bias(u[r], bu, want_rexp[r]))
+    assert same(h, want_h)
+    assert same(h0, moe.swiglu(g, u))
+    hq = moe.swiglu_oai(moe.add_expert_bias(g, bg, want_rexp), moe.add_expert_bias(u, bu, want_rexp))
+    assert same(q8_1.unpack_rows(buf.data, T * K), q8_1.quantize_rows(hq, layout))
+    assert same(out, moe.combine(x, want_w, tab.slot, y, None, down_bias=(bd, want_ids)))
