@@ -1,6 +1,6 @@
 """The independent check of strata/gpt_oss_table.py: a random transformers GptOssForCausalLM of the
 gpt-oss-tiny preset's shape, saved and converted by llama.cpp's own converter
-(convert_hf_to_gguf.py from /work/shared/peers' llama.cpp tarball, with the gguf-py beside it),
+(convert_hf_to_gguf.py from llama.cpp's tarball in shared/peers, with the gguf-py beside it),
 must give a GGUF whose tensor names, shapes and types and whose architecture keys are the
 table's. Skips where torch or transformers is missing (or the tarball is absent).
 
@@ -42,7 +42,11 @@ from gguf import GGUFReader  # noqa: E402
 
 from strata import gpt_oss_table as gt  # noqa: E402
 
-TARBALL = "/work/shared/peers/llama.cpp-0.3.36-vendored.tgz"
+_TGZ = "llama.cpp-0.3.36-vendored.tgz"
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: where llama.cpp's tarball is looked for: $STRATA_LLAMA_TGZ, the checkout's shared/peers/, /work/shared/peers/
+TARBALLS = [p for p in (os.environ.get("STRATA_LLAMA_TGZ", ""), os.path.join(_REPO, "shared", "peers", _TGZ),
+                        os.path.join("/work/shared/peers", _TGZ)) if p]
 PRESET = "gpt-oss-tiny"
 
 # Run in a child process: the converter imports the gguf-py of its own tree (first on sys.path),
@@ -68,10 +72,11 @@ _DRIVER = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    if not os.path.exists(TARBALL):
-        pytest.skip(f"{TARBALL} is not here: no converter to run")
+    tarball = next((p for p in TARBALLS if os.path.exists(p)), None)
+    if tarball is None:
+        pytest.skip(f"no {_TGZ} (looked in {', '.join(TARBALLS)}): no converter to run")
     tmp = tmp_path_factory.mktemp("gpt_oss")
-    with tarfile.open(TARBALL) as tf:
+    with tarfile.open(tarball) as tf:
         tf.extractall(tmp / "src", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     root = next(p for p in (tmp / "src").rglob("convert_hf_to_gguf.py")).parent
     c = gt.PRESETS[PRESET]
