@@ -146,8 +146,13 @@ class Backend(Protocol):
         """The watch's value (strata.nonfinite.NOTHING: nothing seen); waits for the marks."""
 
     # ---- the MoE half ---------------------------------------------------------------------
-    def top_k(self, logits: Array, k: int) -> tuple:
-        """(ids int32 [T, k], weights float32 [T, k]): strata.routing.top_k."""
+    def top_k(self, logits: Array, k: int, *, bias: Array | None = None, gating: str = "softmax") -> tuple:
+        """(ids int32 [T, k], weights float32 [T, k]): strata.routing.top_k (bias: the router's
+        bias [E] or None; gating: strata.routing.GATINGS)."""
+
+    def row_experts(self, ids: Array, slot: Array) -> Array:
+        """The expert of each expert-sorted row, int32 [T*K] (strata.routing.row_experts): what
+        the expert-bias steps read."""
 
     def routing_tables(self, ids: Array, n_expert: int) -> Any:
         """Tables with device slot/src and host cnt/off/order (strata.routing.routing_tables)."""
@@ -195,20 +200,25 @@ class Backend(Protocol):
     def mmq_batch_down(self, *, layer: int, batch, act: Q8, n_rows: int, y: Array) -> None:
         """Down products of a batch of experts, read where they lie, into their rows of y."""
 
-    def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int, out: Array | None = None) -> Array:
+    def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int, out: Array | None = None, *, act=None,
+                    expert_bias=None) -> Array:
         """H = silu(gate) * up over rows r0 .. r1 (out given: written into its rows r0 .. r1,
-        and that view returned)."""
+        and that view returned). act: None, or a strata.moe.SwigluOai (strata.moe.glu);
+        expert_bias: None, or (rexp [R] from row_experts, gate bias [E, n], up bias [E, n]) added
+        to gate and up first (strata.moe.add_expert_bias)."""
 
     def swiglu_quantize(self, *, gate: Array, up: Array, r0: int, r1: int, layout, out: Q8, row0: int,
-                        n_rows_total: int) -> None:
+                        n_rows_total: int, act=None, expert_bias=None) -> None:
         """One launch: H = silu(gate) * up over rows r0 .. r1, quantized into rows row0 .. of out
-        (n_rows_total rows): swiglu_rows then quantize_gather (src None), the same bytes."""
+        (n_rows_total rows): swiglu_rows then quantize_gather (src None), the same bytes
+        (act, expert_bias: as swiglu_rows)."""
 
     def mmq_group_down(self, *, layer: int, group, bounds, act: Q8, n_rows: int, y: Array) -> None:
         """Down products of the group buffers' experts into their rows of y."""
 
-    def combine(self, x: Array, weights: Array, slot: Array, y: Array, shared) -> Array:
-        """strata.moe.combine: x + the rank-ordered weighted sum (+ the shared expert)."""
+    def combine(self, x: Array, weights: Array, slot: Array, y: Array, shared, *, down_bias=None) -> Array:
+        """strata.moe.combine: x + the rank-ordered weighted sum (+ the shared expert); down_bias:
+        None, or (bias [E, D], ids [T, K]) added to each routed output first."""
 
     # ---- streaming ------------------------------------------------------------------------
     def copy_experts(self, *, ring: str, slots: Sequence[int], experts: Sequence[tuple],

@@ -24,9 +24,9 @@ import numpy as np
 
 from strata import attention, dense, mmq, nonfinite, numerics, q8_1, quants
 from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
-from strata.moe import combine, gather_rows, scatter_rows, swiglu
+from strata.moe import add_expert_bias, combine, gather_rows, glu, scatter_rows
 from strata.nonfinite import NOTHING
-from strata.routing import routing_tables, top_k
+from strata.routing import routing_tables, row_experts, top_k
 
 from fast.backend_base import BackendBase
 from fast.experts import adjacent_runs
@@ -305,16 +305,19 @@ class SimBackend(BackendBase):
         return self._step("sigmoid", self.alloc_f32((v.size,)), lambda: numerics.sigmoid(v.reshape(-1)))
 
     # ---- the MoE half -------------------------------------------------------------------
-    def top_k(self, logits, k):
+    def top_k(self, logits, k, *, bias=None, gating="softmax"):
         n_tok = logits.shape[0]
         ids = np.full((n_tok, k), -1, np.int32)
         weights = self.alloc_f32((n_tok, k))
 
         def run():
-            ids[...], weights[...] = top_k(logits, k)
+            ids[...], weights[...] = top_k(logits, k, bias=bias, gating=gating)
 
         self._launch("router", run)
         return ids, weights
+
+    def row_experts(self, ids, slot):
+        return self._step("row_experts", np.full(ids.size, -1, np.int32), lambda: row_experts(ids, slot))
 
     def routing_tables(self, ids, n_expert):
         n_rows = ids.size
@@ -453,19 +456,30 @@ class SimBackend(BackendBase):
         cfg = self.config
         self._mmq_batch(layer, d_t, cfg.n_embd, cfg.n_ff_exp, batch, act, ((2 * gu_bytes, y),))
 
-    def swiglu_rows(self, gate, up, r0, r1, out=None):
-        dst = self.alloc_f32((r1 - r0, gate.shape[1])) if out is None else out[r0:r1]
-        return self._step("swiglu", dst, lambda: swiglu(gate[r0:r1], up[r0:r1]))
+    @staticmethod
+    def _glu_rows(gate, up, r0, r1, act, expert_bias):
+        """strata.moe.glu of rows r0 .. r1, each plus its expert's gate and up bias first."""
+        g, u = gate[r0:r1], up[r0:r1]
+        if expert_bias is not None:
+            rexp, bg, bu = expert_bias
+            g, u = add_expert_bias(g, bg, rexp[r0:r1]), add_expert_bias(u, bu, rexp[r0:r1])
+        return glu(g, u, act)
 
-    def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Buf, row0, n_rows_total):
+    def swiglu_rows(self, gate, up, r0, r1, out=None, *, act=None, expert_bias=None):
+        dst = self.alloc_f32((r1 - r0, gate.shape[1])) if out is None else out[r0:r1]
+        return self._step("swiglu", dst, lambda: self._glu_rows(gate, up, r0, r1, act, expert_bias))
+
+    def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Buf, row0, n_rows_total, act=None,
+                        expert_bias=None):
         def run():
-            h = swiglu(gate[r0:r1], up[r0:r1])
+            h = self._glu_rows(gate, up, r0, r1, act, expert_bias)
             q8_1.unpack_rows(out.data, n_rows_total)[row0:row0 + (r1 - r0)] = q8_1.quantize_rows(h, layout)
 
         self._launch("swiglu_q8_1", run)
 
-    def combine(self, x, weights, slot, y, shared):
-        return self._step("combine", self.alloc_f32(x.shape), lambda: combine(x, weights, slot, y, shared))
+    def combine(self, x, weights, slot, y, shared, *, down_bias=None):
+        return self._step("combine", self.alloc_f32(x.shape),
+                          lambda: combine(x, weights, slot, y, shared, down_bias=down_bias))
 
     # ---- streaming ----------------------------------------------------------------------
     def _host_blob(self, layer: int, expert: int) -> np.ndarray:

@@ -272,6 +272,32 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.array(ids, np.int32), np.array(weights, F32)
 
 
+def top_k_selected(logits: np.ndarray, k: int, bias=None) -> tuple[np.ndarray, np.ndarray]:
+    """Section 4, Routing, ``softmax_selected``: each logit plus its expert's bias (where there
+    is one), the k largest biased logits (ties to the lower id; a NaN after every number), and
+    the weights a softmax over those k in rank order (``strata.routing.top_k`` with
+    ``gating="softmax_selected"``)."""
+    ids, weights = [], []
+    for row in logits:
+        v = [F32(x) if bias is None else F32(x) + F32(bias[i]) for i, x in enumerate(row)]
+        picked = []
+        for _ in range(k):  # the largest remaining v; on a tie the lower id (strict >); NaN last
+            best = -1
+            for i in range(len(v)):
+                if i in picked:
+                    continue
+                if best < 0 or (math.isnan(v[best]) and not math.isnan(v[i])) or v[i] > v[best]:
+                    best = i
+            picked.append(best)
+        ids.append(picked)
+        sel = [v[i] for i in picked]
+        m = F32(np.nan) if any(math.isnan(x) for x in sel) else max(sel)  # np.max: NaN wins
+        e = [exp(x - m) for x in sel]
+        s = lane_sum(e)
+        weights.append([e_i / s for e_i in e])
+    return np.array(ids, np.int32), np.array(weights, F32)
+
+
 # --------------------------------------------------------------------------- attention (section 5)
 
 
@@ -341,20 +367,44 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return out
 
 
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    """Section 6, swiglu_oai, for each element (``strata.moe.swiglu_oai``): the clamps (a NaN
+    passes them), ``t = alpha * g``, ``s = g / (1.0f + exp(-t))``, ``H = s * (u + 1.0f)``."""
+    a, lim = F32(alpha), F32(limit)
+    out = np.zeros(gate.shape, F32)
+    for i in np.ndindex(gate.shape):
+        g, u = F32(gate[i]), F32(up[i])
+        if g > lim:
+            g = lim
+        if u > lim:
+            u = lim
+        elif u < -lim:
+            u = -lim
+        t = a * g
+        d = ONE + exp(-t)
+        s = g / d
+        out[i] = s * (u + ONE)
+    return out
+
+
 # --------------------------------------------------------------------------- combine (section 7)
 
 
-def combine(x: np.ndarray, w: np.ndarray, slot: np.ndarray, y: np.ndarray, shared=None) -> np.ndarray:
-    """Section 7, Combine: per token and value, the routed outputs in rank order, then the
-    shared expert (shared = (g [T], Ysh [T, D]) or None), then the residual
-    (``strata.moe.combine``)."""
+def combine(x: np.ndarray, w: np.ndarray, slot: np.ndarray, y: np.ndarray, shared=None,
+            down_bias=None) -> np.ndarray:
+    """Section 7, Combine: per token and value, the routed outputs in rank order (each plus its
+    expert's down bias first, where down_bias = (bias [E, D], ids [T, K])), then the shared
+    expert (shared = (g [T], Ysh [T, D]) or None), then the residual (``strata.moe.combine``)."""
     n_tok, k = w.shape
     out = np.zeros(x.shape, F32)
     for t in range(n_tok):
         for j in range(x.shape[1]):
             acc = ZERO
             for r in range(k):  # rank order
-                m = w[t, r] * y[slot[t * k + r], j]
+                yv = y[slot[t * k + r], j]
+                if down_bias is not None:
+                    yv = yv + down_bias[0][down_bias[1][t, r], j]
+                m = w[t, r] * yv
                 acc = acc + m
             if shared is not None:
                 m = shared[0][t] * shared[1][t, j]

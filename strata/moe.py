@@ -2,6 +2,8 @@
 reference uses directly and the fast path's kernels name (docs/numerics.md, sections 6-7)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from strata import numerics
@@ -30,6 +32,50 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return numerics.silu(gate) * up
 
 
+@dataclass(frozen=True)
+class SwigluOai:
+    """The clamped SwiGLU of gpt-oss (ggml's swiglu_oai): :func:`swiglu_oai` with these
+    parameters. Passed as ``act`` to :func:`glu` and the backends' SwiGLU steps; None there is
+    :func:`swiglu`."""
+
+    alpha: float = 1.702
+    limit: float = 7.0
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    """H = g * sigmoid(alpha * g) * (u + 1) on clamped inputs, elementwise (docs/numerics.md
+    section 6):  g = min(gate, limit);  u = min(max(up, -limit), limit);  t = alpha * g;
+    s = g / (1.0f + exp(-t));  H = s * (u + 1.0f). alpha and limit are rounded to float32 once;
+    a NaN passes the clamps (as torch's clamp lets it); exp is strata.numerics.exp."""
+    g, u = numerics.f32(gate), numerics.f32(up)
+    a, lim = F32(alpha), F32(limit)
+    with np.errstate(invalid="ignore"):
+        g = np.where(g > lim, lim, g)
+        u = np.where(u > lim, lim, np.where(u < -lim, -lim, u))
+        s = g / (F32(1.0) + numerics.exp(-(a * g)))
+        return numerics._check32(s * (u + F32(1.0)))
+
+
+def glu(gate: np.ndarray, up: np.ndarray, act=None) -> np.ndarray:
+    """The MoE half's gated activation: :func:`swiglu` (act None) or :func:`swiglu_oai` (act a
+    :class:`SwigluOai`)."""
+    if act is None:
+        return swiglu(gate, up)
+    if isinstance(act, SwigluOai):
+        return swiglu_oai(gate, up, act.alpha, act.limit)
+    raise TypeError(f"glu: act must be None or SwigluOai, got {act!r}")
+
+
+def add_expert_bias(v: np.ndarray, bias: np.ndarray, rexp) -> np.ndarray:
+    """Expert-sorted rows v [R, n] plus each row's expert's bias row: ``v[r] + bias[rexp[r]]``,
+    one float32 addition per value (bias float32 [E, n], rexp int [R]: strata.routing.row_experts).
+    The gate and up biases go onto the products this way before the gated activation."""
+    v, bias = numerics.f32(v), numerics.f32(bias)
+    if bias.ndim != 2 or bias.shape[1] != v.shape[-1]:
+        raise ValueError(f"expert bias: shape {bias.shape} for rows of {v.shape[-1]} values")
+    return v + bias[np.asarray(rexp, np.int64)]
+
+
 def gather_rows(x: np.ndarray, src) -> np.ndarray:
     """The MoE input of float gate/up experts: float32 [R, K], row r = x[src[r]] (the normed
     rows themselves, never quantized; docs/numerics.md section 6)."""
@@ -45,16 +91,22 @@ def scatter_rows(x: np.ndarray, slot, k_used: int) -> np.ndarray:
     return out
 
 
-def combine(x, weights, slot, y, shared=None) -> np.ndarray:
+def combine(x, weights, slot, y, shared=None, down_bias=None) -> np.ndarray:
     """x + (sum_k w[t,k] * Y[slot[t*K+k]] in rank order, then + g_t * Ysh[t]).
 
     x [T, D] residual, weights [T, K], slot [T*K], y [T*K, D] expert-sorted outputs,
-    shared: None or (g [T], ysh [T, D])."""
+    shared: None or (g [T], ysh [T, D]). down_bias: None or (bias float32 [E, D], ids [T, K]):
+    each expert output gets its expert's down bias first, ``w * (Y + bias[ids[t,k]])``."""
     n_tok, k_used = weights.shape
     acc = np.zeros_like(x, dtype=F32)
     rows = np.asarray(slot).reshape(n_tok, k_used)
+    if down_bias is not None:
+        bd, ids = numerics.f32(down_bias[0]), np.asarray(down_bias[1], np.int64).reshape(n_tok, k_used)
     for k in range(k_used):
-        acc = acc + weights[:, k, None] * y[rows[:, k]]
+        yk = y[rows[:, k]]
+        if down_bias is not None:
+            yk = yk + bd[ids[:, k]]
+        acc = acc + weights[:, k, None] * yk
     if shared is not None:
         g, ysh = shared
         acc = acc + g[:, None] * ysh

@@ -1,6 +1,10 @@
 """Expert routing: top-K selection and the routing tables (docs/numerics.md, section 4).
 
-These are the NumPy definitions that the router and routing-table kernels name.
+These are the NumPy definitions that the router and routing-table kernels name. Two scorings
+(GATINGS): ``softmax`` (a softmax over every expert, top-K by probability, renormalized; qwen3moe)
+and ``softmax_selected`` (top-K on the logits themselves, then a softmax over the K selected
+logits only; gpt-oss, llama.cpp's SOFTMAX_WEIGHT gating). Either may add a router bias to the
+logits first.
 """
 from __future__ import annotations
 
@@ -14,12 +18,26 @@ F32 = np.float32
 # The floor under the sum of the selected probabilities before renormalizing.
 RENORM_FLOOR = F32(6.1035e-5)
 
+#: the router scorings top_k knows (docs/numerics.md section 4)
+SOFTMAX = "softmax"
+SOFTMAX_SELECTED = "softmax_selected"
+GATINGS = (SOFTMAX, SOFTMAX_SELECTED)
 
-def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+
+def top_k(logits: np.ndarray, k: int, *, bias=None, gating: str = SOFTMAX) -> tuple[np.ndarray, np.ndarray]:
     """Softmax over all experts, top-k by probability (ties to the lower id), renormalized.
 
     logits [T, E] float32 -> (ids int32 [T, k] in rank order, weights float32 [T, k]).
+    ``bias`` (float32 [E], the router's bias): added to every row's logits first, one float32
+    addition each. ``gating`` SOFTMAX_SELECTED: top-k on the (biased) logits themselves, and
+    the weights a softmax over the k selected logits (:func:`top_k_selected`).
     """
+    if gating not in GATINGS:
+        raise ValueError(f"top_k: gating must be one of {GATINGS}, got {gating!r}")
+    if bias is not None:
+        logits = add_router_bias(logits, bias)
+    if gating == SOFTMAX_SELECTED:
+        return top_k_selected(logits, k)
     probs = numerics.softmax(np.asarray(logits, dtype=F32), axis=-1)
     # A stable sort of -p keeps equal probabilities in ascending id order.
     ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k].astype(np.int32)
@@ -29,6 +47,38 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         total = total + picked[:, r]
     weights = picked / np.maximum(total, RENORM_FLOOR)[:, None]
     return ids, weights.astype(F32)
+
+
+def add_router_bias(logits, bias) -> np.ndarray:
+    """logits [T, E] + bias [E] per row: one float32 addition per logit."""
+    logits, bias = numerics.f32(logits), numerics.f32(bias)
+    if bias.shape != (logits.shape[-1],):
+        raise ValueError(f"router bias: {bias.shape} values for {logits.shape[-1]} experts")
+    return logits + bias
+
+
+def top_k_selected(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k by logit (descending; ties to the lower id; NaN after every number), then the
+    weights ``softmax`` over the k selected logits in rank order (strata.numerics.softmax:
+    m = their max, e = exp(v - m), lane_sum, e / s). No renormalization: they already sum to
+    about 1. logits [T, E] float32 (already biased) -> (ids int32 [T, k], weights float32 [T, k]).
+    """
+    v = numerics.f32(logits)
+    # A stable sort of -v keeps equal logits (+0.0 and -0.0 among them) in ascending id order
+    # and puts NaN last.
+    ids = np.argsort(-v, axis=-1, kind="stable")[:, :k].astype(np.int32)
+    picked = np.take_along_axis(v, ids, axis=-1)
+    with np.errstate(invalid="ignore"):
+        return ids, numerics.softmax(picked, axis=-1)
+
+
+def row_experts(ids, slot) -> np.ndarray:
+    """The expert of each expert-sorted row: ``rexp[slot[i]] = ids[i]`` for pair i = t*K + k
+    (the experts' ranges off[e] .. off[e]+cnt[e] of the routing tables, ascending). int32 [T*K]."""
+    ids = np.asarray(ids, np.int32).reshape(-1)
+    out = np.empty(ids.size, np.int32)
+    out[np.asarray(slot, np.int64)] = ids
+    return out
 
 
 @dataclass

@@ -300,6 +300,12 @@ def _kernels_rows() -> list[KernelCase]:
             rows.append(kernel_case("swiglu_quantize", f"n{n}-R{R}-rows{r0}:{r1}-at{row0}-of{R_total}-{_layout_name(lay)}",
                              dict(n=n, R=R, r0=r0, r1=r1, row0=row0, R_total=R_total), config=_layout_name(lay),
                              quick=n == 256))
+    for n, R, r0, r1, row0, R_total in swiglu_shapes + [(2880, 12, 1, 11, 0, 10)]:  # + gpt-oss's n_ff
+        for lay in sorted({_q8_1.layout_for(_QT[t]) for t in MMQ_TYPES}):
+            rows.append(kernel_case("swiglu_oai_quantize",
+                                    f"n{n}-R{R}-rows{r0}:{r1}-at{row0}-of{R_total}-{_layout_name(lay)}",
+                                    dict(n=n, R=R, r0=r0, r1=r1, row0=row0, R_total=R_total), config=_layout_name(lay),
+                                    quick=n == 256))
     probes = [("round_nonneg", "all", 0x00000000, 0x43800000), ("exp_nonpos", "all", 0x80000000, 0xC2B00000),
               ("exp_fused", "positive", 0x00000000, 0x7FFFFFFF), ("exp_fused", "negative", 0x80000000, 0xFFFFFFFF)]
     for form, name, lo, hi in probes:
@@ -420,6 +426,24 @@ def _model_rows() -> list[KernelCase]:
                          timed=True))
     for R, n in [(1, 640), (37, 768), (13, 100)]:
         rows.append(kernel_case("swiglu", f"R{R}-n{n}", dict(R=R, n=n), quick=R == 1))
+    # gpt-oss's MoE pieces (docs/numerics.md sections 4, 6, 7): the router's bias and softmax over
+    # the selected logits, the expert of each sorted row, the clamped SwiGLU with the gate/up
+    # biases, the combine with the down bias
+    for T, E_, K, ties, bias in [(1, 32, 4, False, True), (37, 32, 4, True, True), (300, 128, 8, False, False),
+                                 (64, 128, 32, True, True), (4096, 32, 4, False, True)]:
+        rows.append(kernel_case("top_k_selected", f"T{T}-E{E_}-K{K}-{'ties' if ties else 'spread'}-{'bias' if bias else 'plain'}",
+                                dict(T=T, E=E_, K=K, ties=ties, bias=bias), quick=T == 1))
+    rows.append(kernel_case("top_k_selected", "T9-E128-K8-nan", dict(T=9, E=128, K=8, ties=False, bias=True, nan=True)))
+    for T, E_, K in [(1, 32, 4), (300, 32, 4), (1000, 512, 10)]:
+        rows.append(kernel_case("row_experts", f"T{T}-E{E_}-K{K}", dict(T=T, E=E_, K=K), quick=T == 1))
+    for R, n, bias in [(1, 640, True), (37, 2880, True), (13, 100, False), (40, 96, True)]:
+        rows.append(kernel_case("swiglu_oai", f"R{R}-n{n}-{'bias' if bias else 'plain'}", dict(R=R, n=n, bias=bias),
+                                quick=R == 1))
+    for T, K, D_, E_, shared in [(1, 4, 2880, 32, False), (9, 4, 256, 32, False), (17, 10, 2560, 512, True),
+                                 (5, 3, 102, 16, False), (300, 4, 2880, 32, False)]:
+        for form in ("auto", "element"):
+            rows.append(kernel_case("combine_bias", f"T{T}-K{K}-D{D_}-E{E_}-{'shared' if shared else 'routed'}-{form}",
+                                    dict(T=T, K=K, D=D_, E=E_, shared=shared), form=form, quick=(T, form) == (9, "auto")))
     rows.append(kernel_case("sigmoid", "n1000", dict(n=1000), quick=True))
     for T, K, D_, E_ in [(1, 8, 256, 64), (9, 8, 256, 64), (17, 10, 2560, 512), (5, 3, 102, 16), (300, 10, 2560, 512)]:
         for shared in (False, True):

@@ -59,3 +59,17 @@ class Routing:
 
     def expert_rows(self, e: int) -> tuple[int, int]:
         return int(self.offsets[e]), int(self.offsets[e + 1])
+
+
+def around_clamp(rng: np.random.Generator, shape, limit: float = 7.0) -> np.ndarray:
+    """float32 values for the clamped SwiGLU (strata.moe.swiglu_oai) and its kernels, never zero:
+    a quarter a few ulp either side of +-limit, a quarter beyond it (magnitudes up to 1e4), a
+    quarter far below zero (-60 .. -40: exp(-alpha g) overflows there), a quarter normal (sd 4)."""
+    lim = np.float32(limit)
+    near = np.array([np.nextafter(lim, np.float32(0)), lim, np.nextafter(lim, np.float32(np.inf))], np.float32)
+    near = np.concatenate([near, -near, near + np.float32(2 ** -20), -near - np.float32(2 ** -20)])
+    kind = rng.integers(0, 4, shape)
+    out = np.where(kind == 0, rng.choice(near, shape),
+                   np.where(kind == 1, np.sign(rng.standard_normal(shape)) * np.exp(rng.uniform(2.0, 9.2, shape)),
+                            np.where(kind == 2, rng.uniform(-60.0, -40.0, shape), rng.standard_normal(shape) * 4)))
+    return np.where(out == 0, 1.0, out).astype(np.float32)

@@ -7,7 +7,9 @@
   the tiny and strata shapes); its pair launch (gate and up, gridDim.y = 2) against two
   single launches;
 - fast/cuda/kernels/swiglu_q8_1.cu against swiglu.cu then quantize_q8_1.cu (the two-step
-  path) and against strata.moe.swiglu + strata.q8_1.quantize_rows, every down layout.
+  path) and against strata.moe.swiglu + strata.q8_1.quantize_rows, every down layout; its
+  gpt-oss form (swiglu_oai_q8_1) likewise against swiglu_oai_rows then the quantize, and against
+  strata.moe.swiglu_oai of the biased rows + strata.q8_1.quantize_rows.
 
 Output buffers are poisoned before each launch and compared whole, as uint8; at the sizes the
 GPU suites time (rows with `check`), a spread of rows (tokens, experts) is compared with the
@@ -31,7 +33,7 @@ from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP, WEIGHT_TAIL_BYTES
 from strata.routing import routing_tables
 from verify.cases import kernel_rows, mmq_configs, params, sample_index
 from verify.device_checks import POISON, rows as device_rows, unwritten_words
-from verify.kernel_inputs import normal
+from verify.kernel_inputs import around_clamp, normal
 from verify.kernel_refs import kept, worth_keeping
 
 _OK, _WHY = cuda_available()
@@ -627,6 +629,43 @@ def test_swiglu_quantize_is_the_two_steps(cu, dev, case):
         h_np = moe.swiglu(g[r0:r1], u[r0:r1])
     want_np = np.full(nbytes, POISON, np.uint8)
     q8_1.unpack_rows(want_np, R_total)[row0:row0 + rows] = q8_1.quantize_rows(h_np, layout)
+    assert np.array_equal(got, want_np), f"fused vs NumPy, {layout.name}: " + _q8_report(got, want_np, R_total, n, layout)
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("swiglu_oai_quantize")))
+def test_swiglu_oai_quantize_is_the_two_steps(cu, dev, case):
+    """swiglu_oai_q8_1 (gpt-oss's clamped SwiGLU with the expert gate/up biases) writes the same
+    bytes as swiglu.cu's swiglu_oai_rows followed by quantize_q8_1.cu's gather, and as
+    strata.moe.swiglu_oai(add_expert_bias(...)) + strata.q8_1.quantize_rows; the rest of the
+    buffer stays poisoned. Shapes as test_swiglu_quantize_is_the_two_steps', plus gpt-oss's
+    n_ff (2880: 22.5 blocks of 128)."""
+    from fast.cuda import elementwise, products
+
+    layout = q8_1.Layout[case.config]
+    n, R, r0, r1, row0, R_total = (case.shape[k] for k in ("n", "R", "r0", "r1", "row0", "R_total"))
+    rng = np.random.default_rng(n * 1000 + R + int(layout) + 17)
+    g, u = around_clamp(rng, (R, n)), around_clamp(rng, (R, n))
+    E = 6
+    rexp = np.sort(rng.integers(0, E, R)).astype(np.int32)
+    bg, bu = (rng.standard_normal((E, n)) * 3).astype(np.float32), (rng.standard_normal((E, n)) * 3).astype(np.float32)
+    act, eb = moe.SwigluOai(), (_gpu(rexp), _gpu(bg), _gpu(bu))
+    gd, ud = _gpu(g), _gpu(u)
+    rows = r1 - r0
+    nbytes = q8_1.buffer_nbytes(R_total, n)
+    two, one = _poisoned(cu, nbytes), _poisoned(cu, nbytes)
+    h = elementwise.swiglu(dev, gd, ud, r0=r0, r1=r1, act=act, expert_bias=eb)
+    products.quantize_gather(dev, h, _gpu(np.arange(rows, dtype=np.int32)), n_rows=rows, K=n, layout=layout,
+                             out=int(two) + row0 * q8_1.BLOCK_BYTES, R_total=R_total)
+    before = dev.counters["launches"]
+    products.swiglu_quantize(dev, gd, ud, r0=r0, r1=r1, layout=layout, out=one, row0=row0, R_total=R_total,
+                             act=act, expert_bias=eb)
+    assert dev.counters["launches"] - before == 1
+    got, want = _get(cu, one, nbytes), _get(cu, two, nbytes)
+    assert np.array_equal(got, want), f"fused vs two steps, {layout.name}: " + _q8_report(got, want, R_total, n, layout)
+    gb = moe.add_expert_bias(g[r0:r1], bg, rexp[r0:r1])
+    ub = moe.add_expert_bias(u[r0:r1], bu, rexp[r0:r1])
+    want_np = np.full(nbytes, POISON, np.uint8)
+    q8_1.unpack_rows(want_np, R_total)[row0:row0 + rows] = q8_1.quantize_rows(moe.swiglu_oai(gb, ub), layout)
     assert np.array_equal(got, want_np), f"fused vs NumPy, {layout.name}: " + _q8_report(got, want_np, R_total, n, layout)
 
 

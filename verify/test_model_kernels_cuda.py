@@ -4,6 +4,9 @@ products.py) against their NumPy definitions, byte for byte:
 rmsnorm.cu (strata.numerics.rmsnorm), rope.cu (rope_neox), kv_cache.cu (KVCache.write),
 attention_{pair,split}.cu (strata.attention.attend), router.cu (strata.routing.top_k), routing_tables.cu,
 swiglu.cu (strata.moe.swiglu), combine.cu (strata.moe.combine, strata.numerics.sigmoid),
+gpt-oss's variants (router.cu's router_topk_selected: strata.routing.top_k with a bias and
+gating="softmax_selected"; routing_tables.cu's row_experts; swiglu.cu's swiglu_oai_rows:
+strata.moe.swiglu_oai of the biased gate and up; combine.cu's _bias forms: the down bias),
 embed.cu (Q8_0 strata.quants.dequantize), gather_group.cu (strata.moe.group_buffers), add.cu.
 
 Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
@@ -27,7 +30,7 @@ from strata import attention, moe, numerics, routing
 from strata.errors import InputError
 from verify.device_checks import POISON, POISON_WORD
 from verify.cases import kernel_rows, params, sample_index
-from verify.kernel_inputs import normal
+from verify.kernel_inputs import around_clamp, normal
 from verify.kernel_refs import kept, worth_keeping
 
 try:
@@ -522,6 +525,94 @@ def test_routing_tables(dev, case):
             "n_order": np.array([ref.order.size], np.int32)}
     for name in out._fields:
         assert_same(_get(getattr(out, name)), want[name].astype(np.int32), f"routing {name} T={T} E={E} K={K}")
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("top_k_selected")))
+def test_top_k_selected(dev, case):
+    """router_topk_selected against strata.routing.top_k(bias=..., gating="softmax_selected"):
+    ids and weights as bytes; rows with a NaN or infinite logit: the same ids, NaN weights where
+    the definition has them (their bits are outside the contract)."""
+    T, E, K, ties, with_bias = (case.shape[k] for k in ("T", "E", "K", "ties", "bias"))
+    rng = np.random.default_rng(T * E + K + 7 * ties + with_bias)
+    x = _logits(rng, T, E, ties)
+    bias = (rng.integers(-4, 5, E) * 0.25 + 0.125).astype(F32) if with_bias else None
+    if case.shape.get("nan"):  # a NaN among the picks, a row of NaN, +inf (inf - inf), -inf ones
+        x[1, 5], x[2, :], x[3, 7], x[4, 0], x[5, 100:] = np.nan, np.nan, np.inf, -np.inf, -np.inf
+        x[6, : E - 3] = np.nan  # fewer numbers than K: NaN picked
+    with np.errstate(invalid="ignore"):
+        want_ids, want_w = routing.top_k(x, K, bias=bias, gating=routing.SOFTMAX_SELECTED)
+    ids, w = _poisoned((T, K), np.int32), _poisoned((T, K), F32)
+    cu_ew.top_k(dev, _up(x), K, ids=ids, weights=w, bias=None if bias is None else _up(bias),
+                gating=routing.SOFTMAX_SELECTED)
+    what = f"top_k_selected T={T} E={E} K={K} ties={ties} bias={with_bias}"
+    assert_same(_get(ids), want_ids, what + " ids")
+    got_w, nan = _get(w), np.isnan(want_w)
+    assert np.array_equal(np.isnan(got_w), nan), f"{what}: NaN at {np.argwhere(np.isnan(got_w))[:4]}"
+    assert_same(np.where(nan, 0, got_w).astype(F32), np.where(nan, 0, want_w).astype(F32), what + " weights")
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("row_experts")))
+def test_row_experts(dev, case):
+    T, E, K = (case.shape[k] for k in ("T", "E", "K"))
+    rng = np.random.default_rng(T + E + K)
+    ids = np.stack([rng.choice(E, size=K, replace=False) for _ in range(T)]).astype(np.int32)
+    tab = routing.routing_tables(ids, E)
+    out = _poisoned((T * K,), np.int32)
+    cu_ew.row_experts(dev, _up(ids), _up(tab.slot), out=out)
+    assert_same(_get(out), routing.row_experts(ids, tab.slot), f"row_experts T={T} E={E} K={K}")
+
+
+def _oai_bias(rng, R, n, E=5):
+    """(rexp [R], gate bias [E, n], up bias [E, n]): each row an expert, ascending (as sorted rows
+    are), biases that move values across the clamp limits."""
+    rexp = np.sort(rng.integers(0, E, R)).astype(np.int32)
+    return rexp, (rng.standard_normal((E, n)) * 3).astype(F32), (rng.standard_normal((E, n)) * 3).astype(F32)
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("swiglu_oai")))
+def test_swiglu_oai(dev, case):
+    """swiglu_oai_rows against strata.moe.swiglu_oai of the biased gate and up (strata.moe.
+    add_expert_bias), over every row and over a row range (the rows' experts offset with it)."""
+    R, n, with_bias = case.shape["R"], case.shape["n"], case.shape["bias"]
+    rng = np.random.default_rng(R * n + with_bias)
+    g, u = around_clamp(rng, (R, n)), around_clamp(rng, (R, n))
+    act = moe.SwigluOai()
+    eb = _oai_bias(rng, R, n) if with_bias else None
+
+    def want_rows(r0, r1):
+        gg, uu = g[r0:r1], u[r0:r1]
+        if eb is not None:
+            gg, uu = moe.add_expert_bias(gg, eb[1], eb[0][r0:r1]), moe.add_expert_bias(uu, eb[2], eb[0][r0:r1])
+        return moe.swiglu_oai(gg, uu, act.alpha, act.limit)
+
+    deb = None if eb is None else tuple(_up(a) for a in eb)
+    out = _poisoned((R, n), F32)
+    cu_ew.swiglu(dev, _up(g), _up(u), out=out, act=act, expert_bias=deb)
+    assert_same(_get(out), want_rows(0, R), f"swiglu_oai R={R} n={n} bias={with_bias}")
+    if R > 4:
+        out2 = _poisoned((R - 4, n), F32)
+        cu_ew.swiglu(dev, _up(g), _up(u), out=out2, r0=2, r1=R - 2, act=act, expert_bias=deb)
+        assert_same(_get(out2), want_rows(2, R - 2), f"swiglu_oai rows 2..{R - 2}")
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("combine_bias")))
+def test_combine_bias(dev, case):
+    """combine_rows[_vec]_bias against strata.moe.combine(..., down_bias=(bias, ids))."""
+    T, K, D, E, shared = (case.shape[k] for k in ("T", "K", "D", "E", "shared"))
+    form = case.form
+    rng = np.random.default_rng(T * K + D + shared + 11)
+    ids, w = routing.top_k(_logits(rng, T, E, ties=False), K, gating=routing.SOFTMAX_SELECTED)
+    tab = routing.routing_tables(ids, E)
+    x, y, bd = _randn(rng, (T, D)), _randn(rng, (T * K, D)), _randn(rng, (E, D))
+    sh = (numerics.sigmoid(_randn(rng, (T,), -1.0, 1.0)), _randn(rng, (T, D))) if shared else None
+    want = moe.combine(x, w, tab.slot, y, sh, down_bias=(bd, ids))
+    dsh = None if sh is None else (_up(sh[0]), _up(sh[1]))
+    out = _poisoned((T, D), F32)
+    cu_ew.combine(dev, _up(x), _up(w), _up(tab.slot), _up(y), dsh, out=out, form=form, down_bias=(_up(bd), _up(ids)))
+    assert_same(_get(out), want, f"combine_bias {form} T={T} K={K} D={D} shared={shared}")
+    xd = _up(x)  # in place
+    cu_ew.combine(dev, xd, _up(w), _up(tab.slot), _up(y), dsh, out=xd, form=form, down_bias=(_up(bd), _up(ids)))
+    assert_same(_get(xd), want, f"combine_bias {form} in place T={T} K={K} D={D} shared={shared}")
 
 
 # ---------------------------------------------------------------- MoE elementwise

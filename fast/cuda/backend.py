@@ -374,8 +374,11 @@ class CudaBackend(BackendBase):
         return NOTHING if self._nonfinite is None else int(self.dev.download(self._nonfinite)[0])
 
     # ---- the MoE steps ---------------------------------------------------------------
-    def top_k(self, logits, k):
-        return ops.top_k(self.dev, logits, k)
+    def top_k(self, logits, k, *, bias=None, gating="softmax"):
+        return ops.top_k(self.dev, logits, k, bias=bias, gating=gating)
+
+    def row_experts(self, ids, slot):
+        return ops.row_experts(self.dev, ids, slot)
 
     def routing_tables(self, ids, n_expert):
         """The tables on the device; their counts and offsets copied to page-locked host memory
@@ -607,12 +610,14 @@ class CudaBackend(BackendBase):
                                          gu_buf=int(self._gu_buf.gpudata) + q0 * 2 * gu,
                                          d_buf=int(self._d_buf.gpudata) + q0 * d)
 
-    def swiglu_rows(self, gate, up, r0, r1, out=None):
-        return ops.swiglu(self.dev, gate, up, None if out is None else out[r0:r1], r0=r0, r1=r1)
+    def swiglu_rows(self, gate, up, r0, r1, out=None, *, act=None, expert_bias=None):
+        return ops.swiglu(self.dev, gate, up, None if out is None else out[r0:r1], r0=r0, r1=r1, act=act,
+                          expert_bias=expert_bias)
 
-    def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Dev, row0, n_rows_total):
+    def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Dev, row0, n_rows_total, act=None,
+                        expert_bias=None):
         products.swiglu_quantize(self.dev, gate, up, r0=r0, r1=r1, layout=layout, out=out.buf, row0=row0,
-                                 R_total=n_rows_total)
+                                 R_total=n_rows_total, act=act, expert_bias=expert_bias)
 
-    def combine(self, x, weights, slot, y, shared):
-        return ops.combine(self.dev, x, weights, slot, y, shared, out=x)
+    def combine(self, x, weights, slot, y, shared, *, down_bias=None):
+        return ops.combine(self.dev, x, weights, slot, y, shared, out=x, down_bias=down_bias)

@@ -15,7 +15,8 @@ rope_neox              strata.numerics.rope_neox              rope.cu
 add                    x + y (float32)                        add.cu
 top_k                  strata.routing.top_k                   router.cu
 routing_tables         strata.routing.routing_tables          routing_tables.cu
-swiglu                 strata.moe.swiglu                      swiglu.cu
+row_experts            strata.routing.row_experts             routing_tables.cu
+swiglu                 strata.moe.glu (+ add_expert_bias)     swiglu.cu
 combine                strata.moe.combine                     combine.cu
 sigmoid                strata.numerics.sigmoid                combine.cu
 embed_q8_0             strata.quants.dequantize (Q8_0 rows)   embed.cu
@@ -28,8 +29,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from strata import numerics
+from strata import numerics, routing
 from strata.errors import InputError
+from strata.moe import SwigluOai
 
 from fast.cuda import runtime
 from fast.cuda.runtime import check, ptr
@@ -42,7 +44,10 @@ __all__ = [
     "top_k",
     "DeviceRoutingTables",
     "routing_tables",
+    "row_experts",
     "swiglu",
+    "expert_bias_args",
+    "glu_act",
     "combine",
     "sigmoid",
     "embed_q8_0",
@@ -133,15 +138,21 @@ def add(dev, x, y, out=None):
 # --------------------------------------------------------------------------- routing
 
 
-def top_k(dev, logits, k: int, ids=None, weights=None):
+def top_k(dev, logits, k: int, ids=None, weights=None, *, bias=None, gating: str = routing.SOFTMAX):
     """Router top-K (strata.routing.top_k) of logits float32 [T, E]: softmax over E, the k
-    largest probabilities (ties to the lower id), renormalized. k <= 32.
+    largest probabilities (ties to the lower id), renormalized. k <= 32. gating
+    "softmax_selected" (router_topk_selected): top-k on the logits plus ``bias`` (float32 [E] or
+    None), then a softmax over the k selected.
     Returns (ids int32 [T, k] in rank order, weights float32 [T, k])."""
     check(logits, "top_k logits", np.float32, ndim=2)
     T, E = (int(s) for s in logits.shape)
     k = int(k)
     if not 1 <= k <= min(32, E):
         raise InputError(f"top_k: k must be in [1, min(32, E={E})], got {k}")
+    if gating not in routing.GATINGS:
+        raise InputError(f"top_k: gating must be one of {', '.join(routing.GATINGS)}, got {gating!r}")
+    if bias is not None or gating != routing.SOFTMAX:
+        return _top_k_selected(dev, logits, k, ids, weights, bias, gating)
     smem = 4 * 4 * E  # ROUTER_WARPS rows of E floats
     if smem > 48 * 1024:
         raise InputError(f"top_k: E={E} experts is more than router.cu's shared memory holds")
@@ -152,6 +163,26 @@ def top_k(dev, logits, k: int, ids=None, weights=None):
     f = runtime.function("router", "router_topk", "PqiiiPP")
     dev.launch(f, "router", (-(-T // 4), 1, 1), (128, 1, 1), ptr(logits), E, T, E, k,
                ptr(ids), ptr(weights), shared_size=smem)
+    return ids, weights
+
+
+def _top_k_selected(dev, logits, k, ids, weights, bias, gating):
+    """router_topk_selected (gating softmax_selected, with or without a bias)."""
+    T, E = (int(s) for s in logits.shape)
+    if gating == routing.SOFTMAX:  # no architecture biases a softmax over every expert
+        raise InputError("top_k: router.cu has no biased softmax over every expert (gating softmax_selected takes a bias)")
+    if bias is not None:
+        check(bias, "top_k bias", np.float32, shape=(E,))
+    smem = 4 * 4 * E  # ROUTER_WARPS rows of E floats
+    if smem > 48 * 1024:
+        raise InputError(f"top_k: E={E} experts is more than router.cu's shared memory holds")
+    ids = dev.output(ids, "top_k ids", (T, k), np.int32)
+    weights = dev.output(weights, "top_k weights", (T, k), np.float32)
+    if T == 0:
+        return ids, weights
+    f = runtime.function("router", "router_topk_selected", "PqPiiiPP")
+    dev.launch(f, "router", (-(-T // 4), 1, 1), (128, 1, 1), ptr(logits), E, 0 if bias is None else ptr(bias),
+               T, E, k, ptr(ids), ptr(weights), shared_size=smem)
     return ids, weights
 
 
@@ -201,12 +232,50 @@ def routing_tables(dev, ids, n_expert: int, out: DeviceRoutingTables | None = No
     return out
 
 
+def row_experts(dev, ids, slot, out=None):
+    """The expert of each expert-sorted row (strata.routing.row_experts): out[slot[i]] = ids[i],
+    int32 [T*K], from ids int32 [T, K] and the routing tables' slot int32 [T*K]."""
+    check(ids, "row_experts ids", np.int32, ndim=2)
+    n = int(ids.size)
+    check(slot, "row_experts slot", np.int32, shape=(n,))
+    out = dev.output(out, "row_experts out", (n,), np.int32)
+    if n:
+        f = runtime.function("routing_tables", "row_experts", "PPqP")
+        dev.launch(f, "row_experts", _grid1(n), (_THREADS, 1, 1), ptr(ids), ptr(slot), n, ptr(out))
+    return out
+
+
 # --------------------------------------------------------------------------- MoE elementwise
 
 
-def swiglu(dev, g, u, out=None, *, r0: int = 0, r1: int | None = None):
+def expert_bias_args(expert_bias, R: int, n: int, r0: int, what: str) -> tuple:
+    """The (rexp, bg, bu, ldb) kernel arguments of an expert_bias (None, or (rexp int32 [R],
+    gate bias float32 [E, n], up bias float32 [E, n])) for rows from r0: NULLs where None."""
+    if expert_bias is None:
+        return 0, 0, 0, n
+    rexp, bg, bu = expert_bias
+    check(rexp, f"{what} row experts", np.int32, shape=(R,))
+    check(bg, f"{what} gate bias", np.float32, shape=(None, n))
+    check(bu, f"{what} up bias", np.float32, shape=tuple(bg.shape))
+    return ptr(rexp) + 4 * r0, ptr(bg), ptr(bu), n
+
+
+def glu_act(act, what: str) -> SwigluOai | None:
+    """act checked: None (SiLU) or a strata.moe.SwigluOai."""
+    if act is None or isinstance(act, SwigluOai):
+        return act
+    raise InputError(f"{what}: act must be None or a SwigluOai, got {act!r}")
+
+
+def swiglu(dev, g, u, out=None, *, r0: int = 0, r1: int | None = None, act=None, expert_bias=None):
     """H = silu(g) * u (strata.moe.swiglu) over rows r0 .. r1 (default all) of g, u float32
-    [R, n]. Returns out float32 [r1 - r0, n] (out may be a GPUArray view of a larger buffer)."""
+    [R, n]. Returns out float32 [r1 - r0, n] (out may be a GPUArray view of a larger buffer).
+    act a strata.moe.SwigluOai (swiglu_oai_rows): strata.moe.swiglu_oai, after the expert
+    biases where expert_bias is given (:func:`expert_bias_args`; strata.moe.add_expert_bias).
+    The biases need act (no architecture biases the plain SwiGLU)."""
+    act = glu_act(act, "swiglu")
+    if expert_bias is not None and act is None:
+        raise InputError("swiglu: expert biases come with act=SwigluOai (swiglu_oai_rows)")
     check(g, "swiglu gate", np.float32, ndim=2)
     R, n = (int(s) for s in g.shape)
     check(u, "swiglu up", np.float32, shape=(R, n))
@@ -218,6 +287,12 @@ def swiglu(dev, g, u, out=None, *, r0: int = 0, r1: int | None = None):
     out = dev.output(out, "swiglu out", (rows, n), np.float32)
     if rows * n == 0:
         return out
+    if act is not None:
+        f = runtime.function("swiglu", "swiglu_oai_rows", "PqPqPqiiffPPPq")
+        dev.launch(f, "swiglu", _grid1(rows * n), (_THREADS, 1, 1), ptr(g) + 4 * r0 * n, n,
+                   ptr(u) + 4 * r0 * n, n, ptr(out), n, rows, n, np.float32(act.alpha), np.float32(act.limit),
+                   *expert_bias_args(expert_bias, R, n, r0, "swiglu"))
+        return out
     f = runtime.function("swiglu", "swiglu_rows", "PqPqPqii")
     dev.launch(f, "swiglu", _grid1(rows * n), (_THREADS, 1, 1), ptr(g) + 4 * r0 * n, n,
                ptr(u) + 4 * r0 * n, n, ptr(out), n, rows, n)
@@ -228,14 +303,16 @@ def swiglu(dev, g, u, out=None, *, r0: int = 0, r1: int | None = None):
 COMBINE_MAXK = 64
 
 
-def combine(dev, x, weights, slot, y, shared=None, out=None, form: str = "auto"):
+def combine(dev, x, weights, slot, y, shared=None, out=None, form: str = "auto", *, down_bias=None):
     """x + (sum_k w[t,k] * y[slot[t*K+k]] in rank order, then + g_t * ysh[t]) (strata.moe.combine).
 
     x float32 [T, D]; weights float32 [T, K]; slot int32 [T*K]; y float32 [R, D] expert-sorted
     rows; shared None or (g float32 [T] (the sigmoid, see :func:`sigmoid`), ysh float32 [T, D]).
     Returns out float32 [T, D] (out may be x). form: "row" (combine_rows_vec: a CTA a token,
     float4), "element" (combine_rows: a thread an element) or "auto" (row where D % 4 == 0, K
-    <= COMBINE_MAXK and the buffers are 16-byte aligned, else element); the same bytes."""
+    <= COMBINE_MAXK and the buffers are 16-byte aligned, else element); the same bytes.
+    down_bias: None, or (bias float32 [E, D], ids int32 [T, K], the router's): each routed
+    output plus its expert's bias row first (combine_rows[_vec]_bias)."""
     check(x, "combine x", np.float32, ndim=2)
     T, D = (int(s) for s in x.shape)
     check(weights, "combine weights", np.float32, shape=(T, None))
@@ -249,21 +326,35 @@ def combine(dev, x, weights, slot, y, shared=None, out=None, form: str = "auto")
             raise InputError(f"combine: shared gate must be float32 with {T} values")
         check(ysh, "combine ysh", np.float32, shape=(T, D))
         g_ptr, ysh_ptr = ptr(g), ptr(ysh)
+    bias_args, bias_ptrs = (), ()
+    if down_bias is not None:
+        bd, ids = down_bias
+        check(bd, "combine down bias", np.float32, shape=(None, D))
+        check(ids, "combine ids", np.int32, shape=(T, K))
+        bias_args, bias_ptrs = (ptr(ids), ptr(bd), D), (ptr(bd),)
     out = dev.output(out, "combine out", (T, D), np.float32)
     if form not in ("auto", "row", "element"):  # before the empty early return: a bad form is always an error
         raise InputError(f"combine: form must be auto, row or element, got {form!r}")
     if T * D == 0:
         return out
-    row_ok = D % 4 == 0 and K <= COMBINE_MAXK and all(p % 16 == 0 for p in (ptr(x), ptr(y), ysh_ptr, ptr(out)))
+    row_ok = D % 4 == 0 and K <= COMBINE_MAXK and all(p % 16 == 0 for p in (ptr(x), ptr(y), ysh_ptr, ptr(out),
+                                                                             *bias_ptrs))
     if form == "row" and not row_ok:
         raise InputError(f"combine: the row form needs D % 4 == 0, K <= {COMBINE_MAXK} and 16-byte aligned rows")
-    args = (ptr(x), D, ptr(weights), ptr(slot), K, ptr(y), D, g_ptr, ysh_ptr, D, ptr(out), D, T, D)
-    if form != "element" and row_ok:
+    args = (ptr(x), D, ptr(weights), ptr(slot), K, ptr(y), D, g_ptr, ysh_ptr, D, ptr(out), D, T, D) + bias_args
+    vec = form != "element" and row_ok
+    grid = (min(T, 1 << 20), 1, 1) if vec else _grid1(T * D)
+    block = (128, 1, 1) if vec else (_THREADS, 1, 1)
+    if down_bias is not None:
+        if vec:
+            f = runtime.function("combine", "combine_rows_vec_bias", "PqPPiPqPPqPqiiPPq")
+        else:
+            f = runtime.function("combine", "combine_rows_bias", "PqPPiPqPPqPqiiPPq")
+    elif vec:
         f = runtime.function("combine", "combine_rows_vec", "PqPPiPqPPqPqii")
-        dev.launch(f, "combine", (min(T, 1 << 20), 1, 1), (128, 1, 1), *args)
     else:
         f = runtime.function("combine", "combine_rows", "PqPPiPqPPqPqii")
-        dev.launch(f, "combine", _grid1(T * D), (_THREADS, 1, 1), *args)
+    dev.launch(f, "combine", grid, block, *args)
     return out
 
 

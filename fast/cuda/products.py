@@ -30,7 +30,7 @@ from strata import q8_1, qformats
 from strata.constants import MMQ_GROUP
 from strata.errors import DeviceError, InputError
 
-from fast.cuda import runtime, signatures
+from fast.cuda import elementwise, runtime, signatures
 from fast.cuda.runtime import check, ptr
 
 __all__ = [
@@ -126,11 +126,17 @@ def quantize_scatter(dev, x, slot, *, T: int, K_used: int, K: int, layout, out,
                ptr(x), ldx, ptr(slot), int(T), int(K_used), int(K), lay, ptr(out), int(T) * int(K_used))
 
 
-def swiglu_quantize(dev, g, u, *, r0: int, r1: int, layout, out, row0: int, R_total: int) -> None:
+def swiglu_quantize(dev, g, u, *, r0: int, r1: int, layout, out, row0: int, R_total: int, act=None,
+                    expert_bias=None) -> None:
     """H = silu(g) * u over rows r0 .. r1 of g, u (float32 device [R, n]), quantized into rows
     row0 .. row0 + (r1 - r0) of the q8_1 buffer ``out`` (R_total rows of n values) in one
     launch. The same bytes as elementwise.swiglu then :func:`quantize_gather` of H's rows in
-    order at ``out`` offset by row0 rows (strata.moe.swiglu, strata.q8_1.quantize_rows)."""
+    order at ``out`` offset by row0 rows (strata.moe.swiglu, strata.q8_1.quantize_rows).
+    act, expert_bias: as elementwise.swiglu's (swiglu_oai_q8_1: strata.moe.swiglu_oai of the
+    biased rows)."""
+    act = elementwise.glu_act(act, "swiglu_quantize")
+    if expert_bias is not None and act is None:
+        raise InputError("swiglu_quantize: expert biases come with act=SwigluOai (swiglu_oai_q8_1)")
     lay = int(q8_1.Layout(int(layout)))
     check(g, "swiglu_quantize gate", np.float32, ndim=2)
     R, n = (int(s) for s in g.shape)
@@ -142,6 +148,12 @@ def swiglu_quantize(dev, g, u, *, r0: int, r1: int, layout, out, row0: int, R_to
         raise InputError(f"swiglu_quantize: output rows {row0}..{row0 + r1 - r0} outside [0, {R_total}]")
     rows = r1 - r0
     if rows == 0 or n == 0:
+        return
+    if act is not None:
+        _q8_launch(dev, "swiglu_q8_1", "swiglu_oai_q8_1", "PqPqiiiPiffPPPq", rows * q8_1.blocks_per_row(n),
+                   ptr(g) + 4 * r0 * n, n, ptr(u) + 4 * r0 * n, n, rows, n, lay,
+                   ptr(out) + row0 * q8_1.BLOCK_BYTES, R_total, np.float32(act.alpha), np.float32(act.limit),
+                   *elementwise.expert_bias_args(expert_bias, R, n, r0, "swiglu_quantize"))
         return
     _q8_launch(dev, "swiglu_q8_1", "swiglu_q8_1", "PqPqiiiPi", rows * q8_1.blocks_per_row(n),
                ptr(g) + 4 * r0 * n, n, ptr(u) + 4 * r0 * n, n, rows, n, lay,

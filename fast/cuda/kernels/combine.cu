@@ -12,6 +12,11 @@
 //   row's K weights and slot rows read once a row into shared memory instead of once an
 //   element, K <= COMBINE_MAXK. Needs D % 4 == 0 and every row start 16-byte aligned (the host
 //   checks; combine_rows serves the rest).
+// combine_rows_bias, combine_rows_vec_bias -- the same two forms with each routed output's expert
+//   down bias added first: definition strata.moe.combine(..., down_bias=(bd, ids)):
+//   acc = acc + w[t,k] * (Y[slot[t*K+k], j] + bd[ids[t*K+k], j]) (the sum one float32 addition, then
+//   the product, then the accumulation). ids int32 [T*K] (the router's), bd: rows of D floats,
+//   row e at + e * ldbd. The vec form also needs bd's rows 16-byte aligned (the host checks).
 // sigmoid_vec -- definition: strata.numerics.sigmoid: y = 1.0f / (1.0f + exp(-x)) with the shared
 //   polynomial exp; x read with a stride (incx), y contiguous.
 
@@ -73,6 +78,63 @@ combine_rows_vec(const float* x, long long ldx, const float* __restrict__ w, con
             reinterpret_cast<float4*>(out + (long long)t * ldo)[j4] =
                 make_float4(__fadd_rn(xv.x, acc.x), __fadd_rn(xv.y, acc.y), __fadd_rn(xv.z, acc.z),
                             __fadd_rn(xv.w, acc.w));
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+combine_rows_bias(const float* x, long long ldx, const float* __restrict__ w, const int* __restrict__ slot,
+                  int K, const float* __restrict__ y, long long ldy, const float* __restrict__ g,
+                  const float* __restrict__ ysh, long long ldsh, float* out, long long ldo, int T, int D,
+                  const int* __restrict__ ids, const float* __restrict__ bd, long long ldbd)
+{
+    const long long total = (long long)T * D;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        const long long t = idx / D;
+        const long long j = idx - t * D;
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) {
+            const long long r = slot[t * K + k];
+            const float yb = __fadd_rn(y[r * ldy + j], bd[(long long)ids[t * K + k] * ldbd + j]);
+            acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], yb));
+        }
+        if (g != nullptr) acc = __fadd_rn(acc, __fmul_rn(g[t], ysh[t * ldsh + j]));
+        out[t * ldo + j] = __fadd_rn(x[t * ldx + j], acc);
+    }
+}
+
+__device__ __forceinline__ float4 add4(const float4 a, const float4 b)
+{
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+combine_rows_vec_bias(const float* x, long long ldx, const float* __restrict__ w, const int* __restrict__ slot,
+                      int K, const float* __restrict__ y, long long ldy, const float* __restrict__ g,
+                      const float* __restrict__ ysh, long long ldsh, float* out, long long ldo, int T, int D,
+                      const int* __restrict__ ids, const float* __restrict__ bd, long long ldbd)
+{
+    __shared__ float sw[COMBINE_MAXK];
+    __shared__ const float* sy[COMBINE_MAXK];
+    __shared__ const float* sb[COMBINE_MAXK];
+    const int D4 = D >> 2;
+    for (int t = blockIdx.x; t < T; t += gridDim.x) {
+        __syncthreads();  // the previous row's readers are done with sw, sy, sb
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            sw[k] = w[(long long)t * K + k];
+            sy[k] = y + (long long)slot[(long long)t * K + k] * ldy;
+            sb[k] = bd + (long long)ids[(long long)t * K + k] * ldbd;
+        }
+        __syncthreads();
+        for (int j4 = threadIdx.x; j4 < D4; j4 += blockDim.x) {
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int k = 0; k < K; ++k)
+                add_scaled4(acc, sw[k], add4(reinterpret_cast<const float4*>(sy[k])[j4],
+                                             reinterpret_cast<const float4*>(sb[k])[j4]));
+            if (g != nullptr) add_scaled4(acc, g[t], reinterpret_cast<const float4*>(ysh + (long long)t * ldsh)[j4]);
+            const float4 xv = reinterpret_cast<const float4*>(x + (long long)t * ldx)[j4];
+            reinterpret_cast<float4*>(out + (long long)t * ldo)[j4] = add4(xv, acc);
         }
     }
 }

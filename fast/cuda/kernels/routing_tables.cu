@@ -15,6 +15,10 @@
 //   group's lowest lane advances the warp's base for the next 32.
 // Dynamic shared memory: (warps + 2) * E ints. Expert ids must be in [0, E) (pairs outside are
 // skipped and get no slot).
+//
+// row_experts -- definition: strata.routing.row_experts: rexp[slot[i]] = ids[i] for the n pairs
+// (the expert of each expert-sorted row, which the expert-bias kernels read: swiglu.cu,
+// swiglu_q8_1.cu). A thread a pair.
 
 #include <stdint.h>
 
@@ -115,4 +119,11 @@ routing_tables(const int* __restrict__ ids, int T, int K, int E, int* __restrict
         }
         __syncwarp();
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+row_experts(const int* __restrict__ ids, const int* __restrict__ slot, long long n, int* __restrict__ rexp)
+{
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) rexp[slot[i]] = ids[i];
 }

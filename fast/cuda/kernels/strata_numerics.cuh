@@ -100,6 +100,18 @@ __device__ __forceinline__ float strata_swiglu(float g, float u)
     return __fmul_rn(silu, u);
 }
 
+// strata.moe.swiglu_oai of one value (gpt-oss's clamped SwiGLU): g = min(g, limit) and
+// u = min(max(u, -limit), limit) by comparisons, so that a NaN passes as in the definition
+// (fminf/fmaxf would drop it); t = alpha * g; s = g / (1.0f + exp(-t)); H = s * (u + 1.0f). The one
+// home of the formula: swiglu.cu and swiglu_q8_1.cu must give the same bits.
+__device__ __forceinline__ float strata_swiglu_oai(float g, float u, float alpha, float limit)
+{
+    g = (g > limit) ? limit : g;
+    u = (u > limit) ? limit : ((u < -limit) ? -limit : u);
+    const float s = g / __fadd_rn(1.0f, strata_exp(-__fmul_rn(alpha, g)));
+    return __fmul_rn(s, __fadd_rn(u, 1.0f));
+}
+
 // strata.numerics.roundf: round half away from zero (C roundf), exact for every float.
 __device__ __forceinline__ float roundf_away(float x)
 {

@@ -13,10 +13,16 @@
 // block (kb, r) at index kb * R_total + r; out already offset to the range's first row).
 // One warp per (row, 128-value block), lane l computes values 4l..4l+3; values past n are
 // the row's zero padding (0.0f, not SwiGLU of anything).
+//
+// swiglu_oai_q8_1 -- the same with gpt-oss's clamped SwiGLU and expert biases in place of
+// strata_swiglu: each value is swiglu.cu's swiglu_oai_rows value (strata.moe.swiglu_oai of the
+// biased gate and up, strata_swiglu_oai), then the same q8_1 blocks. rexp (the expert of each row
+// of the range, offset like g), bg, bu (bias rows, row e at + e * ldb): as swiglu_oai_rows; rexp
+// NULL: no biases.
 
 #include <cuda_fp16.h>
 #include <stdint.h>
-#include "strata_numerics.cuh"  // strata_swiglu, q8_inv_scale, q8_round, q8_scale
+#include "strata_numerics.cuh"  // strata_swiglu, strata_swiglu_oai, q8_inv_scale, q8_round, q8_scale
 #include "qformats.cuh"         // LAYOUT_D4, LAYOUT_DS4, LAYOUT_D2S6 (written from strata/q8_1.py)
 #include "q8_1_block.cuh"       // q8_1_block, store_block, load4, for_each_block_task
 
@@ -35,6 +41,37 @@ extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
         float v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = (c0 + i < n) ? strata_swiglu(a[i], b[i]) : 0.0f;
+        uint32_t hdr = 0;
+        const uint32_t codes = q8_1_block(v[0], v[1], v[2], v[3], layout, lane, hdr);
+        store_block(out, (long long)kb * R_total + r, lane, hdr, codes);
+    });
+}
+
+extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
+    swiglu_oai_q8_1(const float* __restrict__ g, long long ldg, const float* __restrict__ u, long long ldu,
+                    int rows, int n, int layout, uint8_t* __restrict__ out, int R_total, float alpha, float limit,
+                    const int* __restrict__ rexp, const float* __restrict__ bg, const float* __restrict__ bu,
+                    long long ldb) {
+    const int lane = threadIdx.x & 31;
+    for_each_block_task<SQ_WARPS>(rows, ((n + 511) / 512) * 4, [&](int r, int kb) {
+        const int c0 = kb * 128 + 4 * lane;
+        float a[4], b[4];
+        load4(g + (long long)r * ldg, c0, n, a);
+        load4(u + (long long)r * ldu, c0, n, b);
+        if (rexp != nullptr) {
+            const long long e = rexp[r];
+            float ba[4], bb[4];
+            load4(bg + e * ldb, c0, n, ba);
+            load4(bu + e * ldb, c0, n, bb);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                a[i] = __fadd_rn(a[i], ba[i]);
+                b[i] = __fadd_rn(b[i], bb[i]);
+            }
+        }
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = (c0 + i < n) ? strata_swiglu_oai(a[i], b[i], alpha, limit) : 0.0f;
         uint32_t hdr = 0;
         const uint32_t codes = q8_1_block(v[0], v[1], v[2], v[3], layout, lane, hdr);
         store_block(out, (long long)kb * R_total + r, lane, hdr, codes);
