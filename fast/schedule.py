@@ -326,7 +326,7 @@ class CopySchedule:
         self.tokens = int(n_tok)
         self.measured = measured if o.stream_min == AUTO else None
         self.layers: list[LayerChoice] = []  # the layers chosen so far, in layer order
-        self.routed: list = [None] * n_layer  # per layer: its routed streamed experts, once it has routed
+        self.routed: list = [None] * n_layer  # per layer: how many of its streamed experts it routed (None: not yet)
         self.in_head = [0] * n_layer  # per layer: how many of those a staged layer's head held
         self.ahead: dict[int, list[int]] = {}  # chosen layer -> its experts queued before its routing, in entry order
         self.after: dict[int, list[int]] = {}  # routed layer -> its experts queued at its routing
@@ -502,31 +502,31 @@ def _choice_text(c: LayerChoice, tokens: int, stream_min, measured: tuple | None
 
 
 class PromptSchedules:
-    """The schedules of the current prompt's units, in order, and the measure each new one
-    reads: the routing of the last whole unit of the same prompt. A prompt from position 0
-    forgets both, so the passes of run --timing choose as the run did."""
+    """The schedule of the unit running now, the records of the current prompt's units before
+    it, and the measure each new schedule reads: the routing of the last whole unit of the same
+    prompt. A prompt from position 0 forgets the records and the measure, so the passes of run
+    --timing choose as the run did. A unit's schedule (its passes, the answers of `why`) is kept
+    until the next unit starts; its record after that."""
 
     def __init__(self, parts: CopyParts):
         self.parts = parts
-        self.units: list[CopySchedule] = []
+        self.now: CopySchedule | None = None  # the unit running now (the last one, once a prompt is done)
+        self.done: list[WalkChoice] = []  # the records of the prompt's units before it, in order
         self.measured = None  # (tokens, routed streamed experts per layer) of the last whole unit
 
     def begin(self, n_tok: int, first_position: int = 0) -> CopySchedule:
         """A unit (chunk or window) starts: its schedule, its ring pass open and its first
-        copies queued (before layer 0's attention)."""
+        copies queued (before layer 0's attention). The unit before it ends here: its record is
+        made whole."""
         if first_position == 0:
-            self.units, self.measured = [], None
-        elif self.units and (m := self.units[-1].measure()) is not None:
-            self.measured = m
-        unit = CopySchedule(self.parts, n_tok, self.measured)
-        self.units.append(unit)
-        return unit
-
-    @property
-    def now(self) -> CopySchedule | None:
-        """The unit running now (its schedule), or None before the first."""
-        return self.units[-1] if self.units else None
+            self.done, self.measured = [], None
+        elif self.now is not None:
+            self.done.append(self.now.record())
+            if (m := self.now.measure()) is not None:
+                self.measured = m
+        self.now = CopySchedule(self.parts, n_tok, self.measured)
+        return self.now
 
     def records(self) -> list[WalkChoice]:
-        """Each unit's WalkChoice, in order."""
-        return [u.record() for u in self.units]
+        """Each unit's WalkChoice, in order: the running one's as it stands."""
+        return self.done + ([] if self.now is None else [self.now.record()])

@@ -310,7 +310,8 @@ class LayerWalk:
         n = len(run.experts)
         with be.phase("wait copy", layer=layer, experts=n):
             be.wait(event=ring_pass.ring.copied_of[slot],
-                    what=f"the copy of expert {run.experts[-1]} of layer {layer} into {ring_pass.ring.place} slot {slot}")
+                    what=f"the copy of expert {run.experts[-1]} of layer {layer} into {ring_pass.ring.place} "
+                         f"slot {slot}")
         args = dict(layer=layer, experts=n, rows=run.n_rows, streamed=n)
         self.batch_gate_up(run, args)
         self.swiglu_h(int(run.bounds[0, 0]), int(run.bounds[-1, 1]), args)

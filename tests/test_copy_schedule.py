@@ -11,7 +11,7 @@ import pytest
 
 from fast import make_fast_engine
 from fast.experts import Place, Ring
-from fast.schedule import CopySchedule, LayerChoice, WalkChoice
+from fast.schedule import CopySchedule, LayerChoice, PromptSchedules, WalkChoice
 from strata.session import Session
 
 
@@ -79,15 +79,26 @@ def test_the_schedule_alone_says_why_an_expert_was_copied(make_test_pack, monkey
     if kw.get("expert_cache") == "third":
         kw = {**kw, "expert_cache": pack.config.n_layer * pack.config.n_expert // 3}
     kw.setdefault("window", "off")
-    before_routing = {}  # (unit, layer) -> the layer's entries in the unit pass when its routing came
-    real = CopySchedule.layer_pass
+    n_layer, n_expert = pack.config.n_layer, pack.config.n_expert
+    units = []  # per unit: ({layer: its entries in the unit pass when its routing came}, {(layer, expert): why})
+    real_pass, real_begin = CopySchedule.layer_pass, PromptSchedules.begin
 
     def layer_pass(self, layer, tab):
         held = [] if self.ring_pass is None else [e for l, e in self.ring_pass.entries if l == layer]
-        before_routing[(id(self), layer)] = held
-        return real(self, layer, tab)
+        units[-1][0][layer] = held
+        return real_pass(self, layer, tab)
+
+    def answers(unit):
+        units[-1][1].update({(l, e): unit.why(l, e) for l in range(n_layer) for e in range(n_expert)})
+
+    def begin(self, n_tok, first_position=0):
+        if self.now is not None:
+            answers(self.now)  # its schedule is kept until the next unit starts
+        units.append(({}, {}))
+        return real_begin(self, n_tok, first_position)
 
     monkeypatch.setattr(CopySchedule, "layer_pass", layer_pass)
+    monkeypatch.setattr(PromptSchedules, "begin", begin)
     eng = make_fast_engine(pack, "sim", **kw)
     copies = set()  # (pass, entry, layer, expert) of every copy the backend was asked for
     real_copy = eng.be.copy_experts
@@ -101,32 +112,30 @@ def test_the_schedule_alone_says_why_an_expert_was_copied(make_test_pack, monkey
 
     eng.be.copy_experts = copy_experts
     Session(eng, chunk=chunk, progress=False).run(_prompt(pack, n, 3), greedy=greedy)
+    answers(eng.schedule)
+    assert len(units) == len(eng.walk_choices) > 1
     seen = {"copied ahead": 0, "copied after": 0, "not copied": 0}
     explained = set()
-    for unit in eng.schedules.units:
-        for layer in range(pack.config.n_layer):
-            for e in range(pack.config.n_expert):
-                why = unit.why(layer, e)
-                kind = next(k for k in seen if why.startswith(k))
-                seen[kind] += 1
-                if eng.placement.resident[layer, e]:
-                    assert kind == "not copied" and "resident" in why, why
-                    continue
-                if kind == "not copied":
-                    assert "its routing skipped" in why, why
-                    continue
-                m = re.search(r"; entry (\d+) of pass (\d+) \((ring|stage)\)$", why)
-                assert m, why
-                k, p = int(m.group(1)), int(m.group(2))
-                assert (p, k, layer, e) in copies, why
-                explained.add((p, k, layer, e))
-                assert (e in before_routing[(id(unit), layer)]) == (kind == "copied ahead"), why
+    for before_routing, whys in units:
+        for (layer, e), why in whys.items():
+            kind = next(k for k in seen if why.startswith(k))
+            seen[kind] += 1
+            if eng.placement.resident[layer, e]:
+                assert kind == "not copied" and "resident" in why, why
+                continue
+            if kind == "not copied":
+                assert "its routing skipped" in why, why
+                continue
+            m = re.search(r"; entry (\d+) of pass (\d+) \((ring|stage)\)$", why)
+            assert m, why
+            k, p = int(m.group(1)), int(m.group(2))
+            assert (p, k, layer, e) in copies, why
+            explained.add((p, k, layer, e))
+            assert (e in before_routing[layer]) == (kind == "copied ahead"), why
     assert explained == copies  # every copy the backend made is one the schedules explain
     assert seen["not copied"] and (seen["copied ahead"] or case == "staging ring")  # no head through the staging ring
+    every = [why for _, whys in units for why in whys.values()]
     if case == "staging ring":
-        assert seen["copied after"] and all(u.why(l, e).endswith("(stage)") for u in eng.schedules.units
-                                            for l in range(pack.config.n_layer) for e in range(pack.config.n_expert)
-                                            if u.why(l, e).startswith("copied after"))
+        assert seen["copied after"] and all(w.endswith("(stage)") for w in every if w.startswith("copied after"))
     if case == "predicted heads":
-        assert any("the layer before's prediction named most" in u.why(l, e) for u in eng.schedules.units
-                   for l in range(pack.config.n_layer) for e in range(pack.config.n_expert))
+        assert any("the layer before's prediction named most" in w for w in every)

@@ -118,7 +118,7 @@ def test_the_last_unit_s_same_layer_comes_before_the_previous_layer():
 
 def test_nothing_streamed_is_resident():
     assert _layer(5000, streamed=(0, 0)).walk == "resident"
-    u = WalkChoice("coverage", 5000, AUTO, 0, 0, layers=[_layer(5000, 0, streamed=(0, 0)), _layer(5000, 1, streamed=(0, 0))])
+    u = WalkChoice("coverage", 5000, AUTO, 0, 0, layers=[_layer(5000, l, streamed=(0, 0)) for l in (0, 1)])
     assert u.walk == "resident" and not u.streams and u.line().startswith("resident")
 
 
