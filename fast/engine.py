@@ -339,7 +339,7 @@ class FastEngine:
         # idle gap before the first gather)
         shared = self._shared_phase(layer, p, h) if o.overlap_plan else None
 
-        # 4. The per-expert walk (fast/walk.py), through the pass its walk chose.
+        # 4. The per-expert walk (fast/walk.py), through the ring pass the unit's copy schedule gives it.
         ring_pass, ahead = self.schedule.layer_pass(layer, tab)
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
