@@ -26,7 +26,7 @@ compute stream after an untimed warm-up per arm and size, and every arm's first-
 must equal the resident arm's bytes. The copy stream's busy time comes from an event pair
 around each of its copies. Beside each time: the bytes copied per prompt token and the link's
 busy share (the copy stream's busy time over the prefill's) and rate (bytes over that busy
-time); each streamed arm's walks, layer by layer, and why (fast.walk.WalkChoice.line) in the
+time); each streamed arm's walks, layer by layer, and why (fast.schedule.WalkChoice.line) in the
 JSON and the progress lines. Prints a Markdown table (format_table, a pure function of the results, tested on the
 CPU by tests/test_bench_streaming_table.py) and writes JSON beside it.
 """

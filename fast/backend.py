@@ -13,6 +13,8 @@ from typing import Any, ContextManager, Protocol, Sequence
 
 import numpy as np
 
+from fast.experts import Place
+
 Array = Any
 Q8 = Any
 Event = Any
@@ -221,13 +223,13 @@ class Backend(Protocol):
         None, or (bias [E, D], ids [T, K]) added to each routed output first."""
 
     # ---- streaming ------------------------------------------------------------------------
-    def copy_experts(self, *, ring: str, slots: Sequence[int], experts: Sequence[tuple],
+    def copy_experts(self, *, ring: Place, slots: Sequence[int], experts: Sequence[tuple],
                      tags: Sequence[tuple], wait_for: Sequence[Event]) -> Event:
         """On the copy stream: wait for each event of wait_for, copy the host-tier blobs of
         experts [(layer, id)] into the ring's slots (adjacent ones in one copy when the
         run was handed over whole), record and return one event."""
 
-    def released(self, *, ring: str, slots: Sequence[int], tags: Sequence[tuple], event: Event | None) -> None:
+    def released(self, *, ring: Place, slots: Sequence[int], tags: Sequence[tuple], event: Event | None) -> None:
         """The walk released ring slots holding the copies `tags`: refills may follow once `event`
         has happened (None: never read). Nothing to enqueue; the sim checks it against the
         slots' reads."""
@@ -239,5 +241,5 @@ class Backend(Protocol):
         """An event recorded on the compute stream now."""
 
     def gather(self, *, layer: int, members: Sequence[tuple], q0: int) -> None:
-        """One launch: members' blobs (("cache", expert, None) or (ring, slot, tag)) into the
+        """One launch: members' blobs ((Place.CACHE, expert, None) or (ring, slot, tag)) into the
         group buffers at positions q0, q0+1, ..., zeroed tail after the last."""

@@ -4,7 +4,8 @@ The same code drives two backends: `cuda` (PyCUDA kernels, fast/cuda/backend.py)
 (NumPy definitions of the same kernels over simulated streams, fast/sim.py), so the walk, the
 switches, the rings and the buffers are exercised on machines with no GPU. The engine plugs
 into `strata.session.Session` like the reference does. The expert walk itself is
-fast/walk.py; where experts live and how rings are filled, fast/experts.py.
+fast/walk.py; which experts are copied into the ring, when and why, fast/schedule.py (one
+CopySchedule a chunk or window); where experts live and how rings are filled, fast/experts.py.
 
 The switches (each a keyword argument, a `run` flag and mostly an environment variable) are
 declared once, in fast/options.py; the engine resolves them once (fast.options.resolve) into
@@ -21,7 +22,8 @@ from strata.constants import MMQ_GROUP, PINNED_SHARE, PREDICT_ROWS, RING_SLOTS, 
 from strata.errors import InputError
 
 from fast import archs, options, walk
-from fast.experts import PASS_HEAD, Passes, Ring, place_experts
+from fast.experts import Passes, Place, Ring, place_experts
+from fast.schedule import CopyParts, PromptSchedules
 from fast.weights import LayerWeights
 
 F32 = np.float32
@@ -94,20 +96,14 @@ class FastEngine:
         # a switch set that does nothing with these experts where they lie is refused (the one rule
         # of fast/options.py), before any weight is loaded; the command line checked what it knew
         options.refuse_idle(switches, self._facts(backend.name, o.expert_cache, n_cache))
-        self.ring = Ring("ring", ring_slots)
-        self.staging = self.ring if o.stage_in_ring else Ring("stage", STAGING_SLOTS)
+        self.ring = Ring(Place.RING, ring_slots)
+        self.staging = self.ring if o.stage_in_ring else Ring(Place.STAGE, STAGING_SLOTS)
         self.passes = Passes(backend, o.copy_coalesce)
-        self._unit_pass = None  # the unit's pass of the ring: its streamed (and staged) layers' entries
-        self._blob_bytes = [pack.expert_blob_size(l) for l in range(cfg.n_layer)]  # one expert's, per layer
-        self._n_streamed = [len(self.placement.streamed(l)) for l in range(cfg.n_layer)]
-        #: the walk each chunk (or window) of the current prompt took, layer by layer, and why
-        #: (fast.walk.WalkChoice), in order; a prompt that starts at position 0 starts the list
-        #: again (run --timing prints it)
-        self.walk_choices: list = []
-        self._unit = None  # the unit running now: its WalkChoice (its tokens, what its layers routed so far)
-        self._heads: dict = {}  # the unit's chosen layers -> the experts queued before their routing, in entry order
-        self._predicted: dict = {}  # layer -> its routing's counts as predicted by the layer before (head_predict)
-        self._measured = None  # (tokens, routed streamed experts per layer) of the last whole unit
+        #: the copy schedule of each chunk (or window) of the current prompt (fast/schedule.py)
+        self.schedules = PromptSchedules(CopyParts(
+            backend, cfg, o, self.placement, self.ring, self.staging, self.passes,
+            blob_bytes=tuple(pack.expert_blob_size(l) for l in range(cfg.n_layer)),  # one expert's, per layer
+            n_streamed=tuple(len(self.placement.streamed(l)) for l in range(cfg.n_layer))))
         self.window_reason: str | None = None  # why window_tokens took its window (run prints it)
         with self.be.oom_guard(f"the pack's weights ({pack.file_size >> 20} MiB on disk) with "
                                f"{self.placement.n_resident} resident experts and {ring_slots} ring slots"):
@@ -135,6 +131,18 @@ class FastEngine:
     @property
     def counters(self):
         return self.be.counters
+
+    @property
+    def schedule(self):
+        """The copy schedule of the chunk (or window) running now (fast.schedule.CopySchedule)."""
+        return self.schedules.now
+
+    @property
+    def walk_choices(self) -> list:
+        """The walk each chunk (or window) of the current prompt took, layer by layer, and why
+        (fast.schedule.WalkChoice), in order; a prompt that starts at position 0 starts the list
+        again (run --timing prints it)."""
+        return self.schedules.records()
 
     # ---- the engine protocol of strata.session ----------------------------------------
     def chunk_begin(self) -> None:
@@ -191,7 +199,7 @@ class FastEngine:
         the layer once (docs/numerics.md section 9: no bit depends on the grouping)."""
         n_tok = sum(len(s) for s in spans)
         if layer == 0:
-            self._begin_chunk(n_tok, int(spans[0][0]))
+            self.schedules.begin(n_tok, int(spans[0][0]))
         with self.be.oom_guard(f"the buffers of layer {layer} for a window of {n_tok} tokens in {len(spans)} "
                                f"chunks (a smaller --window needs less)"):
             parts, r0 = [], 0
@@ -199,97 +207,20 @@ class FastEngine:
                 with self.be.phase("attention", layer=layer):
                     part = self.be.rows(x, r0, r0 + len(positions))
                     parts.append(self.attention_half(layer, part, positions, dump))
-                self._copies_after_attention(layer)
+                self.schedule.after_attention(layer)
                 r0 += len(positions)
             x = self.be.join_rows(x, parts)
             return self.moe_half(layer, x, dump)
 
     def layer(self, layer: int, x, positions: np.ndarray, dump=None):
         if layer == 0:
-            self._begin_chunk(len(positions), int(positions[0]) if len(positions) else 0)
+            self.schedules.begin(len(positions), int(positions[0]) if len(positions) else 0)
         with self.be.oom_guard(f"the buffers of layer {layer} for a chunk of {len(positions)} tokens "
                                f"(a smaller --prefill chunk needs less)"):
             with self.be.phase("attention", layer=layer):
                 x = self.attention_half(layer, x, positions, dump)
-            self._copies_after_attention(layer)
+            self.schedule.after_attention(layer)
             return self.moe_half(layer, x, dump)
-
-    def _copies_after_attention(self, layer: int) -> None:
-        """Layer 0's attention is queued: the rest of the unit pass's due copies now (the unit
-        opened it with PASS_HEAD of them, so the device starts attention without waiting for the
-        host to queue them all; a staged layer 0 has none yet)."""
-        if layer == 0 and self._unit_pass is not None:
-            with self.be.host_phase("host planning"):
-                self._unit_pass.copy_ahead()
-
-    def _begin_chunk(self, n_tok: int, first_position: int = 0) -> None:
-        """A unit (chunk or window) starts: its ring pass opens on the streamed walk's ring, and
-        layer 0's walk is chosen (fast.walk.choose_layer); a streamed layer 0's first copies start
-        now, before its attention. Each later layer's walk is chosen once the layer before it has
-        routed (_layer_pass). The coverage rule reads the last whole unit's routing of the same
-        prompt (a prompt from position 0 forgets it, so the passes of run --timing choose as the
-        run did) and the routing of this unit's earlier layers."""
-        cfg, p = self.config, self.placement
-        if first_position == 0:
-            self.walk_choices, self._measured = [], None
-        elif self._unit is not None and None not in self._unit.routed:
-            self._measured = (self._unit.tokens, list(self._unit.routed))
-        auto = self.options.stream_min == options.AUTO
-        self._unit = walk.begin_unit(n_tok=n_tok, stream_min=self.options.stream_min, streamed=self._n_streamed,
-                                     blob_bytes=self._blob_bytes, measured=self._measured if auto else None)
-        self._unit.routed = [None] * cfg.n_layer  # filled as its layers route (_layer_pass)
-        self._unit.in_head = [0] * cfg.n_layer
-        self._heads, self._predicted = {}, {}
-        self.walk_choices.append(self._unit)
-        self._unit_pass = self.passes.open(self.ring, [], head=0) if p.n_streamed else None
-        self._choose_ahead()
-        if self._unit_pass is not None:  # the head of a streamed layer 0's copies: before its attention
-            with self.be.host_phase("host planning"):
-                self._unit_pass.copy_ahead(PASS_HEAD)
-
-    def _choose_ahead(self) -> None:
-        """Choose the walk of every next layer that can be chosen now (fast.walk.choose_layer:
-        under the threshold or with the last unit measured every one, else up to the first that
-        needs a routing of this unit not yet known), up to and with the first staged one: the
-        pass holds the layers' entries in layer order, and a staged layer's routed ones are known
-        only once it has routed. A streamed one appends all of its streamed experts to the unit
-        pass, behind the layers before it (the walk queues their copies as the ring frees slots);
-        a staged one (with stage_in_ring) its head (fast.walk.stage_head), the rest at its routing."""
-        auto = self.options.stream_min == options.AUTO
-        layers = self._unit.layers
-        while len(layers) < self.config.n_layer:
-            layer = len(layers)
-            if layers and layers[-1].walk == "staged" and self._unit.routed[layer - 1] is None:
-                return  # that layer's routed entries come first, once it has routed
-            c = walk.choose_layer(layer=layer, n_tok=self._unit.tokens, stream_min=self.options.stream_min,
-                                  k_used=self.config.n_expert_used, n_expert=self.config.n_expert,
-                                  streamed=self._n_streamed, blob_bytes=self._blob_bytes,
-                                  hide_per_token=self.options.stream_hide * 1000,
-                                  measured=self._measured if auto else None, routed=self._unit.routed)
-            if c is None:
-                return
-            streamed = self.placement.streamed(layer)
-            head = []
-            if c.walk == "staged" and self.options.stage_in_ring:
-                n = self._head_size(layer)
-                predicted = self._predicted.pop(layer, None)
-                if predicted is not None and n:
-                    with self.be.host_phase("host planning"):  # reading the counts waits for the predictor
-                        head = walk.predicted_head(predicted.cnt, streamed, n)
-                else:
-                    head = [int(e) for e in streamed[:n]]
-                c = dataclasses.replace(c, head=len(head), predicted=predicted is not None and n > 0)
-            layers.append(c)
-            ahead = [int(e) for e in streamed] if c.streams else head  # a resident layer streams none
-            self._heads[layer] = ahead
-            if ahead:
-                self._unit_pass.extend([(layer, e) for e in ahead])
-
-    def _head_size(self, layer: int) -> int:
-        """stage_head's size of `layer`'s head in this unit (fast.walk.stage_head)."""
-        return walk.stage_head(n_tok=self._unit.tokens, blob_bytes=self._blob_bytes[layer],
-                               n_streamed=self._n_streamed[layer], k_used=self.config.n_expert_used,
-                               n_expert=self.config.n_expert, setting=self.options.stage_head)
 
     def _predict_next(self, layer: int, x) -> None:
         """head_predict: where the next layer's walk waits for this layer's routing and could stage
@@ -298,54 +229,15 @@ class FastEngine:
         router sees it after this layer's MoE half and the next attention), queued behind this
         layer's routing tables; the host reads the counts (backend expert_counts) when it chooses
         the next layer's walk. A layer that then streams after all wasted one short chunk's router."""
-        o, cfg, be, unit = self.options, self.config, self.be, self._unit
-        nxt = layer + 1
-        if (not o.head_predict or unit is None or nxt >= cfg.n_layer or not self._n_streamed[nxt]
-                or len(unit.layers) > nxt or not self._head_size(nxt)):
-            # no next layer, nothing of it streams, chosen already (every layer under the threshold
-            # rule where the unit streams; a streamed or headed one otherwise), or no head
+        cfg, be, nxt = self.config, self.be, layer + 1
+        if not self.schedule.wants_prediction(nxt):
             return
-        if (o.stream_min == options.AUTO and walk.stream_need(
-                unit.tokens, self._n_streamed[nxt] * self._blob_bytes[nxt], o.stream_hide * 1000) <= 0):
-            return  # the coverage rule will stream it whatever this layer routes: no head to choose
         with be.phase("predict", layer=layer):
             W = self.layer_weights(nxt)
             n = be.shape(x)[0]
             h = be.rmsnorm(x if n <= PREDICT_ROWS else be.rows(x, 0, PREDICT_ROWS), W.ffn_norm, cfg.rms_eps)
             ids, _weights = be.top_k(self._dense(W.ffn_gate_inp, h), cfg.n_expert_used)
-            self._predicted[nxt] = be.expert_counts(ids, cfg.n_expert)
-
-    def _layer_pass(self, layer: int, tab):
-        """The layer has routed (its counts reach the host here): the pass its streamed experts
-        come through and which of them were queued before its routing, in entry order (all where
-        it streams; a staged layer's head). A staged layer's routed streamed experts not in
-        its head join the unit pass (or, with stage_in_ring 0, a pass of the staging ring of
-        their own): PASS_HEAD of their copies are queued here and the rest by the walk, after the
-        layer's resident gate/up, so neither the link nor the compute stream waits for the host
-        to queue the other's work. Then the next layers' walks that waited for this routing are
-        chosen, so a next layer's copies (all of them, or its head) follow this one's without a
-        gap."""
-        resident = self.placement.resident[layer]
-        with self.be.host_phase("host planning"):
-            order = np.asarray(tab.order)
-            routed = [int(e) for e in order[~resident[order]]]
-            self._unit.routed[layer] = len(routed)
-        choice = self._unit.layers[layer]
-        ahead = self._heads.get(layer, [])
-        if choice.streams:
-            ring_pass = self._unit_pass
-        elif self.options.stage_in_ring and self._unit_pass is not None:
-            ring_pass = self._unit_pass
-            with self.be.host_phase("host planning"):
-                head = set(ahead)
-                rest = [(layer, e) for e in routed if e not in head]
-                ring_pass.extend(rest)
-                ring_pass.copy_ahead(PASS_HEAD)  # the rest once the resident gate/up is queued (the walk's copy_ahead)
-            self._unit.in_head[layer] = len(routed) - len(rest)
-        else:
-            ring_pass = self.passes.open(self.staging, [(layer, e) for e in routed])
-        self._choose_ahead()
-        return ring_pass, ahead
+            self.schedule.predicted(nxt, be.expert_counts(ids, cfg.n_expert))
 
     # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
     def _rec(self, dump, layer: int, op: str, array, slot=None, on_host: bool = False) -> None:
@@ -424,8 +316,8 @@ class FastEngine:
         # idle gap before the first gather)
         shared = self._shared_phase(layer, W, h) if o.overlap_plan else None
 
-        # 4. The per-expert walk (fast/walk.py), through the pass its walk chose.
-        ring_pass, ahead = self._layer_pass(layer, tab)
+        # 4. The per-expert walk (fast/walk.py), through the ring pass the unit's copy schedule gives it.
+        ring_pass, ahead = self.schedule.layer_pass(layer, tab)
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
                                 placement=self.placement, ring_pass=ring_pass, ahead=ahead, options=o,

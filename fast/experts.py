@@ -15,10 +15,13 @@ streamed experts, as a cache filled by use would.
 The copy side (`RingPass`): one pass of entries through a ring of VRAM slots, filled in entry
 order by the copy stream. Entry k goes to slot k % n_slots, after the release of entry
 k - n_slots (the event named by `used_of[slot]`), so copies run ahead of compute by at most the
-ring's depth. `Passes` opens them.
+ring's depth. `Passes` opens them; which entries a pass holds, and when, is the copy schedule's
+(fast/schedule.py). A blob is read from one of three places (`Place`): the expert cache, the
+streamed walk's ring, or the staging ring.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +33,16 @@ from strata.errors import InputError
 #: coalesced copies keep the link busy while the host queues the attention half, and the device
 #: starts that half before the host has queued a ring's worth of copies (tens of calls)
 PASS_HEAD = 4 * COALESCE_MAX
+
+
+class Place(enum.StrEnum):
+    """Where a read finds an expert's blob: the expert cache (resident experts), the streamed
+    walk's ring, or the 8-slot staging ring (stage_in_ring 0). A str whose value is the word the
+    traces, hazard reports and the backends' notes print, so what they write stays as it was."""
+
+    CACHE = "cache"
+    RING = "ring"
+    STAGE = "stage"
 
 
 @dataclass(frozen=True)
@@ -73,11 +86,12 @@ def place_experts(n_layer: int, n_expert: int, cache_slots: int) -> Placement:
 class Ring:
     """Host-side state of a ring of VRAM slots; it outlives chunks and layers.
 
+    place         which ring it is (Place.RING or Place.STAGE), as copies and reads name it
     used_of[s]    the compute-side event that releases slot s (None: nothing to wait for)
     copied_of[s]  the copy-side event recorded after slot s's current copy (None: none pending)
     tag_of[s]     what that copy brought: (ring, slot, layer, expert, entry)"""
 
-    name: str
+    place: Place
     n_slots: int
     used_of: list = field(default_factory=list)
     copied_of: list = field(default_factory=list)
@@ -93,7 +107,7 @@ class Ring:
 
 class RingPass:
     """One pass of entries (layer, expert) through a ring. A unit's pass (a chunk's or a
-    window's) grows layer by layer as the walk chooses (fast.walk.choose_layer): a streamed
+    window's) grows layer by layer as its copy schedule chooses (fast/schedule.py): a streamed
     layer appends every one of its streamed experts, a staged one only its routed ones once its
     routing is known, always in layer order. With stage_in_ring 0 a staged layer has a pass of
     its own through the 8-slot staging ring."""
@@ -121,7 +135,7 @@ class RingPass:
 
     def tag(self, k: int):
         layer, expert = self.entries[k]
-        return (self.ring.name, self.slot_of(k), layer, expert, f"{self.pass_id}:{k}")
+        return (self.ring.place, self.slot_of(k), layer, expert, f"{self.pass_id}:{k}")
 
     def copy_ahead(self, limit: int | None = None) -> None:
         """Enqueue every copy the ring has room for (at most `limit` entries): entry k once entry
@@ -149,7 +163,7 @@ class RingPass:
             if ev is not None and all(ev is not w for w in waits):
                 waits.append(ev)
         tags = [self.tag(k) for k in run]
-        done = self.be.copy_experts(ring=ring.name, slots=slots, experts=[self.entries[k] for k in run],
+        done = self.be.copy_experts(ring=ring.place, slots=slots, experts=[self.entries[k] for k in run],
                                     tags=tags, wait_for=waits)
         for s, t in zip(slots, tags):
             ring.copied_of[s], ring.tag_of[s] = done, t
@@ -160,7 +174,7 @@ class RingPass:
         read, nothing to wait for). The backend hears of it (released: the sim checks that no
         read of the slots comes after it)."""
         ring = self.ring
-        self.be.released(ring=ring.name, slots=[self.slot_of(k) for k in ks], tags=[self.tag(k) for k in ks],
+        self.be.released(ring=ring.place, slots=[self.slot_of(k) for k in ks], tags=[self.tag(k) for k in ks],
                          event=event)
         for k in ks:
             s = self.slot_of(k)

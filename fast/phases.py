@@ -173,7 +173,7 @@ def format_chunk_tables(instrumented: list[ChunkTimes], plain: list[ChunkTimes],
     """Per chunk (or window: labels name each unit, fast.trace.units; default "chunk i"): the
     phase table, the uninstrumented total of the same unit and, where overlap gives the unit's
     fast.trace.Overlap, its line; where walks gives it, the walk the unit took and why
-    (fast.walk.WalkChoice.line) under its head; last, how they were measured."""
+    (fast.schedule.WalkChoice.line) under its head; last, how they were measured."""
     blocks = []
     for i, times in enumerate(instrumented):
         total = plain[i].total if i < len(plain) else None

@@ -29,7 +29,7 @@ from strata.nonfinite import NOTHING
 from strata.routing import routing_tables, row_experts, top_k
 
 from fast.backend_base import BackendBase
-from fast.experts import adjacent_runs
+from fast.experts import Place, adjacent_runs
 from fast.phases import HostClock, PhaseRecorder, timing_enabled
 from fast.sim_streams import ModelClock, SimEvent, SimStreams
 
@@ -167,8 +167,8 @@ class SimBackend(BackendBase):
         self._blob_bytes = [pack.expert_blob_bytes(l) for l in range(cfg.n_layer)]
         self._blob_sizes = [pack.expert_blob_size(l) for l in range(cfg.n_layer)]
         slot_bytes = max(self._blob_sizes)
-        self._rings = {"ring": np.full((ring_slots, slot_bytes), 0xA5, np.uint8),
-                       "stage": np.full((staging_slots, slot_bytes), 0xA5, np.uint8)}
+        self._rings = {Place.RING: np.full((ring_slots, slot_bytes), 0xA5, np.uint8),
+                       Place.STAGE: np.full((staging_slots, slot_bytes), 0xA5, np.uint8)}
         max_gu = max(gu for gu, _ in self._blob_bytes)
         max_d = max(d for _, d in self._blob_bytes)
         self._gu_buf = np.full(MMQ_GROUP * 2 * max_gu + GROUP_TAIL_BYTES, 0xA5, np.uint8)
@@ -435,11 +435,11 @@ class SimBackend(BackendBase):
                       lambda i: self.pack.expert_blob(layer, experts[i]), outs)
             return
         places = list(batch.places)
-        reads = [p for p in places if p[0] != "cache"]
+        reads = [p for p in places if p[0] != Place.CACHE]
 
         def blob(i):
             where, idx, _tag = places[i]
-            return self.pack.expert_blob(layer, idx) if where == "cache" else self._rings[where][idx]
+            return self.pack.expert_blob(layer, idx) if where == Place.CACHE else self._rings[where][idx]
 
         self._mmq(qtype, n_out, k_in, act, np.array(batch.bounds), blob, outs, reads)
 
@@ -524,10 +524,10 @@ class SimBackend(BackendBase):
     def gather(self, *, layer, members, q0):
         gu_bytes, d_bytes = self._blob_bytes[layer]
         blob_bytes = 2 * gu_bytes + d_bytes
-        reads = [(where, slot, tag) for where, slot, tag in members if where != "cache"]
+        reads = [(where, slot, tag) for where, slot, tag in members if where != Place.CACHE]
         sources = []
         for where, idx, _tag in members:
-            if where == "cache":
+            if where == Place.CACHE:
                 sources.append(lambda e=idx: self.pack.expert_blob(layer, e))
             else:
                 sources.append(lambda r=where, s=idx: self._rings[r][s, :blob_bytes])

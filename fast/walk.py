@@ -4,26 +4,13 @@ knows nothing of PyCUDA: a backend carries out each step (fast/cuda/backend.py o
 fast/sim.py in NumPy); the copy side of the rings is fast/experts.py.
 
 The routed experts are visited in id order, in groups of `group_size` (MMQ_GROUP) consecutive
-routed experts, resident and streamed mixed. A streamed expert is a ring entry. Each layer of a
-unit (a chunk, or a layer-major window) takes one of two walks, chosen by `choose_layer` when
-its copies must be queued (layer 0 before the unit's first attention, layer l once layer l-1's
-routing is on the host): in the streamed walk the layer's entries are every one of its streamed
-experts, appended to the unit's ring pass behind the previous layer's, so its copies run while
-earlier layers compute and the walk also meets the entries the routing skipped; in the staged
-walk they are its routed streamed experts, appended once its routing is known (through the
-same ring by default; with stage_in_ring 0 through a pass of the 8-slot staging ring), after a
-*head*: its first streamed experts by id, appended as soon as the layer is chosen, so the link
-copies them while the layer before finishes and this one's attention and router run, time it
-would otherwise spend idle (stage_head; the routing decides which of them the walk multiplies
-and which it releases unused, as in the streamed walk). With head_predict the head is instead
-the streamed experts the layer's own router names most often when it is run on the layer
-before's residual (predicted_head), ascending, and the routed ones it lacks follow it, ascending:
-the ids then fall once where the head ends, and runs are cut there. Otherwise both walks'
-entries ascend with the ids. By
-default (stream_min auto) a layer streams where the bytes it would copy for experts its routing
-is expected to skip (measured on the prompt's last unit or the unit's previous layer) fit under
-its own compute (stream_need); with stream_min N every layer of a unit of N tokens or more
-streams.
+routed experts, resident and streamed mixed. A streamed expert is a ring entry. Which entries a
+layer's ring pass holds, and in what order, is the copy schedule's (fast/schedule.py): in the
+streamed walk every streamed expert of the layer, so the walk also meets the entries the routing
+skipped; in the staged walk a head (stage_head) and the routed ones past it. The walk meets them
+in entry order (`visit_order`): ascending ids, except that a predicted head (head_predict) comes
+first and the routed ones it lacks follow it, so the ids fall once where the head ends and runs
+are cut there.
 
 A group's experts are gathered into the group buffers by one or more *flushes*. A flush takes
 every member not yet gathered:
@@ -66,13 +53,13 @@ released unused as the walk meets them; the ring refills their slots while the r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from strata.constants import COPY_BYTES_PER_S, MMQ_GROUP, STAGE_GAP_PER_TOKEN_S, STAGE_GAP_S, STREAM_MIN
+from strata.constants import MMQ_GROUP
 
-from fast.options import AUTO  # stream_min auto: the coverage rule
+from fast.experts import Place
 
 
 @dataclass(frozen=True)
@@ -242,17 +229,6 @@ def visit_order(walked: list[int], ahead: list[int], streamed) -> list[int]:
     return list(ahead) + [e for e in walked if e not in head]
 
 
-def predicted_head(cnt, streamed, n: int) -> list[int]:
-    """head_predict: the head of a staged layer, the n of its streamed experts (ascending ids
-    in `streamed`) that the predicted routing's counts `cnt` (per expert) name most often, ties
-    to the lower id, those it names at all; ascending, the order they join the pass."""
-    ids = np.asarray(streamed, np.int64)
-    c = np.asarray(cnt)[ids]
-    named = ids[c > 0]
-    ranked = named[np.lexsort((named, -c[c > 0]))]
-    return sorted(int(e) for e in ranked[:max(0, int(n))])
-
-
 def ring_runs(ring_pass, layer: int, visit: list[int], walked: list[int], tab, cap: int) -> list[Batch]:
     """The layer's runs (plan_runs) as Batches whose places are their ring slots and the copies
     the walk expects there."""
@@ -260,18 +236,18 @@ def ring_runs(ring_pass, layer: int, visit: list[int], walked: list[int], tab, c
     out = []
     for run in plan_runs(visit, set(walked), entry_of, ring_pass.ring.n_slots, cap):
         ks = [entry_of[e] for e in run]
-        places = tuple((ring_pass.ring.name, ring_pass.slot_of(k), ring_pass.tag(k)) for k in ks)
+        places = tuple((ring_pass.ring.place, ring_pass.slot_of(k), ring_pass.tag(k)) for k in ks)
         out.append(Batch(tuple(run), expert_bounds(np.asarray(run, np.int64), tab.cnt, tab.off), places))
     return out
 
 
 class LayerWalk:
-    """One layer's walk. `stream` is the ring pass the layer's streamed experts come through;
+    """One layer's walk. `ring_pass` is the ring pass the layer's streamed experts come through;
     `rows` the expert-sorted buffers the products read and write."""
 
-    def __init__(self, be, layer: int, placement, stream, options, rows: ExpertRows, down_layout,
+    def __init__(self, be, layer: int, placement, ring_pass, options, rows: ExpertRows, down_layout,
                  keep_h: bool = False):
-        self.be, self.layer, self.stream = be, layer, stream
+        self.be, self.layer, self.ring_pass = be, layer, ring_pass
         self.resident = placement.resident[layer]
         self.options = options
         self.group_gather = options.group_gather
@@ -288,13 +264,13 @@ class LayerWalk:
         routed_group = {e: gi for gi, g in enumerate(groups) for e in g.experts}
         gi = 0
         for e in visit:
-            entry = None if self.resident[e] else self.stream.index[(self.layer, e)]
+            entry = None if self.resident[e] else self.ring_pass.index[(self.layer, e)]
             if entry is not None and self.spans_ring(entry):
                 self.flush()  # entry's copy waits for the release of a held entry
             if e not in routed_group:  # a ring entry the routing skipped
                 self.skip(entry)
                 continue
-            self.stream.copy_ahead()
+            self.ring_pass.copy_ahead()
             self.members.append(Member(e, len(self.members), entry))
             if len(self.members) == len(groups[gi].experts):
                 self.flush()
@@ -312,11 +288,11 @@ class LayerWalk:
         last = {b.experts[-1]: b for b in runs}
         routed = {e for b in runs for e in b.experts}
         for e in visit:
-            entry = self.stream.index[(self.layer, e)]
+            entry = self.ring_pass.index[(self.layer, e)]
             if e not in routed:
                 self.skip(entry)
                 continue
-            self.stream.copy_ahead()
+            self.ring_pass.copy_ahead()
             self.members.append(Member(e, len(self.members), entry))  # the open run's (held_streamed)
             if e in last:
                 self.multiply_run(last[e])
@@ -328,19 +304,20 @@ class LayerWalk:
         """A run's products read straight from its ring slots: one wait on its last copy (the
         copy stream is in order), gate/up, SwiGLU and the quantize of H, down, then one event
         that releases every slot the products read."""
-        be, stream, r, layer = self.be, self.stream, self.rows, self.layer
-        entries = [stream.index[(layer, e)] for e in run.experts]
-        slot = stream.slot_of(entries[-1])
+        be, ring_pass, r, layer = self.be, self.ring_pass, self.rows, self.layer
+        entries = [ring_pass.index[(layer, e)] for e in run.experts]
+        slot = ring_pass.slot_of(entries[-1])
         n = len(run.experts)
         with be.phase("wait copy", layer=layer, experts=n):
-            be.wait(event=stream.ring.copied_of[slot],
-                    what=f"the copy of expert {run.experts[-1]} of layer {layer} into {stream.ring.name} slot {slot}")
+            be.wait(event=ring_pass.ring.copied_of[slot],
+                    what=f"the copy of expert {run.experts[-1]} of layer {layer} into {ring_pass.ring.place} "
+                         f"slot {slot}")
         args = dict(layer=layer, experts=n, rows=run.n_rows, streamed=n)
         self.batch_gate_up(run, args)
         self.swiglu_h(int(run.bounds[0, 0]), int(run.bounds[-1, 1]), args)
         with be.phase("down", **args):
             be.mmq_batch_down(layer=layer, batch=run, act=r.down_in, n_rows=r.n_rows, y=r.y)
-        stream.release(entries, be.record())
+        ring_pass.release(entries, be.record())
 
     def held_streamed(self) -> int:
         return sum(m.entry is not None for m in self.members[self.flushed:])
@@ -350,7 +327,7 @@ class LayerWalk:
         copy of `entry` goes into that entry's slot and waits for its release, so the group
         must be gathered before the walk waits for (or releases) `entry`."""
         first = next((m.entry for m in self.members[self.flushed:] if m.entry is not None), None)
-        return first is not None and entry - first >= self.stream.ring.n_slots
+        return first is not None and entry - first >= self.ring_pass.ring.n_slots
 
     def skip(self, entry: int) -> None:
         """A skipped ring entry, released unused (nothing read it: the copy stream's order is
@@ -360,7 +337,7 @@ class LayerWalk:
         plan_runs already bounds what it holds."""
         if self.options.flush_on_skip and self.held_streamed() and not self.in_ring:
             self.flush()
-        self.stream.release([entry], None)
+        self.ring_pass.release([entry], None)
 
     def flush(self) -> None:
         """Gather every member not yet gathered, then release their slots."""
@@ -373,29 +350,29 @@ class LayerWalk:
 
     def gather(self, members: list[Member]) -> None:
         """One wait (on the last streamed member's copy), one gather launch, one event."""
-        be, stream = self.be, self.stream
+        be, ring_pass = self.be, self.ring_pass
         streamed = [m.entry for m in members if m.entry is not None]
         if streamed:
             last = streamed[-1]
-            slot = stream.slot_of(last)
+            slot = ring_pass.slot_of(last)
             with be.phase("wait copy", layer=self.layer, experts=len(streamed)):
-                be.wait(event=stream.ring.copied_of[slot],
-                        what=f"the copy of expert {stream.entries[last][1]} of layer {self.layer} "
-                             f"into {stream.ring.name} slot {slot}")
+                be.wait(event=ring_pass.ring.copied_of[slot],
+                        what=f"the copy of expert {ring_pass.entries[last][1]} of layer {self.layer} "
+                             f"into {ring_pass.ring.place} slot {slot}")
         with be.phase("gather", layer=self.layer, experts=len(members), streamed=len(streamed)):
             be.gather(layer=self.layer, members=self._places(members), q0=members[0].q)
         if streamed:
-            stream.release(streamed, be.record())
+            ring_pass.release(streamed, be.record())
 
     def _places(self, members: list[Member]) -> list:
-        """Where each member's blob is: ("cache", expert) or the ring slot and the tag of the
+        """Where each member's blob is: (Place.CACHE, expert) or the ring slot and the tag of the
         copy the walk expects there."""
         out = []
         for m in members:
             if m.entry is None:
-                out.append(("cache", m.expert, None))
+                out.append((Place.CACHE, m.expert, None))
             else:
-                out.append((self.stream.ring.name, self.stream.slot_of(m.entry), self.stream.tag(m.entry)))
+                out.append((self.ring_pass.ring.place, self.ring_pass.slot_of(m.entry), self.ring_pass.tag(m.entry)))
         return out
 
     # ---- the products -------------------------------------------------------------------
@@ -455,240 +432,3 @@ class LayerWalk:
         """Rows r0.. of H into the host copy (rows no product wrote stay NaN)."""
         part = self.be.download(hh)
         self.rows.h[r0:r0 + part.shape[0]] = part
-
-
-# ---- which walk a chunk (or window) takes ---------------------------------------------------
-def expected_coverage(n_tok: int, k_used: int, n_expert: int) -> float:
-    """The expected share of a layer's experts that n_tok tokens route at least once when each
-    token picks k_used of n_expert uniformly: 1 - (1 - k/E)^n. For tokens routed independently
-    it is the most any routing can expect (coverage is concave in each expert's share), so it
-    bounds every estimate below from above."""
-    if n_tok <= 0 or n_expert <= 0:
-        return 0.0
-    return 1.0 - (1.0 - min(k_used, n_expert) / n_expert) ** n_tok
-
-
-def scaled_coverage(measured: float, n_measured: int, n_tok: int) -> float:
-    """The coverage of n_tok tokens from `measured`, the share a unit of n_measured tokens
-    reached: each expert's chance of being missed by one token taken as the measured unit's,
-    spread evenly over its tokens, 1 - (1 - c)^(n / n')."""
-    if n_measured <= 0:
-        return 0.0
-    return 1.0 - (1.0 - measured) ** (n_tok / n_measured)
-
-
-@dataclass(frozen=True)
-class LayerChoice:
-    """One layer's walk in a unit: "streamed" (every streamed expert of the layer crosses the
-    link, queued before its routing is known), "staged" (its first `head` streamed experts
-    queued before its routing, stage_head, and its routed ones beyond them after it) or
-    "resident" (it streams nothing). basis: "threshold" (stream_min N), "prior" (no routing
-    measured yet: the STREAM_MIN token prior), "last unit" (the same layer of the prompt's last
-    whole unit, scaled to this unit's tokens) or "layer L" (layer L of this unit, the same
-    tokens); coverage: the estimate, need: the coverage the layer streams from (stream_need;
-    both None under the threshold or the prior)."""
-
-    walk: str
-    basis: str
-    coverage: float | None = None
-    need: float | None = None
-    head: int = 0  # a staged layer's streamed experts copied before its routing (stage_head)
-    predicted: bool = False  # its head chosen by the predicted routing (head_predict), not by id
-
-    @property
-    def streams(self) -> bool:
-        return self.walk == "streamed"
-
-
-@dataclass
-class WalkChoice:
-    """The walk a unit (chunk or window) took, layer by layer, and why. rule: "threshold"
-    (stream_min N: every layer the same) or "coverage" (stream_min auto, the default: each layer
-    by choose_layer); layers: one LayerChoice per layer, appended as the walk reaches them;
-    measured: the tokens of the earlier unit whose routing the rule read (None: none yet);
-    streamed_bytes: what a pass of every streamed expert copies; routed: how many of each
-    layer's streamed experts the unit routed, in_head: how many of those a staged layer's head
-    held (the others were copied after its routing); the engine fills both as the layers
-    route."""
-
-    rule: str
-    tokens: int
-    stream_min: object
-    n_streamed: int
-    streamed_bytes: int
-    layers: list = field(default_factory=list)
-    measured: int | None = None
-    routed: list = field(default_factory=list)  # per layer: its routed streamed experts (None: not yet)
-    in_head: list = field(default_factory=list)  # per layer: its routed streamed experts in its head
-
-    @property
-    def walk(self) -> str:
-        """streamed or staged where every layer that streams anything took that walk; mixed where
-        they differ; resident where no expert streams."""
-        kinds = {c.walk for c in self.layers if c.walk != "resident"}
-        if self.n_streamed == 0 or not kinds:
-            return "resident"
-        return kinds.pop() if len(kinds) == 1 else "mixed"
-
-    @property
-    def streams(self) -> bool:
-        """Every layer streamed (the unit's pass holds every streamed expert of every layer)."""
-        return self.walk == "streamed"
-
-    def line(self) -> str:
-        """One line: the walk and its reason, runs of layers alike in walk and basis together."""
-        if self.walk == "resident":
-            return "resident: no expert streams (the expert cache holds them all)"
-        size = f"{self.n_streamed} streamed experts, {_bytes(self.streamed_bytes)} a pass"
-        if self.rule == "threshold":
-            cmp = ">=" if self.streams else "<"
-            ahead = _heads(self.layers, self.in_head)
-            return (f"{self.walk}: {self.tokens} tokens {cmp} stream_min {self.stream_min}"
-                    f"{'; ' + ahead if ahead else ''} ({size})")
-        parts = []
-        for (walk, basis), first, last, covs in _runs_of_layers(self.layers):
-            span = f"L{first}" if first == last else f"L{first}-{last}"
-            if walk == "resident":
-                parts.append(f"{span} resident")
-                continue
-            if basis == "prior":
-                why = (f"no routing of the layer measured yet, {self.tokens} tokens "
-                       f"{'>=' if walk == 'streamed' else '<'} {STREAM_MIN}")
-            else:
-                src = (f"the last {self.measured} tokens' routing" if basis == "last unit"
-                       else "the previous layer's routing")
-                why = (f"coverage {_span([c for c, _ in covs])} {'>=' if walk == 'streamed' else '<'} "
-                       f"{_span([n for _, n in covs])}, from {src}")
-            ahead = _heads(self.layers[first:last + 1], self.in_head[first:last + 1])
-            if ahead:
-                why += "; " + ahead
-            parts.append(f"{span} {walk} ({why})")
-        return f"{self.walk}: {self.tokens} tokens, " + "; ".join(parts) + f" ({size})"
-
-
-def _runs_of_layers(layers: list):
-    """Consecutive layers with the same (walk, basis kind): ((walk, basis), first, last,
-    [(coverage, need)] of those that have them)."""
-    out = []
-    for i, c in enumerate(layers):
-        key = (c.walk, "layer" if c.basis.startswith("layer") else c.basis)
-        if out and out[-1][0] == key:
-            out[-1][2] = i
-        else:
-            out.append([key, i, i, []])
-        if c.coverage is not None:
-            out[-1][3].append((c.coverage, c.need))
-    return [tuple(r) for r in out]
-
-
-def _heads(layers: list, in_head: list) -> str:
-    """The staged layers' heads among `layers` in a few words, with how many of their experts
-    the layers routed (in_head: per layer, as WalkChoice holds it); "" where none has one."""
-    staged = [(c, h) for c, h in zip(layers, list(in_head) + [0] * len(layers)) if c.walk == "staged"]
-    heads = [c.head for c, _ in staged]
-    if not any(heads):
-        return ""
-    lo, hi = min(heads), max(heads)
-    n = lo if lo == hi else f"{lo}-{hi}"
-    routed = f"{sum(h for _, h in staged)} of {sum(heads)} routed"
-    k = sum(c.predicted for c, _ in staged)
-    if not k:
-        return f"the first {n} copied ahead, {routed}"
-    whose = "the head" if k == 1 == len(staged) else f"{k} of {len(staged)} heads"
-    return f"{n} copied ahead, {whose} as the layer before predicted, {routed}"
-
-
-def _span(values: list[float]) -> str:
-    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
-    return lo if lo == hi else f"{lo}-{hi}"
-
-
-def _bytes(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
-
-
-def begin_unit(*, n_tok: int, stream_min, streamed: list[int], blob_bytes: list[int],
-               measured: tuple | None = None) -> WalkChoice:
-    """A unit's WalkChoice before its first layer (streamed[l]: layer l's streamed experts,
-    blob_bytes[l]: one of its blobs)."""
-    total = sum(int(n) * int(b) for n, b in zip(streamed, blob_bytes))
-    return WalkChoice("threshold" if stream_min != AUTO else "coverage", int(n_tok), stream_min,
-                      int(sum(streamed)), total, measured=None if measured is None else int(measured[0]))
-
-
-def stream_need(n_tok: int, layer_bytes: int, hide_per_token: int) -> float:
-    """The coverage from which a layer streams: the streamed walk copies the (1 - c) share of the
-    layer's streamed bytes that no token routed, ahead of their use, where the staged walk copies
-    only the routed share but after the routing, with nothing of the layer left to compute beside
-    it; so the layer streams where what it copies for no token, (1 - c) * layer_bytes, fits in the
-    bytes the link moves while the layer computes, n_tok * hide_per_token (hide_per_token: bytes
-    a token's compute of one layer hides, the stream_hide switch in bytes)."""
-    if layer_bytes <= 0:
-        return 0.0
-    return max(0.0, 1.0 - n_tok * hide_per_token / layer_bytes)
-
-
-def stage_head(*, n_tok: int, blob_bytes: int, n_streamed: int, k_used: int, n_expert: int, setting) -> int:
-    """A staged layer's head (the stage_head switch): how many of its streamed experts, lowest
-    ids first, are copied before its routing is known. Without them the link would idle from the
-    end of the layer before's copies until this layer's routing reaches the host (the layer
-    before's last products, this one's attention and router, the host's read of its counts);
-    the head fills that time, and whichever of its experts the routing skips cost link time that
-    was idle anyway. auto: the experts the link copies (COPY_BYTES_PER_S) in that time, modelled
-    as STAGE_GAP_S + n_tok * STAGE_GAP_PER_TOKEN_S, times the most a routing of n_tok tokens can
-    cover (expected_coverage): a head entry the model's time overruns delays the routed copies by
-    its whole copy and saves only where it is routed, so few tokens (a greedy step routes 2% of
-    512 experts) take a head of few or none. N: N experts. At most the layer's streamed experts
-    (a head of every one is the streamed walk's copies)."""
-    if setting == AUTO:
-        gap = STAGE_GAP_S + n_tok * STAGE_GAP_PER_TOKEN_S
-        n = int(gap * COPY_BYTES_PER_S * expected_coverage(n_tok, k_used, n_expert) // max(1, int(blob_bytes)))
-    else:
-        n = int(setting)
-    return max(0, min(n, int(n_streamed)))
-
-
-def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: int, streamed: list[int],
-                 blob_bytes: list[int], hide_per_token: int, measured: tuple | None = None,
-                 routed: list | None = None) -> LayerChoice | None:
-    """The walk of `layer` in a unit of n_tok tokens, chosen when its copies must be queued:
-    layer 0 before the unit's first attention, layer l > 0 once layer l - 1's routing is on the
-    host (its streamed walk's copies then follow l - 1's in the ring, layer-ahead of their use).
-
-    stream_min N (the threshold rule): streamed from N tokens, every layer alike. auto (the
-    coverage rule, the default): streamed when the share c of the layer's streamed experts its
-    routing is expected to reach is at least stream_need (the bytes it would copy for no token
-    fit under the layer's compute). The estimate is the same layer of the last whole unit
-    (`measured`: (tokens, routed[l]) of its layers' routed streamed experts), scaled to n_tok
-    tokens (scaled_coverage); else the nearest earlier layer of this unit that streams anything
-    (`routed`: the counts its layers' routings gave so far, None where not yet known), whose
-    tokens are the same; each at most the uniform bound (expected_coverage). None: that earlier
-    layer has not routed yet (the choice waits for it). With neither (layer 0 of a prompt's
-    first unit), the token prior: streamed from STREAM_MIN tokens. Another layer's measure can
-    stage a layer the prior would stream, never stream one the prior stages: it is a weaker
-    estimate than the layer's own (the 8-layer strata pack's coverage falls with depth, so the
-    layer before overestimates), and below STREAM_MIN tokens a layer's compute hides little.
-    Every choice that needs no routing of this unit (the threshold, a measured last unit) can
-    be made at the unit's start, so the unit pass then holds every streamed layer's entries
-    from its first copy on. streamed[l]: layer l's streamed experts; blob_bytes[l]: one of its
-    blobs. Only integers and the routing, which both implementations share, go in: the same
-    prompt makes the same choices on every run, and they change what is copied and when, never
-    a byte."""
-    if not streamed[layer]:
-        return LayerChoice("resident", "threshold" if stream_min != AUTO else "none")
-    if stream_min != AUTO:
-        return LayerChoice("streamed" if n_tok >= stream_min else "staged", "threshold")
-    uniform = expected_coverage(n_tok, k_used, n_expert)
-    if measured is not None and measured[1][layer] is not None:
-        c = min(uniform, scaled_coverage(measured[1][layer] / streamed[layer], measured[0], n_tok))
-        basis = "last unit"
-    else:
-        prev = [l for l in range(layer) if streamed[l]]
-        if not prev or n_tok < STREAM_MIN:  # another layer's measure stages, never streams, below the prior
-            return LayerChoice("streamed" if n_tok >= STREAM_MIN else "staged", "prior")
-        if routed is None or routed[prev[-1]] is None:
-            return None  # chosen once that layer has routed
-        c = min(uniform, routed[prev[-1]] / streamed[prev[-1]])
-        basis = f"layer {prev[-1]}"
-    need = stream_need(n_tok, int(streamed[layer]) * int(blob_bytes[layer]), hide_per_token)
-    return LayerChoice("streamed" if c >= need else "staged", basis, c, need)

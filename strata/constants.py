@@ -16,7 +16,7 @@ STREAM_MIN = 1024  # the coverage rule's prior (no routing of a layer measured y
 STREAM_HIDE_KB = 110  # STRATA_PREFILL_STREAM_HIDE default: KB of copies a token's compute of a layer hides (docs/results)
 # stage_head auto: the link time a staged layer would leave idle before its routing reaches the
 # host (the layer before's last products, its own attention and router, the host's read of the
-# counts), a fixed part and a part per token of the unit (fast.walk.stage_head), fitted to the
+# counts), a fixed part and a part per token of the unit (fast.schedule.stage_head), fitted to the
 # H200 traces of docs/results/2026-12-04-staged-heads.md (1.7 ms a layer at 1,030 tokens, 5.0 at 4,096)
 STAGE_GAP_S = 0.5e-3
 STAGE_GAP_PER_TOKEN_S = 1.1e-6

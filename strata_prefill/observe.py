@@ -7,7 +7,7 @@ same chunks.
            uninstrumented total, printed beside its phase table. The instrumented prefill is
            also traced, for the overlap of the two streams (fast/trace.py: overlap_by_layer):
            one line per chunk, one table per layer; and under each chunk's head the walk it
-           took (streamed, staged, mixed or resident, layer by layer) and why (fast.walk.choose_layer)
+           took (streamed, staged, mixed or resident, layer by layer) and why (fast.schedule.choose_layer)
 --trace    one prefill with the compute and copy streams traced (fast/trace.py), written as
            Chrome trace JSON; when --timing is on too, it is the instrumented prefill above
 Chunks are windows where the prompt ran in layer-major windows (--window): each is labelled so.

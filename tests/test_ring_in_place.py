@@ -47,10 +47,10 @@ def test_runs_fit_the_ring_and_the_cap_and_keep_the_order(n, ring, cap, seed, he
 def _release_after_the_wait(self, run):
     """The planted bug: the run's slots released right after the copy wait, before the products
     that read them."""
-    be, stream = self.be, self.stream
-    entries = [stream.index[(self.layer, e)] for e in run.experts]
-    be.wait(event=stream.ring.copied_of[stream.slot_of(entries[-1])], what="the run's last copy")
-    stream.release(entries, be.record())  # too early: the products below still read the slots
+    be, ring_pass = self.be, self.ring_pass
+    entries = [ring_pass.index[(self.layer, e)] for e in run.experts]
+    be.wait(event=ring_pass.ring.copied_of[ring_pass.slot_of(entries[-1])], what="the run's last copy")
+    ring_pass.release(entries, be.record())  # too early: the products below still read the slots
     r = self.rows
     args = dict(layer=self.layer, experts=len(run.experts), rows=run.n_rows)
     self.batch_gate_up(run, args)
@@ -60,14 +60,14 @@ def _release_after_the_wait(self, run):
 
 def _release_before_down(self, run):
     """Released after gate/up but before the down product, which reads the slots too."""
-    be, stream = self.be, self.stream
-    entries = [stream.index[(self.layer, e)] for e in run.experts]
-    be.wait(event=stream.ring.copied_of[stream.slot_of(entries[-1])], what="the run's last copy")
+    be, ring_pass = self.be, self.ring_pass
+    entries = [ring_pass.index[(self.layer, e)] for e in run.experts]
+    be.wait(event=ring_pass.ring.copied_of[ring_pass.slot_of(entries[-1])], what="the run's last copy")
     r = self.rows
     args = dict(layer=self.layer, experts=len(run.experts), rows=run.n_rows)
     self.batch_gate_up(run, args)
     self.swiglu_h(int(run.bounds[0, 0]), int(run.bounds[-1, 1]), args)
-    stream.release(entries, be.record())
+    ring_pass.release(entries, be.record())
     be.mmq_batch_down(layer=self.layer, batch=run, act=r.down_in, n_rows=r.n_rows, y=r.y)
 
 
@@ -208,6 +208,7 @@ def test_cuda_tiles_cover_ring_and_cache_from_one_base(monkeypatch):
     from types import SimpleNamespace
 
     from fast.cuda import backend as cb
+    from fast.experts import Place
     from fast.walk import Batch
 
     monkeypatch.delenv("STRATA_MMQ_CONFIG", raising=False)
@@ -217,7 +218,7 @@ def test_cuda_tiles_cover_ring_and_cache_from_one_base(monkeypatch):
 
     class Tiers:
         def addr(self, layer, where, index):
-            return cache_base + int(rank[index]) * blob if where == "cache" else ring_base + int(index) * slot_bytes
+            return cache_base + int(rank[index]) * blob if where == Place.CACHE else ring_base + int(index) * slot_bytes
 
         def cache_offsets(self, layer, experts):
             return cache_base, rank[np.asarray(experts)].astype(np.int64) * blob
@@ -234,7 +235,7 @@ def test_cuda_tiles_cover_ring_and_cache_from_one_base(monkeypatch):
     be.pack = SimpleNamespace(expert_types=lambda layer: (cb.quants.QT.Q8_0, cb.quants.QT.Q8_0))
     resident = Batch((1, 4), np.array([[0, 5], [9, 300]], np.int32))
     run = Batch((2, 3, 7), np.array([[5, 9], [300, 301], [301, 340]], np.int32),
-                places=(("ring", 5, None), ("ring", 6, None), ("cache", 7, None)))
+                places=((Place.RING, 5, None), (Place.RING, 6, None), (Place.CACHE, 7, None)))
     be.prepare_batches(layer=0, batches=[resident, run])
     assert len(uploads) == 1
     flat = uploads[0].reshape(-1, 4)

@@ -46,22 +46,22 @@ def _run(pack, tmp_path, n_tok=3, policy="copy_first", **kw):
 
 
 def _release_before_gather(self, batch):
-    stream = self.stream
+    ring_pass = self.ring_pass
     streamed = [m.entry for m in batch if m.entry is not None]
     if streamed:
-        self.be.wait(event=stream.ring.copied_of[stream.slot_of(streamed[-1])], what="the last copy")
-        stream.release(streamed, self.be.record())  # released (and refilled) too early
+        self.be.wait(event=ring_pass.ring.copied_of[ring_pass.slot_of(streamed[-1])], what="the last copy")
+        ring_pass.release(streamed, self.be.record())  # released (and refilled) too early
     self.be.gather(layer=self.layer, members=self._places(batch), q0=batch[0].q)
 
 
 def _wait_on_first_copy(self, batch):
-    stream = self.stream
+    ring_pass = self.ring_pass
     streamed = [m.entry for m in batch if m.entry is not None]
     if streamed:
-        self.be.wait(event=stream.ring.copied_of[stream.slot_of(streamed[0])], what="the first copy")  # not the last
+        self.be.wait(event=ring_pass.ring.copied_of[ring_pass.slot_of(streamed[0])], what="the first copy")  # not the last
     self.be.gather(layer=self.layer, members=self._places(batch), q0=batch[0].q)
     if streamed:
-        stream.release(streamed, self.be.record())
+        ring_pass.release(streamed, self.be.record())
 
 
 def _stale_used_of(self, ks, event):
@@ -83,7 +83,7 @@ def _copy_without_waiting(self, run):
     ring = self.ring
     slots = [self.slot_of(k) for k in run]
     tags = [self.tag(k) for k in run]
-    done = self.be.copy_experts(ring=ring.name, slots=slots, experts=[self.entries[k] for k in run],
+    done = self.be.copy_experts(ring=ring.place, slots=slots, experts=[self.entries[k] for k in run],
                                 tags=tags, wait_for=[])
     for s, t in zip(slots, tags):
         ring.copied_of[s], ring.tag_of[s] = done, t

@@ -1,5 +1,5 @@
 """The walk each layer of a chunk (or window) takes, chosen by coverage (issue 26, item 4):
-fast.walk.choose_layer on its own (the uniform bound, the measured coverage scaled to a unit's
+fast.schedule.choose_layer on its own (the uniform bound, the measured coverage scaled to a unit's
 tokens, the previous layer's, the token prior, a number for stream_min keeping the threshold
 rule), the engine's choices and the bytes they copy on the sim, the reference's bytes whatever
 the rule chose, the unit pass in layer order, and the line run --timing prints for each unit."""
@@ -9,7 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 from fast import make_fast_engine
 from fast.options import AUTO, resolve
-from fast.walk import begin_unit, choose_layer, expected_coverage, predicted_head, scaled_coverage, stream_need
+from fast.schedule import (CopySchedule, WalkChoice, choose_layer, expected_coverage, predicted_head, scaled_coverage,
+                            stream_need)
 from reference import ReferenceEngine
 from strata.constants import STREAM_HIDE_KB, STREAM_MIN
 from strata.session import Session
@@ -117,17 +118,17 @@ def test_the_last_unit_s_same_layer_comes_before_the_previous_layer():
 
 def test_nothing_streamed_is_resident():
     assert _layer(5000, streamed=(0, 0)).walk == "resident"
-    u = begin_unit(n_tok=5000, stream_min=AUTO, streamed=[0, 0], blob_bytes=[10, 10])
-    u.layers += [_layer(5000, 0, streamed=(0, 0)), _layer(5000, 1, streamed=(0, 0))]
+    u = WalkChoice("coverage", 5000, AUTO, 0, 0, layers=[_layer(5000, l, streamed=(0, 0)) for l in (0, 1)])
     assert u.walk == "resident" and not u.streams and u.line().startswith("resident")
 
 
 def test_a_unit_s_line_names_each_run_of_layers():
-    u = begin_unit(n_tok=4096, stream_min=AUTO, streamed=[342, 341, 341], blob_bytes=[BLOB] * 3)
     three = (342, 341, 341)
-    u.layers += [_layer(4096, streamed=three), _layer(4096, 1, streamed=three, routed=[300, None, None])]
+    layers = [_layer(4096, streamed=three), _layer(4096, 1, streamed=three, routed=[300, None, None])]
+    u = WalkChoice("coverage", 4096, AUTO, sum(three), sum(three) * BLOB, layers=layers)
     assert u.walk == "streamed" and u.streams  # the prior streams layer 0 at 4,096 tokens
-    u.layers.append(_layer(4096, 2, streamed=three, routed=[300, 100, None]))
+    u = WalkChoice("coverage", 4096, AUTO, sum(three), sum(three) * BLOB,
+                   layers=layers + [_layer(4096, 2, streamed=three, routed=[300, 100, None])])
     assert u.walk == "mixed" and not u.streams
     line = u.line()
     assert line.startswith("mixed: 4096 tokens, L0 streamed (no routing of the layer measured yet, "
@@ -231,7 +232,7 @@ def test_a_prompt_of_one_id_stages_after_its_first_chunk(make_test_pack):
         assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
     assert runs[0] == runs[1]
     first, *rest = runs[0]
-    assert first.measured is None and first.routed == [4, 4]
+    assert first.measured is None and first.routed == (4, 4)
     for c in rest:
         assert c.measured == 64 and c.walk == "staged"
         assert all(lc.basis == "last unit" and lc.coverage == pytest.approx(0.25) for lc in c.layers)
@@ -244,21 +245,21 @@ def test_the_unit_pass_holds_the_layers_in_order(make_test_pack, tmp_path, monke
     start, as a measured last unit allows), a unit's pass holds each layer's entries after the
     layer before it: a later layer's copies queued ahead of a staged one's could fill the ring
     with entries no walk can release yet. The reference's bytes, the copies the choices name."""
-    from fast import walk
+    from fast import schedule
 
     pack = make_test_pack("small", "Q8_0")
     assert pack.config.n_layer >= len(plan)
 
     def planned(*, layer, **kw):
-        return walk.LayerChoice(plan[layer % len(plan)], "last unit", 0.5)
+        return schedule.LayerChoice(plan[layer % len(plan)], "last unit", 0.5)
 
-    monkeypatch.setattr(walk, "choose_layer", planned)
+    monkeypatch.setattr(schedule, "choose_layer", planned)
     ids = _prompt(pack, 80, 3)
     ref = run_engine(ReferenceEngine(pack), ids, 40, tmp_path / "ref", greedy=0)
     eng = _engine(pack, expert_cache=_all(pack) // 3, ring=6)
     got = run_engine(eng, ids, 40, tmp_path / "fast", greedy=0)
     assert_same_run(ref, got, pack, f"planned walks {plan}")
-    layers = [l for l, _ in eng._unit_pass.entries]
+    layers = [l for l, _ in eng.schedule.ring_pass.entries]
     assert layers == sorted(layers)
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
 
@@ -327,7 +328,7 @@ def test_stream_hide_is_a_switch():
 
 # ---- a staged layer's head (stage_head): copied before its routing ------------------------
 def test_stage_head_sizes():
-    from fast.walk import stage_head
+    from fast.schedule import stage_head
     from strata.constants import COPY_BYTES_PER_S, STAGE_GAP_PER_TOKEN_S, STAGE_GAP_S
 
     blob = 2_690_000  # the strata pack's IQ2_XS blob (gate, up, down)
@@ -347,23 +348,22 @@ def test_stage_head_sizes():
     assert resolve({}, environ={"STRATA_PREFILL_STAGE_HEAD": "5"}).stage_head == 5
 
 
-def _head_engine(pack, log, **kw):
+def _head_engine(pack, log, monkeypatch, **kw):
     """A sim engine that notes, as each layer's routing reaches the host, the entries the unit
     pass then holds for that layer."""
-    eng = _engine(pack, **kw)
-    real = eng._layer_pass
+    real = CopySchedule.layer_pass
 
-    def layer_pass(layer, tab):
-        if eng._unit_pass is not None:
-            log.append((layer, [e for l, e in eng._unit_pass.entries if l == layer]))
-        return real(layer, tab)
+    def layer_pass(self, layer, tab):
+        if self.ring_pass is not None:
+            log.append((layer, [e for l, e in self.ring_pass.entries if l == layer]))
+        return real(self, layer, tab)
 
-    eng._layer_pass = layer_pass
-    return eng
+    monkeypatch.setattr(CopySchedule, "layer_pass", layer_pass)
+    return _engine(pack, **kw)
 
 
 @pytest.mark.parametrize("head", [0, 1, 3, 64])  # 64: a layer's every expert, more than it streams
-def test_a_staged_layers_head_is_queued_before_its_routing(make_test_pack, tmp_path, head):
+def test_a_staged_layers_head_is_queued_before_its_routing(make_test_pack, tmp_path, monkeypatch, head):
     """stage_head N: when a staged layer's routing reaches the host its pass already holds its
     first N streamed experts (a head of more is every one), right behind the layer before's
     entries; its routed ones past the head join after. The reference's bytes; the copies are
@@ -372,7 +372,8 @@ def test_a_staged_layers_head_is_queued_before_its_routing(make_test_pack, tmp_p
     ids = _prompt(pack, 40, 8)
     ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
     log = []
-    eng = _head_engine(pack, log, expert_cache=_all(pack) // 3, ring=16, stage_head=head, stream_min=1024)
+    eng = _head_engine(pack, log, monkeypatch, expert_cache=_all(pack) // 3, ring=16, stage_head=head,
+                       stream_min=1024)
     got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
     assert_same_run(ref, got, pack, f"stage_head {head}")
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
@@ -384,10 +385,10 @@ def test_a_staged_layers_head_is_queued_before_its_routing(make_test_pack, tmp_p
         streamed = [int(e) for e in eng.placement.streamed(layer)]
         assert before == streamed[:head], (layer, before)
         assert units[i // n_layer].layers[layer].head == min(head, len(streamed))
-    layers = [l for l, _ in eng._unit_pass.entries]
+    layers = [l for l, _ in eng.schedule.ring_pass.entries]
     assert layers == sorted(layers)  # the last unit's pass: every layer's entries after the layer before's
     for layer in range(n_layer):
-        mine = [e for l, e in eng._unit_pass.entries if l == layer]
+        mine = [e for l, e in eng.schedule.ring_pass.entries if l == layer]
         assert mine == sorted(mine)  # head then the routed ones past it: ascending ids
 
 
@@ -469,11 +470,11 @@ def test_head_predict_needs_the_ring_walk(make_test_pack):
             _engine(pack, expert_cache=4, head_predict=1, **kw)
 
 
-def _predict_engine(pack, log, counts=None, **kw):
+def _predict_engine(pack, log, monkeypatch, counts=None, **kw):
     """_head_engine with head_predict, whose log also gets ("predicted", layer, counts) for each
     prediction the host reads; `counts(layer, cnt)`, where given, replaces what the predictor
     named for `layer` (a planted prediction)."""
-    eng = _head_engine(pack, log, head_predict=1, **kw)
+    eng = _head_engine(pack, log, monkeypatch, head_predict=1, **kw)
     real_counts, real_predict = eng.be.expert_counts, eng._predict_next
     now = {}
 
@@ -498,7 +499,7 @@ def _predict_engine(pack, log, counts=None, **kw):
 
 
 @pytest.mark.parametrize("head", [1, 3, 64])
-def test_a_predicted_head_is_queued_before_its_routing(make_test_pack, tmp_path, head):
+def test_a_predicted_head_is_queued_before_its_routing(make_test_pack, tmp_path, monkeypatch, head):
     """head_predict: every staged layer after the first of its unit has its head from the
     prediction the host read, the `head` streamed experts it names most often in id order, in
     the pass when its routing reaches the host, its routed rest after; the reference's bytes;
@@ -507,7 +508,8 @@ def test_a_predicted_head_is_queued_before_its_routing(make_test_pack, tmp_path,
     ids = _prompt(pack, 40, 8)
     ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
     log = []
-    eng = _predict_engine(pack, log, expert_cache=_all(pack) // 3, ring=16, stage_head=head, stream_min=1024)
+    eng = _predict_engine(pack, log, monkeypatch, expert_cache=_all(pack) // 3, ring=16, stage_head=head,
+                          stream_min=1024)
     got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
     assert_same_run(ref, got, pack, f"head_predict, stage_head {head}")
     assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
@@ -526,7 +528,7 @@ def test_a_predicted_head_is_queued_before_its_routing(make_test_pack, tmp_path,
         assert choice.head == len(entries)
 
 
-def test_a_planted_head_of_the_highest_ids_keeps_the_bytes(make_test_pack, tmp_path):
+def test_a_planted_head_of_the_highest_ids_keeps_the_bytes(make_test_pack, tmp_path, monkeypatch):
     """A prediction planted to name the highest streamed ids (and experts no token routes): the
     routed rest then all lie below the head, so the ids fall where it ends and the runs are cut
     there; the reference's bytes, the copies the records say, every head entry where planted."""
@@ -539,7 +541,7 @@ def test_a_planted_head_of_the_highest_ids_keeps_the_bytes(make_test_pack, tmp_p
         return np.arange(E, dtype=np.int32)  # the higher the id, the more it is named
 
     log = []
-    eng = _predict_engine(pack, log, counts=highest, expert_cache=_all(pack) // 3, ring=8, stage_head=5,
+    eng = _predict_engine(pack, log, monkeypatch, counts=highest, expert_cache=_all(pack) // 3, ring=8, stage_head=5,
                           stream_min=1024, ring_run=3)
     got = run_engine(eng, ids, 48, tmp_path / "fast", greedy=0)
     assert_same_run(ref, got, pack, "a planted head")
@@ -570,7 +572,7 @@ def test_the_predictor_routes_the_units_first_rows(make_test_pack, tmp_path, mon
     ids = _prompt(pack, 40, 8)
     ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
     log = []
-    eng = _predict_engine(pack, log, expert_cache=_all(pack) // 3, ring=16, stage_head=4, stream_min=1024)
+    eng = _predict_engine(pack, log, monkeypatch, expert_cache=_all(pack) // 3, ring=16, stage_head=4, stream_min=1024)
     got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
     assert_same_run(ref, got, pack, "a predictor of 8 rows")
     sums = [int(c.sum()) for tag, _l, c in (e for e in log if e[0] == "predicted")]

@@ -66,7 +66,7 @@ def assert_same_run(a: Run, b: Run, pack, what: str) -> None:
 
 
 def copied_by_choices(pack, engine) -> int:
-    """The bytes a fast engine's walks copy, from its units' records (fast.walk.WalkChoice): a
+    """The bytes a fast engine's walks copy, from its units' records (fast.schedule.WalkChoice): a
     streamed layer every streamed expert of it, a staged one its head (stage_head) and its
     routed ones the head did not hold (a copy counter that differs from this copied something
     no walk chose, or missed something)."""

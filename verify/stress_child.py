@@ -54,22 +54,22 @@ def _gather_without_copy_wait(self, *, event, what):
 
 def _wait_on_first_copy(self, batch):
     """LayerWalk.gather waiting on the copy of the flush's first streamed member, not its last."""
-    be, stream = self.be, self.stream
+    be, ring_pass = self.be, self.ring_pass
     streamed = [m.entry for m in batch if m.entry is not None]
     if streamed:
-        be.wait(event=stream.ring.copied_of[stream.slot_of(streamed[0])], what="the first member's copy")
+        be.wait(event=ring_pass.ring.copied_of[ring_pass.slot_of(streamed[0])], what="the first member's copy")
     be.gather(layer=self.layer, members=self._places(batch), q0=batch[0].q)
     if streamed:
-        stream.release(streamed, be.record())
+        ring_pass.release(streamed, be.record())
 
 
 def _release_before_gather(self, batch):
     """LayerWalk.gather releasing its slots (the event the refills wait for) before the gather."""
-    be, stream = self.be, self.stream
+    be, ring_pass = self.be, self.ring_pass
     streamed = [m.entry for m in batch if m.entry is not None]
     if streamed:
-        be.wait(event=stream.ring.copied_of[stream.slot_of(streamed[-1])], what="the last member's copy")
-        stream.release(streamed, be.record())
+        be.wait(event=ring_pass.ring.copied_of[ring_pass.slot_of(streamed[-1])], what="the last member's copy")
+        ring_pass.release(streamed, be.record())
     be.gather(layer=self.layer, members=self._places(batch), q0=batch[0].q)
 
 

@@ -24,7 +24,7 @@ from strata.errors import DeviceError
 from strata.progress import Progress
 
 from fast.cuda import runtime
-from fast.experts import adjacent_runs
+from fast.experts import Place, adjacent_runs
 
 NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
 
@@ -109,7 +109,7 @@ class ExpertTiers:
         # the rings' slots, and GROUP_TAIL_BYTES after the last: with ring_in_place the MMQ kernel
         # reads the slots in place, up to 15 bytes past a matrix's end
         self.rings = {name: (runtime.alloc(max(1, n) * self.slot_bytes + GROUP_TAIL_BYTES, f"{n} {name} slots"), n)
-                      for name, n in (("ring", ring_slots), ("stage", staging_slots))}
+                      for name, n in ((Place.RING, ring_slots), (Place.STAGE, staging_slots))}
         self.copy_timing = False
         self.copy_spans: list = []  # (start event, end event, bytes, note) when copy_timing is on
 
@@ -143,16 +143,16 @@ class ExpertTiers:
         dev, rank = self._cache[layer]
         return int(dev), rank[np.asarray(experts, np.int64)].astype(np.int64) * self.blob_bytes[layer]
 
-    def slot_addr(self, ring: str, slot: int) -> int:
+    def slot_addr(self, ring: Place, slot: int) -> int:
         dev, _ = self.rings[ring]
         return int(dev) + int(slot) * self.slot_bytes
 
-    def addr(self, layer: int, where: str, index: int) -> int:
-        """A member's blob: ("cache", expert) or (ring, slot)."""
-        return self.cache_addr(layer, index) if where == "cache" else self.slot_addr(where, index)
+    def addr(self, layer: int, where: Place, index: int) -> int:
+        """A member's blob: (Place.CACHE, expert) or (ring, slot)."""
+        return self.cache_addr(layer, index) if where == Place.CACHE else self.slot_addr(where, index)
 
     # ---- the copy stream ----------------------------------------------------------------
-    def copy(self, ring: str, slots, experts, wait_for, counters, note: dict | None = None):
+    def copy(self, ring: Place, slots, experts, wait_for, counters, note: dict | None = None):
         """Wait for wait_for on the copy stream, copy experts' host blobs into slots (adjacent
         ones merged), record and return an event. With copy_timing, an event pair goes around
         the copies (after the waits: the span is the copy's own time) and note is kept with it.
