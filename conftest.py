@@ -2,11 +2,11 @@
 plumbing (workers sized to the machine, its last lines: verify/gate.py)."""
 import pytest
 
-from strata.make_pack import make_pack
-from strata.quants import SUPPORTED_TYPES
-from verify import gate
+from strata_prefill.formats.make_pack import make_pack
+from strata_prefill.contract.quants import SUPPORTED_TYPES
+from strata_prefill.verify import gate
 
-EXPERT_TYPES = [t.name for t in SUPPORTED_TYPES]  # the registry's (strata/qformats.py)
+EXPERT_TYPES = [t.name for t in SUPPORTED_TYPES]  # the registry's (contract/qformats.py)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -28,7 +28,7 @@ def make_test_pack(tmp_path_factory):
     """make_test_pack(preset, expert_type="Q8_0", **kw) -> Pack, made once per arguments and
     kept on disk between sessions (verify/gate.py:kept_pack), so workers and later runs share
     one file (and the reference cache, keyed by the pack's content, hits)."""
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
 
     cache = {}
 

@@ -2,7 +2,7 @@
 timing after a warm-up, medians, each arm's output bytes against the NumPy definition of its
 row, and a Markdown table last.
 
-A script describes rows (verify.cases.kernel_case: the op and shape of one launch, its FLOPs and
+A script describes rows (strata_prefill.verify.cases.kernel_case: the op and shape of one launch, its FLOPs and
 bytes counted as the table of cases counts them) and, per row, its arms (`Arm`: a name, a call
 that launches, and a way to read its output back). `measure` runs them through
 gpu_timing.interleaved (one untimed call of each arm, which also compiles; then `reps` rounds,
@@ -41,7 +41,7 @@ def start(script: str, ap: argparse.ArgumentParser, detail: str = ""):
     got = stream_device(script)
     if got is None:
         return None
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     print(f"device: {runtime.device_name()} ({runtime.arch()}){detail}", flush=True)
     return args, got
@@ -69,7 +69,7 @@ class Definition:
 
 @dataclass
 class Result:
-    case: object  # the row (verify.cases.KernelCase)
+    case: object  # the row (strata_prefill.verify.cases.KernelCase)
     arms: list[str]
     ms: list[list[float]]  # per arm, per rep
     differs: list[str | None] = field(default_factory=list)  # per arm: None, or the first byte that differs

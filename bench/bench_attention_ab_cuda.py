@@ -6,7 +6,7 @@ interleaved in one run, on the strata heads.
         [--arms '{};{"PAIR_QG": 6}'] [--sass DIR]
 
 An arm is a JSON object of the kernel file's defines (ATTEND_PAIR_CONFIG's under them); its
-key "variant" (fast.cuda.attention.ATTEND_VARIANTS; "pair", the default) picks the kernel. The
+key "variant" (strata_prefill.fast.cuda.attention.ATTEND_VARIANTS; "pair", the default) picks the kernel. The
 earlier one-warp form has its own check and timer: dev/kernels/attention.py.
 
 One layer's int8 KV cache (32 query heads, 4 KV heads, head_dim 128) holds `tokens` random
@@ -14,7 +14,7 @@ keys and values; every position attends to the ones before it (the prefill kerne
 launch): an "attention" row of verify/cases.py (kernel_case; the GPU suite times it at 4K and
 32K). bench/ab_harness.py runs the arms: per length one untimed call per arm, then `reps`
 rounds in alternating order (A B, B A, ...), each timed with CUDA events on the device's
-stream; medians. Every arm's output must be the NumPy definition (strata.attention.attend over
+stream; medians. Every arm's output must be the NumPy definition (strata_prefill.contract.attention.attend over
 the cache the device wrote) for a spread of queries and the first arm's bytes elsewhere (exit
 1 otherwise): a configuration changes speed, never a bit. "pairs/ns" counts (query, key) pairs
 of the causal triangle times heads; TOP/s the row's flops. A Markdown table prints last.
@@ -38,12 +38,12 @@ import tempfile
 import numpy as np
 
 from bench.ab_harness import Arm, Definition, markdown, measure
-from fast.cuda import attention as cu_att
-from fast.cuda import runtime
+from strata_prefill.fast.cuda import attention as cu_att
+from strata_prefill.fast.cuda import runtime
 from bench.gpu_timing import stream_device
-from strata import attention
-from strata.constants import KEY_BLOCK
-from verify.cases import kernel_case, sample_index
+from strata_prefill.contract import attention
+from strata_prefill.contract.constants import KEY_BLOCK
+from strata_prefill.verify.cases import kernel_case, sample_index
 
 H, HKV, HD = 32, 4, 128
 CHECKED_QUERIES = 8  # queries of each length compared with the NumPy definition

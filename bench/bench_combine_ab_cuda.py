@@ -8,7 +8,7 @@
 Each length is a "combine" row of verify/cases.py (kernel_case: its bytes are the K expert rows,
 the shared row, x and the output, per token, and the weights and slots). bench/ab_harness.py
 runs the arms: one untimed call per form, then `reps` rounds in alternating order, each timed
-with CUDA events; medians. Each form's output must be the NumPy definition (strata.moe.combine)
+with CUDA events; medians. Each form's output must be the NumPy definition (strata_prefill.contract.moe.combine)
 on a spread of tokens and the first form's bytes elsewhere (exit 1 if not). A Markdown table
 prints last.
 """
@@ -19,9 +19,9 @@ import sys
 import numpy as np
 
 from bench.ab_harness import Arm, Definition, markdown, measure, parser, start
-from fast.cuda import elementwise
-from strata import moe
-from verify.cases import kernel_case, sample_index
+from strata_prefill.fast.cuda import elementwise
+from strata_prefill.contract import moe
+from strata_prefill.verify.cases import kernel_case, sample_index
 
 K, D = 10, 2560
 FORMS = ("element", "row")

@@ -11,7 +11,7 @@ operations; the weights, the q8_1 rows and the outputs once). Arm "auto" is the 
 automatic configuration, AUTO_CONFIGS); [i] is the i-th configuration of --configs (mmq.cu
 defines, the whole set). bench/ab_harness.py runs them: one untimed call per arm, then `reps`
 rounds in alternating order, each timed with CUDA events (medians); every arm's output must be
-the NumPy definition (strata.mmq.mmq) on a spread of rows and auto's bytes elsewhere (exit 1 if
+the NumPy definition (strata_prefill.contract.mmq.mmq) on a spread of rows and auto's bytes elsewhere (exit 1 if
 one differs). The sum over the products per arm, then a Markdown table, print last.
 """
 from __future__ import annotations
@@ -25,11 +25,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from bench.ab_harness import Arm, Definition, markdown, measure
-from fast.cuda import products, runtime
+from strata_prefill.fast.cuda import products, runtime
 from bench.gpu_timing import stream_device
-from strata import mmq, q8_1, quants
-from strata.constants import WEIGHT_TAIL_BYTES
-from verify.cases import kernel_case, sample_index
+from strata_prefill.contract import mmq, q8_1, quants
+from strata_prefill.contract.constants import WEIGHT_TAIL_BYTES
+from strata_prefill.verify.cases import kernel_case, sample_index
 
 #: (name, N, K) of the strata shape's dense Q8_0 products: 32 x 128 query dims, 4 x 128 key and
 #: value dims, hidden 2560, shared expert width 640

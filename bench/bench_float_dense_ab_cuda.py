@@ -7,7 +7,7 @@ strata router shape (512 x 2560 weights, BF16 as in the strata pack, and F32) an
 Each (shape, tokens) is a "float_dense" row of verify/cases.py (kernel_case; the GPU suite times
 the router rows at 2K, 8K and 32K). bench/ab_harness.py runs the arms: one untimed call per
 form, then `reps` rounds in alternating order, each timed with CUDA events; medians. Every
-form's output must be the NumPy definition (strata.dense.float_matmul) on a spread of tokens
+form's output must be the NumPy definition (strata_prefill.contract.dense.float_matmul) on a spread of tokens
 and the warp form's bytes elsewhere (exit 1 if not). GFLOP/s counts the row's flops, 2 * N * K
 * T (a product and an addition per weight and token). A Markdown table prints last.
 """
@@ -20,9 +20,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from bench.ab_harness import Arm, Definition, markdown, measure, parser, start
-from fast.cuda import dense
-from strata.dense import decode_float, encode_float, float_matmul
-from verify.cases import kernel_case, sample_index
+from strata_prefill.fast.cuda import dense
+from strata_prefill.contract.dense import decode_float, encode_float, float_matmul
+from strata_prefill.verify.cases import kernel_case, sample_index
 
 SHAPES = (("router", 512, 2560, "BF16"), ("router", 512, 2560, "F32"), ("shexp gate", 1, 2560, "F32"))
 #: form -> (variant, float_dense.cu defines of the tiled form)

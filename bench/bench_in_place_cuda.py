@@ -21,10 +21,10 @@ launches them (so the host's launch cost is in the time):
   down       the in-place arm's down launch alone (its floor: the down bytes)
   [i]        in place with the tile configuration --configs gives as [i]
 
-Each length is a "moe_experts" row (verify.cases.kernel_case: gate and up of every routed
+Each length is a "moe_experts" row (strata_prefill.verify.cases.kernel_case: gate and up of every routed
 expert, then its down; its FLOPs and bytes), and bench/ab_harness.py runs the arms (an untimed
 call each, then the reps interleaved). Every arm's gate, up and down outputs (those it writes)
-must be the NumPy definition (strata.mmq.mmq) on the rows of a spread of routed experts and the
+must be the NumPy definition (strata_prefill.contract.mmq.mmq) on the rows of a spread of routed experts and the
 gather arm's bytes elsewhere (exit 1 if not). The
 floor is the bytes of the routed experts' matrices read once at the device's memory bandwidth,
 measured here as a device-to-device copy of 1 GB (bytes read + written over its time). SwiGLU and the quantize of
@@ -45,11 +45,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from bench.ab_harness import Arm, Definition, markdown, measure
-from fast.cuda import products, runtime
+from strata_prefill.fast.cuda import products, runtime
 from bench.gpu_timing import stream_device
-from strata import mmq, q8_1, quants
-from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
-from verify.cases import kernel_case, sample_index
+from strata_prefill.contract import mmq, q8_1, quants
+from strata_prefill.contract.constants import GROUP_TAIL_BYTES, MMQ_GROUP
+from strata_prefill.verify.cases import kernel_case, sample_index
 
 N_EXPERT, TOP_K, N_EMBD, N_FF = 512, 10, 2560, 640
 GU, DOWN = QT.IQ2_XS, QT.Q8_0
@@ -203,7 +203,7 @@ def main():
             return got
 
         def definition():
-            """strata.mmq.mmq of the rows of CHECKED_EXPERTS routed experts, from the host's blobs."""
+            """strata_prefill.contract.mmq.mmq of the rows of CHECKED_EXPERTS routed experts, from the host's blobs."""
             picked = order[sample_index(len(order), CHECKED_EXPERTS)]
             sel = np.concatenate([np.arange(off[e], off[e] + cnt[e]) for e in picked])
             want = {"gate": [], "up": [], "down": []}

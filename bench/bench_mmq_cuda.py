@@ -16,9 +16,9 @@
    CUDA events, one warm-up, median of the repeats.
 3. The q8_1 quantizer (gather and scatter, the harness's two arms) on the same routings.
 
-Each layer and each quantize is a row (verify.cases.kernel_case: "mmq_layer", "quantize"), and
-every arm's output must be the NumPy definition on a spread of rows (strata.mmq.mmq of a few
-routed experts' rows, strata.q8_1.quantize_rows of a few rows) and the first arm's bytes
+Each layer and each quantize is a row (strata_prefill.verify.cases.kernel_case: "mmq_layer", "quantize"), and
+every arm's output must be the NumPy definition on a spread of rows (strata_prefill.contract.mmq.mmq of a few
+routed experts' rows, strata_prefill.contract.q8_1.quantize_rows of a few rows) and the first arm's bytes
 elsewhere (exit 1 if not). Prints its tables, then the harness's Markdown table; with --out,
 writes the full numbers as JSON there.
 """
@@ -36,11 +36,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from bench.ab_harness import Arm, Definition, markdown, measure
-from fast.cuda import products, runtime
+from strata_prefill.fast.cuda import products, runtime
 from bench.gpu_timing import PycudaClock, unavailable
-from strata import mmq, q8_1, quants
-from strata.constants import WEIGHT_TAIL_BYTES
-from verify.cases import kernel_case, sample_index
+from strata_prefill.contract import mmq, q8_1, quants
+from strata_prefill.contract.constants import WEIGHT_TAIL_BYTES
+from strata_prefill.verify.cases import kernel_case, sample_index
 
 N_EXPERT, TOP_K, N_EMBD, N_FF, GROUP = 512, 10, 2560, 640, 16
 CHECKED_ROWS, CHECKED_EXPERTS = 256, 4  # quantized rows, and experts' product rows, compared with NumPy
@@ -290,7 +290,7 @@ def bench(args):
                     settings.append((cfg, tile_rows))
 
             def definition(x=xs[(K, lay)]):
-                """strata.mmq.mmq of the rows of CHECKED_EXPERTS routed experts."""
+                """strata_prefill.contract.mmq.mmq of the rows of CHECKED_EXPERTS routed experts."""
                 routed = np.nonzero(cnt)[0]
                 picked = routed[sample_index(len(routed), CHECKED_EXPERTS)]
                 sel = np.concatenate([np.arange(off[e], off[e + 1]) for e in picked])

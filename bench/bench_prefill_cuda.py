@@ -16,10 +16,10 @@ import time
 
 import numpy as np
 
-from fast import make_fast_engine
-from fast.phases import format_phase_table
-from strata.pack import Pack
-from strata.session import Session
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.fast.phases import format_phase_table
+from strata_prefill.formats.pack import Pack
+from strata_prefill.session import Session
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,7 @@ compute stream after an untimed warm-up per arm and size, and every arm's first-
 must equal the resident arm's bytes. The copy stream's busy time comes from an event pair
 around each of its copies. Beside each time: the bytes copied per prompt token and the link's
 busy share (the copy stream's busy time over the prefill's) and rate (bytes over that busy
-time); each streamed arm's walks, layer by layer, and why (fast.schedule.WalkChoice.line) in the
+time); each streamed arm's walks, layer by layer, and why (strata_prefill.fast.schedule.WalkChoice.line) in the
 JSON and the progress lines. Prints a Markdown table (format_table, a pure function of the results, tested on the
 CPU by tests/test_bench_streaming_table.py) and writes JSON beside it.
 """
@@ -40,10 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fast import make_fast_engine
-from strata.constants import STREAM_HIDE_KB, STREAM_MIN
-from strata.pack import Pack
-from strata.session import Session
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.fast.tuning import STREAM_HIDE_KB, STREAM_MIN
+from strata_prefill.formats.pack import Pack
+from strata_prefill.session import Session
 
 LINK_GBS = 55.3  # pinned host-to-device copies measured on the H200 machine
 COUNTED = ("launches", "gathers", "waits", "events", "copies", "copy_bytes", "copy_waits")
@@ -155,7 +155,7 @@ def format_table(results: list[dict], head: str) -> str:
 def plot(results: list[dict], path: str, head: str = "") -> None:
     """One panel per prompt length: each arm's median time as a bar (one color an arm name),
     labelled with the bytes it copied, and its floor (max(resident, bytes / LINK_GBS)) as a black
-    tick across the bar; the PNG written atomically (strata.atomic). results: main's rows, of one
+    tick across the bar; the PNG written atomically (strata_prefill.formats.atomic). results: main's rows, of one
     run or several; head: the title's first part (default: the rows' cache share)."""
     import io
 
@@ -164,7 +164,7 @@ def plot(results: list[dict], path: str, head: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from strata import atomic  # noqa: PLC0415
+    from strata_prefill.formats import atomic  # noqa: PLC0415
 
     fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.8), squeeze=False)
     palette = ["#4f81bd", "#c0504d", "#9bbb59", "#8064a2", "#f79646", "#4bacc6"]

@@ -14,7 +14,7 @@ Tokens pick 10 experts each, uniformly; every type sees the same routing and the
 activations. The types are timed interleaved (gpu_timing.interleaved: one untimed call each,
 which also compiles, then the reps in alternating order, CUDA events around each call), and
 each type's gate and up outputs for the rows of a spread of routed experts must equal the NumPy
-definition (strata.mmq.mmq) byte for byte (exit 1 if not).
+definition (strata_prefill.contract.mmq.mmq) byte for byte (exit 1 if not).
 
 Per type: the median time, the bytes of the routed experts' gate and up matrices, the time per
 weight byte against IQ2_XS's (1.00 = the same), and TOP/s (2 * rows * 2 * 640 * 2560 / time).
@@ -33,11 +33,11 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from bench.ab_harness import first_difference
-from fast.cuda import products, runtime
+from strata_prefill.fast.cuda import products, runtime
 from bench.gpu_timing import interleaved, stream_device
-from strata import mmq, q8_1, qformats, quants
-from strata.constants import GROUP_TAIL_BYTES
-from verify.cases import sample_index
+from strata_prefill.contract import mmq, q8_1, qformats, quants
+from strata_prefill.contract.constants import GROUP_TAIL_BYTES
+from strata_prefill.verify.cases import sample_index
 
 N_EXPERT, TOP_K, N_EMBD, N_FF = 512, 10, 2560, 640
 BASE = QT.IQ2_XS  # the type every other's time per byte is compared with

@@ -66,9 +66,9 @@ from pathlib import Path
 
 import numpy as np
 
-from strata import atomic
-from strata.config import PRESETS
-from strata.mixes import MIXES
+from strata_prefill.formats import atomic
+from strata_prefill.formats.config import PRESETS
+from strata_prefill.formats.mixes import MIXES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -220,7 +220,7 @@ def gpu_present() -> str | None:
     """The first CUDA device's name, from the CUDA backend where PyCUDA runs, else from
     nvidia-smi (a GPU machine before PyCUDA is installed still builds llama.cpp for CUDA);
     None where there is none."""
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     ok, name = runtime.cuda_available()
     if ok:
@@ -291,7 +291,7 @@ def timed_ours(eng, ids: np.ndarray) -> dict:
     seconds."""
     import pycuda.driver as cuda
 
-    from strata.session import Session
+    from strata_prefill.session import Session
 
     be = eng.be
     be.reset_cache()
@@ -339,7 +339,7 @@ def run_ours(pack, prompts: dict[int, np.ndarray], arms: list[str], cache_share:
 
     if unavailable(PROG):
         return False
-    from fast import make_fast_engine
+    from strata_prefill.fast import make_fast_engine
 
     cfg = pack.config
     n_all = cfg.n_layer * cfg.n_expert
@@ -430,11 +430,11 @@ def format_table(results: dict) -> str:
 
 
 def tree_digest() -> str:
-    """sha256 (16 hex digits) of what runs either side: every file under fast/, strata/ and
+    """sha256 (16 hex digits) of what runs either side: every file under fast/, contract/, formats/ and
     bench/llama_cpp/ and this script, by path and bytes: part of the --resume key, so a call on
     an edited tree measures again."""
     h = hashlib.sha256()
-    files = [p for d in ("fast", "strata", "bench/llama_cpp") for p in (ROOT / d).rglob("*")
+    files = [p for d in ("fast", "contract", "formats", "bench/llama_cpp") for p in (ROOT / d).rglob("*")
              if p.is_file() and "__pycache__" not in p.parts] + [Path(__file__).resolve()]
     for path in sorted(files):
         rel = path.relative_to(ROOT).as_posix().encode()
@@ -528,8 +528,8 @@ def main(argv=None) -> int:
         os.environ["PATH"] = f"{nvcc.parent}:{os.environ['PATH']}"
     pack_path = args.pack or args.build_root / f"{args.preset}-{args.mix}-{layers}.gguf"
     if pack_path.exists():
-        from strata.errors import PackError
-        from strata.pack import Pack
+        from strata_prefill.contract.errors import PackError
+        from strata_prefill.formats.pack import Pack
 
         try:
             cfg = Pack.open(pack_path).config
@@ -577,7 +577,7 @@ def main(argv=None) -> int:
             proc.wait()
 
     from bench.bench_streaming_cuda import LINK_GBS
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
 
     pack = Pack.open(pack_path)
     cfg = pack.config

@@ -2,7 +2,7 @@
 leave bench/ out, so a plain `pytest` never runs them).
 
 GPU suites carry `pytestmark = pytest.mark.gpu`; without a usable GPU every such test is
-skipped with "cuda backend unavailable: <reason>" (fast.cuda.runtime.cuda_available()), and
+skipped with "cuda backend unavailable: <reason>" (strata_prefill.fast.cuda.runtime.cuda_available()), and
 nothing touches PyCUDA. With one, the GPU's name, SM count and clocks go into the machine info
 pytest-benchmark saves (`--benchmark-autosave`) and compares (`--benchmark-compare` warns when
 they differ).
@@ -38,9 +38,9 @@ _cuda = {}
 
 
 def cuda_state() -> tuple[bool, str]:
-    """fast.cuda.runtime.cuda_available(), asked once."""
+    """strata_prefill.fast.cuda.runtime.cuda_available(), asked once."""
     if not _cuda:
-        from fast.cuda.runtime import cuda_available
+        from strata_prefill.fast.cuda.runtime import cuda_available
 
         _cuda["state"] = cuda_available()
     return _cuda["state"]
@@ -66,7 +66,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     ok, _ = cuda_state()
     if not ok:
         return
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     cuda = runtime._driver()
     dev = runtime.context().get_device()
@@ -96,8 +96,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 @pytest.fixture(scope="session")
 def cuda_device():
-    """A fast.cuda.runtime.Device on its own stream (launch counters, memory pool)."""
-    from fast.cuda import runtime
+    """A strata_prefill.fast.cuda.runtime.Device on its own stream (launch counters, memory pool)."""
+    from strata_prefill.fast.cuda import runtime
 
     runtime.context()
     import pycuda.driver as cuda
@@ -114,7 +114,7 @@ def attention_case(cuda_device):
     heads where None)."""
     import numpy as np
 
-    from fast.cuda.attention import DeviceKVCache
+    from strata_prefill.fast.cuda.attention import DeviceKVCache
     from bench.gpu_shapes import STRATA
 
     dev = cuda_device
@@ -140,7 +140,7 @@ def attention_case(cuda_device):
 
 def row_info(case) -> dict:
     """What a kernel row puts into extra_info (JSON values: ranges and tuples as lists)."""
-    from verify.cases import key_of
+    from strata_prefill.verify.cases import key_of
 
     info = {"row": case.id, "op": case.op, "shape": key_of(case.shape)}
     for name in ("weight_type", "form", "config"):

@@ -13,7 +13,7 @@ docs/performance.md ("What limits each kernel"). NumPy only; runs anywhere.
 2. Attention scores: Q and K quantized with one scale per 32 values (the contract) or one per
    head row of 128 (the proposal), scores against float64 q.k / sqrt(128); and the attention
    output against float64 attention over 1,024 keys.
-3. The exponential: the contract's degree-7 polynomial (strata.numerics.exp) against a 64-entry
+3. The exponential: the contract's degree-7 polynomial (strata_prefill.contract.numerics.exp) against a 64-entry
    table of 2^(j/64) (float64, rounded) times a degree-3 polynomial (16 FMA-pipe instructions
    instead of 23 in attention's p), in ulps of float32 against float64, on every --exp-step-th
    float in [-87, 0].
@@ -32,8 +32,8 @@ from gguf import GGMLQuantizationType as QT
 
 import math
 
-from strata import numerics, quants
-from strata.blockquant import quantize_blocks
+from strata_prefill.contract import numerics, quants
+from strata_prefill.contract.blockquant import quantize_blocks
 
 
 def outlier_rows(rng, rows: int, n: int) -> np.ndarray:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as QT
 
-from strata import quants
-from strata.config import PRESETS
-from strata.constants import MMQ_GROUP
-from verify.kernel_inputs import Routing  # noqa: F401  (the suites import it from here)
+from strata_prefill.contract import quants
+from strata_prefill.formats.config import PRESETS
+from strata_prefill.contract.constants import MMQ_GROUP
+from strata_prefill.verify.kernel_inputs import Routing  # noqa: F401  (the suites import it from here)
 
 STRATA = PRESETS["strata"]
 N_EXPERT, TOP_K = STRATA.n_expert, STRATA.n_expert_used

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-#: the counters of fast.cuda.runtime.Device / the backends worth reporting per call
+#: the counters of strata_prefill.fast.cuda.runtime.Device / the backends worth reporting per call
 COUNTED = ("launches", "gathers", "waits", "events", "copies", "copy_bytes")
 
 
@@ -116,7 +116,7 @@ def per_call(counters, before: dict, calls: int) -> dict:
 def unavailable(script: str) -> bool:
     """True, after one line saying why, where the CUDA backend cannot run (a GPU bench script
     then exits 0: no GPU is not a failure)."""
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     ok, why = runtime.cuda_available()
     if not ok:
@@ -128,7 +128,7 @@ def stream_device(script: str):
     """(pycuda driver, a runtime.Device on a stream of its own, a PycudaClock on that stream) for
     a GPU bench script, or None after printing why the CUDA backend is unavailable (the script
     then exits 0: no GPU is not a failure)."""
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     if unavailable(script):
         return None

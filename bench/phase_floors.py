@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from strata.config import ModelConfig
+from strata_prefill.formats.config import ModelConfig
 
 #: issue slots of the MMQ epilogue per output element and 32-value block, as mmq.cu writes the
 #: contract's float steps (docs/numerics.md section 3; exact fused forms counted as one):
@@ -215,10 +215,10 @@ def plot(results: dict, path: str) -> None:
 def _measure(pack_path: str, tokens: list[int]) -> dict:
     import numpy as np  # noqa: PLC0415
 
-    from fast import make_fast_engine  # noqa: PLC0415
-    from fast.cuda import runtime  # noqa: PLC0415
-    from strata.pack import Pack  # noqa: PLC0415
-    from strata.session import Session  # noqa: PLC0415
+    from strata_prefill.fast import make_fast_engine  # noqa: PLC0415
+    from strata_prefill.fast.cuda import runtime  # noqa: PLC0415
+    from strata_prefill.formats.pack import Pack  # noqa: PLC0415
+    from strata_prefill.session import Session  # noqa: PLC0415
 
     pack = Pack.open(pack_path)
     cfg = pack.config

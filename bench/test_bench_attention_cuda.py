@@ -11,7 +11,7 @@ bytes (q, the output, each key's K and V once).
 """
 import pytest
 
-from verify.cases import kernel_rows
+from strata_prefill.verify.cases import kernel_rows
 
 pytestmark = pytest.mark.gpu
 

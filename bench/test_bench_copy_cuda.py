@@ -12,10 +12,11 @@ import collections
 import numpy as np
 import pytest
 
-from fast.cuda import runtime
-from fast.cuda.tiers import NON_BLOCKING
+from strata_prefill.fast.cuda import runtime
+from strata_prefill.fast.cuda.tiers import NON_BLOCKING
 from bench.gpu_shapes import blob_bytes
-from strata.constants import COALESCE_MAX, MMQ_GROUP
+from strata_prefill.fast.tuning import COALESCE_MAX
+from strata_prefill.contract.constants import MMQ_GROUP
 
 pytestmark = pytest.mark.gpu
 

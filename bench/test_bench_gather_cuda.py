@@ -12,8 +12,8 @@ import itertools
 
 import pytest
 
-from fast.cuda import products, runtime
-from verify.cases import kernel_rows
+from strata_prefill.fast.cuda import products, runtime
+from strata_prefill.verify.cases import kernel_rows
 
 pytestmark = pytest.mark.gpu
 

@@ -17,12 +17,12 @@ bench/bench_mmq_cuda.py sweeps others.
 import numpy as np
 import pytest
 
-from fast.cuda import products, runtime
+from strata_prefill.fast.cuda import products, runtime
 from bench.gpu_shapes import N_GROUPS, Routing
 from gguf import GGMLQuantizationType as QT
-from strata import q8_1, quants
-from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
-from verify.cases import kernel_rows
+from strata_prefill.contract import q8_1, quants
+from strata_prefill.contract.constants import GROUP_TAIL_BYTES, MMQ_GROUP
+from strata_prefill.verify.cases import kernel_rows
 
 pytestmark = pytest.mark.gpu
 

@@ -16,8 +16,8 @@ bench/bench_streaming_cuda.py.
 import numpy as np
 import pytest
 
-from fast import make_fast_engine
-from strata.session import AUTO_CHUNK, Session
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.session import AUTO_CHUNK, Session
 
 pytestmark = pytest.mark.gpu
 

@@ -12,10 +12,10 @@ read once, the buffer written once); GB/s is of that.
 import numpy as np
 import pytest
 
-from fast.cuda import products
+from strata_prefill.fast.cuda import products
 from bench.gpu_shapes import Routing
-from strata import q8_1
-from verify.cases import kernel_rows
+from strata_prefill.contract import q8_1
+from strata_prefill.verify.cases import kernel_rows
 
 pytestmark = pytest.mark.gpu
 

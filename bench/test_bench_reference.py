@@ -5,7 +5,7 @@
 Each round prefills a fresh prompt of N tokens in one chunk on a fresh engine whose decoded
 weights are already cached (the first, untimed call decodes them). The `extra_info` of each
 benchmark holds tokens/s (from the median), the tokens, the chunk, the preset and the threads
-the reference ran on (strata/parallel.py).
+the reference ran on (contract/parallel.py).
 
 `test_reference_threads` times the small pack at 1,024 tokens on one thread and on the
 machine's threads (STRATA_PREFILL_THREADS unset: the CPUs this process may use), so that one
@@ -14,9 +14,9 @@ run shows what the threads buy; `test_reference_prefill` runs on the machine's t
 import numpy as np
 import pytest
 
-from reference import ReferenceEngine
-from strata import parallel
-from strata.session import AUTO_CHUNK, Session
+from strata_prefill.reference import ReferenceEngine
+from strata_prefill.contract import parallel
+from strata_prefill.session import AUTO_CHUNK, Session
 
 SIZES = [128, 1024, 4096]
 

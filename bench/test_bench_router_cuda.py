@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from fast.cuda import dense, elementwise as ops
+from strata_prefill.fast.cuda import dense, elementwise as ops
 from bench.gpu_shapes import Routing
-from strata.dense import encode_float
-from verify.cases import kernel_rows
+from strata_prefill.contract.dense import encode_float
+from strata_prefill.verify.cases import kernel_rows
 
 pytestmark = pytest.mark.gpu
 

@@ -30,10 +30,10 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from bench.gpu_shapes import N_EMBD, N_EXPERT, N_FF, N_GROUPS, Routing  # noqa: E402
 from bench.gpu_timing import TorchClock, measure  # noqa: E402
-from fast.cuda import products, runtime  # noqa: E402
-from strata import q8_1, quants  # noqa: E402
-from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
-from verify.cases import kernel_rows  # noqa: E402
+from strata_prefill.fast.cuda import products, runtime  # noqa: E402
+from strata_prefill.contract import q8_1, quants  # noqa: E402
+from strata_prefill.contract.constants import GROUP_TAIL_BYTES, MMQ_GROUP  # noqa: E402
+from strata_prefill.verify.cases import kernel_rows  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -8,8 +8,8 @@ removed, a file split) is checked this way without a GPU.
 
 --base is a git revision; --new one too (or a folder holding a tree), or the working tree when
 absent. The (module, defines)
-pairs are the new tree's fast-path and gate builds (fast.cuda.build_list.default_modules()
-and verify.cases.ahead_modules(), read in that tree); each is compiled in both trees with the
+pairs are the new tree's fast-path and gate builds (strata_prefill.fast.cuda.build_list.default_modules()
+and strata_prefill.verify.cases.ahead_modules(), read in that tree); each is compiled in both trees with the
 new tree's nvcc options (fast/cuda/runtime.py NVCC_OPTIONS) for runtime.DEFAULT_ARCH. A module
 the base lacks is looked up under its earlier name (RENAMES, or --rename NEW=OLD); kernels are
 matched by name. Labels and local depots carry the function's index in its module, so they are
@@ -39,14 +39,14 @@ RENAMES: dict[str, str] = {"attention_pair": "attention_mma", "attention_split":
 _PROBE = r"""
 import json, os, sys
 sys.path.insert(0, os.getcwd())  # the tree's own packages, before any installed copy
-from fast.cuda import runtime
+from strata_prefill.fast.cuda import runtime
 try:
-    from fast.cuda.build_list import default_modules
+    from strata_prefill.fast.cuda.build_list import default_modules
 except ImportError:  # a tree from before the build list left fast/cuda/kernel_cache.py
-    from fast.cuda.kernel_cache import default_modules
+    from strata_prefill.fast.cuda.kernel_cache import default_modules
 mods = default_modules()
 try:
-    from verify import cases
+    from strata_prefill.verify import cases
     mods += cases.ahead_modules()
 except ImportError:
     pass

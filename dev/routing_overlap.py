@@ -5,7 +5,7 @@ an earlier prompt used would hold the experts a later prompt routes.
     python3 -m dev.routing_overlap --expert-cache 1365 --head 15 A/layers.spd B/layers.spd
 
 Per layer, for prompt B: how many experts it routes at all; how many of the streamed ones (the
-fast path's placement of --expert-cache, fast.experts.place_experts) it routes, against the
+fast path's placement of --expert-cache, strata_prefill.fast.experts.place_experts) it routes, against the
 same count where the cache holds instead the experts prompt A routed most often; and how many
 of a head of --head streamed experts it routes, the lowest ids (stage_head) against the ones A
 routed most often. NumPy only; runs anywhere.
@@ -17,8 +17,8 @@ import sys
 
 import numpy as np
 
-from fast.experts import place_experts
-from strata.dumps import read_records
+from strata_prefill.fast.experts import place_experts
+from strata_prefill.formats.dumps import read_records
 
 
 def layer_counts(path: str) -> list[np.ndarray]:

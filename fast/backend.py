@@ -3,7 +3,7 @@
 `sim` (fast/sim.py); tests/test_backend_protocol.py checks both against these signatures.
 
 Arrays are the backend's own (pycuda GPUArrays, NumPy arrays in the sim); `Q8` is a q8_1
-buffer (strata/q8_1.py); `Event` a stream event. Every step is enqueued on the compute stream
+buffer (contract/q8_1.py); `Event` a stream event. Every step is enqueued on the compute stream
 and returns at once, except `download`, `routing_tables` (its counts come back to the host for
 the walk to plan) and the load/reset steps. Copies run on a second stream, the copy stream.
 """
@@ -13,7 +13,7 @@ from typing import Any, ContextManager, Protocol, Sequence
 
 import numpy as np
 
-from fast.experts import Place
+from strata_prefill.fast.experts import Place
 
 Array = Any
 Q8 = Any
@@ -60,13 +60,13 @@ class Backend(Protocol):
         """Seconds per phase since the last call."""
 
     def chunk_tables(self) -> list:
-        """fast.phases.ChunkTimes per chunk since the last call."""
+        """strata_prefill.fast.phases.ChunkTimes per chunk since the last call."""
 
     def trace_begin(self) -> None:
         """Start a trace: the streams drained, time 0 now."""
 
     def trace_end(self) -> list:
-        """The compute and copy streams' spans since trace_begin (fast.trace.Span)."""
+        """The compute and copy streams' spans since trace_begin (strata_prefill.fast.trace.Span)."""
 
     # ---- arrays ---------------------------------------------------------------------------
     def w(self, name: str) -> Weight:
@@ -109,7 +109,7 @@ class Backend(Protocol):
         """float32 [T, n_embd]: the embedding rows of token ids."""
 
     def rmsnorm(self, x: Array, w: Array, eps: float) -> Array:
-        """strata.numerics.rmsnorm over x's rows."""
+        """strata_prefill.contract.numerics.rmsnorm over x's rows."""
 
     def quantize_rows(self, x: Array, layout) -> Q8:
         """x's rows as a q8_1 buffer in `layout`."""
@@ -118,7 +118,7 @@ class Backend(Protocol):
         """float32 [rows of act, rows of w]: the MMQ product of a quantized weight."""
 
     def float_dense(self, w: Weight, x: Array) -> Array:
-        """float32 [T, rows of w]: x times an F32/F16/BF16 weight (strata.dense.float_matmul)."""
+        """float32 [T, rows of w]: x times an F32/F16/BF16 weight (strata_prefill.contract.dense.float_matmul)."""
 
     def rope(self, x: Array, positions: np.ndarray) -> Array:
         """NeoX RoPE of x [T, heads, head_dim] at absolute positions."""
@@ -129,35 +129,35 @@ class Backend(Protocol):
     def attend(self, layer: int, q: Array, positions: np.ndarray, sinks=None, window: int | None = None) -> Array:
         """Causal attention of q [T, heads, head_dim] over the layer's cache; sinks (the
         layer's sink logits, float32 [heads]: a host array, or on the GPU a device copy) and
-        window (keys a query sees) as strata.attention.attend's, None: none."""
+        window (keys a query sees) as strata_prefill.contract.attention.attend's, None: none."""
 
     def add(self, x: Array, y: Array) -> Array:
         """x + y (may reuse x's memory)."""
 
     def sigmoid(self, v: Array) -> Array:
-        """strata.numerics.sigmoid of v's values, flat."""
+        """strata_prefill.contract.numerics.sigmoid of v's values, flat."""
 
-    # ---- the NaN/Inf watch (strata/nonfinite.py) ------------------------------------------
+    # ---- the NaN/Inf watch (formats/nonfinite.py) ------------------------------------------
     def nonfinite_reset(self) -> None:
         """Forget what the watch saw: a run starts."""
 
     def nonfinite_mark(self, x: Array, code: int) -> None:
-        """strata.nonfinite.mark of x under code, queued behind the op that wrote x (no wait)."""
+        """strata_prefill.formats.nonfinite.mark of x under code, queued behind the op that wrote x (no wait)."""
 
     def nonfinite_first(self) -> int:
-        """The watch's value (strata.nonfinite.NOTHING: nothing seen); waits for the marks."""
+        """The watch's value (strata_prefill.formats.nonfinite.NOTHING: nothing seen); waits for the marks."""
 
     # ---- the MoE half ---------------------------------------------------------------------
     def top_k(self, logits: Array, k: int, *, bias: Array | None = None, gating: str = "softmax") -> tuple:
-        """(ids int32 [T, k], weights float32 [T, k]): strata.routing.top_k (bias: the router's
-        bias [E] or None; gating: strata.routing.GATINGS)."""
+        """(ids int32 [T, k], weights float32 [T, k]): strata_prefill.contract.routing.top_k (bias: the router's
+        bias [E] or None; gating: strata_prefill.contract.routing.GATINGS)."""
 
     def row_experts(self, ids: Array, slot: Array) -> Array:
-        """The expert of each expert-sorted row, int32 [T*K] (strata.routing.row_experts): what
+        """The expert of each expert-sorted row, int32 [T*K] (strata_prefill.contract.routing.row_experts): what
         the expert-bias steps read."""
 
     def routing_tables(self, ids: Array, n_expert: int) -> Any:
-        """Tables with device slot/src and host cnt/off/order (strata.routing.routing_tables)."""
+        """Tables with device slot/src and host cnt/off/order (strata_prefill.contract.routing.routing_tables)."""
 
     def expert_counts(self, ids: Array, n_expert: int) -> Any:
         """How many of ids' entries name each expert, for the host without a wait now: an object
@@ -172,11 +172,11 @@ class Backend(Protocol):
         """Each token's row quantized once and written to its rows slot[t*k_used + k]."""
 
     def gather_rows(self, *, x: Array, src: Array, n_rows: int) -> Array:
-        """float32 [n_rows, K]: row r is x[src[r]] (strata.moe.gather_rows), the MoE input of
+        """float32 [n_rows, K]: row r is x[src[r]] (strata_prefill.contract.moe.gather_rows), the MoE input of
         float gate/up experts."""
 
     def scatter_rows(self, *, x: Array, slot: Array, n_tok: int, k_used: int) -> Array:
-        """float32 [n_tok * k_used, K]: row slot[t*k_used + k] is x[t] (strata.moe.scatter_rows)."""
+        """float32 [n_tok * k_used, K]: row slot[t*k_used + k] is x[t] (strata_prefill.contract.moe.scatter_rows)."""
 
     def group_bounds(self, bounds_list: list) -> list:
         """The layer's group bounds uploaded at once; one handle per group."""
@@ -189,13 +189,13 @@ class Backend(Protocol):
         same for every product step below."""
 
     def prepare_batches(self, *, layer: int, batches: Sequence, add: bool = False) -> None:
-        """The layer's batches (fast.walk.Batch) are about to be multiplied: whatever their
+        """The layer's batches (strata_prefill.fast.walk.Batch) are about to be multiplied: whatever their
         launches need on the device (the cuda backend's tile lists) may be uploaded at once.
         add: more of the same layer's (its runs after its resident batch); else the layer's first."""
 
     def mmq_batch_gate_up(self, *, layer: int, batch, act: Q8, n_rows: int, gate: Array, up: Array,
                           one_launch: bool = True) -> None:
-        """Gate and up products of a batch of experts (fast.walk.Batch), each read where it lies:
+        """Gate and up products of a batch of experts (strata_prefill.fast.walk.Batch), each read where it lies:
         in the expert cache, or (batch.places) in its ring slot; over their rows, in one launch
         (or one each)."""
 
@@ -205,9 +205,9 @@ class Backend(Protocol):
     def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int, out: Array | None = None, *, act=None,
                     expert_bias=None) -> Array:
         """H = silu(gate) * up over rows r0 .. r1 (out given: written into its rows r0 .. r1,
-        and that view returned). act: None, or a strata.moe.SwigluOai (strata.moe.glu);
+        and that view returned). act: None, or a strata_prefill.contract.moe.SwigluOai (strata_prefill.contract.moe.glu);
         expert_bias: None, or (rexp [R] from row_experts, gate bias [E, n], up bias [E, n]) added
-        to gate and up first (strata.moe.add_expert_bias)."""
+        to gate and up first (strata_prefill.contract.moe.add_expert_bias)."""
 
     def swiglu_quantize(self, *, gate: Array, up: Array, r0: int, r1: int, layout, out: Q8, row0: int,
                         n_rows_total: int, act=None, expert_bias=None) -> None:
@@ -219,7 +219,7 @@ class Backend(Protocol):
         """Down products of the group buffers' experts into their rows of y."""
 
     def combine(self, x: Array, weights: Array, slot: Array, y: Array, shared, *, down_bias=None) -> Array:
-        """strata.moe.combine: x + the rank-ordered weighted sum (+ the shared expert); down_bias:
+        """strata_prefill.contract.moe.combine: x + the rank-ordered weighted sum (+ the shared expert); down_bias:
         None, or (bias [E, D], ids [T, K]) added to each routed output first."""
 
     # ---- streaming ------------------------------------------------------------------------

@@ -1,18 +1,18 @@
 """What the two backends share: array plumbing that is the same for NumPy arrays and
-pycuda GPUArrays, phase timing over each backend's `phases` (a fast.phases.PhaseRecorder on the
+pycuda GPUArrays, phase timing over each backend's `phases` (a strata_prefill.fast.phases.PhaseRecorder on the
 backend's clock: CUDA events on the compute stream, or host time on the sim), and the RoPE
 table's growth."""
 from __future__ import annotations
 
 import contextlib
 
-from strata.numerics import RopeTable
+from strata_prefill.contract.numerics import RopeTable
 
-from fast.options import DEFAULTS, KERNEL_FORMS
+from strata_prefill.fast.options import DEFAULTS, KERNEL_FORMS
 
 
 class BackendBase:
-    _rope = None  # a strata.numerics.RopeTable, made on first use
+    _rope = None  # a strata_prefill.contract.numerics.RopeTable, made on first use
     #: the engine's resolved switches (fast/options.py; use_options), the table's defaults until
     #: then. A backend reads only the kernel forms (KERNEL_FORMS; none today), as attributes
     #: (self.<keyword>): they change speed, never bits; the sim runs the NumPy definitions
@@ -20,7 +20,7 @@ class BackendBase:
     options = DEFAULTS
 
     def use_options(self, options) -> None:
-        """The engine's resolved switches (a fast.options.FastOptions)."""
+        """The engine's resolved switches (a strata_prefill.fast.options.FastOptions)."""
         self.options = options
 
     def __getattr__(self, name):
@@ -74,7 +74,7 @@ class BackendBase:
         return self.phases.phase_table()
 
     def chunk_tables(self) -> list:
-        """Seconds per phase and per chunk since the last call (fast.phases.ChunkTimes)."""
+        """Seconds per phase and per chunk since the last call (strata_prefill.fast.phases.ChunkTimes)."""
         return self.phases.chunk_tables()
 
     @staticmethod
@@ -95,7 +95,7 @@ class BackendBase:
         return x[r0:r1]
 
     def rope_table(self, need: int):
-        """The RoPE table covering positions 0..need-1: strata.numerics.RopeTable's growth, with
+        """The RoPE table covering positions 0..need-1: strata_prefill.contract.numerics.RopeTable's growth, with
         the backend's `_make_rope(n)` building (and, on the GPU, uploading) each size."""
         if self._rope is None:
             cfg = self.config

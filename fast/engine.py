@@ -3,12 +3,12 @@
 The same code drives two backends: `cuda` (PyCUDA kernels, fast/cuda/backend.py) and `sim`
 (NumPy definitions of the same kernels over simulated streams, fast/sim.py), so the walk, the
 switches, the rings and the buffers are exercised on machines with no GPU. The engine plugs
-into `strata.session.Session` like the reference does. The expert walk itself is
+into `strata_prefill.session.Session` like the reference does. The expert walk itself is
 fast/walk.py; which experts are copied into the ring, when and why, fast/schedule.py (one
 CopySchedule a chunk or window); where experts live and how rings are filled, fast/experts.py.
 
 The switches (each a keyword argument, a `run` flag and mostly an environment variable) are
-declared once, in fast/options.py; the engine resolves them once (fast.options.resolve) into
+declared once, in fast/options.py; the engine resolves them once (strata_prefill.fast.options.resolve) into
 `self.options`, which it hands to the backend too.
 """
 from __future__ import annotations
@@ -17,14 +17,22 @@ import dataclasses
 
 import numpy as np
 
-from strata import dense, nonfinite, q8_1
-from strata.constants import MMQ_GROUP, PINNED_SHARE, PREDICT_ROWS, RING_SLOTS, RING_SLOTS_PINNED, STAGING_SLOTS
-from strata.errors import InputError
+from strata_prefill.contract import dense, q8_1
+from strata_prefill.formats import nonfinite
+from strata_prefill.contract.constants import MMQ_GROUP
+from strata_prefill.fast.tuning import (
+    PINNED_SHARE,
+    PREDICT_ROWS,
+    RING_SLOTS,
+    RING_SLOTS_PINNED,
+    STAGING_SLOTS,
+)
+from strata_prefill.contract.errors import InputError
 
-from fast import archs, options, walk
-from fast.experts import Passes, Place, Ring, place_experts
-from fast.schedule import CopyParts, PromptSchedules
-from fast.weights import LayerWeights
+from strata_prefill.fast import archs, options, walk
+from strata_prefill.fast.experts import Passes, Place, Ring, place_experts
+from strata_prefill.fast.schedule import CopyParts, PromptSchedules
+from strata_prefill.fast.weights import LayerWeights
 
 F32 = np.float32
 
@@ -46,7 +54,7 @@ def window_bytes_per_token(config) -> int:
 
 
 class DeviceWatch(nonfinite.Watch):
-    """The run's NaN/Inf watch (strata/nonfinite.py) kept by the backend: each `see` queues a
+    """The run's NaN/Inf watch (formats/nonfinite.py) kept by the backend: each `see` queues a
     mark behind the op that wrote the array (a kernel on the cuda backend, no host wait);
     `first` reads the one value, when the run has its logits."""
 
@@ -134,17 +142,17 @@ class FastEngine:
 
     @property
     def schedule(self):
-        """The copy schedule of the chunk (or window) running now (fast.schedule.CopySchedule)."""
+        """The copy schedule of the chunk (or window) running now (strata_prefill.fast.schedule.CopySchedule)."""
         return self.schedules.now
 
     @property
     def walk_choices(self) -> list:
         """The walk each chunk (or window) of the current prompt took, layer by layer, and why
-        (fast.schedule.WalkChoice), in order; a prompt that starts at position 0 starts the list
+        (strata_prefill.fast.schedule.WalkChoice), in order; a prompt that starts at position 0 starts the list
         again (run --timing prints it)."""
         return self.schedules.records()
 
-    # ---- the engine protocol of strata.session ----------------------------------------
+    # ---- the engine protocol of strata_prefill.session ----------------------------------------
     def chunk_begin(self) -> None:
         """A chunk starts (before its embedding): phase tables and traces are kept per chunk."""
         self.be.chunk_begin()
@@ -241,7 +249,7 @@ class FastEngine:
 
     # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
     def _rec(self, dump, layer: int, op: str, array, slot=None, on_host: bool = False) -> None:
-        """Record op's output (strata/records.py): a device array, downloaded (the sim's arrays
+        """Record op's output (formats/records.py): a device array, downloaded (the sim's arrays
         are NumPy too, filled only once their step has run), or a host one (on_host); slot: the
         host copy of the routing slots, when the rows are expert-sorted."""
         if dump is not None and dump.ops:
@@ -335,7 +343,7 @@ class FastEngine:
             out = be.combine(x, weights, tab.slot, rows.y, shared)
         self.watch.see(layer, "moe_out", out)  # the residual: what every op before it reaches
 
-        if dump is not None:  # in the order computed (strata/records.py)
+        if dump is not None:  # in the order computed (formats/records.py)
             slot = be.download(tab.slot)
             dump.layer(layer, "topk_ids", be.download(ids))
             dump.layer(layer, "topk_w", be.download(weights))

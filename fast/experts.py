@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from strata.constants import COALESCE_MAX
-from strata.errors import InputError
+from strata_prefill.fast.tuning import COALESCE_MAX
+from strata_prefill.contract.errors import InputError
 
 #: the streamed walk's copies queued before layer 0's attention; the rest follow it. Four
 #: coalesced copies keep the link busy while the host queues the attention half, and the device

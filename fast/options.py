@@ -14,7 +14,7 @@ NumPy definitions whatever it says). A kernel form stays a switch only while its
 none is today (the settled ones, with their figures, are in docs/performance.md, "Retired
 kernel forms"); a kernel's tile configurations are defines that the benchmarks sweep.
 
-`python3 -m fast.options docs/user-guide.md` rewrites the user guide's switch table
+`python3 -m strata_prefill.fast.options docs/user-guide.md` rewrites the user guide's switch table
 (markdown_table) between its markers (TABLE_DOC); tests/test_switch_table.py holds it current.
 """
 from __future__ import annotations
@@ -24,9 +24,16 @@ import os
 import sys
 from dataclasses import dataclass
 
-from strata.constants import (PINNED_SHARE, RING_RUN, RING_SLOTS, RING_SLOTS_PINNED, STREAM_HIDE_KB, STREAM_MIN,
-                              VRAM_RESERVE_MIB)
-from strata.errors import InputError
+from strata_prefill.fast.tuning import (
+    PINNED_SHARE,
+    RING_RUN,
+    RING_SLOTS,
+    RING_SLOTS_PINNED,
+    STREAM_HIDE_KB,
+    STREAM_MIN,
+    VRAM_RESERVE_MIB,
+)
+from strata_prefill.contract.errors import InputError
 
 SCHEDULE = "schedule"
 KERNEL_FORM = "kernel form"
@@ -342,25 +349,25 @@ SWITCHES = (
            "expected to reach enough of them (--stream-hide; the coverage of the same layer of the prompt's last chunk scaled "
            "to this one's tokens, else this chunk's previous layer; layer 0 of the first chunk from "
            f"{STREAM_MIN} tokens), and stages its routed ones after its routing otherwise "
-           "(fast.schedule.choose_layer); N: every layer of a chunk of at least N tokens streams, smaller "
+           "(strata_prefill.fast.schedule.choose_layer); N: every layer of a chunk of at least N tokens streams, smaller "
            "ones stage (the old rule); run --timing prints each chunk's walks and why", needs=(STREAMS,)),
     Switch("stream_hide", "STRATA_PREFILL_STREAM_HIDE", STREAM_HIDE_KB, SCHEDULE, Count(0, metavar="KB"),
            "stream_min auto: the KB of copies one token's compute of a layer hides; a layer of a chunk "
            "of T tokens streams where the bytes it would copy for experts its routing skips fit in T "
-           "times this (fast.schedule.stream_need), else it stages", needs=(STREAMS, Is("stream_min", (AUTO,)))),
+           "times this (strata_prefill.fast.schedule.stream_need), else it stages", needs=(STREAMS, Is("stream_min", (AUTO,)))),
     Switch("stage_head", "STRATA_PREFILL_STAGE_HEAD", AUTO, SCHEDULE, Count(0, auto=True, metavar="N|auto"),
            "stage_in_ring: a staged layer's first N streamed experts (by id) are copied before its "
            "routing is known, right behind the layer before it, so the link works while the layer "
            "before finishes and this one's attention and router run; its routed ones beyond them after "
            "its routing, as before; auto: what the link copies in the time a staged layer leaves it "
-           "idle (fast.schedule.stage_head); 0: only routed experts, after the routing",
+           "idle (strata_prefill.fast.schedule.stage_head); 0: only routed experts, after the routing",
            needs=(STREAMS, Is("stage_in_ring", (ON,))), most="layer_experts"),
     Switch("head_predict", "STRATA_PREFILL_HEAD_PREDICT", OFF, SCHEDULE, OnOff(),
            "stage_head: 1: a staged layer's head is the streamed experts its own router, run on the "
            "layer before's residual while that layer routes, names most often (ties: lower ids), "
            "rather than its lowest ids; the walk visits the head first, then the routed rest (runs "
            "cut where ids fall); costs a norm, router and top-k over the unit's first PREDICT_ROWS "
-           "rows and a count read per such layer (fast.schedule.predicted_head); 0: the lowest ids",
+           "rows and a count read per such layer (strata_prefill.fast.schedule.predicted_head); 0: the lowest ids",
            needs=(STREAMS, Is("in_place", (ON,), when=(ON,)), Is("ring_in_place", (ON,), when=(ON,)),
                   Is("stage_in_ring", (ON,), when=(ON,)), Is("stage_head", (0,), other=True, when=(ON,)))),
     Switch("window", "STRATA_PREFILL_WINDOW", AUTO, SCHEDULE, Count(1, auto=True, metavar="N|auto|off", off=True),
@@ -552,7 +559,7 @@ def window_taken(setting, chunk: int, n_tok: int) -> tuple[int, str]:
 
 # ---- the user guide's table -----------------------------------------------------------------
 TABLE_DOC = "docs/user-guide.md"  # the document that holds the table, from the repository's root
-BEGIN = f"<!-- switches: made by fast/options.py (python3 -m fast.options {TABLE_DOC}); do not edit -->"
+BEGIN = f"<!-- switches: made by fast/options.py (python3 -m strata_prefill.fast.options {TABLE_DOC}); do not edit -->"
 END = "<!-- end of switches -->"
 
 
@@ -607,9 +614,9 @@ def with_table(text: str) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print(f"usage: python3 -m fast.options {TABLE_DOC}   (rewrites its switch table)", file=sys.stderr)
+        print(f"usage: python3 -m strata_prefill.fast.options {TABLE_DOC}   (rewrites its switch table)", file=sys.stderr)
         return 2
-    from strata import atomic
+    from strata_prefill.formats import atomic
 
     path = argv[0]
     with open(path, encoding="utf-8") as f:

@@ -170,10 +170,10 @@ def format_phase_table(seconds: dict) -> str:
 def format_chunk_tables(instrumented: list[ChunkTimes], plain: list[ChunkTimes], sim: bool,
                         labels: list[str] | None = None, overlap: list | None = None,
                         walks: list[str] | None = None) -> str:
-    """Per chunk (or window: labels name each unit, fast.trace.units; default "chunk i"): the
+    """Per chunk (or window: labels name each unit, strata_prefill.fast.trace.units; default "chunk i"): the
     phase table, the uninstrumented total of the same unit and, where overlap gives the unit's
-    fast.trace.Overlap, its line; where walks gives it, the walk the unit took and why
-    (fast.schedule.WalkChoice.line) under its head; last, how they were measured."""
+    strata_prefill.fast.trace.Overlap, its line; where walks gives it, the walk the unit took and why
+    (strata_prefill.fast.schedule.WalkChoice.line) under its head; last, how they were measured."""
     blocks = []
     for i, times in enumerate(instrumented):
         total = plain[i].total if i < len(plain) else None
@@ -195,7 +195,7 @@ def format_chunk_tables(instrumented: list[ChunkTimes], plain: list[ChunkTimes],
 
 
 def overlap_line(o, sim: bool = False) -> str:
-    """A unit's overlap (fast.trace.Overlap) in one line of its phase table (sim: its times are
+    """A unit's overlap (strata_prefill.fast.trace.Overlap) in one line of its phase table (sim: its times are
     the modelled clock's, not the host times above it)."""
     return (f"{'overlap':<20} copy {o.copy * 1e3:.2f} ms, not covered by compute {o.uncovered * 1e3:.2f} ms, "
             f"compute waiting for copies {o.waiting * 1e3:.2f} ms{' (modelled clock)' if sim else ''}")
@@ -212,7 +212,7 @@ OVERLAP_CLOCK_SIM = ("the sim's modelled stream clock (copies at the link's rate
 def format_overlap(by_layer: dict, sim: bool) -> str:
     """Per layer, summed over the prompt's chunks or windows: copy ms, the part not covered by
     compute, compute waiting for copies; a line for all layers; how it was measured. by_layer:
-    {layer: fast.trace.Overlap} (empty: nothing was copied, one line says so)."""
+    {layer: strata_prefill.fast.trace.Overlap} (empty: nothing was copied, one line says so)."""
     head = "overlap of the copy and compute streams, per layer"
     if not by_layer:
         return f"{head}: nothing copied (every routed expert resident)"

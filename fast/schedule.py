@@ -40,10 +40,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.constants import COPY_BYTES_PER_S, STAGE_GAP_PER_TOKEN_S, STAGE_GAP_S, STREAM_MIN
+from strata_prefill.fast.tuning import COPY_BYTES_PER_S, STAGE_GAP_PER_TOKEN_S, STAGE_GAP_S, STREAM_MIN
 
-from fast.experts import PASS_HEAD, Passes, Placement, Ring, RingPass
-from fast.options import AUTO  # stream_min auto: the coverage rule
+from strata_prefill.fast.experts import PASS_HEAD, Passes, Placement, Ring, RingPass
+from strata_prefill.fast.options import AUTO  # stream_min auto: the coverage rule
 
 
 # ---- the rules ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The `sim` backend: every kernel of the fast path as its NumPy definition from strata/, on
+"""The `sim` backend: every kernel of the fast path as its NumPy definition from contract/, on
 host arrays standing in for device buffers, over simulated streams (fast/sim_streams.py).
 
 Nothing runs when the engine or the walk calls a step: the step is enqueued on the compute
@@ -22,16 +22,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata import attention, dense, mmq, nonfinite, numerics, q8_1, quants
-from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
-from strata.moe import add_expert_bias, combine, gather_rows, glu, scatter_rows
-from strata.nonfinite import NOTHING
-from strata.routing import routing_tables, row_experts, top_k
+from strata_prefill.contract import attention, dense, mmq, numerics, q8_1, quants
+from strata_prefill.formats import nonfinite
+from strata_prefill.contract.constants import GROUP_TAIL_BYTES, MMQ_GROUP
+from strata_prefill.contract.moe import add_expert_bias, combine, gather_rows, glu, scatter_rows
+from strata_prefill.formats.nonfinite import NOTHING
+from strata_prefill.contract.routing import routing_tables, row_experts, top_k
 
-from fast.backend_base import BackendBase
-from fast.experts import Place, adjacent_runs
-from fast.phases import HostClock, PhaseRecorder, timing_enabled
-from fast.sim_streams import ModelClock, SimEvent, SimStreams
+from strata_prefill.fast.backend_base import BackendBase
+from strata_prefill.fast.experts import Place, adjacent_runs
+from strata_prefill.fast.phases import HostClock, PhaseRecorder, timing_enabled
+from strata_prefill.fast.sim_streams import ModelClock, SimEvent, SimStreams
 
 F32 = np.float32
 #: the device bytes `--window auto` may give a window's buffers on the sim (docs/how-it-works.md)
@@ -110,7 +111,7 @@ class SimBackend(BackendBase):
         self.phases.chunk_end()
 
     def chunk_tables(self) -> list:
-        """Host seconds per phase and per chunk since the last call (fast.phases.ChunkTimes)."""
+        """Host seconds per phase and per chunk since the last call (strata_prefill.fast.phases.ChunkTimes)."""
         self.streams.synchronize()  # a chunk's total ends when its queued work has run
         return self.phases.chunk_tables()
 
@@ -121,7 +122,7 @@ class SimBackend(BackendBase):
         self.streams.clock = ModelClock()
 
     def trace_end(self) -> list:
-        """Run what is queued; the spans since trace_begin (fast.trace.Span)."""
+        """Run what is queued; the spans since trace_begin (strata_prefill.fast.trace.Span)."""
         self.streams.synchronize()
         clock, self.streams.clock = self.streams.clock, None
         return clock.spans if clock is not None else []
@@ -242,7 +243,7 @@ class SimBackend(BackendBase):
                           lambda: mmq.mmq(w.qtype, w.data, self._decode(act, 0, act.n_rows, layout)))
 
     def float_dense(self, w: Weight, x):
-        """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata.dense.float_matmul)."""
+        """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata_prefill.contract.dense.float_matmul)."""
         return self._step("float_dense", self.alloc_f32((x.shape[0], w.n_rows)),
                           lambda: dense.float_matmul(dense.decode_float(w.qtype, w.data), x))
 
@@ -264,7 +265,7 @@ class SimBackend(BackendBase):
         return self._step("attention", self.alloc_f32(q.shape),
                           lambda: attention.attend(self.kv, layer, q, positions, sinks=sinks, window=window))
 
-    # ---- the NaN/Inf watch (strata/nonfinite.py), a step on the compute stream like the kernel's
+    # ---- the NaN/Inf watch (formats/nonfinite.py), a step on the compute stream like the kernel's
     _nonfinite = None
 
     def nonfinite_reset(self) -> None:
@@ -387,7 +388,7 @@ class SimBackend(BackendBase):
     def _float_experts(self, qtype, n_out, k_in, x, bounds, weights, outs, reads=None):
         """Float experts (as the cuda backend launches float_dense.cu): for each (offset, out)
         and each expert i with rows, one launch: its matrix at weights(i)[offset:] times rows
-        bounds[i] of the float rows x into out (strata.dense.float_matmul)."""
+        bounds[i] of the float rows x into out (strata_prefill.contract.dense.float_matmul)."""
         rb = dense.row_bytes(qtype, k_in)
         jobs = [(offset, out, int(b0), int(b1), i) for offset, out in outs
                 for i, (b0, b1) in enumerate(bounds) if int(b1) > int(b0)]
@@ -458,7 +459,7 @@ class SimBackend(BackendBase):
 
     @staticmethod
     def _glu_rows(gate, up, r0, r1, act, expert_bias):
-        """strata.moe.glu of rows r0 .. r1, each plus its expert's gate and up bias first."""
+        """strata_prefill.contract.moe.glu of rows r0 .. r1, each plus its expert's gate and up bias first."""
         g, u = gate[r0:r1], up[r0:r1]
         if expert_bias is not None:
             rexp, bg, bu = expert_bias

@@ -39,9 +39,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from strata.constants import COPY_BYTES_PER_S
+from strata_prefill.fast.tuning import COPY_BYTES_PER_S
 
-from fast.trace import Span
+from strata_prefill.fast.trace import Span
 
 POLICIES = ("random", "copy_first", "compute_first")
 STREAMS = ("compute", "copy")

@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from strata import atomic
-from strata.errors import InputError
+from strata_prefill.formats import atomic
+from strata_prefill.contract.errors import InputError
 
 TRACKS = ("compute", "copy")
 PID = 1
@@ -66,7 +66,7 @@ def chrome_json(spans: list[Span], process: str = "strata-prefill", meta: dict |
 
 
 def write_trace(path, spans: list[Span], process: str = "strata-prefill", meta: dict | None = None) -> None:
-    """The trace JSON, written whole (strata/atomic.py: never a half file at the path)."""
+    """The trace JSON, written whole (formats/atomic.py: never a half file at the path)."""
     atomic.write_text(path, json.dumps(chrome_json(spans, process, meta)))
 
 

@@ -57,9 +57,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.constants import MMQ_GROUP
+from strata_prefill.contract.constants import MMQ_GROUP
 
-from fast.experts import Place
+from strata_prefill.fast.experts import Place
 
 
 @dataclass(frozen=True)

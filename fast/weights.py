@@ -2,7 +2,7 @@
 
 `LayerWeights(backend, pack, layer)` answers `W.attn_q`, `W.ffn_norm`, ... with the backend's
 handle of that tensor (`backend.w`), the fields being those of the architecture's `Layer`
-(strata/archs/<name>.py: the table the reference's Pack.layer fills too), so a misspelt field
+(formats/archs/<name>.py: the table the reference's Pack.layer fills too), so a misspelt field
 fails on its first use instead of naming a tensor no pack holds. Each handle is uploaded on its
 first use, as before (the same upload order); a group the block does not hold (the shared
 expert's) reads None. The stacked experts are not handles: the walk reaches them through
@@ -10,7 +10,7 @@ fast/experts.py, so asking for one is an error.
 """
 from __future__ import annotations
 
-from strata.archs.spec import layer_names
+from strata_prefill.formats.archs.spec import layer_names
 
 _EXPERT_ROLES = ("expert_gu", "expert_down")
 

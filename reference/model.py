@@ -1,12 +1,12 @@
 """The reference engine: the whole prompt path of a pack in NumPy, one layer at a time.
 
-`ReferenceEngine` plugs into `strata.session.Session`, which cuts the prompt into chunks,
+`ReferenceEngine` plugs into `strata_prefill.session.Session`, which cuts the prompt into chunks,
 runs the layers, records the dumps and continues greedily. Each layer is the attention half of
 the pack's architecture (reference/archs/<name>.py, picked by `general.architecture`) then the
 MoE half every architecture shares (reference/moe_half.py).
 
 The operations those halves call (the q8_1 quantization, the MMQ product of each weight type,
-attention, routing, SwiGLU, the combine) are vectorized NumPy in strata/; reference/scalar.py
+attention, routing, SwiGLU, the combine) are vectorized NumPy in contract/; reference/scalar.py
 states each of them element by element, in docs/numerics.md's order, as plain loops that the
 tests compare with the vectorized code byte for byte. Decoded weights are kept between chunks
 in reference/weights.py.
@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import dense, mmq, nonfinite, numerics, parallel
-from strata.attention import KVCache
-from strata.pack import Pack
+from strata_prefill.contract import dense, mmq, numerics, parallel
+from strata_prefill.formats import nonfinite
+from strata_prefill.contract.attention import KVCache
+from strata_prefill.formats.pack import Pack
 
-from reference import archs
-from reference.moe_half import moe_half, quantize
-from reference.weights import PreparedCache
+from strata_prefill.reference import archs
+from strata_prefill.reference.moe_half import moe_half, quantize
+from strata_prefill.reference.weights import PreparedCache
 
 
 class ReferenceEngine:
@@ -29,7 +30,7 @@ class ReferenceEngine:
 
     def __init__(self, pack: Pack):
         # The pool's size (STRATA_PREFILL_THREADS): a bad value is named before any work.
-        # Experts, heads and row slabs run on it (strata/parallel.py); no byte depends on it.
+        # Experts, heads and row slabs run on it (contract/parallel.py); no byte depends on it.
         self.threads = parallel.thread_count()
         self.pack = pack
         self.config = pack.config
@@ -38,7 +39,7 @@ class ReferenceEngine:
         self.kv = KVCache(cfg.n_layer, cfg.n_head_kv, cfg.head_dim)
         self._rope = numerics.RopeTable(cfg.head_dim, cfg.rope_base, scaling=cfg.rope_scaling)
         self._weights = PreparedCache()  # decoded quantized matrices and float32 float ones
-        # where a run first computed a NaN or an Inf (strata/nonfinite.py: the session reads it)
+        # where a run first computed a NaN or an Inf (formats/nonfinite.py: the session reads it)
         self.watch = nonfinite.Watch(cfg.n_layer)
 
     def product(self, key, matrix, act) -> np.ndarray:
@@ -48,7 +49,7 @@ class ReferenceEngine:
 
     def float_product(self, key, matrix, x: np.ndarray) -> np.ndarray:
         """matrix (an F32/F16/BF16 QMatrix) times float32 rows x, in float32
-        (strata.dense.float_matmul); x is not quantized. Its float32 values are cached under
+        (strata_prefill.contract.dense.float_matmul); x is not quantized. Its float32 values are cached under
         key within the cache's budget (a pack's float experts may not all fit)."""
         return dense.float_matmul(self._weights.get(key, matrix.qtype, matrix.data), x)
 

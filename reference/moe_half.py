@@ -2,8 +2,8 @@
 
     h = RMSNorm(x)                                   ffn_norm
     router: logits = h . ffn_gate_inp; softmax; top-K; renormalize
-            (a float router: float32 products of h itself, strata.dense; never quantized)
-    routing tables: cnt, off, slot, src, order       (strata/routing.py)
+            (a float router: float32 products of h itself, strata_prefill.contract.dense; never quantized)
+    routing tables: cnt, off, slot, src, order       (contract/routing.py)
     per-row GATHER quantize: row r of the MoE input buffer is q8_1(h[src[r]])
         (float gate/up experts: row r is h[src[r]] itself, never quantized)
     per-expert walk (each expert alone; the experts run side by side on threads):
@@ -11,7 +11,7 @@
         H    = silu(gate) * up, quantized to q8_1 (the layout of the down type;
                a float down type: H itself)
         Y[rows] = W_down[e] . H
-        (a float matrix: float32 products, strata.dense.float_matmul; else MMQ)
+        (a float matrix: float32 products, strata_prefill.contract.dense.float_matmul; else MMQ)
     shared expert (where the pack has one), gated by sigmoid(ffn_gate_inp_shexp . h)
     combine per token in rank order, plus the shared expert, plus the residual
 
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import numerics, parallel, q8_1
-from strata.constants import Q8_1_BLOCK_BYTES
-from strata.mmq import row_slice
-from strata.moe import combine, gather_rows, swiglu
-from strata.routing import routing_tables, top_k
+from strata_prefill.contract import numerics, parallel, q8_1
+from strata_prefill.contract.constants import Q8_1_BLOCK_BYTES
+from strata_prefill.contract.mmq import row_slice
+from strata_prefill.contract.moe import combine, gather_rows, swiglu
+from strata_prefill.contract.routing import routing_tables, top_k
 
 F32 = np.float32
 
@@ -39,7 +39,7 @@ def quantize(x: np.ndarray, qtype) -> q8_1.Q8Rows:
 
 def dense_product(model, key, w, x: np.ndarray) -> np.ndarray:
     """w . x for a dense matrix w: float32 products of x itself for a float w
-    (strata.dense.float_matmul), else MMQ on x quantized to q8_1."""
+    (strata_prefill.contract.dense.float_matmul), else MMQ on x quantized to q8_1."""
     if w.is_float:
         return model.float_product(key, w, x)
     return model.product(key, w, quantize(x, w.qtype))
@@ -115,7 +115,7 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     out = combine(x, weights, tab.slot, y, shared)
     model.watch.see(layer, "moe_out", out)  # the residual: what every op before it reaches
 
-    if dump is not None:  # in the order computed (strata/records.py)
+    if dump is not None:  # in the order computed (formats/records.py)
         dump.op(layer, "ffn_norm", h)
         dump.op(layer, "router_logits", logits)
         dump.layer(layer, "topk_ids", ids)

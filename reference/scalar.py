@@ -9,19 +9,19 @@ operations matters, each line holds one of them.
 
 These loops are slow, and nothing but the tests and the docs uses them: tests/test_oracles.py
 compares every vectorized definition with its loop here, byte for byte, on tiny random cases,
-so a changed order, scale or formula in strata/ shows there.
+so a changed order, scale or formula in contract/ shows there.
 
-A loop never calls the function it defines. What it does call from strata/, and why:
+A loop never calls the function it defines. What it does call from contract/, and why:
 
-- ``strata.numerics.exp`` and ``strata.numerics.roundf`` (through :func:`exp` and
+- ``strata_prefill.contract.numerics.exp`` and ``strata_prefill.contract.numerics.roundf`` (through :func:`exp` and
   :func:`roundf`): the contract defines them as *the* shared primitives (section 1) that every
   rule uses; they have their own scalar tests in tests/test_numerics.py.
-- ``strata.quants.decode`` for a weight's integer form (codes, sub-scales, dw, mw): the weight
+- ``strata_prefill.contract.quants.decode`` for a weight's integer form (codes, sub-scales, dw, mw): the weight
   formats are pinned against ``gguf.quants.dequantize`` in tests/test_quants.py; the product's
   epilogue is what is stated here.
-- ``strata.qformats.lookup(qt).epilogue`` for which of section 3's four epilogues a weight
+- ``strata_prefill.contract.qformats.lookup(qt).epilogue`` for which of section 3's four epilogues a weight
   type takes (PLAIN, MIN, DMIN, HALVES); each is written out below.
-- ``strata.q8_1.unpack_rows``, ``strata.q8_1.padded_len`` and ``strata.q8_1.Layout``: where a
+- ``strata_prefill.contract.q8_1.unpack_rows``, ``strata_prefill.contract.q8_1.padded_len`` and ``strata_prefill.contract.q8_1.Layout``: where a
   row's 144-byte blocks sit in a buffer, how long a padded row is, and the layouts' names.
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ import math
 
 import numpy as np
 
-from strata import numerics, q8_1, qformats, quants
-from strata.qformats import Epilogue
+from strata_prefill.contract import numerics, q8_1, qformats, quants
+from strata_prefill.contract.qformats import Epilogue
 
 F32 = np.float32
 ZERO = F32(0.0)
@@ -52,7 +52,7 @@ def roundf(x) -> np.float32:
 
 
 def tree_sum(v: list) -> np.float32:
-    """Section 1, Reductions, tree_sum (``strata.numerics.tree_sum``): ``v = v[:h] + v[h:]``
+    """Section 1, Reductions, tree_sum (``strata_prefill.contract.numerics.tree_sum``): ``v = v[:h] + v[h:]``
     over a power-of-two length until one value."""
     while len(v) > 1:
         h = len(v) // 2
@@ -61,7 +61,7 @@ def tree_sum(v: list) -> np.float32:
 
 
 def lane_sum(v: list) -> np.float32:
-    """Section 1, Reductions, lane_sum (``strata.numerics.lane_sum``): 32 strided partials from
+    """Section 1, Reductions, lane_sum (``strata_prefill.contract.numerics.lane_sum``): 32 strided partials from
     0.0f, then the halving tree over them."""
     lanes = [ZERO] * 32
     for i in range(len(v)):
@@ -70,7 +70,7 @@ def lane_sum(v: list) -> np.float32:
 
 
 def softmax(row: list) -> list:
-    """Section 1, softmax (``strata.numerics.softmax``) over one row."""
+    """Section 1, softmax (``strata_prefill.contract.numerics.softmax``) over one row."""
     m = max(F32(x) for x in row)
     e = [exp(F32(x) - m) for x in row]
     s = lane_sum(e)
@@ -79,7 +79,7 @@ def softmax(row: list) -> list:
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """Section 1 (the shared expert's gate, section 6): ``1.0f / (1.0f + exp(-x))`` for each
-    element (``strata.numerics.sigmoid``)."""
+    element (``strata_prefill.contract.numerics.sigmoid``)."""
     out = np.zeros(x.shape, F32)
     for i in np.ndindex(x.shape):
         e = exp(-x[i])
@@ -89,7 +89,7 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def silu(x) -> np.float32:
-    """Section 1, silu, on one float32: ``x / (1.0f + exp(-x))`` (``strata.numerics.silu``)."""
+    """Section 1, silu, on one float32: ``x / (1.0f + exp(-x))`` (``strata_prefill.contract.numerics.silu``)."""
     e = exp(-F32(x))
     d = ONE + e
     return F32(x) / d
@@ -100,7 +100,7 @@ def silu(x) -> np.float32:
 
 def int8_block(vals: list) -> tuple[list[int], np.float32]:
     """Section 2, one scale group by the INVERSE rule (q8_1 groups; the KV cache, Q and the
-    folded P of section 5): ``strata.blockquant.quantize_blocks`` on one block. Returns
+    folded P of section 5): ``strata_prefill.contract.blockquant.quantize_blocks`` on one block. Returns
     (codes, d). A group whose 127/amax is not finite (all zeros, amax too small, a NaN) has
     d = 0 and codes 0; a product ``x_i * d_inv`` that is not finite (an infinite input) gives
     code 0."""
@@ -121,7 +121,7 @@ def int8_block(vals: list) -> tuple[list[int], np.float32]:
 
 def int8_row(vals: list, block: int) -> tuple[list[int], list]:
     """A row cut into groups of ``block`` values, each by :func:`int8_block`: (codes of the
-    whole row, one d per group) (``strata.attention.quantize_int8``)."""
+    whole row, one d per group) (``strata_prefill.contract.attention.quantize_int8``)."""
     codes, scales = [], []
     for i in range(0, len(vals), block):
         c, d = int8_block(vals[i:i + block])
@@ -173,7 +173,7 @@ def q8_1_block(vals: list, layout) -> bytes:
 
 def q8_1_rows(x: np.ndarray, layout) -> np.ndarray:
     """Section 2: float32 rows [R, K] -> their blocks uint8 [R, Kp/128, 144], each row padded
-    with zeros to Kp (``strata.q8_1.quantize_rows``)."""
+    with zeros to Kp (``strata_prefill.contract.q8_1.quantize_rows``)."""
     R, K = x.shape
     Kp = q8_1.padded_len(K)
     out = np.zeros((R, Kp // 128, 144), np.uint8)
@@ -186,7 +186,7 @@ def q8_1_rows(x: np.ndarray, layout) -> np.ndarray:
 
 def q8_1_read(block: bytes, layout, j: int) -> tuple[list[int], np.float32, np.float32 | None]:
     """Section 2, Decoded for the products: 32-value group j (0..3) of one 144-byte block as
-    (codes a, da, sa) (``strata.q8_1.decode_rows``); sa is DS4's sum, else None."""
+    (codes a, da, sa) (``strata_prefill.contract.q8_1.decode_rows``); sa is DS4's sum, else None."""
     codes = np.frombuffer(block, np.int8, 32, 16 + 32 * j).tolist()
     if layout == q8_1.Layout.D4:
         return codes, np.frombuffer(block, "<f4", 1, 4 * j)[0], None
@@ -202,7 +202,7 @@ def q8_1_read(block: bytes, layout, j: int) -> tuple[list[int], np.float32, np.f
 def mmq(qt, raw: np.ndarray, buf: np.ndarray, n_rows: int) -> np.ndarray:
     """Section 3, Products (MMQ): raw weight rows [N, row_bytes] of type qt times the n_rows
     rows of the flat q8_1 buffer buf (the layout qt selects): [n_rows, N] float32
-    (``strata.mmq.mmq_prepared``, through ``strata.mmq.mmq``)."""
+    (``strata_prefill.contract.mmq.mmq_prepared``, through ``strata_prefill.contract.mmq.mmq``)."""
     layout = q8_1.layout_for(qt)
     epilogue = qformats.lookup(qt).epilogue  # which of the four written epilogues
     dec = quants.decode(qt, raw)  # codes [N, nb, 32], sub [N, nb, 2], dw, mw, msub
@@ -252,7 +252,7 @@ def mmq(qt, raw: np.ndarray, buf: np.ndarray, n_rows: int) -> np.ndarray:
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Section 4, Routing: softmax over all experts, the top k by probability (ties to the
     lower id), renormalized: (ids int32 [T, k], weights float32 [T, k])
-    (``strata.routing.top_k``)."""
+    (``strata_prefill.contract.routing.top_k``)."""
     ids, weights = [], []
     for row in logits:
         p = softmax(row)
@@ -275,7 +275,7 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 def top_k_selected(logits: np.ndarray, k: int, bias=None) -> tuple[np.ndarray, np.ndarray]:
     """Section 4, Routing, ``softmax_selected``: each logit plus its expert's bias (where there
     is one), the k largest biased logits (ties to the lower id; a NaN after every number), and
-    the weights a softmax over those k in rank order (``strata.routing.top_k`` with
+    the weights a softmax over those k in rank order (``strata_prefill.contract.routing.top_k`` with
     ``gating="softmax_selected"``)."""
     ids, weights = [], []
     for row in logits:
@@ -305,7 +305,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos, n_head_kv: int,
               window=None) -> np.ndarray:
     """Section 5, Attention: queries q [T, H, hd] at positions qpos over keys and values
     k, v [n_keys, n_head_kv, hd] at positions 0..n_keys-1, through the int8 KV cache:
-    [T, H, hd] float32 (``strata.attention.KVCache.write``, then ``strata.attention.attend``).
+    [T, H, hd] float32 (``strata_prefill.contract.attention.KVCache.write``, then ``strata_prefill.contract.attention.attend``).
     sinks: float32 [H] or None; window: the keys a query sees, or None (section 5, "Sinks",
     "Sliding window")."""
     n_tok, n_head, hd = q.shape
@@ -360,7 +360,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos, n_head_kv: int,
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """Section 6: ``H = silu(g) * u`` for each element (``strata.moe.swiglu``)."""
+    """Section 6: ``H = silu(g) * u`` for each element (``strata_prefill.contract.moe.swiglu``)."""
     out = np.zeros(gate.shape, F32)
     for i in np.ndindex(gate.shape):
         out[i] = silu(gate[i]) * up[i]
@@ -368,7 +368,7 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
-    """Section 6, swiglu_oai, for each element (``strata.moe.swiglu_oai``): the clamps (a NaN
+    """Section 6, swiglu_oai, for each element (``strata_prefill.contract.moe.swiglu_oai``): the clamps (a NaN
     passes them), ``t = alpha * g``, ``s = g / (1.0f + exp(-t))``, ``H = s * (u + 1.0f)``."""
     a, lim = F32(alpha), F32(limit)
     out = np.zeros(gate.shape, F32)
@@ -394,7 +394,7 @@ def combine(x: np.ndarray, w: np.ndarray, slot: np.ndarray, y: np.ndarray, share
             down_bias=None) -> np.ndarray:
     """Section 7, Combine: per token and value, the routed outputs in rank order (each plus its
     expert's down bias first, where down_bias = (bias [E, D], ids [T, K])), then the shared
-    expert (shared = (g [T], Ysh [T, D]) or None), then the residual (``strata.moe.combine``)."""
+    expert (shared = (g [T], Ysh [T, D]) or None), then the residual (``strata_prefill.contract.moe.combine``)."""
     n_tok, k = w.shape
     out = np.zeros(x.shape, F32)
     for t in range(n_tok):

@@ -5,8 +5,8 @@ import threading
 
 import numpy as np
 
-from strata import dense
-from strata.mmq import PreparedWeights, prepare
+from strata_prefill.contract import dense
+from strata_prefill.contract.mmq import PreparedWeights, prepare
 
 
 class PreparedCache:
@@ -17,7 +17,7 @@ class PreparedCache:
     just before its next use, and nothing would hit). Safe to share between threads: two
     threads asking for one missing key may both decode it (the same bytes), and the
     bookkeeping is under a lock. A float matrix (F32, F16, BF16: a float expert's, or a dense
-    one) is kept as its float32 values (strata.dense.decode_float, exact), under the same budget."""
+    one) is kept as its float32 values (strata_prefill.contract.dense.decode_float, exact), under the same budget."""
 
     def __init__(self, max_bytes: int = 1 << 30):
         self.max_bytes = max_bytes

@@ -13,9 +13,9 @@ import argparse
 import os
 import re
 
-from fast import options
-from fast.options import Count, OnOff, Switch
-from strata.errors import InputError
+from strata_prefill.fast import options
+from strata_prefill.fast.options import Count, OnOff, Switch
+from strata_prefill.contract.errors import InputError
 from strata_prefill import checks
 
 

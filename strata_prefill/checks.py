@@ -261,7 +261,7 @@ def distinct_files(command: str, reads, writes) -> None:
     same path (symlinks followed, `..` and `.` removed) or, where both exist, when they have
     the same (st_dev, st_ino): a hard link or a symlink to an input is that input. Call it
     before any work: nothing is opened or written."""
-    from strata.errors import InputError
+    from strata_prefill.contract.errors import InputError
 
     reads = [(_entry(e), _identity(e[1])) for e in reads if e[1] is not None]
     seen = []
@@ -338,10 +338,10 @@ def counts_fit(config, prompt_tokens: int | None = None, prompt_label: str | Non
     """Refuse (InputError) counts this pack cannot take, from its header alone, before the
     prompt is made or any layer runs: a prompt whose tokens, with the greedy tokens fed back
     after it, need more positions than the pack's context length (each greedy token but the
-    last is fed back: strata/session.py), or a --top past the vocabulary. `prompt_label` names
+    last is fed back: strata_prefill/session.py), or a --top past the vocabulary. `prompt_label` names
     the prompt (default: `--prompt-tokens N`), `where` the pack (default "the pack"; "the
     default pack" before it is made)."""
-    from strata.errors import InputError
+    from strata_prefill.contract.errors import InputError
 
     ctx = config.context_length
     if prompt_tokens is not None:

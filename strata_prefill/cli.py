@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 
-from strata.errors import StrataError
+from strata_prefill.contract.errors import StrataError
 
 PROG = "strata-prefill"
 

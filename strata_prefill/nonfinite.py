@@ -1,12 +1,12 @@
 """`run`'s refusal of a result holding NaN or Inf: one line on stderr naming where the
-values first appear (strata/nonfinite.py), exit status 1. The dumps the run wrote stay in
+values first appear (formats/nonfinite.py), exit status 1. The dumps the run wrote stay in
 place: they are the evidence."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from strata import nonfinite
+from strata_prefill.formats import nonfinite
 
 EXIT_NONFINITE = 1  # not 2: the input was well formed, the numbers it led to are not
 HINT = "--dump-dir DIR --dump-level ops names the layer and op where they first appear"
@@ -17,7 +17,7 @@ def refusal_line(logits, pack, dump_dir: Path | None = None, dump_r: Path | None
                  found=None) -> str | None:
     """The line for a run that computed a NaN or an Inf, None when it did not. found: the
     run's own answer (RunResult.nonfinite: the engine's watch, on every run, and the replay
-    that names the op, strata/session.py); beside it the first-token logits, the residual dump,
+    that names the op, strata_prefill/session.py); beside it the first-token logits, the residual dump,
     the record file and the greedy steps' logits (greedy_nonfinite: the first greedy token
     picked from such logits). The most precise wins: the run's own op records, then the
     replay's, then the watch's layer and op, then the layer-level records, the residual dump,
@@ -57,9 +57,9 @@ def refusal_line(logits, pack, dump_dir: Path | None = None, dump_r: Path | None
 
 def refuse(result, pack, args) -> bool:
     """Print run's refusal line and say True where the run's results hold NaN or Inf.
-    result: the run's RunResult (strata/session.py), a cached reference run (RefRun, which
+    result: the run's RunResult (strata_prefill/session.py), a cached reference run (RefRun, which
     keeps the same answers), or the first-token logits alone."""
-    from strata.session import parse_dump_level
+    from strata_prefill.session import parse_dump_level
 
     logits = getattr(result, "logits", result)
     line = refusal_line(logits, pack, args.dump_dir, args.dump_r, parse_dump_level(args.dump_level),

@@ -7,16 +7,16 @@ same chunks.
            uninstrumented total, printed beside its phase table. The instrumented prefill is
            also traced, for the overlap of the two streams (fast/trace.py: overlap_by_layer):
            one line per chunk, one table per layer; and under each chunk's head the walk it
-           took (streamed, staged, mixed or resident, layer by layer) and why (fast.schedule.choose_layer)
+           took (streamed, staged, mixed or resident, layer by layer) and why (strata_prefill.fast.schedule.choose_layer)
 --trace    one prefill with the compute and copy streams traced (fast/trace.py), written as
            Chrome trace JSON; when --timing is on too, it is the instrumented prefill above
 Chunks are windows where the prompt ran in layer-major windows (--window): each is labelled so.
 """
 from __future__ import annotations
 
-from fast.phases import format_chunk_tables, format_overlap
-from fast.trace import overlap_by_layer, summed, units, write_trace
-from strata.session import Session
+from strata_prefill.fast.phases import format_chunk_tables, format_overlap
+from strata_prefill.fast.trace import overlap_by_layer, summed, units, write_trace
+from strata_prefill.session import Session
 
 
 def _prefill(engine, prompt, chunk, what: str, progress: bool | None) -> Session:

@@ -6,7 +6,7 @@ the dump level and the code that computes them. So a result is stored once, in a
 by the sha256 of exactly those inputs, and read back instead of recomputed (docs/reference-cache.md).
 
 - The code is named by `source_digest()`: the path and bytes of every module under `reference/`
-  and `strata/` (all that `reference/` imports of this project), NumPy's version and gguf's.
+  `contract/` and `formats/` (all that `reference/` imports of this project), NumPy's version and gguf's.
   An edit of one character anywhere there is a new key; nothing is ever invalidated by hand.
 - A pack is named by its content (`content_digest`), not its path. A digest is never taken
   from a file alone: the pack index (`_packs.json`: a file's path, inode, size, mtime and ctime
@@ -49,13 +49,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from strata import nonfinite
-from strata.cache_home import user_cache_dir
+from strata_prefill.formats import nonfinite
+from strata_prefill.formats.cache_home import user_cache_dir
 
 ENV = "STRATA_PREFILL_REFERENCE_CACHE"
 OFF = ("off", "0", "none")
 META = "meta.json"
-SOURCE_PACKAGES = ("reference", "strata")  # what the reference's bytes are computed by
+SOURCE_PACKAGES = ("reference", "contract", "formats")  # what the reference's bytes are computed by
 # None: each package where Python imports it from; tests point it at a copy of the tree
 SOURCE_ROOT: Path | None = None
 
@@ -141,7 +141,7 @@ def _file_sha256(path: Path) -> str:
 def _package_dir(name: str) -> Path:
     if SOURCE_ROOT is not None:
         return Path(SOURCE_ROOT) / name
-    spec = importlib.util.find_spec(name)
+    spec = importlib.util.find_spec(f"strata_prefill.{name}")
     if spec is None or spec.origin is None:  # pragma: no cover - both ship with the project
         raise RuntimeError(f"cannot find the {name} package")
     return Path(spec.origin).parent
@@ -156,7 +156,7 @@ def _version(dist: str) -> str:
 
 def source_digest(packages: tuple[str, ...] = SOURCE_PACKAGES) -> str:
     """sha256 of what computes a reference result: the package-relative path and bytes of
-    every .py file under `packages` (reference/ and strata/; sorted), NumPy's version and
+    every .py file under `packages` (reference/, contract/ and formats/; sorted), NumPy's version and
     gguf's. Computed once per process (per SOURCE_ROOT and packages)."""
     key = (SOURCE_ROOT, tuple(packages))
     if key not in _SOURCE_DIGESTS:
@@ -176,7 +176,7 @@ def content_digest(path: str | os.PathLike) -> str:
     """sha256 over the file's size and the sha256 of each PIECE bytes of it, in order: the
     pieces are independent, so they are hashed on several threads (hashlib lets go of the GIL
     while it hashes), and the digest is the same whatever their number."""
-    from strata import parallel
+    from strata_prefill.contract import parallel
 
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -584,7 +584,7 @@ class Cache:
                 index = {}
             index = {p: r for p, r in (index.items() if isinstance(index, dict) else ()) if _still(p, r)}
             index[mark["path"]] = {**{k: v for k, v in mark.items() if k != "path"}, "sha256": digest}
-            from strata import atomic
+            from strata_prefill.formats import atomic
 
             atomic.write_text(path, json.dumps(index, indent=1, sort_keys=True))
         except OSError:
@@ -655,7 +655,7 @@ def info(cache: Cache) -> str:
         for p in (cache.root / _TMP, cache.root / _LOCKS, cache.root / _PACKS, cache.root / TAG) if p.exists())
     n_entries = sum(n for n, _ in by_kind.values())
     lines.append(f"entries        {n_entries:,}, {total:,} bytes in all")
-    lines.append(f"source digest  {source_digest()} (reference/ and strata/, numpy "
+    lines.append(f"source digest  {source_digest()} (reference/, contract/ and formats/, numpy "
                  f"{np.__version__}, gguf {_version('gguf')})")
     return "\n".join(lines)
 
@@ -832,8 +832,8 @@ class RefRun:
     recomputed: str | None = None  # what was wrong with the entry found, recomputed (Lookup)
     not_stored: str | None = None  # why the result is not in the cache (Lookup)
     pack_index: str | None = None  # what was wrong with the pack index's record of the pack, if anything
-    greedy_nonfinite: int | None = None  # as strata.session.RunResult's
-    nonfinite: object = None             # as strata.session.RunResult's (a Found or a Seen)
+    greedy_nonfinite: int | None = None  # as strata_prefill.session.RunResult's
+    nonfinite: object = None             # as strata_prefill.session.RunResult's (a Found or a Seen)
 
 
 def _prompt_key(ids, n_vocab: int) -> str | None:
@@ -851,8 +851,8 @@ def _prompt_key(ids, n_vocab: int) -> str | None:
 def _compute_run(pack, ids, greedy: int, dump_level: str | None, chunk, folder: Path,
                  progress: bool) -> None:
     """One reference run into `folder`: the files verify/common.py:run_engine writes."""
-    from reference import ReferenceEngine
-    from strata.session import Session
+    from strata_prefill.reference import ReferenceEngine
+    from strata_prefill.session import Session
 
     s = Session(ReferenceEngine(pack), chunk=chunk, dump_dir=folder if dump_level else None,
                 dump_first_logits=folder / LOGITS, dump_r=folder / RESIDUALS, progress=progress,
@@ -909,13 +909,13 @@ def open_reference_run(pack, ids, greedy: int = 0, dump_level: str | None = "lay
                        chunk="auto", progress: bool = False) -> Iterator[RefRun]:
     """reference_run's RefRun, its cache entry held for the block: a `cache clear` meanwhile
     passes over it, so `records` (read by the caller, copied to --dump-dir) stays there."""
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
 
     if not isinstance(pack, Pack):
         pack = Pack.open(pack)
     if dump_level is not None:
-        from strata.records import LEVELS
-        from strata.errors import InputError
+        from strata_prefill.formats.records import LEVELS
+        from strata_prefill.contract.errors import InputError
 
         if dump_level not in LEVELS:
             raise InputError(f"dump level must be one of {', '.join(LEVELS)}, got {dump_level!r}")

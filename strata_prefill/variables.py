@@ -7,7 +7,7 @@ the current folder or the default. An empty value of any other variable is the d
 reader takes it.
 
 tests/test_cli_fuzz.py feeds every variable of the table random values, and checks the table
-against the source: a `STRATA_*` variable read under strata/, strata_prefill/, fast/ or
+against the source: a `STRATA_*` variable read under contract/, formats/, strata_prefill/, fast/ or
 reference/ that is not here fails it.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from strata.errors import InputError
+from strata_prefill.contract.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def _json_object(integers: bool):
 def _kernel_folder(text: str):
     """STRATA_PREFILL_KERNEL_CACHE: `off`, or a folder that can be made and written (`~` is
     the home folder, as fast/cuda/kernel_cache.py reads it)."""
-    from fast.cuda import kernel_cache
+    from strata_prefill.fast.cuda import kernel_cache
     from strata_prefill import checks
 
     if text.strip().lower() == kernel_cache.OFF:
@@ -55,7 +55,7 @@ def _kernel_folder(text: str):
 
 
 def _retired(name: str):
-    from fast import options
+    from strata_prefill.fast import options
 
     def check(_text: str):
         raise argparse.ArgumentTypeError(f"is retired: {options.retired_why(name)}")
@@ -63,9 +63,10 @@ def _retired(name: str):
 
 
 def _table() -> dict[str, Variable]:
-    from fast import options
-    from fast.cuda import kernel_cache, stress
-    from strata import parallel, records
+    from strata_prefill.fast import options
+    from strata_prefill.fast.cuda import kernel_cache, stress
+    from strata_prefill.contract import parallel
+    from strata_prefill.formats import records
     from strata_prefill import arms, checks, refcache
     from strata_prefill.commands.run import DUMP_ENV, reference_cache_dir
 
@@ -77,7 +78,7 @@ def _table() -> dict[str, Variable]:
     rows += [Variable(name, prefills, _retired(name)) for name in options.RETIRED]
     rows += [
         Variable("STRATA_PREFILL_TIMING", prefills, arms.zero_one),  # fast/phases.py
-        Variable("STRATA_PREFILL_DUMP_LEVEL", ("run",), checks.one_of(records.LEVELS)),  # strata/session.py
+        Variable("STRATA_PREFILL_DUMP_LEVEL", ("run",), checks.one_of(records.LEVELS)),  # strata_prefill/session.py
         Variable(parallel.ENV, prefills, checks.workers),  # the prefill's threads
         *[Variable(var, ("run", "bench"), checks.output_file, path="file") for var in DUMP_ENV.values()],
         Variable(refcache.ENV, ("run", "cache"), reference_cache_dir, path="folder"),  # DIR or off

@@ -6,8 +6,8 @@ A setting is a dict: impl, backend, expert_cache (slots, or "auto") and switches
 value, the other switches the need names, set where their defaults would not do)."""
 from __future__ import annotations
 
-from fast import options
-from fast.options import AUTO, FAST, AnyOf, Cuda, FastPath, Is, OnOff, Resident, Streams
+from strata_prefill.fast import options
+from strata_prefill.fast.options import AUTO, FAST, AnyOf, Cuda, FastPath, Is, OnOff, Resident, Streams
 
 LAYERS, LAYER_EXPERTS = 2, 16  # the tiny pack
 TOTAL = LAYERS * LAYER_EXPERTS

@@ -1,4 +1,4 @@
-"""The architecture seam (docs/architectures.md): one registry (strata/archs) that both
+"""The architecture seam (docs/architectures.md): one registry (formats/archs) that both
 implementations follow, a pack of an unknown architecture refused naming the known ones, the
 shared modules free of any one architecture's names, and one tensor table feeding the
 reference's Layer and the fast engine's per-layer weights."""
@@ -12,18 +12,19 @@ from pathlib import Path
 import pytest
 from gguf import GGUFWriter
 
-from fast import archs as fast_archs
-from fast.weights import LayerWeights
-from reference import archs as reference_archs
-from strata import archs, moe
-from strata.archs import qwen3moe
-from strata.archs.spec import MoeParams, layer_names
-from strata.config import PRESETS, ModelConfig
-from strata.errors import PackError
-from strata.pack import Pack
+from strata_prefill.fast import archs as fast_archs
+from strata_prefill.fast.weights import LayerWeights
+from strata_prefill.reference import archs as reference_archs
+from strata_prefill.formats import archs
+from strata_prefill.contract import moe
+from strata_prefill.formats.archs import qwen3moe
+from strata_prefill.formats.archs.spec import MoeParams, layer_names
+from strata_prefill.formats.config import PRESETS, ModelConfig
+from strata_prefill.contract.errors import PackError
+from strata_prefill.formats.pack import Pack
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ("strata", "reference", "fast")  # the rooms whose shared modules name no architecture
+SHARED = ("contract", "formats", "reference", "fast")  # the rooms whose shared modules name no architecture
 SOURCES = ("*.py", "*.cu", "*.cuh")
 # an architecture's name, or the single-architecture constant config.py held
 NAMED = re.compile(r"(?i:qwen3moe)|^\s*ARCH\s*=|\bimport\b[^\n]*\bARCH\b|config\.ARCH\b", re.M)
@@ -37,7 +38,7 @@ def arch_files(package: str) -> set[str]:
 def test_both_implementations_follow_the_registry():
     modules = {archs.module_name(name) for name in archs.ARCHS}
     assert modules and archs.DEFAULT in archs.ARCHS
-    assert arch_files("strata") == modules | {"spec"}
+    assert arch_files("formats") == modules | {"spec"}
     assert arch_files("reference") == modules
     assert arch_files("fast") == modules
     for name, spec in archs.ARCHS.items():
@@ -98,7 +99,7 @@ def test_moe_parameters_the_half_lacks_are_refused(monkeypatch):
 
 
 def shared_sources() -> list[Path]:
-    skip = {ROOT / "strata" / "archs" / "__init__.py"}  # the registry names each architecture
+    skip = {ROOT / "formats" / "archs" / "__init__.py"}  # the registry names each architecture
     out = []
     for package in SHARED:
         for pattern in SOURCES:
@@ -111,13 +112,13 @@ def shared_sources() -> list[Path]:
 
 def test_shared_modules_name_no_architecture():
     sources = shared_sources()
-    assert len(sources) > 50 and ROOT / "strata" / "pack.py" in sources
+    assert len(sources) > 50 and ROOT / "formats" / "pack.py" in sources
     named = [f"{p.relative_to(ROOT)}:{p.read_text().count(chr(10), 0, m.start()) + 1}: {m.group(0).strip()}"
              for p in sources for m in NAMED.finditer(p.read_text())]
-    assert not named, "an architecture named outside strata/archs, reference/archs, fast/archs:\n" + "\n".join(named)
+    assert not named, "an architecture named outside formats/archs, reference/archs, fast/archs:\n" + "\n".join(named)
     # the pattern finds what it looks for where it is
-    assert NAMED.search((ROOT / "strata" / "archs" / "qwen3moe.py").read_text())
-    assert NAMED.search("from strata.config import ARCH, PRESETS") and NAMED.search('ARCH = "x"')
+    assert NAMED.search((ROOT / "formats" / "archs" / "qwen3moe.py").read_text())
+    assert NAMED.search("from strata_prefill.formats.config import ARCH, PRESETS") and NAMED.search('ARCH = "x"')
     assert not NAMED.search("runtime.DEFAULT_ARCH")
 
 

@@ -1,4 +1,4 @@
-"""Atomic, unique, cleaned-up writes (strata/atomic.py) and the pack's digests:
+"""Atomic, unique, cleaned-up writes (formats/atomic.py) and the pack's digests:
 
 - two processes writing one pack path at once end with one whole pack, byte for byte one
   writer's own, and the writer whose file stayed says it replaced the other's;
@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata import atomic, dumps
-from strata import make_pack as make_pack_module
-from strata.make_pack import make_pack
-from strata.pack import Pack
+from strata_prefill.formats import atomic, dumps
+from strata_prefill.formats import make_pack as make_pack_module
+from strata_prefill.formats.make_pack import make_pack
+from strata_prefill.formats.pack import Pack
 from strata_prefill.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -249,8 +249,8 @@ def test_a_growing_dump_appears_whole_at_close(tmp_path):
 
 
 def test_a_failed_run_leaves_no_dump(make_test_pack, tmp_path, monkeypatch):
-    from reference import ReferenceEngine
-    from strata.session import Session
+    from strata_prefill.reference import ReferenceEngine
+    from strata_prefill.session import Session
 
     pack = make_test_pack("tiny", "Q8_0")
     engine = ReferenceEngine(pack)

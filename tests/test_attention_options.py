@@ -1,4 +1,4 @@
-"""strata.attention.attend's two options, the sink logits and the sliding window
+"""strata_prefill.contract.attention.attend's two options, the sink logits and the sliding window
 (docs/numerics.md section 5, "Sinks" and "Sliding window"), on a CPU:
 
 - against a float64 softmax attention over the unquantized q, k and v, with the sink as one
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import scalar
-from strata.attention import KVCache, attend, window_start
-from strata.constants import KEY_BLOCK
+from strata_prefill.reference import scalar
+from strata_prefill.contract.attention import KVCache, attend, window_start
+from strata_prefill.contract.constants import KEY_BLOCK
 
 F32 = np.float32
 

@@ -1,6 +1,6 @@
 """The pair attention kernel's layout (fast/cuda/kernels/attention_pair.cu, attend_pair_hd*)
 emulated in NumPy, lane by lane, and checked against the definitions it must keep
-(strata.numerics.tree_sum, plain integer dots). Runs without a GPU. It covers the three
+(strata_prefill.contract.numerics.tree_sum, plain integer dots). Runs without a GPU. It covers the three
 reorderings the kernel relies on:
 
 - the key split: warp half h of a pair holds the keys kappa = 2*lambda + h, where lambda =
@@ -11,7 +11,7 @@ reorderings the kernel relies on:
   Scores take K through ldmatrix. P.V takes P as each half's packed A fragment and V through
   ldmatrix.trans plus byte permutes (the even and odd dims of a 16-dim group), or (PAIR_VT,
   the default) plain ldmatrix of the cache's transposed V blocks (kernels/v_blocks.cuh, whose
-  NumPy definition is fast.cuda.attention.v_blocks_host) staged at a pitch of 80 bytes. These
+  NumPy definition is strata_prefill.fast.cuda.attention.v_blocks_host) staged at a pitch of 80 bytes. These
   must give the plain integer dots, every key once.
 """
 import numpy as np
@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fast.cuda.attention import v_blocks_host
-from strata.numerics import tree_sum
+from strata_prefill.fast.cuda.attention import v_blocks_host
+from strata_prefill.contract.numerics import tree_sum
 
 F32 = np.float32
 LANES = [(g, tq) for g in range(8) for tq in range(4)]  # lane = 4 g + tq

@@ -5,9 +5,9 @@ import inspect
 
 import pytest
 
-from fast.backend import Backend
-from fast.cuda.backend import CudaBackend
-from fast.sim import SimBackend
+from strata_prefill.fast.backend import Backend
+from strata_prefill.fast.cuda.backend import CudaBackend
+from strata_prefill.fast.sim import SimBackend
 
 STEPS = sorted(name for name, member in vars(Backend).items()
                if callable(member) and not name.startswith("_"))

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from fast import options
+from strata_prefill.fast import options
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fast.cuda.runtime import cuda_available
+from strata_prefill.fast.cuda.runtime import cuda_available
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_SUITES = ["q8_1", "gather", "mmq", "attention", "copy", "prefill", "router"]
@@ -119,7 +119,7 @@ def test_a_kernel_row_goes_into_extra_info():
     gpu_benchmark(case=...) puts into extra_info beside TOP/s and GB/s from the row's flops and
     bytes)."""
     from bench import conftest as mod
-    from verify.cases import kernel_rows
+    from strata_prefill.verify.cases import kernel_rows
 
     case = [c for c in kernel_rows("float_dense", timed=True) if c.weight_type == "BF16"][0]
     info = mod.row_info(case)
@@ -138,7 +138,7 @@ def test_ab_harness_interleaves_checks_and_tabulates():
     import numpy as np
 
     from bench.ab_harness import Arm, Definition, markdown, measure
-    from verify.cases import kernel_case
+    from strata_prefill.verify.cases import kernel_case
 
     calls, now = [], [0.0]
 

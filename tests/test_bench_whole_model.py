@@ -208,7 +208,7 @@ def driver(bwm, llama_build, tmp_path_factory):
 def small_pack(tmp_path_factory):
     """A 2-layer `small` pack with llama-quantize's Q4_K_M mix: no shared expert, which
     llama.cpp's qwen3moe would not load."""
-    from strata.make_pack import make_pack
+    from strata_prefill.formats.make_pack import make_pack
 
     path = tmp_path_factory.mktemp("pack") / "small2.gguf"
     make_pack(path, "small", layers=2, mix="Q4_K_M", progress=False, seed=11)
@@ -224,9 +224,9 @@ def test_driver_logits_match_the_reference(bwm, driver, small_pack, tmp_path):
     same ids: within 10% relative L2 and the same top token (2% when written; a prompt fed at
     wrong positions or with other ids is about 120% off), resident and with the experts in host
     memory (memory-mapped, and read in); the timed rows say what ran."""
-    from reference import ReferenceEngine
-    from strata.pack import Pack
-    from strata.session import Session
+    from strata_prefill.reference import ReferenceEngine
+    from strata_prefill.formats.pack import Pack
+    from strata_prefill.session import Session
 
     pack = Pack.open(small_pack)
     prompts = bwm.draw_prompts([37, 100], 2, pack.config.n_vocab, seed=5)
@@ -281,7 +281,7 @@ def test_the_script_end_to_end_on_the_cpu(bwm, llama_build, small_pack, tmp_path
     """bench_whole_model.py on a built llama.cpp: both llama.cpp arms at two lengths, our arms
     (skipped in one line without a GPU), the JSON and the table; a second call with --resume
     measures nothing again."""
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     build, _, _ = llama_build
     args = ["--llama-build", build, "--pack", small_pack, "--tokens", "40,90", "--reps", "2", "--threads", "2",

@@ -1,10 +1,10 @@
-"""strata.mmq.block_sum, the products' sum over blocks: byte for byte the written loop
+"""strata_prefill.contract.mmq.block_sum, the products' sum over blocks: byte for byte the written loop
 ``out = 0; for b: out = out + t[b]`` (ascending, from +0), for every shape, including the one
 where NumPy's own reduction would sum pairwise (a single output element) and -0 inputs."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from strata.mmq import block_sum
+from strata_prefill.contract.mmq import block_sum
 
 F32 = np.float32
 

@@ -1,6 +1,6 @@
-"""strata.blockquant.quantize_blocks: both scale rules against a literal scalar loop, and its
+"""strata_prefill.contract.blockquant.quantize_blocks: both scale rules against a literal scalar loop, and its
 defined cases (all-zero, an inverse that overflows, NaN, infinity) block by block; and the
-RoPE table's growth (strata.numerics.RopeTable)."""
+RoPE table's growth (strata_prefill.contract.numerics.RopeTable)."""
 import math
 
 import numpy as np
@@ -9,9 +9,9 @@ from gguf import quants as gq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata import numerics
-from strata.blockquant import INVERSE, SCALE, quantize_blocks
-from strata.constants import ROPE_MIN_ROWS
+from strata_prefill.contract import numerics
+from strata_prefill.contract.blockquant import INVERSE, SCALE, quantize_blocks
+from strata_prefill.contract.constants import ROPE_MIN_ROWS
 
 F32 = np.float32
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from verify.cases import KERNEL_CASES, MMQ_TYPES, kernel_rows, key_of, params, sample_index
+from strata_prefill.verify.cases import KERNEL_CASES, MMQ_TYPES, kernel_rows, key_of, params, sample_index
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL_FILES = ["verify/test_kernels_cuda.py", "verify/test_model_kernels_cuda.py", "verify/test_float_dense_cuda.py",
@@ -147,11 +147,11 @@ def test_keys_and_extra_info_are_json():
 
 
 def test_the_gate_compiles_ahead_every_configuration_the_kernel_rows_load():
-    from verify.cases import ahead_modules, kernel_rows, mmq_configs
+    from strata_prefill.verify.cases import ahead_modules, kernel_rows, mmq_configs
 
     mods = {(name, tuple(sorted(d.items()))) for name, d in ahead_modules()}
     configs = [c for c in mmq_configs() if c is not None]
-    from fast.cuda import products
+    from strata_prefill.fast.cuda import products
 
     assert configs and all((name, tuple(sorted(d.items()))) in mods
                            for c in configs for name, d in products.mmq_modules(c))  # every type's build

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fast import options
+from strata_prefill.fast import options
 from strata_prefill import arms
 from strata_prefill.cli import main
 from strata_prefill.commands import bench, run

@@ -15,7 +15,7 @@ import pytest
 from gguf import GGUFReader
 
 from strata_prefill.cli import main
-from strata.dumps import write_first_logits, write_residuals
+from strata_prefill.formats.dumps import write_first_logits, write_residuals
 
 
 def run(pack, out, prompt, extra=()):
@@ -99,7 +99,7 @@ def _flip(src, dst, at: int) -> None:
 @pytest.fixture(scope="module")
 def files(make_test_pack, tmp_path_factory):
     """The inputs of the rows: {name: path} (and "cfg": the pack's config)."""
-    from strata.dumps import MAGIC
+    from strata_prefill.formats.dumps import MAGIC
 
     d = tmp_path_factory.mktemp("diff-kinds")
     pack = make_test_pack("tiny", "Q8_0")

@@ -212,7 +212,7 @@ def ran_or_refused(args: list[str], inputs: dict, env: dict | None = None) -> in
 def no_compiles(monkeypatch):
     """build-kernels runs its checks and plans its modules; nvcc's minutes of compiles are
     stood in for by a build that reports every module present."""
-    from fast.cuda import kernel_cache
+    from strata_prefill.fast.cuda import kernel_cache
 
     monkeypatch.setattr(kernel_cache, "build_all", lambda folder, arch, todo, jobs, progress=None: [])
     monkeypatch.setattr(kernel_cache, "nvcc_release", lambda: "nvcc (stood in for)")
@@ -262,12 +262,12 @@ def test_the_variable_table_holds_every_variable_the_code_reads():
     to os.environ.get or environ.get, or a module's ENV constant) is a row of the table, so the
     test above feeds it."""
     read = set()
-    for package in ("strata", "strata_prefill", "fast", "reference"):
+    for package in ("contract", "formats", "strata_prefill", "fast", "reference"):
         for path in (ROOT / package).rglob("*.py"):
             text = path.read_text()
             read |= set(re.findall(r"environ(?:\.get)?\(\s*[\"'](STRATA_[A-Z0-9_]+)", text))
             read |= set(re.findall(r"^ENV\w*\s*=\s*[\"'](STRATA_[A-Z0-9_]+)", text, re.M))
-    from fast import options
+    from strata_prefill.fast import options
 
     read |= {n for sw in options.SWITCHES for n in (*sw.variables, *sw.opposites)} | set(options.RETIRED)
     assert read and read <= set(variables.variables()), sorted(read - set(variables.variables()))
@@ -294,11 +294,11 @@ def _fields(doc, path=()):
 
 
 def _trace_doc() -> dict:
-    """A trace as `run --trace` writes one (the same code: fast.trace.chrome_json), with both
+    """A trace as `run --trace` writes one (the same code: strata_prefill.fast.trace.chrome_json), with both
     tracks, several chunks and every args key the sim records."""
     import numpy as np
 
-    from fast.trace import Span, chrome_json
+    from strata_prefill.fast.trace import Span, chrome_json
 
     rng = np.random.default_rng(41)
     spans, t = [], 0.0

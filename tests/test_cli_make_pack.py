@@ -5,7 +5,7 @@ from collections import namedtuple
 
 import pytest
 
-from strata import make_pack as make_pack_module
+from strata_prefill.formats import make_pack as make_pack_module
 from strata_prefill.cli import main as cli
 
 Usage = namedtuple("Usage", "total used free")

@@ -240,10 +240,10 @@ def test_the_limit_and_its_reason_are_said():
 
 
 def test_the_context_holds_the_prompt_and_the_greedy_tokens_but_the_last():
-    """The edge exactly: the last greedy token is never fed back (strata/session.py), so a
+    """The edge exactly: the last greedy token is never fed back (strata_prefill/session.py), so a
     prompt of C - G + 1 tokens and G greedy tokens fit a context of C, one more does not."""
-    from strata.config import PRESETS
-    from strata.errors import InputError
+    from strata_prefill.formats.config import PRESETS
+    from strata_prefill.contract.errors import InputError
 
     cfg = PRESETS["tiny"].replace(context_length=100)
     checks.counts_fit(cfg, 100, greedy=1)
@@ -263,8 +263,8 @@ def test_make_pack_sizes_its_data_from_the_arguments_as_it_writes_it(tmp_path):
     import argparse
     import os
 
-    from strata.make_pack import make_pack
-    from strata.pack import Pack
+    from strata_prefill.formats.make_pack import make_pack
+    from strata_prefill.formats.pack import Pack
     from strata_prefill.commands.make_pack import data_bytes
 
     for layers, expert, dense, tie in ((3, "Q8_0", "Q8_0", False), (1, "Q2_K", "F16", True)):

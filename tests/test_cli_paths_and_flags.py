@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata.constants import PACK_FORMAT
+from strata_prefill.contract.constants import PACK_FORMAT
 from strata_prefill import arms
 from strata_prefill.cli import main
 
@@ -332,7 +332,7 @@ def test_every_fast_switch_of_run_has_a_row():
 def test_the_same_file_is_found_through_links_and_spellings(tmp_path):
     """checks.distinct_files on its own: every way of naming one file is caught, two different
     files (one of them not yet there) are not."""
-    from strata.errors import InputError
+    from strata_prefill.contract.errors import InputError
     from strata_prefill import checks
 
     a = tmp_path / "a.bin"

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from strata.constants import PACK_FORMAT
+from strata_prefill.contract.constants import PACK_FORMAT
 from strata_prefill.cli import main
 
 

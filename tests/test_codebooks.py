@@ -1,4 +1,4 @@
-"""The codebook formats (strata/codebooks.py): IQ4_NL, IQ4_XS, MXFP4 and NVFP4 against
+"""The codebook formats (contract/codebooks.py): IQ4_NL, IQ4_XS, MXFP4 and NVFP4 against
 gguf.quants.dequantize, the independent oracle, over random blocks, every scale byte and every
 codebook index.
 
@@ -22,7 +22,7 @@ from gguf import quants as gq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strata import codebooks, mmq, q8_1, qformats, quants
+from strata_prefill.contract import codebooks, mmq, q8_1, qformats, quants
 
 TYPES = [QT.IQ4_NL, QT.IQ4_XS, QT.MXFP4, QT.NVFP4]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -290,9 +290,9 @@ def test_make_pack_writes_each_and_cuda_takes_it(tmp_path):
     the cuda backend finds nothing to refuse in such a pack (its bytes: the parity rows,
     verify/cases.py); the types fit 640-wide rows (the strata preset's down projection) but
     IQ4_XS, whose 256-value blocks fall back to Q8_0 there."""
-    from strata.config import PRESETS
-    from strata.make_pack import DENSE_TYPES, EXPERT_TYPES, expert_types, make_pack
-    from strata.pack import Pack
+    from strata_prefill.formats.config import PRESETS
+    from strata_prefill.formats.make_pack import DENSE_TYPES, EXPERT_TYPES, expert_types, make_pack
+    from strata_prefill.formats.pack import Pack
 
     for qt in TYPES:
         assert qt in EXPERT_TYPES and qt in DENSE_TYPES

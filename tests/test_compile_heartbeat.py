@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fast.cuda import runtime
+from strata_prefill.fast.cuda import runtime
 
 
 class _Err(io.StringIO):

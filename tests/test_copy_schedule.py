@@ -9,10 +9,10 @@ import re
 import numpy as np
 import pytest
 
-from fast import make_fast_engine
-from fast.experts import Place, Ring
-from fast.schedule import CopySchedule, LayerChoice, PromptSchedules, WalkChoice
-from strata.session import Session
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.fast.experts import Place, Ring
+from strata_prefill.fast.schedule import CopySchedule, LayerChoice, PromptSchedules, WalkChoice
+from strata_prefill.session import Session
 
 
 def _prompt(pack, n, seed):

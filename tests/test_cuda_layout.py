@@ -9,7 +9,7 @@ import pytest
 
 CUDA_DIR = Path(__file__).resolve().parent.parent / "fast" / "cuda"
 MODULES = sorted(CUDA_DIR.glob("*.py"))
-ALLOWED_FAST = {"fast.backend_base", "fast.phases", "fast.experts", "fast.trace"}  # what both backends share
+ALLOWED_FAST = {"strata_prefill.fast.backend_base", "strata_prefill.fast.phases", "strata_prefill.fast.experts", "strata_prefill.fast.trace"}  # what both backends share
 
 
 def _imports(path: Path):
@@ -29,14 +29,14 @@ def test_the_split_is_there():
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
 def test_imports_without_pycuda(path):
-    importlib.import_module(f"fast.cuda.{path.stem}")
+    importlib.import_module(f"strata_prefill.fast.cuda.{path.stem}")
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
 def test_no_import_back_into_fast(path):
     for mod in _imports(path):
         if mod == "fast" or mod.startswith("fast."):
-            assert mod.startswith("fast.cuda") or mod in ALLOWED_FAST, f"{path.name} imports {mod}"
+            assert mod.startswith("strata_prefill.fast.cuda") or mod in ALLOWED_FAST, f"{path.name} imports {mod}"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)

@@ -4,7 +4,7 @@ here, and the transcript regenerated and compared line by line."""
 import re
 from pathlib import Path
 
-from fast import walk
+from strata_prefill.fast import walk
 from strata_prefill.cli import main
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "debugging.md"

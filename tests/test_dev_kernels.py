@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fast.cuda import runtime, signatures
+from strata_prefill.fast.cuda import runtime, signatures
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "dev" / "kernels" / "attention.py"
@@ -167,7 +167,7 @@ def test_the_probe_runs(probe, capsys):
 # ---- MMQ's product core (dev/kernels/mmq_core.py) -------------------------------------------
 @pytest.mark.parametrize("widest", [False, True])
 def test_core_definition_is_the_epilogue_element_by_element(core, widest):
-    """strata.mmq.mmq_prepared on the script's operands is the epilogue written out here, one
+    """strata_prefill.contract.mmq.mmq_prepared on the script's operands is the epilogue written out here, one
     element and block at a time in float32."""
     a = core.inputs(np.random.default_rng(5), 3, 64, 4, widest)
     got = core.definition(a)

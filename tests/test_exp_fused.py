@@ -1,5 +1,5 @@
 """The fused exponential of the kernels (strata_numerics.cuh, strata_exp_form<1>) emulated in NumPy and
-held to the definition, strata.numerics.exp, bit for bit. Two steps change form:
+held to the definition, strata_prefill.contract.numerics.exp, bit for bit. Two steps change form:
 - r = x - n * LN2_HI as one fused multiply-add: exact value rounded once. Emulated in float64,
   where x - n * LN2_HI is exact (24-bit x, 22-bit product, close exponents), then rounded to
   float32 once;
@@ -16,8 +16,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fast.cuda.runtime import KERNEL_DIR
-from strata import numerics as nx
+from strata_prefill.fast.cuda.runtime import KERNEL_DIR
+from strata_prefill.contract import numerics as nx
 
 _HEADER = (Path(KERNEL_DIR) / "strata_numerics.cuh").read_text()
 MAGIC_F = np.float32(float(re.search(r"#define MAGIC_F ([0-9.]+)f", _HEADER).group(1)))

@@ -1,4 +1,4 @@
-"""strata.dense: the float product's definition against a literal scalar loop of the same
+"""strata_prefill.contract.dense: the float product's definition against a literal scalar loop of the same
 order (byte for byte) and against float64 (within a bound derived below); exact decoding of
 F16/BF16; the reference's router is that product on the decoded weights; the CUDA kernel's
 source names it."""
@@ -14,7 +14,7 @@ from gguf import quants as gq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata import dense, numerics
+from strata_prefill.contract import dense, numerics
 
 F32 = np.float32
 
@@ -113,8 +113,8 @@ def test_decode_float_exact(qtype):
 def test_reference_router_is_float_matmul(make_test_pack, monkeypatch, router):
     """The reference's router logits are float_matmul of the decoded router (gguf's
     dequantize as oracle) with the normed hidden state itself: no quantization."""
-    import reference.moe_half as moe_half
-    from reference import ReferenceEngine
+    import strata_prefill.reference.moe_half as moe_half
+    from strata_prefill.reference import ReferenceEngine
 
     pack = make_test_pack("tiny", "Q8_0", router_type=router)
     L = pack.layer(0)
@@ -136,7 +136,7 @@ def test_reference_router_is_float_matmul(make_test_pack, monkeypatch, router):
 def test_kernel_names_its_definition():
     src = (Path(__file__).resolve().parents[1] / "fast/cuda/kernels/float_dense.cu").read_text()
     head = "\n".join(src.splitlines()[:20])
-    assert "strata.dense.float_matmul" in head
+    assert "strata_prefill.contract.dense.float_matmul" in head
     assert callable(dense.float_matmul)
     # the butterfly's offsets descend from 16: the halving tree's order
     assert re.search(r"for \(int o = 16; o > 0; o >>= 1\)", src)
@@ -145,7 +145,7 @@ def test_kernel_names_its_definition():
 @given(st.integers(0, 2**32 - 1), st.sampled_from([QT.F32, QT.F16, QT.BF16]))
 @settings(max_examples=30, deadline=None)
 def test_encode_float_is_ggufs_bytes(seed, qtype):
-    """strata.dense.encode_float (the packs' float tensors) writes gguf.quants.quantize's bytes,
+    """strata_prefill.contract.dense.encode_float (the packs' float tensors) writes gguf.quants.quantize's bytes,
     and decode_float reads them back to gguf.quants.dequantize's values."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((3, 64)) * np.exp2(rng.integers(-20, 10, (3, 1)))).astype(F32)

@@ -4,8 +4,8 @@ a token count past the tiled form's grid are refused with one line before anythi
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from fast.cuda import dense
-from strata.errors import InputError
+from strata_prefill.fast.cuda import dense
+from strata_prefill.contract.errors import InputError
 
 
 class Recorder:

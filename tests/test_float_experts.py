@@ -14,17 +14,18 @@ from gguf import GGMLQuantizationType as QT
 from hypothesis import given, settings, strategies as st
 from gguf.quants import dequantize
 
-from fast import make_fast_engine
-from reference.model import ReferenceEngine
-from reference.moe_half import moe_half
-from strata import dense, make_pack as make_pack_module
-from strata.make_pack import make_pack
-from strata.moe import gather_rows, scatter_rows, swiglu
-from strata.pack import Pack
-from strata.records import q8_layouts
-from strata.routing import routing_tables
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.reference.model import ReferenceEngine
+from strata_prefill.reference.moe_half import moe_half
+from strata_prefill.contract import dense
+from strata_prefill.formats import make_pack as make_pack_module
+from strata_prefill.formats.make_pack import make_pack
+from strata_prefill.contract.moe import gather_rows, scatter_rows, swiglu
+from strata_prefill.formats.pack import Pack
+from strata_prefill.formats.records import q8_layouts
+from strata_prefill.contract.routing import routing_tables
 from strata_prefill.cli import main as cli
-from verify.common import assert_same_run, run_engine
+from strata_prefill.verify.common import assert_same_run, run_engine
 
 FLOAT_EXPERTS = ["F16", "BF16", "F32"]
 U = 2.0 ** -24  # float32's unit roundoff
@@ -75,7 +76,7 @@ def test_make_pack_writes_float_experts_and_info_shows_them(tmp_path, capsys, et
 
 
 def test_make_pack_refuses_an_unknown_expert_type_naming_the_float_ones(tmp_path):
-    from strata.errors import InputError
+    from strata_prefill.contract.errors import InputError
 
     with pytest.raises(InputError, match="unsupported expert type F64 .*F16, BF16, F32"):
         make_pack(tmp_path / "p.gguf", expert_type="F64")

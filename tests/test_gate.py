@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from verify import gate
+from strata_prefill.verify import gate
 
 
 @pytest.mark.parametrize("cores,gpu,env,want", [
@@ -183,7 +183,7 @@ def test_recorded_durations_order_the_next_run_longest_first(tmp_path, monkeypat
     """A run records its tests' seconds beside the test packs; the next run of the same
     reference source gives its workers one copy and each orders its collection longest first
     (tests never timed before all others); a run of another source is not ordered by them."""
-    from verify import conftest as vconf
+    from strata_prefill.verify import conftest as vconf
 
     monkeypatch.setenv(gate.ENV_PACKS, str(tmp_path))
     monkeypatch.setattr(gate, "_order", {})

@@ -10,8 +10,8 @@ from gguf import GGUFWriter
 from gguf import quants as gq
 from gguf.constants import MODEL_ARCH, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
 
-from strata import archs, tensor_names
-from strata.pack import Pack
+from strata_prefill.formats import archs, tensor_names
+from strata_prefill.formats.pack import Pack
 
 T = MODEL_TENSOR
 D, HEADS, KV, HD, E, USED, F, S, V, LAYERS = 64, 2, 1, 32, 4, 2, 32, 32, 40, 2
@@ -133,7 +133,7 @@ def test_make_pack_writes_only_gguf_names(make_test_pack):
 
 @pytest.mark.parametrize("missing", ["blk.1.ffn_up_shexp", "output_norm"])
 def test_converter_style_file_missing_tensor_named_as_in_the_file(tmp_path, missing):
-    from strata.errors import PackError
+    from strata_prefill.contract.errors import PackError
 
     src = tmp_path / "full.gguf"
     written = write_converter_style(src, np.random.default_rng(2))

@@ -1,7 +1,7 @@
 """The gpt-oss MoE pieces of the numerics contract (docs/numerics.md sections 4, 6 and 7):
-the router's bias and its softmax over the selected logits (strata.routing.top_k with
-gating="softmax_selected"), the clamped SwiGLU (strata.moe.swiglu_oai), the expert biases
-(strata.moe.add_expert_bias, strata.moe.combine's down_bias, strata.routing.row_experts).
+the router's bias and its softmax over the selected logits (strata_prefill.contract.routing.top_k with
+gating="softmax_selected"), the clamped SwiGLU (strata_prefill.contract.moe.swiglu_oai), the expert biases
+(strata_prefill.contract.moe.add_expert_bias, strata_prefill.contract.moe.combine's down_bias, strata_prefill.contract.routing.row_experts).
 
 Each vectorized definition against its scalar loop in reference/scalar.py (bytes), against
 float64 (bounded, the bound derived from the operations' roundings), and the default forms of
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import scalar
-from strata import moe, numerics, routing
+from strata_prefill.reference import scalar
+from strata_prefill.contract import moe, numerics, routing
 
 F32 = np.float32
 SETTINGS = settings(max_examples=40, deadline=None)
@@ -231,8 +231,8 @@ def test_sim_backend_steps_take_the_variants():
     """fast/sim.py's MoE steps compute the NumPy definitions with the gpt-oss variants (the
     router's bias and scoring, row_experts, the clamped SwiGLU with gate/up biases, alone and
     fused with H's quantize, the combine's down bias); their defaults stay the plain forms."""
-    from fast.sim import SimBackend
-    from strata import q8_1
+    from strata_prefill.fast.sim import SimBackend
+    from strata_prefill.contract import q8_1
 
     rng = np.random.default_rng(11)
     T, E, K, n, D = 7, 8, 3, 96, 64

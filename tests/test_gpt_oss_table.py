@@ -1,4 +1,4 @@
-"""strata/gpt_oss_table.py against gguf-py's own tables: every tensor template of the table is
+"""formats/gpt_oss_table.py against gguf-py's own tables: every tensor template of the table is
 one of gguf.constants' GPT_OSS tensors and every GPT_OSS tensor is in the table; the keys are
 gguf.Keys' formats filled with the architecture's name; the presets' shapes hold what the
 project's paths need (MXFP4 rows a multiple of 32, GQA, a context longer than the window)."""
@@ -9,8 +9,8 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSORS, TENSOR_NAMES
 
-from strata import gpt_oss_table as gt
-from strata import quants
+from strata_prefill.formats import gpt_oss_table as gt
+from strata_prefill.contract import quants
 
 K = gguf.Keys
 

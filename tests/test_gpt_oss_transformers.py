@@ -1,4 +1,4 @@
-"""The independent check of strata/gpt_oss_table.py: a random transformers GptOssForCausalLM of the
+"""The independent check of formats/gpt_oss_table.py: a random transformers GptOssForCausalLM of the
 gpt-oss-tiny preset's shape, saved and converted by llama.cpp's own converter
 (convert_hf_to_gguf.py from llama.cpp's tarball in shared/peers, with the gguf-py beside it),
 must give a GGUF whose tensor names, shapes and types and whose architecture keys are the
@@ -10,10 +10,10 @@ n_vocab placeholder tokens; the tensors and the architecture's keys are the conv
 
 What the later end-to-end comparison (reference logits against transformers in float64) will
 need, beyond this file:
-- the seam's gpt-oss reference (strata/archs/gpt_oss.py; reference/archs/gpt_oss.py's attention
+- the seam's gpt-oss reference (formats/archs/gpt_oss.py; reference/archs/gpt_oss.py's attention
   with sinks, the sliding window on even blocks, q/k/v/o biases; the MoE half through
-  strata.routing.top_k(gating="softmax_selected", bias=...), strata.moe.add_expert_bias,
-  strata.moe.swiglu_oai, strata.moe.combine(down_bias=...)) and a pack reader for this GGUF;
+  strata_prefill.contract.routing.top_k(gating="softmax_selected", bias=...), strata_prefill.contract.moe.add_expert_bias,
+  strata_prefill.contract.moe.swiglu_oai, strata_prefill.contract.moe.combine(down_bias=...)) and a pack reader for this GGUF;
 - the same weights on both sides: convert with --outtype f32 (every matrix F32; the reference's
   float products), or, for MXFP4 experts, load the transformers model with the experts replaced
   by their MXFP4-dequantized values (gguf.quants.dequantize) so that only the arithmetic differs;
@@ -40,7 +40,7 @@ transformers = pytest.importorskip("transformers")
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import GGUFReader  # noqa: E402
 
-from strata import gpt_oss_table as gt  # noqa: E402
+from strata_prefill.formats import gpt_oss_table as gt  # noqa: E402
 
 _TGZ = "llama.cpp-0.3.36-vendored.tgz"
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,11 +1,11 @@
 """The in-place walk's host plans, checked without a GPU: which routed experts form the
-resident batch (fast.walk.split_resident), and the tile list mmq.cu's tile-list form reads
-(fast.cuda.products.row_tiles), against a plain loop written from the kernel's bounds path."""
+resident batch (strata_prefill.fast.walk.split_resident), and the tile list mmq.cu's tile-list form reads
+(strata_prefill.fast.cuda.products.row_tiles), against a plain loop written from the kernel's bounds path."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from fast.cuda.products import row_tiles
-from fast.walk import split_resident
+from strata_prefill.fast.cuda.products import row_tiles
+from strata_prefill.fast.walk import split_resident
 from test_routing import random_tables
 
 
@@ -39,7 +39,7 @@ def test_row_tiles_cut_rows_as_the_kernel_does(counts, tile_rows, seed, big_offs
 def test_row_tiles_refuse_odd_offsets_and_mismatched_lengths():
     import pytest
 
-    from strata.errors import InputError
+    from strata_prefill.contract.errors import InputError
 
     with pytest.raises(InputError, match="even"):
         row_tiles([[0, 8]], [3], 64)
@@ -67,7 +67,7 @@ def test_widened_bytes_count_the_16_bit_matrices_the_cache_must_leave_room_for(m
     """The cuda backend's expert-cache sizing adds 2 bytes a value for each F16/BF16 matrix it
     widens to F32 (the router and float dense matrices, never stacked experts), nothing for a
     pack without 16-bit matrices."""
-    from fast.cuda.backend import CudaBackend
+    from strata_prefill.fast.cuda.backend import CudaBackend
 
     be = CudaBackend.__new__(CudaBackend)  # no device: the count reads the pack alone
 

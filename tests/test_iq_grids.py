@@ -1,4 +1,4 @@
-"""The IQ grid types of strata/qformats.py (IQ2_XS, IQ3_XXS, IQ3_S and llama-quantize's low-bit
+"""The IQ grid types of contract/qformats.py (IQ2_XS, IQ3_XXS, IQ3_S and llama-quantize's low-bit
 IQ2_XXS, IQ2_S, IQ1_S, IQ1_M): their integer form against gguf.quants.dequantize, the
 independent oracle, and the table buffer the CUDA MMQ kernel reads their grids from.
 
@@ -25,7 +25,7 @@ from gguf import quants as gq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strata import qformats, quants
+from strata_prefill.contract import qformats, quants
 
 IQ = [f.qtype for f in qformats.formats() if f.table_name is not None]  # the types with a grid
 IDS = [t.name for t in IQ]
@@ -268,7 +268,7 @@ def test_each_grid_types_kernel_compiles(tmp_path, qt):
     """mmq.cu's module of each grid type (MMQ_ONLY) compiles as the runtime builds it
     (NVCC_OPTIONS, sm_90) under the largest automatic tile configuration, and holds the kernel
     the registry names."""
-    from fast.cuda import products, runtime
+    from strata_prefill.fast.cuda import products, runtime
 
     fmt = qformats.lookup(qt)
     src = tmp_path / "mmq.cu"

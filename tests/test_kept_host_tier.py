@@ -4,8 +4,8 @@ import os
 
 import numpy as np
 
-from fast.cuda import tiers
-from fast.experts import place_experts
+from strata_prefill.fast.cuda import tiers
+from strata_prefill.fast.experts import place_experts
 
 
 def test_the_key_follows_the_file_and_the_placement(make_test_pack, tmp_path):

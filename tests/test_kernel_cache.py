@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fast.cuda import build_list, kernel_cache, products, runtime
-from strata.errors import DeviceError, InputError
+from strata_prefill.fast.cuda import build_list, kernel_cache, products, runtime
+from strata_prefill.contract.errors import DeviceError, InputError
 from strata_prefill.cli import main
 
 has_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -223,7 +223,7 @@ def test_two_processes_compile_a_module_once(tmp_path, fake_nvcc, monkeypatch):
     monkeypatch.setenv("FAKE_NVCC_SLEEP", "1.5")
     folder = str(tmp_path / "k")
     os.makedirs(folder)
-    code = ("import sys; from fast.cuda import kernel_cache as k; "
+    code = ("import sys; from strata_prefill.fast.cuda import kernel_cache as k; "
             "print(k.build(sys.argv[1], 'add', 'source', {}, 'sm_90', ('--fmad=false',)))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     procs = [subprocess.Popen([sys.executable, "-c", code, folder], stdout=subprocess.PIPE, text=True, env=env)
@@ -311,7 +311,7 @@ def test_build_kernels_meets_the_runtimes_digest(tmp_path, fake_nvcc, monkeypatc
 def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
     """Every module the backend builds with its defaults and under each switch is in the set a
     gate session builds ahead (wanted: the folder's manifest and default_modules)."""
-    from fast.cuda import attention, dense
+    from strata_prefill.fast.cuda import attention, dense
 
     mods = build_list.wanted(str(tmp_path))
     keys = {(n, tuple(sorted(d.items()))) for n, d in mods}

@@ -3,7 +3,7 @@ and dtype asked, rows that differ, and small arrays drawn value by value."""
 import numpy as np
 import pytest
 
-from verify.kernel_inputs import POOL, normal
+from strata_prefill.verify.kernel_inputs import POOL, normal
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (POOL // 64 + 7, 128), (2049, 4, 64)])

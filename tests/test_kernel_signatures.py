@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from fast.cuda import runtime, signatures
-from strata import qformats
+from strata_prefill.fast.cuda import runtime, signatures
+from strata_prefill.contract import qformats
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = Path(runtime.KERNEL_DIR)
@@ -147,7 +147,7 @@ def resolve(pf: PyFile, fn, node, depth: int = 0):
             return None
         if node.id in pf.constants:
             return resolve(pf, None, pf.constants[node.id], depth + 1)
-        if node.id in pf.imports and pf.imports[node.id][0].split(".")[0] == "strata":
+        if node.id in pf.imports and pf.imports[node.id][0].split(".")[:2] in (["strata_prefill", "contract"], ["strata_prefill", "formats"]):
             mod, name = pf.imports[node.id]
             value = getattr(importlib.import_module(mod), name, None)
             if isinstance(value, (str, int)):
@@ -190,7 +190,7 @@ class Site:
 
 
 def prepare_sites(pf: PyFile) -> list[Site]:
-    """The ``X.prepare(FMT)`` calls (one positional argument: PyCUDA's; strata.mmq.prepare and the
+    """The ``X.prepare(FMT)`` calls (one positional argument: PyCUDA's; strata_prefill.contract.mmq.prepare and the
     stress mode's take other arguments) and the kernel and module X came from."""
     out = []
     for node in ast.walk(pf.tree):
@@ -463,7 +463,7 @@ def test_a_changed_format_is_caught():
 
 
 PLANTED_CALLER = '''
-from fast.cuda import runtime
+from strata_prefill.fast.cuda import runtime
 
 
 def _rope(name, fmt):
@@ -564,7 +564,7 @@ def test_list_macros_and_generated_headers(tmp_path, monkeypatch):
     """A list macro applied to a kernel macro declares its kernels (mmq.cu's MMQ_KERNELS), and a
     header fast/cuda/generated.py writes is read as that text, no file, and read again when it
     changes."""
-    from fast.cuda import generated
+    from strata_prefill.fast.cuda import generated
 
     text = "#define LIST(X) X(a, int) X(b, float)\n"
     monkeypatch.setitem(generated.HEADERS, "list.cuh", lambda: text)
@@ -584,8 +584,8 @@ def test_mmq_launches_pass_every_parameter_by_name():
     """Each MMQ launch in products.py names every parameter of the kernels' C signature, and no
     other, and the names are packed in the signature's order; the packer refuses a missing or an
     unknown name in one line."""
-    from fast.cuda import products
-    from strata.errors import InputError
+    from strata_prefill.fast.cuda import products
+    from strata_prefill.contract.errors import InputError
 
     kernels = [f.mmq_kernel for f in qformats.formats() if f.mmq_kernel]
     found = signatures.kernels("mmq")
@@ -612,7 +612,7 @@ def test_products_wrappers_are_keyword_only_past_their_inputs():
     position (a type and weights, or the rows it reads); everything else by name."""
     import inspect
 
-    from fast.cuda import products
+    from strata_prefill.fast.cuda import products
 
     wrappers = [n for n in products.__all__ if callable(getattr(products, n))
                 and next(iter(inspect.signature(getattr(products, n)).parameters), None) == "dev"]

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from fast.cuda.runtime import KERNEL_DIR, kernel_source
+from strata_prefill.fast.cuda.runtime import KERNEL_DIR, kernel_source
 
 KERNELS = sorted(Path(KERNEL_DIR).glob("*.cu"))
-NAME = re.compile(r"strata\.[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+NAME = re.compile(r"strata_prefill\.[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def resolve(dotted: str):
@@ -83,7 +83,7 @@ def test_block_quantize_exp_and_reductions_come_from_the_header(path):
 
 def test_combine_row_form_k_limit_matches_the_host():
     """elementwise.combine picks the row form only for K up to the kernel's shared arrays."""
-    from fast.cuda import elementwise
+    from strata_prefill.fast.cuda import elementwise
 
     text = (Path(KERNEL_DIR) / "combine.cu").read_text()
     m = re.search(r"#define COMBINE_MAXK (\d+)", text)
@@ -93,7 +93,7 @@ def test_combine_row_form_k_limit_matches_the_host():
 def test_generated_headers_are_inlined_and_no_files():
     """A header fast/cuda/generated.py writes is inlined as its text wherever a kernel includes it,
     and no file of its name lies in the kernel folder (a stale copy nobody regenerates)."""
-    from fast.cuda import generated
+    from strata_prefill.fast.cuda import generated
 
     assert generated.HEADERS
     for name in generated.HEADERS:

@@ -1,4 +1,4 @@
-"""The K-quants and legacy quants of llama-quantize's mixes (strata/kquants.py): their integer
+"""The K-quants and legacy quants of llama-quantize's mixes (contract/kquants.py): their integer
 form against gguf.quants.dequantize, the independent oracle.
 
 The exact relation, as float32 operations in this order, per value i of a 32-block with codes
@@ -20,7 +20,7 @@ from gguf import quants as gq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strata import qformats, quants
+from strata_prefill.contract import qformats, quants
 
 NEW = [QT.Q4_0, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q3_K]
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -92,7 +92,7 @@ def test_one_field_at_a_time(qt):
 def test_registered_after_the_first_six_each_with_its_cuda_kernel():
     names = [f.qtype for f in qformats.formats()]
     assert names[6:6 + len(NEW)] == NEW  # right after the first six (later modules register after them)
-    assert [f.qtype for f in qformats.formats() if f.__module__ == "strata.kquants"] == NEW
+    assert [f.qtype for f in qformats.formats() if f.__module__ == "strata_prefill.contract.kquants"] == NEW
     for qt in NEW:
         fmt = qformats.lookup(qt)
         assert fmt.mmq_kernel == f"mmq_{qt.name.lower()}" and fmt.grid_source is None

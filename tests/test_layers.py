@@ -1,7 +1,9 @@
-"""The layers, read from the source: `strata/` is the base, `reference/` and `fast/` stand on it
-side by side, `strata_prefill/` (the command) stands on all three. An import that crosses these
-lines fails here with its file, line and module, wherever it sits (top level, inside a function,
-relative, or a literal `importlib.import_module`).
+"""The layers, read from the source. Every room is installed under one name, strata_prefill:
+`contract/` (strata_prefill.contract) is the base, `formats/` stands on it, `reference/` and
+`fast/` stand on both side by side, the command (`strata_prefill/`) on all four and `verify/`
+above it. An import that crosses these lines fails here with its file, line and module, wherever
+it sits (top level, inside a function, relative, or a literal `importlib.import_module`); so does
+an import of a room by its folder's name (`import fast`), which would load a second copy.
 
 Within the layers, modules import each other at module level without a circle: a circle held
 apart by an import inside a function hides which module stands on which (a shared bottom module
@@ -14,19 +16,44 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "strata_prefill"
+# the rooms installed under PACKAGE (pyproject.toml's package-dir maps each folder)
+ROOMS = ("contract", "formats", "reference", "fast", "verify")
+# the folders that are not installed: run from the checkout (python3 -m bench.x)
+LOOSE = ("bench", "dev", "tests")
 
-# package -> top-level packages of this project it must never import
+# layer -> the layers it must never import ("cli": the command, strata_prefill/'s own modules)
 FORBIDDEN = {
-    "strata": {"reference", "fast", "strata_prefill", "verify", "bench"},
-    "reference": {"fast", "strata_prefill", "verify", "bench"},
-    "fast": {"reference", "strata_prefill", "verify", "bench"},
-    "strata_prefill": {"verify", "bench"},
+    "contract": {"formats", "reference", "fast", "cli", "verify", "bench", "dev"},
+    "formats": {"reference", "fast", "cli", "verify", "bench", "dev"},
+    "reference": {"fast", "cli", "verify", "bench", "dev"},
+    "fast": {"reference", "cli", "verify", "bench", "dev"},
+    "cli": {"verify", "bench", "dev"},
+    "verify": {"bench", "dev"},
 }
+
+
+def folder_of(layer: str) -> str:
+    return PACKAGE if layer == "cli" else layer
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a module name belongs to (None: not this project's)."""
+    parts = module.split(".")
+    if parts[0] == PACKAGE:
+        return parts[1] if len(parts) > 1 and parts[1] in ROOMS else "cli"
+    return parts[0] if parts[0] in LOOSE else None
+
+
+def _installed_parts(path: Path, root: Path) -> list[str]:
+    """A file's module name as parts, as it is imported: a room's under PACKAGE."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return [PACKAGE] + parts if parts[0] in ROOMS else parts
 
 
 def _package_of(path: Path, root: Path) -> list[str]:
     """The dotted package a module sits in, as parts (for resolving relative imports)."""
-    return list(path.relative_to(root).with_suffix("").parts)[:-1]
+    return _installed_parts(path, root)[:-1]
 
 
 def _from_module(node: ast.ImportFrom, path: Path, root: Path) -> str:
@@ -61,12 +88,12 @@ def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     return found
 
 
-# the packages whose modules may not import each other in a circle
-PACKAGES = ("strata", "reference", "fast", "strata_prefill", "verify", "bench", "dev", "tests")
+# the folders whose modules may not import each other in a circle
+PACKAGES = (*ROOMS, PACKAGE, *LOOSE)
 
 
 def _module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
+    parts = _installed_parts(path, root)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -185,17 +212,33 @@ def _shortest_circle(graph: dict[str, set[str]], group: set[str], start: str) ->
 
 def layer_violations(root: Path = ROOT) -> list[str]:
     bad = []
-    for package, forbidden in FORBIDDEN.items():
+    for layer, forbidden in FORBIDDEN.items():
+        for path in sorted((root / folder_of(layer)).rglob("*.py")):
+            for line, module in imported_modules(path, root):
+                if layer_of(module) in forbidden:
+                    bad.append(f"{path.relative_to(root)}:{line}: {layer} imports {module}")
+    return bad
+
+
+def folder_imports(root: Path = ROOT) -> list[str]:
+    """Imports of a room by its folder's name, anywhere in the project."""
+    bad = []
+    for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             for line, module in imported_modules(path, root):
-                if module.split(".")[0] in forbidden:
-                    bad.append(f"{path.relative_to(root)}:{line}: {package} imports {module}")
+                if module.split(".")[0] in ROOMS:
+                    bad.append(f"{path.relative_to(root)}:{line}: imports {module}, not {PACKAGE}.{module}")
     return bad
 
 
 def test_every_layer_exists():
-    for package in FORBIDDEN:
-        assert list((ROOT / package).rglob("*.py")), f"no modules under {package}/"
+    for layer in FORBIDDEN:
+        assert list((ROOT / folder_of(layer)).rglob("*.py")), f"no modules under {folder_of(layer)}/"
+
+
+def test_no_room_is_imported_by_its_folder_name():
+    bad = folder_imports()
+    assert not bad, "imports of a room outside the one installed name:\n" + "\n".join(bad)
 
 
 def test_no_import_crosses_the_layers():
@@ -204,19 +247,26 @@ def test_no_import_crosses_the_layers():
 
 
 @pytest.mark.parametrize("source, line, module", [
-    ("import numpy\nimport fast.engine\n", 2, "fast.engine"),
-    ("def f():\n    from reference import ReferenceEngine\n", 2, "reference"),
-    ("from ...fast import engine\n", 1, "fast"),
-    ("from ... import strata_prefill\n", 1, "strata_prefill"),
-    ("import importlib\nimportlib.import_module('verify.common')\n", 2, "verify.common"),
+    ("import numpy\nimport strata_prefill.fast.engine\n", 2, "strata_prefill.fast.engine"),
+    ("def f():\n    from strata_prefill.reference import ReferenceEngine\n", 2, "strata_prefill.reference"),
+    ("from ...fast import engine\n", 1, "strata_prefill.fast"),
+    ("from ... import cli\n", 1, "strata_prefill"),
+    ("import importlib\nimportlib.import_module('strata_prefill.verify.common')\n", 2, "strata_prefill.verify.common"),
 ])
 def test_the_check_sees_every_form(tmp_path, source, line, module):
-    """The check itself: each form of a crossing import in strata/pkg/mod.py is reported with
+    """The check itself: each form of a crossing import in formats/pkg/mod.py is reported with
     its file, line and absolute module; a relative import inside the layer is not."""
-    path = tmp_path / "strata" / "pkg" / "mod.py"
+    path = tmp_path / "formats" / "pkg" / "mod.py"
     path.parent.mkdir(parents=True)
-    path.write_text(source + "from .. import config\nfrom . import sibling\n")
-    assert layer_violations(tmp_path) == [f"strata/pkg/mod.py:{line}: strata imports {module}"]
+    path.write_text(source + "from .. import config\nfrom . import sibling\nfrom strata_prefill.contract import q8_1\n")
+    assert layer_violations(tmp_path) == [f"formats/pkg/mod.py:{line}: formats imports {module}"]
+
+
+def test_the_folder_name_check_sees_it(tmp_path):
+    path = tmp_path / "tests" / "test_x.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("import numpy\nfrom fast import engine\nimport strata_prefill.fast\n")
+    assert folder_imports(tmp_path) == ["tests/test_x.py:2: imports fast, not strata_prefill.fast"]
 
 
 def test_no_module_level_import_circle():
@@ -232,11 +282,11 @@ def test_the_circle_check_names_the_circle(tmp_path):
     pkg.mkdir(parents=True)
     (tmp_path / "fast" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("import os\nfrom fast.cuda import b\n")
+    (pkg / "a.py").write_text("import os\nfrom strata_prefill.fast.cuda import b\n")
     (pkg / "b.py").write_text("from .c import thing\nfrom . import leaf\n")
     (pkg / "c.py").write_text("try:\n    from ..cuda.a import x\nexcept ImportError:\n    pass\nthing = 1\n")
     (pkg / "leaf.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n"
                                  "def f():\n    from . import a\n")
-    assert import_circles(tmp_path, ("fast",)) == [["fast.cuda.a", "fast.cuda.b", "fast.cuda.c", "fast.cuda.a"]]
+    assert import_circles(tmp_path, ("fast",)) == [["strata_prefill.fast.cuda.a", "strata_prefill.fast.cuda.b", "strata_prefill.fast.cuda.c", "strata_prefill.fast.cuda.a"]]
     (pkg / "c.py").write_text("thing = 1\ndef g():\n    from . import a\n")
     assert import_circles(tmp_path, ("fast",)) == []

@@ -21,9 +21,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 from gguf import GGUFWriter
 
-from strata import limits, qformats, quants
-from strata.config import PRESETS, ModelConfig
-from strata.errors import PackError
+from strata_prefill.contract import limits, qformats, quants
+from strata_prefill.formats.config import PRESETS, ModelConfig
+from strata_prefill.contract.errors import PackError
 from strata_prefill.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ A = "qwen3moe."
 
 def tensor_shapes(cfg: ModelConfig, n_layer: int) -> dict[str, list[int]]:
     """file name -> ggml ne (fastest first) of every tensor of a tied-free pack of cfg with
-    n_layer blocks (written independently of strata.pack)."""
+    n_layer blocks (written independently of strata_prefill.formats.pack)."""
     D, E, F, S, V = cfg.n_embd, cfg.n_expert, cfg.n_ff_exp, cfg.n_ff_shexp, cfg.n_vocab
     q, kv, hd = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim, cfg.head_dim
     ne = {"token_embd": [D, V], "output_norm": [D], "output": [D, V]}
@@ -203,12 +203,12 @@ def test_bad_metadata_is_refused_in_one_line(packs, tmp_path, name, cmd):
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_metadata_is_refused_before_any_work(packs, monkeypatch, capsys, name):
     """In the process: `run` refuses before an engine or a session is made, under a second."""
-    import strata.session
+    import strata_prefill.session
 
     def no_work(*a, **k):
         raise AssertionError("the run started work on a pack it should have refused")
 
-    monkeypatch.setattr(strata.session.Session, "__init__", no_work)
+    monkeypatch.setattr(strata_prefill.session.Session, "__init__", no_work)
     t0 = time.perf_counter()
     assert main(commands(packs[name])["run"]) == 2
     assert time.perf_counter() - t0 < 1.0
@@ -231,9 +231,9 @@ def test_every_problem_is_one_phrase_of_the_config():
 
 
 def test_the_cuda_limits_are_the_kernels():
-    """strata/limits.py's CUDA numbers are those of fast/cuda's wrappers (which strata/ cannot
+    """contract/limits.py's CUDA numbers are those of fast/cuda's wrappers (which contract/ cannot
     import), and cuda_problems() names what only the kernels refuse."""
-    from fast.cuda import attention, elementwise
+    from strata_prefill.fast.cuda import attention, elementwise
 
     assert limits.CUDA_HEAD_DIMS == attention.ATTEND_HEAD_DIMS
     src = (ROOT / "fast/cuda/elementwise.py").read_text()
@@ -251,9 +251,9 @@ def test_a_pack_the_kernels_cannot_run_is_refused_before_the_backend(tmp_path):
     """A head size of 96 runs on the reference and the sim, not on the CUDA kernels: the fast
     path's cuda backend refuses it in one line naming the key, before it looks for a GPU (so
     the refusal is the same on a machine without one)."""
-    from fast import make_fast_engine
-    from strata.errors import PackError
-    from strata.pack import Pack
+    from strata_prefill.fast import make_fast_engine
+    from strata_prefill.contract.errors import PackError
+    from strata_prefill.formats.pack import Pack
 
     cfg = TINY.replace(head_dim=96)
     pack = Pack.open(write_pack(tmp_path / "hd96.gguf", cfg))
@@ -276,7 +276,7 @@ def test_every_unsupported_tensor_and_key_in_one_refusal(tmp_path):
     path = write_pack(tmp_path / "many.gguf", types=UNREAD,
                       edits={EPS: (-1.0, VT.FLOAT32), BASE: (0.0, VT.FLOAT32)})
     with pytest.raises(PackError) as err:
-        from strata.pack import Pack
+        from strata_prefill.formats.pack import Pack
 
         Pack.open(path)
     msg = str(err.value)
@@ -298,7 +298,7 @@ def test_every_unsupported_tensor_and_key_in_one_refusal(tmp_path):
 def test_sound_metadata_every_tensor_problem_in_one_refusal(tmp_path):
     """With the metadata sound: missing tensors, the tensors no qwen3moe pack holds and the
     unsupported types, all in one message."""
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
 
     path = write_pack(tmp_path / "t.gguf", types={"blk.0.ffn_down_exps.weight": QT.TQ2_0})
     data = path.read_bytes()
@@ -317,7 +317,7 @@ def test_sound_metadata_every_tensor_problem_in_one_refusal(tmp_path):
 
 
 def test_folded_names():
-    from strata.pack import by_type, folded
+    from strata_prefill.formats.pack import by_type, folded
 
     assert folded(["token_embd", "blk.3.attn_v"]) == "token_embd.weight, blk.3.attn_v.weight"
     layers = [0, 2, 5, 6, 7, 8, 9, 11, 12]
@@ -333,9 +333,9 @@ def test_cuda_refuses_a_type_without_a_kernel_before_the_backend(tmp_path, monke
     backend refuses the pack in one line naming the tensors and their types, before it looks
     for a GPU. An untied token_embd of such a type is only looked up: not named. (Every
     registered type has a kernel now: three are made kernel-less here.)"""
-    from fast import make_fast_engine
-    from strata import qformats
-    from strata.pack import Pack
+    from strata_prefill.fast import make_fast_engine
+    from strata_prefill.contract import qformats
+    from strata_prefill.formats.pack import Pack
 
     for qt in (QT.Q6_K, QT.Q3_K, QT.Q5_K):
         monkeypatch.setattr(qformats.lookup(qt), "mmq_kernel", None)
@@ -357,7 +357,7 @@ def test_every_tensor_of_broken_blocks_in_one_refusal(tmp_path):
     even be read as blocks) are named all at once, before the metadata is looked at."""
     import struct
 
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
 
     path = tmp_path / "rows.gguf"
     w = GGUFWriter(path, "qwen3moe")
@@ -388,7 +388,7 @@ def test_every_tensor_of_broken_blocks_in_one_refusal(tmp_path):
 def test_every_missing_or_malformed_key_in_one_refusal(tmp_path):
     """Keys the loader cannot read at all (missing, of the wrong kind, a rope scaling it does
     not support, a key it would ignore) are named together, before any value is judged."""
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
 
     path = write_pack(tmp_path / "keys.gguf", edits={
         A + "expert_count": None, A + "block_count": (2.5, VT.FLOAT32), A + "rope.scaling.type": ("longrope", VT.STRING),

@@ -1,5 +1,5 @@
 """make-pack's types beyond one per role: every registered type for the experts and for the
-dense matrices, and the llama-quantize mixes (strata/mixes.py: `--mix Q4_K_M`, `--mix Q2_K`).
+dense matrices, and the llama-quantize mixes (formats/mixes.py: `--mix Q4_K_M`, `--mix Q2_K`).
 
 The mixes' expected types are written here from llama.cpp's src/llama-quant.cpp as tables of
 their own (qwen3moe, no importance matrix), not computed by the module under test."""
@@ -15,11 +15,11 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 from gguf import quants as gq
 
-from strata.config import PRESETS
-from strata.errors import InputError
-from strata.make_pack import make_pack
-from strata.mixes import MIXES, layer_classes, layer_key, mix_types, use_more_bits
-from strata.pack import Pack
+from strata_prefill.formats.config import PRESETS
+from strata_prefill.contract.errors import InputError
+from strata_prefill.formats.make_pack import make_pack
+from strata_prefill.formats.mixes import MIXES, layer_classes, layer_key, mix_types, use_more_bits
+from strata_prefill.formats.pack import Pack
 from strata_prefill.cli import main as cli
 
 NEW = ["Q4_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q3_K"]
@@ -216,7 +216,7 @@ def test_both_backends_take_a_mixed_pack(tmp_path):
     """Every type of a mix has a CUDA MMQ kernel, so the cuda backend finds nothing to refuse in
     the pack (its bytes: the mix's cuda parity rows, verify/cases.py); the sim runs it (the sim
     rows)."""
-    from fast import make_fast_engine
+    from strata_prefill.fast import make_fast_engine
 
     for mix in MIXES:
         pack = Pack.open(make_pack(tmp_path / f"{mix}.gguf", "tiny", mix=mix, seed=1))
@@ -247,7 +247,7 @@ def test_info_names_the_mix_and_counts_the_tensors_by_type(tmp_path, capsys):
     make_pack(out, "tiny", mix="Q4_K_M", progress=False)
     assert cli(["info", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "mix:            Q4_K_M (llama-quantize's choice of type per matrix, strata/mixes.py)" in lines
+    assert "mix:            Q4_K_M (llama-quantize's choice of type per matrix, formats/mixes.py)" in lines
     (types,) = [ln for ln in lines if ln.startswith("tensor types:   ")]
     want = {}
     for name, t in file_types(out).items():

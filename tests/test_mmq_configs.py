@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fast.cuda import products
-from strata.errors import InputError
+from strata_prefill.fast.cuda import products
+from strata_prefill.contract.errors import InputError
 
 
 @pytest.fixture(autouse=True)
@@ -106,8 +106,8 @@ def test_each_type_is_launched_from_its_own_module(monkeypatch):
     the build of that type under the launch's tile configuration, each build loaded once, the
     geometry read from the configuration's first build. The runtime is a stand-in that holds
     exactly the kernels signatures.py reads in each build (no GPU here)."""
-    from fast.cuda import products, runtime, signatures
-    from strata import qformats
+    from strata_prefill.fast.cuda import products, runtime, signatures
+    from strata_prefill.contract import qformats
 
     loads = []
 

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from strata import nonfinite, quants
-from strata.errors import PackError
-from strata.pack import KEY_TENSOR_DIGEST, KEY_TENSOR_DIGESTS, Pack, tensor_digest_root
-from strata.records import read_timeline
+from strata_prefill.formats import nonfinite
+from strata_prefill.contract import quants
+from strata_prefill.contract.errors import PackError
+from strata_prefill.formats.pack import KEY_TENSOR_DIGEST, KEY_TENSOR_DIGESTS, Pack, tensor_digest_root
+from strata_prefill.formats.records import read_timeline
 from strata_prefill.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ PROMPT = ["--prompt-tokens", "70", "--greedy", "2", "--no-progress"]
 SIM = ["--impl", "fast", "--backend", "sim"]
 CUDA = ["--impl", "fast", "--backend", "cuda"]
 try:
-    from fast.cuda.runtime import cuda_available
+    from strata_prefill.fast.cuda.runtime import cuda_available
 
     _CUDA, _WHY = cuda_available()
 except ImportError as exc:  # pragma: no cover - the runtime module itself is missing
@@ -77,7 +78,7 @@ def reseal(path: Path) -> None:
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
     """A tiny pack of its own and its run's record file (the experts it routes)."""
-    from strata.make_pack import make_pack
+    from strata_prefill.formats.make_pack import make_pack
 
     d = tmp_path_factory.mktemp("nonfinite")
     path = make_pack(d / "tiny.gguf", "tiny", seed=7)
@@ -114,7 +115,7 @@ def scaled_pack(healthy, folder: Path, value: float) -> tuple[Path, int]:
         vals, nbytes = quants.block_size(QT.Q8_0)
         at = p.tensor_offset(DOWN) + (expert * m.n_rows + BAD_ROW) * m.row_bytes + BAD_BLOCK * nbytes
     with open(out, "r+b") as f:
-        f.seek(at)  # a Q8_0 block's scale is its first two bytes (strata/quants.py)
+        f.seek(at)  # a Q8_0 block's scale is its first two bytes (contract/quants.py)
         f.write(np.float16(value).tobytes())
     reseal(out)
     return out, expert
@@ -170,7 +171,7 @@ def test_an_all_ff_pack_is_refused_at_open_naming_the_tensors(ff_pack, impl):
                          ids=["nan", "inf-sim", "-inf"])
 def test_a_bad_scale_is_refused_before_any_work(healthy, tmp_path, monkeypatch, capsys, value, impl):
     """One scale of one block among 35 tensors: named, in the process before a session is made."""
-    import strata.session
+    import strata_prefill.session
 
     pack, _ = scaled_pack(healthy, tmp_path, value)
     before = pack.read_bytes()
@@ -178,7 +179,7 @@ def test_a_bad_scale_is_refused_before_any_work(healthy, tmp_path, monkeypatch, 
     def no_work(*a, **k):
         raise AssertionError("the run started work on a pack it should have refused")
 
-    monkeypatch.setattr(strata.session.Session, "__init__", no_work)
+    monkeypatch.setattr(strata_prefill.session.Session, "__init__", no_work)
     assert main(["run", "--pack", str(pack), *PROMPT, *impl]) == 2
     out, err = capsys.readouterr()
     assert one_line(err) == (f"strata-prefill: error: {pack}: 1 tensor decodes to NaN or Inf (a scale "
@@ -305,7 +306,7 @@ def test_the_records_name_the_first_op(overflowing, tmp_path, impl):
 
 def test_in_records_walks_the_computed_order(healthy, tmp_path):
     """A planted value is found where it is, and an earlier layer's wins over a later op."""
-    from strata.dumps import RecordWriter
+    from strata_prefill.formats.dumps import RecordWriter
 
     rng = np.random.default_rng(3)
     path = tmp_path / "r.spd"
@@ -380,7 +381,7 @@ def test_mxfp4_overflow_is_found_where_a_full_dequantize_finds_it():
 def test_in_tensor_equals_a_full_dequantize(qtype):
     """The half-scale scan says what a full decode says, for every type and half scale (a
     half field, or IQ1_M's d in four nibbles: QuantFormat.scale_values)."""
-    from strata import qformats
+    from strata_prefill.contract import qformats
 
     fmt = qformats.lookup(qtype)
     rng = np.random.default_rng(int(qtype))
@@ -409,7 +410,7 @@ def test_in_tensor_equals_a_full_dequantize(qtype):
 
 @pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16], ids=lambda q: q.name)
 def test_in_tensor_of_float_types(qtype):
-    from strata.dense import encode_float
+    from strata_prefill.contract.dense import encode_float
 
     x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
     assert nonfinite.in_tensor(qtype, encode_float(x, qtype)) is None
@@ -476,7 +477,7 @@ def test_the_residual_dump_stays_and_the_replay_leaves_the_runs_files(overflowin
 def test_a_greedy_step_with_non_finite_logits_is_refused(healthy, monkeypatch, capsys):
     """First-token logits finite, a later one-token step's not (here planted in the
     reference's lm_head): the run still says so, naming the greedy token."""
-    from reference import ReferenceEngine
+    from strata_prefill.reference import ReferenceEngine
 
     orig = ReferenceEngine.last_logits
     calls = []
@@ -499,7 +500,7 @@ def test_a_greedy_step_with_non_finite_logits_is_refused(healthy, monkeypatch, c
 
 def test_info_check_names_the_tensor_it_reads_while_it_lasts(healthy, monkeypatch, capsys):
     """Off a terminal, a long value scan says every HEARTBEAT_S which tensor it is on."""
-    from strata import progress
+    from strata_prefill.formats import progress
 
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
     orig = nonfinite.in_tensor
@@ -515,15 +516,15 @@ def test_info_check_names_the_tensor_it_reads_while_it_lasts(healthy, monkeypatc
                        for l in err), err
 
 
-@pytest.mark.parametrize("layout", list(__import__("strata.q8_1", fromlist=["Layout"]).Layout),
+@pytest.mark.parametrize("layout", list(__import__("strata_prefill.contract.q8_1", fromlist=["Layout"]).Layout),
                          ids=lambda l: l.name)
 def test_a_q8_1_record_is_read_by_its_layout(tmp_path, layout):
     """An Inf quantized into a q8_1 buffer shows in its header (the scale of its 32 values is
     +inf): named with the pack's layout, skipped without one (its bytes read as nothing
-    else). (A NaN block the quantize zeroes, strata/blockquant.py: the float records before
+    else). (A NaN block the quantize zeroes, contract/blockquant.py: the float records before
     it hold the NaN.)"""
-    from strata import q8_1
-    from strata.dumps import RecordWriter
+    from strata_prefill.contract import q8_1
+    from strata_prefill.formats.dumps import RecordWriter
 
     rng = np.random.default_rng(int(layout) + 20)
     x = rng.standard_normal((8, 256)).astype(np.float32)
@@ -544,8 +545,8 @@ def test_a_q8_1_record_is_read_by_its_layout(tmp_path, layout):
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from strata.records import OPS  # noqa: E402
-from strata.records import computed_order  # noqa: E402
+from strata_prefill.formats.records import OPS  # noqa: E402
+from strata_prefill.formats.records import computed_order  # noqa: E402
 
 OP_NAMES = [op.name for op in OPS]
 BITS = {"nan": 0x7FC00000, "-nan": 0xFFC00000, "signalling nan": 0x7F800001, "inf": 0x7F800000,
@@ -557,7 +558,7 @@ BITS = {"nan": 0x7FC00000, "-nan": 0xFFC00000, "signalling nan": 0x7F800001, "in
     st.tuples(st.integers(0, 10**6), st.integers(0, 199), st.sampled_from(OP_NAMES)), min_size=1, max_size=20))
 def test_the_watch_keeps_the_first_in_the_record_files_order(n_layer, seen):
     """Whatever order the engine sees them in, the first in (unit, layer, op) order is kept,
-    the order in_records walks a record file in (strata/report.py's)."""
+    the order in_records walks a record file in (strata_prefill/report.py's)."""
     seen = [(u, l % n_layer, op) for u, l, op in seen]
     w = nonfinite.Watch(n_layer)
     bad = np.array([1.0, np.nan], np.float32)
@@ -585,12 +586,12 @@ def test_mark_is_the_bits_rule(n, at, kind, first, code, seed):
 
 @pytest.mark.skipif(not _CUDA, reason=f"cuda backend unavailable: {_WHY}")
 def test_the_kernel_is_mark():
-    """fast/cuda/kernels/nonfinite.cu against strata.nonfinite.mark: sizes around the vector
+    """fast/cuda/kernels/nonfinite.cu against strata_prefill.formats.nonfinite.mark: sizes around the vector
     width and the grid, views off the 16-byte alignment, every kind of NaN and Inf at the
     first, last and a random element, a code above, equal to and below the value held."""
     from pycuda import gpuarray
 
-    from fast.cuda import elementwise as cu_ew, runtime
+    from strata_prefill.fast.cuda import elementwise as cu_ew, runtime
 
     dev = runtime.Device()
     rng = np.random.default_rng(11)
@@ -617,7 +618,7 @@ def test_the_kernel_is_mark():
 def test_a_nan_first_in_a_greedy_step_is_named_there(healthy, monkeypatch, capsys):
     """The watch reads the greedy steps too; the replay runs the prompt and the steps before to
     reach the step's unit (chunk 1: the first one-token step, at position 70)."""
-    import reference.moe_half as moe_half
+    import strata_prefill.reference.moe_half as moe_half
 
     combine = moe_half.combine
 

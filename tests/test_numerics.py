@@ -1,4 +1,4 @@
-"""Pins the primitives of docs/numerics.md section 1 (strata/numerics.py).
+"""Pins the primitives of docs/numerics.md section 1 (contract/numerics.py).
 
 Independent checks are scalar Python loops over np.float32 scalars (each operation one
 float32 rounding) following the contract's text, and float64 where accuracy is the point.
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata import numerics as nm
+from strata_prefill.contract import numerics as nm
 
 F32 = np.float32
 FMAX = float(np.finfo(np.float32).max)

@@ -4,8 +4,8 @@ loops in reference/scalar.py, byte for byte.
 reference/scalar.py states each rule element by element, in the contract's order, one float32
 operation per step, without calling the definition it states. Here each is compared with the
 vectorized definition on tiny random cases (1-3 rows, 1-3 blocks), so a changed order, scale or
-formula in strata/q8_1.py, strata/blockquant.py, strata/mmq.py, strata/attention.py,
-strata/routing.py, strata/moe.py or strata/numerics.py' sigmoid/silu turns this file red on a
+formula in contract/q8_1.py, contract/blockquant.py, contract/mmq.py, contract/attention.py,
+contract/routing.py, contract/moe.py or contract/numerics.py' sigmoid/silu turns this file red on a
 CPU.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from gguf import GGMLQuantizationType as QT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import scalar
-from strata import blockquant, mmq, moe, numerics, q8_1, quants, routing
-from strata.attention import KVCache, attend
+from strata_prefill.reference import scalar
+from strata_prefill.contract import blockquant, mmq, moe, numerics, q8_1, quants, routing
+from strata_prefill.contract.attention import KVCache, attend
 
 F32 = np.float32
 SETTINGS = settings(max_examples=25, deadline=None)

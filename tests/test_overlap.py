@@ -9,11 +9,11 @@ import re
 import numpy as np
 import pytest
 
-from fast.phases import format_chunk_tables, format_overlap, ChunkTimes
-from fast.sim_streams import ModelClock, SimEvent, SimStreams
-from fast.trace import (Overlap, Span, intersect, layer_overlap, merge, overlap_by_layer, read_trace_meta,
+from strata_prefill.fast.phases import format_chunk_tables, format_overlap, ChunkTimes
+from strata_prefill.fast.sim_streams import ModelClock, SimEvent, SimStreams
+from strata_prefill.fast.trace import (Overlap, Span, intersect, layer_overlap, merge, overlap_by_layer, read_trace_meta,
                         subtract, summed, total, units)
-from strata.constants import COPY_BYTES_PER_S
+from strata_prefill.fast.tuning import COPY_BYTES_PER_S
 from strata_prefill.cli import main
 
 
@@ -205,9 +205,9 @@ def test_timing_without_windows_keeps_chunk_labels(pack, capsys):
 def test_plot_marks_the_overlap_of_a_window(pack, tmp_path, capsys, monkeypatch):
     """With the sim's link modelled slow, copies outlast compute: the picture's title and its
     line name the window and give the same figures as fast/trace.py for that window."""
-    import fast.sim_streams
+    import strata_prefill.fast.sim_streams
 
-    monkeypatch.setattr(fast.sim_streams, "COPY_BYTES_PER_S", 2e7)
+    monkeypatch.setattr(strata_prefill.fast.sim_streams, "COPY_BYTES_PER_S", 2e7)
     trace, png = tmp_path / "w.json", tmp_path / "w.png"
     assert main(sim_args(pack, "--window", "40", "--trace", str(trace), cache="8 --stream-min 1")) == 0
     capsys.readouterr()

@@ -12,13 +12,13 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf import quants as gq
 
-from strata import qformats, quants
+from strata_prefill.contract import qformats, quants
 from strata_prefill.cli import main as cli
-from strata.config import PRESETS, ModelConfig
-from strata.constants import PACK_FORMAT
-from strata.errors import InputError, PackError
-from strata.make_pack import FALLBACK_TYPE, make_pack
-from strata.pack import Pack, QMatrix
+from strata_prefill.formats.config import PRESETS, ModelConfig
+from strata_prefill.contract.constants import PACK_FORMAT
+from strata_prefill.contract.errors import InputError, PackError
+from strata_prefill.formats.make_pack import FALLBACK_TYPE, make_pack
+from strata_prefill.formats.pack import Pack, QMatrix
 
 W = ".weight"  # llama.cpp's converters name every weight <logical name>.weight
 
@@ -26,7 +26,7 @@ EXPERT_TYPES = [t.name for t in quants.SUPPORTED_TYPES]
 
 
 # ---------------------------------------------------------------------------------------
-# Helpers: what a pack must hold, written independently of strata.pack
+# Helpers: what a pack must hold, written independently of strata_prefill.formats.pack
 
 
 def expected_ne(cfg: ModelConfig, tied: bool = False) -> dict[str, list[int]]:
@@ -606,7 +606,7 @@ def test_cli_make_pack_bad_args(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------
-# The tensor table against the data (strata/pack.py:_layout_problems): refused at open
+# The tensor table against the data (formats/pack.py:_layout_problems): refused at open
 
 
 def _table(path: Path) -> dict:
@@ -636,7 +636,7 @@ def _data_offset(tiny_path: Path, name: str) -> int:
                                   "a gap", "out of order", "past the file"])
 def test_a_table_that_does_not_describe_the_data_is_refused(tmp_path, tiny_path, capsys, monkeypatch, case):
     """Each in one line naming the tensors, by `run` before any session and by `info`."""
-    import strata.session
+    import strata_prefill.session
     from strata_prefill.cli import main
 
     q, k = "blk.0.attn_q.weight", "blk.0.attn_k.weight"
@@ -656,7 +656,7 @@ def test_a_table_that_does_not_describe_the_data_is_refused(tmp_path, tiny_path,
     }[case]
     path = _edited(tiny_path, tmp_path, *edit)
     before = path.read_bytes()
-    monkeypatch.setattr(strata.session.Session, "__init__", lambda *a, **kw: pytest.fail("work started"))
+    monkeypatch.setattr(strata_prefill.session.Session, "__init__", lambda *a, **kw: pytest.fail("work started"))
     assert main(["run", "--pack", str(path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"strata-prefill: error: {path}: its tensor table does not "
@@ -667,7 +667,7 @@ def test_a_table_that_does_not_describe_the_data_is_refused(tmp_path, tiny_path,
 
 
 def test_the_layout_rule_against_hand_made_spans():
-    from strata.pack import _layout_problems as problems
+    from strata_prefill.formats.pack import _layout_problems as problems
 
     assert problems([("a", 0, 10), ("b", 32, 40), ("c", 64, 64)], 32) == []  # padding, an empty tensor
     assert problems([("a", 0, 40), ("b", 32, 40)], 32) == ["tensor a (data bytes 0 to 40) overlaps tensor b "

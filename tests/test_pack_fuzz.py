@@ -176,7 +176,7 @@ def _no_work(*_a, **_k):
 def _table(path: Path):
     """What a run computes from: the configuration and each tensor's name, type, shape and
     place, as strata opens them (its value check off: the bytes were not changed)."""
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
 
     with Pack.open(path, check_values=False) as p:
         return p.config, [(t.name, int(t.tensor_type), [int(d) for d in t.shape], int(t.data_offset))
@@ -199,7 +199,7 @@ def check_mutation(tiny, field: Field, new: bytes) -> None:
         err, out = io.StringIO(), io.StringIO()
         t0 = time.perf_counter()
         started = False
-        with mock.patch("strata.session.Session.__init__", _no_work), \
+        with mock.patch("strata_prefill.session.Session.__init__", _no_work), \
                 contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             try:
                 code = main(["run", "--pack", str(bad), *RUN])

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench import phase_floors as pf
-from strata.config import PRESETS
-from strata.make_pack import make_pack
-from strata.pack import Pack
+from strata_prefill.formats.config import PRESETS
+from strata_prefill.formats.make_pack import make_pack
+from strata_prefill.formats.pack import Pack
 
 STRATA = PRESETS["strata"]
 TYPES = {"attn_q": QT.Q8_0, "attn_k": QT.Q8_0, "attn_v": QT.Q8_0, "attn_output": QT.Q8_0,

@@ -6,13 +6,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fast import make_fast_engine, walk
-from fast.sim import SimBackend
-from reference import ReferenceEngine
-from strata.dumps import iter_records
-from strata.records import GLOBALS, HEADERS, OPS, read_timeline, routed_groups
-from strata.report import compare_timelines
-from strata.session import Session
+from strata_prefill.fast import make_fast_engine, walk
+from strata_prefill.fast.sim import SimBackend
+from strata_prefill.reference import ReferenceEngine
+from strata_prefill.formats.dumps import iter_records
+from strata_prefill.formats.records import GLOBALS, HEADERS, OPS, read_timeline, routed_groups
+from strata_prefill.report import compare_timelines
+from strata_prefill.session import Session
 
 
 def run(pack, ids, out, chunk=32):
@@ -39,7 +39,7 @@ def runs(make_test_pack, tmp_path, monkeypatch):
 
 
 def test_wrong_resident_bound_is_named_at_the_gate_product(runs):
-    """The in-place batch's bound of one resident expert one row short (fast.walk.split_resident)."""
+    """The in-place batch's bound of one resident expert one row short (strata_prefill.fast.walk.split_resident)."""
     clean, planted = runs
 
     def off_by_one(orig):

@@ -1,4 +1,4 @@
-"""Progress on stderr (strata/progress.py): on a terminal a bar naming the prefill's chunk and
+"""Progress on stderr (formats/progress.py): on a terminal a bar naming the prefill's chunk and
 layer, the greedy token, bench's length, rep and arm; off a terminal nothing for short work and a
 line every HEARTBEAT_S of long work; the first `run` saying it made the default pack, what each
 line of its output means and what to try next, once."""
@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from reference import ReferenceEngine
-from strata import progress
-from strata.session import Session
+from strata_prefill.reference import ReferenceEngine
+from strata_prefill.formats import progress
+from strata_prefill.session import Session
 from strata_prefill.cli import main
 
 
@@ -24,7 +24,7 @@ def cache_home(tmp_path, monkeypatch):
 
 @pytest.fixture
 def terminal(monkeypatch):
-    """Every stream is a terminal to strata/progress.py (capsys's stderr is swapped in only
+    """Every stream is a terminal to formats/progress.py (capsys's stderr is swapped in only
     when the test body runs, so its isatty cannot be patched here); every new step is drawn."""
     monkeypatch.setattr(progress, "_is_terminal", lambda stream: True)
     monkeypatch.setattr(progress, "MIN_INTERVAL_S", 0.0)
@@ -179,7 +179,7 @@ def test_a_stderr_that_is_a_terminal_gets_the_bar(make_test_pack, capsys, monkey
 
 
 def test_make_pack_off_a_terminal_names_the_tensor_it_writes(tmp_path, monkeypatch, capsys):
-    from strata import make_pack as mp
+    from strata_prefill.formats import make_pack as mp
 
     mp.make_pack(tmp_path / "quiet.gguf", "tiny", seed=3)  # under PROGRESS_MIN_BYTES: nothing
     assert capsys.readouterr().err == ""
@@ -195,7 +195,7 @@ def test_make_pack_off_a_terminal_names_the_tensor_it_writes(tmp_path, monkeypat
 def test_the_host_tier_fill_names_its_layer_off_a_terminal(monkeypatch, capsys):
     """fast/cuda/tiers.py's fill of page-locked memory (no GPU needed for the fill itself:
     the object is made without its constructor, with a host array and a fake pack)."""
-    from fast.cuda import tiers
+    from strata_prefill.fast.cuda import tiers
 
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.001)
     t = object.__new__(tiers.ExpertTiers)

@@ -1,4 +1,4 @@
-"""q8_1 buffers (docs/numerics.md section 2): strata/q8_1.py against the scalar quantizer of
+"""q8_1 buffers (docs/numerics.md section 2): contract/q8_1.py against the scalar quantizer of
 reference/scalar.py (q8_1_rows, q8_1_block), the byte layout, and gather == scatter over random
 routings."""
 
@@ -11,10 +11,10 @@ from gguf import GGMLQuantizationType as QT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import scalar
-from strata import q8_1
-from strata.errors import PackError
-from strata.q8_1 import BLOCK_BYTES, LAYOUT_D2S6, LAYOUT_D4, LAYOUT_DS4
+from strata_prefill.reference import scalar
+from strata_prefill.contract import q8_1
+from strata_prefill.contract.errors import PackError
+from strata_prefill.contract.q8_1 import BLOCK_BYTES, LAYOUT_D2S6, LAYOUT_D4, LAYOUT_DS4
 
 F32 = np.float32
 LAYOUTS = [LAYOUT_D4, LAYOUT_DS4, LAYOUT_D2S6]

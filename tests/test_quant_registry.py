@@ -1,4 +1,4 @@
-"""The quant format registry (strata/qformats.py) against the places that still state its facts
+"""The quant format registry (contract/qformats.py) against the places that still state its facts
 by hand, and against gguf's own dequantization.
 
 fast/cuda/kernels/mmq.cu is compiled with a header written from the registry
@@ -21,9 +21,9 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import quants as gq
 
-from fast.cuda import generated, kernel_cache, runtime, signatures
-from strata import mmq, q8_1, qformats, quants
-from strata.errors import InputError, PackError
+from strata_prefill.fast.cuda import generated, kernel_cache, runtime, signatures
+from strata_prefill.contract import mmq, q8_1, qformats, quants
+from strata_prefill.contract.errors import InputError, PackError
 
 ROOT = Path(__file__).resolve().parents[1]
 MMQ_CU = ROOT / "fast" / "cuda" / "kernels" / "mmq.cu"
@@ -164,7 +164,7 @@ def test_float_factors_are_exact():
 
 def test_products_read_the_registry():
     """The products' kernel names, block checks and table buffer are the registry's."""
-    from fast.cuda import products
+    from strata_prefill.fast.cuda import products
 
     for f in FORMATS:
         if f.mmq_kernel is None:
@@ -246,7 +246,7 @@ def test_registry_names_are_the_supported_types():
 def test_hand_lists_elsewhere_equal_the_registry():
     """verify/cases.py and conftest.py keep their own lists of the types: they must not drift."""
     import conftest
-    from verify import cases
+    from strata_prefill.verify import cases
 
     # cases.py's lists: the types with a CUDA MMQ kernel (its kernel rows and cuda parity rows)
     assert list(cases.MMQ_TYPES) == [f.qtype.name for f in CUDA_FORMATS]

@@ -1,4 +1,4 @@
-"""strata.quants: block decoding against gguf's dequantizer (bit for bit), the
+"""strata_prefill.contract.quants: block decoding against gguf's dequantizer (bit for bit), the
 integer form used by MMQ, Q8_0 quantization and random valid blocks."""
 
 import numpy as np
@@ -8,9 +8,9 @@ from gguf import quants as gq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strata import qformats
-from strata import quants as Q
-from strata.errors import PackError
+from strata_prefill.contract import qformats
+from strata_prefill.contract import quants as Q
+from strata_prefill.contract.errors import PackError
 
 TYPES = list(Q.SUPPORTED_TYPES)
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata.make_pack import make_pack
+from strata_prefill.formats.make_pack import make_pack
 from strata_prefill import refcache
 from strata_prefill.cli import main
 
@@ -65,8 +65,8 @@ def test_a_hit_gives_the_bytes_of_a_fresh_compute(pack, cache):
 
 def test_the_outputs_are_the_gates_own_files(pack, cache, tmp_path):
     """The same files verify/common.py:run_engine writes with a Session of its own."""
-    from reference import ReferenceEngine
-    from strata.session import Session
+    from strata_prefill.reference import ReferenceEngine
+    from strata_prefill.session import Session
 
     ids = prompt(pack, 70)
     out = tmp_path / "own"
@@ -122,7 +122,7 @@ def test_a_one_character_source_change_misses(pack, cache, tmp_path, monkeypatch
     a = refcache.reference_run(pack, ids, cache=cache)
     assert refcache.reference_run(pack, ids, cache=cache).hit
 
-    numerics = tree / "strata" / "numerics.py"
+    numerics = tree / "contract" / "numerics.py"
     text = numerics.read_text()
     numerics.write_text(text.replace("the", "thE", 1))  # one character, in a docstring
     monkeypatch.setattr(refcache, "_SOURCE_DIGESTS", {})  # a new process would see it
@@ -155,7 +155,7 @@ def flip_tensor_byte(path: Path, tensor: str = "blk.0.ffn_down_exps.weight") -> 
 
 
 def test_the_pack_is_named_by_its_content(pack, cache, tmp_path):
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
 
     ids = prompt(pack)
     a = refcache.reference_run(pack, ids, cache=cache)

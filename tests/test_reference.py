@@ -5,9 +5,9 @@ import pytest
 
 from conftest import EXPERT_TYPES
 from dense64 import dense_forward
-from reference import ReferenceEngine
-from strata import dumps
-from strata.session import Session
+from strata_prefill.reference import ReferenceEngine
+from strata_prefill.formats import dumps
+from strata_prefill.session import Session
 
 
 def prompt(pack, n, seed=0):

@@ -1,4 +1,4 @@
-"""The reference on several threads (strata/parallel.py): the same bytes as on one, for every
+"""The reference on several threads (contract/parallel.py): the same bytes as on one, for every
 output of a run and for the pieces that are split (products, attention, quantization); a bad
 STRATA_PREFILL_THREADS is one line before any work; the pool keeps order and errors."""
 import threading
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import EXPERT_TYPES
-from reference import ReferenceEngine
-from reference.weights import PreparedCache
-from strata import attention, dense, mmq, parallel, q8_1
-from strata.errors import InputError
-from strata.make_pack import make_pack
-from strata.session import Session
+from strata_prefill.reference import ReferenceEngine
+from strata_prefill.reference.weights import PreparedCache
+from strata_prefill.contract import attention, dense, mmq, parallel, q8_1
+from strata_prefill.contract.errors import InputError
+from strata_prefill.formats.make_pack import make_pack
+from strata_prefill.session import Session
 
 ENV = parallel.ENV
 
@@ -73,7 +73,7 @@ def _random_rows(rng, n_rows, k, qtype):
 def test_product_row_slabs_on_threads(tmp_path_factory, monkeypatch, expert_type):
     """mmq_prepared on 1 and 5 threads, for every weight type (its own epilogue), rows that
     do not divide evenly."""
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
 
     path = tmp_path_factory.mktemp("p") / "tiny.gguf"
     make_pack(path, "tiny", expert_type=expert_type, progress=False)
@@ -224,7 +224,7 @@ def test_tall_matrix_decoded_in_slabs_is_the_same(monkeypatch, tname):
     every prepared array is the one decoding it whole gives."""
     from gguf import GGMLQuantizationType as QT
 
-    from strata import mmq, quants
+    from strata_prefill.contract import mmq, quants
 
     monkeypatch.setenv("STRATA_PREFILL_THREADS", "4")
     monkeypatch.setattr(mmq, "_PREPARE_SLAB_ROWS", 64)

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from strata import q8_1
-from strata.report import compare_records, describe_q8_byte, diff_array, diff_q8_buffer
+from strata_prefill.contract import q8_1
+from strata_prefill.report import compare_records, describe_q8_byte, diff_array, diff_q8_buffer
 
 
 def q8_pairs(rng, rows=24, K=256, layout=q8_1.Layout.D4):

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fast import make_fast_engine
-from fast.sim_streams import POLICIES, ScheduleHazard
-from fast.walk import LayerWalk, plan_runs
-from reference import ReferenceEngine
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.fast.sim_streams import POLICIES, ScheduleHazard
+from strata_prefill.fast.walk import LayerWalk, plan_runs
+from strata_prefill.reference import ReferenceEngine
 from switch_needs import settled
-from verify.common import assert_same_run, copied_by_choices, run_engine
+from strata_prefill.verify.common import assert_same_run, copied_by_choices, run_engine
 
 
 def _prompt(pack, n, seed=5):
@@ -97,7 +97,7 @@ def test_a_refill_before_the_last_read_is_caught(make_test_pack, tmp_path, monke
     """The copy side told nothing of the products' hold: a slot marked free for refills with no
     event to wait for (and the backend not told of the release, so only the refill's own check
     can see it) is a refill before the last product that reads the slot."""
-    from fast.experts import RingPass
+    from strata_prefill.fast.experts import RingPass
 
     pack = make_test_pack("tiny", "Q8_0")
 
@@ -166,8 +166,8 @@ def test_per_expert_mode_one_wait_and_event_per_streamed_expert(make_test_pack, 
 def test_the_switch_does_nothing_without_in_place(make_test_pack, tmp_path, monkeypatch):
     """in_place 0 gathers every expert: ring_in_place 1 then changes no count, and the switch
     table's rule refuses it (fast/options.py)."""
-    from fast import options
-    from strata.errors import InputError
+    from strata_prefill.fast import options
+    from strata_prefill.contract.errors import InputError
 
     pack = make_test_pack("small", "Q8_0")
     kw = dict(expert_cache=20, ring=16, stream_min=1, in_place=0)
@@ -207,9 +207,9 @@ def test_cuda_tiles_cover_ring_and_cache_from_one_base(monkeypatch):
     the ring's here below the cache's)."""
     from types import SimpleNamespace
 
-    from fast.cuda import backend as cb
-    from fast.experts import Place
-    from fast.walk import Batch
+    from strata_prefill.fast.cuda import backend as cb
+    from strata_prefill.fast.experts import Place
+    from strata_prefill.fast.walk import Batch
 
     monkeypatch.delenv("STRATA_MMQ_CONFIG", raising=False)
     monkeypatch.delenv("STRATA_MMQ_DEFINES", raising=False)

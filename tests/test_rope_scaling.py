@@ -1,4 +1,4 @@
-"""RoPE scaling (strata.config.RopeScaling, strata/numerics.py:rope_table, docs/numerics.md
+"""RoPE scaling (strata_prefill.formats.config.RopeScaling, contract/numerics.py:rope_table, docs/numerics.md
 "RoPE scaling"): the table against a float64 computation written here from llama.cpp's
 formulas, the keys read from a real GGUF, the reference and the sim fast path on a YaRN pack,
 `info`, and one-line refusals of what no path runs."""
@@ -15,11 +15,11 @@ import pytest
 from gguf import GGUFReader, GGUFWriter
 from hypothesis import given, settings, strategies as st
 
-from strata import numerics
-from strata.config import PRESETS, RopeScaling
-from strata.errors import PackError
-from strata.make_pack import make_pack
-from strata.pack import Pack
+from strata_prefill.contract import numerics
+from strata_prefill.formats.config import PRESETS, RopeScaling
+from strata_prefill.contract.errors import PackError
+from strata_prefill.formats.make_pack import make_pack
+from strata_prefill.formats.pack import Pack
 
 ROOT = Path(__file__).resolve().parent.parent
 YARN = RopeScaling("yarn", 4.0, 4096)
@@ -127,16 +127,16 @@ def test_the_yarn_pack_holds_llama_cpps_keys(packs):
 
 
 def _run(engine, pack, tmp_path, name):
-    from verify.common import run_engine
+    from strata_prefill.verify.common import run_engine
 
     ids = np.random.default_rng(4).integers(0, pack.config.n_vocab, 40).astype(np.int32)
     return run_engine(engine, ids, 64, tmp_path / name, greedy=2)
 
 
 def test_reference_uses_the_scaling_and_the_sim_matches_it(packs, tmp_path):
-    from fast import make_fast_engine
-    from reference import ReferenceEngine
-    from verify.common import assert_same_run
+    from strata_prefill.fast import make_fast_engine
+    from strata_prefill.reference import ReferenceEngine
+    from strata_prefill.verify.common import assert_same_run
 
     with Pack.open(packs["yarn"]) as yarn, Pack.open(packs["plain"]) as plain:
         ref_yarn = _run(ReferenceEngine(yarn), yarn, tmp_path, "ref-yarn")

@@ -2,8 +2,8 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from strata import numerics
-from strata.routing import RENORM_FLOOR, routing_tables, top_k
+from strata_prefill.contract import numerics
+from strata_prefill.contract.routing import RENORM_FLOOR, routing_tables, top_k
 
 
 def tables_by_definition(ids, n_expert):
@@ -81,7 +81,7 @@ def random_tables(n_expert: int, n_tok: int, rng):
 @given(st.integers(1, 64), st.integers(1, 40), st.integers(1, 16), st.integers(0, 2**31 - 1))
 def test_plan_groups_cuts_the_routed_experts_in_id_order(n_expert, n_tok, group, seed):
     """Every routed expert once, in ascending id, `group` a group, each with its own rows."""
-    from fast.walk import plan_groups
+    from strata_prefill.fast.walk import plan_groups
 
     tab, order = random_tables(n_expert, n_tok, np.random.default_rng(seed))
     groups = plan_groups(order, tab.cnt, tab.off, group)

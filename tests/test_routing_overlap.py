@@ -3,7 +3,7 @@ second prompt against the first, checked against the counts worked out by hand."
 import numpy as np
 import pytest
 
-from strata.dumps import RecordWriter
+from strata_prefill.formats.dumps import RecordWriter
 
 
 def _script():

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fast import make_fast_engine
-from fast.experts import RingPass, place_experts
-from fast.sim_streams import POLICIES, ScheduleHazard
-from fast.walk import LayerWalk
-from reference import ReferenceEngine
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.fast.experts import RingPass, place_experts
+from strata_prefill.fast.sim_streams import POLICIES, ScheduleHazard
+from strata_prefill.fast.walk import LayerWalk
+from strata_prefill.reference import ReferenceEngine
 from switch_needs import settled
-from verify.common import assert_same_run, copied_by_choices, run_engine
+from strata_prefill.verify.common import assert_same_run, copied_by_choices, run_engine
 
 
 # ---- placement ------------------------------------------------------------------------------

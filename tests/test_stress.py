@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fast.cuda import stress
-from strata.errors import InputError
+from strata_prefill.fast.cuda import stress
+from strata_prefill.contract.errors import InputError
 
 
 def test_off_unless_the_variable_names_a_seed(monkeypatch):
@@ -109,8 +109,8 @@ def test_the_planted_race_harness_runs_on_the_sim(make_test_pack, tmp_path, monk
     """verify/stress_child.py's child, on the sim backend (whose routing tables never go
     through the cuda backend's page-locked buffer: the planted counts read changes nothing
     there): it runs the three runs, plants in place and reports its one line."""
-    from fast.cuda import backend
-    from verify import stress_child as t
+    from strata_prefill.fast.cuda import backend
+    from strata_prefill.verify import stress_child as t
 
     monkeypatch.setattr(backend.DevTables, "resolve", backend.DevTables.resolve)  # restored after
     pack = make_test_pack("tiny", "Q8_0")
@@ -128,7 +128,7 @@ def test_the_zygote_forks_a_child_per_case_and_survives_a_failed_one(make_test_p
     import os
     from pathlib import Path
 
-    from verify import stress_child as t
+    from strata_prefill.verify import stress_child as t
 
     pack = make_test_pack("tiny", "Q8_0")
     root = Path(__file__).resolve().parent.parent

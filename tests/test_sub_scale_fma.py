@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fast.cuda.runtime import KERNEL_DIR
+from strata_prefill.fast.cuda.runtime import KERNEL_DIR
 
 # the kernels' magic-number constants, read from their one home
 _HEADER = (Path(KERNEL_DIR) / "strata_numerics.cuh").read_text()

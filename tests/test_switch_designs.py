@@ -3,9 +3,9 @@ switches meets all four value pairs. Checked here, where no GPU is needed, so a 
 loses a pair fails CI."""
 import pytest
 
-from fast import options
+from strata_prefill.fast import options
 from strata_prefill.arms import SWITCHES as ARM_SWITCHES
-from verify import cases
+from strata_prefill.verify import cases
 
 #: the design's switches' defaults, as the switch table has them (on/off switches: 0 or 1)
 DEFAULTS = {n: int(getattr(options.DEFAULTS, n)) for n in cases.SWITCH_NAMES}
@@ -71,7 +71,7 @@ def test_every_codebook_type_runs_resident_streamed_in_place_gathered_and_dense(
 def test_no_row_sets_a_switch_the_rule_refuses():
     """Every parity row's arm passes the switch table's rule on its pack and placement (the
     cuda backend's auto cache taken to hold every expert, as the gate's GPUs do)."""
-    from strata.config import PRESETS
+    from strata_prefill.formats.config import PRESETS
 
     for c in cases.PARITY_CASES:
         switches = {k: v for k, v in c.options.items() if k in options.BY_KEYWORD}

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fast import options
-from fast.options import AUTO, CUDA, FAST, OnOff
-from strata.errors import InputError
+from strata_prefill.fast import options
+from strata_prefill.fast.options import AUTO, CUDA, FAST, OnOff
+from strata_prefill.contract.errors import InputError
 from strata_prefill.cli import main
 from switch_needs import LAYER_EXPERTS, TOTAL, applies, cases, facts_of, setting_for, values
 
@@ -160,7 +160,7 @@ def test_every_need_is_enforced_by_the_engine(sw, need, tiny, no_switch_variable
     """The engine checks once it has placed the experts (the cuda backend's auto cache is known
     only there), before any weight is loaded (here the sim: a switch that needs cuda is the
     command line's to refuse)."""
-    from fast import make_fast_engine
+    from strata_prefill.fast import make_fast_engine
 
     value = values(sw, need)[-1]
     setting = setting_for(sw, value, need)
@@ -200,8 +200,8 @@ def test_settle_drops_what_does_nothing_and_caps_what_is_past_the_most():
 
 # ---- the refusals are true: an unmet need leaves the run as it is ---------------------------------
 def _sim_run(pack, kw: dict, monkeypatch) -> tuple:
-    from fast import make_fast_engine
-    from strata.session import Session
+    from strata_prefill.fast import make_fast_engine
+    from strata_prefill.session import Session
 
     with monkeypatch.context() as m:
         m.setattr(options, "refuse_idle", lambda *a, **k: None)  # the rule is what is tested here

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fast import options
-from fast.options import Count, OnOff
-from strata.errors import InputError
+from strata_prefill.fast import options
+from strata_prefill.fast.options import Count, OnOff
+from strata_prefill.contract.errors import InputError
 from strata_prefill import arms, checks
 from strata_prefill.cli import build_parser
 
@@ -42,7 +42,7 @@ def no_switch_variables(monkeypatch):
 @pytest.fixture(scope="module")
 def sim_engine(make_test_pack):
     """An engine on the sim on a tiny pack, its switches from the environment of the call."""
-    from fast import make_fast_engine
+    from strata_prefill.fast import make_fast_engine
 
     pack = make_test_pack("tiny", "Q8_0")
     return lambda **kw: make_fast_engine(pack, "sim", **kw)
@@ -52,7 +52,7 @@ def test_the_user_guides_table_is_the_tables_output():
     text = (ROOT / options.TABLE_DOC).read_text()
     assert text.count(options.BEGIN) == 1 and text.count(options.END) == 1
     assert options.with_table(text) == text, \
-        f"{options.TABLE_DOC}'s switch table is stale: python3 -m fast.options {options.TABLE_DOC}"
+        f"{options.TABLE_DOC}'s switch table is stale: python3 -m strata_prefill.fast.options {options.TABLE_DOC}"
     for sw in options.SWITCHES:
         assert f"| `{sw.keyword}` | `{sw.flag}` |" in text
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from fast.phases import HOST_PHASES, HOW_MEASURED_SIM, PhaseRecorder
-from fast.sim_streams import ModelClock, SimEvent, SimStreams
-from strata.constants import COPY_BYTES_PER_S
+from strata_prefill.fast.phases import HOST_PHASES, HOW_MEASURED_SIM, PhaseRecorder
+from strata_prefill.fast.sim_streams import ModelClock, SimEvent, SimStreams
+from strata_prefill.fast.tuning import COPY_BYTES_PER_S
 from strata_prefill.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,5 @@
 """The walk each layer of a chunk (or window) takes, chosen by coverage (issue 26, item 4):
-fast.schedule.choose_layer on its own (the uniform bound, the measured coverage scaled to a unit's
+strata_prefill.fast.schedule.choose_layer on its own (the uniform bound, the measured coverage scaled to a unit's
 tokens, the previous layer's, the token prior, a number for stream_min keeping the threshold
 rule), the engine's choices and the bytes they copy on the sim, the reference's bytes whatever
 the rule chose, the unit pass in layer order, and the line run --timing prints for each unit."""
@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from fast import make_fast_engine
-from fast.options import AUTO, resolve
-from fast.schedule import (CopySchedule, WalkChoice, choose_layer, expected_coverage, predicted_head, scaled_coverage,
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.fast.options import AUTO, resolve
+from strata_prefill.fast.schedule import (CopySchedule, WalkChoice, choose_layer, expected_coverage, predicted_head, scaled_coverage,
                             stream_need)
-from reference import ReferenceEngine
-from strata.constants import STREAM_HIDE_KB, STREAM_MIN
-from strata.session import Session
-from verify.cases import parity_rows
-from verify.common import assert_same_run, copied_by_choices, run_engine
+from strata_prefill.reference import ReferenceEngine
+from strata_prefill.fast.tuning import STREAM_HIDE_KB, STREAM_MIN
+from strata_prefill.session import Session
+from strata_prefill.verify.cases import parity_rows
+from strata_prefill.verify.common import assert_same_run, copied_by_choices, run_engine
 
 
 BLOB = 3_600_000
@@ -245,7 +245,7 @@ def test_the_unit_pass_holds_the_layers_in_order(make_test_pack, tmp_path, monke
     start, as a measured last unit allows), a unit's pass holds each layer's entries after the
     layer before it: a later layer's copies queued ahead of a staged one's could fill the ring
     with entries no walk can release yet. The reference's bytes, the copies the choices name."""
-    from fast import schedule
+    from strata_prefill.fast import schedule
 
     pack = make_test_pack("small", "Q8_0")
     assert pack.config.n_layer >= len(plan)
@@ -315,7 +315,7 @@ def test_auto_parity_rows_take_both_walks(case, make_test_pack):
 
 
 def test_stream_hide_is_a_switch():
-    from strata.errors import InputError
+    from strata_prefill.contract.errors import InputError
 
     assert resolve({}).stream_hide == STREAM_HIDE_KB
     assert resolve({}, environ={"STRATA_PREFILL_STREAM_HIDE": "0"}).stream_hide == 0
@@ -328,8 +328,8 @@ def test_stream_hide_is_a_switch():
 
 # ---- a staged layer's head (stage_head): copied before its routing ------------------------
 def test_stage_head_sizes():
-    from fast.schedule import stage_head
-    from strata.constants import COPY_BYTES_PER_S, STAGE_GAP_PER_TOKEN_S, STAGE_GAP_S
+    from strata_prefill.fast.schedule import stage_head
+    from strata_prefill.fast.tuning import COPY_BYTES_PER_S, STAGE_GAP_PER_TOKEN_S, STAGE_GAP_S
 
     blob = 2_690_000  # the strata pack's IQ2_XS blob (gate, up, down)
     kw = dict(blob_bytes=blob, n_streamed=341, k_used=10, n_expert=512)
@@ -413,8 +413,8 @@ def test_no_head_through_the_staging_ring(make_test_pack, monkeypatch):
     """stage_in_ring 0: a staged layer's pass is its own, of its routed experts only, so a head
     does nothing there: the switch table's rule refuses one (fast/options.py), and with the rule
     set aside none is taken."""
-    from fast import options
-    from strata.errors import InputError
+    from strata_prefill.fast import options
+    from strata_prefill.contract.errors import InputError
 
     pack = make_test_pack("small", "Q8_0")
     kw = dict(expert_cache=_all(pack) // 3, ring=16, stage_in_ring=0, stage_head=4, stream_min=1024)
@@ -441,7 +441,7 @@ def test_predicted_head_takes_the_most_named_streamed_experts():
 
 
 def test_visit_order_meets_the_entries_in_pass_order():
-    from fast.walk import visit_order
+    from strata_prefill.fast.walk import visit_order
 
     streamed = [1, 2, 4, 6, 7, 9]
     assert visit_order([4, 9], [], streamed) == [4, 9]
@@ -451,7 +451,7 @@ def test_visit_order_meets_the_entries_in_pass_order():
 
 
 def test_runs_are_cut_where_ids_fall():
-    from fast.walk import plan_runs
+    from strata_prefill.fast.walk import plan_runs
 
     visit = [6, 9, 2, 4, 7]
     entry_of = {e: k for k, e in enumerate(visit)}
@@ -462,7 +462,7 @@ def test_runs_are_cut_where_ids_fall():
 
 
 def test_head_predict_needs_the_ring_walk(make_test_pack):
-    from strata.errors import InputError
+    from strata_prefill.contract.errors import InputError
 
     pack = make_test_pack("tiny", "Q8_0")
     for kw in (dict(ring_in_place=0), dict(in_place=0, ring_in_place=0), dict(stage_in_ring=0)):
@@ -565,9 +565,9 @@ def test_the_timing_line_names_predicted_heads(make_test_pack):
 def test_the_predictor_routes_the_units_first_rows(make_test_pack, tmp_path, monkeypatch):
     """The predictor's router takes a unit's first PREDICT_ROWS rows (8 here): every prediction
     the host reads names 8 rows' top-k experts, and the bytes are the reference's."""
-    import fast.engine
+    import strata_prefill.fast.engine
 
-    monkeypatch.setattr(fast.engine, "PREDICT_ROWS", 8)
+    monkeypatch.setattr(strata_prefill.fast.engine, "PREDICT_ROWS", 8)
     pack = make_test_pack("small", "Q8_0")
     ids = _prompt(pack, 40, 8)
     ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
@@ -589,7 +589,7 @@ def test_cuda_routing_and_prediction_counts_use_their_own_buffers(monkeypatch):
     import sys
     import types
 
-    from fast.cuda import backend as cb
+    from strata_prefill.fast.cuda import backend as cb
 
     fake = types.ModuleType("pycuda.driver")
     copies = []

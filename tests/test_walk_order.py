@@ -7,9 +7,9 @@ tests/test_ring_in_place.py, tests/test_streaming_sim.py)."""
 import numpy as np
 import pytest
 
-from fast import make_fast_engine
-from fast import walk as walk_mod
-from fast.experts import PASS_HEAD
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.fast import walk as walk_mod
+from strata_prefill.fast.experts import PASS_HEAD
 
 
 def _prompt(pack, n, seed=4):
@@ -52,7 +52,7 @@ def test_the_pass_queues_its_head_before_layer_0s_attention_and_the_rest_after(m
     log = []
     eng = _logged_engine(pack, log, monkeypatch, expert_cache=0, stream_min=1, ring=256, copy_coalesce=0)
     eng.be.reset_cache()
-    from strata.session import Session
+    from strata_prefill.session import Session
 
     Session(eng, chunk=64, progress=False).prefill(_prompt(pack, 40))
     first_attention = log.index(("attention", 0))
@@ -71,7 +71,7 @@ def test_the_resident_gate_up_is_queued_before_the_walk_is_planned(make_test_pac
     log = []
     eng = _logged_engine(pack, log, monkeypatch, expert_cache=n_all // 3, stream_min=1, ring=96, ring_in_place=rip,
                          window="off")
-    from strata.session import Session
+    from strata_prefill.session import Session
 
     Session(eng, chunk=64, progress=False).prefill(_prompt(pack, 40))
     plan = "ring_runs" if rip else "plan_groups"
@@ -93,7 +93,7 @@ def test_each_layer_starts_its_uploads_afresh(make_test_pack, monkeypatch, cache
     real = eng.be.prepare_batches
     monkeypatch.setattr(eng.be, "prepare_batches",
                         lambda **a: (calls.append((a["layer"], a.get("add", False))), real(**a))[1])
-    from strata.session import Session
+    from strata_prefill.session import Session
 
     Session(eng, chunk=64, progress=False).prefill(_prompt(pack, 40))
     assert calls == [(layer, add) for layer in range(pack.config.n_layer) for add in (False, True)]

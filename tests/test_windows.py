@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fast import make_fast_engine
-from fast.engine import window_bytes_per_token
-from fast.sim import SIM_WINDOW_BUDGET, SimBackend
-from fast.sim_streams import POLICIES
-from reference import ReferenceEngine
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.fast.engine import window_bytes_per_token
+from strata_prefill.fast.sim import SIM_WINDOW_BUDGET, SimBackend
+from strata_prefill.fast.sim_streams import POLICIES
+from strata_prefill.reference import ReferenceEngine
 from switch_needs import settled
-from strata.errors import InputError
-from strata.records import q8_layouts
-from strata.report import compare_timelines
-from strata.session import Session
-from verify.common import assert_same_run, copied_by_choices, run_engine
+from strata_prefill.contract.errors import InputError
+from strata_prefill.formats.records import q8_layouts
+from strata_prefill.report import compare_timelines
+from strata_prefill.session import Session
+from strata_prefill.verify.common import assert_same_run, copied_by_choices, run_engine
 
 
 def _prompt(pack, n, seed):

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as _QT  # noqa: E402
 
-from strata import codebooks as _codebooks, q8_1 as _q8_1, qformats as _qformats  # noqa: E402
-from strata import quants as _quants  # noqa: E402
-from strata.config import PRESETS as _PRESETS  # noqa: E402
-from strata.mixes import MIXES as _MIXES  # noqa: E402
-from strata.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
+from strata_prefill.contract import codebooks as _codebooks, q8_1 as _q8_1, qformats as _qformats  # noqa: E402
+from strata_prefill.contract import quants as _quants  # noqa: E402
+from strata_prefill.formats.config import PRESETS as _PRESETS  # noqa: E402
+from strata_prefill.formats.mixes import MIXES as _MIXES  # noqa: E402
+from strata_prefill.contract.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
 
-#: the weight types with an MMQ kernel (the registry's, strata/qformats.py)
+#: the weight types with an MMQ kernel (the registry's, contract/qformats.py)
 MMQ_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel())
 #: the types that get the full spread: every parity length and switch arm, the streamed arms,
 #: the strata-shape and 32K layer kernel rows: the types strata's own packs are made of (the
@@ -35,19 +35,19 @@ MMQ_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel())
 SPREAD_TYPES = ("Q8_0", "Q4_1", "Q2_K", "IQ2_XS", "IQ3_XXS", "IQ3_S")
 assert set(SPREAD_TYPES) <= set(MMQ_TYPES), "a spread type without an MMQ kernel"
 #: the codebook types, the formats MoE files carry (IQ4_NL, IQ4_XS, MXFP4, NVFP4: those
-#: strata/codebooks.py registers). Their own rows: every MMQ kernel form and tile edge, the strata
+#: contract/codebooks.py registers). Their own rows: every MMQ kernel form and tile edge, the strata
 #: shapes and the layer rows the GPU suites time, and parity rows per type (_codebook_rows,
 #: _cuda_rows, _sim_rows), not the spread's every length and arm
 CODEBOOK_TYPES = tuple(f.qtype.name for f in _qformats.with_mmq_kernel() if f.__module__ == _codebooks.__name__)
 #: every other type with an MMQ kernel: llama-quantize's, the K-quants and legacy types of its
-#: mixes (strata/kquants.py) and the grid types of its low-bit IQ file types (strata/qformats.py,
+#: mixes (contract/kquants.py) and the grid types of its low-bit IQ file types (contract/qformats.py,
 #: after the K-quants). To keep the GPU gate short they get the small kernel shapes and a few
 #: parity rows each (_cuda_rows), not the spread
 MIX_TYPES = tuple(t for t in MMQ_TYPES if t not in SPREAD_TYPES and t not in CODEBOOK_TYPES)
 #: the mixes' types with an IQ grid: besides the small shapes, the strata gate/up shape, the
 #: largest block sums, the pair and the dense launch (their decodes read a staged grid)
 MIX_GRID_TYPES = tuple(t for t in MIX_TYPES if _qformats.lookup(_QT[t]).table_name is not None)
-#: the kernels fast.cuda.attention.attend picks between (ATTEND_VARIANTS: the prefill kernel, the
+#: the kernels strata_prefill.fast.cuda.attention.attend picks between (ATTEND_VARIANTS: the prefill kernel, the
 #: split-K kernels, the automatic choice) and None, its default
 ATTEND_FORMS = ("pair", "split", "auto", None)
 #: the token counts the GPU suites time the strata shape at
@@ -145,7 +145,7 @@ def _routed_experts(tokens: int, n_expert: int, top_k: int) -> int:
     thousand rows over 512 (the chance one gets none at 20K rows is e^-40), else counted."""
     if tokens * top_k >= 16 * n_expert:
         return n_expert
-    from verify.kernel_inputs import Routing
+    from strata_prefill.verify.kernel_inputs import Routing
 
     return int(np.count_nonzero(Routing(tokens).counts))
 
@@ -561,7 +561,7 @@ def mmq_configs() -> list:
     import json
     import os
 
-    from fast.cuda import products
+    from strata_prefill.fast.cuda import products
 
     return [None] + [c for _, c in products.AUTO_CONFIGS] + [
         json.loads(c) for c in os.environ.get("STRATA_MMQ_TEST_CONFIGS", "").split(";") if c.strip()]
@@ -572,7 +572,7 @@ def ahead_modules(quick: bool = False) -> list[tuple[str, dict]]:
     load besides the fast path's own (fast/cuda/build_list.py:default_modules): the MMQ
     configurations and the pair attention configuration rows', so that the gate compiles them ahead
     of the rows that wait for them."""
-    from fast.cuda import attention, products
+    from strata_prefill.fast.cuda import attention, products
 
     def rows(op):
         return [c for c in kernel_rows(op) if c.quick or not quick]
@@ -675,12 +675,12 @@ def _arm_name(arm: dict) -> str:
 
 def settled_arm(backend: str, n_layer: int, n_expert: int, arm: dict) -> dict:
     """An arm as the switch table's one rule takes it on a pack of n_layer x n_expert experts
-    (fast.options.settle): a switch that would do nothing there left out, a value past what the
+    (strata_prefill.fast.options.settle): a switch that would do nothing there left out, a value past what the
     pack can use set to the most; other keywords (group_size, sim_options) kept. The cuda
     backend's `expert_cache auto` is taken to hold every expert (the gate's GPUs hold each test
     pack whole), so a switch that needs streaming is kept only where the arm sizes the cache
     below the pack."""
-    from fast import options
+    from strata_prefill.fast import options
 
     switches = {k: v for k, v in arm.items() if k in options.BY_KEYWORD}
     total, cache = n_layer * n_expert, switches.get("expert_cache", options.AUTO)
@@ -693,7 +693,7 @@ def settled_arm(backend: str, n_layer: int, n_expert: int, arm: dict) -> dict:
 
 def _settled(backend: str, preset: str, opts: tuple, arm: dict) -> dict:
     """A row's arm, settled on its pack (settled_arm)."""
-    from strata.config import PRESETS
+    from strata_prefill.formats.config import PRESETS
 
     layers = dict(opts).get("layers") or PRESETS[preset].n_layer
     return settled_arm(backend, layers, PRESETS[preset].n_expert, arm)
@@ -713,13 +713,13 @@ def _row(backend, preset, etype, tokens, chunk="auto", arm=None, **kw) -> Parity
 
 #: a llama-quantize mix's expert type (the pack's expert_type of its parity rows)
 _MIX_BASE = {mix: base.name for mix, base in _MIXES.items()}
-#: the packs every mix's parity rows are made on (strata/mixes.py: tiny's shared expert and 256-value
+#: the packs every mix's parity rows are made on (formats/mixes.py: tiny's shared expert and 256-value
 #: rows, small's 384-value expert rows that fall back)
 _MIX_PRESETS = ("tiny", "small")
 
 
 def _all_experts(preset: str, layers: int | None = None) -> int:
-    from strata.config import PRESETS
+    from strata_prefill.formats.config import PRESETS
 
     cfg = PRESETS[preset]
     return (layers or cfg.n_layer) * cfg.n_expert
@@ -781,7 +781,7 @@ def _cuda_rows() -> list[ParityCase]:
                          quick=(router, dense) == ("BF16", "F16")))
     # YaRN rope scaling (only the host-built RoPE table changes, docs/numerics.md): a prompt
     # past the original context.
-    from strata.config import RopeScaling
+    from strata_prefill.formats.config import RopeScaling
 
     rows.append(_row("cuda", "tiny", "Q8_0", 600, "auto", seed=5, quick=True,
                      pack_options=(("rope_scaling", RopeScaling("yarn", 4.0, 64)),)))
@@ -867,7 +867,7 @@ def _cuda_rows() -> list[ParityCase]:
     # The mixes' types (MIX_TYPES), a few rows each on the tiny pack: 63 tokens (Q4_K's in the
     # quick tier) and 600 with the defaults, 130 in a streamed arm (the arms rotate over the
     # types), and for the grid types (MIX_GRID_TYPES) one more: the other resident walk, streamed
-    # experts gathered; then each llama-quantize mix (strata/mixes.py) on both small packs. The 63- and
+    # experts gathered; then each llama-quantize mix (formats/mixes.py) on both small packs. The 63- and
     # 130-token prompts and the mixes' are the sim rows' (seeds 21 and 23): their reference runs
     # are shared.
     tiny_all = _all_experts("tiny")
@@ -994,7 +994,7 @@ def _sim_rows() -> list[ParityCase]:
         rows.append(_row("sim", "tiny", etype, 200, 64, dict(expert_cache=10, ring=8, stream_min=16), prompt="few",
                          open_skip=True, sim_seed=1))
     # The mixes' types (MIX_TYPES): experts of each, at two lengths on two arms of the design,
-    # and the dense matrices of each, the grid types also streamed; then the llama-quantize mixes (strata/mixes.py), small's
+    # and the dense matrices of each, the grid types also streamed; then the llama-quantize mixes (formats/mixes.py), small's
     # expert rows of 384 falling back to Q4_0, Q5_0 and Q8_0.
     for etype in MIX_TYPES:
         for n in (63, 130):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.records import q8_layouts, read_timeline
-from strata.report import compare_timelines, diff_array
-from strata.session import Session
-from verify.cases import OPS_DUMP_MAX_TOKENS
+from strata_prefill.formats.records import q8_layouts, read_timeline
+from strata_prefill.report import compare_timelines, diff_array
+from strata_prefill.session import Session
+from strata_prefill.verify.cases import OPS_DUMP_MAX_TOKENS
 
 
 SIM_SKIP_REASON = "a GPU is here: the cuda rows check the walk on the card (STRATA_VERIFY_SIM=1 runs the sim rows too)"
@@ -19,7 +19,7 @@ SIM_SKIP_REASON = "a GPU is here: the cuda rows check the walk on the card (STRA
 def cuda_here() -> tuple[bool, str]:
     """(whether the cuda backend runs here, why not)."""
     try:
-        from fast.cuda.runtime import cuda_available
+        from strata_prefill.fast.cuda.runtime import cuda_available
     except ImportError as exc:  # pragma: no cover - the runtime module itself is missing
         return False, f"the cuda runtime does not import: {exc}"
     return cuda_available()
@@ -35,7 +35,7 @@ def sim_here() -> bool:
 class Run:
     logits: np.ndarray
     greedy: list
-    timeline: list  # strata.records.Chunk, in the order they ran
+    timeline: list  # strata_prefill.formats.records.Chunk, in the order they ran
     residuals: bytes
 
 
@@ -55,7 +55,7 @@ def run_engine(engine, ids, chunk, out_dir: Path, greedy: int = 2, layer_dumps: 
 
 def assert_same_run(a: Run, b: Run, pack, what: str) -> None:
     """Byte for byte: every dump record, the residual dump, the first-token logits, the
-    greedy tokens. A failure names the first op that differs (strata/report.py)."""
+    greedy tokens. A failure names the first op that differs (strata_prefill/report.py)."""
     k = pack.config.n_expert_used
     miss = compare_timelines(a.timeline, b.timeline, q8_layouts(pack), k)
     assert miss is None, f"{what}:\n{miss}"
@@ -66,7 +66,7 @@ def assert_same_run(a: Run, b: Run, pack, what: str) -> None:
 
 
 def copied_by_choices(pack, engine) -> int:
-    """The bytes a fast engine's walks copy, from its units' records (fast.schedule.WalkChoice): a
+    """The bytes a fast engine's walks copy, from its units' records (strata_prefill.fast.schedule.WalkChoice): a
     streamed layer every streamed expert of it, a staged one its head (stage_head) and its
     routed ones the head did not hold (a copy counter that differs from this copied something
     no walk chose, or missed something)."""

@@ -3,7 +3,7 @@ kernel row or a parity row, the case it covers, and the reference cache's hits a
 during it. Set in the process that runs the test; read where the results are gathered."""
 import pytest
 
-from verify.cases import KernelCase, ParityCase
+from strata_prefill.verify.cases import KernelCase, ParityCase
 
 
 def _row_of(item):
@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(items):
     references from the costliest down (a stable sort: every worker collects the same order,
     as pytest-xdist needs). Where the gate has recorded this source's test times
     (verify/gate.py:record_durations), the longest first instead."""
-    from verify import gate
+    from strata_prefill.verify import gate
 
     seconds = gate.durations_for_order()
     if seconds:  # the last runs' times of this source: the longest first, a test not yet timed before all

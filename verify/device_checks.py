@@ -24,7 +24,7 @@ def unwritten_words_host(a: np.ndarray, v: int = POISON_WORD) -> tuple[int, int]
 def unwritten_words(buf, nbytes: int, v: int = POISON_WORD) -> tuple[int, int]:
     """find_word.cu on the device buffer `buf` of `nbytes` (a multiple of 4): as
     unwritten_words_host on its bytes."""
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     assert nbytes % 4 == 0, nbytes
     n = nbytes // 4

@@ -46,7 +46,7 @@ _plan: dict = {}
 
 
 def cores() -> int:
-    from strata.parallel import available_cpus
+    from strata_prefill.contract.parallel import available_cpus
 
     return available_cpus()
 
@@ -54,7 +54,7 @@ def cores() -> int:
 def gpu_name() -> str | None:
     """The first CUDA device's name, or None where the cuda backend cannot run."""
     try:
-        from fast.cuda.runtime import cuda_available
+        from strata_prefill.fast.cuda.runtime import cuda_available
     except ImportError:
         return None
     ok, name = cuda_available()
@@ -161,9 +161,9 @@ def start_ahead(config) -> None:
 
     if os.environ.get("PYTEST_XDIST_WORKER") or config.option.collectonly or gpu_name() is None:
         return
-    from fast.cuda import build_list, kernel_cache, runtime
+    from strata_prefill.fast.cuda import build_list, kernel_cache, runtime
 
-    from verify.cases import ahead_modules
+    from strata_prefill.verify.cases import ahead_modules
 
     folder = kernel_cache.cache_dir()
     quick = (config.option.markexpr or "").strip() == "quick"
@@ -188,7 +188,7 @@ def start_ahead(config) -> None:
         quick = ["--quick"] if quick else []
         # its own session: an interrupted gate (Ctrl-C, a time limit) does not lose the
         # reference in progress; it is finished and kept for the next run
-        _ahead["refs"] = subprocess.Popen([sys.executable, "-m", "verify.precompute", *quick], cwd=ROOT, env=env,
+        _ahead["refs"] = subprocess.Popen([sys.executable, "-m", "strata_prefill.verify.precompute", *quick], cwd=ROOT, env=env,
                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                           start_new_session=True)
 
@@ -228,14 +228,14 @@ def packs_dir() -> Path | None:
         return None
     if env:
         return Path(env)
-    from strata.cache_home import user_cache_dir
+    from strata_prefill.formats.cache_home import user_cache_dir
 
     return user_cache_dir() / "test-packs"
 
 
 def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path:
     """The pack's path: from the kept folder, made there first if missing (once, under a lock)."""
-    from strata.make_pack import make_pack
+    from strata_prefill.formats.make_pack import make_pack
     from strata_prefill import refcache
 
     name = "-".join(str(p) for p in (preset, expert_type, *(f"{k}{v}" for k, v in sorted(kw.items()))))
@@ -248,7 +248,7 @@ def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
         path = tmp_path_factory.mktemp("packs") / f"{name}.gguf"
         make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
         return path
-    key = hashlib.sha256(json.dumps([preset, expert_type, sorted(kw.items()), refcache.source_digest(("strata",))],
+    key = hashlib.sha256(json.dumps([preset, expert_type, sorted(kw.items()), refcache.source_digest(("contract", "formats"))],
                                     default=str).encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}-{key}.gguf"
@@ -264,7 +264,7 @@ def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
                 break
             fcntl.flock(lock, fcntl.LOCK_UN)
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not path.exists():  # make_pack writes it whole (strata/atomic.py)
+            if not path.exists():  # make_pack writes it whole (formats/atomic.py)
                 make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
                 _prune(folder, name, path)
             fcntl.flock(lock, fcntl.LOCK_UN)
@@ -288,7 +288,7 @@ def _release_packs() -> None:
 
 
 # Versions of one test pack kept (one per pack-making source, newest first): two trees compared
-# side by side keep theirs, and the folder does not grow with every edit of strata/.
+# side by side keep theirs, and the folder does not grow with every edit of contract/ or formats/.
 PACK_VERSIONS_KEPT = 2
 
 
@@ -332,7 +332,7 @@ def cache_lines() -> list[str]:
     """What the run leaves in the cache home for the next one (the kept test packs, the
     reference results, the compiled kernels, the default pack): its size by folder, and how to
     clear it; none where there is no cache home yet."""
-    from strata.cache_home import user_cache_dir
+    from strata_prefill.formats.cache_home import user_cache_dir
 
     home = user_cache_dir()
     if not home.is_dir():
@@ -364,7 +364,7 @@ def _source() -> str:
 
 def read_durations(path: Path | None) -> dict:
     """{nodeid: seconds} of the runs recorded at `path` for the current reference source
-    (a run after an edit of strata/ or reference/ recomputes references: its slow rows are
+    (a run after an edit of contract/, formats/ or reference/ recomputes references: its slow rows are
     others, so the recorded times do not order it); {} where there are none."""
     if path is None:
         return {}
@@ -408,7 +408,7 @@ def durations_for_order() -> dict:
 
 def record_durations(tests: dict) -> None:
     """Add this run's seconds per test (passed or failed) to the record (atomically)."""
-    from strata import atomic
+    from strata_prefill.formats import atomic
 
     path = _durations_path()
     if path is None or not tests:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.config import PRESETS
-from strata.constants import MMQ_GROUP
+from strata_prefill.formats.config import PRESETS
+from strata_prefill.contract.constants import MMQ_GROUP
 
 STRATA = PRESETS["strata"]
 POOL = 1 << 22  # values drawn for a large array's rows to be windows of
@@ -62,7 +62,7 @@ class Routing:
 
 
 def around_clamp(rng: np.random.Generator, shape, limit: float = 7.0) -> np.ndarray:
-    """float32 values for the clamped SwiGLU (strata.moe.swiglu_oai) and its kernels, never zero:
+    """float32 values for the clamped SwiGLU (strata_prefill.contract.moe.swiglu_oai) and its kernels, never zero:
     a quarter a few ulp either side of +-limit, a quarter beyond it (magnitudes up to 1e4), a
     quarter far below zero (-60 .. -40: exp(-alpha g) overflows there), a quarter normal (sd 4)."""
     lim = np.float32(limit)

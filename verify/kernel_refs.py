@@ -2,7 +2,7 @@
 keys, the strata-sized products), kept in the reference cache (strata_prefill/refcache.py:
 `STRATA_PREFILL_REFERENCE_CACHE=DIR` moves it, `=off` turns it off).
 
-The cache adds the digest of strata/ and reference/ to every key; `kept` adds the source of the
+The cache adds the digest of contract/, formats/ and reference/ to every key; `kept` adds the source of the
 test's own input builders (the functions that draw the random inputs), so an edit there misses
 too. The rest of the key (shape, seed, types, scale, positions) the caller gives.
 """
@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from verify.cases import key_of
+from strata_prefill.verify.cases import key_of
 
 #: expectations cheaper than this many of a row's FLOPs are computed, not kept (about half a
 #: second of NumPy on one core: reading them back would save nothing)

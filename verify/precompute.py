@@ -1,4 +1,4 @@
-"""The gate's references, computed ahead: `python3 -m verify.precompute [--quick]` runs the
+"""The gate's references, computed ahead: `python3 -m strata_prefill.verify.precompute [--quick]` runs the
 reference for every (pack, prompt) the cuda parity rows compare with, the costliest first,
 into the reference cache. The gate starts it beside its workers on a GPU machine (verify/gate.py),
 with every core, so the long references are kept by the time the workers reach their rows;
@@ -12,7 +12,7 @@ import time
 
 
 def rows(quick: bool):
-    from verify.cases import parity_rows
+    from strata_prefill.verify.cases import parity_rows
 
     seen, out = set(), []
     for c in sorted(parity_rows("cuda"), key=lambda c: -c.cost):
@@ -26,12 +26,12 @@ def rows(quick: bool):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m verify.precompute")
+    ap = argparse.ArgumentParser(prog="python3 -m strata_prefill.verify.precompute")
     ap.add_argument("--quick", action="store_true", help="only the quick tier's rows")
     args = ap.parse_args(argv)
-    from strata.pack import Pack
+    from strata_prefill.formats.pack import Pack
     from strata_prefill import refcache
-    from verify import gate
+    from strata_prefill.verify import gate
 
     t0, todo = time.perf_counter(), rows(args.quick)
     for c in todo:

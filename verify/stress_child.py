@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from verify.cases import settled_arm
-from verify.common import run_engine
+from strata_prefill.verify.cases import settled_arm
+from strata_prefill.verify.common import run_engine
 
 SEED = 7
 RESULT = "stress-result "  # the child's one line of result on stdout
@@ -90,8 +90,8 @@ def _counts_without_wait(self):
 
 def _plant(name: str) -> None:
     """Apply the plant `name` in this process (the child)."""
-    from fast.cuda import backend, tiers
-    from fast.walk import LayerWalk
+    from strata_prefill.fast.cuda import backend, tiers
+    from strata_prefill.fast.walk import LayerWalk
 
     if name == "no_copy_wait":
         backend.CudaBackend.wait = _gather_without_copy_wait
@@ -138,9 +138,9 @@ def child(args: dict) -> None:
     then one engine under the plant's schedule: its run before the plant (must be the same
     bytes) and after it. Prints RESULT + JSON. (args' "backend", default cuda:
     tests/test_stress.py runs the harness on the sim.)"""
-    from fast import make_fast_engine
-    from fast.cuda import stress
-    from strata.pack import Pack
+    from strata_prefill.fast import make_fast_engine
+    from strata_prefill.fast.cuda import stress
+    from strata_prefill.formats.pack import Pack
 
     plant, schedule, options = PLANTS[args["case"]]
     backend = args.get("backend", "cuda")
@@ -186,10 +186,10 @@ def zygote() -> None:
         import pycuda.driver  # noqa: F401 - loads the library; only cuInit (in the child) touches the driver
     except ImportError:  # the sim's test of the zygote, on a machine without PyCUDA
         pass
-    import fast  # noqa: F401 - imported once here, inherited by every fork
-    import fast.cuda.backend  # noqa: F401
-    import fast.cuda.stress  # noqa: F401
-    import strata.pack  # noqa: F401
+    import strata_prefill.fast  # noqa: F401 - imported once here, inherited by every fork
+    import strata_prefill.fast.cuda.backend  # noqa: F401
+    import strata_prefill.fast.cuda.stress  # noqa: F401
+    import strata_prefill.formats.pack  # noqa: F401
 
     for line in sys.stdin:
         args = json.loads(line)
@@ -225,7 +225,7 @@ class Zygote:
         import time
 
         if cls.proc is None or cls.proc.poll() is not None:
-            cls.proc = subprocess.Popen([sys.executable, "-c", "from verify.stress_child import zygote; zygote()"],
+            cls.proc = subprocess.Popen([sys.executable, "-c", "from strata_prefill.verify.stress_child import zygote; zygote()"],
                                         cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL)
         proc = cls.proc

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fast.cuda.runtime import cuda_available
-from verify.device_checks import POISON_WORD, unwritten_words, unwritten_words_host
+from strata_prefill.fast.cuda.runtime import cuda_available
+from strata_prefill.verify.device_checks import POISON_WORD, unwritten_words, unwritten_words_host
 
 _OK, _WHY = cuda_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
 @pytest.mark.parametrize("n, planted", [(0, ()), (1, (0,)), (7, ()), (1000, (999,)), (257, (0, 256)),
                                         (3_000_001, "many"), (5_000_000, (4_999_999,))])
 def test_find_word_is_its_definition(n, planted):
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     rng = np.random.default_rng(n)
     a = rng.integers(0, 2**32, n, dtype=np.uint32)

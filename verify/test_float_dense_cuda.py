@@ -1,4 +1,4 @@
-"""fast/cuda/kernels/float_dense.cu against strata.dense.float_matmul, byte for byte: F32, F16
+"""fast/cuda/kernels/float_dense.cu against strata_prefill.contract.dense.float_matmul, byte for byte: F32, F16
 and BF16 weights, several token counts, output rows and row widths (K not a multiple of 32
 among them), strided input and output rows. The output buffer is poisoned before each launch
 and compared whole; at the router sizes the GPU suite times (rows with `check`), a spread of
@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from fast.cuda.runtime import cuda_available
-from strata import dense
-from verify.device_checks import POISON
-from verify.cases import kernel_rows, params, sample_index
-from verify.kernel_inputs import normal
-from verify.kernel_refs import kept, worth_keeping
+from strata_prefill.fast.cuda.runtime import cuda_available
+from strata_prefill.contract import dense
+from strata_prefill.verify.device_checks import POISON
+from strata_prefill.verify.cases import kernel_rows, params, sample_index
+from strata_prefill.verify.kernel_inputs import normal
+from strata_prefill.verify.kernel_refs import kept, worth_keeping
 
 _OK, _WHY = cuda_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
@@ -41,7 +41,7 @@ def test_float_dense_bytes(case):
     import pycuda.driver as cuda
     from pycuda import gpuarray
 
-    from fast.cuda import dense as cuda_dense, runtime
+    from strata_prefill.fast.cuda import dense as cuda_dense, runtime
 
     runtime.context()
 
@@ -79,7 +79,7 @@ def test_float_dense_strided_rows(case):
     import pycuda.driver as cuda
     from pycuda import gpuarray
 
-    from fast.cuda import dense as cuda_dense, runtime
+    from strata_prefill.fast.cuda import dense as cuda_dense, runtime
 
     runtime.context()
 
@@ -101,7 +101,7 @@ def test_float_dense_strided_rows(case):
 @pytest.mark.parametrize("case", params(kernel_rows("float_dense_geometry")))
 def test_tile_geometry_matches_the_host(case):
     """fast/cuda/dense.py's tiled-form geometry (rows, tokens, threads per CTA) is the kernel's."""
-    from fast.cuda import dense as cuda_dense, runtime
+    from strata_prefill.fast.cuda import dense as cuda_dense, runtime
 
     runtime.context()
     mod = runtime.load_module("float_dense", dict(cuda_dense.TILE_CONFIG))

@@ -1,4 +1,4 @@
-"""fast/cuda/kernels/float_rows.cu against strata.moe.gather_rows and strata.moe.scatter_rows,
+"""fast/cuda/kernels/float_rows.cu against strata_prefill.contract.moe.gather_rows and strata_prefill.contract.moe.scatter_rows,
 byte for byte: the MoE input of float gate/up experts (the normed rows in the expert-sorted
 order, never quantized) over random routings, gathered by src or scattered by slot. The output
 is poisoned before each launch and compared whole, so a row never written shows. Every case is
@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fast.cuda.runtime import cuda_available
-from strata.moe import gather_rows, scatter_rows
-from strata.routing import routing_tables
-from verify.device_checks import POISON
-from verify.cases import kernel_rows, params
+from strata_prefill.fast.cuda.runtime import cuda_available
+from strata_prefill.contract.moe import gather_rows, scatter_rows
+from strata_prefill.contract.routing import routing_tables
+from strata_prefill.verify.device_checks import POISON
+from strata_prefill.verify.cases import kernel_rows, params
 
 _OK, _WHY = cuda_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
@@ -31,7 +31,7 @@ def test_float_rows_bytes(case):
     import pycuda.driver as cuda
     from pycuda import gpuarray
 
-    from fast.cuda import float_rows, runtime
+    from strata_prefill.fast.cuda import float_rows, runtime
 
     runtime.context()
     T, K, E, k = (case.shape[n] for n in ("T", "K", "E", "k"))

@@ -1,15 +1,15 @@
 """CUDA kernels against their NumPy definitions, byte for byte.
 
-- fast/cuda/kernels/quantize_q8_1.cu against strata.q8_1.gather_quantize / scatter_quantize,
+- fast/cuda/kernels/quantize_q8_1.cu against strata_prefill.contract.q8_1.gather_quantize / scatter_quantize,
   all three layouts (random x, random routings, one all-zero token);
-- fast/cuda/kernels/mmq.cu against strata.mmq.mmq (mmq_prepared), every registered weight type (random valid
+- fast/cuda/kernels/mmq.cu against strata_prefill.contract.mmq.mmq (mmq_prepared), every registered weight type (random valid
   blocks, random activations, several experts with uneven row counts including 0 and 1,
   the tiny and strata shapes); its pair launch (gate and up, gridDim.y = 2) against two
   single launches;
 - fast/cuda/kernels/swiglu_q8_1.cu against swiglu.cu then quantize_q8_1.cu (the two-step
-  path) and against strata.moe.swiglu + strata.q8_1.quantize_rows, every down layout; its
+  path) and against strata_prefill.contract.moe.swiglu + strata_prefill.contract.q8_1.quantize_rows, every down layout; its
   gpt-oss form (swiglu_oai_q8_1) likewise against swiglu_oai_rows then the quantize, and against
-  strata.moe.swiglu_oai of the biased rows + strata.q8_1.quantize_rows.
+  strata_prefill.contract.moe.swiglu_oai of the biased rows + strata_prefill.contract.q8_1.quantize_rows.
 
 Output buffers are poisoned before each launch and compared whole, as uint8; at the sizes the
 GPU suites time (rows with `check`), a spread of rows (tokens, experts) is compared with the
@@ -27,14 +27,14 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from fast.cuda.runtime import cuda_available
-from strata import moe, mmq, q8_1, quants
-from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP, WEIGHT_TAIL_BYTES
-from strata.routing import routing_tables
-from verify.cases import kernel_rows, mmq_configs, params, sample_index
-from verify.device_checks import POISON, rows as device_rows, unwritten_words
-from verify.kernel_inputs import around_clamp, normal
-from verify.kernel_refs import kept, worth_keeping
+from strata_prefill.fast.cuda.runtime import cuda_available
+from strata_prefill.contract import moe, mmq, q8_1, quants
+from strata_prefill.contract.constants import GROUP_TAIL_BYTES, MMQ_GROUP, WEIGHT_TAIL_BYTES
+from strata_prefill.contract.routing import routing_tables
+from strata_prefill.verify.cases import kernel_rows, mmq_configs, params, sample_index
+from strata_prefill.verify.device_checks import POISON, rows as device_rows, unwritten_words
+from strata_prefill.verify.kernel_inputs import around_clamp, normal
+from strata_prefill.verify.kernel_refs import kept, worth_keeping
 
 _OK, _WHY = cuda_available()
 pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.skipif(not _OK, reason=_WHY)
 
 @pytest.fixture(scope="module")
 def cu():
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     runtime.context()
     import pycuda.driver as cuda
@@ -54,19 +54,19 @@ def cu():
 @pytest.fixture(scope="module")
 def dev(cu):
     """The launch object the wrappers take (counters, default stream, memory pool)."""
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     return runtime.Device()
 
 
 def _dev(cu, arr, what="test buffer"):
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     return runtime.to_device(np.ascontiguousarray(arr), what)
 
 
 def _poisoned(cu, nbytes):
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     buf = runtime.alloc(nbytes, "test output")
     cu.memset_d8(buf, POISON, max(int(nbytes), 1))
@@ -162,7 +162,7 @@ def _no_poisoned_block(buf: np.ndarray, n_rows: int, what: str) -> None:
 
 @pytest.mark.parametrize("case", params(kernel_rows("quantize")))
 def test_quantize_gather_scatter(cu, dev, case):
-    from fast.cuda import products
+    from strata_prefill.fast.cuda import products
 
     T, K, E, k = (case.shape[n] for n in ("T", "K", "E", "k"))
     layout = q8_1.Layout[case.config]
@@ -266,7 +266,7 @@ def _mmq_case(cu, dev, qt, N, K, rows, *, lead=3, gap=2, stride_pad=2, tile_rows
     so its q8_1 codes are +-127 aligned with that row: the largest block sums. keep: the NumPy
     expectation from the reference cache. Returns the largest |sumi| of a block over the case
     (from the reference's folded codes)."""
-    from fast.cuda import products
+    from strata_prefill.fast.cuda import products
 
     rng = np.random.default_rng(seed)
     vpb, bpb = quants.block_size(qt)
@@ -359,7 +359,7 @@ def test_mmq_extreme_sub_scaled_sums(cu, dev, case):
 
 @pytest.mark.parametrize("case", params(kernel_rows("mmq_dense")))
 def test_mmq_dense(cu, dev, case):
-    from fast.cuda import products
+    from strata_prefill.fast.cuda import products
 
     qt = QT[case.weight_type]
     rng = np.random.default_rng(case.shape["seed"])
@@ -383,7 +383,7 @@ def test_mmq_dense(cu, dev, case):
 def test_counters(cu, case):
     """Each Device counts its own launches: one dense product is one "mmq" launch there and
     none on another Device."""
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     mine, other = runtime.Device(), runtime.Device()
     test_mmq_dense(cu, mine, kernel_rows("mmq_dense", weight_type=case.weight_type)[0])
@@ -405,7 +405,7 @@ def test_mmq_pair_is_two_launches_in_one(cu, dev, case):
     """gate and up of each expert ([gate | up] per expert, as the group buffers hold them) in
     one launch: the same bytes as two single launches, every tile configuration, uneven
     bounds (empty, one row, more than a tile); counted as one "mmq" launch."""
-    from fast.cuda import products
+    from strata_prefill.fast.cuda import products
 
     tname = case.weight_type
     qt = QT[tname]
@@ -450,16 +450,16 @@ def test_mmq_pair_is_two_launches_in_one(cu, dev, case):
             g, w = _get(cu, got, nbytes), _get(cu, want, nbytes)
             assert np.array_equal(g, w), f"{tname} pair {what} config={cfg}: " + _f32_report(g, w, N)
         up = _get(cu, pair_u, nbytes).view("<f4").reshape(R_total, N)[b0:b1]
-        assert np.array_equal(up.view(np.uint32), want_up.astype("<f4").view(np.uint32)), f"{tname} up vs strata.mmq"
+        assert np.array_equal(up.view(np.uint32), want_up.astype("<f4").view(np.uint32)), f"{tname} up vs strata_prefill.contract.mmq"
 
 
 def _tile_list_case(cu, dev, qt, N, K, rows, seed, keep=False):
     """mmq.cu's tile-list form (products.mmq_tiles): experts lying at scattered even offsets in
     one buffer (as in the expert cache: blobs of [gate | up | down]), their rows scattered and
     in shuffled order, more experts than a group holds; gate and up in one launch. Every
-    written row against strata.mmq.mmq, every other byte still poison. keep: the NumPy
+    written row against strata_prefill.contract.mmq.mmq, every other byte still poison. keep: the NumPy
     expectation from the reference cache."""
-    from fast.cuda import products
+    from strata_prefill.fast.cuda import products
 
     rng = np.random.default_rng(seed)
     vpb, _ = quants.block_size(qt)
@@ -527,9 +527,9 @@ def test_mmq_layer(cu, dev, case):
     group of 16 consecutive experts, gate and up in one launch, the group weight buffers taken
     in turn, the q8_1 activations quantized on the device. Every routed row is written (no
     poison left), and the rows of `check` routed experts spread over the layer equal
-    strata.mmq.mmq of their weights and the NumPy quantize of their tokens."""
-    from fast.cuda import products
-    from verify.kernel_inputs import N_GROUPS, Routing
+    strata_prefill.contract.mmq.mmq of their weights and the NumPy quantize of their tokens."""
+    from strata_prefill.fast.cuda import products
+    from strata_prefill.verify.kernel_inputs import N_GROUPS, Routing
 
     s, tname = case.shape, case.weight_type
     qt, N, K, mats, tokens = QT[tname], s["N"], s["K"], s["mats"], s["tokens"]
@@ -602,11 +602,11 @@ def _gate_up(rng, R, n):
 @pytest.mark.parametrize("case", params(kernel_rows("swiglu_quantize")))
 def test_swiglu_quantize_is_the_two_steps(cu, dev, case):
     """swiglu_q8_1.cu writes the same bytes as swiglu.cu followed by quantize_q8_1.cu's
-    gather over H's rows in order, and as strata.moe.swiglu + strata.q8_1.quantize_rows; the
+    gather over H's rows in order, and as strata_prefill.contract.moe.swiglu + strata_prefill.contract.q8_1.quantize_rows; the
     rest of the buffer stays untouched (poison). The rows' shapes: the whole buffer; a group's
     rows, in place (as the walk calls it); n not a multiple of 128 (padded blocks), rows moved;
     one row; n below one block (float4 loads off 16-byte alignment)."""
-    from fast.cuda import elementwise, products
+    from strata_prefill.fast.cuda import elementwise, products
 
     layout = q8_1.Layout[case.config]
     n, R, r0, r1, row0, R_total = (case.shape[k] for k in ("n", "R", "r0", "r1", "row0", "R_total"))
@@ -636,10 +636,10 @@ def test_swiglu_quantize_is_the_two_steps(cu, dev, case):
 def test_swiglu_oai_quantize_is_the_two_steps(cu, dev, case):
     """swiglu_oai_q8_1 (gpt-oss's clamped SwiGLU with the expert gate/up biases) writes the same
     bytes as swiglu.cu's swiglu_oai_rows followed by quantize_q8_1.cu's gather, and as
-    strata.moe.swiglu_oai(add_expert_bias(...)) + strata.q8_1.quantize_rows; the rest of the
+    strata_prefill.contract.moe.swiglu_oai(add_expert_bias(...)) + strata_prefill.contract.q8_1.quantize_rows; the rest of the
     buffer stays poisoned. Shapes as test_swiglu_quantize_is_the_two_steps', plus gpt-oss's
     n_ff (2880: 22.5 blocks of 128)."""
-    from fast.cuda import elementwise, products
+    from strata_prefill.fast.cuda import elementwise, products
 
     layout = q8_1.Layout[case.config]
     n, R, r0, r1, row0, R_total = (case.shape[k] for k in ("n", "R", "r0", "r1", "row0", "R_total"))
@@ -675,7 +675,7 @@ def test_swiglu_oai_quantize_is_the_two_steps(cu, dev, case):
 def _probe(cu, kernel: str, lo: int, hi: int) -> tuple[int, int]:
     """Run numerics_probe.cu's `kernel` over the float bit patterns lo .. hi (inclusive):
     (mismatches, first mismatching bit pattern or 0xFFFFFFFF)."""
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     f = runtime.function("numerics_probe", kernel, "IIPP")
     bad = _dev(cu, np.zeros(1, np.uint64))
@@ -710,10 +710,10 @@ def test_exp_fused_every_float(cu, case):
 
 @pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="values")))
 def test_special_forms_against_numpy(cu, case):
-    """Both fast forms against the NumPy definitions (strata.numerics.exp, roundf) on random
+    """Both fast forms against the NumPy definitions (strata_prefill.contract.numerics.exp, roundf) on random
     non-positive inputs and the edges: +-0, -inf, -87 and its neighbours, halves."""
-    from fast.cuda import runtime
-    from strata import numerics
+    from strata_prefill.fast.cuda import runtime
+    from strata_prefill.contract import numerics
 
     rng = np.random.default_rng(12)
     edges = np.array([0.0, -0.0, -np.inf, -87.0, np.nextafter(np.float32(-87.0), np.float32(0)),

@@ -1,13 +1,13 @@
 """The model kernels of fast/cuda/kernels (through fast/cuda/elementwise.py, attention.py and
 products.py) against their NumPy definitions, byte for byte:
 
-rmsnorm.cu (strata.numerics.rmsnorm), rope.cu (rope_neox), kv_cache.cu (KVCache.write),
-attention_{pair,split}.cu (strata.attention.attend), router.cu (strata.routing.top_k), routing_tables.cu,
-swiglu.cu (strata.moe.swiglu), combine.cu (strata.moe.combine, strata.numerics.sigmoid),
-gpt-oss's variants (router.cu's router_topk_selected: strata.routing.top_k with a bias and
+rmsnorm.cu (strata_prefill.contract.numerics.rmsnorm), rope.cu (rope_neox), kv_cache.cu (KVCache.write),
+attention_{pair,split}.cu (strata_prefill.contract.attention.attend), router.cu (strata_prefill.contract.routing.top_k), routing_tables.cu,
+swiglu.cu (strata_prefill.contract.moe.swiglu), combine.cu (strata_prefill.contract.moe.combine, strata_prefill.contract.numerics.sigmoid),
+gpt-oss's variants (router.cu's router_topk_selected: strata_prefill.contract.routing.top_k with a bias and
 gating="softmax_selected"; routing_tables.cu's row_experts; swiglu.cu's swiglu_oai_rows:
-strata.moe.swiglu_oai of the biased gate and up; combine.cu's _bias forms: the down bias),
-embed.cu (Q8_0 strata.quants.dequantize), gather_group.cu (strata.moe.group_buffers), add.cu.
+strata_prefill.contract.moe.swiglu_oai of the biased gate and up; combine.cu's _bias forms: the down bias),
+embed.cu (Q8_0 strata_prefill.contract.quants.dequantize), gather_group.cu (strata_prefill.contract.moe.group_buffers), add.cu.
 
 Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
 probabilities, T=1, positions crossing 64-key blocks, GQA, head_dim 64 and 128, n_embd 256 and
@@ -25,16 +25,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fast.cuda import attention as cu_att, elementwise as cu_ew, products as cu_prod
-from strata import attention, moe, numerics, routing
-from strata.errors import InputError
-from verify.device_checks import POISON, POISON_WORD
-from verify.cases import kernel_rows, params, sample_index
-from verify.kernel_inputs import around_clamp, normal
-from verify.kernel_refs import kept, worth_keeping
+from strata_prefill.fast.cuda import attention as cu_att, elementwise as cu_ew, products as cu_prod
+from strata_prefill.contract import attention, moe, numerics, routing
+from strata_prefill.contract.errors import InputError
+from strata_prefill.verify.device_checks import POISON, POISON_WORD
+from strata_prefill.verify.cases import kernel_rows, params, sample_index
+from strata_prefill.verify.kernel_inputs import around_clamp, normal
+from strata_prefill.verify.kernel_refs import kept, worth_keeping
 
 try:
-    from fast.cuda.runtime import cuda_available
+    from strata_prefill.fast.cuda.runtime import cuda_available
 except ImportError:  # the runtime module is not there
     _OK, _WHY = False, "fast/cuda/runtime.py is missing: no CUDA runtime to test against"
 else:
@@ -48,7 +48,7 @@ F32 = np.float32
 @pytest.fixture(scope="module")
 def dev():
     """The launch object the wrappers take (counters, default stream, memory pool)."""
-    from fast.cuda import runtime
+    from strata_prefill.fast.cuda import runtime
 
     return runtime.Device()
 
@@ -322,7 +322,7 @@ _ATT_WANT: dict = {}
 
 @pytest.mark.parametrize("case", params(kernel_rows("attention")))
 def test_attention(dev, case):
-    """Every kernel variant (fast.cuda.attention.ATTEND_VARIANTS) and the default (form None) on
+    """Every kernel variant (strata_prefill.fast.cuda.attention.ATTEND_VARIANTS) and the default (form None) on
     each shape at query scales 1 and 8."""
     s = case.shape
     key = (s["n_head"], s["n_kv"], s["hd"], s["positions"], s["start"], s["scale"])
@@ -418,7 +418,7 @@ def _sinks(rng, n_head: int, spread):
 @pytest.mark.parametrize("case", params(kernel_rows("attention_options")))
 def test_attention_options(dev, case):
     """Sink logits and a sliding window (gpt-oss' attention; docs/numerics.md section 5) on
-    every kernel variant and the default, against strata.attention.attend with the same
+    every kernel variant and the default, against strata_prefill.contract.attention.attend with the same
     options: windows of one key, on and off block edges and past the context, a chunk whose
     window reaches into the keys before it, scattered decode positions. The sinks go up as a
     GPUArray for the kernels named, as a host array for the default."""
@@ -529,7 +529,7 @@ def test_routing_tables(dev, case):
 
 @pytest.mark.parametrize("case", params(kernel_rows("top_k_selected")))
 def test_top_k_selected(dev, case):
-    """router_topk_selected against strata.routing.top_k(bias=..., gating="softmax_selected"):
+    """router_topk_selected against strata_prefill.contract.routing.top_k(bias=..., gating="softmax_selected"):
     ids and weights as bytes; rows with a NaN or infinite logit: the same ids, NaN weights where
     the definition has them (their bits are outside the contract)."""
     T, E, K, ties, with_bias = (case.shape[k] for k in ("T", "E", "K", "ties", "bias"))
@@ -571,7 +571,7 @@ def _oai_bias(rng, R, n, E=5):
 
 @pytest.mark.parametrize("case", params(kernel_rows("swiglu_oai")))
 def test_swiglu_oai(dev, case):
-    """swiglu_oai_rows against strata.moe.swiglu_oai of the biased gate and up (strata.moe.
+    """swiglu_oai_rows against strata_prefill.contract.moe.swiglu_oai of the biased gate and up (strata_prefill.contract.moe.
     add_expert_bias), over every row and over a row range (the rows' experts offset with it)."""
     R, n, with_bias = case.shape["R"], case.shape["n"], case.shape["bias"]
     rng = np.random.default_rng(R * n + with_bias)
@@ -597,7 +597,7 @@ def test_swiglu_oai(dev, case):
 
 @pytest.mark.parametrize("case", params(kernel_rows("combine_bias")))
 def test_combine_bias(dev, case):
-    """combine_rows[_vec]_bias against strata.moe.combine(..., down_bias=(bias, ids))."""
+    """combine_rows[_vec]_bias against strata_prefill.contract.moe.combine(..., down_bias=(bias, ids))."""
     T, K, D, E, shared = (case.shape[k] for k in ("T", "K", "D", "E", "shared"))
     form = case.form
     rng = np.random.default_rng(T * K + D + shared + 11)
@@ -696,7 +696,7 @@ def test_combine_refuses_a_bad_form_even_when_empty(dev, case):
 def test_embed_q8_0(dev, case):
     from gguf import GGMLQuantizationType as QT
 
-    from strata import quants
+    from strata_prefill.contract import quants
 
     n_embd, T = case.shape["n_embd"], case.shape["T"]
     rng = np.random.default_rng(n_embd + T)

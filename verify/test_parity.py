@@ -1,4 +1,4 @@
-"""The parity gate: every row of `verify.cases.PARITY_CASES` is one fast-path run compared byte
+"""The parity gate: every row of `strata_prefill.verify.cases.PARITY_CASES` is one fast-path run compared byte
 for byte with the reference's run of the same prompt (the residual dump, the first-token
 logits, the greedy tokens and, where the row records, every record of the record file), or at
 32K with the fast path's own all-resident default run.
@@ -20,8 +20,8 @@ import zlib
 import pytest
 
 from strata_prefill import refcache
-from verify.cases import PARITY_CASES, ParityCase
-from verify.common import SIM_SKIP_REASON, Run, assert_same_run, cuda_here, run_engine, sim_here
+from strata_prefill.verify.cases import PARITY_CASES, ParityCase
+from strata_prefill.verify.common import SIM_SKIP_REASON, Run, assert_same_run, cuda_here, run_engine, sim_here
 
 _CUDA, _WHY = cuda_here()
 _SIM_HERE = sim_here()
@@ -51,7 +51,7 @@ def _params():
 
 
 def _engine(case: ParityCase, pack, monkeypatch):
-    from fast import make_fast_engine
+    from strata_prefill.fast import make_fast_engine
 
     if case.stress:
         monkeypatch.setenv("STRATA_PREFILL_STRESS", str(zlib.crc32(case.name.encode()) % 1000 + 1))
@@ -85,7 +85,7 @@ def _base(case: ParityCase, pack, ids, tmp_path, monkeypatch) -> Run:
     if case.base == "resident":  # the fast path's own run, kept for the next row of the case (the same code)
         key = ("resident", str(pack.path), case.backend, ids.astype("<i8").tobytes(), case.greedy, case.records)
         if key not in _bases:
-            from fast import make_fast_engine
+            from strata_prefill.fast import make_fast_engine
 
             cfg = pack.config
             eng = make_fast_engine(pack, case.backend, expert_cache=cfg.n_layer * cfg.n_expert)
@@ -95,7 +95,7 @@ def _base(case: ParityCase, pack, ids, tmp_path, monkeypatch) -> Run:
         return _bases[key]
     key = (str(pack.path), ids.astype("<i8").tobytes(), case.greedy, case.level)
     if key not in _bases:
-        from strata.records import read_timeline
+        from strata_prefill.formats.records import read_timeline
 
         with refcache.open_reference_run(pack, ids, greedy=case.greedy, dump_level=case.level) as ref:  # held while read
             _remember(_bases, key, Run(ref.logits, ref.greedy, read_timeline(ref.records) if ref.records else [],
@@ -107,7 +107,7 @@ class _SkipCounter:
     """Counts the streamed walk's skips of a ring entry while a group holds streamed slots."""
 
     def __init__(self, monkeypatch):
-        from fast.walk import LayerWalk
+        from strata_prefill.fast.walk import LayerWalk
 
         self.open_skips = 0
         skip = LayerWalk.skip

@@ -6,8 +6,8 @@ import contextlib
 import numpy as np
 import pytest
 
-from fast import make_fast_engine
-from verify.common import SIM_SKIP_REASON, run_engine, sim_here
+from strata_prefill.fast import make_fast_engine
+from strata_prefill.verify.common import SIM_SKIP_REASON, run_engine, sim_here
 
 pytestmark = pytest.mark.skipif(not sim_here(), reason=SIM_SKIP_REASON)
 

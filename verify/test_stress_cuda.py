@@ -32,11 +32,11 @@ from pathlib import Path
 
 import pytest
 
-from verify.common import assert_same_run, run_engine
-from verify.stress_child import PLANTS, RESULT, Zygote, prompt
+from strata_prefill.verify.common import assert_same_run, run_engine
+from strata_prefill.verify.stress_child import PLANTS, RESULT, Zygote, prompt
 
 try:
-    from fast.cuda.runtime import cuda_available
+    from strata_prefill.fast.cuda.runtime import cuda_available
 
     _OK, _WHY = cuda_available()
 except ImportError as exc:  # pragma: no cover - the runtime module itself is missing
@@ -82,8 +82,8 @@ NO_DEFECT = {
 
 @pytest.mark.parametrize("case", sorted(NO_DEFECT))
 def test_stress_mode_changes_no_byte(make_test_pack, tmp_path, case):
-    from fast import make_fast_engine
-    from fast.cuda import stress
+    from strata_prefill.fast import make_fast_engine
+    from strata_prefill.fast.cuda import stress
 
     preset, etype, n, chunk, options = NO_DEFECT[case]
     pack = make_test_pack(preset, etype)
@@ -103,9 +103,9 @@ def test_stress_mode_changes_no_byte(make_test_pack, tmp_path, case):
 
 
 def test_the_variable_turns_it_on_and_a_bad_one_is_named(make_test_pack, monkeypatch):
-    from fast import make_fast_engine
-    from fast.cuda import stress
-    from strata.errors import InputError
+    from strata_prefill.fast import make_fast_engine
+    from strata_prefill.fast.cuda import stress
+    from strata_prefill.contract.errors import InputError
 
     pack = make_test_pack("tiny", "Q8_0")
     monkeypatch.setenv(stress.ENV, "3")
@@ -126,7 +126,7 @@ def test_a_spin_takes_its_time():
 
     import pycuda.driver as cuda
 
-    from fast.cuda import runtime, stress
+    from strata_prefill.fast.cuda import runtime, stress
 
     runtime.context()
     stream = cuda.Stream()

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """The prefill attention kernel's versions, side by side: each checked byte for byte against the
-NumPy definition (strata.attention.attend), then both timed on the same launches.
+NumPy definition (strata_prefill.contract.attention.attend), then both timed on the same launches.
 
     python3 -m dev.kernels.attention [--tokens 4096,32768] [--reps 5] [--check-tokens 1000]
 
 Version 1: dev/kernels/attention_v1_mma.cu (one warp per 16-query group), launched from here.
 Version 2: production's fast/cuda/kernels/attention_pair.cu (each group split between two
-warps), through fast.cuda.attention.attend(..., variant="pair").
+warps), through strata_prefill.fast.cuda.attention.attend(..., variant="pair").
 
 check: a few random shapes (GQA 32/4 heads at head_dim 128, the `strata` preset's; MQA 8/1 at
 head_dim 64), each a prefill from position 0 of --check-tokens tokens and a chunk at an offset
@@ -33,11 +33,11 @@ import numpy as np
 
 from bench.ab_harness import first_difference
 from dev.kernels.harness import cuda_or_exit, finish, progress
-from fast.cuda import attention as cu_att, runtime, signatures
-from strata import attention
-from strata.config import PRESETS
-from strata.constants import KEY_BLOCK
-from verify.kernel_inputs import normal  # fast random draws at 32K
+from strata_prefill.fast.cuda import attention as cu_att, runtime, signatures
+from strata_prefill.contract import attention
+from strata_prefill.formats.config import PRESETS
+from strata_prefill.contract.constants import KEY_BLOCK
+from strata_prefill.verify.kernel_inputs import normal  # fast random draws at 32K
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,7 +51,7 @@ V1_FORMAT = "PqPiiPPPPPifPq"
 V1_GEOMETRY = "attend_mma_geometry"  # {warps, queries} of a CTA
 HEAD_DIMS = (64, 128)
 
-#: the strata preset's attention heads (strata/config.py): query heads, KV heads, head_dim
+#: the strata preset's attention heads (formats/config.py): query heads, KV heads, head_dim
 STRATA_HEADS = (PRESETS["strata"].n_head, PRESETS["strata"].n_head_kv, PRESETS["strata"].head_dim)
 
 
@@ -60,7 +60,7 @@ def v1_kernel(hd: int) -> str:
 
 
 def v1_kernels(defines: dict | None = None) -> dict:
-    """Version 1's kernels (fast.cuda.signatures.Kernel by name), read from its file without a
+    """Version 1's kernels (strata_prefill.fast.cuda.signatures.Kernel by name), read from its file without a
     compiler, its headers from fast/cuda/kernels."""
     with open(V1_FILE, encoding="utf-8") as f:
         text = f.read()
@@ -82,7 +82,7 @@ def check_v1_format(hd: int, fmt: str = V1_FORMAT) -> None:
 
 @dataclass
 class DeviceCache:
-    """One layer's int8 KV cache on the device (fast.cuda.attention's layout), with the
+    """One layer's int8 KV cache on the device (strata_prefill.fast.cuda.attention's layout), with the
     transposed V blocks version 2 reads, as production's cache holds them."""
     k_codes: object
     k_scale: object
@@ -234,7 +234,7 @@ def check_case(dev, case: Case, seed: int) -> list[str]:
 
 def check(tokens: int = 1000, seed: int = 0, dev=None) -> list[str]:
     """Both versions on every check case (:func:`check_cases`) of ``tokens`` tokens; the
-    mismatches (empty: every byte equal). ``dev``: a fast.cuda.runtime.Device (a new one if None)."""
+    mismatches (empty: every byte equal). ``dev``: a strata_prefill.fast.cuda.runtime.Device (a new one if None)."""
     dev = runtime.Device() if dev is None else dev
     bad = []
     for i, case in enumerate(check_cases(tokens)):

@@ -11,7 +11,7 @@
 // price of trading the block maxima, lsum and P codes between the two. docs/performance.md has
 // the figures (its ncu table's attention rows and the paragraphs on the pair kernel).
 //
-// Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit; written out in
+// Definition: strata_prefill.contract.attention.attend (docs/numerics.md section 5), bit for bit; written out in
 // attention_common.cuh. It includes production's headers from fast/cuda/kernels/
 // (strata_numerics.cuh, attention_common.cuh: fast/cuda/runtime.py kernel_source inlines them),
 // so it computes the same shared steps as version 2; only the work's split differs.

@@ -9,7 +9,7 @@ import sys
 def cuda_or_exit(script: str) -> None:
     """Exit 2 with one line where the CUDA backend cannot run here (script: the script's path
     from the repository root, as the line names it)."""
-    from fast.cuda import runtime  # noqa: PLC0415
+    from strata_prefill.fast.cuda import runtime  # noqa: PLC0415
 
     ok, why = runtime.cuda_available()
     if not ok:

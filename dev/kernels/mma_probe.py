@@ -29,7 +29,7 @@ import sys
 import numpy as np
 
 from dev.kernels.harness import cuda_or_exit
-from fast.cuda import runtime
+from strata_prefill.fast.cuda import runtime
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

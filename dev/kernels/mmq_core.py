@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """MMQ's product core for a sub-scaled type, on int8 tensor cores (v1: production's IQ2_XS
 epilogue) and on fp16 tensor cores (v2: the sub-scaled integers summed by the mma), side by
-side: each checked byte for byte against the NumPy definition (strata.mmq.mmq_prepared), then
+side: each checked byte for byte against the NumPy definition (strata_prefill.contract.mmq.mmq_prepared), then
 both timed on the same launches.
 
     python3 -m dev.kernels.mmq_core [--rows 1024,8192] [--reps 7]
@@ -33,8 +33,8 @@ from gguf import GGMLQuantizationType as QT
 
 from bench.ab_harness import first_difference
 from dev.kernels.harness import cuda_or_exit, finish, progress
-from fast.cuda import runtime
-from strata import mmq, q8_1
+from strata_prefill.fast.cuda import runtime
+from strata_prefill.contract import mmq, q8_1
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -65,7 +65,7 @@ def inputs(rng, N: int, K: int, R: int, widest: bool = False) -> dict:
 
 
 def definition(a: dict) -> np.ndarray:
-    """out [R, N] float32: strata.mmq.mmq_prepared on the same operands (the weights as the
+    """out [R, N] float32: strata_prefill.contract.mmq.mmq_prepared on the same operands (the weights as the
     reference prepares an IQ2_XS matrix: codes times their sub-scales per block, dw a float per
     block; the activations as decoded D4 q8_1 rows)."""
     w, u = a["w"].astype(np.int16), a["u"].astype(np.int16)

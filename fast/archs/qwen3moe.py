@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import dense, q8_1
+from strata_prefill.contract import dense, q8_1
 
 
 def attention_half(engine, layer: int, x, positions: np.ndarray, dump=None):

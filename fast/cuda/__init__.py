@@ -1,5 +1,5 @@
 """The `cuda` backend: PyCUDA context, kernel modules and device memory (see runtime.py)."""
-from fast.cuda.runtime import (  # noqa: F401
+from strata_prefill.fast.cuda.runtime import (  # noqa: F401
     DeviceError,
     alloc,
     arch,

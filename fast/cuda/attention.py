@@ -1,11 +1,11 @@
 """Attention on the device: the int8 KV cache (:class:`DeviceKVCache`, :func:`kv_write`) and
 causal attention over it (:func:`attend`). GPUArrays in, GPUArrays out; every wrapper takes
-the backend's :class:`fast.cuda.runtime.Device` first, allocates outputs and scratch from its
+the backend's :class:`strata_prefill.fast.cuda.runtime.Device` first, allocates outputs and scratch from its
 pool and launches on its stream.
 
 Kernels and the NumPy functions they match bit for bit (docs/numerics.md):
-- :func:`kv_write` -> strata.attention.KVCache.write (kernels/kv_cache.cu)
-- :func:`attend`   -> strata.attention.attend        (kernels/attention_pair.cu for prefill,
+- :func:`kv_write` -> strata_prefill.contract.attention.KVCache.write (kernels/kv_cache.cu)
+- :func:`attend`   -> strata_prefill.contract.attention.attend        (kernels/attention_pair.cu for prefill,
   attention_split.cu for few queries: their shared steps in attention_common.cuh; the earlier
   one-warp prefill form is dev/kernels/attention_v1_mma.cu). With sinks or a window, the same
   files' *_sinks_window kernels (the options' code compiled in; the plain kernels are the same
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import attention as _attention
-from strata.constants import KEY_BLOCK
-from strata.errors import InputError
+from strata_prefill.contract import attention as _attention
+from strata_prefill.contract.constants import KEY_BLOCK
+from strata_prefill.contract.errors import InputError
 
-from fast.cuda import runtime
-from fast.cuda.runtime import check, ptr
+from strata_prefill.fast.cuda import runtime
+from strata_prefill.fast.cuda.runtime import check, ptr
 
 __all__ = [
     "kv_write",
@@ -35,7 +35,7 @@ __all__ = [
 #: head sizes the attention kernels are instantiated for (every variant)
 ATTEND_HEAD_DIMS = (64, 128)
 
-#: attention kernels, each bit-exact to strata.attention.attend, each in its own file:
+#: attention kernels, each bit-exact to strata_prefill.contract.attention.attend, each in its own file:
 #: "pair"  (attention_pair.cu) one CTA per (16 * PAIR_QG queries, head), int8 tensor cores, each
 #:         16-query group split between two warps (keys by parity for the scores, output dims
 #:         by half for P.V), half the registers a warp, a cp.async ring;
@@ -134,7 +134,7 @@ def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale, v_t=None)
     """Quantize and store k, v float32 [T, n_kv, hd] at absolute positions (int32 GPUArray [T],
     or a host int array: checked against the capacity and uploaded) into one layer's cache:
     k_codes int8 [n_kv, cap, hd], k_scale float32 [n_kv, cap, hd/32], v_codes int8
-    [n_kv, cap, hd], v_scale float32 [n_kv, cap] (strata.attention.KVCache.write), and where
+    [n_kv, cap, hd], v_scale float32 [n_kv, cap] (strata_prefill.contract.attention.KVCache.write), and where
     given v_t int8 [n_kv, ceil(cap / 64), hd, 64], the same V codes in the pair kernel's
     transposed blocks (kernels/v_blocks.cuh). Positions must be distinct and < cap."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
@@ -257,7 +257,7 @@ def _options(dev, sinks, window, H: int, p):
 
 def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, variant=None,
            max_pos=None, config=None, v_t=None, sinks=None, window=None):
-    """Causal attention (strata.attention.attend) of q float32 [T, n_head, hd] (after norm and
+    """Causal attention (strata_prefill.contract.attention.attend) of q float32 [T, n_head, hd] (after norm and
     RoPE) at absolute positions (int32 GPUArray [T], or a host int array: checked and uploaded)
     over one layer's cache (see :func:`kv_write`; keys 0..position of each query must be
     written, and position < cap). GQA: head h reads KV head h // (n_head // n_kv).
@@ -267,7 +267,7 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     over ATTEND_PAIR_CONFIG for the pair kernel; ``v_t``: the cache's transposed V blocks (see
     :func:`kv_write`), which the pair kernel reads; without them it transposes v_codes first
     (:func:`v_transpose`, into scratch). ``sinks`` (float32 [n_head], a GPUArray or a host
-    array) and ``window`` (keys a query sees, an int >= 1) as strata.attention.attend's; either
+    array) and ``window`` (keys a query sees, an int >= 1) as strata_prefill.contract.attention.attend's; either
     one runs the *_sinks_window kernels, neither the plain ones. Returns out, float32
     [T, n_head, hd]."""
     n_kv, cap, hd = _cache_shapes(k_codes, k_scale, v_codes, v_scale)
@@ -337,7 +337,7 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
 
 
 class DeviceKVCache:
-    """The int8 KV cache on the device, laid out as strata.attention.KVCache: per layer
+    """The int8 KV cache on the device, laid out as strata_prefill.contract.attention.KVCache: per layer
     ``k_codes[l]`` int8 [n_kv, capacity, hd], ``k_scale[l]`` float32 [n_kv, capacity, hd/32],
     ``v_codes[l]`` int8 [n_kv, capacity, hd], ``v_scale[l]`` float32 [n_kv, capacity], and
     ``v_t[l]``, the V codes again in the pair kernel's transposed blocks (kernels/v_blocks.cuh),

@@ -1,7 +1,7 @@
 """The `cuda` backend: each step of the fast engine (fast/backend.py) as a PyCUDA kernel launch.
 
 Buffers are pycuda GPUArrays. Launches go through this instance's
-:class:`fast.cuda.runtime.Device`, which counts them and allocates every output from its pool,
+:class:`strata_prefill.fast.cuda.runtime.Device`, which counts them and allocates every output from its pool,
 on the compute stream: an explicit blocking stream, so it stays ordered with the few
 legacy-stream operations PyCUDA issues itself (uploads at load, zero fills). Experts live in
 the expert cache, the page-locked host tier and the rings' slots (fast/cuda/tiers.py), which
@@ -24,17 +24,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata import dense, q8_1, quants
-from strata.constants import GROUP_TAIL_BYTES, MMQ_GROUP
-from strata.errors import DeviceError, InternalError
-from strata.nonfinite import NOTHING
+from strata_prefill.contract import dense, q8_1, quants
+from strata_prefill.contract.constants import GROUP_TAIL_BYTES, MMQ_GROUP
+from strata_prefill.contract.errors import DeviceError, InternalError
+from strata_prefill.formats.nonfinite import NOTHING
 
-from fast.backend_base import BackendBase
-from fast.cuda import attention, dense as cuda_dense, elementwise as ops, float_rows, kernel_cache, products, runtime
-from fast.cuda import stress
-from fast.cuda.tiers import ExpertTiers
-from fast.phases import PhaseRecorder, timing_enabled
-from fast.trace import Span
+from strata_prefill.fast.backend_base import BackendBase
+from strata_prefill.fast.cuda import attention, dense as cuda_dense, elementwise as ops, float_rows, kernel_cache, products, runtime
+from strata_prefill.fast.cuda import stress
+from strata_prefill.fast.cuda.tiers import ExpertTiers
+from strata_prefill.fast.phases import PhaseRecorder, timing_enabled
+from strata_prefill.fast.trace import Span
 
 
 #: a 16-bit float matrix is widened to F32 on the device (float_dense.cu's F32 forms are
@@ -161,7 +161,7 @@ class CudaBackend(BackendBase):
         self._trace_base = self._mark()
 
     def trace_end(self) -> list:
-        """The spans since trace_begin (fast.trace.Span), seconds from the base event;
+        """The spans since trace_begin (strata_prefill.fast.trace.Span), seconds from the base event;
         synchronizes, then stops tracing."""
         self.dev.stream.synchronize()
         base = self._trace_base
@@ -260,7 +260,7 @@ class CudaBackend(BackendBase):
         else:
             m = self.pack.output() if name == "output" else self.pack.matrix(name)
             if self._widens(m):
-                # widened once, exactly (strata.dense.decode_float): the F32 forms of
+                # widened once, exactly (strata_prefill.contract.dense.decode_float): the F32 forms of
                 # float_dense.cu run faster than the 16-bit ones, with the same products
                 f32 = dense.decode_float(m.qtype, np.asarray(m.data).reshape(m.n_rows, -1))
                 got = DevWeight(quants.QT.F32, m.n_rows, m.n_cols, self.ga.to_gpu(f32.reshape(-1)))
@@ -308,7 +308,7 @@ class CudaBackend(BackendBase):
         return out
 
     def float_dense(self, w: DevWeight, x):
-        """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata.dense.float_matmul)."""
+        """x [T, K] times an F32/F16/BF16 weight, float32 [T, N] (strata_prefill.contract.dense.float_matmul)."""
         out = self.dev.empty((int(x.shape[0]), w.n_rows), np.float32)
         cuda_dense.float_dense(self.dev, w.qtype, w.data, w.n_rows, w.n_cols, x, int(x.shape[0]), out)
         return out
@@ -359,7 +359,7 @@ class CudaBackend(BackendBase):
     def sigmoid(self, v):
         return ops.sigmoid(self.dev, v)
 
-    # ---- the NaN/Inf watch (strata/nonfinite.py): one uint64 on the device -------------
+    # ---- the NaN/Inf watch (formats/nonfinite.py): one uint64 on the device -------------
     _nonfinite = None
 
     def nonfinite_reset(self) -> None:

@@ -1,15 +1,15 @@
 """Float dense products on the GPU: fast/cuda/kernels/float_dense.cu, whose definition is
-strata.dense.float_matmul (F32, F16 or BF16 weights times float32 rows, no quantize).
+strata_prefill.contract.dense.float_matmul (F32, F16 or BF16 weights times float32 rows, no quantize).
 Launches go through the backend's runtime.Device (counted as "float_dense")."""
 from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from strata.errors import InputError
+from strata_prefill.contract.errors import InputError
 
-from fast.cuda import runtime
-from fast.cuda.runtime import ptr
+from strata_prefill.fast.cuda import runtime
+from strata_prefill.fast.cuda.runtime import ptr
 
 __all__ = ["float_dense"]
 
@@ -30,7 +30,7 @@ TILE_CONFIG: dict = {}
 def float_dense(dev, qtype, w, N: int, K: int, x, T: int, out, *, ldx: int | None = None,
                 ldo: int | None = None, variant: str = "auto") -> None:
     """out float32 [T, ldo] <- x [T, ldx] float32 times weight rows w [N, K] of `qtype`
-    (F32, F16 or BF16, contiguous rows) = strata.dense.float_matmul; ldx, ldo default K, N.
+    (F32, F16 or BF16, contiguous rows) = strata_prefill.contract.dense.float_matmul; ldx, ldo default K, N.
     ``variant`` picks the kernel form (:data:`VARIANTS`)."""
     try:
         qtype = QT(qtype)

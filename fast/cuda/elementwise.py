@@ -1,7 +1,7 @@
 """The model's elementwise and per-row kernels: norms, RoPE, add, the router (top-K and the
 routing tables), SwiGLU, the combine, the shared-expert sigmoid and the Q8_0 embedding.
 GPUArrays in, GPUArrays out; every wrapper takes the backend's
-:class:`fast.cuda.runtime.Device` first, checks shapes and dtypes on the host, allocates its
+:class:`strata_prefill.fast.cuda.runtime.Device` first, checks shapes and dtypes on the host, allocates its
 output from the device's pool when ``out`` is None, launches one kernel on its stream and
 returns at once. Arrays must be C-contiguous float32 / int32 / uint8 as documented.
 
@@ -10,17 +10,17 @@ Kernels and the NumPy functions they match bit for bit (docs/numerics.md):
 =====================  =====================================  ===========================
 wrapper                NumPy definition                       fast/cuda/kernels/
 =====================  =====================================  ===========================
-rmsnorm                strata.numerics.rmsnorm                rmsnorm.cu
-rope_neox              strata.numerics.rope_neox              rope.cu
+rmsnorm                strata_prefill.contract.numerics.rmsnorm                rmsnorm.cu
+rope_neox              strata_prefill.contract.numerics.rope_neox              rope.cu
 add                    x + y (float32)                        add.cu
-top_k                  strata.routing.top_k                   router.cu
-routing_tables         strata.routing.routing_tables          routing_tables.cu
-row_experts            strata.routing.row_experts             routing_tables.cu
-swiglu                 strata.moe.glu (+ add_expert_bias)     swiglu.cu
-combine                strata.moe.combine                     combine.cu
-sigmoid                strata.numerics.sigmoid                combine.cu
-embed_q8_0             strata.quants.dequantize (Q8_0 rows)   embed.cu
-nonfinite_mark         strata.nonfinite.mark                  nonfinite.cu
+top_k                  strata_prefill.contract.routing.top_k                   router.cu
+routing_tables         strata_prefill.contract.routing.routing_tables          routing_tables.cu
+row_experts            strata_prefill.contract.routing.row_experts             routing_tables.cu
+swiglu                 strata_prefill.contract.moe.glu (+ add_expert_bias)     swiglu.cu
+combine                strata_prefill.contract.moe.combine                     combine.cu
+sigmoid                strata_prefill.contract.numerics.sigmoid                combine.cu
+embed_q8_0             strata_prefill.contract.quants.dequantize (Q8_0 rows)   embed.cu
+nonfinite_mark         strata_prefill.formats.nonfinite.mark                  nonfinite.cu
 =====================  =====================================  ===========================
 """
 from __future__ import annotations
@@ -29,12 +29,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from strata import numerics, routing
-from strata.errors import InputError
-from strata.moe import SwigluOai
+from strata_prefill.contract import numerics, routing
+from strata_prefill.contract.errors import InputError
+from strata_prefill.contract.moe import SwigluOai
 
-from fast.cuda import runtime
-from fast.cuda.runtime import check, ptr
+from strata_prefill.fast.cuda import runtime
+from strata_prefill.fast.cuda.runtime import check, ptr
 
 __all__ = [
     "rmsnorm",
@@ -66,7 +66,7 @@ def _grid1(total: int, threads: int = _THREADS) -> tuple[int, int, int]:
 
 
 def rmsnorm(dev, x, w, eps: float, out=None):
-    """RMSNorm of every row of x along its last axis (strata.numerics.rmsnorm).
+    """RMSNorm of every row of x along its last axis (strata_prefill.contract.numerics.rmsnorm).
 
     x: float32 [..., n] (rows = x.size / n: [T, n_embd] for the layer norms, [T*n_head, head_dim]
     or [T, n_head, head_dim] for the per-head Q/K norms); w: float32 [n]; eps rounded to float32
@@ -85,15 +85,15 @@ def rmsnorm(dev, x, w, eps: float, out=None):
 
 
 def rope_table(dev, n_pos: int, head_dim: int, base: float, scaling=None):
-    """(cos, sin): float32 GPUArrays [n_pos, head_dim/2] of strata.numerics.rope_table
+    """(cos, sin): float32 GPUArrays [n_pos, head_dim/2] of strata_prefill.contract.numerics.rope_table
     (computed on the host in float64, rounded once, uploaded on the stream; ``scaling`` a
-    strata.config.RopeScaling, None for none)."""
+    strata_prefill.formats.config.RopeScaling, None for none)."""
     cos, sin = numerics.rope_table(int(n_pos), int(head_dim), base, scaling)
     return dev.upload(cos), dev.upload(sin)
 
 
 def rope_neox(dev, x, positions, cos, sin, out=None):
-    """NEOX RoPE (strata.numerics.rope_neox) of x float32 [T, n_heads, hd] at positions
+    """NEOX RoPE (strata_prefill.contract.numerics.rope_neox) of x float32 [T, n_heads, hd] at positions
     (int32 GPUArray [T], or a host int array: uploaded) with the table (cos, sin) float32
     [n_pos, hd/2] from :func:`rope_table` (positions < n_pos, not checked on the device).
     Returns out, float32 [T, n_heads, hd] (out may be x)."""
@@ -139,7 +139,7 @@ def add(dev, x, y, out=None):
 
 
 def top_k(dev, logits, k: int, ids=None, weights=None, *, bias=None, gating: str = routing.SOFTMAX):
-    """Router top-K (strata.routing.top_k) of logits float32 [T, E]: softmax over E, the k
+    """Router top-K (strata_prefill.contract.routing.top_k) of logits float32 [T, E]: softmax over E, the k
     largest probabilities (ties to the lower id), renormalized. k <= 32. gating
     "softmax_selected" (router_topk_selected): top-k on the logits plus ``bias`` (float32 [E] or
     None), then a softmax over the k selected.
@@ -187,7 +187,7 @@ def _top_k_selected(dev, logits, k, ids, weights, bias, gating):
 
 
 class DeviceRoutingTables(NamedTuple):
-    """strata.routing.RoutingTables on the device (all int32 GPUArrays):
+    """strata_prefill.contract.routing.RoutingTables on the device (all int32 GPUArrays):
     cnt [E], off [E], slot [T*K], src [T*K], order [E] (experts with cnt > 0 in id order, then -1),
     n_order [1] (how many of order are experts)."""
 
@@ -203,7 +203,7 @@ _rt_smem_set: dict = {}  # the dynamic shared memory the routing kernel is allow
 
 
 def routing_tables(dev, ids, n_expert: int, out: DeviceRoutingTables | None = None):
-    """Routing tables (strata.routing.routing_tables) of ids int32 [T, K] (expert ids in
+    """Routing tables (strata_prefill.contract.routing.routing_tables) of ids int32 [T, K] (expert ids in
     [0, n_expert)). One single-block launch. Returns a :class:`DeviceRoutingTables`."""
     check(ids, "routing ids", np.int32, ndim=2)
     T, K = (int(s) for s in ids.shape)
@@ -233,7 +233,7 @@ def routing_tables(dev, ids, n_expert: int, out: DeviceRoutingTables | None = No
 
 
 def row_experts(dev, ids, slot, out=None):
-    """The expert of each expert-sorted row (strata.routing.row_experts): out[slot[i]] = ids[i],
+    """The expert of each expert-sorted row (strata_prefill.contract.routing.row_experts): out[slot[i]] = ids[i],
     int32 [T*K], from ids int32 [T, K] and the routing tables' slot int32 [T*K]."""
     check(ids, "row_experts ids", np.int32, ndim=2)
     n = int(ids.size)
@@ -261,17 +261,17 @@ def expert_bias_args(expert_bias, R: int, n: int, r0: int, what: str) -> tuple:
 
 
 def glu_act(act, what: str) -> SwigluOai | None:
-    """act checked: None (SiLU) or a strata.moe.SwigluOai."""
+    """act checked: None (SiLU) or a strata_prefill.contract.moe.SwigluOai."""
     if act is None or isinstance(act, SwigluOai):
         return act
     raise InputError(f"{what}: act must be None or a SwigluOai, got {act!r}")
 
 
 def swiglu(dev, g, u, out=None, *, r0: int = 0, r1: int | None = None, act=None, expert_bias=None):
-    """H = silu(g) * u (strata.moe.swiglu) over rows r0 .. r1 (default all) of g, u float32
+    """H = silu(g) * u (strata_prefill.contract.moe.swiglu) over rows r0 .. r1 (default all) of g, u float32
     [R, n]. Returns out float32 [r1 - r0, n] (out may be a GPUArray view of a larger buffer).
-    act a strata.moe.SwigluOai (swiglu_oai_rows): strata.moe.swiglu_oai, after the expert
-    biases where expert_bias is given (:func:`expert_bias_args`; strata.moe.add_expert_bias).
+    act a strata_prefill.contract.moe.SwigluOai (swiglu_oai_rows): strata_prefill.contract.moe.swiglu_oai, after the expert
+    biases where expert_bias is given (:func:`expert_bias_args`; strata_prefill.contract.moe.add_expert_bias).
     The biases need act (no architecture biases the plain SwiGLU)."""
     act = glu_act(act, "swiglu")
     if expert_bias is not None and act is None:
@@ -304,7 +304,7 @@ COMBINE_MAXK = 64
 
 
 def combine(dev, x, weights, slot, y, shared=None, out=None, form: str = "auto", *, down_bias=None):
-    """x + (sum_k w[t,k] * y[slot[t*K+k]] in rank order, then + g_t * ysh[t]) (strata.moe.combine).
+    """x + (sum_k w[t,k] * y[slot[t*K+k]] in rank order, then + g_t * ysh[t]) (strata_prefill.contract.moe.combine).
 
     x float32 [T, D]; weights float32 [T, K]; slot int32 [T*K]; y float32 [R, D] expert-sorted
     rows; shared None or (g float32 [T] (the sigmoid, see :func:`sigmoid`), ysh float32 [T, D]).
@@ -359,7 +359,7 @@ def combine(dev, x, weights, slot, y, shared=None, out=None, form: str = "auto",
 
 
 def sigmoid(dev, x, out=None):
-    """strata.numerics.sigmoid of every value of x (float32, any shape, e.g. the [T, 1] shared
+    """strata_prefill.contract.numerics.sigmoid of every value of x (float32, any shape, e.g. the [T, 1] shared
     expert gate logits). Returns out float32 [x.size]."""
     check(x, "sigmoid x", np.float32)
     n = int(x.size)
@@ -376,7 +376,7 @@ def sigmoid(dev, x, out=None):
 
 def embed_q8_0(dev, ids, table, n_embd: int, out=None):
     """Rows ``ids`` (int32 GPUArray [T], or a host int array: uploaded) of a Q8_0 token_embd
-    matrix dequantized (strata.quants.dequantize): table is a device buffer (GPUArray or
+    matrix dequantized (strata_prefill.contract.quants.dequantize): table is a device buffer (GPUArray or
     address, 2-byte aligned) of rows of n_embd/32 * 34 bytes; ids in range (not checked on the
     device). Returns out float32 [T, n_embd]."""
     n = int(n_embd)
@@ -408,7 +408,7 @@ def embed_q8_0(dev, ids, table, n_embd: int, out=None):
 
 
 def nonfinite_mark(dev, x, first, code: int) -> None:
-    """strata.nonfinite.mark on the device: first (uint64 [1]) becomes code where x (float32,
+    """strata_prefill.formats.nonfinite.mark on the device: first (uint64 [1]) becomes code where x (float32,
     any shape) holds a NaN or an Inf and code is below it. Returns at once; the host reads
     first when the run ends."""
     check(x, "nonfinite_mark x", np.float32)

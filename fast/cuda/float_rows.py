@@ -1,13 +1,13 @@
 """The MoE input of float gate/up experts on the GPU: fast/cuda/kernels/float_rows.cu, whose
-definitions are strata.moe.gather_rows and strata.moe.scatter_rows (the normed rows copied into
+definitions are strata_prefill.contract.moe.gather_rows and strata_prefill.contract.moe.scatter_rows (the normed rows copied into
 the expert-sorted order, never quantized). Launches go through the backend's runtime.Device
 (counted as "gather_rows" and "scatter_rows")."""
 from __future__ import annotations
 
 import numpy as np
 
-from fast.cuda import runtime
-from fast.cuda.runtime import check, ptr
+from strata_prefill.fast.cuda import runtime
+from strata_prefill.fast.cuda.runtime import check, ptr
 
 __all__ = ["gather_rows", "scatter_rows"]
 
@@ -20,7 +20,7 @@ def _grid(total: int) -> tuple[int, int, int]:
 
 
 def gather_rows(dev, x, src, n_rows: int, out=None):
-    """out float32 [n_rows, K] <- x[src[r]] for each row r (strata.moe.gather_rows); x float32
+    """out float32 [n_rows, K] <- x[src[r]] for each row r (strata_prefill.contract.moe.gather_rows); x float32
     [T, K], src int32 [n_rows] on the device."""
     check(x, "gather_rows x", np.float32, ndim=2)
     T, K = (int(s) for s in x.shape)
@@ -34,7 +34,7 @@ def gather_rows(dev, x, src, n_rows: int, out=None):
 
 
 def scatter_rows(dev, x, slot, k_used: int, out=None):
-    """out float32 [T * k_used, K]: row slot[t * k_used + k] <- x[t] (strata.moe.scatter_rows);
+    """out float32 [T * k_used, K]: row slot[t * k_used + k] <- x[t] (strata_prefill.contract.moe.scatter_rows);
     x float32 [T, K], slot int32 [T * k_used] on the device."""
     check(x, "scatter_rows x", np.float32, ndim=2)
     T, K = (int(s) for s in x.shape)

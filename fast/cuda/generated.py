@@ -6,17 +6,17 @@ and a kernel both use is stated once, in Python.
 kernel cache's digest (fast/cuda/kernel_cache.py), hold it; fast/cuda/signatures.py reads the same
 text. There is no such file to edit: edit the Python it is written from.
 
-- ``qformats.cuh`` (:func:`qformats_header`): from strata/qformats.py, for the types with an MMQ
+- ``qformats.cuh`` (:func:`qformats_header`): from contract/qformats.py, for the types with an MMQ
   kernel (fast/cuda/kernels/mmq.cu): their GGML type numbers, block sizes, q8_1 layouts,
-  half-field offsets and scale factors, the codebook types' codebooks (strata/codebooks.py), the
-  MMQ table buffer's offsets (strata.qformats.table_layout) and the list of MMQ kernels (their
+  half-field offsets and scale factors, the codebook types' codebooks (contract/codebooks.py), the
+  MMQ table buffer's offsets (strata_prefill.contract.qformats.table_layout) and the list of MMQ kernels (their
   names and types).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from strata import q8_1, qformats
+from strata_prefill.contract import q8_1, qformats
 
 __all__ = ["HEADERS", "header", "qformats_header"]
 
@@ -31,10 +31,10 @@ def _float(v: float, what: str) -> str:
 
 def qformats_header() -> str:
     """The text of ``qformats.cuh``: everything mmq.cu knows of a quant format that
-    strata/qformats.py states, for the registered formats with an ``mmq_kernel``."""
+    contract/qformats.py states, for the registered formats with an ``mmq_kernel``."""
     fmts = qformats.with_mmq_kernel()
     out = [
-        "// qformats.cuh: written by fast/cuda/generated.py from strata/qformats.py when a kernel is",
+        "// qformats.cuh: written by fast/cuda/generated.py from contract/qformats.py when a kernel is",
         "// compiled (fast/cuda/runtime.py kernel_source inlines it); there is no such file.",
         "#ifndef STRATA_QFORMATS_CUH",
         "#define STRATA_QFORMATS_CUH",
@@ -42,9 +42,9 @@ def qformats_header() -> str:
         "// the GGML type numbers of the types with an MMQ kernel",
     ]
     out += [f"#define QT_{f.qtype.name} {int(f.qtype)}" for f in fmts]
-    out += ["", "// q8_1 activation layouts (strata.q8_1.Layout)"]
+    out += ["", "// q8_1 activation layouts (strata_prefill.contract.q8_1.Layout)"]
     out += [f"#define LAYOUT_{lay.name} {int(lay)}" for lay in q8_1.Layout]
-    out += ["", "// the MMQ table buffer (strata.qformats.table_layout): byte offsets, and its size"]
+    out += ["", "// the MMQ table buffer (strata_prefill.contract.qformats.table_layout): byte offsets, and its size"]
     layout = qformats.table_layout()
     out += [f"#define TAB_{name} {off}" for name, (off, _size) in layout.items() if name != "BYTES"]
     out += [f"#define TAB_BYTES {layout['BYTES'][1]}"]

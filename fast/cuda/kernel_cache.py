@@ -32,9 +32,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from strata import atomic
-from strata.cache_home import user_cache_dir
-from strata.errors import DeviceError, InputError
+from strata_prefill.formats import atomic
+from strata_prefill.formats.cache_home import user_cache_dir
+from strata_prefill.contract.errors import DeviceError, InputError
 
 from .kernel_paths import KERNEL_DIR, NVCC_OPTIONS, kernel_source
 
@@ -131,7 +131,7 @@ def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
           base_options: tuple[str, ...], on_compile=None) -> str:
     """The cubin's path, compiling it with nvcc first if the folder lacks it. The builder holds
     the cubin's lock: a second process (or thread) asking for it meanwhile waits, then finds it.
-    The file appears whole or not at all (strata/atomic.py). ``on_compile``: a
+    The file appears whole or not at all (formats/atomic.py). ``on_compile``: a
     context manager factory, entered around nvcc only when this call compiles (the runtime's
     message; nothing when the cubin was there)."""
     path = cubin_path(folder, name, source, defines, arch, base_options)

@@ -1,7 +1,7 @@
 """The products and what feeds them: q8_1 quantization of activation rows (gather and
 scatter), the grouped and dense MMQ launches with their tile configurations, and the
 expert-group gathers that build the group weight buffers. Device buffers in, device buffers
-out; every wrapper takes the backend's :class:`fast.cuda.runtime.Device` first, then its
+out; every wrapper takes the backend's :class:`strata_prefill.fast.cuda.runtime.Device` first, then its
 leading inputs (a type, the weights or the rows it reads), everything else by keyword, and
 launches through it. The MMQ kernels' 16 arguments (two launch forms) are given by name and
 put in the order their C signature declares (:func:`_mmq_args`).
@@ -10,12 +10,12 @@ Device buffers may be given as a GPUArray, anything with ``__cuda_array_interfac
 ``DeviceAllocation`` or a plain int address (``int(buf) + offset``).
 
 Kernels and their NumPy definitions:
-- :func:`quantize_gather`  -> strata.q8_1.gather_quantize   (kernels/quantize_q8_1.cu)
-- :func:`quantize_scatter` -> strata.q8_1.scatter_quantize  (kernels/quantize_q8_1.cu)
-- :func:`swiglu_quantize`  -> strata.moe.swiglu, then strata.q8_1.quantize_rows
+- :func:`quantize_gather`  -> strata_prefill.contract.q8_1.gather_quantize   (kernels/quantize_q8_1.cu)
+- :func:`quantize_scatter` -> strata_prefill.contract.q8_1.scatter_quantize  (kernels/quantize_q8_1.cu)
+- :func:`swiglu_quantize`  -> strata_prefill.contract.moe.swiglu, then strata_prefill.contract.q8_1.quantize_rows
   (kernels/swiglu_q8_1.cu)
-- :func:`mmq_group`, :func:`mmq_dense`, :func:`mmq_tiles` -> strata.mmq.mmq_prepared (kernels/mmq.cu)
-- :func:`gather_native_group`, :func:`gather_native_one` -> strata.moe.group_buffers
+- :func:`mmq_group`, :func:`mmq_dense`, :func:`mmq_tiles` -> strata_prefill.contract.mmq.mmq_prepared (kernels/mmq.cu)
+- :func:`gather_native_group`, :func:`gather_native_one` -> strata_prefill.contract.moe.group_buffers
   (kernels/gather_group.cu)
 """
 from __future__ import annotations
@@ -26,12 +26,12 @@ import os
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from strata import q8_1, qformats
-from strata.constants import MMQ_GROUP
-from strata.errors import DeviceError, InputError
+from strata_prefill.contract import q8_1, qformats
+from strata_prefill.contract.constants import MMQ_GROUP
+from strata_prefill.contract.errors import DeviceError, InputError
 
-from fast.cuda import elementwise, runtime, signatures
-from fast.cuda.runtime import check, ptr
+from strata_prefill.fast.cuda import elementwise, runtime, signatures
+from strata_prefill.fast.cuda.runtime import check, ptr
 
 __all__ = [
     "quantize_gather",
@@ -73,7 +73,7 @@ _GATHER_THREADS = 256
 
 def _format(qtype) -> type[qformats.QuantFormat]:
     """The registered format of a weight type (a name, a GGMLQuantizationType or its int) that
-    has a CUDA MMQ kernel (strata/qformats.py: its mmq_kernel), or a one-line InputError."""
+    has a CUDA MMQ kernel (contract/qformats.py: its mmq_kernel), or a one-line InputError."""
     if isinstance(qtype, str):
         try:
             qtype = QT[qtype.upper()]
@@ -103,7 +103,7 @@ def quantize_gather(dev, x, src, *, n_rows: int, K: int, layout, out, ldx: int |
                     R_total: int | None = None) -> None:
     """Rows r < n_rows of the q8_1 buffer ``out`` (R_total rows, default n_rows) <- the
     quantized ``x[src[r]]``. x: float32 device rows of ``ldx`` floats (default K);
-    src: int32 device [n_rows]. Same bytes as strata.q8_1.gather_quantize."""
+    src: int32 device [n_rows]. Same bytes as strata_prefill.contract.q8_1.gather_quantize."""
     lay = int(q8_1.Layout(int(layout)))
     R_total = n_rows if R_total is None else int(R_total)
     ldx = K if ldx is None else int(ldx)
@@ -117,7 +117,7 @@ def quantize_scatter(dev, x, slot, *, T: int, K_used: int, K: int, layout, out,
                      ldx: int | None = None) -> None:
     """Token t < T of x (float32 device rows of ``ldx`` floats, default K) quantized once and
     written to rows ``slot[t*K_used + k]`` (slot: int32 device [T*K_used]) of the q8_1 buffer
-    ``out`` of T*K_used rows. Same bytes as strata.q8_1.scatter_quantize."""
+    ``out`` of T*K_used rows. Same bytes as strata_prefill.contract.q8_1.scatter_quantize."""
     lay = int(q8_1.Layout(int(layout)))
     ldx = K if ldx is None else int(ldx)
     if T <= 0:
@@ -131,8 +131,8 @@ def swiglu_quantize(dev, g, u, *, r0: int, r1: int, layout, out, row0: int, R_to
     """H = silu(g) * u over rows r0 .. r1 of g, u (float32 device [R, n]), quantized into rows
     row0 .. row0 + (r1 - r0) of the q8_1 buffer ``out`` (R_total rows of n values) in one
     launch. The same bytes as elementwise.swiglu then :func:`quantize_gather` of H's rows in
-    order at ``out`` offset by row0 rows (strata.moe.swiglu, strata.q8_1.quantize_rows).
-    act, expert_bias: as elementwise.swiglu's (swiglu_oai_q8_1: strata.moe.swiglu_oai of the
+    order at ``out`` offset by row0 rows (strata_prefill.contract.moe.swiglu, strata_prefill.contract.q8_1.quantize_rows).
+    act, expert_bias: as elementwise.swiglu's (swiglu_oai_q8_1: strata_prefill.contract.moe.swiglu_oai of the
     biased rows)."""
     act = elementwise.glu_act(act, "swiglu_quantize")
     if expert_bias is not None and act is None:
@@ -166,8 +166,8 @@ _mmq_state: dict = {}
 
 
 def _tables_host() -> np.ndarray:
-    """The table buffer the MMQ kernel reads (strata.qformats.table_layout: the sign masks, then
-    each registered grid, in the form its decode reads: QuantFormat.table), from strata.qformats'
+    """The table buffer the MMQ kernel reads (strata_prefill.contract.qformats.table_layout: the sign masks, then
+    each registered grid, in the form its decode reads: QuantFormat.table), from strata_prefill.contract.qformats'
     tables."""
     layout = qformats.table_layout()
     t = np.zeros(layout["BYTES"][1], dtype=np.uint8)
@@ -179,7 +179,7 @@ def _tables_host() -> np.ndarray:
         off, size = layout[f.table_name]
         tb = f.table()
         if tb.size != size:
-            raise DeviceError(f"unexpected {f.qtype.name} table from strata.qformats: {tb.size} bytes, not {size}")
+            raise DeviceError(f"unexpected {f.qtype.name} table from strata_prefill.contract.qformats: {tb.size} bytes, not {size}")
         t[off:off + size] = tb
     return t
 
@@ -330,13 +330,13 @@ def mmq_group(dev, qtype, w, *, w_stride: int, N: int, K: int, act, R_total: int
               out, ldo: int | None = None, rows: int | None = None,
               tile_rows: int = DEFAULT_TILE_ROWS, config: dict | None = None, pair=None) -> None:
     """Grouped product: for q < n_exp (at most MMQ_GROUP), out[r, n] (r in [row_begin_q,
-    row_end_q), n < N) = strata.mmq.mmq(weights of expert q, activation row r)[n].
+    row_end_q), n < N) = strata_prefill.contract.mmq.mmq(weights of expert q, activation row r)[n].
 
     w: the group weight buffer; expert q's N x K matrix (GGUF blocks, rows of
        quants.row_bytes(qtype, K) bytes) at byte offset q * w_stride (w_stride even).
        The kernel may read up to 15 bytes past the last expert's last row (and before the
-       first): keep strata.constants.WEIGHT_TAIL_BYTES allocated after the group buffer's data.
-    act: q8_1 buffer of R_total rows (layout strata.q8_1.layout_for(qtype), K values a row).
+       first): keep strata_prefill.contract.constants.WEIGHT_TAIL_BYTES allocated after the group buffer's data.
+    act: q8_1 buffer of R_total rows (layout strata_prefill.contract.q8_1.layout_for(qtype), K values a row).
     bounds: int32 device array [n_exp, 2] of (row_begin, row_end) into act/out, or a host
        array (then uploaded on the stream; prefer uploading a chunk's bounds once).
     out: float32 device [R_total, ldo] (ldo default N); rows outside all bounds untouched.
@@ -415,7 +415,7 @@ def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tile
               ldo: int | None = None, tile_rows_mean: float, config: dict | None = None, pair=None) -> None:
     """Tile-list product: for each row tile (row_begin, row_end, offset) of ``tiles`` (int32
     device [n_tiles, 4], :func:`row_tiles`), out[r, n] (r in the tile's rows, n < N) =
-    strata.mmq.mmq(the N x K matrix at w + offset, activation row r)[n]. Any number of experts,
+    strata_prefill.contract.mmq.mmq(the N x K matrix at w + offset, activation row r)[n]. Any number of experts,
     each read where it lies (the expert cache, in place): the same bytes as :func:`mmq_group`
     over buffers holding copies of the same matrices. The kernel may read up to 15 bytes past
     a matrix's last row: keep that much allocated after each. tile_rows_mean: the mean rows per
@@ -476,7 +476,7 @@ def dense_config(N: int, R: int, sms: int) -> dict:
 def mmq_dense(dev, qtype, w, *, N: int, K: int, act, R: int, out, ldo: int | None = None,
               config: dict | None = None) -> None:
     """Plain product of one matrix (N x K, GGUF blocks) with all R rows of a q8_1 buffer:
-    out float32 [R, ldo] = strata.mmq.mmq. One "expert" covering rows [0, R)."""
+    out float32 [R, ldo] = strata_prefill.contract.mmq.mmq. One "expert" covering rows [0, R)."""
     R = int(R)
     if R <= 0:
         return
@@ -505,7 +505,7 @@ def mmq_dense(dev, qtype, w, *, N: int, K: int, act, R: int, out, ldo: int | Non
 
 
 def group_buffer_bytes(n_exp: int, gu_bytes: int, d_bytes: int, tail_bytes: int) -> tuple[int, int]:
-    """Bytes of the (gate/up, down) group buffers for n_exp experts (strata.moe.group_buffers)."""
+    """Bytes of the (gate/up, down) group buffers for n_exp experts (strata_prefill.contract.moe.group_buffers)."""
     return int(n_exp) * 2 * int(gu_bytes) + int(tail_bytes), int(n_exp) * int(d_bytes) + int(tail_bytes)
 
 
@@ -515,7 +515,7 @@ def _gather_grid(nbytes: int) -> int:
 
 
 def gather_native_group(dev, blobs, *, gu_bytes: int, d_bytes: int, tail_bytes: int, gu_buf, d_buf) -> None:
-    """ONE launch gathering up to MMQ_GROUP experts (strata.moe.group_buffers): blobs is a
+    """ONE launch gathering up to MMQ_GROUP experts (strata_prefill.contract.moe.group_buffers): blobs is a
     sequence of device addresses (ints, DeviceAllocations or GPUArrays) of each expert's
     [gate | up | down] bytes (2*gu_bytes + d_bytes), passed by value in the kernel parameters.
     Expert q's gate|up goes to gu_buf + q*2*gu_bytes, its down to d_buf + q*d_bytes; tail_bytes

@@ -1,7 +1,7 @@
 """PyCUDA runtime for the `cuda` backend: availability, one lazily created context, kernel
 modules compiled from fast/cuda/kernels/<name>.cu (and, in memory, from a kernel file elsewhere:
 :func:`load_file`, for dev/kernels), device allocations that fail with a
-:class:`strata.errors.DeviceError` naming what did not fit, the one device-address helper
+:class:`strata_prefill.contract.errors.DeviceError` naming what did not fit, the one device-address helper
 (:func:`ptr`), and :class:`Device`, the launch object each backend instance owns (counters,
 compute stream, memory pool).
 
@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from strata.errors import DeviceError, InputError
+from strata_prefill.contract.errors import DeviceError, InputError
 
 from . import kernel_cache, signatures
 # the kernel folder, nvcc options and source reader live in kernel_paths (the bottom of fast/cuda,
@@ -402,7 +402,7 @@ class Device:
         self.pool = DeviceMemoryPool()
         self.counters: collections.Counter = collections.Counter()
         self.scratch: dict = {}  # named scratch buffers a wrapper grows on demand (split-K attention)
-        self.stress = None  # a fast.cuda.stress.Stress when STRATA_PREFILL_STRESS is set
+        self.stress = None  # a strata_prefill.fast.cuda.stress.Stress when STRATA_PREFILL_STRESS is set
 
     def launch(self, func, name: str | None, grid, block, *args, shared_size: int = 0) -> None:
         """Queue the prepared kernel ``func`` on the stream and count it under ``name`` (and

@@ -32,9 +32,9 @@ import os
 import random
 from dataclasses import dataclass
 
-from strata.errors import InputError
+from strata_prefill.contract.errors import InputError
 
-from fast.cuda import runtime
+from strata_prefill.fast.cuda import runtime
 
 __all__ = ["ENV", "Config", "Schedule", "Stress", "plan", "current", "enabled"]
 

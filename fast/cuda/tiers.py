@@ -19,12 +19,12 @@ import weakref
 
 import numpy as np
 
-from strata.constants import GROUP_TAIL_BYTES
-from strata.errors import DeviceError
-from strata.progress import Progress
+from strata_prefill.contract.constants import GROUP_TAIL_BYTES
+from strata_prefill.contract.errors import DeviceError
+from strata_prefill.formats.progress import Progress
 
-from fast.cuda import runtime
-from fast.experts import Place, adjacent_runs
+from strata_prefill.fast.cuda import runtime
+from strata_prefill.fast.experts import Place, adjacent_runs
 
 NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING
 
@@ -60,7 +60,7 @@ class ExpertTiers:
         import pycuda.driver as cuda
 
         self.cuda = cuda
-        self.stress = stress  # fast.cuda.stress.Stress: a spin before each copy (None: off)
+        self.stress = stress  # strata_prefill.fast.cuda.stress.Stress: a spin before each copy (None: off)
         cfg = pack.config
         self.placement = placement
         self.blob_bytes = [pack.expert_blob_size(l) for l in range(cfg.n_layer)]
@@ -118,7 +118,7 @@ class ExpertTiers:
         todo = [(l, int(e)) for l in range(p.resident.shape[0]) for e in p.streamed(l)]
         if not todo:
             return
-        # None: a bar on a terminal, else a line every 10 s of a long fill (strata/progress.py)
+        # None: a bar on a terminal, else a line every 10 s of a long fill (formats/progress.py)
         n_layer = p.resident.shape[0]
         t0 = time.perf_counter()
         with Progress(self.host_bytes, "host tier", "B", progress, unit_scale=True) as bar:

@@ -1,11 +1,11 @@
 """Each architecture's attention half in the reference, a module per architecture of the
-registry (strata/archs), under the same module name: `attention_half(model, layer, x,
+registry (formats/archs), under the same module name: `attention_half(model, layer, x,
 positions, dump)`. The shared steps (norms, products, the MoE half) stay in reference/."""
 from __future__ import annotations
 
 import importlib
 
-from strata import archs
+from strata_prefill.formats import archs
 
 
 def module(arch: str):

@@ -1,12 +1,12 @@
-"""qwen3moe's attention half of a layer, as the reference computes it (strata/archs/qwen3moe.py:
+"""qwen3moe's attention half of a layer, as the reference computes it (formats/archs/qwen3moe.py:
 ATTENTION).
 
     h = RMSNorm(x)                              attn_norm
     q, k, v = h . W_q, h . W_k, h . W_v         MMQ products on q8_1 rows (float weights:
-                                                float32 products of h, strata.dense)
+                                                float32 products of h, strata_prefill.contract.dense)
     q, k = RMSNorm per head                     attn_q_norm, attn_k_norm
     q, k = NEOX RoPE at absolute positions      the shared float64-built table
-    KV cache <- int8 k, v                        (strata/attention.py)
+    KV cache <- int8 k, v                        (contract/attention.py)
     o = causal attention over the cache
     x = x + o . W_o
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata import attention, numerics
+from strata_prefill.contract import attention, numerics
 
-from reference.moe_half import dense_product, quantize
+from strata_prefill.reference.moe_half import dense_product, quantize
 
 F32 = np.float32
 
@@ -54,7 +54,7 @@ def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray, dump
     model.watch.see(layer, "attn_out", o)  # what the o-projection's quantize would hide
     out = dense_product(model, (layer, "attn_output"), L.attn_output, o)
     x = x + out
-    if dump is not None:  # the op records, in the order computed (strata/records.py)
+    if dump is not None:  # the op records, in the order computed (formats/records.py)
         for name, a in (("attn_norm", h), ("q", q), ("k", k), ("v", v), ("attn_out", o),
                         ("attn_proj", out), ("attn_resid", x)):
             dump.op(layer, name, a)

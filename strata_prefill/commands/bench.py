@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from strata import atomic, nonfinite
-from strata.errors import InputError
+from strata_prefill.formats import atomic, nonfinite
+from strata_prefill.contract.errors import InputError
 from strata_prefill import arms, checks
 
 # a prefill's overlap figures (fast/trace.py: Overlap), as the JSON and the tables name them
@@ -101,9 +101,9 @@ def arm_name(keyword: str) -> str:
 
 def refuse_idle_arm(keywords: dict, args, config, where: str) -> None:
     """An arm's switches (and the switch variables set) that would do nothing on this pack and
-    backend, refused (fast.options.refuse_idle), and its window against every prompt length."""
-    from fast import options
-    from strata.session import parse_chunk
+    backend, refused (strata_prefill.fast.options.refuse_idle), and its window against every prompt length."""
+    from strata_prefill.fast import options
+    from strata_prefill.session import parse_chunk
 
     options.refuse_idle(keywords, options.facts_of("fast", args.backend, keywords.get("expert_cache"), config,
                                                    arm_name), label=arm_name, where=where)
@@ -140,7 +140,7 @@ def timed_prefill(engine, ids: np.ndarray, chunk) -> tuple[float, np.ndarray, di
     """Seconds, first-token logits, counts and phase seconds of one prefill on a fresh KV cache,
     timed on the backend's phase clock (fast/phases.py): CUDA events on the compute stream, host
     perf_counter on the sim (prefill returns host logits: every step has run)."""
-    from strata.session import Session
+    from strata_prefill.session import Session
 
     be = engine.be
     be.reset_cache()
@@ -157,7 +157,7 @@ def timed_prefill(engine, ids: np.ndarray, chunk) -> tuple[float, np.ndarray, di
 def overlap_ms(by_layer: dict) -> dict:
     """A prefill's overlap (fast/trace.py: {layer: Overlap}) as ms for the JSON and the tables:
     the sums over its layers, and each layer's."""
-    from fast.trace import summed
+    from strata_prefill.fast.trace import summed
 
     ms = lambda o: {"copy": 1e3 * o.copy, "uncovered": 1e3 * o.uncovered, "waiting": 1e3 * o.waiting}  # noqa: E731
     return {**ms(summed(by_layer)), "layers": {str(l): ms(o) for l, o in sorted(by_layer.items())}}
@@ -165,7 +165,7 @@ def overlap_ms(by_layer: dict) -> dict:
 
 def traced_prefill(engine, ids: np.ndarray, chunk, trace: bool) -> tuple:
     """timed_prefill, and with trace the overlap of its two streams (overlap_ms; else None)."""
-    from fast.trace import overlap_by_layer
+    from strata_prefill.fast.trace import overlap_by_layer
 
     if not trace:
         return (*timed_prefill(engine, ids, chunk), None)
@@ -182,8 +182,8 @@ def run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int,
     """Every length's reps: per rep the order, each arm's ms, counts and phases (and with trace
     its overlap_ms), and where the logits first differ (None: the same bytes). progress: a bar
     naming the length, rep and arm of each prefill (None: on a terminal, else a line every 10 s;
-    strata/progress.py)."""
-    from strata.progress import Progress
+    formats/progress.py)."""
+    from strata_prefill.formats.progress import Progress
 
     with Progress(len(sizes) * len(engines) * (reps + 1), "bench", "prefill", progress) as bar:
         return _run_bench(engines, sizes, reps, chunk, seed, n_vocab, bar, trace)
@@ -212,7 +212,7 @@ def _run_bench(engines: dict, sizes, reps: int, chunk, seed: int, n_vocab: int, 
                             **({"overlap_ms": overlap} if overlap is not None else {})}
             found = {arm: nonfinite.in_logits(logits[arm]) for arm in order}
             bad = {arm: {"index": f.index[0], "value": repr(f.value), "count": f.count} for arm, f in found.items() if f}
-            if bad:  # two arms' equal NaNs are no agreement (strata/nonfinite.py)
+            if bad:  # two arms' equal NaNs are no agreement (formats/nonfinite.py)
                 row["nonfinite"] = bad
             diff = first_difference(logits["A"], logits["B"])
             row["logits_identical"] = diff is None
@@ -323,9 +323,9 @@ def logits_line(results: list[dict]) -> tuple[bool, str]:
 
 
 def main(args) -> int:
-    from fast import make_fast_engine
-    from strata.pack import Pack
-    from strata.config import PRESETS
+    from strata_prefill.fast import make_fast_engine
+    from strata_prefill.formats.pack import Pack
+    from strata_prefill.formats.config import PRESETS
     from strata_prefill.commands.run import DEFAULT_PRESET, DUMP_ENV, default_pack, default_pack_path
 
     keywords = {"A": arms.parse_arm(args.a, "--a"), "B": arms.parse_arm(args.b, "--b")}
@@ -371,7 +371,7 @@ def main(args) -> int:
              "arms": {arm: {"spec": specs[arm], "keywords": keywords[arm],
                             "settings": settings[arm]} for arm in "AB"}}
     if args.backend == "cuda":
-        from fast.cuda.runtime import device_name
+        from strata_prefill.fast.cuda.runtime import device_name
 
         setup["gpu"] = device_name()
     reps = [row for res in results for row in res["reps"]]

@@ -20,7 +20,7 @@ import re
 import sys
 import time
 
-from strata.errors import InputError
+from strata_prefill.contract.errors import InputError
 from strata_prefill import checks, variables
 
 
@@ -49,7 +49,7 @@ def arch_name(text: str) -> str:
 
 
 def main(args) -> int:
-    from fast.cuda import build_list, kernel_cache, runtime  # noqa: PLC0415
+    from strata_prefill.fast.cuda import build_list, kernel_cache, runtime  # noqa: PLC0415
 
     if args.cache is None:
         variables.value_of(kernel_cache.ENV)  # an empty or bad folder said in one line, never the default

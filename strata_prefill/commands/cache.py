@@ -12,7 +12,7 @@ import argparse
 import os
 from pathlib import Path
 
-from strata.errors import InputError
+from strata_prefill.contract.errors import InputError
 from strata_prefill import checks, refcache, variables
 
 

@@ -1,7 +1,7 @@
-"""`strata-prefill diff A B`: where two runs' dumps part (strata/diff.py)."""
+"""`strata-prefill diff A B`: where two runs' dumps part (strata_prefill/diff.py)."""
 from __future__ import annotations
 
-from strata.diff import KINDS, diff_paths
+from strata_prefill.diff import KINDS, diff_paths
 from strata_prefill import checks
 
 

@@ -6,9 +6,9 @@ from collections import Counter
 
 from gguf import GGMLQuantizationType as QT
 
-from strata import quants
-from strata.errors import PackError
-from strata.pack import KEY_MIX, Pack
+from strata_prefill.contract import quants
+from strata_prefill.contract.errors import PackError
+from strata_prefill.formats.pack import KEY_MIX, Pack
 from strata_prefill import checks
 
 
@@ -33,7 +33,7 @@ def _size(n: int) -> str:
 
 
 def _rope_line(r) -> str:
-    """The RoPE scaling as the table uses it (strata.config.RopeScaling)."""
+    """The RoPE scaling as the table uses it (strata_prefill.formats.config.RopeScaling)."""
     if r.type == "none":
         return "none" + (f", attn factor {r.attn_factor:g}" if r.attn_factor != 1.0 else "")
     line = f"{r.type}, factor {r.factor:g}"
@@ -83,7 +83,7 @@ def describe(pack: Pack) -> list[str]:
     lines.append("tensor types:   " + ", ".join(f"{k} {n}" for k, n in sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))))
     mix = pack.field(KEY_MIX)
     if mix:
-        lines.append(f"mix:            {mix} (llama-quantize's choice of type per matrix, strata/mixes.py)")
+        lines.append(f"mix:            {mix} (llama-quantize's choice of type per matrix, formats/mixes.py)")
     fb = pack.fallbacks
     if fb:
         kinds = Counter(n.split(".", 2)[-1] for n in fb)
@@ -120,12 +120,12 @@ NONFINITE_SHOWN = 5  # bad tensors named one a line; the rest are counted
 
 
 def value_check(pack: Pack) -> tuple[int, list[str]]:
-    """`info --check`'s scan for tensors that decode to NaN or Inf (strata/nonfinite.py):
+    """`info --check`'s scan for tensors that decode to NaN or Inf (formats/nonfinite.py):
     (how many, the lines: one per bad tensor, at most NONFINITE_SHOWN, then a count). It
-    names the tensor it reads on stderr (strata/progress.py: a bar on a terminal, else a
+    names the tensor it reads on stderr (formats/progress.py: a bar on a terminal, else a
     line every 10 s of a long scan)."""
-    from strata import nonfinite
-    from strata.progress import Progress
+    from strata_prefill.formats import nonfinite
+    from strata_prefill.formats.progress import Progress
 
     total = sum(int(t.n_bytes) for t in pack.reader.tensors)
     with Progress(total, "info --check: tensor values", "B", unit_scale=True) as bar:

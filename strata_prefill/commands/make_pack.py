@@ -1,4 +1,4 @@
-"""`strata-prefill make-pack`: write a synthetic qwen3moe pack (see strata.make_pack)."""
+"""`strata-prefill make-pack`: write a synthetic qwen3moe pack (see strata_prefill.formats.make_pack)."""
 from __future__ import annotations
 
 import argparse
@@ -7,13 +7,13 @@ import re
 import sys
 import time
 
-from strata.config import PRESETS
+from strata_prefill.formats.config import PRESETS
 from strata_prefill import checks
 
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
-    from strata.make_pack import DENSE_TYPES, EXPERT_TYPES, FALLBACK_TYPE, ROUTER_TYPES
-    from strata.mixes import MIXES
+    from strata_prefill.formats.make_pack import DENSE_TYPES, EXPERT_TYPES, FALLBACK_TYPE, ROUTER_TYPES
+    from strata_prefill.formats.mixes import MIXES
 
     p = subparsers.add_parser(
         name,
@@ -70,10 +70,10 @@ _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def rope_scaling(text: str):
-    """--rope-scaling's SPEC: yarn:FACTOR:ORIG_CTX or linear:FACTOR, a strata.config.RopeScaling,
+    """--rope-scaling's SPEC: yarn:FACTOR:ORIG_CTX or linear:FACTOR, a strata_prefill.formats.config.RopeScaling,
     every value in the range the pack's header holds and the RoPE table takes
-    (strata.config.rope_problems), so nothing is refused once writing has begun."""
-    from strata.config import RopeScaling, rope_problems
+    (strata_prefill.formats.config.rope_problems), so nothing is refused once writing has begun."""
+    from strata_prefill.formats.config import RopeScaling, rope_problems
 
     parts = text.split(":")
     shape = (len(parts) == 3 if parts[0] == "yarn" else len(parts) == 2 if parts[0] == "linear" else False)
@@ -96,13 +96,13 @@ def rope_scaling(text: str):
 
 def data_bytes(args: argparse.Namespace) -> int:
     """The bytes of the pack's tensor data, from the arguments alone: one layer is planned
-    (strata.make_pack.plan_tensors, the types as make_pack resolves them) and its bytes counted
+    (strata_prefill.formats.make_pack.plan_tensors, the types as make_pack resolves them) and its bytes counted
     once per layer, so a pack of 100,000 layers is sized at once (a mix: one layer of each of
-    its classes, strata.mixes.layer_classes, counted as often as the layers of that class). The
+    its classes, strata_prefill.formats.mixes.layer_classes, counted as often as the layers of that class). The
     header and the tensors' alignment come on top: a lower bound of the file's size."""
-    from strata import make_pack as mp
-    from strata import mixes
-    from strata import tensor_names as tn
+    from strata_prefill.formats import make_pack as mp
+    from strata_prefill.formats import mixes
+    from strata_prefill.formats import tensor_names as tn
 
     router = args.router_type or mp.PRESET_ROUTER_TYPE.get(args.preset, mp.ROUTER_TYPE_DEFAULT)
     layers = PRESETS[args.preset].n_layer if args.layers is None else args.layers
@@ -130,13 +130,13 @@ def data_bytes(args: argparse.Namespace) -> int:
 def refuse_what_the_disk_cannot_hold(args: argparse.Namespace) -> None:
     """A pack the disk under OUT cannot hold, by its data alone, is refused in one line before
     its tensors are planned or its header made (for many layers those take minutes)."""
-    from strata.make_pack import check_free_disk
+    from strata_prefill.formats.make_pack import check_free_disk
 
     check_free_disk(args.out, data_bytes(args))
 
 
 def main(args: argparse.Namespace) -> int:
-    from strata.make_pack import make_pack
+    from strata_prefill.formats.make_pack import make_pack
 
     def announce(size: int) -> None:
         print(f"writing {args.out}: {size:,} bytes ({size / 2**30:.2f} GiB)", flush=True)

@@ -14,8 +14,8 @@ import collections
 import math
 import warnings
 
-from strata.atomic import atomic_write
-from strata.errors import InputError
+from strata_prefill.formats.atomic import atomic_write
+from strata_prefill.contract.errors import InputError
 from strata_prefill import checks
 
 DEFAULT_MIN_GAP_US = 5.0
@@ -60,7 +60,7 @@ def pyplot():
 
 
 def main(args) -> int:
-    from fast.trace import WAITS, chunk_spans, chunks_of, idle_gaps, read_trace_meta
+    from strata_prefill.fast.trace import WAITS, chunk_spans, chunks_of, idle_gaps, read_trace_meta
 
     if not (args.min_gap_us >= 0 and math.isfinite(args.min_gap_us)):  # inf would mark no gap, silently
         raise InputError(f"--min-gap-us must be a finite number >= 0, got {args.min_gap_us}")
@@ -104,10 +104,10 @@ def unit_label(meta: dict, index: int) -> str:
 
 
 def overlap_marks(lanes: dict) -> dict:
-    """The [start, end) stretches the strips mark, over the whole unit (fast.trace.stretches):
+    """The [start, end) stretches the strips mark, over the whole unit (strata_prefill.fast.trace.stretches):
     copy (the copy stream copying), uncovered (copying with no compute work beside it),
     waiting (the compute stream at a wait for a copy while a copy ran)."""
-    from fast.trace import stretches
+    from strata_prefill.fast.trace import stretches
 
     return stretches([s for lane in lanes.values() for s in lane])
 
@@ -116,7 +116,7 @@ def draw(plt, lanes: dict, gaps: list, t0: float, t1: float, out, title: str, ma
          unit: str = "chunk") -> None:
     """The two lanes (ms from the unit's start: a chunk or a window), the shaded gaps, the
     overlap strips (marks: overlap_marks), a legend of compute names."""
-    from fast.trace import WAITS
+    from strata_prefill.fast.trace import WAITS
 
     ms = lambda t: (max(t, t0) - t0) * 1e3  # noqa: E731 - the one conversion every bar takes
     fig, ax = plt.subplots(figsize=(14, 4.2), dpi=120)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from strata import atomic
-from strata.cache_home import user_cache_dir
-from strata.config import PRESETS
-from strata.constants import PACK_FORMAT
-from strata.dumps import RECORD_FILE
-from strata.errors import InputError
+from strata_prefill.formats import atomic
+from strata_prefill.formats.cache_home import user_cache_dir
+from strata_prefill.formats.config import PRESETS
+from strata_prefill.contract.constants import PACK_FORMAT
+from strata_prefill.formats.dumps import RECORD_FILE
+from strata_prefill.contract.errors import InputError
 from strata_prefill import arms, checks, refcache, variables
 from strata_prefill.arms import SWITCHES
 
@@ -110,10 +110,10 @@ def backend_of(args) -> str:
 
 def make_engine(impl: str, pack, args=None):
     if impl == "reference":
-        from reference import ReferenceEngine
+        from strata_prefill.reference import ReferenceEngine
 
         return ReferenceEngine(pack)
-    from fast import make_fast_engine  # says in one line why it cannot run here
+    from strata_prefill.fast import make_fast_engine  # says in one line why it cannot run here
 
     return make_fast_engine(pack, backend_of(args), **fast_engine_kwargs(args))
 
@@ -127,7 +127,7 @@ def default_pack() -> Path:
     """The built-in tiny pack, written once and reused. Its name carries the pack format, so
     a cached pack of another format is never opened: it is removed and the pack remade.
     make_pack writes it whole, so an interrupted write never leaves a broken pack."""
-    from strata.make_pack import make_pack
+    from strata_prefill.formats.make_pack import make_pack
 
     stem = f"{DEFAULT_PRESET}-seed{DEFAULT_SEED}"
     path = default_pack_path()
@@ -136,7 +136,7 @@ def default_pack() -> Path:
         for stale in [*path.parent.glob(f"{stem}.gguf"), *path.parent.glob(f"{stem}-f*.gguf")]:
             stale.unlink()  # an older format's pack, never to be opened again
         t0 = time.perf_counter()
-        make_pack(path, DEFAULT_PRESET, seed=DEFAULT_SEED)  # written whole (strata/atomic.py)
+        make_pack(path, DEFAULT_PRESET, seed=DEFAULT_SEED)  # written whole (formats/atomic.py)
         print(f"made the default pack ({DEFAULT_PRESET} preset, seed {DEFAULT_SEED}) at {path} in "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     return path
@@ -228,7 +228,7 @@ FAST_ONLY = ("backend", "timing", "trace")
 def refuse_idle_flags(args) -> None:
     """A flag that would do nothing in this run is an error naming what it needs (the switches
     of fast/options.py's table, flags and variables alike: refuse_idle_switches)."""
-    from fast.phases import timing_enabled
+    from strata_prefill.fast.phases import timing_enabled
 
     for flag, on in (("--timing", args.timing), ("--trace", args.trace is not None),
                      ("STRATA_PREFILL_TIMING=1", timing_enabled())):
@@ -245,16 +245,16 @@ def refuse_idle_flags(args) -> None:
 
 def refuse_idle_switches(args, config=None, prompt_tokens: int | None = None) -> None:
     """The switches set (flags, variables) that would do nothing in this run, refused by the
-    switch table's one rule (fast.options.refuse_idle): before the pack is opened, what the
+    switch table's one rule (strata_prefill.fast.options.refuse_idle): before the pack is opened, what the
     command line says (--impl, --backend, --expert-cache); once its header is read (`config`),
     the experts too, and the window against the prompt's chunks."""
-    from fast import options
+    from strata_prefill.fast import options
 
     kwargs = fast_engine_kwargs(args)
     options.refuse_idle(kwargs, options.facts_of(args.impl, backend_of(args) if args.impl == "fast" else None,
                                                  kwargs.get("expert_cache"), config))
     if args.impl == "fast" and prompt_tokens is not None:
-        from strata.session import parse_chunk
+        from strata_prefill.session import parse_chunk
 
         window = options.resolve(kwargs).window
         if window != options.AUTO:  # a number less than the prompt's chunk: one line, before the engine
@@ -265,7 +265,7 @@ def window_cut(engine, res) -> bool:
     """Whether the run took another window than the number of tokens asked (the flag or its
     variable): one past the prompt, or not a whole number of chunks. The window line then says
     what was taken, even where that is one chunk."""
-    from fast import options
+    from strata_prefill.fast import options
 
     asked = engine.options.window
     return asked not in (options.AUTO, options.OFF_WORD) and res.window != int(asked)
@@ -319,7 +319,7 @@ def reference_cache_of(args) -> refcache.Cache | None:
 
 
 def _write_atomic(path: Path, data: bytes | None = None, copy_of: Path | None = None) -> None:
-    """`data`, or the bytes of the file `copy_of`, written whole (strata/atomic.py: a temp of
+    """`data`, or the bytes of the file `copy_of`, written whole (formats/atomic.py: a temp of
     this process's own beside `path`, removed on any failure or SIGTERM/SIGHUP)."""
     atomic.write_bytes(path, data if copy_of is None else Path(copy_of).read_bytes())
 
@@ -329,7 +329,7 @@ def run_cached(args, cache: refcache.Cache, pack, pack_path: Path, prompt) -> in
     dumps copied from the entry, held meanwhile so that a `cache clear` passes over it), one
     line on stderr saying hit or miss (and what was wrong with an entry found there, or why
     the result could not be kept), and on a hit a speed line that says nothing was timed."""
-    from strata.session import parse_chunk, parse_dump_level
+    from strata_prefill.session import parse_chunk, parse_dump_level
 
     level = parse_dump_level(args.dump_level) if args.dump_dir else None
     asked = parse_chunk(args.prefill)
@@ -402,7 +402,7 @@ def speed_line(prompt_tokens: int, greedy: list[int], prefill_seconds: float,
 
 def timing_asked(args) -> bool:
     """--timing, or STRATA_PREFILL_TIMING=1 with the fast path (the reference has no phases)."""
-    from fast.phases import timing_enabled
+    from strata_prefill.fast.phases import timing_enabled
 
     if args.timing:
         return True
@@ -410,8 +410,8 @@ def timing_asked(args) -> bool:
 
 
 def main(args) -> int:
-    from strata.pack import Pack
-    from strata.session import Session
+    from strata_prefill.formats.pack import Pack
+    from strata_prefill.session import Session
 
     labels = check_env_dumps(args)
     refuse_idle_flags(args)

@@ -1,11 +1,11 @@
 // The shared part of the attention kernels (attention_pair.cu, attention_split.cu; the earlier
 // one-warp prefill form, dev/kernels/attention_v1_mma.cu, includes it too): the definition they
-// all compute (strata.attention.attend), KEY_BLOCK, the tensor-core and quantization helpers,
+// all compute (strata_prefill.contract.attention.attend), KEY_BLOCK, the tensor-core and quantization helpers,
 // the V^T staging step (split-K), the steps of a key block in the prefill kernel (Q.K, mask and
 // maxima, exponential, V-scale fold, the O and L accumulation), its output and its entry macro.
 // Include strata_numerics.cuh first.
 //
-// Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit:
+// Definition: strata_prefill.contract.attention.attend (docs/numerics.md section 5), bit for bit:
 //   Q quantized like K: int8 codes, one float32 scale per 32 values (the q8 block quantize of
 //     strata_numerics.cuh; an all-zero block: d = 0, codes 0).
 //   score of key j: s = 0.0f; for b ascending: s = s + (dq_b * dk_jb) * (float)sumi_b (sumi
@@ -16,13 +16,13 @@
 //     halving tree 16..1); w_j = p_j * dv_j; (wq, dw) = int8 quantization of w[0..63] as one
 //     block; ob_i = dw * (float)(sum_j wq_j * vq_ji) (exact int32);
 //   L = L * alpha + lsum; O_i = O_i * alpha + ob_i; M = m_new; finally out_i = O_i / L.
-//   exp is the shared polynomial of strata.numerics.exp (strata_exp, never expf/__expf).
+//   exp is the shared polynomial of strata_prefill.contract.numerics.exp (strata_exp, never expf/__expf).
 // The options (the *_sinks_window kernels; docs/numerics.md section 5, "Sinks", "Sliding
 // window"): a sink logit per query head starts the state at M = sink, L = 1.0f (O = 0); a window
 // of W keys makes key j valid iff lo <= j <= pos with lo = max(pos - W + 1, 0), and a query
 // merges the blocks lo/64 .. pos/64 only (a block before them leaves its state as it is).
 // GQA: query head h reads KV head h / group (group = n_head / n_head_kv). Cache of one layer as
-// strata.attention.KVCache: k_codes [n_kv, cap, HD] int8, k_scale [n_kv, cap, HD/32] f32,
+// strata_prefill.contract.attention.KVCache: k_codes [n_kv, cap, HD] int8, k_scale [n_kv, cap, HD/32] f32,
 // v_codes [n_kv, cap, HD] int8, v_scale [n_kv, cap] f32; keys at or past `cap` are never read.
 // Integer parts are exact int32 whatever the summation order (|sum| < 2^21), so they may run
 // on int8 tensor cores (mma.sync m16n8k32 s8) with any key order inside a block; every float

@@ -2,7 +2,7 @@
 // 16-query group split between two warps: the prefill kernel attend_pair_hd{64,128}, and
 // attend_pair_sinks_window_hd{64,128} with the options (sink logits, a sliding window).
 //
-// Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit; written out in
+// Definition: strata_prefill.contract.attention.attend (docs/numerics.md section 5), bit for bit; written out in
 // attention_common.cuh (the earlier one-warp form of the same work: dev/kernels/attention_v1_mma.cu).
 //
 // attend_pair_hd{64,128}: the prefill kernel with the work of a 16-query group split between two

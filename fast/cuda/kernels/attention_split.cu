@@ -1,7 +1,7 @@
 // Causal attention over the int8 KV cache of one layer for few queries (decode): split-K over
 // key blocks in three launches, attend_split_{scores,pv,merge}_hd{64,128}.
 //
-// Definition: strata.attention.attend (docs/numerics.md section 5), bit for bit; written out in
+// Definition: strata_prefill.contract.attention.attend (docs/numerics.md section 5), bit for bit; written out in
 // attention_common.cuh.
 //
 // attend_split_{scores,pv,merge}_hd{64,128}: split-K for few queries (decode). Pass 1, one

@@ -1,7 +1,7 @@
 // Combine of the routed experts' outputs (plus the shared expert) into the residual, and the
 // shared expert's gate.
 //
-// combine_rows -- definition: strata.moe.combine (docs/numerics.md section 7):
+// combine_rows -- definition: strata_prefill.contract.moe.combine (docs/numerics.md section 7):
 //   acc = 0.0f; for k in rank order: acc = acc + w[t,k] * Y[slot[t*K+k], j];
 //   with a shared expert: acc = acc + g[t] * Ysh[t, j];  then out[t, j] = x[t, j] + acc.
 //   x, out: T rows of D floats (ldx / ldo); w float32 [T, K]; slot int32 [T*K];
@@ -13,11 +13,11 @@
 //   element, K <= COMBINE_MAXK. Needs D % 4 == 0 and every row start 16-byte aligned (the host
 //   checks; combine_rows serves the rest).
 // combine_rows_bias, combine_rows_vec_bias -- the same two forms with each routed output's expert
-//   down bias added first: definition strata.moe.combine(..., down_bias=(bd, ids)):
+//   down bias added first: definition strata_prefill.contract.moe.combine(..., down_bias=(bd, ids)):
 //   acc = acc + w[t,k] * (Y[slot[t*K+k], j] + bd[ids[t*K+k], j]) (the sum one float32 addition, then
 //   the product, then the accumulation). ids int32 [T*K] (the router's), bd: rows of D floats,
 //   row e at + e * ldbd. The vec form also needs bd's rows 16-byte aligned (the host checks).
-// sigmoid_vec -- definition: strata.numerics.sigmoid: y = 1.0f / (1.0f + exp(-x)) with the shared
+// sigmoid_vec -- definition: strata_prefill.contract.numerics.sigmoid: y = 1.0f / (1.0f + exp(-x)) with the shared
 //   polynomial exp; x read with a stride (incx), y contiguous.
 
 #include <stdint.h>

@@ -1,6 +1,6 @@
 // Token embedding from a Q8_0 token_embd matrix.
 //
-// Definition: strata.quants.dequantize for Q8_0 rows (as strata.pack.Pack.embedding_rows gives
+// Definition: strata_prefill.contract.quants.dequantize for Q8_0 rows (as strata_prefill.formats.pack.Pack.embedding_rows gives
 // them): per 34-byte block, d = half -> float (exact), value_i = d * (float)q_i.
 // table: n_vocab rows of row_bytes = n/32 * 34 bytes; ids int32 [T] (in range: checked by the
 // caller); out: T rows of n floats at + t * ldo. One thread per output value.

@@ -1,6 +1,6 @@
 // Float weights (F32, F16, BF16) times float32 activation rows, float32 out.
 //
-// Definition: strata.dense.float_matmul (docs/numerics.md section 3a, "Float products").
+// Definition: strata_prefill.contract.dense.float_matmul (docs/numerics.md section 3a, "Float products").
 //   y[t, n] = sum_k w[n, k] * x[t, k], per output element:
 //   lane j: acc = 0.0f; for k = j, j+32, ... < K: acc = acc + w[n,k] * x[t,k]
 //           (the product rounded to float, then the add: --fmad=false keeps them apart)

@@ -1,7 +1,7 @@
 // The MoE input of float gate/up experts: the normed rows themselves, copied into the
 // expert-sorted order by the routing tables (docs/numerics.md section 6; never quantized).
 //
-// Definition: strata.moe.gather_rows (row r of out is x[src[r]]) and strata.moe.scatter_rows
+// Definition: strata_prefill.contract.moe.gather_rows (row r of out is x[src[r]]) and strata_prefill.contract.moe.scatter_rows
 // (row slot[t * k_used + k] of out is x[t], for k < k_used). Copies only, so every output
 // float has its input's bits; the two write the same rows, since slot and src are inverse.
 // x rows at x + t * ldx; out rows contiguous (K floats each).

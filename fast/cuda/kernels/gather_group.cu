@@ -1,6 +1,6 @@
 // Gathering expert blobs into the MMQ group buffers.
 //
-// Definition: strata.moe.group_buffers (docs/numerics.md section 5 / DESIGN section 5.4). Each
+// Definition: strata_prefill.contract.moe.group_buffers (docs/numerics.md section 5 / DESIGN section 5.4). Each
 // expert's blob is its bytes [gate | up | down] (2*gu_bytes + d_bytes). Expert q's gate|up lands
 // at q * (2*gu_bytes) of the gate/up buffer, its down at q * d_bytes of the down buffer; after the
 // last expert, tail_bytes zero bytes in each (the MMQ kernel reads past a tile's last row there).

@@ -1,7 +1,7 @@
 // Writing a chunk's K and V into the int8 KV cache of one layer.
 //
-// Definition: strata.attention.KVCache.write, with the arithmetic of
-// strata.attention.quantize_int8 (docs/numerics.md sections 2 and 5):
+// Definition: strata_prefill.contract.attention.KVCache.write, with the arithmetic of
+// strata_prefill.contract.attention.quantize_int8 (docs/numerics.md sections 2 and 5):
 //   per block of g values: amax = max |x_i|; amax == 0 -> d = 0, codes 0;
 //   else d_inv = 127.0f / amax, q_i = (int8) roundf(x_i * d_inv), d = 1.0f / d_inv (the q8 block
 //   quantize of strata_numerics.cuh, with its zero rule for a tiny amax).

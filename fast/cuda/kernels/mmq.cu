@@ -1,12 +1,12 @@
 // Grouped MMQ products on int8 tensor cores.
 //
-// Definition: strata.mmq.mmq_prepared (strata.mmq.mmq for raw weight rows) (docs/numerics.md section 3). Every output element is
+// Definition: strata_prefill.contract.mmq.mmq_prepared (strata_prefill.contract.mmq.mmq for raw weight rows) (docs/numerics.md section 3). Every output element is
 //   acc = 0.0f; for each 32-value block b of the weight row, ascending:
 //     acc = acc + <the type's epilogue>(dw, da, sumi [, mw, sa, mi]; HALVES: dw0, dw1, da, S0, S1)
 // with sumi exact integers from the tensor cores (the DMIN types' mi from exact integer sums of
-// the activation codes). Weight rows come in their GGUF blocks and are decoded here (block layouts: strata/quants.py); the IQ grids and the
-// sign table are uploaded from strata.quants' tables (one source), never written here; the codebook
-// types' codebooks (strata/codebooks.py) come in the generated header, qformats.cuh, four words each.
+// the activation codes). Weight rows come in their GGUF blocks and are decoded here (block layouts: contract/quants.py); the IQ grids and the
+// sign table are uploaded from strata_prefill.contract.quants' tables (one source), never written here; the codebook
+// types' codebooks (contract/codebooks.py) come in the generated header, qformats.cuh, four words each.
 //
 // Compiled with --fmad=false: every `a * b + c` below is two roundings, as in NumPy.
 //
@@ -61,7 +61,7 @@
 #include <stdint.h>
 #include <type_traits>
 #include "strata_numerics.cuh"  // MAGIC_I, MAGIC_F
-// QT_*, LAYOUT_*, TAB_*, QFormat<QT> and MMQ_KERNELS: written from strata/qformats.py at compile
+// QT_*, LAYOUT_*, TAB_*, QFormat<QT> and MMQ_KERNELS: written from contract/qformats.py at compile
 // time (fast/cuda/generated.py; no file of this name): every fact of a format the host also
 // knows (type numbers, block sizes, q8_1 layouts, half-field offsets, scale factors, the table
 // buffer's offsets, the kernel names) comes from there, so the two cannot disagree.
@@ -112,11 +112,11 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 // dynamic shared memory a CTA may take on sm_90 (227 KB, less 1 KB the runtime reserves)
 #define MMQ_SMEM_MAX (232448 - 1024)
 
-// Table buffer (uploaded by fast/cuda/products.py from strata.qformats; offsets TAB_*, bytes
+// Table buffer (uploaded by fast/cuda/products.py from strata_prefill.contract.qformats; offsets TAB_*, bytes
 // TABLEN_*): at TAB_SIGN the sign masks, 128 entries x 8 bytes, 0xFF where the sign table says
 // -1; then each IQ grid at TAB_<its name>: int8 entries (IQ2_XS 512 x 8, IQ3_XXS 256 x 4, IQ3_S
 // 512 x 4, IQ2_XXS 256 x 8, IQ2_S 1024 x 8), and the IQ1 grid (2048 x 8 of -1, 0, 1, IQ1_S's and
-// IQ1_M's) as one uint32 an entry, g + 1 of value k in nibble k (strata.qformats._IQ1Format.table).
+// IQ1_M's) as one uint32 an entry, g + 1 of value k in nibble k (strata_prefill.contract.qformats._IQ1Format.table).
 // A CTA stages in shared memory only what its type's decode reads (Staged<QT>): the sign masks
 // where its signs index them (SIGNS), then its own grid: at most 8 KB (IQ2_S's grid, and IQ1's as
 // nibbles rather than 16 KB of int8 entries, so that the largest tiles keep 2 CTAs an SM). Shared
@@ -139,7 +139,7 @@ template <> struct Tr<QT_Q2_K>    : QFormat<QT_Q2_K>    { enum { SPLIT = 1, NAUX
 template <> struct Tr<QT_IQ2_XS>  : QFormat<QT_IQ2_XS>  { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
 template <> struct Tr<QT_IQ3_XXS> : QFormat<QT_IQ3_XXS> { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
 template <> struct Tr<QT_IQ3_S>   : QFormat<QT_IQ3_S>   { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
-// llama-quantize's mixes (strata/kquants.py). Q4_0, Q5_0: PLAIN with signed codes, as Q8_0.
+// llama-quantize's mixes (contract/kquants.py). Q4_0, Q5_0: PLAIN with signed codes, as Q8_0.
 // Q5_1: MIN, as Q4_1 (aux: m). Q4_K, Q5_K: DMIN with one scale and one min per 32 values, so one
 // k32 sum (aux: u, v, dmin). Q6_K, Q3_K: PLAIN with a signed sub-scale per 16 values, split as
 // IQ2_XS (aux: u0, u1).
@@ -158,7 +158,7 @@ template <> struct Tr<QT_IQ2_S>   : QFormat<QT_IQ2_S>   { enum { SPLIT = 1, NAUX
 template <> struct Tr<QT_IQ1_S>   : QFormat<QT_IQ1_S>   { enum { SPLIT = 0, NAUX = 1, ASUM = 0 }; };
 template <> struct Tr<QT_IQ1_M>   : QFormat<QT_IQ1_M>   { enum { SPLIT = 1, NAUX = 2, ASUM = 0 }; };
 
-// The codebook types (strata/codebooks.py), codes from a 16-entry codebook. IQ4_NL, MXFP4: PLAIN
+// The codebook types (contract/codebooks.py), codes from a 16-entry codebook. IQ4_NL, MXFP4: PLAIN
 // as Q8_0. IQ4_XS: PLAIN with one signed sub-scale per 32 values, as IQ3_S (aux: u). NVFP4: the
 // HALVES epilogue, a float scale per 16 values, split (aux: dw1, the second half's scale).
 template <> struct Tr<QT_IQ4_NL>  : QFormat<QT_IQ4_NL>  { enum { SPLIT = 0, NAUX = 0, ASUM = 0 }; };
@@ -316,7 +316,7 @@ __device__ __forceinline__ void iq1_codes(uint32_t e, bool neg, uint32_t& lo, ui
     hi = __byte_perm(w, 0, e >> 16);
 }
 
-// ---- the codebook types (strata/codebooks.py): each type's decode its own function, of
+// ---- the codebook types (contract/codebooks.py): each type's decode its own function, of
 // decode_unit's interface (rowb, o, j: the staged row, the chunk's offset, the 32-block; c, dw,
 // aux out), so either core can call it.
 
@@ -571,7 +571,7 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
     } else if constexpr (QT == QT_NVFP4) {
         decode_nvfp4<QT>(rowb, o, j, c, dw, aux);
     }
-    // ---- the grid types of llama-quantize's IQ file types (strata/qformats.py, after the K-quants)
+    // ---- the grid types of llama-quantize's IQ file types (contract/qformats.py, after the K-quants)
     else if constexpr (QT == QT_IQ2_XXS) {
         // d, then per 32-block j 8 bytes at 2 + 8j: 4 grid indices (one per 8 values), a u32 of
         // four 7-bit sign indices and the scale in bits 28..31
@@ -1090,7 +1090,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
     }                                                                                                    \
     extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
 
-// one kernel per type with an mmq_kernel in strata/qformats.py, named as it says
+// one kernel per type with an mmq_kernel in contract/qformats.py, named as it says
 MMQ_KERNELS(MMQ_ENTRY)
 
 // Geometry for the host (read with get_global): {BM, BN, threads, max experts}.

@@ -1,7 +1,7 @@
 // The run's watch for NaN and Inf: the first watched op (in the record file's order) whose
 // output holds one, kept on the device so that no op waits for the host.
 //
-// Definition: strata.nonfinite.mark (NumPy): first = code where x holds a NaN or an Inf and
+// Definition: strata_prefill.formats.nonfinite.mark (NumPy): first = code where x holds a NaN or an Inf and
 // code < first, else first unchanged; a launch whose code is not below first reads nothing
 // (an earlier op already holds the watch). A float is NaN or +-Inf exactly when its 8
 // exponent bits are all ones, so the test is on the bits, under any compiler flag.

@@ -1,6 +1,6 @@
 // Exhaustive checks of the special-domain forms in strata_numerics.cuh against the general ones.
 //
-// Definition: strata.numerics.roundf and strata.numerics.exp (docs/numerics.md section 1). The
+// Definition: strata_prefill.contract.numerics.roundf and strata_prefill.contract.numerics.exp (docs/numerics.md section 1). The
 // general device forms (roundf_away, strata_exp) are checked against NumPy by the kernel tests;
 // the fast forms that attention_pair.cu uses where its inputs allow (round_nonneg_magic for
 // y >= 0, strata_exp_nonpos for x <= 0) are checked here against them on every float of their

@@ -1,7 +1,7 @@
 // The warp's quantize of one 128-value block of a q8_1 row into its 144 bytes
 // (block_q8_1_mmq), with the guarded load and the task loop around it, shared by
 // quantize_q8_1.cu and swiglu_q8_1.cu so that both write the same bytes from the same floats:
-// strata.q8_1.quantize_rows, docs/numerics.md section 2.
+// strata_prefill.contract.q8_1.quantize_rows, docs/numerics.md section 2.
 // Include strata_numerics.cuh (q8_inv_scale, q8_round, q8_scale) and cuda_fp16.h first:
 // fast/cuda/runtime.py inlines one level of local headers, so this file includes none.
 #ifndef STRATA_Q8_1_BLOCK_CUH
@@ -16,7 +16,7 @@ __device__ __forceinline__ uint32_t h16(float v) {
 
 // Lane l holds values 4l..4l+3 of the block (0.0f past the row's end). Returns this lane's 4
 // codes; hdr receives header word `lane` in lanes 0..3. layout: LAYOUT_D4, LAYOUT_DS4 or LAYOUT_D2S6
-// (qformats.cuh, written from strata/q8_1.py's Layout: the includer includes it first).
+// (qformats.cuh, written from contract/q8_1.py's Layout: the includer includes it first).
 __device__ __forceinline__ uint32_t q8_1_block(float v0, float v1, float v2, float v3, int layout, int lane,
                                                uint32_t& hdr) {
     float amax = fmaxf(fmaxf(fabsf(v0), fabsf(v1)), fmaxf(fabsf(v2), fabsf(v3)));

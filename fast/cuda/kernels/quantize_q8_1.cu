@@ -1,8 +1,8 @@
 // q8_1 quantization of float32 rows into the column-block-major block_q8_1_mmq buffer.
 //
-// Definitions: strata.q8_1.gather_quantize (row r <- quantize(x[src[r]])) and
-// strata.q8_1.scatter_quantize (token t quantized once, its blocks written to rows
-// slot[t*K_used + k], k < K_used); both through strata.q8_1.quantize_rows
+// Definitions: strata_prefill.contract.q8_1.gather_quantize (row r <- quantize(x[src[r]])) and
+// strata_prefill.contract.q8_1.scatter_quantize (token t quantized once, its blocks written to rows
+// slot[t*K_used + k], k < K_used); both through strata_prefill.contract.q8_1.quantize_rows
 // (docs/numerics.md section 2). Same bytes, every byte, all three layouts:
 //   D4   (layout 0): float d[4]                one scale per 32 values
 //   DS4  (layout 1): half2 (d, s)[4]           scale and float sum per 32 values
@@ -20,7 +20,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "strata_numerics.cuh"  // q8_inv_scale, q8_round, q8_scale
-#include "qformats.cuh"         // LAYOUT_D4, LAYOUT_DS4, LAYOUT_D2S6 (written from strata/q8_1.py)
+#include "qformats.cuh"         // LAYOUT_D4, LAYOUT_DS4, LAYOUT_D2S6 (written from contract/q8_1.py)
 #include "q8_1_block.cuh"       // q8_1_block, store_block, load4, for_each_block_task
 
 #define Q8_WARPS 8

@@ -1,6 +1,6 @@
 // RMSNorm of float32 rows.
 //
-// Definition: strata.numerics.rmsnorm (docs/numerics.md section 1, "RMSNorm" and "Reductions").
+// Definition: strata_prefill.contract.numerics.rmsnorm (docs/numerics.md section 1, "RMSNorm" and "Reductions").
 //   ss   = lane_sum(x_i * x_i)         lane l: acc = acc + x[i]*x[i] for i = l, l+32, ... < n,
 //                                      then the xor butterfly 16, 8, 4, 2, 1
 //   mean = ss / (float)n

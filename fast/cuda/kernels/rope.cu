@@ -1,7 +1,7 @@
 // NEOX rotary position embedding, in place or out of place.
 //
-// Definition: strata.numerics.rope_neox (docs/numerics.md section 1, "RoPE (NEOX)"), with the
-// float32 table from strata.numerics.rope_table computed on the host and uploaded: the device
+// Definition: strata_prefill.contract.numerics.rope_neox (docs/numerics.md section 1, "RoPE (NEOX)"), with the
+// float32 table from strata_prefill.contract.numerics.rope_table computed on the host and uploaded: the device
 // never evaluates sin or cos.
 //   for i < hd/2, j = i + hd/2, c = cos[pos, i], s = sin[pos, i]:
 //   y_i = x_i * c - x_j * s

@@ -1,7 +1,7 @@
 // Router: softmax over all experts, top-K, renormalized weights (router_topk); or top-K on the
 // biased logits and a softmax over the K selected (router_topk_selected).
 //
-// router_topk -- definition: strata.routing.top_k (docs/numerics.md section 4), with strata.numerics.softmax:
+// router_topk -- definition: strata_prefill.contract.routing.top_k (docs/numerics.md section 4), with strata_prefill.contract.numerics.softmax:
 //   m = max_i v_i (fmaxf: exact in any order); e_i = exp(v_i - m) (the shared polynomial exp);
 //   s = lane_sum(e) (lane l: acc = acc + e_i for i = l, l+32, ...; then xor butterfly 16..1);
 //   p_i = e_i / s (IEEE division).
@@ -88,7 +88,7 @@ router_topk(const float* __restrict__ logits, long long ld, int T, int E, int K,
     }
 }
 
-// router_topk_selected -- definition: strata.routing.top_k(logits, K, bias=bias,
+// router_topk_selected -- definition: strata_prefill.contract.routing.top_k(logits, K, bias=bias,
 // gating="softmax_selected") (docs/numerics.md section 4):
 //   v_i = logits_i + bias_i (one float32 addition; bias NULL: v_i = logits_i);
 //   top-K by v descending, ties to the lower id, a NaN after every number (numpy's stable argsort

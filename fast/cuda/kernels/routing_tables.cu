@@ -1,6 +1,6 @@
 // Routing tables of a chunk: cnt, off, slot, src (and order).
 //
-// Definition: strata.routing.routing_tables (docs/numerics.md section 4). For ids [T, K] and
+// Definition: strata_prefill.contract.routing.routing_tables (docs/numerics.md section 4). For ids [T, K] and
 // pairs i = t*K + k, e = ids[i]:
 //   cnt[e]  pairs routed to e;  off[e] = exclusive prefix sum of cnt over expert id;
 //   for i ascending: slot[i] = off[e]++ (on a running copy); src[slot[i]] = i / K;
@@ -16,7 +16,7 @@
 // Dynamic shared memory: (warps + 2) * E ints. Expert ids must be in [0, E) (pairs outside are
 // skipped and get no slot).
 //
-// row_experts -- definition: strata.routing.row_experts: rexp[slot[i]] = ids[i] for the n pairs
+// row_experts -- definition: strata_prefill.contract.routing.row_experts: rexp[slot[i]] = ids[i] for the n pairs
 // (the expert of each expert-sorted row, which the expert-bias kernels read: swiglu.cu,
 // swiglu_q8_1.cu). A thread a pair.
 

@@ -1,5 +1,5 @@
 // Numerics primitives shared by the kernels, each the CUDA form of a NumPy definition
-// (strata/numerics.py, strata/q8_1.py, strata/attention.py; docs/numerics.md section 1).
+// (contract/numerics.py, contract/q8_1.py, contract/attention.py; docs/numerics.md section 1).
 // Compiled with --fmad=false: every * and + below is its own IEEE rounding. fast/cuda/runtime.py
 // inlines this file where a kernel includes it. One home for: the exponential, SwiGLU, round
 // half away from zero, the q8-style block quantize (scale, codes, zero rules), warp reductions.
@@ -31,7 +31,7 @@ __device__ __forceinline__ float scaled_magic(float u, float nu_magic, int d)
 // by one, is no kernel's: numerics_probe.cu checks the fused form against it on every float
 // (verify/test_kernels_cuda.py), and the kernel tests check the fused one against NumPy.
 
-// strata.numerics.exp's arithmetic for x in [-87, 88]: n = rintf(x * log2e) through MAGIC_F,
+// strata_prefill.contract.numerics.exp's arithmetic for x in [-87, 88]: n = rintf(x * log2e) through MAGIC_F,
 // the two-part ln 2 reduction, the polynomial, 2^n from exponent bits. Out of that range its
 // value is not the definition's (the callers below select theirs).
 // The fused form, why the bits are the same:
@@ -66,7 +66,7 @@ __device__ __forceinline__ float strata_exp_core_form(float x)
 
 __device__ __forceinline__ float strata_exp_core(float x) { return strata_exp_core_form<1>(x); }
 
-// strata.numerics.exp: the shared polynomial exponential (NaN passes, > 88 -> inf, < -87 -> 0).
+// strata_prefill.contract.numerics.exp: the shared polynomial exponential (NaN passes, > 88 -> inf, < -87 -> 0).
 // The polynomial runs for every x and the special cases are selected after (no branches; out
 // of range its value is dropped).
 template <int FUSED>
@@ -91,7 +91,7 @@ __device__ __forceinline__ float strata_exp_nonpos(float x)
     return (x < -87.0f) ? 0.0f : y;
 }
 
-// strata.moe.swiglu of one value: silu(g) * u with silu(x) = x / (1.0f + exp(-x)) (IEEE
+// strata_prefill.contract.moe.swiglu of one value: silu(g) * u with silu(x) = x / (1.0f + exp(-x)) (IEEE
 // division; x < -88 gives -0.0, as in NumPy). The one home of the formula: swiglu.cu and
 // swiglu_q8_1.cu must give the same bits.
 __device__ __forceinline__ float strata_swiglu(float g, float u)
@@ -100,7 +100,7 @@ __device__ __forceinline__ float strata_swiglu(float g, float u)
     return __fmul_rn(silu, u);
 }
 
-// strata.moe.swiglu_oai of one value (gpt-oss's clamped SwiGLU): g = min(g, limit) and
+// strata_prefill.contract.moe.swiglu_oai of one value (gpt-oss's clamped SwiGLU): g = min(g, limit) and
 // u = min(max(u, -limit), limit) by comparisons, so that a NaN passes as in the definition
 // (fminf/fmaxf would drop it); t = alpha * g; s = g / (1.0f + exp(-t)); H = s * (u + 1.0f). The one
 // home of the formula: swiglu.cu and swiglu_q8_1.cu must give the same bits.
@@ -112,7 +112,7 @@ __device__ __forceinline__ float strata_swiglu_oai(float g, float u, float alpha
     return __fmul_rn(s, __fadd_rn(u, 1.0f));
 }
 
-// strata.numerics.roundf: round half away from zero (C roundf), exact for every float.
+// strata_prefill.contract.numerics.roundf: round half away from zero (C roundf), exact for every float.
 __device__ __forceinline__ float roundf_away(float x)
 {
     const float t = truncf(x);
@@ -154,9 +154,9 @@ __device__ __forceinline__ int8_t to_i8(float v)
 // ---- the q8-style block quantize: d_inv = 127 / amax, code = roundf_away(x * d_inv),
 // d = 1 / d_inv. The zero rules differ by block kind and each caller keeps its own (its NumPy
 // definition's):
-// - q8_1 activation blocks (quantize_q8_1.cu, strata.q8_1): amax == 0 -> d = 0, codes 0; codes
+// - q8_1 activation blocks (quantize_q8_1.cu, strata_prefill.contract.q8_1): amax == 0 -> d = 0, codes 0; codes
 //   are (int)q8_round(x, d_inv) truncated to a byte.
-// - int8 KV cache and attention Q / P blocks (kv_cache.cu, attention_pair.cu, strata.attention):
+// - int8 KV cache and attention Q / P blocks (kv_cache.cu, attention_pair.cu, strata_prefill.contract.attention):
 //   amax == 0 -> d = 0, codes 0; a tiny amax (below 127 / FLT_MAX) makes d_inv = inf, then every
 //   code is 0 through q8_code (x * inf is +-inf or NaN) and d = 1 / inf = 0. The prefill kernel's P
 //   blocks test d_inv < inf instead (scale 0, codes 0): the same bytes for every amax.
@@ -196,7 +196,7 @@ __device__ __forceinline__ float quad_max(float v)
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// Sum over the warp: the halving tree of strata.numerics (offsets 16, 8, 4, 2, 1; float
+// Sum over the warp: the halving tree of strata_prefill.contract.numerics (offsets 16, 8, 4, 2, 1; float
 // addition is commutative, so every lane holds the tree's bits).
 __device__ __forceinline__ float warp_sum(float v)
 {

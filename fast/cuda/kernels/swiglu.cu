@@ -1,16 +1,16 @@
 // SwiGLU of the gate and up products: H = silu(g) * u.
 //
-// swiglu_rows -- definition: strata.moe.swiglu = strata.numerics.silu(gate) * up, elementwise, with
-//   silu(x) = x / (1.0f + exp(-x))   (exp: the shared polynomial of strata.numerics.exp;
+// swiglu_rows -- definition: strata_prefill.contract.moe.swiglu = strata_prefill.contract.numerics.silu(gate) * up, elementwise, with
+//   silu(x) = x / (1.0f + exp(-x))   (exp: the shared polynomial of strata_prefill.contract.numerics.exp;
 //   IEEE division; x < -88 gives -0.0, as in NumPy)
 // Rows r < rows of n values: g at + r * ldg, u at + r * ldu, h at + r * ldh (pointers already
 // offset to the first row of the range). h may alias g or u.
 //
 // swiglu_oai_rows -- the clamped SwiGLU of gpt-oss with its expert biases: definition
-//   strata.moe.swiglu_oai(strata.moe.add_expert_bias(gate, bg, rexp), add_expert_bias(up, bu, rexp),
+//   strata_prefill.contract.moe.swiglu_oai(strata_prefill.contract.moe.add_expert_bias(gate, bg, rexp), add_expert_bias(up, bu, rexp),
 //   alpha, limit) (docs/numerics.md section 6): g = gate + bg[rexp[r]], u = up + bu[rexp[r]] (one
 //   float32 addition each), then strata_swiglu_oai. rexp: the expert of each row of the range
-//   (strata.routing.row_experts, offset like g); bg, bu: bias rows of n values, row e at + e * ldb.
+//   (strata_prefill.contract.routing.row_experts, offset like g); bg, bu: bias rows of n values, row e at + e * ldb.
 //   rexp NULL: no biases (bg, bu unused). The same rows, aliasing and layout as swiglu_rows.
 
 #include <stdint.h>

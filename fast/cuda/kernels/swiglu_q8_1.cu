@@ -1,8 +1,8 @@
 // SwiGLU of a group's gate and up rows and the q8_1 quantize of the result (H) in one launch:
 // the down product's input written straight from the two products.
 //
-// Definition: strata.moe.swiglu (H = silu(gate) * up), then strata.q8_1.quantize_rows of H's
-// rows (the quantize that strata.q8_1.gather_quantize applies row by row) in the layout the
+// Definition: strata_prefill.contract.moe.swiglu (H = silu(gate) * up), then strata_prefill.contract.q8_1.quantize_rows of H's
+// rows (the quantize that strata_prefill.contract.q8_1.gather_quantize applies row by row) in the layout the
 // down type selects. The same bytes as swiglu.cu followed by quantize_q8_1.cu's q8_1_gather
 // over H's rows in order: both take each value from strata_swiglu (strata_numerics.cuh) and
 // each block from q8_1_block (q8_1_block.cuh); H never leaves registers, and with
@@ -15,7 +15,7 @@
 // the row's zero padding (0.0f, not SwiGLU of anything).
 //
 // swiglu_oai_q8_1 -- the same with gpt-oss's clamped SwiGLU and expert biases in place of
-// strata_swiglu: each value is swiglu.cu's swiglu_oai_rows value (strata.moe.swiglu_oai of the
+// strata_swiglu: each value is swiglu.cu's swiglu_oai_rows value (strata_prefill.contract.moe.swiglu_oai of the
 // biased gate and up, strata_swiglu_oai), then the same q8_1 blocks. rexp (the expert of each row
 // of the range, offset like g), bg, bu (bias rows, row e at + e * ldb): as swiglu_oai_rows; rexp
 // NULL: no biases.
@@ -23,7 +23,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "strata_numerics.cuh"  // strata_swiglu, strata_swiglu_oai, q8_inv_scale, q8_round, q8_scale
-#include "qformats.cuh"         // LAYOUT_D4, LAYOUT_DS4, LAYOUT_D2S6 (written from strata/q8_1.py)
+#include "qformats.cuh"         // LAYOUT_D4, LAYOUT_DS4, LAYOUT_D2S6 (written from contract/q8_1.py)
 #include "q8_1_block.cuh"       // q8_1_block, store_block, load4, for_each_block_task
 
 #define SQ_WARPS 8
