@@ -180,6 +180,8 @@ def _cost(op: str, s: dict, wtype: str | None) -> tuple[int, int]:
         return 0, 2 * T * H * hd * 4 + T * hd * 4 + T * 4
     if op == "add":
         return 0, 3 * s["n"] * 4
+    if op == "add_row_bias":  # y and the output, the bias row once
+        return 0, 2 * s["rows"] * s["n"] * 4 + s["n"] * 4
     if op == "kv_write":  # float K and V and the positions in; codes, scales and V's blocks out
         T, n_kv, hd = len(s["positions"]), s["n_kv"], s["hd"]
         return 0, 2 * T * n_kv * hd * 4 + T * 4 + T * n_kv * (3 * hd + 4 * (hd // 32) + 4)
@@ -369,6 +371,10 @@ def _model_rows() -> list[KernelCase]:
         rows.append(kernel_case("rope", f"T{T}-H{H}-hd{hd}", dict(T=T, H=H, hd=hd), quick=T == 1))
     for n in [1, 2560, 3 * 2560 + 3]:
         rows.append(kernel_case("add", f"n{n}", dict(n=n), quick=n == 2560))
+    # gpt-oss's q/k/v/o biases (docs/numerics.md section 5): its q, k and o rows, a chunk of
+    # 300 tokens, a width no multiple of 4
+    for r, n in [(1, 64), (7, 2880), (300, 512), (5, 100)]:
+        rows.append(kernel_case("add_row_bias", f"rows{r}-n{n}", dict(rows=r, n=n), quick=r == 1))
     for n_kv, hd in [(2, 64), (4, 128)]:
         rows.append(kernel_case("kv_write", f"kv{n_kv}-hd{hd}", dict(n_kv=n_kv, hd=hd, cap=256,
                                                              positions=(60, 61, 62, 63, 64, 65, 130, 7, 200)),
