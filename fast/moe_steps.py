@@ -5,7 +5,8 @@ the router and the experts have biases and which gated activation the experts us
 engine's MoE half is the same sequence of steps for every architecture; this module turns those
 values into the keywords the steps take (fast/backend.py: `top_k`'s bias and gating, the SwiGLU
 steps' act and expert_bias, `combine`'s down_bias). An architecture that asks for none of them
-(qwen3moe) gets empty keywords, so its calls are the ones it always made.
+(a plain softmax router, no biases, SwiGLU) gets empty keywords: its calls are the ones the
+half made before it had any.
 
 The biases are the layer's weights (fast/weights.py, by field): each is uploaded on its first use
 and kept by the backend, never per call; the stacked expert biases are read as [n_expert, n]
@@ -18,24 +19,20 @@ from dataclasses import dataclass
 from strata_prefill.contract import routing
 from strata_prefill.contract.moe import SwigluOai
 
-#: MoeParams.activation -> the act of strata_prefill.contract.moe.glu (None: silu(gate) * up)
-ACTIVATIONS = {"swiglu": None, "swiglu_oai": SwigluOai()}
-
 
 @dataclass(frozen=True)
 class MoeSteps:
     gating: str            # strata_prefill.contract.routing.GATINGS
     router_bias: bool      # ffn_gate_inp_b on the logits (top_k's bias)
     expert_bias: bool      # ffn_{gate,up,down}_exps_b: gate/up in the SwiGLU steps, down in the combine
-    act: SwigluOai | None  # the gated activation
+    act: SwigluOai | None  # the gated activation (strata_prefill.contract.moe.glu's act; None: SwiGLU)
 
     @classmethod
     def of(cls, params) -> MoeSteps:
         """From an architecture's MoeParams (formats/archs)."""
         if params.scoring not in routing.GATINGS:
             raise ValueError(f"MoE scoring {params.scoring!r} is none of {routing.GATINGS}")
-        return cls(params.scoring, bool(params.router_bias), bool(params.expert_bias),
-                   ACTIVATIONS[params.activation])
+        return cls(params.scoring, bool(params.router_bias), bool(params.expert_bias), params.act)
 
     def router(self, W) -> dict:
         """top_k's keywords for layer weights W: the router's bias and the gating (none where
