@@ -12,19 +12,29 @@ from strata_prefill.contract.constants import MMQ_GROUP  # noqa: F401  (fast/ im
 F32 = np.float32
 
 #: what the shared MoE half (reference/moe_half.py; fast/engine.py with fast/walk.py and the
-#: kernels) computes, as the fields of strata_prefill.formats.archs.spec.MoeParams it reads: softmax over every
-#: expert's logit then top-k, the k weights renormalized, no router or expert biases, SwiGLU.
-#: An architecture asking for another value is refused (`unsupported`) until the half has it.
-IMPLEMENTED = {"scoring": ("softmax",), "renormalize": (True,), "router_bias": (False,),
-               "expert_bias": (False,), "activation": ("swiglu",),
-               "shared_expert": ("never", "optional")}
+#: kernels) computes, as the fields of strata_prefill.formats.archs.spec.MoeParams it reads: the
+#: router's scorings (strata_prefill.contract.routing.GATINGS) with or without a router bias, expert
+#: biases or none, SwiGLU or the clamped swiglu_oai, no shared expert or an optional one.
+#: Renormalizing goes with the scoring (RENORMALIZE). An architecture asking for another value
+#: is refused (`unsupported`) until the half has it.
+IMPLEMENTED = {"scoring": ("softmax", "softmax_selected"), "renormalize": (True, False),
+               "router_bias": (False, True), "expert_bias": (False, True),
+               "activation": ("swiglu", "swiglu_oai"), "shared_expert": ("never", "optional")}
+#: scoring -> the renormalize value the half computes with it: softmax's k weights are divided
+#: by their sum; the selected softmax's already sum to one (strata_prefill.contract.routing.top_k)
+RENORMALIZE = {"softmax": True, "softmax_selected": False}
 
 
 def unsupported(params) -> list[str]:
     """One phrase per MoeParams field (formats/archs) whose value the MoE half does not compute."""
-    return [f"the MoE half does not compute {field}={getattr(params, field)!r} (it computes "
-            f"{' or '.join(map(repr, values))})"
-            for field, values in IMPLEMENTED.items() if getattr(params, field) not in values]
+    out = [f"the MoE half does not compute {field}={getattr(params, field)!r} (it computes "
+           f"{' or '.join(map(repr, values))})"
+           for field, values in IMPLEMENTED.items() if getattr(params, field) not in values]
+    want = RENORMALIZE.get(params.scoring)
+    if want is not None and params.renormalize != want:
+        out.append(f"the MoE half does not compute renormalize={params.renormalize!r} with "
+                   f"scoring={params.scoring!r} (it computes renormalize={want!r})")
+    return out
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

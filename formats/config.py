@@ -73,6 +73,7 @@ class ModelConfig:
     expert_down_type: QT = QT.Q8_0  # type of ffn_down_exps (layer 0)
     dense_type: QT = QT.Q8_0        # type of the attention matrices (layer 0) as stored
     arch: str = archs.DEFAULT       # general.architecture: its module is `spec` (formats/archs)
+    sliding_window: int = 0         # keys a windowed block sees (its ATTENTION's swa pattern); 0: none
 
     @property
     def spec(self):
@@ -119,6 +120,8 @@ class ModelConfig:
                        f"{k['n_expert']} {self.n_expert}]")
         if self.n_ff_shexp < 0:
             out.append(f"{k['n_ff_shexp']} {self.n_ff_shexp}: must be 0 (none) or more")
+        if self.spec.ATTENTION.swa_every and self.sliding_window < 1:
+            out.append(f"{k['sliding_window']} {self.sliding_window}: must be at least 1")
         if self.n_vocab < 0:
             out.append(f"{k['n_vocab']} {self.n_vocab}: must be at least 1")
         for field in ("rms_eps", "rope_base"):
@@ -231,6 +234,8 @@ class ModelConfig:
             context_length=get(k["context_length"]),
             rope_scaling=_rope_scaling(get, fields, get(k["context_length"]), unread, spec),
             arch=arch,
+            # llama.cpp's loader requires the window's key of an architecture with windowed layers
+            sliding_window=get(k["sliding_window"]) if spec.ATTENTION.swa_every else 0,
         )
         if unread:
             raise PackError(where + "; ".join(unread))
@@ -363,4 +368,18 @@ PRESETS: dict[str, ModelConfig] = {
     "strata": ModelConfig(
         n_layer=4, n_embd=2560, n_head=32, n_head_kv=4, head_dim=128,
         n_expert=512, n_expert_used=10, n_ff_exp=640, n_ff_shexp=640, n_vocab=151936),
+    # openai/gpt-oss-20b's shape (its config.json): YaRN by 32 from 4,096 positions, a window of
+    # 128 keys on the even blocks; make-pack writes its experts in MXFP4, as the released file is
+    "gpt-oss-20b": ModelConfig(
+        n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64,
+        n_expert=32, n_expert_used=4, n_ff_exp=2880, n_ff_shexp=0, n_vocab=201088,
+        rms_eps=1e-5, rope_base=150000.0, context_length=131072,
+        rope_scaling=RopeScaling("yarn", 32.0, 4096), arch="gpt-oss", sliding_window=128),
+    # the CPU tier's gpt-oss: the released models' rope (YaRN by 32 from 4,096) and GQA; a window
+    # of 16 keys (the even block slides, the odd one sees every key), rows of 256 (MXFP4's 32)
+    "gpt-oss-tiny": ModelConfig(
+        n_layer=2, n_embd=256, n_head=4, n_head_kv=2, head_dim=64,
+        n_expert=8, n_expert_used=4, n_ff_exp=256, n_ff_shexp=0, n_vocab=512,
+        rms_eps=1e-5, rope_base=150000.0, context_length=256,
+        rope_scaling=RopeScaling("yarn", 32.0, 4096), arch="gpt-oss", sliding_window=16),
 }

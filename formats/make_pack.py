@@ -99,11 +99,15 @@ DENSE_TYPES: tuple[QT, ...] = (*quants.SUPPORTED_TYPES, QT.F16, QT.BF16, QT.F32)
 ROUTER_TYPES: tuple[QT, ...] = (QT.F32, QT.BF16, QT.Q8_0)
 ROUTER_TYPE_DEFAULT = QT.F32
 PRESET_ROUTER_TYPE = {"strata": QT.BF16}  # presets whose router is not ROUTER_TYPE_DEFAULT
+#: presets whose experts are not Q8_0 by default: gpt-oss's released experts are MXFP4
+PRESET_EXPERT_TYPE = {"gpt-oss-20b": QT.MXFP4, "gpt-oss-tiny": QT.MXFP4}
 PROGRESS_MIN_BYTES = 50 * 1024 * 1024  # show a progress bar (on a terminal) from this size
 DISK_MARGIN_BYTES = 64 * 1024 * 1024  # left free on the disk after a pack (or 2%, the larger)
 SLAB_VALUES = 1 << 22  # values per generated slab of a non-expert tensor (fixed: part of the seed)
 EMBD_STD = 0.5
 NORM_STD = 0.1
+BIAS_STD = 0.1  # biases (q/k/v/o, router, experts): small beside the products they shift
+SINK_STD = 1.0  # attention sinks: logits on the scale of a head's scores
 DIGEST_PLACEHOLDER = "0" * 64  # a sha256 in hex, reserved in the header until the data is written
 
 
@@ -227,7 +231,8 @@ def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
     {logical name: type} of the matrices whose type is their own (a mix, strata_prefill.formats.mixes); the
     others as the arguments say."""
     spec = cfg.spec
-    type_of = {"embd": dense_type, "dense": dense_type, "norm": QT.F32, "router": router_type,
+    type_of = {"embd": dense_type, "dense": dense_type, "norm": QT.F32, "bias": QT.F32, "sinks": QT.F32,
+               "expert_bias": QT.F32, "router": router_type,
                "gate": router_type if router_type in (QT.F32, QT.BF16) else QT.F32,
                "expert_gu": gu_type, "expert_down": down_type}
     # the optional groups of the table (formats/archs/spec.py) written: the lm_head unless tied,
@@ -238,13 +243,14 @@ def plan_tensors(cfg: ModelConfig, gu_type: QT, down_type: QT, dense_type: QT,
         ne = t.shape(cfg)
         shape, n_cols = tuple(reversed(ne)), ne[0]
         kind, std, mean = {"norm": ("normal", NORM_STD, 1.0), "gate": ("normal", 2.0 / np.sqrt(n_cols), 0.0),
+                           "bias": ("normal", BIAS_STD, 0.0), "sink": ("normal", SINK_STD, 0.0),
                            "embd": ("blocks", EMBD_STD, 0.0), "in": ("blocks", _in_std(n_cols), 0.0),
                            "out": ("blocks", _out_std(n_cols), 0.0)}[t.fill]
         return _Plan(name, type_of[t.role], shape, kind, std, mean)
 
-    plans = [plan(t, tn.name(t.kind)) for t in spec.MODEL_TENSORS if t.group is None or groups[t.group]]
+    plans = [plan(t, t.name()) for t in spec.MODEL_TENSORS if t.group is None or groups[t.group]]
     for l in range(cfg.n_layer):
-        plans += [plan(t, tn.name(t.kind, l)) for t in spec.BLOCK_TENSORS if t.group is None or groups[t.group]]
+        plans += [plan(t, t.name(l)) for t in spec.BLOCK_TENSORS if t.group is None or groups[t.group]]
     for p in plans if types else ():
         p.qtype = types.get(p.name, p.qtype)
     return plans
@@ -284,7 +290,8 @@ def pack_types(config: ModelConfig, preset: str, expert_type: Any = None, dense_
         per = mix_types(config, mix, tie_embeddings)
         gu, down = per[tn.name(tn.T.FFN_GATE_EXP, 0)], per[tn.name(tn.T.FFN_DOWN_EXP, 0)]
         return PackTypes(base, base, rt, gu, down, (), mix, per)
-    xt = parse_qtype("Q8_0" if expert_type is None else expert_type, EXPERT_TYPES, "expert type")
+    xt = parse_qtype(PRESET_EXPERT_TYPE.get(preset, QT.Q8_0) if expert_type is None else expert_type,
+                     EXPERT_TYPES, "expert type")
     dt = parse_qtype("Q8_0" if dense_type is None else dense_type, DENSE_TYPES, "dense type")
     if not dense.is_float(dt):
         vals = quants.block_size(dt)[0]

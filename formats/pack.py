@@ -559,11 +559,12 @@ class Pack:
         return m
 
     def vector(self, name: str) -> np.ndarray:
-        """float32 [n] of a 1-D float tensor (norms); read-only."""
+        """float32 values of a float tensor the table reads whole (norms, biases, sinks): [n]
+        for a 1-D one, [E, n] for stacked experts' biases (numpy shape, outer first); read-only."""
         v = self._vectors.get(name)
         if v is None:
             t = self._tensor(name)
-            v = np.array(_float_values(t).reshape(-1), dtype=np.float32)
+            v = np.array(_float_values(t), dtype=np.float32)  # the shape the table checked
             v.flags.writeable = False
             self._vectors[name] = v
         return v
@@ -594,8 +595,8 @@ class Pack:
 
     def layer(self, l: int):
         """Block l's tensors (cached): the architecture's Layer (formats/archs), a field per
-        tensor of its table, matrices as QMatrix and norms as float32 vectors; a group the
-        block does not hold (the shared expert's) None."""
+        tensor of its table, matrices as QMatrix and norms, biases and sinks as float32 arrays
+        (`vector`); a group the block does not hold (the shared expert's) None."""
         l = self._check_layer(l)
         lay = self._layers.get(l)
         if lay is not None:
@@ -678,12 +679,12 @@ def _expected_shapes(cfg: ModelConfig, present: set[str], groups_of: dict[int, s
     spec = cfg.spec
     ex: dict[str, list[int]] = {}
     for t in spec.MODEL_TENSORS:
-        if t.group is None or tn.name(t.kind) in present:
-            ex[tn.name(t.kind)] = t.shape(cfg)
+        if t.group is None or t.name() in present:
+            ex[t.name()] = t.shape(cfg)
     for l in range(cfg.n_layer):
         for t in spec.BLOCK_TENSORS:
             if t.group is None or t.group in groups_of.get(l, ()):
-                ex[tn.name(t.kind, l)] = t.shape(cfg)
+                ex[t.name(l)] = t.shape(cfg)
     return ex
 
 
@@ -698,14 +699,15 @@ def _arch_of(reader) -> Any:
 
 
 def tensor_kind(logical: str, spec) -> TensorSpec | None:
-    """The table entry (formats/archs) of a logical name (`blk.3.attn_q`: ATTN_Q's), None for a
-    tensor a pack of the architecture `spec` does not hold."""
+    """The table entry (formats/archs) of a logical name (`blk.3.attn_q`: ATTN_Q's weight,
+    `blk.3.attn_q.bias` its bias), None for a tensor a pack of the architecture `spec` does not
+    hold."""
     if logical.startswith("blk."):
         layer, _, rest = logical[4:].partition(".")
         if not layer.isdigit():
             return None
-        return next((t for t in spec.BLOCK_TENSORS if t.field == rest), None)
-    return next((t for t in spec.MODEL_TENSORS if tn.name(t.kind) == logical), None)
+        return next((t for t in spec.BLOCK_TENSORS if t.part == rest), None)
+    return next((t for t in spec.MODEL_TENSORS if t.name() == logical), None)
 
 
 def allowed_types(kind: TensorSpec) -> tuple[QT, ...]:
@@ -805,7 +807,7 @@ def _validate(cfg: ModelConfig, tensors: dict[str, Any], unread: list[str] = (),
     n_vocab = cfg.n_vocab or _ne(tensors[embd])[-1]
     groups_of: dict[int, set[str]] = {}  # layer -> the groups of the table it holds a tensor of
     for l in range(cfg.n_layer):
-        held = {t.group for t in spec.BLOCK_TENSORS if t.group and tn.name(t.kind, l) in tensors}
+        held = {t.group for t in spec.BLOCK_TENSORS if t.group and t.name(l) in tensors}
         if held:
             groups_of[l] = held
     shexp_layers = {l for l, held in groups_of.items() if "shexp" in held}

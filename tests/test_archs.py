@@ -62,12 +62,12 @@ def two_known(monkeypatch) -> None:
 
 
 def test_unknown_architecture_is_refused_naming_the_known_ones(monkeypatch):
-    with pytest.raises(PackError, match=r"^wrong architecture: expected qwen3moe, got llama$"):
+    with pytest.raises(PackError, match=r"^wrong architecture: expected qwen3moe or gpt-oss, got llama$"):
         ModelConfig.from_metadata({"general.architecture": "llama"})
     two_known(monkeypatch)
-    with pytest.raises(PackError, match=r"^f\.gguf: wrong architecture: expected qwen3moe or other-moe, got gptx$"):
+    with pytest.raises(PackError, match=r"^f\.gguf: wrong architecture: expected qwen3moe, gpt-oss or other-moe, got gptx$"):
         ModelConfig.from_metadata({"general.architecture": "gptx"}, where="f.gguf: ")
-    with pytest.raises(PackError, match="expected qwen3moe or other-moe, got gptx"):
+    with pytest.raises(PackError, match="expected qwen3moe, gpt-oss or other-moe, got gptx"):
         ModelConfig(**{**dataclasses.asdict(PRESETS["tiny"]), "arch": "gptx"}).spec  # noqa: B018
 
 
@@ -84,16 +84,21 @@ def test_pack_of_unknown_architecture_is_refused_alone(tmp_path):
     w.close()
     with pytest.raises(PackError) as exc:
         Pack.open(path)
-    assert str(exc.value) == f"{path}: wrong architecture: expected qwen3moe, got mamba9"
+    assert str(exc.value) == f"{path}: wrong architecture: expected qwen3moe or gpt-oss, got mamba9"
 
 
 def test_moe_parameters_the_half_lacks_are_refused(monkeypatch):
     spec = types.SimpleNamespace(**{k: getattr(qwen3moe, k) for k in dir(qwen3moe) if k.isupper() or k == "Layer"})
-    spec.MOE = dataclasses.replace(qwen3moe.MOE, scoring="softmax_topk", expert_bias=True)
+    spec.MOE = dataclasses.replace(qwen3moe.MOE, scoring="sigmoid", activation="geglu")
     monkeypatch.setitem(archs.ARCHS, "other-moe", spec)
     problems = PRESETS["tiny"].replace(arch="other-moe").problems()
-    assert problems == ["other-moe: the MoE half does not compute scoring='softmax_topk' (it computes 'softmax')",
-                        "other-moe: the MoE half does not compute expert_bias=True (it computes False)"]
+    assert problems == [
+        "other-moe: the MoE half does not compute scoring='sigmoid' (it computes 'softmax' or 'softmax_selected')",
+        "other-moe: the MoE half does not compute activation='geglu' (it computes 'swiglu' or 'swiglu_oai')"]
+    spec.MOE = dataclasses.replace(qwen3moe.MOE, scoring="softmax_selected")  # renormalizing goes with softmax
+    assert PRESETS["tiny"].replace(arch="other-moe").problems() == [
+        "other-moe: the MoE half does not compute renormalize=True with scoring='softmax_selected' "
+        "(it computes renormalize=False)"]
     assert PRESETS["tiny"].problems() == []
     assert isinstance(qwen3moe.MOE, MoeParams)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from strata_prefill.formats.archs import qwen3moe
+from strata_prefill.formats.archs import gpt_oss, qwen3moe
 from strata_prefill.contract.errors import PackError
 
 #: general.architecture -> its module
-ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (qwen3moe,)}
+ARCHS: dict[str, ModuleType] = {m.NAME: m for m in (qwen3moe, gpt_oss)}
 #: the architecture make-pack writes and a ModelConfig built without one is
 DEFAULT = qwen3moe.NAME
 

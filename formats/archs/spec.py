@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from gguf.constants import MODEL_TENSOR
 
+from strata_prefill.contract.moe import SwigluOai
 from strata_prefill.formats import tensor_names as tn
 
 
@@ -35,13 +36,21 @@ class TensorSpec:
 
     shape: the ggml ne (fastest dimension first) of the tensor for a ModelConfig.
     role: what it is, for the loader and make-pack: "norm" (a float32 vector, read whole),
-    "gate" (a float one-row matrix: a scalar gate's weights), "dense" (a matrix in the dense
-    type), "router" (the router, in the router type), "embd" (the token embedding, in the dense
-    type), "expert_gu" and "expert_down" (stacked experts in the expert types).
+    "bias" (a float32 vector added after a product), "sinks" (a float32 vector: a logit per
+    attention head), "expert_bias" (float32 [n_expert, n]: each expert's bias row), "gate" (a
+    float one-row matrix: a scalar gate's weights), "dense" (a matrix in the dense type),
+    "router" (the router, in the router type), "embd" (the token embedding, in the dense type),
+    "expert_gu" and "expert_down" (stacked experts in the expert types).
     fill: how make-pack draws its values: "norm" (N(1, NORM_STD)), "gate" (N(0, 2/sqrt(n_cols))),
-    "embd", "in" or "out" (random valid blocks of the std make-pack gives inputs and outputs).
+    "bias" (N(0, BIAS_STD)), "sink" (N(0, SINK_STD)), "embd", "in" or "out" (random valid
+    blocks of the std make-pack gives inputs and outputs).
     group: None for a tensor every block (or the model) holds; else the name of a group of
     tensors a block holds all of or none of (the shared expert's: "shexp").
+    suffix: the file name's suffix: ".weight", or ".bias" for a bias (one gguf-py kind holds a
+    weight and its bias).
+    field_name: the Layer field where it is not the name less `blk.N.` (a bias's: that of its
+    weight plus `_b`), for a tensor that plays a shared role under another name (gpt-oss's
+    post_attention_norm is the MoE half's ffn_norm).
     """
 
     kind: MODEL_TENSOR
@@ -49,21 +58,35 @@ class TensorSpec:
     role: str
     fill: str
     group: str | None = None
+    suffix: str = tn.SUFFIX
+    field_name: str | None = None
+
+    def name(self, bid: int | None = None) -> str:
+        """The logical name (formats/tensor_names.py) of this tensor of block `bid`."""
+        return tn.name(self.kind, bid, self.suffix)
+
+    @property
+    def part(self) -> str:
+        """The logical name less `blk.N.` (`attn_q.bias`): what names it within a block."""
+        return self.name(0).removeprefix("blk.0.")
 
     @property
     def is_vector(self) -> bool:
-        """Read as a float32 vector (Pack.vector)."""
-        return self.role == "norm"
+        """Read as float32 values (Pack.vector): norms, biases, sinks."""
+        return self.role in ("norm", "bias", "sinks", "expert_bias")
 
     @property
     def float_only(self) -> bool:
-        """Held in a float type only (norms and gates: never quantized)."""
-        return self.role in ("norm", "gate")
+        """Held in a float type only (norms, biases, sinks and gates: never quantized)."""
+        return self.is_vector or self.role == "gate"
 
     @property
     def field(self) -> str:
-        """The Layer field (a block tensor's logical name less `blk.N.`), or the logical name."""
-        return tn.name(self.kind, 0).removeprefix("blk.0.")
+        """The Layer field: field_name, else the logical name less `blk.N.` (`_b` for a bias)."""
+        if self.field_name is not None:
+            return self.field_name
+        base = tn.name(self.kind, 0).removeprefix("blk.0.")
+        return base + "_b" if self.suffix == tn.BIAS else base
 
 
 @dataclass(frozen=True)
@@ -72,24 +95,41 @@ class AttentionParams:
 
     qk_norm: bool            # RMSNorm per head of q and k (attn_q_norm, attn_k_norm)
     rope: str                # the RoPE rotation: "neox" (halves) or "norm" (pairs)
-    qkvo_bias: bool = False  # biases on the q, k, v and o projections
-    sinks: bool = False      # a learned sink logit per head in the softmax
-    sliding_window: int = 0  # 0: every layer attends to the whole prefix
-    swa_every: int = 0       # where sliding_window: every how many layers one is windowed
+    qkvo_bias: bool = False  # biases on the q, k, v and o projections (float32, after each product)
+    sinks: bool = False      # a learned sink logit per head in the softmax (attn_sinks)
+    swa_every: int = 0       # 0: every layer sees the whole prefix; else of each run of swa_every
+                             # layers all but the last attend through ModelConfig.sliding_window
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether block `layer` attends through the sliding window (llama.cpp's swa pattern:
+        layer % swa_every < swa_every - 1)."""
+        return self.swa_every > 0 and layer % self.swa_every < self.swa_every - 1
+
+    def window(self, cfg, layer: int) -> int | None:
+        """The window block `layer` of a pack of config `cfg` attends through, None for the
+        whole prefix (strata_prefill.contract.attention.attend's window)."""
+        return cfg.sliding_window if self.is_sliding(layer) else None
 
 
 @dataclass(frozen=True)
 class MoeParams:
     """An architecture's MoE half, as the shared MoE half reads it (reference/moe_half.py,
-    fast/engine.py with fast/walk.py): one value of each field is implemented today
-    (`strata_prefill.contract.moe.IMPLEMENTED`); a pack asking for another is refused when it is opened."""
+    fast/engine.py with fast/walk.py): the values it computes are
+    `strata_prefill.contract.moe.IMPLEMENTED`; a pack asking for another is refused when it is opened."""
 
-    scoring: str          # "softmax": over all experts, then top-k; "softmax_topk": over the k picked logits
-    renormalize: bool     # top-k weights divided by their sum
+    scoring: str          # strata_prefill.contract.routing.GATINGS: "softmax" (over all experts, then
+                          # top-k) or "softmax_selected" (top-k on the logits, softmax over those k)
+    renormalize: bool     # top-k weights divided by their sum (softmax's; the selected softmax sums to 1)
     shared_expert: str    # "never", "optional" (a block may hold the shexp group) or "always"
-    router_bias: bool     # ffn_gate_inp has a bias
-    expert_bias: bool     # gate, up and down experts have biases
-    activation: str       # "swiglu": silu(gate) * up; "swiglu_oai": the clamped form
+    router_bias: bool     # ffn_gate_inp has a bias (ffn_gate_inp_b), added to the logits first
+    expert_bias: bool     # gate, up and down experts have biases (ffn_*_exps_b)
+    activation: str       # "swiglu": silu(gate) * up; "swiglu_oai": the clamped form (SwigluOai)
+
+    @property
+    def act(self):
+        """strata_prefill.contract.moe.glu's act for `activation`: None (swiglu) or the SwigluOai of
+        llama.cpp's constants (alpha 1.702, limit 7.0: SwigluOai's defaults)."""
+        return SwigluOai() if self.activation == "swiglu_oai" else None
 
 
 def layer_names(arch, layer: int, present: Callable[[str], bool]) -> dict[str, str]:
@@ -98,7 +138,7 @@ def layer_names(arch, layer: int, present: Callable[[str], bool]) -> dict[str, s
     groups: dict[str, bool] = {}
     out = {}
     for t in arch.BLOCK_TENSORS:
-        name = tn.name(t.kind, layer)
+        name = t.name(layer)
         if t.group is not None:
             if t.group not in groups:
                 groups[t.group] = present(name)

@@ -14,7 +14,7 @@ from strata_prefill import checks
 
 def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p = subparsers.add_parser(name, help="describe a pack",
-                              description="Describe a qwen3moe pack: shape, types, expert blobs.")
+                              description="Describe a pack: architecture, shape, types, expert blobs.")
     p.add_argument("pack", metavar="PACK", type=checks.input_path, help="GGUF pack")
     p.add_argument("--check", action="store_true",
                    help="decode every tensor and name those that decode to NaN or Inf (exit 1), "
@@ -45,6 +45,26 @@ def _rope_line(r) -> str:
     return line
 
 
+def _attention_line(c) -> str:
+    """The architecture's attention (formats/archs: ATTENTION) with the pack's window."""
+    a = c.spec.ATTENTION
+    bits = [f"{a.rope.upper()} rope", "q/k norm" if a.qk_norm else "no q/k norm"]
+    bits += ["q/k/v/o biases"] if a.qkvo_bias else []
+    bits += ["a sink per head"] if a.sinks else []
+    if a.swa_every:
+        windowed = [l for l in range(2 * a.swa_every) if a.is_sliding(l)]
+        bits.append(f"a window of {c.sliding_window} keys on blocks {', '.join(map(str, windowed))}, ...")
+    return ", ".join(bits)
+
+
+def _moe_line(m) -> str:
+    """The architecture's MoE half (formats/archs: MOE)."""
+    bits = [f"{m.scoring} scoring" + (", renormalized" if m.renormalize else "")]
+    bits += ["a router bias"] if m.router_bias else []
+    bits += ["expert biases"] if m.expert_bias else []
+    return ", ".join(bits + [m.activation])
+
+
 def describe(pack: Pack) -> list[str]:
     """The lines `info` prints."""
     c = pack.config
@@ -66,6 +86,8 @@ def describe(pack: Pack) -> list[str]:
         "rope scaling:   " + _rope_line(c.rope_scaling),
         f"experts:        {c.n_expert}, top-{c.n_expert_used}, expert ff {c.n_ff_exp}",
         "shared expert:  " + (f"yes (ff {c.n_ff_shexp})" if c.has_shexp else "no"),
+        "attention:      " + _attention_line(c),
+        "moe:            " + _moe_line(c.spec.MOE),
         f"types:          expert gate/up {c.expert_gu_type.name}, down {c.expert_down_type.name}, "
         f"dense {c.dense_type.name}"
         + f", router {router}"

@@ -1,4 +1,5 @@
-"""`strata-prefill make-pack`: write a synthetic qwen3moe pack (see strata_prefill.formats.make_pack)."""
+"""`strata-prefill make-pack`: write a synthetic pack of a preset's architecture (see
+strata_prefill.formats.make_pack)."""
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,10 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser(
         name,
-        help="write a synthetic qwen3moe pack (GGUF)",
+        help="write a synthetic pack (GGUF) of a preset's architecture",
         description=(
-            "Write a synthetic qwen3moe GGUF pack: random but valid blocks, deterministic for "
+            "Write a synthetic GGUF pack of a preset's architecture (qwen3moe, or gpt-oss for "
+            "the gpt-oss presets): random but valid blocks, deterministic for "
             "a seed, written streaming. Matrices whose rows are not a multiple of the expert "
             f"type's block (256 for Q2_K and the IQ types) fall back to {FALLBACK_TYPE.name}; "
             "`info` lists them."),
@@ -36,7 +38,8 @@ def add_parser(subparsers, name: str) -> argparse.ArgumentParser:
     p.add_argument("--expert-type", default=None, metavar="T",
                    choices=[t.name for t in EXPERT_TYPES],
                    help="routed experts' type: " + ", ".join(t.name for t in EXPERT_TYPES)
-                   + " (default: Q8_0; F16, BF16 and F32 experts are multiplied in float32)")
+                   + " (default: Q8_0, MXFP4 for the gpt-oss presets; F16, BF16 and F32 experts are "
+                   "multiplied in float32)")
     p.add_argument("--dense-type", default=None, metavar="T", choices=[t.name for t in DENSE_TYPES],
                    help="attention, shared expert, token_embd and output: "
                    + ", ".join(t.name for t in DENSE_TYPES) + " (default: Q8_0; a type whose block "
@@ -136,7 +139,7 @@ def refuse_what_the_disk_cannot_hold(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from strata_prefill.formats.make_pack import make_pack
+    from strata_prefill.formats.make_pack import PRESET_EXPERT_TYPE, make_pack
 
     def announce(size: int) -> None:
         print(f"writing {args.out}: {size:,} bytes ({size / 2**30:.2f} GiB)", flush=True)
@@ -152,7 +155,8 @@ def main(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     size = os.path.getsize(path)
     types = (f"mix {args.mix}" if args.mix else
-             f"expert type {args.expert_type or 'Q8_0'}, dense {args.dense_type or 'Q8_0'}")
+             f"expert type {args.expert_type or getattr(PRESET_EXPERT_TYPE.get(args.preset), 'name', 'Q8_0')}, "
+             f"dense {args.dense_type or 'Q8_0'}")
     print(f"wrote {path}: preset {args.preset}, {types}, seed {args.seed}, {size:,} bytes in {dt:.2f} s "
           f"({size / 1e6 / max(dt, 1e-9):.0f} MB/s)", file=sys.stdout)
     return 0
