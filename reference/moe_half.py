@@ -1,19 +1,22 @@
 """The MoE half of a layer, as the reference computes it: read this file top to bottom.
 
     h = RMSNorm(x)                                   ffn_norm
-    router: logits = h . ffn_gate_inp; softmax; top-K; renormalize
+    router: logits = h . ffn_gate_inp (+ ffn_gate_inp_b where MOE.router_bias);
+            MOE.scoring: softmax, top-K, renormalize; or top-K on the logits, softmax over those K
             (a float router: float32 products of h itself, strata_prefill.contract.dense; never quantized)
     routing tables: cnt, off, slot, src, order       (contract/routing.py)
     per-row GATHER quantize: row r of the MoE input buffer is q8_1(h[src[r]])
         (float gate/up experts: row r is h[src[r]] itself, never quantized)
     per-expert walk (each expert alone; the experts run side by side on threads):
-        gate = W_gate[e] . rows,  up = W_up[e] . rows
-        H    = silu(gate) * up, quantized to q8_1 (the layout of the down type;
-               a float down type: H itself)
+        gate = W_gate[e] . rows,  up = W_up[e] . rows   (+ each expert's gate and up bias
+               where MOE.expert_bias: float32, before the activation)
+        H    = silu(gate) * up (MOE.activation swiglu; swiglu_oai: the clamped form), quantized
+               to q8_1 (the layout of the down type; a float down type: H itself)
         Y[rows] = W_down[e] . H
         (a float matrix: float32 products, strata_prefill.contract.dense.float_matmul; else MMQ)
     shared expert (where the pack has one), gated by sigmoid(ffn_gate_inp_shexp . h)
-    combine per token in rank order, plus the shared expert, plus the residual
+    combine per token in rank order (each output plus its expert's down bias where
+        MOE.expert_bias, times its weight), plus the shared expert, plus the residual
 
 The fast path computes the same bytes with grouped launches and a per-token scatter; this
 file keeps the plain way, because it is the definition.
@@ -25,8 +28,8 @@ import numpy as np
 from strata_prefill.contract import numerics, parallel, q8_1
 from strata_prefill.contract.constants import Q8_1_BLOCK_BYTES
 from strata_prefill.contract.mmq import row_slice
-from strata_prefill.contract.moe import combine, gather_rows, swiglu
-from strata_prefill.contract.routing import routing_tables, top_k
+from strata_prefill.contract.moe import add_expert_bias, combine, gather_rows, glu, swiglu
+from strata_prefill.contract.routing import routing_tables, row_experts, top_k
 
 F32 = np.float32
 
@@ -58,15 +61,17 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
     cfg = model.config
     L = model.pack.layer(layer)
     n_tok, k_used = x.shape[0], cfg.n_expert_used
+    m = cfg.spec.MOE  # the architecture's MoE parameters (formats/archs)
 
     # 1. Norm and router.
     h = numerics.rmsnorm(x, L.ffn_norm, cfg.rms_eps)
     logits = dense_product(model, (layer, "ffn_gate_inp"), L.ffn_gate_inp, h)
     model.watch.see(layer, "router_logits", logits)  # a -Inf logit is only an expert not picked
-    ids, weights = top_k(logits, k_used)
+    ids, weights = top_k(logits, k_used, bias=L.ffn_gate_inp_b if m.router_bias else None, gating=m.scoring)
 
-    # 2. Routing tables.
+    # 2. Routing tables (and each expert-sorted row's expert, for the experts' biases).
     tab = routing_tables(ids, cfg.n_expert)
+    rexp = row_experts(ids, tab.slot) if m.expert_bias else None
 
     # 3. Per-row gather quantize of the MoE input into T*K expert-sorted rows (float gate/up
     # experts: the rows gathered as they are).
@@ -92,7 +97,10 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
         act = moe_in_rows[rows] if gate_exps.is_float else row_slice(moe_in_rows, rows.start, rows.stop)
         gate = expert_product(model, (layer, "gate", e), gate_exps.expert(e), act)
         up = expert_product(model, (layer, "up", e), up_exps.expert(e), act)
-        gate_all[rows], up_all[rows], h_all[rows] = gate, up, swiglu(gate, up)
+        if rexp is not None:
+            gate = add_expert_bias(gate, L.ffn_gate_exps_b, rexp[rows])
+            up = add_expert_bias(up, L.ffn_up_exps_b, rexp[rows])
+        gate_all[rows], up_all[rows], h_all[rows] = gate, up, glu(gate, up, m.act)
         if down_layout is None:
             act_h = h_all[rows]
         else:
@@ -108,11 +116,12 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
 
     # 5. The shared expert.
     shared = None
-    if L.ffn_gate_shexp is not None:
+    if L.has_shexp:
         shared = shared_expert(model, layer, L, h)
 
     # 6. Combine in rank order, then the shared expert, then the residual.
-    out = combine(x, weights, tab.slot, y, shared)
+    out = combine(x, weights, tab.slot, y, shared,
+                  down_bias=(L.ffn_down_exps_b, ids) if m.expert_bias else None)
     model.watch.see(layer, "moe_out", out)  # the residual: what every op before it reaches
 
     if dump is not None:  # in the order computed (formats/records.py)

@@ -1,27 +1,24 @@
-"""The independent check of formats/gpt_oss_table.py: a random transformers GptOssForCausalLM of the
-gpt-oss-tiny preset's shape, saved and converted by llama.cpp's own converter
-(convert_hf_to_gguf.py from llama.cpp's tarball in shared/peers, with the gguf-py beside it),
-must give a GGUF whose tensor names, shapes and types and whose architecture keys are the
-table's. Skips where torch or transformers is missing (or the tarball is absent).
+"""The independent check of gpt-oss: a random transformers GptOssForCausalLM of the gpt-oss-tiny
+preset's shape (formats/archs/gpt_oss.py: hf_config), saved and converted by llama.cpp's own
+converter (convert_hf_to_gguf.py from llama.cpp's tarball in shared/peers, with the gguf-py
+beside it, --outtype f32), must give a GGUF whose tensor names, shapes and types and whose
+architecture keys are the table's; our Pack opens it; and the reference prefill of a prompt on
+it gives, at every position, the logits of transformers' float64 forward of the same model
+(model.double(), eager attention: the sinks' softmax) within a relative L2 distance of
+LOGITS_REL_L2.
+
+The weights are the same on both sides: F32 in the GGUF (the float32 checkpoint's own values;
+the converter writes every matrix, the experts included, in the --outtype where the checkpoint
+holds no MXFP4) and those values widened exactly in float64. So only the arithmetic differs: the
+reference's float32 products (float matrices are multiplied in float32 on the unquantized rows)
+and its int8 attention (K, V and P quantized, docs/numerics.md section 5) against float64.
+YaRN's correction range is truncated on both sides (hf_config's `truncate`: llama.cpp floors and
+ceils it). Skips where torch, transformers or safetensors is missing, where llama.cpp's tarball
+is absent, or where the converter lacks an optional dependency (named in the skip).
 
 One thing of the converter's is replaced: the vocabulary. A random model has no tokenizer, and
 the converter's set_vocab refuses a tokenizer it does not recognize, so the driver gives it
 n_vocab placeholder tokens; the tensors and the architecture's keys are the converter's own.
-
-What the later end-to-end comparison (reference logits against transformers in float64) will
-need, beyond this file:
-- the seam's gpt-oss reference (formats/archs/gpt_oss.py; reference/archs/gpt_oss.py's attention
-  with sinks, the sliding window on even blocks, q/k/v/o biases; the MoE half through
-  strata_prefill.contract.routing.top_k(gating="softmax_selected", bias=...), strata_prefill.contract.moe.add_expert_bias,
-  strata_prefill.contract.moe.swiglu_oai, strata_prefill.contract.moe.combine(down_bias=...)) and a pack reader for this GGUF;
-- the same weights on both sides: convert with --outtype f32 (every matrix F32; the reference's
-  float products), or, for MXFP4 experts, load the transformers model with the experts replaced
-  by their MXFP4-dequantized values (gguf.quants.dequantize) so that only the arithmetic differs;
-- transformers in float64 (model.double(), attn_implementation="eager": the sinks' softmax),
-  the same token ids, rope yarn as the config says; and a tolerance derived from the contract
-  (the reference quantizes activations to q8_1 and attention's K, V, P to int8, so its logits
-  differ from float64 by far more than float32 rounding: a bound relative to the logits' spread,
-  measured on the GPU machine and written to docs, not guessed here).
 """
 from __future__ import annotations
 
@@ -30,17 +27,22 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-from dataclasses import replace
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")  # save_pretrained's format, which the converter reads
 
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf import GGUFReader  # noqa: E402
 
-from strata_prefill.formats import gpt_oss_table as gt  # noqa: E402
+from strata_prefill.formats import tensor_names as tn  # noqa: E402
+from strata_prefill.formats.archs import gpt_oss as go  # noqa: E402
+from strata_prefill.formats.config import PRESETS  # noqa: E402
+from strata_prefill.formats.pack import Pack  # noqa: E402
+from strata_prefill.reference import ReferenceEngine  # noqa: E402
 
 _TGZ = "llama.cpp-0.3.36-vendored.tgz"
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +50,11 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARBALLS = [p for p in (os.environ.get("STRATA_LLAMA_TGZ", ""), os.path.join(_REPO, "shared", "peers", _TGZ),
                         os.path.join("/work/shared/peers", _TGZ)) if p]
 PRESET = "gpt-oss-tiny"
+#: the bound on ||reference - float64|| / ||float64|| over every position's logits: the
+#: reference's float32 products and int8 attention against float64 (the module docstring)
+LOGITS_REL_L2 = 2e-2
+PROMPT_TOKENS = 40  # longer than the preset's window of 16: the even block's window is exercised
+_MISSING_DEP = 3  # the driver's exit status for a converter dependency that is not installed
 
 # Run in a child process: the converter imports the gguf-py of its own tree (first on sys.path),
 # not the installed one. argv: llama.cpp folder, HF folder, output file.
@@ -55,8 +62,12 @@ _DRIVER = textwrap.dedent("""
     import sys
     root, src, out = sys.argv[1:4]
     sys.path[:0] = [root, root + "/gguf-py"]
-    import convert_hf_to_gguf as conv
-    from conversion import gpt_oss
+    try:
+        import convert_hf_to_gguf as conv
+        from conversion import gpt_oss
+    except ImportError as exc:  # an optional dependency of the converter (sentencepiece, ...)
+        print(f"the converter cannot be imported: {exc}", file=sys.stderr)
+        sys.exit(%d)
 
     def set_vocab(self):  # a random model has no tokenizer: placeholder tokens, n_vocab of them
         n = self.hparams["vocab_size"]
@@ -65,13 +76,14 @@ _DRIVER = textwrap.dedent("""
         self.gguf_writer.add_token_types([1] * n)
 
     gpt_oss.GptOssModel.set_vocab = set_vocab
-    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", "f16"]
+    sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", "f32"]
     conv.main()
-""")
+""" % _MISSING_DEP)
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
+    """(config, the float32 transformers model, the GGUF's path)."""
     tarball = next((p for p in TARBALLS if os.path.exists(p)), None)
     if tarball is None:
         pytest.skip(f"no {_TGZ} (looked in {', '.join(TARBALLS)}): no converter to run")
@@ -79,10 +91,12 @@ def converted(tmp_path_factory):
     with tarfile.open(tarball) as tf:
         tf.extractall(tmp / "src", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     root = next(p for p in (tmp / "src").rglob("convert_hf_to_gguf.py")).parent
-    c = gt.PRESETS[PRESET]
+    c = PRESETS[PRESET]
     torch.manual_seed(0)
-    cfg = transformers.GptOssConfig(**gt.hf_config(c))
-    model = transformers.GptOssForCausalLM(cfg).to(torch.float32)
+    cfg = transformers.GptOssConfig(**go.hf_config(c), attn_implementation="eager")
+    rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or {}
+    assert rope.get("rope_type") == "yarn" and rope.get("factor") == c.rope_scaling.factor, rope
+    model = transformers.GptOssForCausalLM(cfg).to(torch.float32).eval()
     with torch.no_grad():  # biases and sinks random too (some initializers leave them zero)
         for name, p in model.named_parameters():
             if name.endswith(("bias", "sinks")):
@@ -91,28 +105,75 @@ def converted(tmp_path_factory):
     out = tmp / "tiny.gguf"
     r = subprocess.run([sys.executable, "-c", _DRIVER, str(root), str(tmp / "hf"), str(out)],
                        capture_output=True, text=True, check=False)
+    if r.returncode == _MISSING_DEP:
+        pytest.skip(r.stderr.strip().splitlines()[-1])
     assert r.returncode == 0, r.stderr[-3000:]
-    return c, GGUFReader(str(out))
+    return c, model, out
 
 
 def test_tensor_names_shapes_and_types(converted):
-    c, reader = converted
+    c, _model, path = converted
+    reader = GGUFReader(str(path))
     got = {t.name: (tuple(int(d) for d in reversed(t.shape.tolist())), QT(int(t.tensor_type))) for t in reader.tensors}
-    # a float checkpoint: the expert matrices come out in the outtype, as the dense ones do
-    cf = replace(c, expert_gu_type=QT.F16, expert_down_type=QT.F16, dense_type=QT.F16)
-    want = {n: (s, gt.tensor_type(spec, cf)) for n, s, spec in gt.tensors(c)}
+    specs = [(t.name(), t) for t in go.MODEL_TENSORS] + [
+        (t.name(b), t) for b in range(c.n_layer) for t in go.BLOCK_TENSORS]
+    # a float32 checkpoint converted to f32: every tensor F32, the experts included
+    want = {tn.file_name(n): (tuple(reversed(t.shape(c))), QT.F32) for n, t in specs}
     assert set(got) == set(want), (sorted(set(got) - set(want)), sorted(set(want) - set(got)))
     for n in want:
         assert got[n] == want[n], n
 
 
 def test_architecture_keys(converted):
-    c, reader = converted
-    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == gt.ARCH
-    for key, value in gt.metadata(c).items():
+    c, _model, path = converted
+    reader = GGUFReader(str(path))
+    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == go.NAME
+    k, r = go.KEYS, go.ROPE_KEYS
+    want = {k["n_layer"]: c.n_layer, k["context_length"]: c.context_length, k["n_embd"]: c.n_embd,
+            k["n_head"]: c.n_head, k["n_head_kv"]: c.n_head_kv, k["rope_base"]: c.rope_base,
+            k["rms_eps"]: c.rms_eps, k["n_expert"]: c.n_expert, k["n_expert_used"]: c.n_expert_used,
+            k["head_dim"]: c.head_dim, go.VALUE_LENGTH_KEY: c.head_dim, k["sliding_window"]: c.sliding_window,
+            k["n_ff_exp"]: c.n_ff_exp, go.FEED_FORWARD_KEY: c.n_ff_exp, r["type"]: "yarn",
+            r["factor"]: c.rope_scaling.factor, r["original_context"]: c.rope_scaling.original_context}
+    for key, value in want.items():
         assert key in reader.fields, key
         f = reader.fields[key]
         got = bytes(f.parts[-1]).decode() if isinstance(value, str) else f.parts[-1][0].item()
         assert got == pytest.approx(value) if isinstance(value, float) else got == value, key
-    keys = {k for k in reader.fields if k.startswith(gt.ARCH + ".")}
-    assert keys <= set(gt.metadata(c)), f"keys the table lacks: {sorted(keys - set(gt.metadata(c)))}"
+    known = set(want) | set(go.ROPE_UNREAD_KEYS)
+    keys = {key for key in reader.fields if key.startswith(go.NAME + ".")}
+    assert keys <= known, f"keys the table lacks: {sorted(keys - known)}"
+
+
+def test_our_pack_opens_it(converted):
+    c, _model, path = converted
+    with Pack.open(path) as pack:
+        assert pack.config.replace(expert_gu_type=c.expert_gu_type, expert_down_type=c.expert_down_type,
+                                   dense_type=c.dense_type) == c
+        assert pack.config.expert_gu_type == pack.config.dense_type == QT.F32
+
+
+def reference_logits(pack, ids) -> np.ndarray:
+    """float32 [T, n_vocab]: the reference prefill of ids in one chunk, every position's logits."""
+    engine = ReferenceEngine(pack)
+    positions = np.arange(len(ids))
+    x = engine.embed(np.asarray(ids))
+    for layer in range(pack.config.n_layer):
+        x = engine.layer(layer, x, positions)
+    return engine.head(x)
+
+
+def test_reference_logits_match_transformers_float64(converted):
+    c, model, path = converted
+    ids = np.random.default_rng(11).integers(0, c.n_vocab, PROMPT_TOKENS)
+    with torch.no_grad():
+        want = model.double()(input_ids=torch.tensor(ids[None], dtype=torch.long)).logits[0].numpy()
+    with Pack.open(path) as pack:
+        got = reference_logits(pack, ids).astype(np.float64)
+    assert got.shape == want.shape == (PROMPT_TOKENS, c.n_vocab)
+    per_pos = np.linalg.norm(got - want, axis=1) / np.linalg.norm(want, axis=1)
+    rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    print(f"gpt-oss-tiny reference vs transformers float64: relative L2 {rel:.3e} over {PROMPT_TOKENS} "
+          f"positions (worst position {per_pos.max():.3e} at {int(per_pos.argmax())}); bound {LOGITS_REL_L2}")
+    assert rel < LOGITS_REL_L2 and per_pos.max() < 2 * LOGITS_REL_L2
+    assert np.std(want) > 0 and np.mean(np.argmax(got, 1) == np.argmax(want, 1)) > 0.5
