@@ -17,7 +17,8 @@ What it does, in order:
 2. Makes the pack while that builds: `make-pack --preset qwen3-30b-a3b --mix Q4_K_M [--layers N]`
    at `--pack` (default under the build root, named by preset, mix and layers); a pack already
    there is used as it is. llama.cpp's qwen3moe has no shared expert, so a pack with one is
-   refused.
+   refused. A preset whose make-pack default has its own expert type (`--preset gpt-oss-20b`:
+   MXFP4 experts, as the released model's) takes no mix unless `--mix` names one.
 3. Compiles the driver (bench/llama_cpp/prefill_driver.c) against the built library.
 4. Draws the prompts: for each length a warm-up and `--reps` timed prompts of random ids (seeded),
    the same ids for every arm.
@@ -86,6 +87,16 @@ UBATCH = 2048
 TGZ_TOP = "llama.cpp"  # the vendored tgz unpacks to this folder
 STAMP = ".strata-build.json"  # in the build folder: what it was built from
 PROG = "bench_whole_model.py"
+DEFAULT_MIX = "Q4_K_M"
+NO_MIX = "none"  # --mix none: make-pack's own types (the preset's expert type, Q8_0 dense)
+
+
+def default_mix(preset: str) -> str | None:
+    """The mix a made pack of `preset` takes without --mix: DEFAULT_MIX, or none where make-pack
+    writes the preset's experts in a type of their own (gpt-oss's MXFP4, as released)."""
+    from strata_prefill.formats.make_pack import PRESET_EXPERT_TYPE
+
+    return None if preset in PRESET_EXPERT_TYPE else DEFAULT_MIX
 
 
 def log(*a) -> None:
@@ -472,7 +483,9 @@ def main(argv=None) -> int:
     p.add_argument("--pack", type=Path, help="the GGUF pack: used as it is where it exists, else made there "
                    "(default: BUILD_ROOT/PRESET-MIX-LAYERS.gguf)")
     p.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-30b-a3b", help="make-pack's preset")
-    p.add_argument("--mix", choices=sorted(MIXES), default="Q4_K_M", help="make-pack's mix (default Q4_K_M)")
+    p.add_argument("--mix", choices=sorted(MIXES) + [NO_MIX], default=None,
+                   help=f"make-pack's mix (default {DEFAULT_MIX}; for a preset whose experts make-pack writes in a "
+                        f"type of their own, gpt-oss's MXFP4, {NO_MIX}: make-pack's own types)"),
     p.add_argument("--layers", type=int, help="layers of a made pack (default: the preset's)")
     p.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"prompt lengths (default {DEFAULT_TOKENS})")
     p.add_argument("--reps", type=int, default=3, help="timed prompts per length and arm (default 3)")
@@ -504,6 +517,7 @@ def main(argv=None) -> int:
     if args.layers is not None and args.layers < 1:
         p.error(f"--layers {args.layers}: at least 1")
     layers = args.layers or preset.n_layer
+    mix = default_mix(args.preset) if args.mix is None else None if args.mix == NO_MIX else args.mix
     want_llama = any(a.startswith("llama-") for a in arms)
     if want_llama and not (args.llama_tgz or args.llama_build):
         p.error("the llama.cpp arms need --llama-tgz TGZ (or --llama-build DIR); "
@@ -526,7 +540,7 @@ def main(argv=None) -> int:
         if not nvcc.is_file():
             p.error("a CUDA build of llama.cpp needs nvcc (not on PATH, nor /usr/local/cuda/bin)")
         os.environ["PATH"] = f"{nvcc.parent}:{os.environ['PATH']}"
-    pack_path = args.pack or args.build_root / f"{args.preset}-{args.mix}-{layers}.gguf"
+    pack_path = args.pack or args.build_root / f"{args.preset}-{mix or 'own'}-{layers}.gguf"
     if pack_path.exists():
         from strata_prefill.contract.errors import PackError
         from strata_prefill.formats.pack import Pack
@@ -560,8 +574,8 @@ def main(argv=None) -> int:
             proc, build = start_build(args.llama_tgz, args.build_root, cuda, args.jobs, build_log)
     try:
         if not pack_path.exists():
-            cmd = [sys.executable, "-m", "strata_prefill", "make-pack", "--preset", args.preset, "--mix", args.mix,
-                   "--layers", str(layers), str(pack_path)]
+            cmd = [sys.executable, "-m", "strata_prefill", "make-pack", "--preset", args.preset,
+                   *(["--mix", mix] if mix else []), "--layers", str(layers), str(pack_path)]
             log(f"making the pack: {shlex.join(cmd)}")
             if subprocess.run(cmd, cwd=ROOT).returncode != 0:
                 raise SystemExit(f"{PROG}: make-pack failed")

@@ -108,3 +108,13 @@ def float_matmul(w, x) -> np.ndarray:
 
     parallel.map_ordered(run, pieces)
     return out
+
+
+def add_row_bias(y, b) -> np.ndarray:
+    """y + b on every row: ``y[t, i] = y[t, i] + b[i]``, one float32 addition per element
+    (docs/numerics.md section 5, Biases: a dense product's bias, added right after it).
+    y float32 [..., n], b float32 [n]; a new array."""
+    y, b = f32(y), f32(b)
+    if b.ndim != 1 or y.shape[-1:] != b.shape:
+        raise ValueError(f"add_row_bias: a bias of {b.shape} for rows of {y.shape[-1:]} values")
+    return y + b

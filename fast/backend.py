@@ -134,6 +134,10 @@ class Backend(Protocol):
     def add(self, x: Array, y: Array) -> Array:
         """x + y (may reuse x's memory)."""
 
+    def add_row_bias(self, y: Array, b: Array) -> Array:
+        """y + b on every row (strata_prefill.contract.dense.add_row_bias): a dense product's bias
+        b float32 [n] (the backend's handle, uploaded once) on y [..., n] (may reuse y's memory)."""
+
     def sigmoid(self, v: Array) -> Array:
         """strata_prefill.contract.numerics.sigmoid of v's values, flat."""
 

@@ -31,6 +31,7 @@ from strata_prefill.contract.errors import InputError
 
 from strata_prefill.fast import archs, options, walk
 from strata_prefill.fast.experts import Passes, Place, Ring, place_experts
+from strata_prefill.fast.moe_steps import MoeSteps
 from strata_prefill.fast.schedule import CopyParts, PromptSchedules
 from strata_prefill.fast.weights import LayerWeights
 
@@ -44,12 +45,15 @@ def window_bytes_per_token(config) -> int:
     router logits, the top-K ids and weights and the routing tables' slot and src, the shared
     expert's gate, up and H; per each of its K expert-sorted rows: the MoE input (q8_1, or
     float32 for float experts), gate and up (float32), down's input (q8_1, or float32 H) and y
-    (float32). Attention's buffers are a chunk's, as without windows."""
+    (float32); with expert biases, each row's expert (int32). Attention's buffers are a chunk's,
+    as without windows."""
     c, k, f32 = config, config.n_expert_used, 4
     per_row = (max(q8_1.buffer_nbytes(1, c.n_embd), f32 * c.n_embd) + 2 * f32 * c.n_ff_exp
                + max(q8_1.buffer_nbytes(1, c.n_ff_exp), f32 * c.n_ff_exp) + f32 * c.n_embd)
     per_token = (4 * f32 * c.n_embd + q8_1.buffer_nbytes(1, c.n_embd) + f32 * c.n_expert + 4 * 4 * k
                  + 3 * f32 * c.n_ff_shexp)
+    if c.spec.MOE.expert_bias:
+        per_row += 4
     return k * per_row + per_token
 
 
@@ -82,6 +86,7 @@ class FastEngine:
         cfg = self.config = pack.config
         self.be = backend
         self._arch = archs.module(cfg.arch)  # its attention half (fast/archs)
+        self._moe = MoeSteps.of(cfg.spec.MOE)  # its MoE values as the steps' keywords
         self._layer_weights: dict = {}  # layer -> LayerWeights
         o = options.resolve(switches)
         if not 1 <= group_size <= MMQ_GROUP:
@@ -244,7 +249,7 @@ class FastEngine:
             W = self.layer_weights(nxt)
             n = be.shape(x)[0]
             h = be.rmsnorm(x if n <= PREDICT_ROWS else be.rows(x, 0, PREDICT_ROWS), W.ffn_norm, cfg.rms_eps)
-            ids, _weights = be.top_k(self._dense(W.ffn_gate_inp, h), cfg.n_expert_used)
+            ids, _weights = be.top_k(self._dense(W.ffn_gate_inp, h), cfg.n_expert_used, **self._moe.router(W))
             self.schedule.predicted(nxt, be.expert_counts(ids, cfg.n_expert))
 
     # ---- op records (--dump-level ops): nothing is downloaded unless they are asked for ----
@@ -293,8 +298,10 @@ class FastEngine:
             self.watch.see(layer, "router_logits", logits)  # a -Inf logit is only an expert not picked
             self._rec(dump, layer, "ffn_norm", h)
             self._rec(dump, layer, "router_logits", logits)
-            ids, weights = be.top_k(logits, k_used)
+            ids, weights = be.top_k(logits, k_used, **self._moe.router(W))
             tab = be.routing_tables(ids, cfg.n_expert)
+            # the expert of each expert-sorted row, where the SwiGLU steps add expert biases
+            rexp = be.row_experts(ids, tab.slot) if self._moe.expert_bias else None
             if not o.overlap_plan:
                 tab.order  # noqa: B018 - reading the counts makes the host wait for them here
         self._predict_next(layer, x)  # head_predict: queued behind the routing, read when the next layer is chosen
@@ -329,7 +336,8 @@ class FastEngine:
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
                                 placement=self.placement, ring_pass=ring_pass, ahead=ahead, options=o,
-                                group_size=self.group_size, keep_h=dump is not None and dump.ops)
+                                group_size=self.group_size, keep_h=dump is not None and dump.ops,
+                                glu=self._moe.glu(be, W, rexp, cfg))
 
         self.watch.see(layer, "gate", rows.gate)  # H's quantize would hide what they hold
         self.watch.see(layer, "up", rows.up)
@@ -340,7 +348,7 @@ class FastEngine:
 
         # 6. Combine in rank order, then the shared expert, then the residual.
         with be.phase("combine", layer=layer):
-            out = be.combine(x, weights, tab.slot, rows.y, shared)
+            out = be.combine(x, weights, tab.slot, rows.y, shared, **self._moe.combine(be, W, ids, cfg))
         self.watch.see(layer, "moe_out", out)  # the residual: what every op before it reaches
 
         if dump is not None:  # in the order computed (formats/records.py)

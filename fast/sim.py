@@ -290,6 +290,9 @@ class SimBackend(BackendBase):
     def add(self, x, y):
         return self._step("add", self.alloc_f32(x.shape), lambda: x + y)
 
+    def add_row_bias(self, y, b):
+        return self._step("add_row_bias", self.alloc_f32(y.shape), lambda: dense.add_row_bias(y, b))
+
     def join_rows(self, x, parts):
         """The window residual from its chunks' attention outputs. The sim's add writes a new
         array (its poison shows a read before the write), so the parts are copied into one;

@@ -172,7 +172,7 @@ class ExpertRows:
 
 
 def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout, placement, ring_pass,
-                ahead: list[int], options, group_size: int, keep_h: bool = False) -> ExpertRows:
+                ahead: list[int], options, group_size: int, keep_h: bool = False, glu: dict | None = None) -> ExpertRows:
     """Step 4 of the MoE half: every routed expert's gate/up, SwiGLU, quantize of H and down,
     over the routing tables `tab` and the quantized MoE input `moe_in` (n_rows rows). Plans
     the groups (and with in_place the resident Batch), takes the layer's streamed experts
@@ -181,7 +181,9 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     layer's head, stage_head: its lowest ids, or with head_predict the predicted ones, ascending),
     then its routed ones not among them (the staged walk's, queued after the routing, ascending);
     and returns the filled buffers. keep_h: keep H on the host for the op records.
-    down_layout None: a float down type, whose input H is not quantized."""
+    down_layout None: a float down type, whose input H is not quantized. glu: the gated
+    activation's keywords of the backend's SwiGLU steps where the architecture's MoE asks for
+    them (act, expert_bias: fast/engine.py's MoeSteps), None or empty for plain SwiGLU."""
     n_ff = config.n_ff_exp
     down_in = be.alloc_f32((n_rows, n_ff)) if down_layout is None else be.alloc_q8(n_rows, n_ff)
     rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
@@ -196,7 +198,7 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
             batch, walked = None, tab.order
         walked = [int(e) for e in walked]
     in_place = batch if batch is not None and len(batch.experts) > 0 else None
-    lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
+    lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h, glu)
     # the layer's first upload, made even without a resident batch: it drops the last layer's tiles
     be.prepare_batches(layer=layer, batches=[] if in_place is None else [in_place])
     if in_place is not None:  # queued before the rest is planned: the device multiplies while the host plans
@@ -246,8 +248,9 @@ class LayerWalk:
     `rows` the expert-sorted buffers the products read and write."""
 
     def __init__(self, be, layer: int, placement, ring_pass, options, rows: ExpertRows, down_layout,
-                 keep_h: bool = False):
+                 keep_h: bool = False, glu: dict | None = None):
         self.be, self.layer, self.ring_pass = be, layer, ring_pass
+        self.glu = glu or {}  # act and expert_bias of the SwiGLU steps (none: plain SwiGLU, unbiased)
         self.resident = placement.resident[layer]
         self.options = options
         self.group_gather = options.group_gather
@@ -410,23 +413,24 @@ class LayerWalk:
             be.mmq_batch_down(layer=self.layer, batch=batch, act=r.down_in, n_rows=r.n_rows, y=r.y)
 
     def swiglu_h(self, r0: int, r1: int, args: dict) -> None:
-        """H = silu(gate) * up over rows r0..r1, quantized into down_in (a float down type:
-        written there as it is, one launch)."""
-        be, r = self.be, self.rows
+        """H = silu(gate) * up over rows r0..r1 (or the architecture's activation of the biased
+        gate and up: self.glu), quantized into down_in (a float down type: written there as it
+        is, one launch)."""
+        be, r, glu = self.be, self.rows, self.glu
         with be.phase("swiglu+quantize H", **args):
             if self.down_layout is None:
-                hh = be.swiglu_rows(r.gate, r.up, r0, r1, out=r.down_in)
+                hh = be.swiglu_rows(r.gate, r.up, r0, r1, out=r.down_in, **glu)
                 if self.keep_h:
                     self._keep_h(hh, r0)
             elif not self.options.fuse_group or self.keep_h:  # op records keep H: two launches
-                hh = be.swiglu_rows(r.gate, r.up, r0, r1)
+                hh = be.swiglu_rows(r.gate, r.up, r0, r1, **glu)
                 if self.keep_h:
                     self._keep_h(hh, r0)
                 be.quantize_gather(x=hh, src=None, n_rows=r1 - r0, layout=self.down_layout, out=r.down_in,
                                    row0=r0, n_rows_total=r.n_rows)
             else:  # one launch, H never written
                 be.swiglu_quantize(gate=r.gate, up=r.up, r0=r0, r1=r1, layout=self.down_layout, out=r.down_in,
-                                   row0=r0, n_rows_total=r.n_rows)
+                                   row0=r0, n_rows_total=r.n_rows, **glu)
 
     def _keep_h(self, hh, r0: int) -> None:
         """Rows r0.. of H into the host copy (rows no product wrote stay NaN)."""

@@ -176,6 +176,32 @@ def test_bad_arguments_refused_before_any_work(bwm, case, tmp_path, small_pack, 
     assert not root.exists() and not (tmp_path / "out").exists() and out == ""
 
 
+def test_a_preset_with_its_own_expert_type_takes_no_mix(bwm, tmp_path):
+    """gpt-oss's presets: the made pack keeps make-pack's MXFP4 experts (no mix, `own` in its
+    name); qwen3's keeps the Q4_K_M default; --mix none asks for make-pack's own types anywhere."""
+    assert bwm.default_mix("gpt-oss-20b") is None and bwm.default_mix("gpt-oss-tiny") is None
+    assert bwm.default_mix("qwen3-30b-a3b") == bwm.DEFAULT_MIX == "Q4_K_M"
+    from strata_prefill.formats.pack import Pack
+
+    root = tmp_path / "root"
+    got = run_script("--preset", "gpt-oss-tiny", "--arms", "ours-resident", "--tokens", "64", "--reps", "1",
+                     "--layers", "1", "--build-root", root, "--out", tmp_path / "out")
+    assert got.returncode == 0, got.stderr
+    pack = Pack.open(root / "gpt-oss-tiny-own-1.gguf")
+    assert pack.config.arch == "gpt-oss" and pack.config.n_layer == 1
+    assert pack.expert_types(0) == (bwm_qt("MXFP4"), bwm_qt("MXFP4")) and pack.field("strata.mix") is None
+    got = run_script("--preset", "tiny", "--mix", "none", "--arms", "ours-resident", "--tokens", "64", "--reps", "1",
+                     "--layers", "1", "--build-root", root, "--out", tmp_path / "out2")
+    assert got.returncode == 0, got.stderr
+    assert Pack.open(root / "tiny-own-1.gguf").expert_types(0) == (bwm_qt("Q8_0"), bwm_qt("Q8_0"))
+
+
+def bwm_qt(name: str):
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType[name]
+
+
 # ---------------------------------------------------------------------------------------
 # Against a CPU build of llama.cpp
 

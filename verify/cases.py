@@ -180,6 +180,8 @@ def _cost(op: str, s: dict, wtype: str | None) -> tuple[int, int]:
         return 0, 2 * T * H * hd * 4 + T * hd * 4 + T * 4
     if op == "add":
         return 0, 3 * s["n"] * 4
+    if op == "add_row_bias":  # y and the output, the bias row once
+        return 0, 2 * s["rows"] * s["n"] * 4 + s["n"] * 4
     if op == "kv_write":  # float K and V and the positions in; codes, scales and V's blocks out
         T, n_kv, hd = len(s["positions"]), s["n_kv"], s["hd"]
         return 0, 2 * T * n_kv * hd * 4 + T * 4 + T * n_kv * (3 * hd + 4 * (hd // 32) + 4)
@@ -369,6 +371,10 @@ def _model_rows() -> list[KernelCase]:
         rows.append(kernel_case("rope", f"T{T}-H{H}-hd{hd}", dict(T=T, H=H, hd=hd), quick=T == 1))
     for n in [1, 2560, 3 * 2560 + 3]:
         rows.append(kernel_case("add", f"n{n}", dict(n=n), quick=n == 2560))
+    # gpt-oss's q/k/v/o biases (docs/numerics.md section 5): its q, k and o rows, a chunk of
+    # 300 tokens, a width no multiple of 4
+    for r, n in [(1, 64), (7, 2880), (300, 512), (5, 100)]:
+        rows.append(kernel_case("add_row_bias", f"rows{r}-n{n}", dict(rows=r, n=n), quick=r == 1))
     for n_kv, hd in [(2, 64), (4, 128)]:
         rows.append(kernel_case("kv_write", f"kv{n_kv}-hd{hd}", dict(n_kv=n_kv, hd=hd, cap=256,
                                                              positions=(60, 61, 62, 63, 64, 65, 130, 7, 200)),
@@ -661,7 +667,7 @@ class ParityCase:
     @property
     def cost(self) -> float:
         """A rough relative cost, so that the longest rows start first."""
-        size = {"tiny": 1, "small": 4, "strata": 60}[self.preset]
+        size = {"tiny": 1, "small": 4, "strata": 60, GPT_OSS_TINY: 2}[self.preset]
         return size * (self.tokens + 200) * (2 if self.base == "resident" else 1)
 
 
@@ -749,6 +755,58 @@ def _codebook_parity(backend: str) -> list[ParityCase]:
         rows.append(_row(backend, "tiny", nxt, 70, 64, seed=22, pack_options=(("dense_type", etype),)))
         if backend == "cuda":
             rows.append(_row(backend, "tiny", etype, 600, "auto"))
+    return rows
+
+
+#: gpt-oss's CPU-tier pack (formats/config.py: 2 layers, 8 experts, top-4, a window of 16 keys on
+#: block 0, sinks, q/k/v/o, router and expert biases, swiglu_oai, YaRN) and its experts' type as
+#: released and as make-pack writes it by default
+GPT_OSS_TINY, GPT_OSS_EXPERTS = "gpt-oss-tiny", "MXFP4"
+
+
+def _gpt_oss_parity(backend: str) -> list[ParityCase]:
+    """gpt-oss's parity rows, the same on both backends (their reference runs shared): every
+    chunk crosses the sliding window's edge (16 keys; chunks of 64, 37 and 1). Resident: the
+    defaults at 63 (the quick tier) and 200 tokens, every other arm of the switch design,
+    chunks of 37 and 1; streamed from the host tier with no cache and a third of the experts,
+    rings of 8, 16 and 96, streamed and staged chunks, every streamed arm, in the ring and
+    gathered; layer-major windows (streamed, staged, auto); a staged head, predicted from the
+    biased router; stream_min auto; a prompt of three ids; float experts (F16, resident and
+    streamed) and float dense matrices (the q/k/v/o biases after float products); experts of
+    another MMQ type (Q8_0, IQ2_XS)."""
+    rows, n_all, et = [], _all_experts(GPT_OSS_TINY), GPT_OSS_EXPERTS
+    seed = dict(sim_seed=0) if backend == "sim" else {}
+
+    def row(etype, tokens, chunk, arm=None, **kw):
+        rows.append(_row(backend, GPT_OSS_TINY, etype, tokens, chunk, arm, **{"seed": 51, **kw}))
+
+    row(et, 63, 64, quick=True)
+    row(et, 200, 64)
+    for i in range(1, len(SWITCH_DESIGN)):
+        row(et, 130, 64, dict(zip(SWITCH_NAMES, SWITCH_DESIGN[i])))
+    row(et, 150, 37)
+    row(et, 40, 1)
+    for i, (gg, qg, co) in enumerate(STREAM_SWITCHES):
+        arm = dict(group_gather=gg, quant_gather=qg, copy_coalesce=co, expert_cache=(0, n_all // 3)[i % 2],
+                   ring=(8, 16, 96)[i % 3], stream_min=(64, 1024)[(i // 2) % 2], in_place=1 - (i // 4) % 2,
+                   ring_in_place=1 - (i // 4) % 2)
+        row(et, 130, 64, arm, quick=i == 0, **({"sim_seed": i} if backend == "sim" else {}))
+    for i, (window, stream_min, gg) in enumerate(((128, 64, 1), (96, 1024, 0), ("auto", 64, 1))):
+        arm = dict(window=window, expert_cache=(0, n_all // 3)[i % 2], ring=(8, 16)[gg], stream_min=stream_min,
+                   group_gather=gg)
+        row(et, 200, 32, arm, quick=i == 0, **({"sim_seed": i} if backend == "sim" else {}))
+    row(et, 130, 64, dict(expert_cache=n_all // 3, ring=8, stream_min=1024, stage_head=3, head_predict=1), **seed)
+    row(et, 130, 64, dict(expert_cache=0, ring=8, stream_min="auto"), **seed)
+    row(et, 200, 64, dict(expert_cache=n_all // 3, ring=8, stream_min=16), prompt="few", **seed)
+    row("F16", 63, 64)
+    row("F16", 130, 64, dict(expert_cache=n_all // 3, ring=8, stream_min=64), **seed)
+    row(et, 70, 64, pack_options=(("dense_type", "F16"),))
+    for etype in ("Q8_0", "IQ2_XS"):
+        row(etype, 130, 64)
+    if backend == "cuda":  # the context's length, and the streamed walk under the stress mode
+        row(et, 250, "auto")
+        row(et, 250, 128, dict(expert_cache=n_all // 3, ring=8))
+        row(et, 130, 64, dict(expert_cache=0, ring=8, stream_min=64), stress=True)
     return rows
 
 
@@ -948,6 +1006,7 @@ def _cuda_rows() -> list[ParityCase]:
             ("strata", "IQ2_XS", 254, "auto", dict(expert_cache=strata_all // 3, head_predict=1),
              dict(greedy=1, records=False, pack_options=STRATA2[2]))):
         rows.append(_row("cuda", preset, etype, n, chunk, arm, **kw))
+    rows += _gpt_oss_parity("cuda")
     return rows
 
 
@@ -1087,6 +1146,7 @@ def _sim_rows() -> list[ParityCase]:
             ("Q8_0", 200, 32, dict(window=96, expert_cache=11, ring=16, stage_head=4)))):
         rows.append(_row("sim", "tiny", etype, n, chunk, {**arm, "stream_min": 1024, "head_predict": 1}, seed=45,
                          sim_seed=i))
+    rows += _gpt_oss_parity("sim")
     return rows
 
 

@@ -7,7 +7,8 @@ swiglu.cu (strata_prefill.contract.moe.swiglu), combine.cu (strata_prefill.contr
 gpt-oss's variants (router.cu's router_topk_selected: strata_prefill.contract.routing.top_k with a bias and
 gating="softmax_selected"; routing_tables.cu's row_experts; swiglu.cu's swiglu_oai_rows:
 strata_prefill.contract.moe.swiglu_oai of the biased gate and up; combine.cu's _bias forms: the down bias),
-embed.cu (Q8_0 strata_prefill.contract.quants.dequantize), gather_group.cu (strata_prefill.contract.moe.group_buffers), add.cu.
+embed.cu (Q8_0 strata_prefill.contract.quants.dequantize), gather_group.cu (strata_prefill.contract.moe.group_buffers), add.cu
+(x + y, and add_row_bias_f32: strata_prefill.contract.dense.add_row_bias).
 
 Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
 probabilities, T=1, positions crossing 64-key blocks, GQA, head_dim 64 and 128, n_embd 256 and
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 
 from strata_prefill.fast.cuda import attention as cu_att, elementwise as cu_ew, products as cu_prod
-from strata_prefill.contract import attention, moe, numerics, routing
+from strata_prefill.contract import attention, dense, moe, numerics, routing
 from strata_prefill.contract.errors import InputError
 from strata_prefill.verify.device_checks import POISON, POISON_WORD
 from strata_prefill.verify.cases import kernel_rows, params, sample_index
@@ -194,6 +195,24 @@ def test_add(dev, case):
         o2 = _poisoned((n,), F32)
         cu_ew.add(dev, xd[1:], yd[1:], out=o2[1:])
         assert_same(_get(o2)[1:], want[1:], f"add unaligned n={n}")
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("add_row_bias")))
+def test_add_row_bias(dev, case):
+    """add_row_bias_f32 against strata_prefill.contract.dense.add_row_bias: into a poisoned output,
+    and in place (the backend's form); a bias of the wrong width refused."""
+    rows, n = case.shape["rows"], case.shape["n"]
+    rng = np.random.default_rng(rows * 1000 + n)
+    y, b = _randn(rng, (rows, n)), _randn(rng, (n,))
+    want = dense.add_row_bias(y, b)
+    out = _poisoned((rows, n), F32)
+    cu_ew.add_row_bias(dev, _up(y), _up(b), out=out)
+    assert_same(_get(out), want, f"add_row_bias rows={rows} n={n}")
+    yd = _up(y)
+    cu_ew.add_row_bias(dev, yd, _up(b), out=yd)
+    assert_same(_get(yd), want, f"add_row_bias in place rows={rows} n={n}")
+    with pytest.raises(InputError, match="row bias b"):
+        cu_ew.add_row_bias(dev, _up(y), _up(b[:-1]))
 
 
 # ---------------------------------------------------------------- KV cache and attention

@@ -330,6 +330,9 @@ class CudaBackend(BackendBase):
     def add(self, x, y):
         return ops.add(self.dev, x, y, out=x)
 
+    def add_row_bias(self, y, b):
+        return ops.add_row_bias(self.dev, y, b, out=y)
+
     def join_rows(self, x, parts):
         """add writes in place, so the chunks' attention outputs already lie in the window's rows:
         x itself; parts elsewhere are copied into a new array on the compute stream."""

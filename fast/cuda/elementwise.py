@@ -13,6 +13,7 @@ wrapper                NumPy definition                       fast/cuda/kernels/
 rmsnorm                strata_prefill.contract.numerics.rmsnorm                rmsnorm.cu
 rope_neox              strata_prefill.contract.numerics.rope_neox              rope.cu
 add                    x + y (float32)                        add.cu
+add_row_bias           strata_prefill.contract.dense.add_row_bias       add.cu
 top_k                  strata_prefill.contract.routing.top_k                   router.cu
 routing_tables         strata_prefill.contract.routing.routing_tables          routing_tables.cu
 row_experts            strata_prefill.contract.routing.row_experts             routing_tables.cu
@@ -41,6 +42,7 @@ __all__ = [
     "rope_table",
     "rope_neox",
     "add",
+    "add_row_bias",
     "top_k",
     "DeviceRoutingTables",
     "routing_tables",
@@ -132,6 +134,21 @@ def add(dev, x, y, out=None):
     vec4 = int((px | py | po) % 16 == 0)
     f = runtime.function("add", "add_f32", "PPPqi")
     dev.launch(f, "add", _grid1(-(-n // 4) if vec4 else n), (_THREADS, 1, 1), px, py, po, n, vec4)
+    return out
+
+
+def add_row_bias(dev, y, b, out=None):
+    """out = y + b on every row (strata_prefill.contract.dense.add_row_bias): y float32 [..., n], b
+    float32 [n] (a dense product and its bias). Returns out with y's shape (out may be y)."""
+    check(y, "row bias y", np.float32)
+    n = int(y.shape[-1]) if y.ndim else 0
+    check(b, "row bias b", np.float32, shape=(n,))
+    out = dev.output(out, "row bias out", y.shape, np.float32)
+    total = int(y.size)
+    if total == 0:
+        return out
+    f = runtime.function("add", "add_row_bias_f32", "PPPqi")
+    dev.launch(f, "add_row_bias", _grid1(total), (_THREADS, 1, 1), ptr(y), ptr(b), ptr(out), total, n)
     return out
 
 

@@ -1,9 +1,14 @@
-// Elementwise sum of two float32 vectors (the attention residual x = x + o).
+// Elementwise sums of float32 arrays, one IEEE addition per element.
 //
-// Definition: NumPy `x + y` on float32 arrays, one IEEE addition per element
-// (reference/attention_half.py: `return x + out`). out may alias x or y.
-// When the host sees all three pointers 16-byte aligned it passes vec4 = 1 and the kernel
-// moves float4s (the same additions, element by element).
+// add_f32: the attention residual x = x + o. Definition: NumPy `x + y` on float32 arrays
+// (the attention halves' `x + out`). out may alias x or y. When the host sees all three
+// pointers 16-byte aligned it passes vec4 = 1 and the kernel moves float4s (the same
+// additions, element by element).
+//
+// add_row_bias_f32: a dense product's bias on every row, y[t, i] = y[t, i] + b[i]
+// (strata_prefill.contract.dense.add_row_bias; docs/numerics.md section 5, Biases). out may
+// alias y. A thread an element; the bias row is read through the cache (n floats shared by
+// every row).
 
 #include <stdint.h>
 
@@ -31,4 +36,12 @@ add_f32(const float* x, const float* y, float* out, long long n, int vec4)
         done = n4 << 2;
     }
     for (long long i = done + i0; i < n; i += stride) out[i] = x[i] + y[i];
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+add_row_bias_f32(const float* y, const float* __restrict__ b, float* out, long long total, int n)
+{
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
+        out[i] = y[i] + __ldg(b + (int)(i % n));
 }
