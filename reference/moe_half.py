@@ -97,10 +97,11 @@ def moe_half(model, layer: int, x: np.ndarray, dump=None) -> np.ndarray:
         act = moe_in_rows[rows] if gate_exps.is_float else row_slice(moe_in_rows, rows.start, rows.stop)
         gate = expert_product(model, (layer, "gate", e), gate_exps.expert(e), act)
         up = expert_product(model, (layer, "up", e), up_exps.expert(e), act)
+        gate_all[rows], up_all[rows] = gate, up  # the records: the products before their biases (numerics.md 6)
         if rexp is not None:
             gate = add_expert_bias(gate, L.ffn_gate_exps_b, rexp[rows])
             up = add_expert_bias(up, L.ffn_up_exps_b, rexp[rows])
-        gate_all[rows], up_all[rows], h_all[rows] = gate, up, glu(gate, up, m.act)
+        h_all[rows] = glu(gate, up, m.act)
         if down_layout is None:
             act_h = h_all[rows]
         else:

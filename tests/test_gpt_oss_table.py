@@ -149,7 +149,7 @@ def test_make_pack_writes_a_pack_pack_opens(tiny_pack):
         assert got.arch == go.NAME and got.sliding_window == c.sliding_window
         assert got.rope_scaling == c.rope_scaling and got.n_vocab == c.n_vocab
         assert (got.expert_gu_type, got.expert_down_type, got.dense_type) == (QT.MXFP4, QT.MXFP4, QT.Q8_0)
-        assert pack.field(go.KEYS["n_vocab"]) is None  # as the converter: n_vocab is token_embd's rows
+        assert pack.field(go.KEYS["n_vocab"]) == c.n_vocab  # no vocabulary written: llama.cpp reads the count here
         lay = pack.layer(1)
         assert isinstance(lay, go.Layer) and lay.index == 1
         assert lay.ffn_gate_exps_b.shape == (c.n_expert, c.n_ff_exp) and lay.ffn_gate_exps_b.dtype == np.float32

@@ -168,6 +168,9 @@ def write_metadata(w, cfg) -> None:
             w.add_uint32(ROPE_KEYS["original_context"], int(r.original_context))
     w.add_uint32(KEYS["sliding_window"], cfg.sliding_window)
     w.add_uint32(KEYS["n_ff_exp"], cfg.n_ff_exp)
+    # make-pack writes no vocabulary: llama.cpp's loader then takes n_vocab from this key (the
+    # converter's files carry the token list instead)
+    w.add_uint32(KEYS["n_vocab"], cfg.n_vocab)
 
 
 def hf_config(cfg) -> dict[str, object]:
