@@ -46,13 +46,15 @@ def main(argv=None) -> int:
             times.append(time.perf_counter() - t)
         eng.be.timing = True
         eng.be.phase_table()
+        t = time.perf_counter()
         Session(eng, progress=False).prefill(rng.integers(0, cfg.n_vocab, n))
+        timed = time.perf_counter() - t  # the timed prefill's wall time: what its host phases are a share of
         phases = eng.be.phase_table()
         eng.be.timing = False
         med = statistics.median(times)
         rows.append((n, med, phases))
         print(f"\n{n} tokens: {med * 1e3:.1f} ms median of {args.reps}, {n / med:,.0f} tokens/s")
-        print(format_phase_table(phases))
+        print(format_phase_table(phases, timed))
     print(f"\nwhole prefill, {cfg.n_layer} layers, {cfg.n_expert} experts top-{cfg.n_expert_used}, "
           f"{pack.config.expert_gu_type.name} experts, all resident")
     print(f"{'tokens':>7} {'ms':>9} {'tokens/s':>10}  shares")

@@ -5,7 +5,7 @@
 Arrays are the backend's own (pycuda GPUArrays, NumPy arrays in the sim); `Q8` is a q8_1
 buffer (contract/q8_1.py); `Event` a stream event. Every step is enqueued on the compute stream
 and returns at once, except `download`, `routing_tables` (its counts come back to the host for
-the walk to plan) and the load/reset steps. Copies run on a second stream, the copy stream.
+the walk to plan, unless the walk is planned on the device: device_plan) and the load/reset steps. Copies run on a second stream, the copy stream.
 """
 from __future__ import annotations
 
@@ -160,8 +160,11 @@ class Backend(Protocol):
         """The expert of each expert-sorted row, int32 [T*K] (strata_prefill.contract.routing.row_experts): what
         the expert-bias steps read."""
 
-    def routing_tables(self, ids: Array, n_expert: int) -> Any:
-        """Tables with device slot/src and host cnt/off/order (strata_prefill.contract.routing.routing_tables)."""
+    def routing_tables(self, ids: Array, n_expert: int, to_host: bool = True) -> Any:
+        """Tables with device slot/src/dev_cnt/dev_off and host cnt/off/order
+        (strata_prefill.contract.routing.routing_tables). to_host: the counts' copy back is queued behind the
+        launch and read on first use; False (device_plan): nothing is copied, and a read of the
+        host fields downloads them then (op records)."""
 
     def expert_counts(self, ids: Array, n_expert: int) -> Any:
         """How many of ids' entries name each expert, for the host without a wait now: an object

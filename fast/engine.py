@@ -291,7 +291,8 @@ class FastEngine:
         n_rows = n_tok * k_used
 
         # 1. Norm and router. 2. Routing tables (device); their counts reach the host when the
-        # walk first reads them.
+        # walk first reads them, or never where the walk is planned on the device (device_plan).
+        on_device = walk.plans_on_device(be, o, self.placement, layer)
         with be.phase("router", layer=layer):
             h = be.rmsnorm(x, W.ffn_norm, cfg.rms_eps)
             logits = self._dense(W.ffn_gate_inp, h)
@@ -299,10 +300,10 @@ class FastEngine:
             self._rec(dump, layer, "ffn_norm", h)
             self._rec(dump, layer, "router_logits", logits)
             ids, weights = be.top_k(logits, k_used, **self._moe.router(W))
-            tab = be.routing_tables(ids, cfg.n_expert)
+            tab = be.routing_tables(ids, cfg.n_expert, to_host=not on_device)
             # the expert of each expert-sorted row, where the SwiGLU steps add expert biases
             rexp = be.row_experts(ids, tab.slot) if self._moe.expert_bias else None
-            if not o.overlap_plan:
+            if not o.overlap_plan and not on_device:
                 tab.order  # noqa: B018 - reading the counts makes the host wait for them here
         self._predict_next(layer, x)  # head_predict: queued behind the routing, read when the next layer is chosen
 

@@ -183,6 +183,7 @@ class Facts:
     holds: str = ""
     layers: int | None = None
     layer_experts: int | None = None
+    whole_layer: bool | None = None  # some layer has every one of its experts in the expert cache
 
     @property
     def experts(self) -> int | None:
@@ -201,7 +202,8 @@ def facts_of(impl: str, backend: str | None, expert_cache, config=None, label=No
     shape = dict(layers=config.n_layer, layer_experts=config.n_expert)
     if expert_cache is None or expert_cache == AUTO:
         if backend == "sim":
-            return Facts(impl, backend, False, True, f"the sim holds all {total} unless {ec} N is below that", **shape)
+            return Facts(impl, backend, False, True, f"the sim holds all {total} unless {ec} N is below that",
+                         whole_layer=True, **shape)
         return Facts(impl, backend, **shape)
     return placed_facts(impl, backend, int(expert_cache), total, f"{ec} {int(expert_cache)}", **shape)
 
@@ -211,7 +213,10 @@ def placed_facts(impl: str, backend: str | None, slots: int, total: int, by: str
     """Facts where the expert cache's slots are known (`by` says who set them)."""
     holds = f"{by} holds all {total}" if slots >= total else (f"{by} holds none" if slots <= 0
                                                               else f"{by} holds {slots} of {total}")
-    return Facts(impl, backend, slots < total, slots > 0, holds, layers, layer_experts)
+    # place_experts spreads the slots evenly over the layers: one holds all of its experts once
+    # there are more than layers x (experts - 1)
+    return Facts(impl, backend, slots < total, slots > 0, holds, layers, layer_experts,
+                 slots > layers * (layer_experts - 1))
 
 
 @dataclass(frozen=True)
@@ -274,6 +279,22 @@ class Resident:
         return f"none is resident ({facts.holds})"
 
 
+@dataclass(frozen=True)
+class WholeLayer:
+    """Some layer has all of its experts in the expert cache (the slots spread evenly over the
+    layers: more than layers x (experts - 1) of them)."""
+    when: tuple | None = None
+
+    def met(self, values, facts: Facts):
+        return facts.whole_layer
+
+    def text(self, label) -> str:
+        return "a layer whose experts are all resident (an expert cache of more than layers x (experts - 1) slots)"
+
+    def instead(self, values, facts: Facts, label, origin) -> str:
+        return f"no layer holds all of its experts ({facts.holds})"
+
+
 def _shown(value) -> str:
     return str(int(value)) if isinstance(value, bool) else str(value)
 
@@ -315,7 +336,7 @@ class AnyOf:
                             if n.met(values, facts) is False)
 
 
-FAST, CUDA, STREAMS, RESIDENT = FastPath(), Cuda(), Streams(), Resident()
+FAST, CUDA, STREAMS, RESIDENT, WHOLE_LAYER = FastPath(), Cuda(), Streams(), Resident(), WholeLayer()
 
 
 def flag_label(keyword: str) -> str:
@@ -404,6 +425,12 @@ SWITCHES = (
            "streamed ones are gathered in groups, or with ring_in_place 1 multiplied in their ring "
            "slots; 0: every routed expert, resident or streamed, goes through the group buffers",
            needs=(AnyOf((RESIDENT, Is("ring_in_place", (ON,)))),)),
+    Switch("device_plan", "STRATA_PREFILL_DEVICE_PLAN", ON, SCHEDULE, OnOff(),
+           "1: a layer whose experts are all resident is planned on the device: its routing counts "
+           "never come back to the host; the in-place products read their row tiles, cut from the "
+           "routing tables by one small launch, over the most tiles the layer's rows can cut into "
+           "(the padding exits at once); 0: the host reads the counts back and uploads the tiles",
+           needs=(WHOLE_LAYER, Is("in_place", (ON,)))),
     Switch("ring_in_place", "STRATA_PREFILL_RING_IN_PLACE", ON, SCHEDULE, OnOff(),
            "1: streamed experts are multiplied where their copies land in the ring (one launch per "
            "product for a run of ring entries, no gather), each slot released after the last product "

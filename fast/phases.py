@@ -7,7 +7,9 @@ clock: CUDA events on the compute stream (cuda), host perf_counter (sim, where e
 host time). Markers are only read when a table is asked for, so a prefill is not synchronized
 while it runs. Host phases (HOST_PHASES) are host perf_counter time on both backends: the
 walk's planning and the wait for the routing counts; on the GPU they overlap the device phases,
-so they are listed apart and left out of the instrumented sum.
+so they are listed apart, left out of the instrumented sum, and shown each and together as a
+share of the unit's span in the same prefill (a host wait the device sat idle through is part
+of the span, not of any device phase).
 
 Per-op markers inflate what they time (each pair is two more stream operations, and a phase's
 end cannot be recorded before the host reaches it). So the honest number for a chunk is the
@@ -152,9 +154,11 @@ class HostClock:
         return b - a
 
 
-def format_phase_table(seconds: dict) -> str:
-    """A phase table: device phases by time with their share of the instrumented sum, then the
-    host phases (which overlap them on the GPU) apart."""
+def format_phase_table(seconds: dict, span: float | None = None) -> str:
+    """A phase table: the device phases by time with their share of the instrumented sum (the
+    GPU's work, which adds up), then the host phases (HOST_PHASES: host time, which on the GPU
+    overlaps the device phases, so none is a share of their sum), each and together as a share
+    of `span` (the unit's wall span in the same prefill, host waits included) where it is given."""
     device = {k: v for k, v in seconds.items() if k not in HOST_PHASES}
     host = {k: v for k, v in seconds.items() if k in HOST_PHASES}
     total = sum(device.values())
@@ -162,8 +166,16 @@ def format_phase_table(seconds: dict) -> str:
     for name, s in sorted(device.items(), key=lambda kv: -kv[1]):
         lines.append(f"{name:<20} {s * 1e3:>10.2f} {100 * s / (total or 1.0):>6.1f}%")
     lines.append(f"{'instrumented sum':<20} {total * 1e3:>10.2f}")
+
+    def of_span(s: float) -> str:
+        return f"  ({100 * s / span:.1f}% of the span)" if span else ""
+
     for name, s in sorted(host.items(), key=lambda kv: -kv[1]):
-        lines.append(f"{name + ' (host)':<20} {s * 1e3:>10.2f}")
+        lines.append(f"{name + ' (host)':<20} {s * 1e3:>10.2f}{of_span(s)}")
+    if host:
+        lines.append(f"{'host waits (host)':<20} {sum(host.values()) * 1e3:>10.2f}{of_span(sum(host.values()))}")
+    if span:
+        lines.append(f"{'span':<20} {span * 1e3:>10.2f}  (the unit in the timed prefill, host waits included)")
     return "\n".join(lines)
 
 
@@ -171,7 +183,8 @@ def format_chunk_tables(instrumented: list[ChunkTimes], plain: list[ChunkTimes],
                         labels: list[str] | None = None, overlap: list | None = None,
                         walks: list[str] | None = None) -> str:
     """Per chunk (or window: labels name each unit, strata_prefill.fast.trace.units; default "chunk i"): the
-    phase table, the uninstrumented total of the same unit and, where overlap gives the unit's
+    phase table (its host phases as shares of the unit's span in the timed prefill, where
+    `instrumented` has it), the uninstrumented total of the same unit and, where overlap gives the unit's
     strata_prefill.fast.trace.Overlap, its line; where walks gives it, the walk the unit took and why
     (strata_prefill.fast.schedule.WalkChoice.line) under its head; last, how they were measured."""
     blocks = []
@@ -181,7 +194,7 @@ def format_chunk_tables(instrumented: list[ChunkTimes], plain: list[ChunkTimes],
         head = labels[i] if labels is not None and i < len(labels) else f"chunk {i}"
         if walks is not None and i < len(walks) and walks[i]:
             head += f"\n{'walk':<20} {walks[i]}"
-        text = format_phase_table({**times.phases, **times.host})
+        text = format_phase_table({**times.phases, **times.host}, times.total)
         if total is None:
             tail = f"{'uninstrumented':<20} {'-':>10}"
         else:

@@ -379,8 +379,11 @@ class CopySchedule:
         p = self.parts
         resident = p.placement.resident[layer]
         with p.be.host_phase("host planning"):
-            order = np.asarray(tab.order)
-            routed = [int(e) for e in order[~resident[order]]]
+            if p.n_streamed[layer]:
+                order = np.asarray(tab.order)
+                routed = [int(e) for e in order[~resident[order]]]
+            else:  # nothing of it streams: its counts are not read here (device_plan never reads them)
+                routed = []
             self.routed[layer] = len(routed)
         choice = self.layers[layer]
         ahead = self.ahead.get(layer, [])

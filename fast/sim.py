@@ -33,6 +33,8 @@ from strata_prefill.fast.backend_base import BackendBase
 from strata_prefill.fast.experts import Place, adjacent_runs
 from strata_prefill.fast.phases import HostClock, PhaseRecorder, timing_enabled
 from strata_prefill.fast.sim_streams import ModelClock, SimEvent, SimStreams
+from strata_prefill.fast.tiles import DEFAULT_TILE_ROWS, max_row_tiles, routed_row_tiles
+from strata_prefill.fast.walk import DeviceBatch
 
 F32 = np.float32
 #: the device bytes `--window auto` may give a window's buffers on the sim (docs/how-it-works.md)
@@ -60,13 +62,54 @@ class Q8Buf:
 
 @dataclass
 class Tables:
-    """Routing tables: device copies (slot, src) and host copies for the walk."""
+    """Routing tables: device copies (slot, src, and dev_cnt, dev_off: the counts and offsets
+    where they lie) and host copies for the walk (cnt, off, order)."""
 
     slot: np.ndarray
     src: np.ndarray
     cnt: np.ndarray
     off: np.ndarray
     order: np.ndarray
+
+    @property
+    def dev_cnt(self) -> np.ndarray:
+        return self.cnt
+
+    @property
+    def dev_off(self) -> np.ndarray:
+        return self.off
+
+
+class DeviceTables:
+    """Routing tables that stay on the device (routing_tables to_host False, device_plan): slot,
+    src, dev_cnt, dev_off are filled when the compute stream runs the launch; cnt, off and order
+    read the counts back on first use (a host read, counted: op records may ask for them)."""
+
+    def __init__(self, slot, src, dev_cnt, dev_off, be):
+        self.slot, self.src, self.dev_cnt, self.dev_off = slot, src, dev_cnt, dev_off
+        self._be, self._host = be, None
+
+    def _read(self):
+        if self._host is None:
+            be = self._be
+            with be.host_phase("router sync"):
+                be.streams.synchronize("compute")
+            be.counters["host_reads"] += 1
+            cnt, off = self.dev_cnt.copy(), self.dev_off.copy()
+            self._host = (cnt, off, np.nonzero(cnt)[0].astype(np.int32))
+        return self._host
+
+    @property
+    def cnt(self) -> np.ndarray:
+        return self._read()[0]
+
+    @property
+    def off(self) -> np.ndarray:
+        return self._read()[1]
+
+    @property
+    def order(self) -> np.ndarray:
+        return self._read()[2]
 
 
 class _Counts:
@@ -81,6 +124,7 @@ class _Counts:
         if not self._done:
             with self._be.host_phase("router sync"):
                 self._be.streams.synchronize("compute")
+            self._be.counters["host_reads"] += 1
             self._done = True
         return self.host
 
@@ -208,6 +252,7 @@ class SimBackend(BackendBase):
     # ---- buffers ------------------------------------------------------------------------
     def download(self, a):
         self.streams.synchronize("compute")
+        self.counters["host_reads"] += 1  # a device-to-host read, as the cuda backend counts it
         return np.array(a.data if isinstance(a, Q8Buf) else a, copy=True)
 
     @staticmethod
@@ -285,6 +330,7 @@ class SimBackend(BackendBase):
         if self._nonfinite is None:
             return NOTHING
         self.streams.synchronize("compute")
+        self.counters["host_reads"] += 1
         return self._nonfinite[0]
 
     def add(self, x, y):
@@ -323,7 +369,9 @@ class SimBackend(BackendBase):
     def row_experts(self, ids, slot):
         return self._step("row_experts", np.full(ids.size, -1, np.int32), lambda: row_experts(ids, slot))
 
-    def routing_tables(self, ids, n_expert):
+    def routing_tables(self, ids, n_expert, to_host: bool = True):
+        """to_host: the counts come back at once (the walk plans on the host); else they stay on
+        the device (a DeviceTables: device_plan) and are read only if something asks."""
         n_rows = ids.size
         t = Tables(np.full(n_rows, -1, np.int32), np.full(n_rows, -1, np.int32),
                    np.zeros(n_expert, np.int32), np.zeros(n_expert, np.int32), None)
@@ -333,8 +381,11 @@ class SimBackend(BackendBase):
             t.slot[...], t.src[...], t.cnt[...], t.off[...] = tab.slot, tab.src, tab.cnt, tab.off
 
         self._launch("routing_tables", run)
+        if not to_host:
+            return DeviceTables(t.slot, t.src, t.cnt, t.off, self)
         with self.host_phase("router sync"):
             self.streams.synchronize("compute")  # the walk plans on the host: the counts come back
+        self.counters["host_reads"] += 1
         t.order = np.nonzero(t.cnt)[0].astype(np.int32)
         return t
 
@@ -429,10 +480,56 @@ class SimBackend(BackendBase):
         self._mmq_group(d_t, self._d_buf, d_bytes, cfg.n_embd, cfg.n_ff_exp, len(group.experts), act, bounds,
                         ((0, y),))
 
+    def prepare_batches(self, *, layer, batches, add: bool = False) -> None:
+        """A DeviceBatch's row tiles cut on the device (device_plan): one launch of the
+        routed_row_tiles definition over the routing tables' device counts, into a tile list
+        padded to the worst case (strata_prefill.fast.tiles.max_row_tiles). The sim's weight offsets name
+        each expert: 2e (even, as the kernel's byte offsets are), -1 where it streams. Host-cut
+        batches need nothing here (their bounds are the host's)."""
+        if not add:
+            self._device_tiles = {}
+        for b in batches:
+            if not isinstance(b, DeviceBatch):
+                continue
+            n_max = max_row_tiles(b.n_rows, self.config.n_expert, DEFAULT_TILE_ROWS)
+            resident = self.placement.resident[layer]
+            woff = np.where(resident, 2 * np.arange(resident.size, dtype=np.int64), -1)
+            tiles = np.full((n_max, 4), -1, np.int32)  # poisoned until the launch runs
+            tab = b.tab
+
+            def run(tiles=tiles, tab=tab, woff=woff, n_max=n_max):
+                tiles[...] = routed_row_tiles(tab.dev_cnt, tab.dev_off, woff, DEFAULT_TILE_ROWS, n_max)
+
+            self._launch("routed_row_tiles", run)
+            self._device_tiles[id(b)] = (b, tiles)
+
+    def _mmq_device_batch(self, layer, qtype, n_out, k_in, batch, act: Q8Buf, outs):
+        """One tile-list launch over a DeviceBatch's device-cut tiles (prepare_batches): each
+        non-empty entry's rows times its expert's matrix at `offset` in the expert cache; the
+        padding's empty entries are skipped, as mmq.cu's MMQ_EMPTY_EXIT skips them."""
+        got, tiles = self._device_tiles[id(batch)]
+        assert got is batch, "a DeviceBatch multiplied before prepare_batches cut its tiles"
+        rb = quants.row_bytes(qtype, k_in)
+        layout = q8_1.layout_for(qtype)
+
+        def run():
+            for offset, out in outs:
+                for b0, b1, lo, hi in tiles.tolist():
+                    if b1 <= b0:
+                        continue
+                    e = (((hi & 0xFFFFFFFF) << 32) | (lo & 0xFFFFFFFF)) // 2
+                    w = self.pack.expert_blob(layer, e)[offset:offset + n_out * rb].reshape(n_out, rb)
+                    out[b0:b1] = mmq.mmq(qtype, w, self._decode(act, b0, b1, layout))
+
+        self._launch("mmq", run)
+
     def _mmq_batch(self, layer, qtype, n_out, k_in, batch, act: Q8Buf, outs):
         """One launch of the tile-list form: each expert's matrix at `offset` in its blob, read
         where it lies: the expert cache (the pack's bytes stand for it) or, for a batch with
         places, its ring slot, a read the streams check like a gather's."""
+        if isinstance(batch, DeviceBatch):
+            self._mmq_device_batch(layer, qtype, n_out, k_in, batch, act, outs)
+            return
         experts = list(batch.experts)
         if batch.places is None:
             self._mmq(qtype, n_out, k_in, act, np.array(batch.bounds),

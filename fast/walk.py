@@ -40,6 +40,15 @@ experts are one Batch, multiplied where they lie in the expert cache (its gate/u
 groups, its SwiGLU and down after them), so the groups never meet them. "Batch" means that
 only; the members one flush gathers together are a flush's members.
 
+With device_plan as well (the default), a layer whose experts are all resident is planned on
+the device: its routing counts never come back to the host. The backend cuts the resident
+Batch's row tiles from the routing tables where they lie (a DeviceBatch: one small launch,
+strata_prefill.fast.tiles.routed_row_tiles), padded to the most tiles the layer's rows can cut into, and
+the gate/up and down launches cover that worst case, the padding exiting at once (llama.cpp's
+MUL_MAT_ID keeps its expert bounds on the device the same way). Its SwiGLU covers every row of
+the layer, which is what the Batch's first-to-last rows are when every expert is resident; the
+combine reads the device's slot table. The same products in the same order: not a byte moves.
+
 With ring_in_place as well, streamed experts are not gathered either: the walk cuts the layer's
 ring entries into *runs* (plan_runs) and multiplies each run's routed experts where their copies
 lie in the ring slots, as a Batch whose places name the slots (the same tile-list launches as
@@ -57,6 +66,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata_prefill.contract import dense
 from strata_prefill.contract.constants import MMQ_GROUP
 
 from strata_prefill.fast.experts import Place
@@ -112,6 +122,43 @@ class Batch:
     @property
     def n_rows(self) -> int:
         return int((self.bounds[:, 1] - self.bounds[:, 0]).sum()) if len(self.experts) else 0
+
+    @property
+    def n_experts(self) -> int:
+        return len(self.experts)
+
+    def row_span(self) -> tuple[int, int]:
+        """The rows from its first expert's to its last one's (its SwiGLU covers them all)."""
+        return int(self.bounds[:, 0].min()), int(self.bounds[:, 1].max())
+
+
+@dataclass(frozen=True)
+class DeviceBatch:
+    """A layer's routed experts multiplied where they lie in the expert cache, planned on the
+    device (device_plan): the host never reads the routing counts. The backend cuts the row
+    tiles from the routing tables `tab` where they lie (strata_prefill.fast.tiles.routed_row_tiles, one
+    launch), padded to the most tiles `n_rows` rows can cut into; the products are launched over
+    that worst case and skip the padding. Every expert of the layer is resident (plans_on_device),
+    so the batch's rows are all of the layer's: 0 .. n_rows."""
+
+    tab: object  # the layer's routing tables, device cnt/off (the backend's routing_tables, to_host False)
+    n_rows: int
+    n_experts: int  # the layer's experts: the most the routing can name
+    places = None  # every one in the expert cache
+
+    def row_span(self) -> tuple[int, int]:
+        """The rows its SwiGLU covers: every row of the layer (each belongs to a resident expert)."""
+        return 0, self.n_rows
+
+
+def plans_on_device(be, options, placement, layer: int) -> bool:
+    """Whether `layer`'s walk is planned on the device (device_plan): in_place on, every expert of
+    the layer resident (so every routed one is, whatever the routing), and quantized gate/up and
+    down types (float experts are multiplied one launch per expert, over host bounds). Such a
+    layer's routing tables stay on the device (routing_tables to_host False): no counts come back."""
+    if not (options.in_place and options.device_plan and bool(np.all(placement.resident[layer]))):
+        return False
+    return not any(dense.is_float(t) for t in be.expert_types(layer))
 
 
 def split_resident(order: np.ndarray, cnt: np.ndarray, off: np.ndarray, resident: np.ndarray):
@@ -189,6 +236,14 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
                       down_in=down_in, y=be.alloc_f32((n_rows, config.n_embd)),
                       h=np.full((n_rows, n_ff), np.nan, np.float32) if keep_h else None)  # rows no product writes stay NaN
+    if plans_on_device(be, options, placement, layer):  # no host planning: the counts stay on the device
+        batch = DeviceBatch(tab, n_rows, int(placement.resident.shape[1]))
+        lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
+        be.prepare_batches(layer=layer, batches=[batch] if n_rows else [])
+        if n_rows:
+            lw.batch_gate_up(batch)
+            lw.batch_rest(batch)
+        return rows
     resident = placement.resident[layer]
     in_ring = bool(options.in_place and options.ring_in_place)  # streamed experts read in their slots
     with be.host_phase("host planning"):
@@ -391,8 +446,9 @@ class LayerWalk:
             be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=r.down_in, n_rows=r.n_rows, y=r.y)
 
     @staticmethod
-    def resident_args(layer: int, batch: Batch) -> dict:
-        return dict(layer=layer, experts=len(batch.experts), rows=batch.n_rows, resident=True)
+    def resident_args(layer: int, batch: Batch | DeviceBatch) -> dict:
+        """A resident batch's phase arguments (a DeviceBatch's experts: the most it may hold)."""
+        return dict(layer=layer, experts=batch.n_experts, rows=batch.n_rows, resident=True)
 
     def batch_gate_up(self, batch: Batch, args: dict | None = None) -> None:
         """A batch's gate/up in one launch; args (the phase's): the resident batch's by default."""
@@ -408,7 +464,7 @@ class LayerWalk:
         bytes), then its down."""
         be, r = self.be, self.rows
         args = self.resident_args(self.layer, batch)
-        self.swiglu_h(int(batch.bounds[:, 0].min()), int(batch.bounds[:, 1].max()), args)
+        self.swiglu_h(*batch.row_span(), args)
         with be.phase("down", **args):
             be.mmq_batch_down(layer=self.layer, batch=batch, act=r.down_in, n_rows=r.n_rows, y=r.y)
 

@@ -2,7 +2,8 @@
 (whose printed speed stays uninstrumented): each on a fresh KV cache, the same prompt and the
 same chunks.
 
---timing   one prefill with an event pair around every phase (fast/phases.py), then one with
+--timing   one prefill with an event pair around every phase (fast/phases.py) and one around
+           each chunk (its span, of which the host phases are shown as shares), then one with
            phase timing off and a single event pair around each chunk: the chunk's
            uninstrumented total, printed beside its phase table. The instrumented prefill is
            also traced, for the overlap of the two streams (fast/trace.py: overlap_by_layer):
@@ -42,10 +43,11 @@ def observe(engine, prompt, chunk, timing: bool, trace_path=None, out=print,
     be.trace_begin()  # the trace, or the spans the overlap figures are computed from
     be.phase_table()  # drop what the run itself recorded
     rec.timing = timing
+    rec.chunk_timing = timing  # each unit's span in the timed prefill: what its host phases are a share of
     first = "timed and traced prefill" if timing and trace_path is not None else (
         "timed prefill" if timing else "traced prefill")
     session = _prefill(engine, prompt, chunk, first, progress)
-    rec.timing = False
+    rec.timing = rec.chunk_timing = False
     walks = [c.line() for c in getattr(engine, "walk_choices", [])]  # each unit's walk and why
     instrumented = be.chunk_tables() if timing else []
     spans = be.trace_end()

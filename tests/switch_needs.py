@@ -7,7 +7,7 @@ value, the other switches the need names, set where their defaults would not do)
 from __future__ import annotations
 
 from strata_prefill.fast import options
-from strata_prefill.fast.options import AUTO, FAST, AnyOf, Cuda, FastPath, Is, OnOff, Resident, Streams
+from strata_prefill.fast.options import AUTO, FAST, AnyOf, Cuda, FastPath, Is, OnOff, Resident, Streams, WholeLayer
 
 LAYERS, LAYER_EXPERTS = 2, 16  # the tiny pack
 TOTAL = LAYERS * LAYER_EXPERTS
@@ -52,7 +52,7 @@ def facts_of(setting: dict) -> options.Facts:
     if setting["impl"] != "fast":
         return options.Facts(setting["impl"])
     if ec == AUTO and setting["backend"] == "sim":
-        return options.Facts("fast", "sim", False, True, "the sim holds all", LAYERS, LAYER_EXPERTS)
+        return options.Facts("fast", "sim", False, True, "the sim holds all", LAYERS, LAYER_EXPERTS, True)
     slots = TOTAL if ec == AUTO else int(ec)
     return options.placed_facts("fast", setting["backend"], slots, TOTAL, f"--expert-cache {ec}", LAYERS,
                                 LAYER_EXPERTS)
@@ -66,6 +66,9 @@ def meet(need, setting: dict) -> None:
     elif isinstance(need, (Streams, Resident)):
         if "expert_cache" not in setting["fixed"]:
             setting["expert_cache"] = PART
+    elif isinstance(need, WholeLayer):
+        if "expert_cache" not in setting["fixed"]:
+            setting["expert_cache"] = AUTO
     elif isinstance(need, Is):
         if not met(need, setting):
             _put(setting, need.keyword, _other_value(need.keyword, need.values) if need.other else need.values[0])
@@ -85,6 +88,8 @@ def unmeet(need, setting: dict) -> None:
         setting["expert_cache"] = TOTAL
     elif isinstance(need, Resident):
         setting["expert_cache"] = 0
+    elif isinstance(need, WholeLayer):
+        setting["expert_cache"] = PART
     elif isinstance(need, Is):
         _put(setting, need.keyword, need.values[0] if need.other else _other_value(need.keyword, need.values))
     elif isinstance(need, AnyOf):

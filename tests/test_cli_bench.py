@@ -216,7 +216,15 @@ def test_phases_add_their_table_and_the_json_defaults_to_a_dated_file_here(make_
     assert main(["bench", "--pack", str(pack.path), "--backend", "sim", "--tokens", "40", "--reps", "1",
                  "--a", "default", "--b", "STRATA_QUANT_GATHER=1", "--phases"]) == 0
     out = capsys.readouterr().out
-    assert "phase medians, ms, A / B:" in out and "attention" in out
+    assert "phase medians, ms, A / B (device phases, then host phases" in out and "attention" in out
+    head = next(line for line in out.splitlines() if line.startswith("| prompt tokens | ") and "attention" in line)
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    # the host phases apart, after every device phase, then their share of the prefill's time
+    host_at = [i for i, c in enumerate(cols) if c.endswith("(host)")]
+    assert host_at and cols[-1] == "host share of the prefill" and host_at == list(range(host_at[0], len(cols) - 1))
+    row = next(line for line in out.splitlines() if line.startswith("| 40 | ") and "%" in line)
+    a_share, b_share = (float(v.strip().rstrip("%")) for v in row.strip("|").split("|")[-1].split("/"))
+    assert 0 <= a_share <= 100 and 0 <= b_share <= 100
     saved = list(tmp_path.glob("bench-*.json"))
     assert len(saved) == 1 and f"json: {saved[0].name}" in out
     rep = json.loads(saved[0].read_text())["lengths"][0]["reps"][0]

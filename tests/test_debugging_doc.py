@@ -36,7 +36,7 @@ def test_the_doc_transcript_is_what_the_report_prints(make_test_pack, tmp_path, 
     exec(doc_plant(), {})
     assert walk.split_resident is not orig, "the doc's snippet planted nothing"
     # the sim fills new buffers with NaN: the run itself says where the unwritten row is (exit 1)
-    assert main(["run", "--impl", "fast", "--backend", "sim", "--dump-dir", "B", *common]) == 1
+    assert main(["run", "--impl", "fast", "--backend", "sim", "--device-plan", "0", "--dump-dir", "B", *common]) == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "NaN first in layer 0, op gate (L00.gate) of chunk 0, position 28 (top-K rank 5)" in line
     assert "NaN first in layer 0, op gate (L00.gate) of chunk 0, position 28 (top-K rank 5)" in DOC.read_text()

@@ -1,6 +1,6 @@
 """The in-place walk's host plans, checked without a GPU: which routed experts form the
 resident batch (strata_prefill.fast.walk.split_resident), and the tile list mmq.cu's tile-list form reads
-(strata_prefill.fast.cuda.products.row_tiles), against a plain loop written from the kernel's bounds path."""
+(strata_prefill.fast.tiles.row_tiles), against a plain loop written from the kernel's bounds path."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 

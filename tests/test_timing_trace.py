@@ -128,7 +128,17 @@ def test_timing_prints_each_chunks_phases_beside_its_uninstrumented_total(pack, 
                      "swiglu+quantize H", "shared expert", "combine"):
             assert name in rows, (name, block)
         for host in HOST_PHASES:
-            assert f"{host} (host)" in rows
+            assert f"{host} (host)" in rows and rows[f"{host} (host)"][1] is None  # no share of the GPU sum
+        host_lines = {line.split("  ")[0]: line for line in block.splitlines() if "(host)" in line}
+        shares = {k: float(re.search(r"\(([\d.]+)% of the span\)", v).group(1)) for k, v in host_lines.items()}
+        assert set(shares) == {f"{h} (host)" for h in HOST_PHASES} | {"host waits (host)"}
+        span = rows["span"][0]
+        assert span > 0
+        for name, share in shares.items():  # each host phase (and their total) as a share of the span
+            # both printed rounded: ms to 0.005, the share to 0.05 points
+            assert share == pytest.approx(100 * rows[name][0] / span, abs=100 * 0.0051 / span + 0.051)
+        assert rows["host waits (host)"][0] == pytest.approx(sum(rows[f"{h} (host)"][0] for h in HOST_PHASES),
+                                                             abs=0.02)
         device = {k: v for k, v in rows.items() if v[1] is not None}
         assert sum(ms for ms, _ in device.values()) == pytest.approx(rows["instrumented sum"][0], abs=0.05)
         assert sum(share for _, share in device.values()) == pytest.approx(100, abs=0.6)

@@ -632,7 +632,9 @@ def test_cuda_routing_and_prediction_counts_use_their_own_buffers(monkeypatch):
             return contextlib.nullcontext()
 
     be = cb.CudaBackend.__new__(cb.CudaBackend)
-    be.dev, be.stress, be.phases = types.SimpleNamespace(stream=None), None, Phases()
+    import collections
+
+    be.dev, be.stress, be.phases = types.SimpleNamespace(stream=None, counters=collections.Counter()), None, Phases()
     be._counts_host, be._counts_pending = {}, {}
     routed = be.routing_tables(np.array([[1, 2], [2, 3]]), 6)
     predicted = be.expert_counts(np.array([[5, 5], [4, 5]]), 6)
@@ -646,3 +648,4 @@ def test_cuda_routing_and_prediction_counts_use_their_own_buffers(monkeypatch):
     unread = be.expert_counts(np.array([[2, 2], [2, 2]]), 6)  # resolves `late` before its buffer is reused
     assert late._ready.waited == 1 and list(late.cnt) == [0, 4, 0, 0, 0, 0]
     assert list(unread.cnt) == [0, 0, 4, 0, 0, 0]
+    assert be.counters["host_reads"] == 5  # the five tables, each read back once

@@ -675,7 +675,7 @@ def _arm_name(arm: dict) -> str:
     short = {"group_gather": "gg", "quant_gather": "qg", "overlap_plan": "op", "fuse_group": "fg",
              "in_place": "ip", "copy_coalesce": "co", "expert_cache": "cache", "ring": "ring",
              "stream_min": "smin", "group_size": "gs", "window": "win", "ring_in_place": "rip",
-             "stage_head": "sh", "head_predict": "hp"}
+             "stage_head": "sh", "head_predict": "hp", "device_plan": "dp"}
     return ",".join(f"{short.get(k, k)}{v}" for k, v in arm.items()) or "default"
 
 
@@ -1007,6 +1007,23 @@ def _cuda_rows() -> list[ParityCase]:
              dict(greedy=1, records=False, pack_options=STRATA2[2]))):
         rows.append(_row("cuda", preset, etype, n, chunk, arm, **kw))
     rows += _gpt_oss_parity("cuda")
+    rows += _device_plan_rows("cuda")
+    return rows
+
+
+def _device_plan_rows(backend: str) -> list[ParityCase]:
+    """device_plan, on and off (the same on both backends): every expert resident (each layer
+    planned on the device: tile lists cut from the routing tables, launches over the worst case),
+    short and long prompts, the small pack's three chunks, the design's gathered arm beside it; a
+    cache one expert short of the pack (its first layer whole and planned on the device, the last
+    one streaming one expert). Arm name: dp."""
+    rows = []
+    for v in (1, 0):
+        rows.append(_row(backend, "tiny", "IQ2_XS", 63, 64, dict(device_plan=v), seed=31, quick=v == 1))
+        rows.append(_row(backend, "tiny", "Q2_K", 300, 128, dict(device_plan=v, fuse_group=0), seed=31))
+        rows.append(_row(backend, "small", "Q4_1", 600, 256, dict(device_plan=v), seed=32))
+        rows.append(_row(backend, "tiny", "Q8_0", 130, 64, dict(device_plan=v, expert_cache=_all_experts("tiny") - 1,
+                                                               ring=8, window="off"), seed=33))
     return rows
 
 
@@ -1147,6 +1164,7 @@ def _sim_rows() -> list[ParityCase]:
         rows.append(_row("sim", "tiny", etype, n, chunk, {**arm, "stream_min": 1024, "head_predict": 1}, seed=45,
                          sim_seed=i))
     rows += _gpt_oss_parity("sim")
+    rows += _device_plan_rows("sim")
     return rows
 
 

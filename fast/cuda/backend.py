@@ -35,6 +35,7 @@ from strata_prefill.fast.cuda import stress
 from strata_prefill.fast.cuda.tiers import ExpertTiers
 from strata_prefill.fast.phases import PhaseRecorder, timing_enabled
 from strata_prefill.fast.trace import Span
+from strata_prefill.fast.walk import DeviceBatch
 
 
 #: a 16-bit float matrix is widened to F32 on the device (float_dense.cu's F32 forms are
@@ -63,17 +64,26 @@ class DevTables:
     the copy and that first use the engine queues work that needs no routing (the quantize, the
     shared expert), so the device runs it while the host waits for the counts and plans."""
 
-    def __init__(self, slot, src, ready, host_counts, phases):
-        self.slot, self.src = slot, src
+    def __init__(self, dev_tables, ready, host_counts, phases, counters, download=None):
+        """ready, host_counts: the event behind the counts' copy and the page-locked buffer it
+        fills; None where the counts stay on the device (device_plan), when download (a blocking
+        device-to-host read) fetches them if something asks (op records)."""
+        self.slot, self.src = dev_tables.slot, dev_tables.src
+        self.dev_cnt, self.dev_off = dev_tables.cnt, dev_tables.off  # where the device reads them
         self._ready, self._host, self._phases = ready, host_counts, phases
+        self._counters, self._download = counters, download
         self._cnt = self._off = self._order = None
 
     def resolve(self) -> None:
         """Wait for the counts (once) and keep host copies (the page-locked buffer is reused)."""
         if self._cnt is None:
             with self._phases.host_phase("router sync"):
-                self._ready.synchronize()
-            self._cnt, self._off = self._host[0].copy(), self._host[1].copy()
+                if self._ready is None:
+                    self._cnt, self._off = self._download(self.dev_cnt), self._download(self.dev_off)
+                else:
+                    self._ready.synchronize()
+                    self._cnt, self._off = self._host[0].copy(), self._host[1].copy()
+            self._counters["host_reads"] += 1
             self._order = np.nonzero(self._cnt)[0].astype(np.int32)
 
     @property
@@ -121,6 +131,7 @@ class CudaBackend(BackendBase):
         self._tiles_keep = None  # the last in-place batch and its uploaded row tiles (_batch_tiles)
         self._prepared: dict = {}  # id(batch) -> (batch, its tiles' handles): a layer's, uploaded at once
         self._prepared_keep: list = []  # those uploads, alive until the next layer's
+        self._woff: dict = {}  # layer -> its experts' cache offsets on the device (_layer_woff)
         self.phases = PhaseRecorder(self._mark, self._seconds, timing_enabled(timing))
         self._trace_base = None  # the event every traced span is timed from
 
@@ -272,6 +283,7 @@ class CudaBackend(BackendBase):
 
     # ---- buffers ---------------------------------------------------------------------
     def download(self, a):
+        self.counters["host_reads"] += 1
         return self.dev.download(a.buf if isinstance(a, Q8Dev) else a)
 
     def alloc_f32(self, shape):
@@ -374,7 +386,10 @@ class CudaBackend(BackendBase):
         ops.nonfinite_mark(self.dev, x, self._nonfinite, code)
 
     def nonfinite_first(self) -> int:
-        return NOTHING if self._nonfinite is None else int(self.dev.download(self._nonfinite)[0])
+        if self._nonfinite is None:
+            return NOTHING
+        self.counters["host_reads"] += 1
+        return int(self.dev.download(self._nonfinite)[0])
 
     # ---- the MoE steps ---------------------------------------------------------------
     def top_k(self, logits, k, *, bias=None, gating="softmax"):
@@ -383,10 +398,14 @@ class CudaBackend(BackendBase):
     def row_experts(self, ids, slot):
         return ops.row_experts(self.dev, ids, slot)
 
-    def routing_tables(self, ids, n_expert):
-        """The tables on the device; their counts and offsets copied to page-locked host memory
-        on the compute stream, behind the launch, with an event the host waits on when the walk
-        first reads them (DevTables)."""
+    def routing_tables(self, ids, n_expert, to_host: bool = True):
+        """The tables on the device; with to_host their counts and offsets copied to page-locked
+        host memory on the compute stream, behind the launch, with an event the host waits on
+        when the walk first reads them (DevTables). Without (device_plan) nothing is copied: the
+        walk reads them where they lie, and a host read (op records) downloads them then."""
+        if not to_host:
+            t = ops.routing_tables(self.dev, ids, n_expert)
+            return DevTables(t, None, None, self.phases, self.counters, self.dev.download)
         return self._tables_to_host(ids, n_expert, "routing")
 
     def expert_counts(self, ids, n_expert):
@@ -415,7 +434,7 @@ class CudaBackend(BackendBase):
         cuda.memcpy_dtoh_async(host[1], t.off.gpudata, self.dev.stream)
         ready = cuda.Event(cuda.event_flags.DISABLE_TIMING)
         ready.record(self.dev.stream)
-        self._counts_pending[reader] = DevTables(t.slot, t.src, ready, host, self.phases)
+        self._counts_pending[reader] = DevTables(t, ready, host, self.phases, self.counters)
         return self._counts_pending[reader]
 
     def quantize_gather(self, *, x, src, n_rows, layout, out: Q8Dev, row0, n_rows_total):
@@ -513,13 +532,43 @@ class CudaBackend(BackendBase):
         base, woff = self._batch_offsets(layer, batch)
         return base, products.row_tiles(batch.bounds, woff, products.tile_rows_for(cfg)), cfg, rows_mean
 
+    def _layer_woff(self, layer: int):
+        """(the layer's cache base address, int64 device [E]: each expert's blob offset from it,
+        -1 where the expert streams), uploaded once: what routed_row_tiles reads."""
+        got = self._woff.get(layer)
+        if got is None:
+            resident = self.tiers.placement.resident[layer]
+            base, offs = self.tiers.cache_offsets(layer, np.flatnonzero(resident))
+            woff = np.full(resident.size, -1, np.int64)
+            woff[resident] = offs
+            got = self._woff[layer] = (base, self.ga.to_gpu(woff))
+        return got
+
+    def _device_tiles(self, layer: int, batch) -> None:
+        """A DeviceBatch's row tiles cut on the device from its routing tables (one
+        routed_row_tiles launch, no host read), padded to the most its rows can cut into; its
+        configuration from the rows over the layer's experts (products.routed_tile_config)."""
+        base, woff = self._layer_woff(layer)
+        cfg = products.routed_tile_config(batch.n_rows, batch.n_experts)
+        tile_rows = products.tile_rows_for(cfg)
+        n_max = products.max_row_tiles(batch.n_rows, batch.n_experts, tile_rows)
+        tiles = ops.routed_row_tiles(self.dev, batch.tab.dev_cnt, batch.tab.dev_off, woff, tile_rows=tile_rows,
+                                     n_max=n_max)
+        mean = batch.n_rows / max(1, min(batch.n_experts, batch.n_rows))
+        self._prepared[id(batch)] = (batch, base, int(tiles.gpudata), n_max, cfg, mean)
+        self._prepared_keep.append(tiles)  # alive until the next layer's first call
+
     def prepare_batches(self, *, layer, batches, add: bool = False) -> None:
         """Every batch's row tiles in one upload (a layer's resident batch, then its ring_in_place
         runs: add keeps the layer's earlier uploads): one host-to-device copy per call instead
-        of one a batch. Float experts have no tiles."""
+        of one a batch; a DeviceBatch's cut on the device instead (_device_tiles). Float experts
+        have no tiles."""
         gu_t, d_t = self.expert_types(layer)
         if not add:
             self._prepared, self._prepared_keep = {}, []
+        for b in [b for b in batches if isinstance(b, DeviceBatch)]:
+            self._device_tiles(layer, b)
+        batches = [b for b in batches if not isinstance(b, DeviceBatch)]
         if not batches or (dense.is_float(gu_t) and dense.is_float(d_t)):
             return
         parts = [(b, *self._tiles_host(layer, b)) for b in batches]
@@ -565,7 +614,8 @@ class CudaBackend(BackendBase):
         base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
         for w, out, pair in self._gate_up_launches(base, gu_bytes, gate, up, one_launch):
             products.mmq_tiles(self.dev, gu_t, w, N=cfg.n_ff_exp, K=cfg.n_embd, act=act.buf, R_total=n_rows,
-                               tiles=tiles, n_tiles=n_tiles, out=out, tile_rows_mean=mean, config=mcfg, pair=pair)
+                               tiles=tiles, n_tiles=n_tiles, out=out, tile_rows_mean=mean, config=mcfg, pair=pair,
+                               empty_exit=isinstance(batch, DeviceBatch))
 
     def mmq_batch_down(self, *, layer, batch, act: Q8Dev, n_rows, y):
         _, d_t = self.expert_types(layer)
@@ -577,7 +627,8 @@ class CudaBackend(BackendBase):
             return
         base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
         products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, N=cfg.n_embd, K=cfg.n_ff_exp, act=act.buf,
-                           R_total=n_rows, tiles=tiles, n_tiles=n_tiles, out=y, tile_rows_mean=mean, config=mcfg)
+                           R_total=n_rows, tiles=tiles, n_tiles=n_tiles, out=y, tile_rows_mean=mean, config=mcfg,
+                           empty_exit=isinstance(batch, DeviceBatch))
 
     # ---- streaming -------------------------------------------------------------------
     def copy_experts(self, *, ring, slots, experts, tags, wait_for):

@@ -24,11 +24,15 @@ def default_modules() -> list[tuple[str, dict]]:
     """The modules the fast path builds with the default settings and every switch: each kernel
     file without defines but those of CONFIGURED (the pair and split-K attention kernels among
     them), attention_pair.cu with ATTEND_PAIR_CONFIG, and mmq.cu in each automatic tile
-    configuration (with STRATA_MMQ_DEFINES), one build a type (products.mmq_modules). Test sweeps
+    configuration (with STRATA_MMQ_DEFINES), one build a type (products.mmq_modules), and each
+    again with MMQ_EMPTY_EXIT (device_plan's tile-list launches: products.with_empty_exit). Test sweeps
     of other configurations reach a folder through its manifest."""
     out = [(n, {}) for n in kernel_names() if n not in CONFIGURED]
     out += [("attention_pair", dict(attention.ATTEND_PAIR_CONFIG))]
     out += [m for _bound, cfg in products.AUTO_CONFIGS for m in products.mmq_modules(products._with_extra(cfg))]
+    # device_plan (on by default): the tile-list launches over device-cut lists skip their padding
+    out += [m for _bound, cfg in products.AUTO_CONFIGS
+            for m in products.mmq_modules(products.with_empty_exit(products._with_extra(cfg)))]
     return kernel_cache.distinct(out)
 
 

@@ -17,6 +17,7 @@ add_row_bias           strata_prefill.contract.dense.add_row_bias       add.cu
 top_k                  strata_prefill.contract.routing.top_k                   router.cu
 routing_tables         strata_prefill.contract.routing.routing_tables          routing_tables.cu
 row_experts            strata_prefill.contract.routing.row_experts             routing_tables.cu
+routed_row_tiles       strata_prefill.fast.tiles.routed_row_tiles              routing_tables.cu
 swiglu                 strata_prefill.contract.moe.glu (+ add_expert_bias)     swiglu.cu
 combine                strata_prefill.contract.moe.combine                     combine.cu
 sigmoid                strata_prefill.contract.numerics.sigmoid                combine.cu
@@ -47,6 +48,7 @@ __all__ = [
     "DeviceRoutingTables",
     "routing_tables",
     "row_experts",
+    "routed_row_tiles",
     "swiglu",
     "expert_bias_args",
     "glu_act",
@@ -259,6 +261,26 @@ def row_experts(dev, ids, slot, out=None):
     if n:
         f = runtime.function("routing_tables", "row_experts", "PPqP")
         dev.launch(f, "row_experts", _grid1(n), (_THREADS, 1, 1), ptr(ids), ptr(slot), n, ptr(out))
+    return out
+
+
+def routed_row_tiles(dev, cnt, off, woff, *, tile_rows: int, n_max: int, out=None):
+    """The tile list of a tile-list MMQ launch cut on the device from the routing tables' cnt and
+    off (int32 device [E]) and woff (int64 device [E]: each expert's weight byte offset, -1
+    where it has none here): int32 [n_max, 4] (strata_prefill.fast.tiles.routed_row_tiles), padded with
+    empty entries. One block; n_max at least strata_prefill.fast.tiles.max_row_tiles of the rows."""
+    check(cnt, "routed_row_tiles cnt", np.int32, ndim=1)
+    E = int(cnt.shape[0])
+    check(off, "routed_row_tiles off", np.int32, shape=(E,))
+    check(woff, "routed_row_tiles woff", np.int64, shape=(E,))
+    tile_rows, n_max = int(tile_rows), int(n_max)
+    if tile_rows <= 0 or tile_rows % 8:
+        raise InputError(f"routed_row_tiles: tile_rows must be a positive multiple of 8, got {tile_rows}")
+    out = dev.output(out, "routed_row_tiles out", (n_max, 4), np.int32)
+    if n_max:
+        f = runtime.function("routing_tables", "routed_row_tiles", "PPPiiiP")
+        dev.launch(f, "routed_row_tiles", (1, 1, 1), (_THREADS, 1, 1), ptr(cnt), ptr(off), ptr(woff), E,
+                   tile_rows, n_max, ptr(out))
     return out
 
 

@@ -31,6 +31,7 @@ from strata_prefill.contract.constants import MMQ_GROUP
 from strata_prefill.contract.errors import DeviceError, InputError
 
 from strata_prefill.fast.cuda import elementwise, runtime, signatures
+from strata_prefill.fast.tiles import DEFAULT_TILE_ROWS, max_row_tiles, routed_row_tiles, row_tiles  # noqa: F401
 from strata_prefill.fast.cuda.runtime import check, ptr
 
 __all__ = [
@@ -43,6 +44,10 @@ __all__ = [
     "row_tiles",
     "tile_config",
     "tile_rows_for",
+    "routed_tile_config",
+    "with_empty_exit",
+    "max_row_tiles",
+    "routed_row_tiles",
     "mmq_geometry",
     "default_config",
     "auto_config",
@@ -53,8 +58,6 @@ __all__ = [
     "group_buffer_bytes",
 ]
 
-#: default cap on activation rows per CTA tile (an expert's rows are cut into equal tiles)
-DEFAULT_TILE_ROWS = 128
 #: the default MMQ tile configurations (mmq.cu defines), picked per launch by the mean number
 #: of activation rows per expert: (below this mean, config); the last one has no bound. Below
 #: 8 rows: 4 warps, 16 activation rows a CTA, three CTAs per SM (bench/bench_in_place_cuda.py;
@@ -386,33 +389,9 @@ def mmq_group(dev, qtype, w, *, w_stride: int, N: int, K: int, act, R_total: int
     dev.launch(f, "mmq", grid, (st["threads"], 1, 1), *args, shared_size=f.smem)
 
 
-def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
-    """The tile list of a tile-list launch (mmq.cu): int32 [n, 4] rows (row_begin, row_end,
-    low and high 32 bits of the expert's byte offset), one per row tile. Expert i's rows
-    bounds[i] = (begin, end) are cut as the kernel's bounds path cuts them: ceil(rows /
-    tile_rows) tiles of the same multiple of 8 rows, the last one shorter; experts with no rows
-    give none. woff: int64 byte offsets of each expert's matrix (even)."""
-    b = np.asarray(bounds, np.int64).reshape(-1, 2)
-    woff = np.asarray(woff, np.int64).reshape(-1)
-    if len(woff) != len(b):
-        raise InputError(f"row_tiles: {len(b)} bounds but {len(woff)} offsets")
-    if np.any(woff < 0) or np.any(woff % 2):
-        raise InputError("row_tiles: weight offsets must be even and non-negative")
-    rows = np.maximum(b[:, 1] - b[:, 0], 0)
-    nrt = -(-rows // int(tile_rows))
-    rpt = np.where(nrt > 0, ((-(-rows // np.maximum(nrt, 1))) + 7) // 8 * 8, 0)
-    which = np.repeat(np.arange(len(b)), nrt)
-    first = np.cumsum(nrt) - nrt
-    k = np.arange(len(which)) - first[which]  # the tile's index within its expert
-    begin = b[which, 0] + k * rpt[which]
-    end = np.minimum(begin + rpt[which], b[which, 1])
-    off = woff[which]
-    out = np.stack([begin, end, off & 0xFFFFFFFF, off >> 32], axis=1)
-    return out.astype(np.uint32).view(np.int32) if len(out) else np.zeros((0, 4), np.int32)
-
-
 def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tiles: int, out,
-              ldo: int | None = None, tile_rows_mean: float, config: dict | None = None, pair=None) -> None:
+              ldo: int | None = None, tile_rows_mean: float, config: dict | None = None, pair=None,
+              empty_exit: bool = False) -> None:
     """Tile-list product: for each row tile (row_begin, row_end, offset) of ``tiles`` (int32
     device [n_tiles, 4], :func:`row_tiles`), out[r, n] (r in the tile's rows, n < N) =
     strata_prefill.contract.mmq.mmq(the N x K matrix at w + offset, activation row r)[n]. Any number of experts,
@@ -420,7 +399,11 @@ def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tile
     over buffers holding copies of the same matrices. The kernel may read up to 15 bytes past
     a matrix's last row: keep that much allocated after each. tile_rows_mean: the mean rows per
     expert, which picks the automatic configuration (config None and STRATA_MMQ_CONFIG unset);
-    pair: (w_pair, out2) as in :func:`mmq_group`."""
+    pair: (w_pair, out2) as in :func:`mmq_group`. empty_exit: the list may hold empty entries
+    (row_begin == row_end: the device's cut, strata_prefill.fast.tiles.routed_row_tiles, padded to a
+    worst-case count), which the launch skips: mmq.cu built with MMQ_EMPTY_EXIT (its own
+    modules; without it the kernels are the default ones, and an empty entry would cost a whole
+    tile's work)."""
     fmt = _format(qtype)
     N, K, R_total, n_tiles = int(N), int(K), int(R_total), int(n_tiles)
     w_pair, out2 = _checked_pair(fmt, K, out, pair)
@@ -428,7 +411,8 @@ def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tile
         raise InputError("the weight base must be 2-byte aligned")
     if n_tiles <= 0 or N <= 0:
         return
-    st = _mmq_mod(tile_config(tile_rows_mean) if config is None else config)
+    config = tile_config(tile_rows_mean) if config is None else config
+    st = _mmq_mod(with_empty_exit(config) if empty_exit else config)
     f = _mmq_func(st, fmt)
     tiles_n = n_tiles * -(-N // st["BM"])
     grid = (min(tiles_n, 1 << 30), 1 if pair is None else 2, 1)
@@ -444,6 +428,20 @@ def tile_config(rows_per_expert: float) -> dict:
     else the automatic one for its mean rows per expert."""
     cfg = default_config()
     return auto_config(rows_per_expert) if cfg is None else cfg
+
+
+def with_empty_exit(config: dict) -> dict:
+    """A tile configuration's defines with mmq.cu's MMQ_EMPTY_EXIT on: the tile-list form skips
+    empty entries (a device-cut list, routed_row_tiles). Changes no bit of a product."""
+    return {**config, "MMQ_EMPTY_EXIT": 1}
+
+
+def routed_tile_config(n_rows: int, n_experts: int) -> dict:
+    """The configuration of a device-cut tile list (device_plan) over n_rows rows of at most
+    n_experts routed experts: the host does not read the counts, so the automatic choice
+    (tile_config) takes the mean over the most experts that can hold rows, min(n_experts,
+    n_rows), a bound below the true mean. A configuration changes speed only, never a bit."""
+    return tile_config(int(n_rows) / max(1, min(int(n_experts), int(n_rows))))
 
 
 def tile_rows_for(config: dict) -> int:

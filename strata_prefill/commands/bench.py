@@ -266,16 +266,34 @@ def format_table(results: list[dict], spec_a: str, spec_b: str, backend: str, re
         pair = {k: f"{a[k]:,} / {b[k]:,}" for k in ("launches", "waits", "events", "copy_bytes")}
         lines.append(f"| {res['tokens']:,} | {a['ms']:.2f} | {b['ms']:.2f} | {change(a['ms'], b['ms'])} | "
                      f"{pair['launches']} | {pair['waits']} | {pair['events']} | {pair['copy_bytes']} |")
-    names = sorted({k for res in results for arm in "AB" for k in res["median"][arm].get("phases_ms", {})})
-    if names:
-        lines += ["", "phase medians, ms, A / B:", "",
-                  "| prompt tokens | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-        for res in results:
-            pa, pb = (res["median"][arm].get("phases_ms", {}) for arm in "AB")
-            lines.append(f"| {res['tokens']:,} | "
-                         + " | ".join(f"{pa.get(k, 0.0):.2f} / {pb.get(k, 0.0):.2f}" for k in names) + " |")
+    lines += phase_lines(results)
     lines += overlap_lines(results, backend)
     return "\n".join(lines)
+
+
+def phase_lines(results: list[dict]) -> list[str]:
+    """The phase medians (A / B): the device phases, whose times add up, then the host phases
+    (fast/phases.py HOST_PHASES, marked "(host)"), which overlap them on the GPU, and the host
+    phases' sum as a share of the prefill's time (none where no prefill was timed by phase)."""
+    from strata_prefill.fast.phases import HOST_PHASES
+
+    names = sorted({k for res in results for arm in "AB" for k in res["median"][arm].get("phases_ms", {})})
+    if not names:
+        return []
+    device = [k for k in names if k not in HOST_PHASES]
+    host = [k for k in names if k in HOST_PHASES]
+    heads = device + [f"{k} (host)" for k in host] + ["host share of the prefill"]
+    lines = ["", "phase medians, ms, A / B (device phases, then host phases: host time that overlaps them "
+                 "on the GPU; the host share is their sum over the prefill's time):", "",
+             "| prompt tokens | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    for res in results:
+        ma, mb = res["median"]["A"], res["median"]["B"]
+        pa, pb = ma.get("phases_ms", {}), mb.get("phases_ms", {})
+        share = lambda m, p: f"{100 * sum(p.get(k, 0.0) for k in host) / m['ms']:.0f}%" if m["ms"] > 0 else "-"  # noqa: E731
+        lines.append(f"| {res['tokens']:,} | "
+                     + " | ".join(f"{pa.get(k, 0.0):.2f} / {pb.get(k, 0.0):.2f}" for k in device + host)
+                     + f" | {share(ma, pa)} / {share(mb, pb)} |")
+    return lines
 
 
 def overlap_lines(results: list[dict], backend: str = "cuda") -> list[str]:

@@ -28,9 +28,11 @@
 // activation rows [x, y) of one expert whose matrix starts at w + (z | (long long)(its w) << 32)
 // (a byte offset, even). CTA tile t multiplies entry t / ceil(N / MMQ_BM) with weight-row
 // tile t % ceil(N / MMQ_BM). The host cuts each expert's rows as the bounds path does
-// (fast/cuda/products.py row_tiles); how rows are cut changes which CTA computes an output
-// element, never its arithmetic. This serves the expert cache read in place: a layer's
-// resident experts in one launch, no gather (fast/engine.py, in_place).
+// (fast/tiles.py row_tiles), or a kernel cuts them on the device from the routing tables
+// (fast/tiles.py routed_row_tiles: the list then ends in empty entries, see MMQ_EMPTY_EXIT);
+// how rows are cut changes which CTA computes an output element, never its arithmetic. This
+// serves the expert cache read in place: a layer's resident experts in one launch, no gather
+// (fast/walk.py, in_place and device_plan).
 //
 // Tiling: a CTA computes MMQ_BM weight rows x (up to) MMQ_BN activation rows of one expert.
 // An expert's rows are cut into ceil(rows / tile_rows) tiles of equal size (a multiple of 8).
@@ -103,6 +105,15 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 // MMQ_BN / 2; 0: every whole tile)
 #ifndef MMQ_MIX_MIN
 #define MMQ_MIX_MIN (MMQ_BN / 2)
+#endif
+// MMQ_EMPTY_EXIT 1: the tile-list form skips an empty entry (row_begin >= row_end) before it
+// loads anything. A list cut on the device from the routing tables (routing_tables.cu
+// routed_row_tiles, for device_plan) is padded with such entries up to a count the host knows
+// without reading the counts back; the launch covers that worst case and the padding exits at
+// once. The host's lists hold no empty entry: without the define (every other launch) the
+// kernels are compiled exactly as before.
+#ifndef MMQ_EMPTY_EXIT
+#define MMQ_EMPTY_EXIT 0
 #endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
@@ -883,6 +894,9 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
             const int4 e = tiles[ti];
             rbase = e.x;
             rend = e.y;
+#if MMQ_EMPTY_EXIT
+            if (rend <= rbase) continue;  // padding of a device-cut list: the same for the whole CTA
+#endif
             woff = (long long)(((unsigned long long)(unsigned)e.w << 32) | (unsigned)e.z);
         } else {
             int q = 0;

@@ -19,6 +19,15 @@
 // row_experts -- definition: strata_prefill.contract.routing.row_experts: rexp[slot[i]] = ids[i] for the n pairs
 // (the expert of each expert-sorted row, which the expert-bias kernels read: swiglu.cu,
 // swiglu_q8_1.cu). A thread a pair.
+//
+// routed_row_tiles -- definition: strata_prefill.fast.tiles.routed_row_tiles: the tile list of a tile-list
+// MMQ launch (mmq.cu) cut on the device from cnt and off, so the host plans a layer's in-place
+// products without reading the counts back (device_plan). Every expert e with woff[e] >= 0 and
+// cnt[e] > 0, in id order, gets ceil(cnt / tile_rows) entries (row_begin, row_end, low and high
+// 32 bits of woff[e]) of rpt rows each (ceil(cnt / tiles) rounded up to 8), the last shorter;
+// the entries after the last expert's, up to n_max, are (0, 0, 0, 0): mmq.cu built with
+// MMQ_EMPTY_EXIT skips them. One block: each thread takes a contiguous run of experts, a block
+// scan of their tile counts gives each run its first entry.
 
 #include <stdint.h>
 
@@ -126,4 +135,58 @@ row_experts(const int* __restrict__ ids, const int* __restrict__ slot, long long
 {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) rexp[slot[i]] = ids[i];
+}
+
+// the tiles routed_row_tiles gives expert rows of cnt rows at weight offset woff
+__device__ __forceinline__ int routed_tiles_of(int cnt, long long woff, int tile_rows)
+{
+    return (woff >= 0 && cnt > 0) ? (cnt + tile_rows - 1) / tile_rows : 0;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+routed_row_tiles(const int* __restrict__ cnt, const int* __restrict__ off, const long long* __restrict__ woff,
+                 int E, int tile_rows, int n_max, int4* __restrict__ tiles)
+{
+    __shared__ int warp_base[32];
+    __shared__ int s_total;
+    const int nt = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const int per = (E + nt - 1) / nt;
+    const int e0 = min(tid * per, E), e1 = min(e0 + per, E);
+    int mine = 0;
+    for (int e = e0; e < e1; ++e) mine += routed_tiles_of(cnt[e], woff[e], tile_rows);
+    int inc = mine;  // inclusive scan over the warp's lanes
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += v;
+    }
+    if (lane == 31) warp_base[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {  // exclusive scan over the warps' totals
+        const int w = lane < nw ? warp_base[lane] : 0;
+        int wi = w;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += v;
+        }
+        if (lane < nw) warp_base[lane] = wi - w;
+        if (lane == 31) s_total = wi;
+    }
+    __syncthreads();
+    int at = warp_base[warp] + inc - mine;
+    for (int e = e0; e < e1; ++e) {
+        const int rows = cnt[e];
+        const long long w = woff[e];
+        const int nrt = routed_tiles_of(rows, w, tile_rows);
+        if (nrt == 0) continue;
+        const int rpt = ((rows + nrt - 1) / nrt + 7) & ~7;
+        const int b0 = off[e], b1 = b0 + rows;
+        const int lo = (int)(unsigned)(w & 0xffffffffll), hi = (int)(w >> 32);
+        for (int k = 0; k < nrt && at < n_max; ++k, ++at) {
+            const int b = b0 + k * rpt;
+            tiles[at] = make_int4(b, min(b + rpt, b1), lo, hi);
+        }
+    }
+    for (int i = s_total + tid; i < n_max; i += nt) tiles[i] = make_int4(0, 0, 0, 0);
 }
