@@ -238,7 +238,7 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
                       h=np.full((n_rows, n_ff), np.nan, np.float32) if keep_h else None)  # rows no product writes stay NaN
     if plans_on_device(be, options, placement, layer):  # no host planning: the counts stay on the device
         batch = DeviceBatch(tab, n_rows, int(placement.resident.shape[1]))
-        lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h)
+        lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h, glu)
         be.prepare_batches(layer=layer, batches=[batch] if n_rows else [])
         if n_rows:
             lw.batch_gate_up(batch)
