@@ -90,44 +90,50 @@ def _both_halves(x: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- legacy (32 values)
 
 
-class Q4_0(QuantFormat, qtype=QT.Q4_0):
+class _SignedLegacy(QuantFormat):
+    """Q4_0 and Q5_0: a half d, then 32 unsigned codes q of `bits` bits; code c = q - OFFSET
+    (OFFSET = 2^(bits - 1)), value dw * c (PLAIN, one unit sub-scale)."""
+
+    half_fields = {"d": 0}
+    unit_sub = True
+    OFFSET = 8
+
+    @classmethod
+    def _unsigned(cls, blk: np.ndarray) -> np.ndarray:
+        """uint8 [N, 32]: the codes before the offset."""
+        raise NotImplementedError
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        n = blk.shape[0]
+        codes = (cls._unsigned(blk).view(np.int8) - np.int8(cls.OFFSET)).reshape(n, 1, 32)
+        return codes, _unit_subs(n), _half(blk, 0), None, None
+
+    @classmethod
+    def unit_std(cls):
+        return _spread((1,), np.arange(-cls.OFFSET, cls.OFFSET))
+
+
+class Q4_0(_SignedLegacy, qtype=QT.Q4_0):
     """32 values, 18 B: d: half, qs: uint8[16]; code c = nibble - 8 (-8..7), value dw * c."""
 
     mmq_kernel = "mmq_q4_0"
 
-    half_fields = {"d": 0}
-    unit_sub = True
-
     @classmethod
-    def decode_blocks(cls, blk):
-        n = blk.shape[0]
-        codes = (_nibbles(blk[:, 2:18]).view(np.int8) - np.int8(8)).reshape(n, 1, 32)
-        return codes, _unit_subs(n), _half(blk, 0), None, None
-
-    @classmethod
-    def unit_std(cls):
-        return _spread((1,), np.arange(-8, 8))
+    def _unsigned(cls, blk):
+        return _nibbles(blk[:, 2:18])
 
 
-class Q5_0(QuantFormat, qtype=QT.Q5_0):
+class Q5_0(_SignedLegacy, qtype=QT.Q5_0):
     """32 values, 22 B: d: half, qh: u32, qs: uint8[16]; code c = (nibble | bit << 4) - 16
     (-16..15), value dw * c."""
 
     mmq_kernel = "mmq_q5_0"
-
-    half_fields = {"d": 0}
-    unit_sub = True
+    OFFSET = 16
 
     @classmethod
-    def decode_blocks(cls, blk):
-        n = blk.shape[0]
-        q = _nibbles(blk[:, 6:22]) | _bit4(blk[:, 2:6])
-        codes = (q.view(np.int8) - np.int8(16)).reshape(n, 1, 32)
-        return codes, _unit_subs(n), _half(blk, 0), None, None
-
-    @classmethod
-    def unit_std(cls):
-        return _spread((1,), np.arange(-16, 16))
+    def _unsigned(cls, blk):
+        return _nibbles(blk[:, 6:22]) | _bit4(blk[:, 2:6])
 
 
 class Q5_1(QuantFormat, qtype=QT.Q5_1):

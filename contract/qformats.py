@@ -141,12 +141,42 @@ class Q2_K(QuantFormat, qtype=QT.Q2_K):
         _put_half(blk, 82, d * np.float32(1.5))  # dmin: E[u*c] = 1.5 E[v]
 
 
+_SHIFTS_7 = np.array([0, 7, 14, 21], np.uint32)  # four 7-bit sign indices of an aux word
+_BITS_8 = np.arange(8, dtype=np.uint8)
+
+
+def _odd_ls(ls: np.ndarray) -> np.ndarray:
+    """int16 odd sub-scales 2*ls + 1 from the stored scale bits ls."""
+    return 2 * ls.astype(np.int16) + 1
+
+
+def _nibble_pairs(b: np.ndarray) -> np.ndarray:
+    """[..., 2]: each byte's low nibble, then its high nibble."""
+    return np.stack([b & np.uint8(15), b >> np.uint8(4)], axis=-1)
+
+
+def _both(u: np.ndarray) -> np.ndarray:
+    """[..., 2]: one sub-scale per 32 values, the same for both halves."""
+    return np.stack([u, u], axis=-1)
+
+
+def _aux_signs(aux: np.ndarray) -> np.ndarray:
+    """int8 [N, 8, 4, 8]: the sign table's rows at the four 7-bit indices of each aux word [N, 8]."""
+    return sign_table()[(aux[:, :, None] >> _SHIFTS_7) & np.uint32(127)]
+
+
+def _bit_signs(b: np.ndarray) -> np.ndarray:
+    """int8 [..., 8] of +-1: -1 where bit i of each byte of b is set."""
+    return np.int8(1) - np.int8(2) * ((b[..., None] >> _BITS_8) & np.uint8(1)).view(np.int8)
+
+
 class _IQFormat(QuantFormat):
     """The IQ types: codes from a grid of int8 entries times signs, odd sub-scales 2*ls+1
     from 4-bit ls, and dw the half d times a fixed factor."""
 
     #: dw = d * dw_factor (None: dw = d, no multiplication)
     dw_factor: ClassVar[float | None] = None
+    half_fields: ClassVar[dict[str, int]] = {"d": 0}  # the half d first (IQ1_M: none)
 
     @classmethod
     def _dw(cls, d: np.ndarray) -> np.ndarray:
@@ -158,30 +188,39 @@ class _IQFormat(QuantFormat):
         k = 1.0 if cls.dw_factor is None else cls.dw_factor
         return float(k * np.sqrt(_odd_sub_mean_square() * g2))
 
+    @classmethod
+    def _d(cls, blk: np.ndarray) -> np.ndarray:
+        """The block's half d, float32 [N] (at byte 0 unless a type says otherwise)."""
+        return _half(blk, 0)
+
+    @classmethod
+    def _codes_subs(cls, blk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """int8 codes [N, 8, 32] and int16 sub-scales u [N, 8, 2] of blocks blk [N, block_bytes]."""
+        raise NotImplementedError
+
+    @classmethod
+    def decode_blocks(cls, blk):
+        codes, sub = cls._codes_subs(blk)
+        return codes, sub, cls._dw(cls._d(blk)), None, None
+
 
 class IQ2_XS(_IQFormat, qtype=QT.IQ2_XS):
     """256 values, 74 B: d: half, qs: uint16[32] (low 9 bits grid index into a 512 x 8 grid,
     high 7 bits index into the 128-entry sign table), scales: uint8[8] (one nibble per 16
     values, low nibble first)."""
 
-    half_fields = {"d": 0}
     dw_factor = 0.125
     sign_index = True
     mmq_kernel = "mmq_iq2_xs"
     grid_source, table_name = "IQ2_XS", "IQ2XS"
 
     @classmethod
-    def decode_blocks(cls, blk):
+    def _codes_subs(cls, blk):
         N = blk.shape[0]
-        d = _half(blk, 0)
         q = _u16(blk[:, 2:66])  # [N, 32]
         g = cls.grid()[q & np.uint16(511)]  # [N, 32, 8]
         s = sign_table()[q >> np.uint16(9)]  # [N, 32, 8]
-        codes = (g * s).reshape(N, 8, 32)
-        sc = blk[:, 66:74]
-        ls = np.stack([sc & np.uint8(15), sc >> np.uint8(4)], axis=-1).astype(np.int16)
-        sub = (2 * ls + 1).reshape(N, 8, 2)
-        return codes, sub, cls._dw(d), None, None
+        return (g * s).reshape(N, 8, 32), _odd_ls(_nibble_pairs(blk[:, 66:74]))
 
 
 class IQ3_XXS(_IQFormat, qtype=QT.IQ3_XXS):
@@ -189,26 +228,18 @@ class IQ3_XXS(_IQFormat, qtype=QT.IQ3_XXS):
     uint32[8], one per 32 values: bits 7k..7k+6 index the sign table for the k-th 8 values,
     bits 28..31 the scale."""
 
-    half_fields = {"d": 0}
     dw_factor = 0.25
     sign_index = True
     mmq_kernel = "mmq_iq3_xxs"
     grid_source, table_name = "IQ3_XXS", "IQ3XXS"
 
     @classmethod
-    def decode_blocks(cls, blk):
+    def _codes_subs(cls, blk):
         N = blk.shape[0]
-        d = _half(blk, 0)
         g = cls.grid()[blk[:, 2:66]]  # [N, 64, 4]
         aux = _u32(blk[:, 66:98])  # [N, 8]
-        sh = np.array([0, 7, 14, 21], np.uint32)
-        sidx = (aux[:, :, None] >> sh) & np.uint32(127)  # [N, 8, 4]
-        s = sign_table()[sidx]  # [N, 8, 4, 8]
-        codes = (g.reshape(N, 8, 4, 8) * s).reshape(N, 8, 32)
-        ls = (aux >> np.uint32(28)).astype(np.int16)  # [N, 8]
-        u = 2 * ls + 1
-        sub = np.stack([u, u], axis=-1)
-        return codes, sub, cls._dw(d), None, None
+        codes = (g.reshape(N, 8, 4, 8) * _aux_signs(aux)).reshape(N, 8, 32)
+        return codes, _both(_odd_ls(aux >> np.uint32(28)))
 
 
 class IQ3_S(_IQFormat, qtype=QT.IQ3_S):
@@ -216,27 +247,18 @@ class IQ3_S(_IQFormat, qtype=QT.IQ3_S):
     grid), qh: uint8[8] (bit 8 of the indices, one byte per 32 values), signs: uint8[32] (one
     bit per value), scales: uint8[4] (one nibble per 32 values, low nibble first)."""
 
-    half_fields = {"d": 0}
     mmq_kernel = "mmq_iq3_s"
     grid_source, table_name = "IQ3_S", "IQ3S"
 
     @classmethod
-    def decode_blocks(cls, blk):
+    def _codes_subs(cls, blk):
         N = blk.shape[0]
-        d = _half(blk, 0)
         qs = blk[:, 2:66].astype(np.uint16)
-        qh = blk[:, 66:74]
-        bit = np.arange(8, dtype=np.uint8)
-        hi = ((qh[:, :, None] >> bit) & np.uint8(1)).reshape(N, 64).astype(np.uint16)
+        hi = ((blk[:, 66:74, None] >> _BITS_8) & np.uint8(1)).reshape(N, 64).astype(np.uint16)
         g = cls.grid()[qs | (hi << np.uint16(8))]  # [N, 64, 4]
-        sb = ((blk[:, 74:106, None] >> bit) & np.uint8(1)).view(np.int8)  # [N, 32, 8]
-        s = np.int8(1) - np.int8(2) * sb
+        s = _bit_signs(blk[:, 74:106])  # [N, 32, 8]
         codes = (g.reshape(N, 256) * s.reshape(N, 256)).reshape(N, 8, 32)
-        sc = blk[:, 106:110]
-        ls = np.stack([sc & np.uint8(15), sc >> np.uint8(4)], axis=-1).astype(np.int16)
-        u = (2 * ls + 1).reshape(N, 8)
-        sub = np.stack([u, u], axis=-1)
-        return codes, sub, cls._dw(d), None, None
+        return codes, _both(_odd_ls(_nibble_pairs(blk[:, 106:110])).reshape(N, 8))
 
 
 # The K-quants and the legacy quants of llama-quantize's default mixes, registered after the
@@ -248,38 +270,24 @@ from strata_prefill.contract import kquants  # noqa: E402,F401
 # registered after the K-quants: block layouts from ggml-common.h's block_iq2_xxs, block_iq2_s,
 # block_iq1_s and block_iq1_m. Each decodes to the PLAIN epilogue's integer form, dw = d / 8.
 
-_SHIFTS_7 = np.array([0, 7, 14, 21], np.uint32)  # four 7-bit sign indices of an aux word
-_BITS_8 = np.arange(8, dtype=np.uint8)
-
-
-def _odd_ls(ls: np.ndarray) -> np.ndarray:
-    """int16 odd sub-scales 2*ls + 1 from the stored scale bits ls."""
-    return 2 * ls.astype(np.int16) + 1
-
-
 class IQ2_XXS(_IQFormat, qtype=QT.IQ2_XXS):
     """256 values, 66 B: d: half, then per 32 values 8 bytes: 4 grid indices (uint8, into a
     256 x 8 grid, one per 8 values) and a uint32 aux: bits 7k..7k+6 index the sign table for
     the k-th 8 values, bits 28..31 the scale ls of all 32. gguf: d * (0.5 + ls) * 0.25 * grid *
     sign; here u = 2*ls + 1 per 32 values and dw = d * 0.125 (IQ3_XXS's form with its factor)."""
 
-    half_fields = {"d": 0}
     dw_factor = 0.125
     sign_index = True
     mmq_kernel = "mmq_iq2_xxs"
     grid_source, table_name = "IQ2_XXS", "IQ2XXS"
 
     @classmethod
-    def decode_blocks(cls, blk):
+    def _codes_subs(cls, blk):
         N = blk.shape[0]
-        d = _half(blk, 0)
         q = blk[:, 2:66].reshape(N, 8, 8)
         g = cls.grid()[q[:, :, :4]]  # [N, 8, 4, 8]
         aux = _u32(q[:, :, 4:]).reshape(N, 8)
-        s = sign_table()[(aux[:, :, None] >> _SHIFTS_7) & np.uint32(127)]  # [N, 8, 4, 8]
-        codes = (g * s).reshape(N, 8, 32)
-        u = _odd_ls(aux >> np.uint32(28))
-        return codes, np.stack([u, u], axis=-1), cls._dw(d), None, None
+        return (g * _aux_signs(aux)).reshape(N, 8, 32), _both(_odd_ls(aux >> np.uint32(28)))
 
 
 class IQ2_S(_IQFormat, qtype=QT.IQ2_S):
@@ -289,23 +297,18 @@ class IQ2_S(_IQFormat, qtype=QT.IQ2_S):
     nibble per 16 values, low nibble first). u = 2*ls + 1 per 16 values, dw = d * 0.125
     (IQ2_XS's form)."""
 
-    half_fields = {"d": 0}
     dw_factor = 0.125
     mmq_kernel = "mmq_iq2_s"
     grid_source, table_name = "IQ2_S", "IQ2S"
 
     @classmethod
-    def decode_blocks(cls, blk):
+    def _codes_subs(cls, blk):
         N = blk.shape[0]
-        d = _half(blk, 0)
         hi = (blk[:, 66:74, None] >> np.array([0, 2, 4, 6], np.uint8)) & np.uint8(3)  # [N, 8, 4]
         idx = blk[:, 2:34].astype(np.uint16) | (hi.reshape(N, 32).astype(np.uint16) << np.uint16(8))
         g = cls.grid()[idx]  # [N, 32, 8]
-        sb = ((blk[:, 34:66, None] >> _BITS_8) & np.uint8(1)).view(np.int8)  # [N, 32, 8]
-        codes = (g * (np.int8(1) - np.int8(2) * sb)).reshape(N, 8, 32)
-        sc = blk[:, 74:82]
-        ls = np.stack([sc & np.uint8(15), sc >> np.uint8(4)], axis=-1)  # [N, 8, 2]
-        return codes, _odd_ls(ls), cls._dw(d), None, None
+        codes = (g * _bit_signs(blk[:, 34:66])).reshape(N, 8, 32)
+        return codes, _odd_ls(_nibble_pairs(blk[:, 74:82]))  # [N, 8, 2]
 
 
 class _IQ1Format(_IQFormat):
@@ -350,20 +353,17 @@ class IQ1_S(_IQ1Format, qtype=QT.IQ1_S):
     qh: uint16[8], one per 32 values: bits 3l..3l+2 the high bits of index 4j + l, bits 12..14
     ls, bit 15 the delta's sign. One u and one delta per 32 values."""
 
-    half_fields = {"d": 0}
     mmq_kernel = "mmq_iq1_s"
 
     @classmethod
-    def decode_blocks(cls, blk):
+    def _codes_subs(cls, blk):
         N = blk.shape[0]
-        d = _half(blk, 0)
         qh = _u16(blk[:, 34:50])  # [N, 8]
         hi = (qh[:, :, None] >> np.array([0, 3, 6, 9], np.uint16)) & np.uint16(7)  # [N, 8, 4]
         idx = blk[:, 2:34].reshape(N, 8, 4).astype(np.uint16) | (hi << np.uint16(8))
         neg = np.broadcast_to(((qh >> np.uint16(15)) != 0)[:, :, None], idx.shape)
         codes = cls._codes(idx, neg).reshape(N, 8, 32)
-        u = _odd_ls((qh >> np.uint16(12)) & np.uint16(7))
-        return codes, np.stack([u, u], axis=-1), cls._dw(d), None, None
+        return codes, _both(_odd_ls((qh >> np.uint16(12)) & np.uint16(7)))
 
 
 class IQ1_M(_IQ1Format, qtype=QT.IQ1_M):
@@ -400,16 +400,18 @@ class IQ1_M(_IQ1Format, qtype=QT.IQ1_M):
         cls.put_scale_values(blk, np.asarray(d, np.float32)[:, None])
 
     @classmethod
-    def decode_blocks(cls, blk):
+    def _d(cls, blk):
+        return cls.scale_values(blk)[:, 0]
+
+    @classmethod
+    def _codes_subs(cls, blk):
         N = blk.shape[0]
-        d = cls.scale_values(blk)[:, 0]
-        qh = blk[:, 32:48]
-        nib = np.stack([qh & np.uint8(15), qh >> np.uint8(4)], axis=-1).reshape(N, 32)
+        nib = _nibble_pairs(blk[:, 32:48]).reshape(N, 32)
         idx = blk[:, 0:32].astype(np.uint16) | ((nib & np.uint8(7)).astype(np.uint16) << np.uint16(8))
         codes = cls._codes(idx, (nib & np.uint8(8)) != 0).reshape(N, 8, 32)
         sc = _u16(blk[:, 48:56])
         ls = (sc[:, :, None] >> np.array([0, 3, 6, 9], np.uint16)) & np.uint16(7)  # [N, 4, 4]
-        return codes, _odd_ls(ls.reshape(N, 8, 2)), cls._dw(d), None, None
+        return codes, _odd_ls(ls.reshape(N, 8, 2))
 
 
 # The codebook formats (IQ4_NL, IQ4_XS, MXFP4, NVFP4: codes looked up in a 16-entry codebook).

@@ -362,21 +362,30 @@ def _head_engine(pack, log, monkeypatch, **kw):
     return _engine(pack, **kw)
 
 
+def _head_run(make_test_pack, tmp_path, monkeypatch, make_engine, what, **kw):
+    """The small Q8_0 pack's 40-token prompt in chunks of 20 through `make_engine` (_head_engine
+    or _predict_engine: a third of the experts cached, a ring of 16, stream_min 1024, and kw),
+    checked for the reference's bytes and for copies of what its choices name, no more.
+    Returns (pack, engine, log)."""
+    pack = make_test_pack("small", "Q8_0")
+    ids = _prompt(pack, 40, 8)
+    ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
+    log = []
+    eng = make_engine(pack, log, monkeypatch, expert_cache=_all(pack) // 3, ring=16, stream_min=1024, **kw)
+    got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
+    assert_same_run(ref, got, pack, what)
+    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+    return pack, eng, log
+
+
 @pytest.mark.parametrize("head", [0, 1, 3, 64])  # 64: a layer's every expert, more than it streams
 def test_a_staged_layers_head_is_queued_before_its_routing(make_test_pack, tmp_path, monkeypatch, head):
     """stage_head N: when a staged layer's routing reaches the host its pass already holds its
     first N streamed experts (a head of more is every one), right behind the layer before's
     entries; its routed ones past the head join after. The reference's bytes; the copies are
     the head and the routed ones past it, no more."""
-    pack = make_test_pack("small", "Q8_0")
-    ids = _prompt(pack, 40, 8)
-    ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
-    log = []
-    eng = _head_engine(pack, log, monkeypatch, expert_cache=_all(pack) // 3, ring=16, stage_head=head,
-                       stream_min=1024)
-    got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
-    assert_same_run(ref, got, pack, f"stage_head {head}")
-    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+    pack, eng, log = _head_run(make_test_pack, tmp_path, monkeypatch, _head_engine, f"stage_head {head}",
+                               stage_head=head)
     units = eng.walk_choices
     assert len(units) == 2 and all(c.walk == "staged" for u in units for c in u.layers)
     n_layer = pack.config.n_layer
@@ -504,15 +513,8 @@ def test_a_predicted_head_is_queued_before_its_routing(make_test_pack, tmp_path,
     prediction the host read, the `head` streamed experts it names most often in id order, in
     the pass when its routing reaches the host, its routed rest after; the reference's bytes;
     the copies are the head and the routed ones it lacks, no more."""
-    pack = make_test_pack("small", "Q8_0")
-    ids = _prompt(pack, 40, 8)
-    ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
-    log = []
-    eng = _predict_engine(pack, log, monkeypatch, expert_cache=_all(pack) // 3, ring=16, stage_head=head,
-                          stream_min=1024)
-    got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
-    assert_same_run(ref, got, pack, f"head_predict, stage_head {head}")
-    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+    pack, eng, log = _head_run(make_test_pack, tmp_path, monkeypatch, _predict_engine,
+                               f"head_predict, stage_head {head}", stage_head=head)
     predicted = [(l, c) for tag, l, c in (e for e in log if e[0] == "predicted")]
     before = [e for e in log if e[0] != "predicted"]
     n_layer = pack.config.n_layer
@@ -568,16 +570,10 @@ def test_the_predictor_routes_the_units_first_rows(make_test_pack, tmp_path, mon
     import strata_prefill.fast.engine
 
     monkeypatch.setattr(strata_prefill.fast.engine, "PREDICT_ROWS", 8)
-    pack = make_test_pack("small", "Q8_0")
-    ids = _prompt(pack, 40, 8)
-    ref = run_engine(ReferenceEngine(pack), ids, 20, tmp_path / "ref", greedy=0)
-    log = []
-    eng = _predict_engine(pack, log, monkeypatch, expert_cache=_all(pack) // 3, ring=16, stage_head=4, stream_min=1024)
-    got = run_engine(eng, ids, 20, tmp_path / "fast", greedy=0)
-    assert_same_run(ref, got, pack, "a predictor of 8 rows")
+    pack, eng, log = _head_run(make_test_pack, tmp_path, monkeypatch, _predict_engine, "a predictor of 8 rows",
+                               stage_head=4)
     sums = [int(c.sum()) for tag, _l, c in (e for e in log if e[0] == "predicted")]
     assert sums and all(s == 8 * pack.config.n_expert_used for s in sums), sums
-    assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
 
 
 def test_cuda_routing_and_prediction_counts_use_their_own_buffers(monkeypatch):

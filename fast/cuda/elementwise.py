@@ -157,6 +157,23 @@ def add_row_bias(dev, y, b, out=None):
 # --------------------------------------------------------------------------- routing
 
 
+def _router_launch(dev, kernel: str, sig: str, logits, k: int, ids, weights, *extra):
+    """router.cu's `kernel` over logits [T, E], a warp a row, 4 rows a block, ROUTER_WARPS rows
+    of E floats in shared memory (checked first); extra: its arguments after the row stride."""
+    T, E = (int(s) for s in logits.shape)
+    smem = 4 * 4 * E
+    if smem > 48 * 1024:
+        raise InputError(f"top_k: E={E} experts is more than router.cu's shared memory holds")
+    ids = dev.output(ids, "top_k ids", (T, k), np.int32)
+    weights = dev.output(weights, "top_k weights", (T, k), np.float32)
+    if T == 0:
+        return ids, weights
+    f = runtime.function("router", kernel, sig)
+    dev.launch(f, "router", (-(-T // 4), 1, 1), (128, 1, 1), ptr(logits), E, *extra, T, E, k,
+               ptr(ids), ptr(weights), shared_size=smem)
+    return ids, weights
+
+
 def top_k(dev, logits, k: int, ids=None, weights=None, *, bias=None, gating: str = routing.SOFTMAX):
     """Router top-K (strata_prefill.contract.routing.top_k) of logits float32 [T, E]: softmax over E, the k
     largest probabilities (ties to the lower id), renormalized. k <= 32. gating
@@ -164,7 +181,7 @@ def top_k(dev, logits, k: int, ids=None, weights=None, *, bias=None, gating: str
     None), then a softmax over the k selected.
     Returns (ids int32 [T, k] in rank order, weights float32 [T, k])."""
     check(logits, "top_k logits", np.float32, ndim=2)
-    T, E = (int(s) for s in logits.shape)
+    E = int(logits.shape[1])
     k = int(k)
     if not 1 <= k <= min(32, E):
         raise InputError(f"top_k: k must be in [1, min(32, E={E})], got {k}")
@@ -172,37 +189,18 @@ def top_k(dev, logits, k: int, ids=None, weights=None, *, bias=None, gating: str
         raise InputError(f"top_k: gating must be one of {', '.join(routing.GATINGS)}, got {gating!r}")
     if bias is not None or gating != routing.SOFTMAX:
         return _top_k_selected(dev, logits, k, ids, weights, bias, gating)
-    smem = 4 * 4 * E  # ROUTER_WARPS rows of E floats
-    if smem > 48 * 1024:
-        raise InputError(f"top_k: E={E} experts is more than router.cu's shared memory holds")
-    ids = dev.output(ids, "top_k ids", (T, k), np.int32)
-    weights = dev.output(weights, "top_k weights", (T, k), np.float32)
-    if T == 0:
-        return ids, weights
-    f = runtime.function("router", "router_topk", "PqiiiPP")
-    dev.launch(f, "router", (-(-T // 4), 1, 1), (128, 1, 1), ptr(logits), E, T, E, k,
-               ptr(ids), ptr(weights), shared_size=smem)
-    return ids, weights
+    return _router_launch(dev, "router_topk", "PqiiiPP", logits, k, ids, weights)
 
 
 def _top_k_selected(dev, logits, k, ids, weights, bias, gating):
     """router_topk_selected (gating softmax_selected, with or without a bias)."""
-    T, E = (int(s) for s in logits.shape)
+    E = int(logits.shape[1])
     if gating == routing.SOFTMAX:  # no architecture biases a softmax over every expert
         raise InputError("top_k: router.cu has no biased softmax over every expert (gating softmax_selected takes a bias)")
     if bias is not None:
         check(bias, "top_k bias", np.float32, shape=(E,))
-    smem = 4 * 4 * E  # ROUTER_WARPS rows of E floats
-    if smem > 48 * 1024:
-        raise InputError(f"top_k: E={E} experts is more than router.cu's shared memory holds")
-    ids = dev.output(ids, "top_k ids", (T, k), np.int32)
-    weights = dev.output(weights, "top_k weights", (T, k), np.float32)
-    if T == 0:
-        return ids, weights
-    f = runtime.function("router", "router_topk_selected", "PqPiiiPP")
-    dev.launch(f, "router", (-(-T // 4), 1, 1), (128, 1, 1), ptr(logits), E, 0 if bias is None else ptr(bias),
-               T, E, k, ptr(ids), ptr(weights), shared_size=smem)
-    return ids, weights
+    return _router_launch(dev, "router_topk_selected", "PqPiiiPP", logits, k, ids, weights,
+                          0 if bias is None else ptr(bias))
 
 
 class DeviceRoutingTables(NamedTuple):

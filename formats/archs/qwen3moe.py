@@ -17,49 +17,31 @@ from gguf.constants import MODEL_ARCH
 from gguf.constants import MODEL_TENSORS as GGUF_TENSORS
 
 from strata_prefill.formats import tensor_names as tn
+from strata_prefill.formats.archs import spec
 from strata_prefill.formats.archs.spec import AttentionParams, MoeLayer, MoeParams, TensorSpec, check_layer_class
 
 NAME = "qwen3moe"
 _P = NAME + "."
 
 #: ModelConfig field -> the metadata key it is read from (llama.cpp's qwen3moe names)
-KEYS = {
-    "n_layer": _P + "block_count", "n_embd": _P + "embedding_length",
-    "n_head": _P + "attention.head_count", "n_head_kv": _P + "attention.head_count_kv",
-    "head_dim": _P + "attention.key_length", "n_expert": _P + "expert_count",
-    "n_expert_used": _P + "expert_used_count", "n_ff_exp": _P + "expert_feed_forward_length",
-    "n_ff_shexp": _P + "expert_shared_feed_forward_length", "n_vocab": _P + "vocab_size",
-    "rms_eps": _P + "attention.layer_norm_rms_epsilon", "rope_base": _P + "rope.freq_base",
-    "context_length": _P + "context_length",
-}
+KEYS = spec.llama_keys(_P)
 #: RopeScaling field -> the metadata key it is read from (llama.cpp's generic rope keys)
-ROPE_KEYS = {
-    "type": _P + "rope.scaling.type", "factor": _P + "rope.scaling.factor",
-    "original_context": _P + "rope.scaling.original_context_length",
-    "attn_factor": _P + "rope.scaling.attn_factor",
-}
+ROPE_KEYS = spec.rope_keys(_P)
 ROPE_FACTOR_OLD_KEY = _P + "rope.scale_linear"  # the factor's older name, read when it is absent
 #: keys llama.cpp's qwen3moe loader does not read, with the value it uses instead: a pack
 #: that sets one to another value would run differently there, so it is refused (None: 1 for
 #: yarn, else 0)
-ROPE_UNREAD_KEYS = {
-    _P + "rope.scaling.yarn_beta_fast": 32.0, _P + "rope.scaling.yarn_beta_slow": 1.0,
-    _P + "rope.scaling.yarn_ext_factor": None, _P + "rope.scaling.yarn_attn_factor": 1.0,
-    _P + "rope.scaling.yarn_log_multiplier": 0.0,
-}
+ROPE_UNREAD_KEYS = spec.rope_unread_keys(_P)
 VALUE_LENGTH_KEY = _P + "attention.value_length"  # V's head size: this project has one head size
+FEED_FORWARD_KEY = _P + "feed_forward_length"     # written (the expert width again), never read
 
 ATTENTION = AttentionParams(qk_norm=True, rope="neox")
 MOE = MoeParams(scoring="softmax", renormalize=True, shared_expert="optional", router_bias=False,
                 expert_bias=False, activation="swiglu")
 
 T = tn.T
-#: the whole-model tensors, in file order
-MODEL_TENSORS: tuple[TensorSpec, ...] = (
-    TensorSpec(T.TOKEN_EMBD, lambda c: [c.n_embd, c.n_vocab], "embd", "embd"),
-    TensorSpec(T.OUTPUT_NORM, lambda c: [c.n_embd], "norm", "norm"),
-    TensorSpec(T.OUTPUT, lambda c: [c.n_embd, c.n_vocab], "dense", "in", group="output"),
-)
+#: the whole-model tensors, in file order (llama.cpp's embedding, output norm and output)
+MODEL_TENSORS = spec.MODEL_TENSORS
 #: a block's tensors, in file order; the shared expert's group last
 BLOCK_TENSORS: tuple[TensorSpec, ...] = (
     TensorSpec(T.ATTN_NORM, lambda c: [c.n_embd], "norm", "norm"),
@@ -117,28 +99,9 @@ check_layer_class(sys.modules[__name__])
 
 
 def write_metadata(w, cfg) -> None:
-    """The hyperparameter keys make-pack writes, in its order (a gguf.GGUFWriter)."""
-    a = _P
-    w.add_uint32(a + "block_count", cfg.n_layer)
-    w.add_uint32(a + "context_length", cfg.context_length)
-    w.add_uint32(a + "embedding_length", cfg.n_embd)
-    w.add_uint32(a + "feed_forward_length", cfg.n_ff_exp)
-    w.add_uint32(a + "attention.head_count", cfg.n_head)
-    w.add_uint32(a + "attention.head_count_kv", cfg.n_head_kv)
-    w.add_uint32(a + "attention.key_length", cfg.head_dim)
-    w.add_uint32(VALUE_LENGTH_KEY, cfg.head_dim)
-    w.add_float32(a + "rope.freq_base", float(cfg.rope_base))
-    r = cfg.rope_scaling
-    if r != type(r)():  # an unscaled pack keeps the header it always had
-        w.add_string(ROPE_KEYS["type"], r.type)
-        w.add_float32(ROPE_KEYS["factor"], float(r.factor))
-        w.add_float32(ROPE_KEYS["attn_factor"], float(r.attn_factor))
-        if r.type == "yarn":
-            w.add_uint32(ROPE_KEYS["original_context"], int(r.original_context))
-    w.add_float32(a + "attention.layer_norm_rms_epsilon", float(cfg.rms_eps))
-    w.add_uint32(a + "expert_count", cfg.n_expert)
-    w.add_uint32(a + "expert_used_count", cfg.n_expert_used)
-    w.add_uint32(a + "expert_feed_forward_length", cfg.n_ff_exp)
-    if cfg.has_shexp:
-        w.add_uint32(a + "expert_shared_feed_forward_length", cfg.n_ff_shexp)
-    w.add_uint32(a + "vocab_size", cfg.n_vocab)
+    """The hyperparameter keys make-pack writes, in its order (a gguf.GGUFWriter); an unscaled
+    pack keeps the header it always had, a scaled one carries rope.scaling.attn_factor always."""
+    spec.write_metadata(sys.modules[__name__], w, cfg, (
+        "n_layer", "context_length", "n_embd", "feed_forward", "n_head", "n_head_kv", "head_dim",
+        "value_length", "rope_base", "rope_scaling", "rms_eps", "n_expert", "n_expert_used", "n_ff_exp",
+        "n_ff_shexp", "n_vocab"))

@@ -6,7 +6,8 @@ layer walk). Its module in formats/archs/ holds:
 
 - `NAME`: the `general.architecture` value;
 - `KEYS`, `ROPE_KEYS`, `ROPE_FACTOR_OLD_KEY`, `ROPE_UNREAD_KEYS`, `VALUE_LENGTH_KEY`: the
-  metadata keys formats/config.py reads (ModelConfig field -> key);
+  metadata keys formats/config.py reads (ModelConfig field -> key; `llama_keys`, `rope_keys`
+  and `rope_unread_keys` give the ones llama.cpp's loaders share);
 - `MODEL_TENSORS`, `BLOCK_TENSORS`: its tensor table (`TensorSpec`), the one list the loader,
   make-pack and both implementations' per-layer weights are built from;
 - `Layer`: the dataclass of one block's weights, a field per block tensor, named as the tensor
@@ -14,7 +15,8 @@ layer walk). Its module in formats/archs/ holds:
   pack's matrices and vectors, the fast engine with its backend's handles);
 - `ATTENTION` (`AttentionParams`) and `MOE` (`MoeParams`): its attention's and its MoE half's
   parameters;
-- `write_metadata(writer, cfg)`: the hyperparameter keys make-pack writes.
+- `write_metadata(writer, cfg)`: the hyperparameter keys make-pack writes (`write_metadata`
+  here writes them in the order the architecture lists).
 
 reference/archs/<module>.py and fast/archs/<module>.py hold its attention half in each
 implementation (docs/architectures.md).
@@ -28,6 +30,75 @@ from gguf.constants import MODEL_TENSOR
 
 from strata_prefill.contract.moe import SwigluOai
 from strata_prefill.formats import tensor_names as tn
+
+
+def llama_keys(prefix: str) -> dict[str, str]:
+    """ModelConfig field -> metadata key, as llama.cpp's loaders name them under `prefix`
+    (`<architecture>.`): an architecture's KEYS starts from these and adds its own."""
+    p = prefix
+    return {
+        "n_layer": p + "block_count", "n_embd": p + "embedding_length",
+        "n_head": p + "attention.head_count", "n_head_kv": p + "attention.head_count_kv",
+        "head_dim": p + "attention.key_length", "n_expert": p + "expert_count",
+        "n_expert_used": p + "expert_used_count", "n_ff_exp": p + "expert_feed_forward_length",
+        "n_ff_shexp": p + "expert_shared_feed_forward_length", "n_vocab": p + "vocab_size",
+        "rms_eps": p + "attention.layer_norm_rms_epsilon", "rope_base": p + "rope.freq_base",
+        "context_length": p + "context_length",
+    }
+
+
+def rope_keys(prefix: str) -> dict[str, str]:
+    """RopeScaling field -> metadata key (llama.cpp's generic rope keys under `prefix`)."""
+    return {
+        "type": prefix + "rope.scaling.type", "factor": prefix + "rope.scaling.factor",
+        "original_context": prefix + "rope.scaling.original_context_length",
+        "attn_factor": prefix + "rope.scaling.attn_factor",
+    }
+
+
+def rope_unread_keys(prefix: str) -> dict[str, float | None]:
+    """The rope keys llama.cpp's loaders do not read, with the value they use instead (None: 1
+    for yarn, else 0): a pack that sets one to another value would run differently there."""
+    p = prefix + "rope.scaling."
+    return {p + "yarn_beta_fast": 32.0, p + "yarn_beta_slow": 1.0, p + "yarn_ext_factor": None,
+            p + "yarn_attn_factor": 1.0, p + "yarn_log_multiplier": 0.0}
+
+
+#: ModelConfig fields written as float32 (the others as uint32)
+_FLOAT_FIELDS = ("rope_base", "rms_eps")
+
+
+def write_metadata(arch, w, cfg, order: tuple[str, ...], attn_factor_always: bool = True) -> None:
+    """Write architecture `arch`'s hyperparameter keys for ModelConfig `cfg` to gguf.GGUFWriter
+    `w`, in `order`: each entry a field of arch.KEYS (n_ff_shexp only where cfg has a shared
+    expert), "value_length" (arch.VALUE_LENGTH_KEY: head_dim), "feed_forward" (arch.FEED_FORWARD_KEY:
+    n_ff_exp) or "rope_scaling" (arch.ROPE_KEYS, where the scaling is not the default one: an
+    unscaled pack keeps the header it always had; attn_factor written always, or only where not
+    1 when attn_factor_always is false)."""
+    for entry in order:
+        if entry == "rope_scaling":
+            r = cfg.rope_scaling
+            if r != type(r)():
+                w.add_string(arch.ROPE_KEYS["type"], r.type)
+                w.add_float32(arch.ROPE_KEYS["factor"], float(r.factor))
+                if attn_factor_always or r.attn_factor != 1.0:
+                    w.add_float32(arch.ROPE_KEYS["attn_factor"], float(r.attn_factor))
+                if r.type == "yarn":
+                    w.add_uint32(arch.ROPE_KEYS["original_context"], int(r.original_context))
+            continue
+        if entry == "n_ff_shexp" and not cfg.has_shexp:
+            continue
+        if entry == "value_length":
+            key, field = arch.VALUE_LENGTH_KEY, "head_dim"
+        elif entry == "feed_forward":
+            key, field = arch.FEED_FORWARD_KEY, "n_ff_exp"
+        else:
+            key, field = arch.KEYS[entry], entry
+        value = getattr(cfg, field)
+        if field in _FLOAT_FIELDS:
+            w.add_float32(key, float(value))
+        else:
+            w.add_uint32(key, value)
 
 
 @dataclass(frozen=True)
@@ -87,6 +158,15 @@ class TensorSpec:
             return self.field_name
         base = tn.name(self.kind, 0).removeprefix("blk.0.")
         return base + "_b" if self.suffix == tn.BIAS else base
+
+
+#: the whole-model tensors every architecture here holds, in file order: the token embedding,
+#: the output norm and the output (absent where the embeddings are tied)
+MODEL_TENSORS: tuple[TensorSpec, ...] = (
+    TensorSpec(tn.T.TOKEN_EMBD, lambda c: [c.n_embd, c.n_vocab], "embd", "embd"),
+    TensorSpec(tn.T.OUTPUT_NORM, lambda c: [c.n_embd], "norm", "norm"),
+    TensorSpec(tn.T.OUTPUT, lambda c: [c.n_embd, c.n_vocab], "dense", "in", group="output"),
+)
 
 
 @dataclass(frozen=True)

@@ -14,48 +14,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata_prefill.contract import attention, numerics
+from strata_prefill.contract import numerics
 
-from strata_prefill.reference.moe_half import dense_product, quantize
-
-F32 = np.float32
+from strata_prefill.reference.attention_steps import attend_and_project, qkv_products, rope_qk, split_heads
 
 
 def attention_half(model, layer: int, x: np.ndarray, positions: np.ndarray, dump=None) -> np.ndarray:
     """x [T, n_embd] residual in, residual out; positions: the tokens' absolute positions."""
     cfg = model.config
     L = model.pack.layer(layer)
-    n_tok = x.shape[0]
-
     h = numerics.rmsnorm(x, L.attn_norm, cfg.rms_eps)
-    acts: dict = {}  # one quantization of h per q8_1 layout
-
-    def product(name, w):
-        if w.is_float:
-            return model.float_product((layer, name), w, h)
-        if w.qtype not in acts:
-            acts[w.qtype] = quantize(h, w.qtype)
-        return model.product((layer, name), w, acts[w.qtype])
-
-    q = product("attn_q", L.attn_q).reshape(n_tok, cfg.n_head, cfg.head_dim)
-    k = product("attn_k", L.attn_k).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
-    v = product("attn_v", L.attn_v).reshape(n_tok, cfg.n_head_kv, cfg.head_dim)
-
+    product = qkv_products(model, layer, h)
+    q, k, v = split_heads(cfg, product("attn_q", L.attn_q), product("attn_k", L.attn_k), product("attn_v", L.attn_v))
     q = numerics.rmsnorm(q, L.attn_q_norm, cfg.rms_eps)
     k = numerics.rmsnorm(k, L.attn_k_norm, cfg.rms_eps)
-    cos, sin = model.rope(int(positions.max()) + 1)
-    q = numerics.rope_neox(q, positions, cos, sin)
-    k = numerics.rope_neox(k, positions, cos, sin)
-
-    for name, a in (("q", q), ("k", k), ("v", v)):  # what the KV cache's quantize would hide
-        model.watch.see(layer, name, a)
-    model.kv.write(layer, positions, k, v)
-    o = attention.attend(model.kv, layer, q, positions).reshape(n_tok, cfg.n_q)
-    model.watch.see(layer, "attn_out", o)  # what the o-projection's quantize would hide
-    out = dense_product(model, (layer, "attn_output"), L.attn_output, o)
-    x = x + out
-    if dump is not None:  # the op records, in the order computed (formats/records.py)
-        for name, a in (("attn_norm", h), ("q", q), ("k", k), ("v", v), ("attn_out", o),
-                        ("attn_proj", out), ("attn_resid", x)):
-            dump.op(layer, name, a)
-    return x
+    q, k = rope_qk(model, q, k, positions)
+    return attend_and_project(model, layer, x, h, q, k, v, positions, dump)
