@@ -121,7 +121,7 @@ def test_reference_router_is_float_matmul(make_test_pack, monkeypatch, router):
     assert L.ffn_gate_inp.qtype == QT[router]
     seen = []
     real_top_k = moe_half.top_k
-    monkeypatch.setattr(moe_half, "top_k", lambda logits, k: (seen.append(logits), real_top_k(logits, k))[1])
+    monkeypatch.setattr(moe_half, "top_k", lambda logits, k, **kw: (seen.append(logits), real_top_k(logits, k, **kw))[1])
     rng = np.random.default_rng(6)
     x = rng.standard_normal((37, pack.config.n_embd)).astype(F32)
     moe_half.moe_half(ReferenceEngine(pack), 0, x)

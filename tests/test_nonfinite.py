@@ -622,8 +622,8 @@ def test_a_nan_first_in_a_greedy_step_is_named_there(healthy, monkeypatch, capsy
 
     combine = moe_half.combine
 
-    def planted(x, weights, slot, y, shared):
-        out = combine(x, weights, slot, y, shared)
+    def planted(x, weights, slot, y, shared, **kw):
+        out = combine(x, weights, slot, y, shared, **kw)
         if x.shape[0] == 1:  # a one-token step: a NaN in the residual it leaves
             out = out.copy()
             out[0, 5] = np.nan
