@@ -118,8 +118,10 @@ PLANTS = {
     "b_refill_without_wait_staged": ("refill_without_wait", "late_compute", STAGED),
     "b_refill_without_wait_staged8": ("refill_without_wait", "late_compute", STAGED8),
     "b_release_before_gather": ("release_before_gather", "late_compute", STREAMED),
-    "c_counts_read_early_overlap1": ("counts_read_early", "late_counts", {**RESIDENT, "overlap_plan": 1}),
-    "c_counts_read_early_overlap0": ("counts_read_early", "late_counts", {**RESIDENT, "overlap_plan": 0}),
+    # a resident layer reads its counts only where it is planned on the host (device_plan 0:
+    # planned on the device, the counts never come back, so there is no read to plant early)
+    "c_counts_read_early_overlap1": ("counts_read_early", "late_counts", {**RESIDENT, "overlap_plan": 1, "device_plan": 0}),
+    "c_counts_read_early_overlap0": ("counts_read_early", "late_counts", {**RESIDENT, "overlap_plan": 0, "device_plan": 0}),
     "c_counts_read_early_streamed": ("counts_read_early", "late_counts", {**STREAMED, "overlap_plan": 1}),
 }
 
