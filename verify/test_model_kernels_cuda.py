@@ -399,28 +399,40 @@ def test_attention_positions_on_device(dev, case):
     assert_same(_get(out), want, f"attention[{variant}] device positions")
 
 
+def _cache_pair(dev, shape):
+    """A chunked case's two empty KV caches: the NumPy one and the device one (capacity 64, so
+    that the chunks grow it)."""
+    n_layer, n_kv, hd = shape["n_layer"], shape["n_kv"], shape["hd"]
+    return attention.KVCache(n_layer, n_kv, hd), cu_att.DeviceKVCache(dev, n_layer, n_kv, hd, capacity=64)
+
+
+def _chunk_steps(rng, shape, ref, kv):
+    """Each (layer, chunk positions, queries) of a chunked case, chunk by chunk and layer by
+    layer, with the step's new keys and values already written to both caches."""
+    for chunk in shape["chunks"]:
+        chunk = np.array(chunk, np.int32)
+        for layer in range(shape["n_layer"]):
+            k, v = _kv_inputs(rng, chunk.size, shape["n_kv"], shape["hd"])
+            q = _randn(rng, (chunk.size, shape["n_head"], shape["hd"]), -1.0, 1.0)
+            ref.write(layer, chunk, k, v)
+            kv.write(layer, chunk, _up(k), _up(v))
+            yield layer, chunk, q
+
+
 @pytest.mark.parametrize("case", params(kernel_rows("attention_chunks")))
 def test_attention_chunks_device_cache(dev, case):
     """Two chunks and a decode step through the device cache (kv_write + attend) against the
     NumPy cache: the cache bytes and every output."""
     rng = np.random.default_rng(77)
     variant = case.form
-    n_layer, n_head, n_kv, hd = (case.shape[k] for k in ("n_layer", "n_head", "n_kv", "hd"))
-    ref = attention.KVCache(n_layer, n_kv, hd)
-    kv = cu_att.DeviceKVCache(dev, n_layer, n_kv, hd, capacity=64)
-    for chunk in case.shape["chunks"]:
-        chunk = np.array(chunk, np.int32)
-        for layer in range(n_layer):
-            k, v = _kv_inputs(rng, chunk.size, n_kv, hd)
-            q = _randn(rng, (chunk.size, n_head, hd), -1.0, 1.0)
-            ref.write(layer, chunk, k, v)
-            kv.write(layer, chunk, _up(k), _up(v))
-            want = attention.attend(ref, layer, q, chunk)
-            out = _poisoned(q.shape, F32)
-            kv.attend(layer, _up(q), chunk, out=out, variant=variant)
-            assert_same(_get(out), want, f"attention[{variant}] chunk {chunk[0]}.. layer {layer}")
+    ref, kv = _cache_pair(dev, case.shape)
+    for layer, chunk, q in _chunk_steps(rng, case.shape, ref, kv):
+        want = attention.attend(ref, layer, q, chunk)
+        out = _poisoned(q.shape, F32)
+        kv.attend(layer, _up(q), chunk, out=out, variant=variant)
+        assert_same(_get(out), want, f"attention[{variant}] chunk {chunk[0]}.. layer {layer}")
     cap = kv.capacity
-    for layer in range(n_layer):
+    for layer in range(case.shape["n_layer"]):
         for name in ("k_codes", "k_scale", "v_codes", "v_scale"):
             want = getattr(ref, name)[layer][:, :min(cap, ref.capacity)]
             got = _get(getattr(kv, name)[layer])[:, :want.shape[1]]
@@ -465,22 +477,15 @@ def test_attention_options_chunks_device_cache(dev, case):
     window reaches back into the chunks before it, every output the NumPy cache's bytes."""
     rng = np.random.default_rng(78)
     variant = case.form
-    n_layer, n_head, n_kv, hd = (case.shape[k] for k in ("n_layer", "n_head", "n_kv", "hd"))
     window = case.shape["window"]
-    sinks = [_sinks(rng, n_head, case.shape["sinks"]) for _ in range(n_layer)]
-    ref = attention.KVCache(n_layer, n_kv, hd)
-    kv = cu_att.DeviceKVCache(dev, n_layer, n_kv, hd, capacity=64)
-    for chunk in case.shape["chunks"]:
-        chunk = np.array(chunk, np.int32)
-        for layer in range(n_layer):
-            k, v = _kv_inputs(rng, chunk.size, n_kv, hd)
-            q = _randn(rng, (chunk.size, n_head, hd), -1.0, 1.0) * F32(4.0)
-            ref.write(layer, chunk, k, v)
-            kv.write(layer, chunk, _up(k), _up(v))
-            want = attention.attend(ref, layer, q, chunk, sinks=sinks[layer], window=window)
-            out = _poisoned(q.shape, F32)
-            kv.attend(layer, _up(q), chunk, out=out, variant=variant, sinks=_up(sinks[layer]), window=window)
-            assert_same(_get(out), want, f"attention[{variant}] options chunk {chunk[0]}.. layer {layer}")
+    sinks = [_sinks(rng, case.shape["n_head"], case.shape["sinks"]) for _ in range(case.shape["n_layer"])]
+    ref, kv = _cache_pair(dev, case.shape)
+    for layer, chunk, q in _chunk_steps(rng, case.shape, ref, kv):
+        q = q * F32(4.0)
+        want = attention.attend(ref, layer, q, chunk, sinks=sinks[layer], window=window)
+        out = _poisoned(q.shape, F32)
+        kv.attend(layer, _up(q), chunk, out=out, variant=variant, sinks=_up(sinks[layer]), window=window)
+        assert_same(_get(out), want, f"attention[{variant}] options chunk {chunk[0]}.. layer {layer}")
 
 
 # ---------------------------------------------------------------- routing

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.ab_harness import first_difference
-from dev.kernels.harness import cuda_or_exit, finish, progress
+from dev.kernels.harness import cuda_or_exit, finish, progress, v1_v2_table
 from strata_prefill.fast.cuda import attention as cu_att, runtime, signatures
 from strata_prefill.contract import attention
 from strata_prefill.formats.config import PRESETS
@@ -310,16 +310,7 @@ def main(argv=None) -> int:
     cuda_or_exit("dev/kernels/attention.py")
     dev = runtime.Device()
     bad = check(args.check_tokens, dev=dev) if args.check_tokens > 0 else []
-    rows = []
-    for T in args.tokens:
-        ms, diff = time_prefill(dev, T, args.reps)
-        if diff is not None:
-            bad.append(f"timer T={T}: v2 against v1: {diff}")
-            print(f"timer T={T}: v2 DIFFERS from v1: {diff}")
-        rows.append((T, ms["v1"], ms["v2"], diff is None))
-    print(f"\n{'tokens':>8} {'v1 ms':>10} {'v2 ms':>10} {'v2/v1':>7}  bytes")
-    for T, a, b, same in rows:
-        print(f"{T:>8} {a:>10.3f} {b:>10.3f} {b / a:>7.3f}  {'same' if same else 'DIFFER'}")
+    v1_v2_table("tokens", args.tokens, lambda T: time_prefill(dev, T, args.reps), bad)
     return finish(bad)
 
 

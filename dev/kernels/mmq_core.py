@@ -32,7 +32,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from bench.ab_harness import first_difference
-from dev.kernels.harness import cuda_or_exit, finish, progress
+from dev.kernels.harness import cuda_or_exit, finish, progress, v1_v2_table
 from strata_prefill.fast.cuda import runtime
 from strata_prefill.contract import mmq, q8_1
 
@@ -171,16 +171,8 @@ def main(argv=None) -> int:
     cuda_or_exit("dev/kernels/mmq_core.py")
     cores = Cores(runtime.Device())
     bad = check(cores)
-    rows = []
-    for R in args.rows:
-        ms, diff = time_rows(cores, R, args.reps)
-        if diff is not None:
-            bad.append(f"timer R={R}: v2 against v1: {diff}")
-        rows.append((R, ms["v1"], ms["v2"], diff is None))
     ops = lambda R, ms: 2 * TIMER_N * TIMER_K * R / (ms * 1e-3) / 1e12  # noqa: E731
-    print(f"\n{'rows':>6} {'v1 ms':>9} {'v2 ms':>9} {'v2/v1':>7} {'v1 TOP/s':>9} {'v2 TOP/s':>9}  bytes")
-    for R, a, b, same in rows:
-        print(f"{R:>6} {a:>9.3f} {b:>9.3f} {b / a:>7.3f} {ops(R, a):>9.1f} {ops(R, b):>9.1f}  {'same' if same else 'DIFFER'}")
+    v1_v2_table("rows", args.rows, lambda R: time_rows(cores, R, args.reps), bad, rate=("TOP/s", ops))
     return finish(bad)
 
 

@@ -24,10 +24,15 @@
 #include "strata_numerics.cuh"  // strata_exp
 
 
-extern "C" __global__ void __launch_bounds__(256)
-combine_rows(const float* x, long long ldx, const float* __restrict__ w, const int* __restrict__ slot,
-             int K, const float* __restrict__ y, long long ldy, const float* __restrict__ g,
-             const float* __restrict__ ysh, long long ldsh, float* out, long long ldo, int T, int D)
+// The element form's body; kBias: each routed output takes its expert's down bias row first
+// (ids, bd, ldbd unused without it). Each branch keeps the load order its kernel was written
+// with (the biased sum before the weight), which fixes the PTX's instruction order.
+template <bool kBias>
+__device__ __forceinline__ void combine_rows_body(
+    const float* x, long long ldx, const float* __restrict__ w, const int* __restrict__ slot, int K,
+    const float* __restrict__ y, long long ldy, const float* __restrict__ g, const float* __restrict__ ysh,
+    long long ldsh, float* out, long long ldo, int T, int D, const int* __restrict__ ids,
+    const float* __restrict__ bd, long long ldbd)
 {
     const long long total = (long long)T * D;
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -37,7 +42,12 @@ combine_rows(const float* x, long long ldx, const float* __restrict__ w, const i
         float acc = 0.0f;
         for (int k = 0; k < K; ++k) {
             const long long r = slot[t * K + k];
-            acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], y[r * ldy + j]));
+            if constexpr (kBias) {
+                const float yb = __fadd_rn(y[r * ldy + j], bd[(long long)ids[t * K + k] * ldbd + j]);
+                acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], yb));
+            } else {
+                acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], y[r * ldy + j]));
+            }
         }
         if (g != nullptr) acc = __fadd_rn(acc, __fmul_rn(g[t], ysh[t * ldsh + j]));
         out[t * ldo + j] = __fadd_rn(x[t * ldx + j], acc);
@@ -54,6 +64,62 @@ __device__ __forceinline__ void add_scaled4(float4& acc, float w, const float4 v
     acc.w = __fadd_rn(acc.w, __fmul_rn(w, v.w));
 }
 
+__device__ __forceinline__ float4 add4(const float4 a, const float4 b)
+{
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+// The vec form's body; kBias as in combine_rows_body. sw, sy, sb: the kernel's shared arrays of
+// COMBINE_MAXK (each rank's weight, Y row and bias row; sb unused without kBias), declared in
+// the kernel so that they keep its name.
+template <bool kBias>
+__device__ __forceinline__ void combine_rows_vec_body(
+    const float* x, long long ldx, const float* __restrict__ w, const int* __restrict__ slot, int K,
+    const float* __restrict__ y, long long ldy, const float* __restrict__ g, const float* __restrict__ ysh,
+    long long ldsh, float* out, long long ldo, int T, int D, const int* __restrict__ ids,
+    const float* __restrict__ bd, long long ldbd, float* sw, const float** sy, const float** sb)
+{
+    const int D4 = D >> 2;
+    for (int t = blockIdx.x; t < T; t += gridDim.x) {
+        __syncthreads();  // the previous row's readers are done with sw, sy, sb
+        for (int k = threadIdx.x; k < K; k += blockDim.x) {
+            sw[k] = w[(long long)t * K + k];
+            sy[k] = y + (long long)slot[(long long)t * K + k] * ldy;
+            if constexpr (kBias) sb[k] = bd + (long long)ids[(long long)t * K + k] * ldbd;
+        }
+        __syncthreads();
+        for (int j4 = threadIdx.x; j4 < D4; j4 += blockDim.x) {
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if constexpr (kBias) {
+                for (int k = 0; k < K; ++k)
+                    add_scaled4(acc, sw[k], add4(reinterpret_cast<const float4*>(sy[k])[j4],
+                                                 reinterpret_cast<const float4*>(sb[k])[j4]));
+            } else {
+#pragma unroll 5
+                for (int k = 0; k < K; ++k) add_scaled4(acc, sw[k], reinterpret_cast<const float4*>(sy[k])[j4]);
+            }
+            if (g != nullptr) add_scaled4(acc, g[t], reinterpret_cast<const float4*>(ysh + (long long)t * ldsh)[j4]);
+            const float4 xv = reinterpret_cast<const float4*>(x + (long long)t * ldx)[j4];
+            float4* o = reinterpret_cast<float4*>(out + (long long)t * ldo) + j4;
+            // the same four additions either way; each form keeps the spelling its kernel was
+            // written with, which fixes the PTX's register numbering
+            if constexpr (kBias)
+                *o = add4(xv, acc);
+            else
+                *o = make_float4(__fadd_rn(xv.x, acc.x), __fadd_rn(xv.y, acc.y), __fadd_rn(xv.z, acc.z),
+                                 __fadd_rn(xv.w, acc.w));
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+combine_rows(const float* x, long long ldx, const float* __restrict__ w, const int* __restrict__ slot,
+             int K, const float* __restrict__ y, long long ldy, const float* __restrict__ g,
+             const float* __restrict__ ysh, long long ldsh, float* out, long long ldo, int T, int D)
+{
+    combine_rows_body<false>(x, ldx, w, slot, K, y, ldy, g, ysh, ldsh, out, ldo, T, D, nullptr, nullptr, 0);
+}
+
 extern "C" __global__ void __launch_bounds__(128)
 combine_rows_vec(const float* x, long long ldx, const float* __restrict__ w, const int* __restrict__ slot,
                  int K, const float* __restrict__ y, long long ldy, const float* __restrict__ g,
@@ -61,25 +127,8 @@ combine_rows_vec(const float* x, long long ldx, const float* __restrict__ w, con
 {
     __shared__ float sw[COMBINE_MAXK];
     __shared__ const float* sy[COMBINE_MAXK];
-    const int D4 = D >> 2;
-    for (int t = blockIdx.x; t < T; t += gridDim.x) {
-        __syncthreads();  // the previous row's readers are done with sw, sy
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            sw[k] = w[(long long)t * K + k];
-            sy[k] = y + (long long)slot[(long long)t * K + k] * ldy;
-        }
-        __syncthreads();
-        for (int j4 = threadIdx.x; j4 < D4; j4 += blockDim.x) {
-            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 5
-            for (int k = 0; k < K; ++k) add_scaled4(acc, sw[k], reinterpret_cast<const float4*>(sy[k])[j4]);
-            if (g != nullptr) add_scaled4(acc, g[t], reinterpret_cast<const float4*>(ysh + (long long)t * ldsh)[j4]);
-            const float4 xv = reinterpret_cast<const float4*>(x + (long long)t * ldx)[j4];
-            reinterpret_cast<float4*>(out + (long long)t * ldo)[j4] =
-                make_float4(__fadd_rn(xv.x, acc.x), __fadd_rn(xv.y, acc.y), __fadd_rn(xv.z, acc.z),
-                            __fadd_rn(xv.w, acc.w));
-        }
-    }
+    combine_rows_vec_body<false>(x, ldx, w, slot, K, y, ldy, g, ysh, ldsh, out, ldo, T, D, nullptr, nullptr, 0,
+                                 sw, sy, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -88,25 +137,7 @@ combine_rows_bias(const float* x, long long ldx, const float* __restrict__ w, co
                   const float* __restrict__ ysh, long long ldsh, float* out, long long ldo, int T, int D,
                   const int* __restrict__ ids, const float* __restrict__ bd, long long ldbd)
 {
-    const long long total = (long long)T * D;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-        const long long t = idx / D;
-        const long long j = idx - t * D;
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            const long long r = slot[t * K + k];
-            const float yb = __fadd_rn(y[r * ldy + j], bd[(long long)ids[t * K + k] * ldbd + j]);
-            acc = __fadd_rn(acc, __fmul_rn(w[t * K + k], yb));
-        }
-        if (g != nullptr) acc = __fadd_rn(acc, __fmul_rn(g[t], ysh[t * ldsh + j]));
-        out[t * ldo + j] = __fadd_rn(x[t * ldx + j], acc);
-    }
-}
-
-__device__ __forceinline__ float4 add4(const float4 a, const float4 b)
-{
-    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+    combine_rows_body<true>(x, ldx, w, slot, K, y, ldy, g, ysh, ldsh, out, ldo, T, D, ids, bd, ldbd);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
@@ -118,25 +149,7 @@ combine_rows_vec_bias(const float* x, long long ldx, const float* __restrict__ w
     __shared__ float sw[COMBINE_MAXK];
     __shared__ const float* sy[COMBINE_MAXK];
     __shared__ const float* sb[COMBINE_MAXK];
-    const int D4 = D >> 2;
-    for (int t = blockIdx.x; t < T; t += gridDim.x) {
-        __syncthreads();  // the previous row's readers are done with sw, sy, sb
-        for (int k = threadIdx.x; k < K; k += blockDim.x) {
-            sw[k] = w[(long long)t * K + k];
-            sy[k] = y + (long long)slot[(long long)t * K + k] * ldy;
-            sb[k] = bd + (long long)ids[(long long)t * K + k] * ldbd;
-        }
-        __syncthreads();
-        for (int j4 = threadIdx.x; j4 < D4; j4 += blockDim.x) {
-            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            for (int k = 0; k < K; ++k)
-                add_scaled4(acc, sw[k], add4(reinterpret_cast<const float4*>(sy[k])[j4],
-                                             reinterpret_cast<const float4*>(sb[k])[j4]));
-            if (g != nullptr) add_scaled4(acc, g[t], reinterpret_cast<const float4*>(ysh + (long long)t * ldsh)[j4]);
-            const float4 xv = reinterpret_cast<const float4*>(x + (long long)t * ldx)[j4];
-            reinterpret_cast<float4*>(out + (long long)t * ldo)[j4] = add4(xv, acc);
-        }
-    }
+    combine_rows_vec_body<true>(x, ldx, w, slot, K, y, ldy, g, ysh, ldsh, out, ldo, T, D, ids, bd, ldbd, sw, sy, sb);
 }
 
 extern "C" __global__ void __launch_bounds__(256)

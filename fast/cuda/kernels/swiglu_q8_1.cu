@@ -29,18 +29,41 @@
 #define SQ_WARPS 8
 
 
-extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
-    swiglu_q8_1(const float* __restrict__ g, long long ldg, const float* __restrict__ u, long long ldu,
-                int rows, int n, int layout, uint8_t* __restrict__ out, int R_total) {
+// Both kernels' body; kOai: gpt-oss's clamped SwiGLU with the expert biases (alpha, limit,
+// rexp, bg, bu, ldb unused without it).
+template <bool kOai>
+__device__ __forceinline__ void swiglu_q8_1_body(
+    const float* __restrict__ g, long long ldg, const float* __restrict__ u, long long ldu, int rows, int n,
+    int layout, uint8_t* __restrict__ out, int R_total, float alpha, float limit, const int* __restrict__ rexp,
+    const float* __restrict__ bg, const float* __restrict__ bu, long long ldb)
+{
     const int lane = threadIdx.x & 31;
     for_each_block_task<SQ_WARPS>(rows, ((n + 511) / 512) * 4, [&](int r, int kb) {
         const int c0 = kb * 128 + 4 * lane;
         float a[4], b[4];
         load4(g + (long long)r * ldg, c0, n, a);
         load4(u + (long long)r * ldu, c0, n, b);
+        if constexpr (kOai) {
+            if (rexp != nullptr) {
+                const long long e = rexp[r];
+                float ba[4], bb[4];
+                load4(bg + e * ldb, c0, n, ba);
+                load4(bu + e * ldb, c0, n, bb);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    a[i] = __fadd_rn(a[i], ba[i]);
+                    b[i] = __fadd_rn(b[i], bb[i]);
+                }
+            }
+        }
         float v[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = (c0 + i < n) ? strata_swiglu(a[i], b[i]) : 0.0f;
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (kOai)
+                v[i] = (c0 + i < n) ? strata_swiglu_oai(a[i], b[i], alpha, limit) : 0.0f;
+            else
+                v[i] = (c0 + i < n) ? strata_swiglu(a[i], b[i]) : 0.0f;
+        }
         uint32_t hdr = 0;
         const uint32_t codes = q8_1_block(v[0], v[1], v[2], v[3], layout, lane, hdr);
         store_block(out, (long long)kb * R_total + r, lane, hdr, codes);
@@ -48,32 +71,15 @@ extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
 }
 
 extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
+    swiglu_q8_1(const float* __restrict__ g, long long ldg, const float* __restrict__ u, long long ldu,
+                int rows, int n, int layout, uint8_t* __restrict__ out, int R_total) {
+    swiglu_q8_1_body<false>(g, ldg, u, ldu, rows, n, layout, out, R_total, 0.0f, 0.0f, nullptr, nullptr, nullptr, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
     swiglu_oai_q8_1(const float* __restrict__ g, long long ldg, const float* __restrict__ u, long long ldu,
                     int rows, int n, int layout, uint8_t* __restrict__ out, int R_total, float alpha, float limit,
                     const int* __restrict__ rexp, const float* __restrict__ bg, const float* __restrict__ bu,
                     long long ldb) {
-    const int lane = threadIdx.x & 31;
-    for_each_block_task<SQ_WARPS>(rows, ((n + 511) / 512) * 4, [&](int r, int kb) {
-        const int c0 = kb * 128 + 4 * lane;
-        float a[4], b[4];
-        load4(g + (long long)r * ldg, c0, n, a);
-        load4(u + (long long)r * ldu, c0, n, b);
-        if (rexp != nullptr) {
-            const long long e = rexp[r];
-            float ba[4], bb[4];
-            load4(bg + e * ldb, c0, n, ba);
-            load4(bu + e * ldb, c0, n, bb);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                a[i] = __fadd_rn(a[i], ba[i]);
-                b[i] = __fadd_rn(b[i], bb[i]);
-            }
-        }
-        float v[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = (c0 + i < n) ? strata_swiglu_oai(a[i], b[i], alpha, limit) : 0.0f;
-        uint32_t hdr = 0;
-        const uint32_t codes = q8_1_block(v[0], v[1], v[2], v[3], layout, lane, hdr);
-        store_block(out, (long long)kb * R_total + r, lane, hdr, codes);
-    });
+    swiglu_q8_1_body<true>(g, ldg, u, ldu, rows, n, layout, out, R_total, alpha, limit, rexp, bg, bu, ldb);
 }
