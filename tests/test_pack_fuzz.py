@@ -218,7 +218,10 @@ def check_mutation(tiny, field: Field, new: bytes) -> None:
             assert code == 2, (where, code, err.getvalue())
             assert len(lines) == 1 and lines[0].startswith("strata-prefill: error: "), (where, lines)
             assert out.getvalue() == "", where
-            assert seconds < prefill_s / 2, (where, seconds, prefill_s)  # before any work
+            # before any work: the mocked session proves the order; the time, that no check costs
+            # as much as the prefill it guards (a whole prefill's time: the two are measured apart,
+            # and a shared machine's load moves either)
+            assert seconds < prefill_s, (where, seconds, prefill_s)
         assert hashlib.sha256(bad.read_bytes()).hexdigest() == before, where
     assert hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
 
