@@ -31,6 +31,7 @@ _SIM_HERE = sim_here()
 # memory stay bounded however many rows it runs)
 _engines: dict = {}
 _KEEP = 16
+_dropped: list = []  # a cuda engine was let go since the last _engine: collect before the next
 # (pack, prompt, greedy, dump level) -> the reference's Run, read from the reference cache once
 # for the rows of one case that a worker runs one after another (the newest _BASES_KEPT); and
 # the all-resident base runs of the 32K rows, computed once for the rows of a case a worker runs
@@ -63,22 +64,34 @@ def _engine(case: ParityCase, pack, monkeypatch):
         # a strata pack's engine takes gigabytes of device memory: the kept small engines go
         # first (five workers' kept engines left an 80 GB card too little for it)
         _engines.clear()
+        _dropped.append(True)
+    if _dropped:
+        # a dropped cuda engine's device objects are freed here, on the thread that holds their
+        # context: left to the cyclic collector, they may be found on another thread (the
+        # reference's NumPy pool), where PyCUDA can only warn and leak them
+        _dropped.clear()
         gc.collect()
     if eng is None:
         eng = make_fast_engine(pack, case.backend, sim_options=sim, **case.options)
     elif case.backend == "cuda":
         eng.be.reset_cache()
     if keep:
-        _remember(_engines, key, eng, _KEEP)
+        if _remember(_engines, key, eng, _KEEP):
+            _dropped.append(True)
+    elif case.backend == "cuda":
+        _dropped.append(True)  # made for this row alone: collected before the next row's engine
     return eng
 
 
-def _remember(kept: dict, key, value, most: int) -> None:
-    """kept[key] = value as its newest entry, the oldest dropped beyond `most`."""
+def _remember(kept: dict, key, value, most: int) -> int:
+    """kept[key] = value as its newest entry, the oldest dropped beyond `most`; how many were."""
     kept.pop(key, None)
     kept[key] = value
+    dropped = 0
     while len(kept) > most:
         kept.pop(next(iter(kept)))
+        dropped += 1
+    return dropped
 
 
 def _base(case: ParityCase, pack, ids, tmp_path, monkeypatch) -> Run:
@@ -91,6 +104,8 @@ def _base(case: ParityCase, pack, ids, tmp_path, monkeypatch) -> Run:
             eng = make_fast_engine(pack, case.backend, expert_cache=cfg.n_layer * cfg.n_expert)
             run = run_engine(eng, ids, "auto", tmp_path / "base", greedy=case.greedy, layer_dumps=case.records)
             del eng
+            if case.backend == "cuda":
+                _dropped.append(True)
             _remember(_bases, key, run, _BASES_KEPT)
         return _bases[key]
     key = (str(pack.path), ids.astype("<i8").tobytes(), case.greedy, case.level)
