@@ -18,7 +18,10 @@ is absent, or where the converter lacks an optional dependency (named in the ski
 
 One thing of the converter's is replaced: the vocabulary. A random model has no tokenizer, and
 the converter's set_vocab refuses a tokenizer it does not recognize, so the driver gives it
-n_vocab placeholder tokens; the tensors and the architecture's keys are the converter's own.
+n_vocab placeholder tokens and one merge (llama.cpp loads no BPE vocabulary without merges); the
+tensors and the architecture's keys are the converter's own. Where STRATA_LLAMA_BUILD names a
+llama.cpp build, llama.cpp's own distance from float64 at the last position is stated beside the
+reference's.
 """
 from __future__ import annotations
 
@@ -74,6 +77,7 @@ _DRIVER = textwrap.dedent("""
         self.gguf_writer.add_tokenizer_model("gpt2")
         self.gguf_writer.add_token_list([f"<t{i}>" for i in range(n)])
         self.gguf_writer.add_token_types([1] * n)
+        self.gguf_writer.add_token_merges(["<t0> <t1>"])  # llama.cpp's BPE vocabulary wants merges
 
     gpt_oss.GptOssModel.set_vocab = set_vocab
     sys.argv = ["convert_hf_to_gguf.py", src, "--outfile", out, "--outtype", "f32"]
@@ -179,3 +183,43 @@ def test_reference_logits_match_transformers_float64(converted):
           f"positions (worst position {per_pos.max():.3e} at {int(per_pos.argmax())}); bound {LOGITS_REL_L2}")
     assert rel < LOGITS_REL_L2 and per_pos.max() < 2 * LOGITS_REL_L2
     assert np.std(want) > 0 and np.mean(np.argmax(got, 1) == np.argmax(want, 1)) > 0.5
+
+
+#: the bound on llama.cpp's own last-position distance from float64 (its CPU or CUDA kernels on
+#: the same F32 file: F16 KV cache, its own exp and softmax); stated beside the reference's
+LLAMA_REL_L2 = 5e-2
+
+
+def test_llama_cpp_distance_beside_ours(converted, tmp_path):
+    """llama.cpp's own logits for the prompt's last position on the same converted file (its
+    build in STRATA_LLAMA_BUILD, a cmake build folder of the `llama` target, run by the
+    project's driver bench/llama_cpp/prefill_driver.c) against transformers' float64, beside
+    the reference's distance at that position. Skips where no build is named."""
+    given = os.environ.get("STRATA_LLAMA_BUILD")
+    if not given:
+        pytest.skip("STRATA_LLAMA_BUILD names no llama.cpp build (python3 -m bench.bench_whole_model "
+                    "--llama-tgz TGZ --llama-backend cpu makes one)")
+    from pathlib import Path
+
+    from bench import bench_whole_model as bwm
+
+    src, lib = bwm.build_paths(Path(given))
+    exe = bwm.compile_driver(src, lib, tmp_path / "prefill_driver")
+    c, model, path = converted
+    ids = np.random.default_rng(11).integers(0, c.n_vocab, PROMPT_TOKENS)
+    prompts = tmp_path / f"prompts-{PROMPT_TOKENS}.bin"
+    bwm.write_prompts(prompts, np.stack([ids, ids]).astype(np.int32))
+    res = subprocess.run([str(exe), str(path), str(prompts), "--logits-dir", str(tmp_path), "--threads", "4"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    theirs = np.fromfile(tmp_path / f"logits-{PROMPT_TOKENS}.f32", dtype="<f4").astype(np.float64)
+    with torch.no_grad():
+        want = model.double()(input_ids=torch.tensor(ids[None], dtype=torch.long)).logits[0, -1].numpy()
+    with Pack.open(path) as pack:
+        ours = reference_logits(pack, ids)[-1].astype(np.float64)
+    d_llama = float(np.linalg.norm(theirs - want) / np.linalg.norm(want))
+    d_ours = float(np.linalg.norm(ours - want) / np.linalg.norm(want))
+    print(f"gpt-oss-tiny at position {PROMPT_TOKENS - 1} vs transformers float64: llama.cpp {d_llama:.3e}, "
+          f"reference {d_ours:.3e}")
+    assert theirs.shape == want.shape
+    assert d_llama < LLAMA_REL_L2 and d_ours < LOGITS_REL_L2
