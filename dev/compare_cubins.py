@@ -37,17 +37,19 @@ RENAMES: dict[str, str] = {"attention_pair": "attention_mma", "attention_split":
 
 # Run inside a tree: its build list, nvcc options, architecture and every kernel source (headers inlined).
 _PROBE = r"""
-import json, os, sys
+import importlib, json, os, sys
 sys.path.insert(0, os.getcwd())  # the tree's own packages, before any installed copy
-from strata_prefill.fast.cuda import runtime
+# a tree from before the one installed name imports its rooms by their folders' names (an
+# installed strata_prefill would otherwise answer for them with its own, newer sources)
+top = "strata_prefill." if os.path.isdir("contract") else ""
+runtime = importlib.import_module(top + "fast.cuda.runtime")
 try:
-    from strata_prefill.fast.cuda.build_list import default_modules
+    default_modules = importlib.import_module(top + "fast.cuda.build_list").default_modules
 except ImportError:  # a tree from before the build list left fast/cuda/kernel_cache.py
-    from strata_prefill.fast.cuda.kernel_cache import default_modules
+    default_modules = importlib.import_module(top + "fast.cuda.kernel_cache").default_modules
 mods = default_modules()
 try:
-    from strata_prefill.verify import cases
-    mods += cases.ahead_modules()
+    mods += importlib.import_module(top + "verify.cases").ahead_modules()
 except ImportError:
     pass
 names = sorted(f[:-3] for f in os.listdir(runtime.KERNEL_DIR) if f.endswith(".cu"))
