@@ -150,10 +150,21 @@ def split(text: str) -> tuple[str, dict, dict]:
     return "\n".join(header), funcs, decls
 
 
+_LOCAL_STATIC = re.compile(r"_ZZ[\w$]+")  # a function-local static (__shared__) variable's mangled name
+
+
+def local_statics_renamed(text: str) -> str:
+    """text with each function-local static variable renamed by its order of first appearance:
+    their mangled names carry the enclosing function's signature, which a kernel body moved into
+    a template changes while the code stays the same."""
+    names: dict[str, str] = {}
+    return _LOCAL_STATIC.sub(lambda m: names.setdefault(m.group(0), f"_ZZlocal{len(names)}"), text)
+
+
 def normalized(body: str) -> str:
     for pat, rep in _LABELS:
         body = pat.sub(rep, body)
-    return body
+    return local_statics_renamed(body)
 
 
 def standalone(header: str, funcs: dict, decls: dict, name: str) -> str:
@@ -168,7 +179,7 @@ def standalone(header: str, funcs: dict, decls: dict, name: str) -> str:
         todo += [f for f in funcs if f in words and f not in need]
     words = set(re.findall(r"[A-Za-z_$][\w$]*", "\n".join(funcs[f][1] for f in need)))
     used = [line for d, line in decls.items() if d in words]
-    return "\n".join([header, *used, *(funcs[f][1] for f in reversed(need))]) + "\n"
+    return local_statics_renamed("\n".join([header, *used, *(funcs[f][1] for f in reversed(need))]) + "\n")
 
 
 def cubin(cache: str, side: str, text: str, options: list, arch: str) -> bytes | None:
@@ -209,7 +220,7 @@ def main() -> int:
     if base["options"] != options:
         print(f"note: the base's nvcc options {base['options']} differ; both built with {options}")
 
-    jobs, dropped = [], []  # (module, defines, base module or None)
+    jobs, dropped, added_forms = [], [], []  # (module, defines, base module or None)
     for name, defines in new["modules"]:
         if args.only and name not in args.only:
             continue
@@ -218,7 +229,11 @@ def main() -> int:
             dropped.append((name, defines, unused))
             continue
         old = name if name in base["sources"] else renames.get(name)
-        jobs.append((name, defines, old if old in base["sources"] else None))
+        old = old if old in base["sources"] else None
+        if old is not None and (new_only := [k for k in defines if not re.search(rf"\b{k}\b", base["sources"][old])]):
+            added_forms.append((name, defines, new_only))  # a form the base has no source for: nothing to compare
+            continue
+        jobs.append((name, defines, old))
     # the base's builds that no new build continues (same module, or one renamed from it, and defines)
     carried = {(renames.get(n, n), tag(d)) for n, d in new["modules"]} | {(n, tag(d)) for n, d in new["modules"]}
     wanted = {renames.get(o, o) for o in args.only} | set(args.only)
@@ -292,6 +307,8 @@ def main() -> int:
         print(f"not compared: {n} [{tag(d)}] (the new source no longer reads {', '.join(unused)}: a removed form)")
     for n, d in gone:
         print(f"base build with no new build of the same defines: {n} [{tag(d)}]")
+    for n, d, new_only in added_forms:
+        print(f"added form: {n} [{tag(d)}] (the base reads no {', '.join(new_only)})")
     bad = [r for r in rows if any(w in r[3] for w in ("DIFFERENT", "FAILED", "NOT COMPILE"))]
     compared = [r for r in rows if r[3].startswith(("same", "DIFFERENT"))]
     print(f"{len(compared)} kernel builds compared in {len(jobs)} module builds: "
