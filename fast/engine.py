@@ -337,7 +337,7 @@ class FastEngine:
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
                                 placement=self.placement, ring_pass=ring_pass, ahead=ahead, options=o,
-                                group_size=self.group_size, keep_h=dump is not None and dump.ops,
+                                group_size=self.group_size, on_device=on_device, keep_h=dump is not None and dump.ops,
                                 glu=self._moe.glu(be, W, rexp, cfg))
 
         self.watch.see(layer, "gate", rows.gate)  # H's quantize would hide what they hold

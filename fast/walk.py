@@ -219,7 +219,8 @@ class ExpertRows:
 
 
 def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout, placement, ring_pass,
-                ahead: list[int], options, group_size: int, keep_h: bool = False, glu: dict | None = None) -> ExpertRows:
+                ahead: list[int], options, group_size: int, on_device: bool, keep_h: bool = False,
+                glu: dict | None = None) -> ExpertRows:
     """Step 4 of the MoE half: every routed expert's gate/up, SwiGLU, quantize of H and down,
     over the routing tables `tab` and the quantized MoE input `moe_in` (n_rows rows). Plans
     the groups (and with in_place the resident Batch), takes the layer's streamed experts
@@ -227,7 +228,9 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     before its routing was known, in entry order (the streamed walk: every one; a staged
     layer's head, stage_head: its lowest ids, or with head_predict the predicted ones, ascending),
     then its routed ones not among them (the staged walk's, queued after the routing, ascending);
-    and returns the filled buffers. keep_h: keep H on the host for the op records.
+    and returns the filled buffers. on_device: the layer is planned on the device
+    (plans_on_device, decided once by the caller, whose routing tables then kept the counts on
+    the device). keep_h: keep H on the host for the op records.
     down_layout None: a float down type, whose input H is not quantized. glu: the gated
     activation's keywords of the backend's SwiGLU steps where the architecture's MoE asks for
     them (act, expert_bias: fast/engine.py's MoeSteps), None or empty for plain SwiGLU."""
@@ -236,7 +239,7 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
                       down_in=down_in, y=be.alloc_f32((n_rows, config.n_embd)),
                       h=np.full((n_rows, n_ff), np.nan, np.float32) if keep_h else None)  # rows no product writes stay NaN
-    if plans_on_device(be, options, placement, layer):  # no host planning: the counts stay on the device
+    if on_device:  # no host planning: the counts stay on the device
         batch = DeviceBatch(tab, n_rows, int(placement.resident.shape[1]))
         lw = LayerWalk(be, layer, placement, ring_pass, options, rows, down_layout, keep_h, glu)
         be.prepare_batches(layer=layer, batches=[batch] if n_rows else [])
