@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata_prefill.contract import numerics
+from strata_prefill.contract import numerics, routing
 from strata_prefill.contract.constants import MMQ_GROUP  # noqa: F401  (fast/ imports it from here)
 
 F32 = np.float32
@@ -17,12 +17,12 @@ F32 = np.float32
 #: biases or none, SwiGLU or the clamped swiglu_oai, no shared expert or an optional one.
 #: Renormalizing goes with the scoring (RENORMALIZE). An architecture asking for another value
 #: is refused (`unsupported`) until the half has it.
-IMPLEMENTED = {"scoring": ("softmax", "softmax_selected"), "renormalize": (True, False),
+IMPLEMENTED = {"scoring": routing.GATINGS, "renormalize": (True, False),
                "router_bias": (False, True), "expert_bias": (False, True),
                "activation": ("swiglu", "swiglu_oai"), "shared_expert": ("never", "optional")}
 #: scoring -> the renormalize value the half computes with it: softmax's k weights are divided
 #: by their sum; the selected softmax's already sum to one (strata_prefill.contract.routing.top_k)
-RENORMALIZE = {"softmax": True, "softmax_selected": False}
+RENORMALIZE = {routing.SOFTMAX: True, routing.SOFTMAX_SELECTED: False}
 
 
 def unsupported(params) -> list[str]:
