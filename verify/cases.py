@@ -308,12 +308,11 @@ def _kernels_rows() -> list[KernelCase]:
                                     f"n{n}-R{R}-rows{r0}:{r1}-at{row0}-of{R_total}-{_layout_name(lay)}",
                                     dict(n=n, R=R, r0=r0, r1=r1, row0=row0, R_total=R_total), config=_layout_name(lay),
                                     quick=n == 256))
-    probes = [("round_nonneg", "all", 0x00000000, 0x43800000), ("exp_nonpos", "all", 0x80000000, 0xC2B00000),
-              ("exp_fused", "positive", 0x00000000, 0x7FFFFFFF), ("exp_fused", "negative", 0x80000000, 0xFFFFFFFF)]
+    probes = [("exp_fused", "positive", 0x00000000, 0x7FFFFFFF), ("exp_fused", "negative", 0x80000000, 0xFFFFFFFF)]
     for form, name, lo, hi in probes:
-        rows.append(kernel_case("numerics_probe", f"{form}-{name}", dict(lo=lo, hi=hi), form=form,
-                         quick=form == "exp_nonpos"))
-    rows.append(kernel_case("numerics_probe", "values-edges-random", dict(n_random=2 * 4096), form="values", quick=True))
+        rows.append(kernel_case("numerics_probe", f"{form}-{name}", dict(lo=lo, hi=hi), form=form))
+    rows.append(kernel_case("numerics_probe", "values-stride-edges-random", dict(stride=251, n_random=2 * 4096),
+                            form="values", quick=True))
     rows.append(kernel_case("mmq_counters", "dense-Q8_0", {}, weight_type="Q8_0", quick=True))
     return rows
 

@@ -684,21 +684,6 @@ def _probe(cu, kernel: str, lo: int, hi: int) -> tuple[int, int]:
     return int(_get(cu, bad, 8).view(np.uint64)[0]), int(_get(cu, first, 4).view(np.uint32)[0])
 
 
-@pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="round_nonneg")))
-def test_round_nonneg_magic_every_float(cu, case):
-    """round_nonneg_magic (attention's P codes) equals roundf_away on every float in [0, 256]."""
-    bad, first = _probe(cu, "probe_round_nonneg", case.shape["lo"], case.shape["hi"])
-    assert bad == 0, f"{bad} floats differ; first {np.uint32(first).view(np.float32)!r} (0x{first:08x})"
-
-
-@pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="exp_nonpos")))
-def test_exp_nonpos_every_float(cu, case):
-    """strata_exp_nonpos (attention's p) equals strata_exp bit for bit on every float in
-    [-88, -0.0]."""
-    bad, first = _probe(cu, "probe_exp_nonpos", case.shape["lo"], case.shape["hi"])
-    assert bad == 0, f"{bad} floats differ; first {np.uint32(first).view(np.float32)!r} (0x{first:08x})"
-
-
 @pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="exp_fused")))
 def test_exp_fused_every_float(cu, case):
     """The fused exponential (the kernels' strata_exp_form<1>: x - n * ln2_hi as one exact fused multiply-add, 2^n
@@ -709,30 +694,44 @@ def test_exp_fused_every_float(cu, case):
 
 
 @pytest.mark.parametrize("case", params(kernel_rows("numerics_probe", form="values")))
-def test_special_forms_against_numpy(cu, case):
-    """Both fast forms against the NumPy definitions (strata_prefill.contract.numerics.exp, roundf) on random
-    non-positive inputs and the edges: +-0, -inf, -87 and its neighbours, halves."""
+def test_attention_primitives_against_numpy(cu, case):
+    """Attention's primitives against their NumPy definitions, bit for bit: strata_exp2c
+    (strata_prefill.contract.numerics.exp2c) on every `stride`-th float of [-126, -0.0] plus the
+    edges (+-0, -inf, NaN, -125 and its neighbours, halves) and random ones; __fmaf_rn against
+    numerics.fma on random triples whose product and addend nearly cancel, and on random
+    magnitudes; rint_nonneg_magic against np.rint on [0, 256)."""
     from strata_prefill.fast.cuda import runtime
     from strata_prefill.contract import numerics
 
     rng = np.random.default_rng(12)
-    edges = np.array([0.0, -0.0, -np.inf, -87.0, np.nextafter(np.float32(-87.0), np.float32(0)),
-                      np.nextafter(np.float32(-87.0), np.float32(-100)), -88.0, -0.5, -1.5, -2.5,
-                      -126.5, -127.0, -0.49999997, -1e-45], np.float32)
-    half = case.shape["n_random"] // 2
-    x = np.concatenate([edges, -rng.exponential(3.0, half).astype(np.float32),
-                        -rng.uniform(0, 127.5, half).astype(np.float32)]).astype(np.float32)
+    edges = np.array([0.0, -0.0, -np.inf, np.nan, -125.0, np.nextafter(np.float32(-125.0), np.float32(0)),
+                      np.nextafter(np.float32(-125.0), np.float32(-200)), -126.0, -0.5, -1.5, -2.5, -124.5,
+                      -0.49999997, -1e-45, -1e-30, -3.4e38], np.float32)
+    lo, hi = 0x80000000, 0xC2FC0000  # -0.0 .. -126.0
+    grid = np.arange(lo, hi + 1, case.shape["stride"], dtype=np.uint64).astype(np.uint32).view(np.float32)
+    n_rand = case.shape["n_random"]
+    x = np.concatenate([edges, grid, -rng.exponential(4.0, n_rand).astype(np.float32),
+                        -rng.uniform(0, 256, n_rand).astype(np.float32)]).astype(np.float32)
     n = x.size
-    y_exp, y_round = runtime.alloc(4 * n, "probe out"), runtime.alloc(4 * n, "probe out")
-    f = runtime.function("numerics_probe", "probe_values", "PiPP")
-    f.prepared_call(((n + 255) // 256, 1, 1), (256, 1, 1), _dev(cu, x), n, y_exp, y_round)
-    got_exp = _get(cu, y_exp, 4 * n).view(np.float32)
-    got_round = _get(cu, y_round, 4 * n).view(np.float32)
+    # fma operands: b random; c the negated product nudged (cancellation) or of a random magnitude
+    b = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
-        want_exp = numerics.exp(x)
-        want_round = numerics.roundf(-x)
-    assert np.array_equal(got_exp.view(np.uint32), want_exp.view(np.uint32)), \
-        f"exp differs at x = {x[np.flatnonzero(got_exp.view(np.uint32) != want_exp.view(np.uint32))[:4]]}"
-    fin = np.isfinite(x)
-    assert np.array_equal(got_round[fin], want_round[fin]), \
-        f"round differs at y = {-x[fin][got_round[fin] != want_round[fin]][:4]}"
+        near = -(x.astype(np.float64) * b) * (1 + rng.standard_normal(n) * 1e-6)
+        c = np.where(rng.random(n) < 0.5, near, rng.standard_normal(n) * np.exp2(rng.integers(-30, 30, n)))
+        c = c.astype(np.float32)
+    c[~np.isfinite(c)] = 1.0
+    outs = [runtime.alloc(4 * n, "probe out") for _ in range(3)]
+    f = runtime.function("numerics_probe", "probe_values", "PPPiPPP")
+    f.prepared_call(((n + 255) // 256, 1, 1), (256, 1, 1), _dev(cu, x), _dev(cu, b), _dev(cu, c), n, *outs)
+    got_exp2c, got_fma, got_rint = (_get(cu, o, 4 * n).view(np.float32) for o in outs)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_exp2c = numerics.exp2c(x)
+        want_fma = numerics.fma(x, b, c)
+    for what, got, want, args in (("exp2c", got_exp2c, want_exp2c, (x,)), ("fma", got_fma, want_fma, (x, b, c))):
+        differ = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+        assert differ.size == 0, (f"{what}: {differ.size} of {n} differ; first at "
+                                  f"{tuple(a[differ[0]] for a in args)}: got {got[differ[0]]!r}, want {want[differ[0]]!r}")
+    y = -x
+    ok = np.isfinite(y) & (y >= 0) & (y < 256)
+    want_rint = np.rint(y[ok])
+    assert np.array_equal(got_rint[ok], want_rint), f"rint differs at y = {y[ok][got_rint[ok] != want_rint][:4]}"

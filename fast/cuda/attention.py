@@ -1,4 +1,4 @@
-"""Attention on the device: the int8 KV cache (:class:`DeviceKVCache`, :func:`kv_write`) and
+"""Attention on the device: the KV cache (:class:`DeviceKVCache`, :func:`kv_write`) and
 causal attention over it (:func:`attend`). GPUArrays in, GPUArrays out; every wrapper takes
 the backend's :class:`strata_prefill.fast.cuda.runtime.Device` first, allocates outputs and scratch from its
 pool and launches on its stream.
@@ -36,7 +36,7 @@ __all__ = [
 ATTEND_HEAD_DIMS = (64, 128)
 
 #: attention kernels, each bit-exact to strata_prefill.contract.attention.attend, each in its own file:
-#: "pair"  (attention_pair.cu) one CTA per (16 * PAIR_QG queries, head), int8 tensor cores, each
+#: "pair"  (attention_pair.cu) one CTA per (16 * PAIR_QG queries, head), tensor cores (Q.K fp16, P.V int8), each
 #:         16-query group split between two warps (keys by parity for the scores, output dims
 #:         by half for P.V), half the registers a warp, a cp.async ring;
 #: "split" (attention_split.cu) split-K over key blocks in three launches (scores and block
@@ -55,11 +55,11 @@ ATTEND_PREFILL = "pair"
 
 
 def _cache_shapes(k_codes, k_scale, v_codes, v_scale):
-    check(k_codes, "k_codes", np.int8, ndim=3)
+    check(k_codes, "k_codes", np.float16, ndim=3)
     n_kv, cap, hd = (int(s) for s in k_codes.shape)
     if hd % 32:
         raise InputError(f"head_dim {hd} is not a multiple of 32")
-    check(k_scale, "k_scale", np.float32, shape=(n_kv, cap, hd // 32))
+    check(k_scale, "k_scale", np.float32, shape=(n_kv, cap))
     check(v_codes, "v_codes", np.int8, shape=(n_kv, cap, hd))
     check(v_scale, "v_scale", np.float32, shape=(n_kv, cap))
     for a, what in ((k_codes, "k_codes"), (v_codes, "v_codes")):
@@ -133,7 +133,7 @@ def _device_positions(dev, positions, cap: int, T: int, what: str):
 def kv_write(dev, k, v, positions, k_codes, k_scale, v_codes, v_scale, v_t=None) -> None:
     """Quantize and store k, v float32 [T, n_kv, hd] at absolute positions (int32 GPUArray [T],
     or a host int array: checked against the capacity and uploaded) into one layer's cache:
-    k_codes int8 [n_kv, cap, hd], k_scale float32 [n_kv, cap, hd/32], v_codes int8
+    k_codes float16 [n_kv, cap, hd], k_scale float32 [n_kv, cap], v_codes int8
     [n_kv, cap, hd], v_scale float32 [n_kv, cap] (strata_prefill.contract.attention.KVCache.write), and where
     given v_t int8 [n_kv, ceil(cap / 64), hd, 64], the same V codes in the pair kernel's
     transposed blocks (kernels/v_blocks.cuh). Positions must be distinct and < cap."""
@@ -287,7 +287,7 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     if T == 0 or H == 0:
         return out
     v = _attend_variant(variant, T)
-    kq = np.float32(_attention.kq_scale(hd))
+    kq2 = np.float32(_attention.kq2_scale(hd))
     if v == "pair":
         defines = {**ATTEND_PAIR_CONFIG, **(config or {})}
         f, smem, tile, threads = _pair_func(hd, defines, opt)
@@ -297,28 +297,29 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
         extra = (sp, win) if opt else ()
         dev.launch(f, "attention", (-(-T // tile), H, 1), (threads, 1, 1), ptr(q), H * hd, ptr(pos), T,
                    H // n_kv, ptr(k_codes), ptr(k_scale), ptr(v_codes), ptr(v_scale), vt, cap,
-                   kq, ptr(out), H * hd, *extra, shared_size=smem)
+                   kq2, ptr(out), H * hd, *extra, shared_size=smem)
     else:  # split: three launches, counted as one "attention"
         top = cap - 1 if max_pos is None else min(int(max_pos), cap - 1)
         nblk = top // KEY_BLOCK + 1
         U = T * H
-        sizes = (U * nblk * KEY_BLOCK, U * nblk, U * nblk * hd, U * nblk, U * nblk)  # S MC OB LS AL
+        sizes = (U * nblk * KEY_BLOCK, U * nblk, U * nblk * hd, U * nblk, U * nblk, U * nblk)  # S MC OB LS AL DW
         buf = _split_buffer(dev, 4 * sum(sizes))
         S = ptr(buf)
         MC = S + 4 * sizes[0]
         OB = MC + 4 * sizes[1]
         LS = OB + 4 * sizes[2]
         AL = LS + 4 * sizes[3]
+        DW = AL + 4 * sizes[4]
         warps, merge_g = _split_geometry()
         if not opt:
             f1 = _split_func(f"attend_split_scores_hd{hd}", "PqPiiiPPifiPP")
             dev.launch(f1, None, (nblk, n_kv, 1), (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos),
-                       T, H, H // n_kv, ptr(k_codes), ptr(k_scale), cap, kq, nblk, S, MC)
-            f2 = _split_func(f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPP")
+                       T, H, H // n_kv, ptr(k_codes), ptr(k_scale), cap, kq2, nblk, S, MC)
+            f2 = _split_func(f"attend_split_pv_hd{hd}", "PiiiPPiiPPPPPP")
             dev.launch(f2, None, (nblk, n_kv, 1), (32 * warps, 1, 1), ptr(pos), T, H, H // n_kv,
-                       ptr(v_codes), ptr(v_scale), cap, nblk, S, MC, OB, LS, AL)
-            f3 = _split_func(f"attend_split_merge_hd{hd}", "PiiPPPPq")
-            dev.launch(f3, "attention", (T, H, 1), (merge_g * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL,
+                       ptr(v_codes), ptr(v_scale), cap, nblk, S, MC, OB, LS, AL, DW)
+            f3 = _split_func(f"attend_split_merge_hd{hd}", "PiiPPPPPq")
+            dev.launch(f3, "attention", (T, H, 1), (merge_g * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL, DW,
                        ptr(out), H * hd)
             return out
         # the options: the grid of passes 1 and 2 from block c_base (the blocks before every
@@ -326,19 +327,19 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
         c_base = min(c_base, nblk - 1)
         f1 = _split_func(f"attend_split_scores_sinks_window_hd{hd}", "PqPiiiPPifiPPii")
         dev.launch(f1, None, (nblk - c_base, n_kv, 1), (32 * warps, 1, 1), ptr(q), H * hd, ptr(pos),
-                   T, H, H // n_kv, ptr(k_codes), ptr(k_scale), cap, kq, nblk, S, MC, win, c_base)
-        f2 = _split_func(f"attend_split_pv_sinks_window_hd{hd}", "PiiiPPiiPPPPPPii")
+                   T, H, H // n_kv, ptr(k_codes), ptr(k_scale), cap, kq2, nblk, S, MC, win, c_base)
+        f2 = _split_func(f"attend_split_pv_sinks_window_hd{hd}", "PiiiPPiiPPPPPPPii")
         dev.launch(f2, None, (nblk - c_base, n_kv, 1), (32 * warps, 1, 1), ptr(pos), T, H, H // n_kv,
-                   ptr(v_codes), ptr(v_scale), cap, nblk, S, MC, OB, LS, AL, sp, win, c_base)
-        f3 = _split_func(f"attend_split_merge_sinks_window_hd{hd}", "PiiPPPPqPi")
-        dev.launch(f3, "attention", (T, H, 1), (merge_g * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL,
+                   ptr(v_codes), ptr(v_scale), cap, nblk, S, MC, OB, LS, AL, DW, sp, win, c_base)
+        f3 = _split_func(f"attend_split_merge_sinks_window_hd{hd}", "PiiPPPPPqPi")
+        dev.launch(f3, "attention", (T, H, 1), (merge_g * hd, 1, 1), ptr(pos), H, nblk, OB, LS, AL, DW,
                    ptr(out), H * hd, sp, win)
     return out
 
 
 class DeviceKVCache:
-    """The int8 KV cache on the device, laid out as strata_prefill.contract.attention.KVCache: per layer
-    ``k_codes[l]`` int8 [n_kv, capacity, hd], ``k_scale[l]`` float32 [n_kv, capacity, hd/32],
+    """The KV cache on the device, laid out as strata_prefill.contract.attention.KVCache: per layer
+    ``k_codes[l]`` float16 [n_kv, capacity, hd], ``k_scale[l]`` float32 [n_kv, capacity],
     ``v_codes[l]`` int8 [n_kv, capacity, hd], ``v_scale[l]`` float32 [n_kv, capacity], and
     ``v_t[l]``, the V codes again in the pair kernel's transposed blocks (kernels/v_blocks.cuh),
     int8 [n_kv, capacity / 64, hd, 64]. Zero-initialized (plain allocations, not from the pool: the cache lives as long as the
@@ -365,7 +366,7 @@ class DeviceKVCache:
         hkv, hd, old = self.n_head_kv, self.head_dim, self.capacity
         # v_t [n_kv, capacity / 64, hd, 64] is laid out per head as v_codes is (capacity * hd
         # bytes a head, whole blocks), so it is allocated and grown as [n_kv, capacity, hd]
-        spec = ((np.int8, hd), (np.float32, hd // 32), (np.int8, hd), (np.float32, None), (np.int8, hd))
+        spec = ((np.float16, hd), (np.float32, None), (np.int8, hd), (np.float32, None), (np.int8, hd))
         names = ("k_codes", "k_scale", "v_codes", "v_scale", "v_t")
         for name, (dt, last) in zip(names, spec):
             arrs = getattr(self, name)

@@ -6,28 +6,31 @@
 // Include strata_numerics.cuh first.
 //
 // Definition: strata_prefill.contract.attention.attend (docs/numerics.md section 5), bit for bit:
-//   Q quantized like K: int8 codes, one float32 scale per 32 values (the q8 block quantize of
-//     strata_numerics.cuh; an all-zero block: d = 0, codes 0).
-//   score of key j: s = 0.0f; for b ascending: s = s + (dq_b * dk_jb) * (float)sumi_b (sumi
-//     exact int32); s = s * kq_scale.
+//   Q quantized per head row: codes |q| <= 255, one scale dq (row_quantize_warp, qmax 255); K
+//     likewise at 511, stored in the cache as float16 codes with one scale dk per token and head.
+//   score of key j, in base 2: sumf = sum_i q_i * k_ji, an exact integer (|sumf| < 2^24, so any
+//     order: fp16 tensor cores with a float32 accumulator here); s = (sumf * dk_j) * dqs with
+//     dqs = dq * kq2 (kq2 = float32(log2(e) / sqrt(head_dim))).
 //   keys in blocks of 64 at absolute positions, c = 0 .. pos/64 ascending; key j valid iff
-//     j <= pos. m_c = max valid s_j; m_new = max(M, m_c); alpha = exp(M - m_new) (exp(-inf) = 0);
-//   p_j = valid ? exp(s_j - m_new) : 0; lsum = tree_sum(p[0..63]) (p_l + p_{l+32}, then the
-//     halving tree 16..1); w_j = p_j * dv_j; (wq, dw) = int8 quantization of w[0..63] as one
-//     block; ob_i = dw * (float)(sum_j wq_j * vq_ji) (exact int32);
-//   L = L * alpha + lsum; O_i = O_i * alpha + ob_i; M = m_new; finally out_i = O_i / L.
-//   exp is the shared polynomial of strata_prefill.contract.numerics.exp (strata_exp, never expf/__expf).
+//     j <= pos. m_c = max valid s_j; m_new = max(M, m_c); alpha = exp2c(M - m_new);
+//   p_j = valid ? exp2c(s_j - m_new) : 0; lsum = tree_sum(p[0..63]) (p_l + p_{l+32}, then the
+//     halving tree 16..1); w_j = p_j * dv_j; amax = max w_j, d_inv = 127 / amax (not finite:
+//     scale 0, codes 0), wq_j = rint(w_j * d_inv), dw = 1 / d_inv; pvf_i = sum_j wq_j * vq_ji
+//     (exact int32); L = L * alpha + lsum; O_i = fma(dw, pvf_i, O_i * alpha); M = m_new;
+//     finally out_i = O_i / L.
+//   exp2c is strata_numerics.cuh's strata_exp2c (strata_prefill.contract.numerics.exp2c).
 // The options (the *_sinks_window kernels; docs/numerics.md section 5, "Sinks", "Sliding
-// window"): a sink logit per query head starts the state at M = sink, L = 1.0f (O = 0); a window
-// of W keys makes key j valid iff lo <= j <= pos with lo = max(pos - W + 1, 0), and a query
-// merges the blocks lo/64 .. pos/64 only (a block before them leaves its state as it is).
+// window"): a sink logit per query head starts the state at M = sink * LOG2E_F, L = 1.0f (O = 0);
+// a window of W keys makes key j valid iff lo <= j <= pos with lo = max(pos - W + 1, 0), and a
+// query merges the blocks lo/64 .. pos/64 only (a block before them leaves its state as it is).
 // GQA: query head h reads KV head h / group (group = n_head / n_head_kv). Cache of one layer as
-// strata_prefill.contract.attention.KVCache: k_codes [n_kv, cap, HD] int8, k_scale [n_kv, cap, HD/32] f32,
-// v_codes [n_kv, cap, HD] int8, v_scale [n_kv, cap] f32; keys at or past `cap` are never read.
-// Integer parts are exact int32 whatever the summation order (|sum| < 2^21), so they may run
-// on int8 tensor cores (mma.sync m16n8k32 s8) with any key order inside a block; every float
-// step keeps the definition's operations and order.
-// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
+// strata_prefill.contract.attention.KVCache: k_codes [n_kv, cap, HD] float16, k_scale [n_kv, cap]
+// f32, v_codes [n_kv, cap, HD] int8, v_scale [n_kv, cap] f32; keys at or past `cap` are never read.
+// Integer parts are exact whatever the summation order, so they may run on tensor cores (Q.K:
+// mma.sync m16n8k16 f16 with an f32 accumulator, every partial sum an integer below 2^24; P.V:
+// m16n8k32 s8) with any key order inside a block; every float step keeps the definition's
+// operations and order.
+// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn / __fmaf_rn.
 #ifndef STRATA_ATTENTION_COMMON_CUH
 #define STRATA_ATTENTION_COMMON_CUH
 
@@ -47,18 +50,27 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const int (&a)[4], int b0, i
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One query row of HD floats -> int8 codes (qc, HD bytes) and NB scales (qd), by one warp.
+// c += a.b: A 16x16 f16 (row), B 16x8 f16 (col), C 16x8 f32. With integer codes whose partial
+// sums stay below 2^24 in magnitude every sum is exact, whatever the order inside the mma.
+__device__ __forceinline__ void mma_f16(float (&c)[4], const int (&a)[4], int b0, int b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // P codes of w >= 0 quantized with the row's di (d_inv, or 0 for a block whose 127/amax is not
-// finite: codes 0): round_nonneg_magic(w * di), byte 0 of each float's bits is its code.
+// finite: codes 0): rint_nonneg_magic(w * di), byte 0 of each float's bits is its code.
 template <int NT>
 __device__ __forceinline__ void p_code_bits(const float (&w)[NT][4], float di0, float di1, unsigned (&cb)[NT][4])
 {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-        cb[nt][0] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][0], di0)));
-        cb[nt][1] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][1], di0)));
-        cb[nt][2] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][2], di1)));
-        cb[nt][3] = __float_as_uint(round_nonneg_magic(__fmul_rn(w[nt][3], di1)));
+        cb[nt][0] = __float_as_uint(rint_nonneg_magic(__fmul_rn(w[nt][0], di0)));
+        cb[nt][1] = __float_as_uint(rint_nonneg_magic(__fmul_rn(w[nt][1], di0)));
+        cb[nt][2] = __float_as_uint(rint_nonneg_magic(__fmul_rn(w[nt][2], di1)));
+        cb[nt][3] = __float_as_uint(rint_nonneg_magic(__fmul_rn(w[nt][3], di1)));
     }
 }
 
@@ -78,19 +90,6 @@ __device__ __forceinline__ void p_fragment(const unsigned (&cb)[NT][4], int n0, 
     a[1] = pack_lo(cb[n0][2], cb[n0][3], cb[n0 + 1][2], cb[n0 + 1][3]);
     a[2] = pack_lo(cb[n0 + 2][0], cb[n0 + 2][1], cb[n0 + 3][0], cb[n0 + 3][1]);
     a[3] = pack_lo(cb[n0 + 2][2], cb[n0 + 2][3], cb[n0 + 3][2], cb[n0 + 3][3]);
-}
-
-template <int HD>
-__device__ __forceinline__ void quantize_row_warp(const float* __restrict__ qr, int8_t* qc, float* qd, int lane)
-{
-#pragma unroll
-    for (int b = 0; b < HD / 32; ++b) {
-        int8_t c;
-        float d;
-        q8_warp_block(qr[32 * b + lane], c, d);
-        qc[32 * b + lane] = c;
-        if (lane == 0) qd[b] = d;
-    }
 }
 
 // Step idx of staging a V^T block (VW words a dim row) in shared memory: word slot = idx % 16 of
@@ -129,20 +128,23 @@ struct NoLow {
     __device__ __forceinline__ constexpr bool operator()(int, int) const { return true; }
 };
 
-// s = s * kq_scale, -inf where invalid; (mc0, mc1) = the rows' maxima over the lane quad.
-template <bool FULL, int NT, class Key, class Lo = NoLow>
-__device__ __forceinline__ void scale_mask_max(float (&s)[NT][4], float kq_scale, int pos0, int pos1, Key key,
-                                               float& mc0, float& mc1, Lo lo = Lo{})
+// s = (sumf * dk) * dqs from the Q.K accumulators (dk(nt): the float2 scales of the keys with
+// e & 1 = 0 and 1; dqs0, dqs1: rows r0, r1), -inf where invalid; (mc0, mc1) = the rows' maxima
+// over the lane quad.
+template <bool FULL, int NT, class Key, class DK, class Lo = NoLow>
+__device__ __forceinline__ void scale_mask_max(float (&s)[NT][4], float dqs0, float dqs1, DK dk, int pos0, int pos1,
+                                               Key key, float& mc0, float& mc1, Lo lo = Lo{})
 {
     const float NEG_INF = __int_as_float(0xff800000);
     mc0 = NEG_INF;
     mc1 = NEG_INF;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
+        const float2 d = dk(nt);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const bool valid = FULL || (key(nt, e) <= ((e < 2) ? pos0 : pos1) && lo(key(nt, e), e));
-            const float sc = __fmul_rn(s[nt][e], kq_scale);
+            const float sc = __fmul_rn(__fmul_rn(s[nt][e], (e & 1) ? d.y : d.x), (e < 2) ? dqs0 : dqs1);
             s[nt][e] = valid ? sc : NEG_INF;
         }
         mc0 = fmaxf(mc0, fmaxf(s[nt][0], s[nt][1]));
@@ -152,8 +154,8 @@ __device__ __forceinline__ void scale_mask_max(float (&s)[NT][4], float kq_scale
     mc1 = quad_max(mc1);
 }
 
-// s = p = exp(s - m_new) of the row, 0 where invalid: strata_exp_nonpos, as the argument is
-// never above 0 (s <= m_new).
+// s = p = exp2c(s - m_new) of the row, 0 where invalid (an invalid key's -inf clamps inside
+// exp2c and is then replaced).
 template <bool FULL, int NT, class Key, class Lo = NoLow>
 __device__ __forceinline__ void exp_masked(float (&s)[NT][4], float mn0, float mn1, int pos0, int pos1, Key key,
                                            Lo lo = Lo{})
@@ -164,7 +166,7 @@ __device__ __forceinline__ void exp_masked(float (&s)[NT][4], float mn0, float m
         for (int e = 0; e < 4; ++e) {
             const bool valid = FULL || (key(nt, e) <= ((e < 2) ? pos0 : pos1) && lo(key(nt, e), e));
             const float x = __fsub_rn(s[nt][e], (e < 2) ? mn0 : mn1);
-            const float pe = strata_exp_nonpos(x);
+            const float pe = strata_exp2c(x);
             s[nt][e] = valid ? pe : 0.0f;
         }
     }
@@ -194,23 +196,7 @@ __device__ __forceinline__ void fold_v_scale(float (&s)[NT][4], int pos0, int po
     amax1 = quad_max(amax1);
 }
 
-// One 32-value block b of a 16 x 8 score tile: s += (dq * dk) * sumi_b for its four
-// accumulators, rows r0, r1 (e < 2: the scales dq(0), else dq(1)) by the tile's two keys (e & 1:
-// dk(0), dk(1)); sumi_b exact on the tensor cores. Called for b ascending: the definition's order.
-// The scales are callables read at each product, not values read before the mma: the kernels'
-// code then stays what it was when each wrote this step inline.
-template <class DQ, class DK>
-__device__ __forceinline__ void score_step(float (&s)[4], const int (&qa)[4], int kb0, int kb1, DQ dq, DK dk)
-{
-    int acc[4] = {MAGIC_I, MAGIC_I, MAGIC_I, MAGIC_I};  // sumi_b rides on MAGIC_I
-    mma_s8(acc, qa, kb0, kb1);
-    s[0] = __fadd_rn(s[0], __fmul_rn(__fmul_rn(dq(0), dk(0)), magic_to_float(acc[0])));
-    s[1] = __fadd_rn(s[1], __fmul_rn(__fmul_rn(dq(0), dk(1)), magic_to_float(acc[1])));
-    s[2] = __fadd_rn(s[2], __fmul_rn(__fmul_rn(dq(1), dk(0)), magic_to_float(acc[2])));
-    s[3] = __fadd_rn(s[3], __fmul_rn(__fmul_rn(dq(1), dk(1)), magic_to_float(acc[3])));
-}
-
-// O = O * alpha + dw * (P.V) for one 16 x 8 output tile (acc: its P.V accumulators on MAGIC_I),
+// O = fma(dw, P.V, O * alpha) for one 16 x 8 output tile (acc: its P.V accumulators on MAGIC_I),
 // rows r0 (e < 2) and r1; a row that does not reach the block (live false) keeps its O. KEEP:
 // every alpha of the warp is 1.0f, and O * 1.0f is O, so the products are left out.
 template <bool KEEP>
@@ -221,10 +207,10 @@ __device__ __forceinline__ void o_step(float (&o)[4], const int (&acc)[4], float
     const float s1 = KEEP ? o[1] : __fmul_rn(o[1], al0);
     const float s2 = KEEP ? o[2] : __fmul_rn(o[2], al1);
     const float s3 = KEEP ? o[3] : __fmul_rn(o[3], al1);
-    const float o0 = __fadd_rn(s0, __fmul_rn(wd0, magic_to_float(acc[0])));
-    const float o1 = __fadd_rn(s1, __fmul_rn(wd0, magic_to_float(acc[1])));
-    const float o2 = __fadd_rn(s2, __fmul_rn(wd1, magic_to_float(acc[2])));
-    const float o3 = __fadd_rn(s3, __fmul_rn(wd1, magic_to_float(acc[3])));
+    const float o0 = __fmaf_rn(wd0, magic_to_float(acc[0]), s0);
+    const float o1 = __fmaf_rn(wd0, magic_to_float(acc[1]), s1);
+    const float o2 = __fmaf_rn(wd1, magic_to_float(acc[2]), s2);
+    const float o3 = __fmaf_rn(wd1, magic_to_float(acc[3]), s3);
     o[0] = live0 ? o0 : o[0];
     o[1] = live0 ? o1 : o[1];
     o[2] = live1 ? o2 : o[2];
@@ -280,13 +266,13 @@ __device__ __forceinline__ void store_out(float* __restrict__ out, long long ldo
 #define ATTEND_KERNEL(KIND, HD, THREADS, MINB)                                                     \
     extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                    \
     attend_##KIND##_hd##HD(const float* __restrict__ q, long long ldq, const int* __restrict__ positions,\
-                           int T, int group, const int8_t* __restrict__ k_codes,                   \
+                           int T, int group, const uint16_t* __restrict__ k_codes,                 \
                            const float* __restrict__ k_scale, const int8_t* __restrict__ v_codes,  \
-                           const float* __restrict__ v_scale, const int8_t* __restrict__ v_t,     \
-                           int cap, float kq_scale, float* __restrict__ out, long long ldo)        \
+                           const float* __restrict__ v_scale, const int8_t* __restrict__ v_t,      \
+                           int cap, float kq2, float* __restrict__ out, long long ldo)             \
     {                                                                                              \
         attend_##KIND##_body<HD>(q, ldq, positions, T, group, k_codes, k_scale, v_codes, v_scale,  \
-                                 v_t, cap, kq_scale, out, ldo);                                    \
+                                 v_t, cap, kq2, out, ldo);                                         \
     }
 
 // The same with the options: sinks (float32 [n_head], or null: no sink) and window (keys a
@@ -297,14 +283,14 @@ __device__ __forceinline__ void store_out(float* __restrict__ out, long long ldo
     extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                    \
     attend_##KIND##_sinks_window_hd##HD(const float* __restrict__ q, long long ldq,                \
                            const int* __restrict__ positions, int T, int group,                    \
-                           const int8_t* __restrict__ k_codes,                                     \
+                           const uint16_t* __restrict__ k_codes,                                   \
                            const float* __restrict__ k_scale, const int8_t* __restrict__ v_codes,  \
-                           const float* __restrict__ v_scale, const int8_t* __restrict__ v_t,     \
-                           int cap, float kq_scale, float* __restrict__ out, long long ldo,       \
+                           const float* __restrict__ v_scale, const int8_t* __restrict__ v_t,      \
+                           int cap, float kq2, float* __restrict__ out, long long ldo,             \
                            const float* __restrict__ sinks, int window)                            \
     {                                                                                              \
-        attend_##KIND##_body<HD, true>(q, ldq, positions, T, group, k_codes, k_scale, v_codes,    \
-                                       v_scale, v_t, cap, kq_scale, out, ldo, sinks, window);      \
+        attend_##KIND##_body<HD, true>(q, ldq, positions, T, group, k_codes, k_scale, v_codes,     \
+                                       v_scale, v_t, cap, kq2, out, ldo, sinks, window);           \
     }
 
 #endif  // STRATA_ATTENTION_COMMON_CUH

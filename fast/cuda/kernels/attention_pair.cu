@@ -36,7 +36,8 @@
 // Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
 
 #include <stdint.h>
-#include "strata_numerics.cuh"  // strata_exp, roundf_away_int, q8_*, warp_max, quad_max, warp_sum
+#include <cuda_fp16.h>
+#include "strata_numerics.cuh"  // strata_exp2c, rint_nonneg_magic, row_quantize_warp, q8_*, warp reductions
 #include "v_blocks.cuh"         // the transposed V blocks the pair kernel reads
 #include "attention_common.cuh"  // the definition, KEY_BLOCK, the shared steps, ATTEND_KERNEL
 
@@ -79,19 +80,18 @@ __device__ __forceinline__ void pair_barrier(int id) { asm volatile("bar.sync %0
 // The dynamic shared memory of attend_pair_hd<HD> (bytes), and its parts' offsets.
 template <int HD>
 struct PairSmem {
-    static constexpr int NB = HD / 32;
-    static constexpr int KP = HD + 16;                 // K / V / Q row pitch (bytes)
+    static constexpr int KP = 2 * HD + 16;             // K / Q row pitch (bytes: float16 codes + 16)
     static constexpr int VTP = 80;                     // transposed V row pitch: 64 key bytes + 16
     static constexpr int K_OFF = 0;
     static constexpr int V_OFF = KEY_BLOCK * KP;
     static constexpr int V_BYTES = HD * VTP;
-    static constexpr int KS_OFF = V_OFF + V_BYTES;     // k scales, NB floats a key
-    static constexpr int VS_OFF = KS_OFF + KEY_BLOCK * NB * 4;
+    static constexpr int KS_OFF = V_OFF + V_BYTES;     // k scales, one float a key
+    static constexpr int VS_OFF = KS_OFF + KEY_BLOCK * 4;
     static constexpr int STAGE = VS_OFF + KEY_BLOCK * 4;
     static constexpr int RING = PAIR_STAGES * STAGE;
     static constexpr int Q_OFF = RING;                            // the tile's Q codes, rows of KP
-    static constexpr int QD_OFF = Q_OFF + PAIR_TILE * KP;         // and scales, NB a row
-    static constexpr int XCH_OFF = QD_OFF + PAIR_TILE * NB * 4;
+    static constexpr int QD_OFF = Q_OFF + PAIR_TILE * KP;         // and dqs, one a row
+    static constexpr int XCH_OFF = QD_OFF + PAIR_TILE * 4;
     static constexpr int XM_OFF = XCH_OFF;                       // [QG][2][16] block maxima
     static constexpr int XS_OFF = XM_OFF + PAIR_QG * 2 * 16 * 4;  // [QG][2][16][2] lsum halves, amax
     static constexpr int XP_OFF = XS_OFF + PAIR_QG * 2 * 32 * 4;  // [QG][2][32] int4 P fragments
@@ -103,14 +103,15 @@ struct PairSmem {
 template <int HD, bool OPT = false>
 __device__ __forceinline__ void attend_pair_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int group,
-    const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,
+    const uint16_t* __restrict__ k_codes, const float* __restrict__ k_scale,
     const int8_t* __restrict__ /* v_codes: V is read from v_t */, const float* __restrict__ v_scale,
     const int8_t* __restrict__ v_t, int cap,
-    float kq_scale, float* __restrict__ out, long long ldo, const float* __restrict__ sinks = nullptr,
+    float kq2, float* __restrict__ out, long long ldo, const float* __restrict__ sinks = nullptr,
     int window = 0)
 {
     using SM = PairSmem<HD>;
-    constexpr int NB = SM::NB;
+    constexpr int NB = HD / 32;  // 32-value parts of a row a lane holds
+    constexpr int KS = HD / 16;  // k16 steps of the Q.K product
     constexpr int KP = SM::KP;
     constexpr int NG = HD / 32;  // 16-dim groups of a warp's HD/2 output dims
     extern __shared__ __align__(128) unsigned char smem[];
@@ -134,7 +135,7 @@ __device__ __forceinline__ void attend_pair_body(
     __syncthreads();
     const int r0 = qg * 16 + g, r1 = r0 + 8;
     // ldmatrix rows of the Q A fragments: matrix j = lane / 8 is rows 0-7 (j even) or 8-15 of
-    // the group, bytes 0-15 (j < 2) or 16-31 of a 32-value block
+    // the group, dims 0-7 (j < 2) or 8-15 of a k16 step (32 bytes of float16 codes)
     const unsigned q_frag = smem_u32(smem + SM::Q_OFF) +
                             (unsigned)((qg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * KP + 16 * (lane >> 4));
     int maxpos = -1;
@@ -173,7 +174,7 @@ __device__ __forceinline__ void attend_pair_body(
             const int j0 = c * KEY_BLOCK;
             const long long row0 = (long long)kvh * cap + j0;  // the block's first key in the cache rows
             const unsigned st = ring + (unsigned)(stage_in * SM::STAGE);
-            constexpr int CH = HD / 16;  // 16-byte chunks of a row
+            constexpr int CH = HD / 8;  // 16-byte chunks of a row of float16 codes
 #pragma unroll
             for (int i = 0; i < (KEY_BLOCK * CH + PAIR_THREADS - 1) / PAIR_THREADS; ++i) {
                 const int idx = tid + i * PAIR_THREADS;
@@ -181,7 +182,7 @@ __device__ __forceinline__ void attend_pair_body(
                     const int kap = idx / CH, part = idx % CH;
                     const unsigned dst = st + (32 * (kap & 1) + (kap >> 1)) * KP + 16 * part;
                     const bool ok = j0 + kap < cap;
-                    const long long off = ok ? (row0 + kap) * HD + 16 * part : 0;
+                    const long long off = ok ? (row0 + kap) * HD + 8 * part : 0;  // float16 elements
                     cp_async<16>(dst + SM::K_OFF, k_codes + off, ok);
                 }
             }
@@ -199,7 +200,7 @@ __device__ __forceinline__ void attend_pair_body(
                 const int row = 32 * (tid & 1) + (tid >> 1);
                 const bool ok = j0 + tid < cap;
                 const long long key = ok ? row0 + tid : 0;
-                cp_async<4 * NB>(st + SM::KS_OFF + 4 * NB * row, k_scale + key * NB, ok);
+                cp_async<4>(st + SM::KS_OFF + 4 * row, k_scale + key, ok);
                 cp_async<4>(st + SM::VS_OFF + 4 * row, v_scale + key, ok);
             }
             stage_in = (stage_in + 1 == PAIR_STAGES) ? 0 : stage_in + 1;
@@ -211,11 +212,11 @@ __device__ __forceinline__ void attend_pair_body(
 #pragma unroll
     for (int s = 0; s < PAIR_STAGES - 1; ++s) issue(c_begin + s);
 
-    // ---- Q of the tile, quantized (int8, one scale per 32) into shared memory, then its A
-    // fragments (ldmatrix) and scales into registers for every block
+    // ---- Q of the tile, quantized per row (codes |q| <= 255 as float16, one scale; dqs = dq *
+    // kq2) into shared memory, where it stays (its A fragments are read by ldmatrix each block)
     float* sqd = reinterpret_cast<float*>(smem + SM::QD_OFF);
     {
-        int8_t* sq = reinterpret_cast<int8_t*>(smem + SM::Q_OFF);
+        unsigned short* sq = reinterpret_cast<unsigned short*>(smem + SM::Q_OFF);
         float x[8][NB];  // the warp's 8 rows, every load in flight before the first reduction
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -226,31 +227,21 @@ __device__ __forceinline__ void attend_pair_body(
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const int qi = qg * 16 + hh * 8 + i;
+            float code[NB];
+            const float d = row_quantize_warp<NB>(x[i], 255.0f, code);
 #pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                int8_t c;
-                float d;
-                q8_warp_block(x[i][b], c, d);
-                sq[qi * KP + 32 * b + lane] = c;
-                if (lane == 0) sqd[qi * NB + b] = d;
-            }
+            for (int b = 0; b < NB; ++b) sq[qi * (KP / 2) + 32 * b + lane] = __half_as_ushort(__float2half_rn(code[b]));
+            if (lane == 0) sqd[qi] = __fmul_rn(d, kq2);
         }
     }
     __syncthreads();  // the Q tile is written
-    int qa[NB][4];
-    float dq0[NB], dq1[NB];
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-        ldsm_x4(q_frag + 32 * b, qa[b][0], qa[b][1], qa[b][2], qa[b][3]);
-        dq0[b] = sqd[r0 * NB + b];
-        dq1[b] = sqd[r1 * NB + b];
-    }
+    const float dq0 = sqd[r0], dq1 = sqd[r1];
 
     const float NEG_INF = __int_as_float(0xff800000);
     float M0 = NEG_INF, M1 = NEG_INF, L0 = 0.0f, L1 = 0.0f;
     if constexpr (OPT) {
-        if (sinks != nullptr) {  // the sink, a key of value zero merged first: M = sink, L = exp(0)
-            M0 = M1 = sinks[h];
+        if (sinks != nullptr) {  // the sink, a key of value zero merged first: M = sink2, L = exp2c(0)
+            M0 = M1 = __fmul_rn(sinks[h], LOG2E_F);  // the sink's score in base 2
             L0 = L1 = 1.0f;
         }
     }
@@ -285,30 +276,28 @@ __device__ __forceinline__ void attend_pair_body(
         auto block = [&](auto full_tag) {
             constexpr bool FULL = decltype(full_tag)::value;
             // scores of the warp's 32 keys: accumulator (nt, e) is row r0 (e < 2) or r1, key
-            // kappa = 2 (8 nt + 2 tq + (e & 1)) + hh
+            // kappa = 2 (8 nt + 2 tq + (e & 1)) + hh; sumf exact on the fp16 tensor cores
+            // (the Q fragments of two k16 steps are read again from shared memory for each 64
+            // bytes of the key rows: 8 registers live instead of the whole row's 32)
             float s[4][4];
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                int kb[NB][2];
-#pragma unroll
-                for (int bb = 0; bb < NB / 2; ++bb) {
-                    const int j = lane >> 3;
-                    const unsigned a = st + SM::K_OFF + (32 * hh + 8 * nt + (lane & 7)) * KP + 64 * bb + 16 * j;
-                    ldsm_x4(a, kb[2 * bb][0], kb[2 * bb][1], kb[2 * bb + 1][0], kb[2 * bb + 1][1]);
-                }
-                const float* dka = reinterpret_cast<const float*>(stp + SM::KS_OFF) + (32 * hh + 8 * nt + 2 * tq) * NB;
-                float dk0[NB], dk1[NB];
-#pragma unroll
-                for (int b = 0; b < NB; ++b) {
-                    dk0[b] = dka[b];
-                    dk1[b] = dka[NB + b];
-                }
+            for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
 #pragma unroll
-                for (int b = 0; b < NB; ++b)
-                    score_step(s[nt], qa[b], kb[b][0], kb[b][1], [&](int r) { return r ? dq1[b] : dq0[b]; },
-                               [&](int k) { return k ? dk1[b] : dk0[b]; });
+            for (int bb = 0; bb < KS / 2; ++bb) {  // 64 bytes of a key row: two k16 steps
+                int qa0[4], qa1[4];
+                ldsm_x4(q_frag + 64 * bb, qa0[0], qa0[1], qa0[2], qa0[3]);
+                ldsm_x4(q_frag + 64 * bb + 32, qa1[0], qa1[1], qa1[2], qa1[3]);
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    const int j = lane >> 3;
+                    const unsigned a = st + SM::K_OFF + (32 * hh + 8 * nt + (lane & 7)) * KP + 64 * bb + 16 * j;
+                    int kb0, kb1, kb2, kb3;
+                    ldsm_x4(a, kb0, kb1, kb2, kb3);
+                    mma_f16(s[nt], qa0, kb0, kb1);
+                    mma_f16(s[nt], qa1, kb2, kb3);
+                }
             }
             auto key = [&](int nt, int e) { return j0 + 2 * (8 * nt + 2 * tq + (e & 1)) + hh; };
             // the window's first keys (NoLow without the options: no test at all)
@@ -317,7 +306,9 @@ __device__ __forceinline__ void attend_pair_body(
                 else return NoLow{};
             }();
             float mc0, mc1;
-            scale_mask_max<FULL>(s, kq_scale, pos0, pos1, key, mc0, mc1, lo);
+            scale_mask_max<FULL>(s, dq0, dq1, [&](int nt) {
+                return *reinterpret_cast<const float2*>(stp + SM::KS_OFF + 4 * (32 * hh + 8 * nt + 2 * tq));
+            }, pos0, pos1, key, mc0, mc1, lo);
             if (tq == 0) {
                 xm_own[g] = mc0;
                 xm_own[g + 8] = mc1;
@@ -326,7 +317,7 @@ __device__ __forceinline__ void attend_pair_body(
             mc0 = fmaxf(mc0, xm_oth[g]);
             mc1 = fmaxf(mc1, xm_oth[g + 8]);
             const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
-            // alpha = exp(M - m_new) of the lane's quad rows: 1.0f exactly (exp(0)) where a finite
+            // alpha = exp2c(M - m_new) of the lane's quad rows: 1.0f exactly (exp2c(0)) where a finite
             // M stays; else the exponential, one row a lane (tq even: r0, odd: r1), shuffled
             // to the quad
             float al0 = 1.0f, al1 = 1.0f;
@@ -334,7 +325,7 @@ __device__ __forceinline__ void attend_pair_body(
                 const float INF = __int_as_float(0x7f800000);
                 const bool keep = M0 == mn0 && fabsf(M0) < INF && M1 == mn1 && fabsf(M1) < INF;
                 if (!__all_sync(0xffffffffu, keep)) {
-                    const float a = strata_exp(__fsub_rn((tq & 1) ? M1 : M0, (tq & 1) ? mn1 : mn0));
+                    const float a = strata_exp2c(__fsub_rn((tq & 1) ? M1 : M0, (tq & 1) ? mn1 : mn0));
                     al0 = __shfl_sync(0xffffffffu, a, lane & ~3);
                     al1 = __shfl_sync(0xffffffffu, a, (lane & ~3) | 1);
                 }
@@ -371,7 +362,7 @@ __device__ __forceinline__ void attend_pair_body(
                 amax0 = fmaxf(amax0, o0.y);
                 amax1 = fmaxf(amax1, o1.y);
             }
-            // the P codes (w >= 0: round_nonneg_magic; a block whose 127/amax is not finite:
+            // the P codes (w >= 0: rint_nonneg_magic; a block whose 127/amax is not finite:
             // scale 0, codes 0), packed as this warp's k32 A fragment: k = 4 tq + i <- lambda =
             // 8 (i >> 1) + 2 tq + (i & 1), + 16 for registers 2 and 3
             // 127 / amax and its inverse, one row a lane as alpha (two divisions a lane, not four)

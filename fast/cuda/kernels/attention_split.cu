@@ -20,7 +20,8 @@
 // Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
 
 #include <stdint.h>
-#include "strata_numerics.cuh"  // strata_exp, roundf_away_int, q8_*, warp_max, quad_max, warp_sum
+#include <cuda_fp16.h>
+#include "strata_numerics.cuh"  // strata_exp2c, rint_nonneg_magic, row_quantize_warp, q8_*, warp reductions
 #include "attention_common.cuh"  // the definition, KEY_BLOCK, quantize_row_warp, put_v_transposed
 
 #define SPL_WARPS 8
@@ -47,7 +48,8 @@ __device__ __forceinline__ void stage_v(int* svt, const int8_t* __restrict__ vba
 
 // ============================================================================ split-K
 // Scratch (float32), for U = T * n_head units (query t, head h: unit t * n_head + h) and nblk
-// blocks: S [U, nblk * 64] scores, MC [U, nblk] block maxima, OB [U, nblk, HD], LS and AL [U, nblk].
+// blocks: S [U, nblk * 64] scores, MC [U, nblk] block maxima, OB [U, nblk, HD] the P.V sums pvf
+// (exact integers as floats), LS, AL and DW [U, nblk] (lsum, alpha and the P scale dw).
 
 // The first key a query at pos sees through a window of `window` keys (window > 0).
 __device__ __forceinline__ int first_key(int pos, int window) { return max(pos - window + 1, 0); }
@@ -75,61 +77,62 @@ __device__ __forceinline__ void for_each_unit(int T, int group, int kvh, int c, 
 template <int HD, bool OPT = false>
 __device__ __forceinline__ void split_scores_body(
     const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int n_head,
-    int group, const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale, int cap,
-    float kq_scale, int nblk, float* __restrict__ S, float* __restrict__ MC, int window = 0, int c_base = 0)
+    int group, const uint16_t* __restrict__ k_codes, const float* __restrict__ k_scale, int cap,
+    float kq2, int nblk, float* __restrict__ S, float* __restrict__ MC, int window = 0, int c_base = 0)
 {
     constexpr int NB = HD / 32;
-    constexpr int QW = HD / 4;
-    constexpr int KW = QW + 1;
-    constexpr int KDS = NB + 1;
-    __shared__ int sk[KEY_BLOCK * KW];
-    __shared__ float skd[KEY_BLOCK * KDS];
-    __shared__ int sq[SPL_WARPS * QW];
-    __shared__ float sqd[SPL_WARPS * NB];
+    constexpr int KW = HD / 2 + 1;  // words of a key row (half2 pairs) + 1: conflict-free by key
+    __shared__ __half2 sk[KEY_BLOCK * KW];
+    __shared__ float skd[KEY_BLOCK];
+    __shared__ float sq[SPL_WARPS * HD];
+    __shared__ float sqd[SPL_WARPS];
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int c = OPT ? c_base + (int)blockIdx.x : (int)blockIdx.x, kvh = blockIdx.y;
     const int j0 = c * KEY_BLOCK;
     const long long head_row0 = (long long)kvh * cap;
-    const int8_t* kbase = k_codes + head_row0 * HD;
-    for (int idx = tid; idx < KEY_BLOCK * (HD / 16); idx += blockDim.x) {
-        const int key = idx / (HD / 16);
-        const int part = idx - key * (HD / 16);
-        int4 val = make_int4(0, 0, 0, 0);
-        if (j0 + key < cap) val = reinterpret_cast<const int4*>(kbase + (long long)(j0 + key) * HD)[part];
-        int* dst = sk + key * KW + part * 4;
-        dst[0] = val.x;
-        dst[1] = val.y;
-        dst[2] = val.z;
-        dst[3] = val.w;
+    const uint16_t* kbase = k_codes + head_row0 * HD;
+    for (int idx = tid; idx < KEY_BLOCK * (HD / 2); idx += blockDim.x) {
+        const int key = idx / (HD / 2);
+        const int w = idx - key * (HD / 2);
+        __half2 val = __floats2half2_rn(0.0f, 0.0f);
+        if (j0 + key < cap) val = reinterpret_cast<const __half2*>(kbase + (long long)(j0 + key) * HD)[w];
+        sk[key * KW + w] = val;
     }
-    for (int idx = tid; idx < KEY_BLOCK * NB; idx += blockDim.x) {
-        const int key = idx / NB;
-        const int b = idx - key * NB;
-        skd[key * KDS + b] = (j0 + key < cap) ? k_scale[(head_row0 + j0 + key) * NB + b] : 0.0f;
-    }
+    for (int idx = tid; idx < KEY_BLOCK; idx += blockDim.x)
+        skd[idx] = (j0 + idx < cap) ? k_scale[head_row0 + j0 + idx] : 0.0f;
     __syncthreads();
 
     for_each_unit(T, group, kvh, c, positions, warp, [&](int t, int h, int pos) {
-        int* qw = sq + warp * QW;
-        float* qd = sqd + warp * NB;
-        quantize_row_warp<HD>(q + (long long)t * ldq + (long long)h * HD, reinterpret_cast<int8_t*>(qw), qd, lane);
+        float* qf = sq + warp * HD;
+        {  // the unit's Q row, quantized per row (qmax 255): codes as floats, dqs = dq * kq2
+            const float* qr = q + (long long)t * ldq + (long long)h * HD;
+            float x[NB], code[NB];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) x[b] = qr[32 * b + lane];
+            const float d = row_quantize_warp<NB>(x, 255.0f, code);
+#pragma unroll
+            for (int b = 0; b < NB; ++b) qf[32 * b + lane] = code[b];
+            if (lane == 0) sqd[warp] = __fmul_rn(d, kq2);
+        }
         __syncwarp();
+        const float dqs = sqd[warp];
         const long long unit = (long long)t * n_head + h;
         float m = __int_as_float(0xff800000);
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             const int key = lane + 32 * u;
-            const int* kr = sk + key * KW;
+            const __half2* kr = sk + key * KW;
+            // sumf: integer products (|q k| <= 255 * 511) summed in float32, every partial sum an
+            // integer below 2^24, so exact in any order
             float acc = 0.0f;
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                int sumi = 0;
-#pragma unroll
-                for (int w = 0; w < 8; ++w) sumi = __dp4a(qw[8 * b + w], kr[8 * b + w], sumi);
-                acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(qd[b], skd[key * KDS + b]), (float)sumi));
+#pragma unroll 16
+            for (int w = 0; w < HD / 2; ++w) {
+                const float2 kk = __half22float2(kr[w]);
+                acc = __fmaf_rn(qf[2 * w], kk.x, acc);
+                acc = __fmaf_rn(qf[2 * w + 1], kk.y, acc);
             }
-            acc = __fmul_rn(acc, kq_scale);
+            acc = __fmul_rn(__fmul_rn(acc, skd[key]), dqs);
             const bool valid = (j0 + key <= pos) && (!OPT || window <= 0 || j0 + key >= first_key(pos, window));
             const float s = valid ? acc : __int_as_float(0xff800000);
             S[unit * nblk * KEY_BLOCK + j0 + key] = s;
@@ -147,8 +150,8 @@ __device__ __forceinline__ void split_pv_body(
     const int* __restrict__ positions, int T, int n_head, int group,
     const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale, int cap, int nblk,
     const float* __restrict__ S, const float* __restrict__ MC, float* __restrict__ OB,
-    float* __restrict__ LS, float* __restrict__ AL, const float* __restrict__ sinks = nullptr, int window = 0,
-    int c_base = 0)
+    float* __restrict__ LS, float* __restrict__ AL, float* __restrict__ DW, const float* __restrict__ sinks = nullptr,
+    int window = 0, int c_base = 0)
 {
     constexpr int VW = KEY_BLOCK / 4 + 1;
     constexpr int R = HD / 32;
@@ -181,10 +184,11 @@ __device__ __forceinline__ void split_pv_body(
         m_new = warp_max(m_new);
         m_old = warp_max(m_old);
         if (OPT && sinks != nullptr) {
-            m_new = fmaxf(m_new, sinks[h]);
-            m_old = fmaxf(m_old, sinks[h]);
+            const float sink2 = __fmul_rn(sinks[h], LOG2E_F);  // the sink's score in base 2
+            m_new = fmaxf(m_new, sink2);
+            m_old = fmaxf(m_old, sink2);
         }
-        const float alpha = strata_exp(__fsub_rn(m_old, m_new));
+        const float alpha = strata_exp2c(__fsub_rn(m_old, m_new));
         const float* srow = S + unit * nblk * KEY_BLOCK + j0;
         float p[2], w[2];
         bool valid[2];
@@ -192,19 +196,20 @@ __device__ __forceinline__ void split_pv_body(
         for (int u = 0; u < 2; ++u) {
             valid[u] = (j0 + lane + 32 * u) <= pos &&
                        (!OPT || window <= 0 || j0 + lane + 32 * u >= first_key(pos, window));
-            p[u] = valid[u] ? strata_exp(__fsub_rn(srow[lane + 32 * u], m_new)) : 0.0f;
+            p[u] = valid[u] ? strata_exp2c(__fsub_rn(srow[lane + 32 * u], m_new)) : 0.0f;
         }
         float lsum = __fadd_rn(p[0], p[1]);
         lsum = warp_sum(lsum);
 #pragma unroll
         for (int u = 0; u < 2; ++u) w[u] = valid[u] ? __fmul_rn(p[u], svd[lane + 32 * u]) : 0.0f;
         const float amax = warp_max(fmaxf(fabsf(w[0]), fabsf(w[1])));
+        // the P codes: rint(w * d_inv), w >= 0; a block whose 127/amax is not finite: scale 0, codes 0
         int8_t wq0 = 0, wq1 = 0;
         float wd = 0.0f;
-        if (amax > 0.0f) {
-            const float d_inv = q8_inv_scale(amax);
-            wq0 = q8_code(w[0], d_inv);
-            wq1 = q8_code(w[1], d_inv);
+        const float d_inv = q8_inv_scale(amax);
+        if (d_inv < __int_as_float(0x7f800000)) {
+            wq0 = (int8_t)(__float_as_int(rint_nonneg_magic(__fmul_rn(w[0], d_inv))) - MAGIC_I);
+            wq1 = (int8_t)(__float_as_int(rint_nonneg_magic(__fmul_rn(w[1], d_inv))) - MAGIC_I);
             wd = q8_scale(d_inv);
         }
         int8_t* wqb = reinterpret_cast<int8_t*>(swq + warp * (KEY_BLOCK / 4));
@@ -219,11 +224,12 @@ __device__ __forceinline__ void split_pv_body(
             int acc = 0;
 #pragma unroll
             for (int k4 = 0; k4 < KEY_BLOCK / 4; ++k4) acc = __dp4a(wqw[k4], vr[k4], acc);
-            obrow[lane + 32 * r] = __fmul_rn(wd, (float)acc);
+            obrow[lane + 32 * r] = (float)acc;  // pvf, exact (|acc| < 2^24)
         }
         if (lane == 0) {
             LS[unit * nblk + c] = lsum;
             AL[unit * nblk + c] = alpha;
+            DW[unit * nblk + c] = wd;
         }
         __syncwarp();
     }, OPT ? window : 0);
@@ -236,23 +242,24 @@ __device__ __forceinline__ void split_pv_body(
 template <int HD, bool OPT = false>
 __device__ __forceinline__ void split_merge_body(
     const int* __restrict__ positions, int n_head, int nblk, const float* __restrict__ OB,
-    const float* __restrict__ LS, const float* __restrict__ AL, float* __restrict__ out, long long ldo,
-    const float* __restrict__ sinks = nullptr, int window = 0)
+    const float* __restrict__ LS, const float* __restrict__ AL, const float* __restrict__ DW, float* __restrict__ out,
+    long long ldo, const float* __restrict__ sinks = nullptr, int window = 0)
 {
     constexpr int CH = 8192 / HD;  // 32 KB of ob per chunk
     __shared__ float sob[CH * HD];
-    __shared__ float sa[CH], sl[CH];
+    __shared__ float sa[CH], sl[CH], sw[CH];
     const int t = blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, d = tid % HD, g = tid / HD;
     const int last = positions[t] / KEY_BLOCK;
     const long long unit = (long long)t * n_head + h;
     const float* al = AL + unit * nblk;
     const float* ls = LS + unit * nblk;
+    const float* dw = DW + unit * nblk;
     const float* ob = OB + unit * nblk * HD + d;
     float O = 0.0f, L = 0.0f;
     int first = 0;  // the unit's first block: 0, or its window's
     if constexpr (OPT) {
-        if (sinks != nullptr) L = 1.0f;  // the sink merged first: L = exp(sink - sink)
+        if (sinks != nullptr) L = 1.0f;  // the sink merged first: L = exp2c(sink2 - sink2)
         if (window > 0) first = first_key(positions[t], window) / KEY_BLOCK;
     }
     for (int c0 = first; c0 <= last; c0 += CH) {
@@ -266,6 +273,7 @@ __device__ __forceinline__ void split_merge_body(
             const int c = min(c0 + i, last);
             sa[i] = al[c];
             sl[i] = ls[c];
+            sw[i] = dw[c];
         }
         __syncthreads();
         if (g == 0) {
@@ -273,7 +281,7 @@ __device__ __forceinline__ void split_merge_body(
             for (int i = 0; i < n; ++i) {
                 const float a = sa[i];
                 L = __fadd_rn(__fmul_rn(L, a), sl[i]);
-                O = __fadd_rn(__fmul_rn(O, a), sob[i * HD + d]);
+                O = __fmaf_rn(sw[i], sob[i * HD + d], __fmul_rn(O, a));
             }
         }
     }
@@ -284,11 +292,11 @@ __device__ __forceinline__ void split_merge_body(
     extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
     attend_split_scores_hd##HD(const float* __restrict__ q, long long ldq,                         \
                                const int* __restrict__ positions, int T, int n_head, int group,    \
-                               const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,\
-                               int cap, float kq_scale, int nblk, float* __restrict__ S,           \
+                               const uint16_t* __restrict__ k_codes, const float* __restrict__ k_scale,\
+                               int cap, float kq2, int nblk, float* __restrict__ S,                \
                                float* __restrict__ MC)                                             \
     {                                                                                              \
-        split_scores_body<HD>(q, ldq, positions, T, n_head, group, k_codes, k_scale, cap, kq_scale,\
+        split_scores_body<HD>(q, ldq, positions, T, n_head, group, k_codes, k_scale, cap, kq2,     \
                               nblk, S, MC);                                                        \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
@@ -296,26 +304,27 @@ __device__ __forceinline__ void split_merge_body(
                            const int8_t* __restrict__ v_codes, const float* __restrict__ v_scale,  \
                            int cap, int nblk, const float* __restrict__ S,                         \
                            const float* __restrict__ MC, float* __restrict__ OB,                   \
-                           float* __restrict__ LS, float* __restrict__ AL)                         \
+                           float* __restrict__ LS, float* __restrict__ AL, float* __restrict__ DW) \
     {                                                                                              \
-        split_pv_body<HD>(positions, T, n_head, group, v_codes, v_scale, cap, nblk, S, MC, OB, LS, AL);\
+        split_pv_body<HD>(positions, T, n_head, group, v_codes, v_scale, cap, nblk, S, MC, OB, LS, AL, DW);\
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MERGE_G * HD)                                     \
     attend_split_merge_hd##HD(const int* __restrict__ positions, int n_head, int nblk,             \
                               const float* __restrict__ OB, const float* __restrict__ LS,          \
-                              const float* __restrict__ AL, float* __restrict__ out, long long ldo)\
+                              const float* __restrict__ AL, const float* __restrict__ DW,          \
+                              float* __restrict__ out, long long ldo)                              \
     {                                                                                              \
-        split_merge_body<HD>(positions, n_head, nblk, OB, LS, AL, out, ldo);                       \
+        split_merge_body<HD>(positions, n_head, nblk, OB, LS, AL, DW, out, ldo);                   \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
-    attend_split_scores_sinks_window_hd##HD(const float* __restrict__ q, long long ldq,           \
+    attend_split_scores_sinks_window_hd##HD(const float* __restrict__ q, long long ldq,            \
                                const int* __restrict__ positions, int T, int n_head, int group,    \
-                               const int8_t* __restrict__ k_codes, const float* __restrict__ k_scale,\
-                               int cap, float kq_scale, int nblk, float* __restrict__ S,           \
+                               const uint16_t* __restrict__ k_codes, const float* __restrict__ k_scale,\
+                               int cap, float kq2, int nblk, float* __restrict__ S,                \
                                float* __restrict__ MC, int window, int c_base)                     \
     {                                                                                              \
         split_scores_body<HD, true>(q, ldq, positions, T, n_head, group, k_codes, k_scale, cap,    \
-                                    kq_scale, nblk, S, MC, window, c_base);                        \
+                                    kq2, nblk, S, MC, window, c_base);                             \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(32 * SPL_WARPS)                                   \
     attend_split_pv_sinks_window_hd##HD(const int* __restrict__ positions, int T, int n_head,      \
@@ -323,19 +332,20 @@ __device__ __forceinline__ void split_merge_body(
                            const float* __restrict__ v_scale, int cap, int nblk,                   \
                            const float* __restrict__ S, const float* __restrict__ MC,              \
                            float* __restrict__ OB, float* __restrict__ LS, float* __restrict__ AL, \
-                           const float* __restrict__ sinks, int window, int c_base)                \
+                           float* __restrict__ DW, const float* __restrict__ sinks, int window,    \
+                           int c_base)                                                             \
     {                                                                                              \
         split_pv_body<HD, true>(positions, T, n_head, group, v_codes, v_scale, cap, nblk, S, MC,   \
-                                OB, LS, AL, sinks, window, c_base);                                \
+                                OB, LS, AL, DW, sinks, window, c_base);                            \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MERGE_G * HD)                                     \
     attend_split_merge_sinks_window_hd##HD(const int* __restrict__ positions, int n_head,          \
                               int nblk, const float* __restrict__ OB,                              \
                               const float* __restrict__ LS, const float* __restrict__ AL,          \
-                              float* __restrict__ out, long long ldo,                              \
+                              const float* __restrict__ DW, float* __restrict__ out, long long ldo,\
                               const float* __restrict__ sinks, int window)                         \
     {                                                                                              \
-        split_merge_body<HD, true>(positions, n_head, nblk, OB, LS, AL, out, ldo, sinks, window); \
+        split_merge_body<HD, true>(positions, n_head, nblk, OB, LS, AL, DW, out, ldo, sinks, window);\
     }
 
 ATTEND_SPLIT_KERNELS(64)

@@ -1,14 +1,15 @@
-// Writing a chunk's K and V into the int8 KV cache of one layer.
+// Writing a chunk's K and V into the KV cache of one layer.
 //
 // Definition: strata_prefill.contract.attention.KVCache.write, with the arithmetic of
-// strata_prefill.contract.attention.quantize_int8 (docs/numerics.md sections 2 and 5):
-//   per block of g values: amax = max |x_i|; amax == 0 -> d = 0, codes 0;
-//   else d_inv = 127.0f / amax, q_i = (int8) roundf(x_i * d_inv), d = 1.0f / d_inv (the q8 block
-//   quantize of strata_numerics.cuh, with its zero rule for a tiny amax).
-//   K: blocks of 32 values (g = 32), one float32 scale each.
-//   V: one block of head_dim values per (token, KV head), one float32 scale.
+// strata_prefill.contract.blockquant.quantize_blocks over one block of the whole head row
+// (docs/numerics.md sections 2 and 5): amax = max |x_i|; amax == 0 -> d = 0, codes 0;
+//   else d_inv = qmax / amax, q_i = roundf(x_i * d_inv) (non-finite: 0), d = 1.0f / d_inv.
+//   K: qmax 511, the codes stored as float16 (integers, exact), one float32 scale per (token,
+//     KV head) (row_quantize_warp of strata_numerics.cuh).
+//   V: qmax 127, int8 codes, one float32 scale per (token, KV head) (the q8 block quantize of
+//     strata_numerics.cuh, with its zero rule for a tiny amax).
 // Cache layout of one layer (as the NumPy class):
-//   k_codes [n_kv, capacity, hd] int8     k_scale [n_kv, capacity, hd/32] float32
+//   k_codes [n_kv, capacity, hd] float16  k_scale [n_kv, capacity] float32
 //   v_codes [n_kv, capacity, hd] int8     v_scale [n_kv, capacity]        float32
 // k, v: T tokens of n_kv head vectors of hd floats (token t at + t * ldk / + t * ldv, head h at
 // + h * hd). positions: int32 [T], absolute, distinct, < capacity (not checked here).
@@ -18,7 +19,8 @@
 // v_transpose: v_t from v_codes for keys 0 .. n_keys - 1 (a cache written without v_t).
 
 #include <stdint.h>
-#include "strata_numerics.cuh"  // q8_warp_block, q8_inv_scale, q8_code, q8_scale, warp_max
+#include <cuda_fp16.h>
+#include "strata_numerics.cuh"  // row_quantize_warp, q8_inv_scale, q8_code, q8_scale, warp_max
 #include "v_blocks.cuh"         // vt_offset
 
 #define KV_WARPS 8
@@ -27,7 +29,7 @@
 extern "C" __global__ void __launch_bounds__(32 * KV_WARPS)
 kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v, long long ldv,
          const int* __restrict__ positions, int T, int n_kv, int hd, int capacity,
-         int8_t* __restrict__ k_codes, float* __restrict__ k_scale,
+         unsigned short* __restrict__ k_codes, float* __restrict__ k_scale,
          int8_t* __restrict__ v_codes, float* __restrict__ v_scale, int8_t* __restrict__ v_t)
 {
     const int lane = threadIdx.x & 31;
@@ -36,18 +38,22 @@ kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v
     const long long t = task / n_kv;
     const int h = (int)(task - t * n_kv);
     const long long pos = positions[t];
-    const int nb = hd >> 5;
     const float* kr = k + t * ldk + (long long)h * hd;
     const float* vr = v + t * ldv + (long long)h * hd;
     const long long cache_row = (long long)h * capacity + pos;
 
-    // K: one scale per 32 values
-    for (int b = 0; b < nb; ++b) {
-        int8_t q;
-        float d;
-        q8_warp_block(kr[32 * b + lane], q, d);
-        k_codes[cache_row * hd + 32 * b + lane] = q;
-        if (lane == 0) k_scale[cache_row * nb + b] = d;
+    const int nb = hd >> 5;
+
+    // K: one scale for the whole head_dim row, codes |k| <= 511 as float16
+    {
+        float xk[KV_MAX_HD / 32], code[KV_MAX_HD / 32];
+#pragma unroll
+        for (int b = 0; b < KV_MAX_HD / 32; ++b) xk[b] = (b < nb) ? kr[32 * b + lane] : 0.0f;
+        const float d = row_quantize_warp<KV_MAX_HD / 32>(xk, 511.0f, code);
+#pragma unroll
+        for (int b = 0; b < KV_MAX_HD / 32; ++b)
+            if (b < nb) k_codes[cache_row * hd + 32 * b + lane] = __half_as_ushort(__float2half_rn(code[b]));
+        if (lane == 0) k_scale[cache_row] = d;
     }
 
     // V: one scale for the whole head_dim row

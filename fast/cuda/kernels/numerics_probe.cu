@@ -1,10 +1,9 @@
-// Exhaustive checks of the special-domain forms in strata_numerics.cuh against the general ones.
+// Checks of strata_numerics.cuh's forms: the fused exponential against the plain one on every
+// float (exhaustive, bit for bit), and attention's primitives on given inputs for the NumPy
+// oracles.
 //
-// Definition: strata_prefill.contract.numerics.roundf and strata_prefill.contract.numerics.exp (docs/numerics.md section 1). The
-// general device forms (roundf_away, strata_exp) are checked against NumPy by the kernel tests;
-// the fast forms that attention_pair.cu uses where its inputs allow (round_nonneg_magic for
-// y >= 0, strata_exp_nonpos for x <= 0) are checked here against them on every float of their
-// domain, bit for bit, and the fused exponential against the plain one on every float. Used by verify/test_kernels_cuda.py only.
+// Definition: strata_prefill.contract.numerics.exp, .exp2c and .fma (docs/numerics.md section
+// 1), and np.rint for the P codes' rint. Used by verify/test_kernels_cuda.py only.
 #include <stdint.h>
 #include "strata_numerics.cuh"
 
@@ -25,26 +24,6 @@ __device__ __forceinline__ void count_differences(unsigned lo, unsigned n, unsig
     if (mine) atomicAdd(bad, mine);
 }
 
-// Floats with bits lo .. lo + n - 1 (all >= 0): count where round_nonneg_magic's code differs
-// from (int)roundf_away.
-extern "C" __global__ void probe_round_nonneg(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
-{
-    count_differences(lo, n, bad, first, [](unsigned bits) {
-        const float y = __uint_as_float(bits);
-        return __float_as_int(round_nonneg_magic(y)) - MAGIC_I != (int)roundf_away(y);
-    });
-}
-
-// Floats with bits lo .. lo + n - 1 (negative: x <= -0.0): count where strata_exp_nonpos and
-// strata_exp give different bits.
-extern "C" __global__ void probe_exp_nonpos(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
-{
-    count_differences(lo, n, bad, first, [](unsigned bits) {
-        const float x = __uint_as_float(bits);
-        return __float_as_uint(strata_exp_nonpos(x)) != __float_as_uint(strata_exp(x));
-    });
-}
-
 // Floats with bits lo .. lo + n - 1 (any): count where the fused strata_exp (the kernels',
 // two steps in fewer instructions) and the plain one give different bits.
 extern "C" __global__ void probe_exp_fused(unsigned lo, unsigned n, unsigned long long* bad, unsigned* first)
@@ -55,13 +34,17 @@ extern "C" __global__ void probe_exp_fused(unsigned lo, unsigned n, unsigned lon
     });
 }
 
-// Both fast forms of given inputs, for the NumPy oracle: y_exp[i] = strata_exp_nonpos(x[i]),
-// y_round[i] = round_nonneg_magic(-x[i]) - MAGIC_F (as a float; for -x[i] < 2^22).
-extern "C" __global__ void probe_values(const float* x, int n, float* y_exp, float* y_round)
+// Attention's primitives on given inputs, for the NumPy oracles
+// (strata_prefill.contract.numerics.exp2c, .fma, and np.rint for rint_nonneg_magic):
+// y_exp2c[i] = strata_exp2c(x[i]); y_fma[i] = __fmaf_rn(x[i], b[i], c[i]);
+// y_rint[i] = rint_nonneg_magic(-x[i]) - MAGIC_F (for 0 <= -x[i] < 2^22).
+extern "C" __global__ void probe_values(const float* x, const float* b, const float* c, int n, float* y_exp2c,
+                                        float* y_fma, float* y_rint)
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        y_exp[i] = strata_exp_nonpos(x[i]);
-        y_round[i] = __fsub_rn(round_nonneg_magic(-x[i]), MAGIC_F);
+        y_exp2c[i] = strata_exp2c(x[i]);
+        y_fma[i] = __fmaf_rn(x[i], b[i], c[i]);
+        y_rint[i] = __fsub_rn(rint_nonneg_magic(-x[i]), MAGIC_F);
     }
 }

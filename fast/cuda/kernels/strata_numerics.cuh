@@ -80,16 +80,31 @@ __device__ __forceinline__ float strata_exp_form(float x)
 
 __device__ __forceinline__ float strata_exp(float x) { return strata_exp_form<1>(x); }
 
-// strata_exp for x <= 0 (and -inf): the same bits there, without the NaN and x > 88 cases
-// (two compares and selects fewer). For attention's p = exp(s - m_new): every valid score is
-// at most the running maximum, so x <= 0; an invalid key's value (x = -inf or NaN) is
-// replaced by 0 by the caller. Checked against strata_exp on every float in [-88, 0]
-// (verify/test_kernels_cuda.py).
-__device__ __forceinline__ float strata_exp_nonpos(float x)
+// strata_prefill.contract.numerics.exp2c: attention's base-2 exponential (docs/numerics.md section
+// 1), for x <= 0, -inf or NaN (both clamp to -125): 2^x as p(f) * 2^n with n = rint(x) through
+// MAGIC_F, f = x - n (exact), p a degree-4 polynomial in four fused multiply-adds with p(0) = 1,
+// and 2^n added to p's exponent field. The low 9 bits of t's bits are n mod 512 (MAGIC_I's are
+// 0), so t's bits << 23 is n << 23 modulo 2^32; p lies in about [0.707, 1.415] and n in
+// [-125, 0], so the exponent field stays in [1, 127] and the result is a normal float. Nine
+// instructions: the clamp, three for n and f, four fused multiply-adds, one shift-and-add.
+#define EXP2C_C1 0x1.62e12cp-1f
+#define EXP2C_C2 0x1.ec0378p-3f
+#define EXP2C_C3 0x1.c9fc46p-5f
+#define EXP2C_C4 0x1.3a02b6p-7f
+__device__ __forceinline__ float strata_exp2c(float x)
 {
-    const float y = strata_exp_core(x);
-    return (x < -87.0f) ? 0.0f : y;
+    x = fmaxf(x, -125.0f);  // NaN -> -125 as well: fmaxf returns the operand that is a number
+    const float t = __fadd_rn(x, MAGIC_F);
+    const float f = __fsub_rn(x, __fsub_rn(t, MAGIC_F));
+    float p = __fmaf_rn(EXP2C_C4, f, EXP2C_C3);
+    p = __fmaf_rn(p, f, EXP2C_C2);
+    p = __fmaf_rn(p, f, EXP2C_C1);
+    p = __fmaf_rn(p, f, 1.0f);
+    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
 }
+
+// log2(e) as float32, for a sink logit's base-2 form (sink * LOG2E_F) and the scores' scale.
+#define LOG2E_F 0x1.715476p+0f
 
 // strata_prefill.contract.moe.swiglu of one value: silu(g) * u with silu(x) = x / (1.0f + exp(-x)) (IEEE
 // division; x < -88 gives -0.0, as in NumPy). The one home of the formula: swiglu.cu and
@@ -131,18 +146,11 @@ __device__ __forceinline__ int roundf_away_int(float x)
     return (d == copysignf(0.5f, x)) ? ri + away : ri;
 }
 
-// roundf_away(y) for 0 <= y < 2^22, as the float MAGIC_F + roundf_away(y): its bits are
-// MAGIC_I + the integer, so for a code below 256 the low byte of the bits is the code itself.
-// Two additions rounded down: rd(y + 0.5) has the floor of the exact y + 0.5 (an integer
-// below 2^24 is a float, so rounding down never steps under it), and rd(z + MAGIC_F) is
-// MAGIC_F + floor(z) (floats in [2^23, 2^24) are the integers). floor(y + 0.5) is round half
-// away from zero for y >= 0. Checked against roundf_away on every float in [0, 256)
-// (verify/test_kernels_cuda.py). For attention's P codes (w >= 0): 2 instructions instead of
-// roundf_away_int's 8, and no byte extraction.
-__device__ __forceinline__ float round_nonneg_magic(float y)
-{
-    return __fadd_rd(__fadd_rd(y, 0.5f), MAGIC_F);
-}
+// rint(y) for 0 <= y < 2^22 as the float MAGIC_F + rint(y) (round half to even, the float
+// add's own rounding): its bits are MAGIC_I + the integer, so for a code below 256 the low byte
+// of the bits is the code itself. Attention's P codes (strata_prefill.contract.attention: rint
+// of w * d_inv, in [0, 127]): one instruction, no byte extraction.
+__device__ __forceinline__ float rint_nonneg_magic(float y) { return __fadd_rn(y, MAGIC_F); }
 
 // An int8 code from an already rounded value, as NumPy's astype(np.int8) on x86-64 (the
 // reference's platform): finite through int32 (codes lie in [-127, 127]); +-inf and NaN -> 0.
@@ -187,6 +195,33 @@ __device__ __forceinline__ void q8_warp_block(float x, int8_t& code, float& d)
         code = q8_code(x, d_inv);
         d = q8_scale(d_inv);
     }
+}
+
+// Attention's per-row quantize of Q (qmax 255) and K (511), a row of 32 R values held R a lane
+// (value 32 r + lane in x[r]): amax = max |x|; amax == 0 -> d = 0, codes 0; else d_inv = qmax /
+// amax, code = roundf(x * d_inv) (non-finite: 0), d = 1 / d_inv (strata_prefill.contract
+// .blockquant.quantize_blocks with that bound over one block of the row). The codes come back
+// as floats (integers, |code| <= qmax); returns d.
+template <int R>
+__device__ __forceinline__ float row_quantize_warp(const float (&x)[R], float qmax, float (&code)[R])
+{
+    float m = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) m = fmaxf(m, fabsf(x[r]));
+    const float amax = warp_max(m);
+    float d = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) code[r] = 0.0f;
+    if (amax > 0.0f) {
+        const float d_inv = qmax / amax;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float c = roundf_away(__fmul_rn(x[r], d_inv));
+            code[r] = isfinite(c) ? c : 0.0f;
+        }
+        d = 1.0f / d_inv;
+    }
+    return d;
 }
 
 // Max over each group of 4 lanes.
