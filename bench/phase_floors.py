@@ -42,23 +42,23 @@ MMQ_EPILOGUE = {QT.Q8_0: 4, QT.Q4_1: 6, QT.IQ2_XS: 6, QT.IQ3_XXS: 4, QT.IQ3_S: 4
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 #: float products (docs/numerics.md section 3a): a product and a sum per multiply-add, no FMA
 FLOAT_PER_MAC = 2
-#: the strata exponential as the kernels issue it (strata_numerics.cuh, the fused form): x * log2e and
-#: the magic add, n, the fused ln2_hi step, the ln2_lo step (2), the degree-7 polynomial (14),
-#: 2^n into the exponent bits (1), the x < -87 flush (compare, select)
-EXP_SLOTS = 23
+#: attention's base-2 exponential as the kernels issue it (strata_numerics.cuh strata_exp2c): the
+#: clamp, the magic add, n, f, four fused multiply-adds, 2^n into the exponent bits (one shift-add)
+EXP2C_SLOTS = 9
 #: bytes a q8_1 row takes per value (block_q8_1_mmq: 128 codes and 16 bytes of scales)
 Q8_1_BYTES_PER_VALUE = 144 / 128
 
 
 def attention_slots_per_pair(head_dim: int) -> int:
     """Issue slots of the contract's float work per (query head, valid key) pair
-    (docs/numerics.md section 5): the score's head_dim / 32 blocks (conversion, dq * dk,
-    product, sum), kq_scale, the row maximum, s - m_new, the exponential, lsum, p * dv, |w|'s
+    (docs/numerics.md section 5): the score's two products (sumf * dk, * dqs; sumf itself is
+    the tensor cores' exact integer), the row maximum, s - m_new, exp2c, lsum, p * dv, w's
     maximum, the P code (w * 127/amax and its rounding add), and O's update per 64-key block and
-    dimension (conversion, dw * ., sum; alpha skipped where it is exactly 1) over the 64 keys."""
-    score = 4 * (head_dim // 32)
-    per_key = 1 + 1 + 1 + EXP_SLOTS + 1 + 1 + 1 + 2
-    o_update = 3 * head_dim // 64
+    dimension (the P.V sum's conversion and one fused multiply-add; alpha skipped where it is
+    exactly 1) over the 64 keys."""
+    score = 2
+    per_key = 1 + 1 + EXP2C_SLOTS + 1 + 1 + 1 + 2
+    o_update = 2 * head_dim // 64
     return score + per_key + o_update
 
 

@@ -442,8 +442,8 @@ def test_planted_parameter_change_is_caught(tmp_path):
 def test_planted_change_in_a_kernel_macro_is_caught(tmp_path):
     fmt = "PqPiiPPPPPifPq"
     # the macro the prefill kernel is declared by lives in the attention kernels' shared header
-    folder = plant(tmp_path, "attention_common.cuh", "int cap, float kq_scale, float* __restrict__ out, long long ldo)  ",
-                   "unsigned cap, float kq_scale, float* __restrict__ out, long long ldo)")
+    folder = plant(tmp_path, "attention_common.cuh", "int cap, float kq2, float* __restrict__ out, long long ldo)  ",
+                   "unsigned cap, float kq2, float* __restrict__ out, long long ldo)")
     for module, name in (("attention_pair", "attend_pair_hd64"), ("attention_pair", "attend_pair_hd128")):
         with pytest.raises(ValueError, match=rf"{module}\.cu: kernel {name} .*position 10 .*'I' for parameter 'unsigned cap'"):
             signatures.check(module, name, fmt, kernel_dir=str(folder))

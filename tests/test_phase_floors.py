@@ -21,10 +21,10 @@ H200 = pf.Device(schedulers=4 * 132, clock_hz=1.98e9, peak_bytes_per_s=4.8e12)
 
 
 def test_attention_slots_per_pair():
-    # hd 128: 4 score blocks x 4, 31 per key (kq_scale, max, s - m, exp 23, lsum, p * dv,
-    # |w| max, P code 2), O's update 3 x 128 / 64
-    assert pf.attention_slots_per_pair(128) == 16 + 31 + 6
-    assert pf.attention_slots_per_pair(64) == 8 + 31 + 3
+    # hd 128: the score's 2, 16 per key (max, s - m, exp2c 9, lsum, p * dv, w max, P code 2),
+    # O's update 2 x 128 / 64
+    assert pf.attention_slots_per_pair(128) == 2 + 16 + 4
+    assert pf.attention_slots_per_pair(64) == 2 + 16 + 2
 
 
 def test_gate_up_and_down_by_hand():
@@ -51,13 +51,14 @@ def test_attention_counts_causal_pairs():
     fl1 = pf.phase_floors(STRATA, TYPES, 1, 1, H200)
     fl2 = pf.phase_floors(STRATA, TYPES, 4096, 1, H200)
     # T = 1: one pair a head; projections 4 slots per output and block
+    # (22 slots a pair at head_dim 128: attention_slots_per_pair)
     proj = lambda T: 4 * T * (4096 * 80 + 2 * 512 * 80 + 2560 * 128)  # noqa: E731
-    assert fl1["attention"]["issue_s"] == pytest.approx(H200.issue_s(proj(1) + 53 * 32), rel=1e-12)
-    assert fl2["attention"]["issue_s"] == pytest.approx(H200.issue_s(proj(4096) + 53 * 32 * 4096 * 4097 / 2),
+    assert fl1["attention"]["issue_s"] == pytest.approx(H200.issue_s(proj(1) + 22 * 32), rel=1e-12)
+    assert fl2["attention"]["issue_s"] == pytest.approx(H200.issue_s(proj(4096) + 22 * 32 * 4096 * 4097 / 2),
                                                         rel=1e-12)
     # a later chunk at position pos0 sees pos0 more keys per query
     fl3 = pf.phase_floors(STRATA, TYPES, 64, 1, H200, pos0=1000)
-    assert fl3["attention"]["issue_s"] == pytest.approx(H200.issue_s(proj(64) + 53 * 32 * (64 * 1000 + 64 * 65 / 2)),
+    assert fl3["attention"]["issue_s"] == pytest.approx(H200.issue_s(proj(64) + 22 * 32 * (64 * 1000 + 64 * 65 / 2)),
                                                         rel=1e-12)
 
 

@@ -223,7 +223,7 @@ def _kv_inputs(rng, T, n_kv, hd, zero_rows=True):
     v = _randn(rng, (T, n_kv, hd), -2.0, 2.0)
     if zero_rows and T > 2:
         k[1, 0, :] = 0.0  # an all-zero K row
-        k[2, -1, 32:64] = 0.0  # one all-zero K block
+        k[2, -1, 32:64] = 0.0  # one all-zero 32-value part of a K row
         v[2, 0, :] = 0.0  # an all-zero V row
         k[0, 0, 5] = F32(-0.0)
     return k, v
@@ -244,7 +244,7 @@ def test_kv_write(dev, case):
     k, v = _kv_inputs(rng, T, n_kv, hd)
     ref = attention.KVCache(1, n_kv, hd, capacity=cap)
     ref.write(0, positions, k, v)
-    cache = [_poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap, hd // 32), F32),
+    cache = [_poisoned((n_kv, cap, hd), np.float16), _poisoned((n_kv, cap), F32),
              _poisoned((n_kv, cap, hd), np.int8), _poisoned((n_kv, cap), F32)]
     vt = _poisoned((n_kv, cap // 64, hd, 64), np.int8)
     cu_att.kv_write(dev, _up(k), _up(v), positions, *cache, v_t=vt)
