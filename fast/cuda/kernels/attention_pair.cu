@@ -1,13 +1,13 @@
-// Causal attention over the int8 KV cache of one layer on tensor cores, the work of each
+// Causal attention over the KV cache of one layer on tensor cores, the work of each
 // 16-query group split between two warps: the prefill kernel attend_pair_hd{64,128}, and
 // attend_pair_sinks_window_hd{64,128} with the options (sink logits, a sliding window).
 //
 // Definition: strata_prefill.contract.attention.attend (docs/numerics.md section 5), bit for bit; written out in
-// attention_common.cuh (the earlier one-warp form of the same work: dev/kernels/attention_v1_mma.cu).
+// attention_common.cuh.
 //
 // attend_pair_hd{64,128}: the prefill kernel with the work of a 16-query group split between two
 // warps, so each holds half the registers (O of HD/2 dims, scores of 32 keys) and an SM runs
-// twice the warps of the one-warp form (the float epilogue's latencies hide behind other warps).
+// twice the warps of a one-warp form (the float epilogue's latencies hide behind other warps).
 //   Warp half hh of a pair scores the keys kappa = 2*lambda + hh (lambda = 8 nt + 2 tq + (e & 1),
 //   its accumulator (nt, e)). The definition's lsum tree pairs kappa with kappa + 32, + 16, + 8,
 //   + 4, + 2 (all of one parity: lambda + 16, + 8, + 4, + 2, + 1 inside the warp, in that
@@ -16,9 +16,13 @@
 //   them, and its P codes (each warp's codes are one k32 A fragment), through shared memory
 //   under a 64-thread named barrier; then each warp runs P.V over all 64 keys (two k-steps) for
 //   its HD/2 output dims, in the definition's order per output.
+//   Scores: Q.K on fp16 tensor cores (m16n8k16, float32 accumulators), the codes integers and
+//   every partial sum an integer below 2^24, so sumf is exact; then two products by dk and dqs.
 //   Staging: cp.async into a ring of PAIR_STAGES key blocks (no registers held across the
-//   compute); K and V rows land at row 32 (kappa & 1) + (kappa >> 1), so each warp's keys are
-//   consecutive rows (conflict-free ldmatrix). K fragments: ldmatrix; V fragments: ldmatrix of
+//   compute); K rows (float16 codes, a pitch of 2 HD + 16 bytes) land at row 32 (kappa & 1) +
+//   (kappa >> 1), so each warp's keys are consecutive rows (conflict-free ldmatrix). Q's
+//   fragments: ldmatrix of the tile's codes, two k16 steps at a time, read again each block
+//   (8 registers instead of 32 held). K fragments: ldmatrix; V fragments: ldmatrix of
 //   the cache's transposed V block (v_t, v_blocks.cuh: per dim, the block's keys in the P
 //   fragment's k order), HD rows of 64 key bytes at a pitch of 80 (conflict-free), each 8-row
 //   matrix one n8 tile's b0 or b1 as the mma reads it, with no byte permute; the n8 tiles of a
@@ -26,14 +30,14 @@
 //   offset and one bound check, the head's row from a division done once. Q has its own shared
 //   memory, so the first key blocks are in flight while it is quantized.
 //   Per block and row, alpha (skipped while every row of the warp keeps a finite maximum:
-//   exp(0) = 1) and the two divisions of the P quantization run once a lane, one row each.
+//   exp2c(0) = 1) and the two divisions of the P quantization run once a lane, one row each.
 // attend_pair_sinks_window_hd{64,128}: the same body with OPT true. A row's state starts at its
-//   head's sink (M = sink, L = 1.0f) where sinks is not null; with a window (window > 0) a row
+//   head's sink (M = sink * LOG2E_F, L = 1.0f) where sinks is not null; with a window (window > 0) a row
 //   sees keys lo .. pos (lo = max(pos - window + 1, 0)), the CTA's walk starts at the block of
 //   its smallest lo (the blocks before it are never loaded), a pair skips the blocks before both
 //   its rows' first, and a row merges the blocks lo/64 .. pos/64 only (live). FULL also needs the
 //   block to start at or after both rows' lo. OPT false compiles to the plain kernel's code.
-// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
+// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn / __fmaf_rn.
 
 #include <stdint.h>
 #include <cuda_fp16.h>

@@ -1,4 +1,4 @@
-// Causal attention over the int8 KV cache of one layer for few queries (decode): split-K over
+// Causal attention over the KV cache of one layer for few queries (decode): split-K over
 // key blocks in three launches, attend_split_{scores,pv,merge}_hd{64,128}.
 //
 // Definition: strata_prefill.contract.attention.attend (docs/numerics.md section 5), bit for bit; written out in
@@ -8,16 +8,17 @@
 //   CTA per (key block, KV head): scores and block maxima m_c of every (query, head of the
 //   group) into scratch. Pass 2, same grid: the running max after block c is the prefix max of
 //   m_0..m_c (max is exact in any order), before it the prefix max of m_0..m_{c-1}; hence
-//   alpha, p, lsum, the P quantization and ob of each block independently. Pass 3, one CTA per
-//   (query, head), one thread per output dim: the merge L = L*alpha + lsum, O = O*alpha + ob
-//   in ascending block order, out = O / L.
+//   alpha, p, lsum, the P quantization, dw and the P.V sum pvf of each block independently.
+//   Pass 3, one CTA per (query, head), one thread per output dim: the merge L = L*alpha + lsum,
+//   O = fma(dw, pvf, O*alpha) in ascending block order, out = O / L. The scores' sumf: float32
+//   fused multiply-adds of the integer codes (every partial sum an integer below 2^24: exact).
 // attend_split_{scores,pv,merge}_sinks_window_hd{64,128}: the same bodies with OPT true, and
 //   the options' parameters: window (> 0: a unit sees keys lo .. pos, lo = max(pos - window + 1,
 //   0); its units skip the blocks before lo/64 as they skip those after pos/64, and the grid of
 //   passes 1 and 2 starts at block c_base, the smallest lo/64 of the chunk, its blocks before it
 //   never launched), sinks (not null: the running maximum of pass 2 starts at the head's sink,
 //   and the merge at L = 1.0f). OPT false compiles to the plain kernels' code.
-// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn anyway.
+// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn / __fmaf_rn.
 
 #include <stdint.h>
 #include <cuda_fp16.h>

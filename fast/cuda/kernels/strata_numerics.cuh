@@ -18,9 +18,10 @@
 // small integer u (|u| <= 64) with |u * i| < 2^24; nu_magic = -u * MAGIC_F, exact (3u * 2^22).
 // The float of d is 1.5 * 2^23 + i exactly, so the fused operation's exact value
 // u * (1.5 * 2^23 + i) - u * 1.5 * 2^23 is the integer u * i, a float: its one rounding changes
-// nothing, and the bits are those of u * ((float)i), two exact operations. With the exponential's
-// reduction below (its fused form), the only fused multiply-adds in the kernels, both exact by
-// construction: --fmad=false keeps every other product and sum apart.
+// nothing, and the bits are those of u * ((float)i), two exact operations. This and the
+// exponential's reduction below (its fused form) are exact by construction; the others are the
+// contract's own (attention's exp2c and O update, docs/numerics.md): --fmad=false keeps every
+// other product and sum apart.
 __device__ __forceinline__ float scaled_magic(float u, float nu_magic, int d)
 {
     return __fmaf_rn(u, __int_as_float(d), nu_magic);
@@ -164,10 +165,11 @@ __device__ __forceinline__ int8_t to_i8(float v)
 // definition's):
 // - q8_1 activation blocks (quantize_q8_1.cu, strata_prefill.contract.q8_1): amax == 0 -> d = 0, codes 0; codes
 //   are (int)q8_round(x, d_inv) truncated to a byte.
-// - int8 KV cache and attention Q / P blocks (kv_cache.cu, attention_pair.cu, strata_prefill.contract.attention):
+// - the KV cache's V rows (kv_cache.cu, strata_prefill.contract.attention):
 //   amax == 0 -> d = 0, codes 0; a tiny amax (below 127 / FLT_MAX) makes d_inv = inf, then every
-//   code is 0 through q8_code (x * inf is +-inf or NaN) and d = 1 / inf = 0. The prefill kernel's P
-//   blocks test d_inv < inf instead (scale 0, codes 0): the same bytes for every amax.
+//   code is 0 through q8_code (x * inf is +-inf or NaN) and d = 1 / inf = 0. Attention's P
+//   blocks test d_inv < inf instead (scale 0, codes 0) and round half to even
+//   (rint_nonneg_magic).
 __device__ __forceinline__ float q8_inv_scale(float amax) { return 127.0f / amax; }
 __device__ __forceinline__ float q8_scale(float d_inv) { return 1.0f / d_inv; }
 __device__ __forceinline__ float q8_round(float x, float d_inv) { return roundf_away(__fmul_rn(x, d_inv)); }
