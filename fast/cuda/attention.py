@@ -287,7 +287,7 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     if T == 0 or H == 0:
         return out
     v = _attend_variant(variant, T)
-    kq2 = np.float32(_attention.kq2_scale(hd))
+    kq2 = np.float32(_attention.kq2(hd))
     if v == "pair":
         defines = {**ATTEND_PAIR_CONFIG, **(config or {})}
         f, smem, tile, threads = _pair_func(hd, defines, opt)
