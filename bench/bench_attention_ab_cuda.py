@@ -6,8 +6,7 @@ interleaved in one run, on the strata heads.
         [--arms '{};{"PAIR_QG": 6}'] [--sass DIR]
 
 An arm is a JSON object of the kernel file's defines (ATTEND_PAIR_CONFIG's under them); its
-key "variant" (strata_prefill.fast.cuda.attention.ATTEND_VARIANTS; "pair", the default) picks the kernel. The
-earlier one-warp form has its own check and timer: dev/kernels/attention.py.
+key "variant" (strata_prefill.fast.cuda.attention.ATTEND_VARIANTS; "pair", the default) picks the kernel.
 
 One layer's int8 KV cache (32 query heads, 4 KV heads, head_dim 128) holds `tokens` random
 keys and values; every position attends to the ones before it (the prefill kernel, one

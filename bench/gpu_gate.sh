@@ -9,9 +9,9 @@
 #                                   # under $LOG/benchmarks; not part of `all`
 #   bash bench/gpu_gate.sh kernels  # kernel configurations A/B, interleaved (the pair attention kernel's,
 #                                   # float_dense warp/tile, dense MMQ's, combine, a layer's experts gathered or in
-#                                   # place), the earlier attention form (dev/kernels/attention.py), the mma probe
-#                                   # and MMQ's core forms (dev/kernels/mma_probe.py, mmq_core.py) and the whole
-#                                   # prefill: in_place alone at small chunks, every earlier schedule vs default
+#                                   # place), the mma probe and MMQ's core forms (dev/kernels/mma_probe.py,
+#                                   # mmq_core.py) and the whole prefill: in_place alone at small chunks,
+#                                   # every earlier schedule vs default
 #   bash bench/gpu_gate.sh types    # every weight type's in-place gate/up, time per weight byte against
 #                                   # IQ2_XS's (bench_types_cuda.py; TYPE_TOKENS, REPS); not part of `all`
 #   bash bench/gpu_gate.sh streaming  # the streamed arms against the resident run (bench_streaming_cuda.py;
@@ -113,7 +113,6 @@ if [[ $MODE == kernels ]]; then
       '{"MMQ_WM": 4, "MMQ_BN": 64, "MMQ_MINB": 2};{"MMQ_WM": 4, "MMQ_BN": 128, "MMQ_STAGES": 3, "MMQ_MINB": 2, "MMQ_MIX_MIN": 0}' 2>&1 | tee "$LOG/dense_mmq_ab.log" | tail -n 13 >> "$SUMMARY"
   python3 -m bench.bench_combine_ab_cuda 2>&1 | tee "$LOG/combine_ab.log" | tail -n 6 >> "$SUMMARY"
   python3 -m bench.bench_in_place_cuda --out "$LOG" 2>&1 | tee "$LOG/in_place.log" | tail -n 7 >> "$SUMMARY"
-  python3 -m dev.kernels.attention 2>&1 | tee "$LOG/dev_attention.log" | tail -n 6 >> "$SUMMARY"
   python3 -m dev.kernels.mma_probe 2>&1 | tee "$LOG/dev_mma_probe.log" | tail -n 6 >> "$SUMMARY"
   python3 -m dev.kernels.mmq_core 2>&1 | tee "$LOG/dev_mmq_core.log" | tail -n 5 >> "$SUMMARY"
   python3 -m strata_prefill bench --pack "$PACK" --a STRATA_PREFILL_IN_PLACE=0 --b default \

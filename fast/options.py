@@ -448,8 +448,7 @@ BY_KEYWORD = {sw.keyword: sw for sw in SWITCHES}
 #: takes. Set, one is refused by name rather than ignored (a script that sets it A/Bs nothing).
 RETIRED = {
     "STRATA_PREFILL_LEAN_ATTENTION": "the lean per-(query, key) float work",
-    "STRATA_PREFILL_PAIR_ATTENTION": "the pair kernel, attention_pair.cu (the one-warp form is "
-                                     "dev/kernels/attention_v1_mma.cu)",
+    "STRATA_PREFILL_PAIR_ATTENTION": "the pair kernel, attention_pair.cu",
     "STRATA_PREFILL_TILED_DENSE": "the tiled float_dense.cu form from 8 tokens",
     "STRATA_PREFILL_WIDEN_FLOAT": "F16/BF16 dense matrices widened to F32 at load",
 }

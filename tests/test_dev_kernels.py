@@ -1,9 +1,8 @@
-"""dev/kernels, without a GPU: version 1 of the prefill attention kernel
-(dev/kernels/attention_v1_mma.cu) against its script's launch format and production's headers;
-the mma probe's cases; the MMQ core's definition, worked out here element by element; every
-kernel file's build against production's headers (where nvcc is on PATH) and every script's
-one-line exit without CUDA. On a GPU: attention's check and the core's, byte for byte against
-the NumPy definitions, and the probe's run."""
+"""dev/kernels, without a GPU: the mma probe's cases; the MMQ core's definition, worked out here
+element by element; every kernel file's C signatures against its script's launch format and its
+build against production's headers (where nvcc is on PATH); every script's one-line exit
+without CUDA. On a GPU: the core's check, byte for byte against the NumPy definition, and the
+probe's run."""
 from __future__ import annotations
 
 import importlib
@@ -18,7 +17,7 @@ import pytest
 from strata_prefill.fast.cuda import runtime, signatures
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "dev" / "kernels" / "attention.py"
+DEV = ROOT / "dev" / "kernels"
 
 try:
     _CUDA, _WHY = runtime.cuda_available()
@@ -32,11 +31,6 @@ def _load(stem: str):
 
 
 @pytest.fixture(scope="module")
-def script():
-    return _load("attention")
-
-
-@pytest.fixture(scope="module")
 def probe():
     return _load("mma_probe")
 
@@ -46,52 +40,18 @@ def core():
     return _load("mmq_core")
 
 
-@pytest.mark.parametrize("hd", (64, 128))
-def test_v1_signature_is_the_scripts_format(script, hd):
-    """The format the script prepares version 1 with (V1_FORMAT, its one place) is each kernel's
-    C signature: edit either alone and this fails."""
-    k = script.v1_kernels()[script.v1_kernel(hd)]
-    assert k.format == signatures.normalize_format(script.V1_FORMAT), k.signature
-    script.check_v1_format(hd)
-
-
-def test_v1_has_exactly_its_two_kernels(script):
-    assert sorted(script.v1_kernels()) == sorted(script.v1_kernel(hd) for hd in script.HEAD_DIMS)
-
-
-def test_a_changed_format_is_caught(script):
-    """The check has teeth: one letter off (ldo as an int) and an argument dropped both fail."""
-    with pytest.raises(ValueError, match="long long ldo"):
-        script.check_v1_format(128, script.V1_FORMAT[:-1] + "i")
-    with pytest.raises(ValueError, match="the format ends"):
-        script.check_v1_format(64, script.V1_FORMAT[:-1])
-
-
-def test_v1_takes_the_production_kernels_parameters(script):
-    """Both versions are entry points of one macro (attention_common.cuh ATTEND_KERNEL): the
-    same parameters, so the script launches them with the same arguments."""
-    assert signatures.expected_format("attention_pair", "attend_pair_hd128") == script.V1_FORMAT
-
-
-def test_v1_source_inlines_production_headers(script):
-    src = runtime.kernel_source("attention_v1_mma", str(SCRIPT.parent))
-    assert '#include "' not in src
-    assert "#define STRATA_ATTENTION_COMMON_CUH" in src and "float strata_exp(float x)" in src
-    assert not (SCRIPT.parent / "attention_common.cuh").exists(), "dev/kernels must use production's headers"
-    assert runtime.kernel_source("add") == runtime.kernel_source("add", runtime.KERNEL_DIR)
-
-
-def test_v1_is_the_lean_form_only():
-    """No define picks an epilogue: the file is what MMA_EPI=2 compiled, and it instantiates
-    the shared templates only as production does."""
-    text = (SCRIPT.parent / "attention_v1_mma.cu").read_text()
-    assert "MMA_EPI" not in text and "pack4" not in text and "roundf_away_int(" not in text
-    assert "exp_masked<FULL>(" in text and "pv_keep_or_rescale(pv," in text
-
-
 #: every kernel file of dev/kernels: (its script, the module, the defines its script builds it with)
-KERNEL_FILES = (("attention", "attention_v1_mma", "V1_DEFINES"), ("mma_probe", "mma_probe", None),
-                ("mmq_core", "mmq_core", None))
+KERNEL_FILES = (("mma_probe", "mma_probe", None), ("mmq_core", "mmq_core", None))
+
+
+def test_the_table_is_every_kernel_file_and_none_copies_a_header():
+    """A kernel file added or removed here shows in KERNEL_FILES; production's headers are
+    inlined from fast/cuda/kernels/, never copied here."""
+    assert sorted(m for _s, m, _d in KERNEL_FILES) == sorted(f.stem for f in DEV.glob("*.cu"))
+    assert not list(DEV.glob("*.cuh")) and not list(DEV.glob("*.h")), "dev/kernels must use production's headers"
+    src = runtime.kernel_source("mmq_core", str(DEV))
+    assert '#include "' not in src and "#define STRATA_NUMERICS_CUH" in src
+    assert runtime.kernel_source("add") == runtime.kernel_source("add", runtime.KERNEL_DIR)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -100,7 +60,7 @@ def test_each_kernel_file_compiles_against_production_headers(tmp_path, stem, mo
     """The inlined source compiles as the runtime builds it (NVCC_OPTIONS, the defines its script
     uses) for the default architecture: a header change that breaks one shows here."""
     src = tmp_path / f"{module}.cu"
-    src.write_text(runtime.kernel_source(module, str(SCRIPT.parent)))
+    src.write_text(runtime.kernel_source(module, str(DEV)))
     assert '#include "' not in src.read_text()
     flags = [f"-D{k}={v}" for k, v in (getattr(_load(stem), defines) if defines else {}).items()]
     cmd = ["nvcc", "-cubin", f"-arch={runtime.DEFAULT_ARCH}", *runtime.NVCC_OPTIONS, *flags, str(src),
@@ -109,8 +69,7 @@ def test_each_kernel_file_compiles_against_production_headers(tmp_path, stem, mo
     assert r.returncode == 0, r.stderr[-4000:]
 
 
-@pytest.mark.parametrize("stem,args", [("attention", ["--tokens", "64", "--reps", "1"]),
-                                       ("mma_probe", ["--cases", "8", "--iters", "1", "--reps", "1"]),
+@pytest.mark.parametrize("stem,args", [("mma_probe", ["--cases", "8", "--iters", "1", "--reps", "1"]),
                                        ("mmq_core", ["--rows", "128", "--reps", "1"])])
 def test_without_cuda_each_script_says_so_in_one_line(stem, args):
     if _CUDA:
@@ -120,16 +79,6 @@ def test_without_cuda_each_script_says_so_in_one_line(stem, args):
     assert r.returncode == 2
     assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"dev/kernels/{stem}.py needs a CUDA GPU" in r.stderr
-
-
-@pytest.mark.skipif(not _CUDA, reason=f"cuda backend unavailable: {_WHY}")
-def test_check_is_byte_exact_on_the_device(script, capsys):
-    """Versions 1 and 2 against the NumPy definition at a small size (prefills and chunks that
-    cross key blocks), every byte."""
-    bad = script.check(tokens=150)
-    out = capsys.readouterr().out
-    assert not bad, "\n".join(bad)
-    assert out.count("same bytes") == 2 * len(script.check_cases(150))
 
 
 # ---- the mma probe (dev/kernels/mma_probe.py) -------------------------------------------------
@@ -148,7 +97,7 @@ def test_probe_cases_stay_below_two_to_the_24(probe):
 def test_probe_and_core_take_their_scripts_formats(probe, core):
     for stem, want in (("mma_probe", {"mma_f16_exact": "PPPPi", **{n: "iP" for n, _m in probe.RATES}}),
                        ("mmq_core", {f"mmq_core_{v}": core.FORMAT for v in core.VERSIONS})):
-        text = (SCRIPT.parent / f"{stem}.cu").read_text()
+        text = (DEV / f"{stem}.cu").read_text()
         found = signatures.parse_source(text, f"{stem}.cu", {}, include_dir=runtime.KERNEL_DIR)
         assert sorted(found) == sorted(want)
         for name, fmt in want.items():

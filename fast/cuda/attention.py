@@ -6,10 +6,9 @@ pool and launches on its stream.
 Kernels and the NumPy functions they match bit for bit (docs/numerics.md):
 - :func:`kv_write` -> strata_prefill.contract.attention.KVCache.write (kernels/kv_cache.cu)
 - :func:`attend`   -> strata_prefill.contract.attention.attend        (kernels/attention_pair.cu for prefill,
-  attention_split.cu for few queries: their shared steps in attention_common.cuh; the earlier
-  one-warp prefill form is dev/kernels/attention_v1_mma.cu). With sinks or a window, the same
-  files' *_sinks_window kernels (the options' code compiled in; the plain kernels are the same
-  code as before the options existed).
+  attention_split.cu for few queries: their shared steps in attention_common.cuh). With sinks
+  or a window, the same files' *_sinks_window kernels (the options' code compiled in; the plain
+  kernels are the same code as before the options existed).
 """
 from __future__ import annotations
 
