@@ -1,6 +1,5 @@
-// The shared part of the attention kernels (attention_pair.cu, attention_split.cu; the earlier
-// one-warp prefill form, dev/kernels/attention_v1_mma.cu, includes it too): the definition they
-// all compute (strata_prefill.contract.attention.attend), KEY_BLOCK, the tensor-core and quantization helpers,
+// The shared part of the attention kernels (attention_pair.cu, attention_split.cu): the definition
+// they both compute (strata_prefill.contract.attention.attend), KEY_BLOCK, the tensor-core and quantization helpers,
 // the V^T staging step (split-K), the steps of a key block in the prefill kernel (Q.K, mask and
 // maxima, exponential, V-scale fold, the O and L accumulation), its output and its entry macro.
 // Include strata_numerics.cuh first.
