@@ -1,15 +1,20 @@
-"""Causal attention over an int8 KV cache: the NumPy definition (docs/numerics.md, section 5).
+"""Causal attention over a quantized KV cache: the NumPy definition, attention contract v2
+(docs/numerics.md, section 5).
 
-Scores are exact integer dot products of int8 Q and K blocks (32 values, one float32 scale
-each). Keys are visited in blocks of 64 at absolute positions with an online softmax, merged
-in ascending order. P is folded with V's per-token scale and quantized to int8 per (query,
-key block), so P.V is an exact int32 too. The attention kernel names `attend` here.
+Q and K are quantized per head row (Q to 9-bit codes, |q| <= 255; K to 10-bit codes,
+|k| <= 511; one float32 scale per row each), so a score is one exact integer dot product and
+two float32 products, in base-2 units: s = (sumf * dk) * (dq * log2(e) / sqrt(head_dim)).
+Keys are visited in blocks of 64 at absolute positions with an online softmax in base 2
+(`exp2c`, strata_prefill.contract.numerics), merged in ascending order. P is folded with V's
+per-token scale and quantized to int8 per (query, key block), half to even, so P.V is an exact
+integer too, and O takes it with one fused multiply-add. The attention kernels name `attend`
+here, the KV-cache kernels `KVCache.write`.
 
 Two options, both off by default (then not one operation differs): a learned sink logit per
 query head, which joins each row's softmax as a key whose value is zero (the online softmax
-starts from it: M = sink, L = 1), and a sliding window of `window` keys (a key is masked when
-position - key >= window), whose key blocks wholly outside a query's window are not visited
-(section 5, "Sinks" and "Sliding window").
+starts from it: M = sink * log2(e), L = 1), and a sliding window of `window` keys (a key is
+masked when position - key >= window), whose key blocks wholly outside a query's window are
+not visited (section 5, "Sinks" and "Sliding window").
 """
 from __future__ import annotations
 
@@ -19,26 +24,45 @@ import numpy as np
 
 from strata_prefill.contract import numerics, parallel
 from strata_prefill.contract.blockquant import quantize_blocks
-from strata_prefill.contract.constants import KEY_BLOCK, QK_BLOCK
+from strata_prefill.contract.constants import KEY_BLOCK, K_QMAX, Q_QMAX
 
 F32 = np.float32
 
 
 def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """The int8 blocks of K, V, Q and the folded P: (codes int8 [..., n], scales float32
-    [..., n/block]) by the shared loop, rule INVERSE (docs/numerics.md sections 2 and 5);
-    a block whose 127/amax is not finite stores scale 0 and codes 0. The KV-cache and
-    attention kernels name this function."""
+    """V's int8 rows (codes int8 [..., n], scales float32 [..., n/block]) by the shared loop,
+    rule INVERSE (docs/numerics.md sections 2 and 5); a block whose 127/amax is not finite
+    stores scale 0 and codes 0. The KV-cache kernel names this function."""
     return quantize_blocks(np.asarray(x, dtype=F32), block)
 
 
-def kq_scale(head_dim: int) -> np.float32:
-    """1/sqrt(head_dim), computed in float64 and rounded once to float32."""
-    return F32(1.0 / math.sqrt(head_dim))
+def quantize_rows(x: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q's (qmax 255) or K's (qmax 511) codes per head row: (codes int16 [..., hd], scales
+    float32 [...]) by the shared loop, rule INVERSE with code bound qmax over the whole row
+    (docs/numerics.md section 5); a row whose qmax/amax is not finite stores scale 0 and codes
+    0. The KV-cache and attention kernels name this function."""
+    x = np.asarray(x, dtype=F32)
+    codes, d = quantize_blocks(x, x.shape[-1], qmax=qmax)
+    return codes, d[..., 0]
+
+
+def quantize_p(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The folded P's int8 codes per block of 64 keys along the last axis, rule INVERSE, codes
+    by rint (half to even): (codes int8 [..., 64], dw float32 [..., 1])."""
+    return quantize_blocks(w, KEY_BLOCK, half_to_even=True)
+
+
+def kq2(head_dim: int) -> np.float32:
+    """log2(e) / sqrt(head_dim), computed in float64 and rounded once to float32: a score's
+    factor into base-2 units (docs/numerics.md section 5, KQ2)."""
+    return F32(1.0 / (math.log(2.0) * math.sqrt(head_dim)))
 
 
 class KVCache:
-    """int8 K (one scale per 32 values) and int8 V (one scale per token and head)."""
+    """K as 10-bit codes held in float16 (exact: integers up to 2048), one float32 scale per
+    token and KV head, and int8 V, one float32 scale per token and KV head. Per layer:
+    k_codes float16 [n_kv, cap, hd], k_scale float32 [n_kv, cap], v_codes int8 [n_kv, cap, hd],
+    v_scale float32 [n_kv, cap]."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, capacity: int = 4 * KEY_BLOCK):
         self.n_layer, self.n_head_kv, self.head_dim = n_layer, n_head_kv, head_dim
@@ -60,8 +84,8 @@ class KVCache:
 
         n = self.n_layer
         olds = (self.k_codes, self.k_scale, self.v_codes, self.v_scale) if self.capacity else ([None] * n,) * 4
-        self.k_codes = [grown(o, (hkv, capacity, hd), np.int8) for o in olds[0]]
-        self.k_scale = [grown(o, (hkv, capacity, hd // QK_BLOCK), F32) for o in olds[1]]
+        self.k_codes = [grown(o, (hkv, capacity, hd), np.float16) for o in olds[0]]
+        self.k_scale = [grown(o, (hkv, capacity), F32) for o in olds[1]]
         self.v_codes = [grown(o, (hkv, capacity, hd), np.int8) for o in olds[2]]
         self.v_scale = [grown(o, (hkv, capacity), F32) for o in olds[3]]
         self.capacity = capacity
@@ -72,10 +96,10 @@ class KVCache:
         need = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK
         if need > self.capacity:
             self._grow(max(need, 2 * self.capacity))
-        kq, kd = quantize_int8(k, QK_BLOCK)
+        kq, kd = quantize_rows(k, K_QMAX)
         vq, vd = quantize_int8(v, self.head_dim)
-        self.k_codes[layer][:, positions] = kq.transpose(1, 0, 2)
-        self.k_scale[layer][:, positions] = kd.transpose(1, 0, 2)
+        self.k_codes[layer][:, positions] = kq.astype(np.float16).transpose(1, 0, 2)
+        self.k_scale[layer][:, positions] = kd.T
         self.v_codes[layer][:, positions] = vq.transpose(1, 0, 2)
         self.v_scale[layer][:, positions] = vd[..., 0].T
 
@@ -132,12 +156,14 @@ def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray, sin
     tile = max(1, min(_TILE_QUERIES, _TILE_BYTES // per_query))
     pieces = [(t0, kvh) for t0 in range(0, n_tok, tile) for kvh in range(cache.n_head_kv)]
 
-    # Q's int8 blocks (32 values each, so per head and query), for all pieces at once; each
+    # Q's codes and its scale in base-2 units, dqs = dq * KQ2, for all pieces at once; each
     # KV head's keys and values widened to float32 once, for all of its tiles.
-    qc, qd = quantize_int8(q, QK_BLOCK)  # [T, H, hd], [T, H, hd/32]
-    kv = [(cache.k_codes[layer][kvh, :n_k].astype(F32), np.ascontiguousarray(cache.k_scale[layer][kvh, :n_k].T),
+    qc, qd = quantize_rows(q, Q_QMAX)  # int16 [T, H, hd], float32 [T, H]
+    dqs = qd * kq2(hd)
+    kv = [(cache.k_codes[layer][kvh, :n_k].astype(F32), cache.k_scale[layer][kvh, :n_k],
            cache.v_codes[layer][kvh, :n_k].astype(F32), cache.v_scale[layer][kvh, :n_k])
           for kvh in range(cache.n_head_kv)]
+    sinks2 = None if sinks is None else sinks * numerics.LOG2E  # the sink logits in base 2
 
     def run(piece):
         t0, kvh = piece
@@ -146,41 +172,39 @@ def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray, sin
         # a tile visits only the key blocks up to its last query's position, and with a window
         # from the block of its earliest query's first key
         b0 = int(window_start(pos, window).min()) // KEY_BLOCK
-        out[rows, heads] = _attend_tile(kv[kvh], qc[rows, heads], qd[rows, heads], pos,
+        out[rows, heads] = _attend_tile(kv[kvh], qc[rows, heads], dqs[rows, heads], pos,
                                         int(pos.max()) // KEY_BLOCK + 1, b0=b0, window=window,
-                                        sink=None if sinks is None else sinks[heads])
+                                        sink2=None if sinks2 is None else sinks2[heads])
 
     parallel.map_ordered(run, pieces)
     return out
 
 
-def _attend_tile(kv, qc: np.ndarray, qd: np.ndarray, pos: np.ndarray, n_blk: int, b0: int = 0,
-                 window: int | None = None, sink: np.ndarray | None = None) -> np.ndarray:
-    """The query heads that one KV head serves (GQA), as int8 blocks qc [T, group, hd] with
-    scales qd [T, group, hd/32], over key blocks b0..n_blk-1. kv: that head's keys and values,
-    shared by its query heads (broadcast over them): K codes as float32 [keys, hd], K scales
-    [hd/32, keys], V codes as float32 [keys, hd], V scales [keys]. window, sink: as attend's
-    (sink: the group's sink logits [group])."""
+def _attend_tile(kv, qc: np.ndarray, dqs: np.ndarray, pos: np.ndarray, n_blk: int, b0: int = 0,
+                 window: int | None = None, sink2: np.ndarray | None = None) -> np.ndarray:
+    """The query heads that one KV head serves (GQA), as codes qc [T, group, hd] with their
+    scales in base-2 units dqs [T, group], over key blocks b0..n_blk-1. kv: that head's keys
+    and values, shared by its query heads (broadcast over them): K codes as float32 [keys, hd],
+    K scales [keys], V codes as float32 [keys, hd], V scales [keys]. window: as attend's;
+    sink2: the group's sink logits in base 2 [group]."""
     n_tok, n_head, hd = qc.shape
     key0 = b0 * KEY_BLOCK  # the first key visited
     n_blk -= b0
     n_k = n_blk * KEY_BLOCK
-    kc, kd = kv[0][key0:key0 + n_k], kv[1][:, key0:key0 + n_k]
+    kc, kd = kv[0][key0:key0 + n_k], kv[1][key0:key0 + n_k]
     vc, vd = kv[2][key0:key0 + n_k], kv[3][key0:key0 + n_k]
 
-    # Scores: per 32-value block an exact integer dot, then the float epilogue in block order:
-    # s = s + (qd * kd) * sumi per element.
+    # Scores in base 2: the exact integer dot, then s = (sumf * dk) * dqs. |sumf| <= hd * 255 *
+    # 511 is below 2^24 up to head_dim 128, so a float32 product is exact in any order; above,
+    # the exact integer (float64 holds it) is rounded to float32 once.
     qc = np.ascontiguousarray(qc.astype(F32).transpose(1, 0, 2)).reshape(n_head * n_tok, hd)
-    qd = np.ascontiguousarray(qd.transpose(2, 1, 0))  # [nb, H, T]
-    s = np.zeros((n_head, n_tok, n_k), dtype=F32)
-    t = np.empty_like(s)
-    for b in range(hd // QK_BLOCK):
-        cols = slice(b * QK_BLOCK, (b + 1) * QK_BLOCK)
-        sumi = np.matmul(qc[:, cols], kc[:, cols].T).reshape(n_head, n_tok, n_k)  # exact ints
-        np.multiply(qd[b, :, :, None], kd[b, None, None, :], out=t)
-        np.multiply(t, sumi, out=t)
-        np.add(s, t, out=s)
-    np.multiply(s, kq_scale(hd), out=s)
+    if hd * Q_QMAX * K_QMAX < 2**24:
+        s = np.matmul(qc, kc.T)
+    else:
+        s = np.matmul(qc.astype(np.float64), kc.T.astype(np.float64)).astype(F32)
+    s = s.reshape(n_head, n_tok, n_k)
+    np.multiply(s, kd[None, None, :], out=s)
+    np.multiply(s, np.ascontiguousarray(dqs.T)[:, :, None], out=s)
 
     # Mask keys after each query's position. Keys up to the tile's first position are valid
     # for every query, so only the keys after it are looked at. With a window, keys before
@@ -197,48 +221,51 @@ def _attend_tile(kv, qc: np.ndarray, qd: np.ndarray, pos: np.ndarray, n_blk: int
 
     # Running maximum after each block (max is exact in any order); a sink is the maximum
     # before the first block. A block wholly outside a query's window has m_blk = -inf and
-    # leaves the running maximum as it is; its alpha and p (NaN where the maximum is still
-    # -inf) are never merged.
+    # leaves the running maximum as it is; its alpha and p (exp2c's clamp of a NaN where the
+    # maximum is still -inf) are never merged.
     m_blk = s.max(axis=-1)  # [H, T, n_blk]
-    if sink is None:
+    if sink2 is None:
         m_run = np.maximum.accumulate(m_blk, axis=-1)
         m_prev = np.concatenate([np.full_like(m_run[..., :1], -np.inf), m_run[..., :-1]], axis=-1)
     else:
-        start = np.broadcast_to(sink[:, None, None], (n_head, n_tok, 1))
+        start = np.broadcast_to(sink2[:, None, None], (n_head, n_tok, 1))
         m_all = np.maximum.accumulate(np.concatenate([start, m_blk], axis=-1), axis=-1)
         m_prev, m_run = m_all[..., :-1], m_all[..., 1:]
     with np.errstate(invalid="ignore"):  # -inf - -inf in the blocks outside a window
-        alpha = numerics.exp(m_prev - m_run)  # exp(-inf) = 0 for the first block
+        # exp2c(-inf) = 2^-125 for the first block: it multiplies L = 0 and O = 0
+        alpha = numerics.exp2c(m_prev - m_run)
         np.subtract(s, m_run[..., None], out=s)
-        p = numerics.exp(s)
+        p = numerics.exp2c(s)
     np.copyto(p.reshape(n_head, n_tok, n_k)[:, :, k0:], F32(0.0), where=masked)
     lsum = numerics.tree_sum(p, axis=-1)  # [H, T, n_blk]
 
-    # P folded with V's per-token scale, quantized to int8 per (query, key block). A key block
-    # far below the running maximum can have amax under 127/FLT_MAX: scale 0, codes 0.
+    # P folded with V's per-token scale, quantized to int8 per (query, key block), half to
+    # even. A key block far below the running maximum can have amax under 127/FLT_MAX: scale
+    # 0, codes 0.
     np.multiply(p, vd.reshape(1, 1, n_blk, KEY_BLOCK), out=p)
-    wq, wd = quantize_int8(p, KEY_BLOCK)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
+    wq, wd = quantize_p(p)  # [H, T, n_blk, 64], [H, T, n_blk, 1]
     vc_blk = vc.reshape(n_blk, KEY_BLOCK, hd)
     pv = np.matmul(wq.astype(F32).transpose(0, 2, 1, 3), vc_blk)  # [H, n_blk, T, hd], exact ints
-    ob = wd.transpose(0, 2, 1, 3) * pv  # [H, n_blk, T, hd]
 
-    # Merge the blocks in ascending order; a query starts at the block holding its first key
-    # and stops at the block holding its position. A sink starts L at exp(sink - sink) = 1.
+    # Merge the blocks in ascending order: L = L * alpha + lsum, O = fma(dw, pv, O * alpha). A
+    # query starts at the block holding its first key and stops at the block holding its
+    # position. A sink starts L at exp2c(sink2 - sink2) = 1.
     last_blk = pos // KEY_BLOCK - b0  # [T]
     first_blk = window_start(pos, window) // KEY_BLOCK - b0
-    acc_l = (np.zeros if sink is None else np.ones)((n_head, n_tok), dtype=F32)
+    acc_l = (np.zeros if sink2 is None else np.ones)((n_head, n_tok), dtype=F32)
     acc_o = np.zeros((n_head, n_tok, hd), dtype=F32)
     all_from, all_live = int(first_blk.max()), int(last_blk.min())  # blocks live for every query
     for c in range(n_blk):
         a = alpha[:, :, c]
-        if all_from <= c <= all_live:  # acc = acc * a + block, in place
+        dw = wd[:, :, c]  # [H, T, 1]
+        if all_from <= c <= all_live:  # in place
             np.multiply(acc_l, a, out=acc_l)
             np.add(acc_l, lsum[:, :, c], out=acc_l)
             np.multiply(acc_o, a[..., None], out=acc_o)
-            np.add(acc_o, ob[:, c], out=acc_o)
+            acc_o = numerics.fma(dw, pv[:, c], acc_o)
             continue
         live = ((first_blk <= c) & (c <= last_blk))[None, :]  # [1, T]
         with np.errstate(invalid="ignore"):
             acc_l = np.where(live, acc_l * a + lsum[:, :, c], acc_l)
-            acc_o = np.where(live[..., None], acc_o * a[..., None] + ob[:, c], acc_o)
+            acc_o = np.where(live[..., None], numerics.fma(dw, pv[:, c], acc_o * a[..., None]), acc_o)
     return (acc_o / acc_l[..., None]).transpose(1, 0, 2)

@@ -18,7 +18,8 @@ Q8_1_ROW_ALIGN = 512  # rows are padded to a multiple of this many values
 
 # ---- attention ------------------------------------------------------------------------------
 KEY_BLOCK = 64  # keys merged per online-softmax step
-QK_BLOCK = 32  # values per int8 Q/K scale
+Q_QMAX = 255  # the bound of Q's codes, one scale per head row (9 bits)
+K_QMAX = 511  # the bound of K's codes, one scale per head row (10 bits)
 ROPE_MIN_ROWS = 256  # positions of the first RoPE table; it then grows by doubling
 
 # ---- dumps ----------------------------------------------------------------------------------

@@ -8,13 +8,11 @@ tests/test_load_checks.py holds them equal to the kernels' wrappers.
 """
 from __future__ import annotations
 
-from strata_prefill.contract.constants import QK_BLOCK
-
 # ---- every path (the reference, the sim, the CUDA kernels) ------------------------------------
-#: the head size is a whole number of the int8 Q/K blocks attention scores in
-#: (contract/attention.py, kernels/attention_common.cuh); it is then even too, as NEOX RoPE's
-#: pairs need (contract/numerics.py:rope_table)
-HEAD_DIM_MULTIPLE = QK_BLOCK
+#: the head size is a multiple of 32: the head sizes the contract is stated and tested for (Q and
+#: K are quantized per head row, contract/attention.py, one warp's lanes over a row in the
+#: kernels); it is then even too, as NEOX RoPE's pairs need (contract/numerics.py:rope_table)
+HEAD_DIM_MULTIPLE = 32
 
 # ---- the CUDA kernels only -------------------------------------------------------------------
 #: head sizes the attention kernels are instantiated for (fast/cuda/attention.py:ATTEND_HEAD_DIMS)

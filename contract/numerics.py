@@ -11,6 +11,8 @@ checked by :func:`f32`, which refuses float64 arrays instead of silently roundin
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from strata_prefill.contract.constants import ROPE_MIN_ROWS
@@ -20,6 +22,8 @@ __all__ = [
     "roundf",
     "rint",
     "exp",
+    "fma",
+    "exp2c",
     "sigmoid",
     "silu",
     "softmax",
@@ -38,6 +42,10 @@ __all__ = [
     "EXP_POLY",
     "EXP_HI",
     "EXP_LO",
+    "LOG2E",
+    "EXP2C_POLY",
+    "EXP2C_FLOOR",
+    "EXP2C_MAGIC",
 ]
 
 F32 = np.float32
@@ -66,6 +74,22 @@ EXP_POLY = tuple(
 )
 EXP_HI = F32(88.0)
 EXP_LO = F32(-87.0)
+
+# exp2c constants (docs/numerics.md, "exp2c"): attention's base-2 exponential.
+#: float32(1 / ln 2), rounded once from float64: natural-unit logits to base 2 (a sink)
+LOG2E = F32(1.0 / math.log(2.0))
+#: C4, C3, C2, C1, 1 (Horner order): a degree-4 fit of 2^f on [-0.5, 0.5] with p(0) = 1
+EXP2C_POLY = tuple(F32(c) for c in (0.009582842700183392, 0.055906426161527634, 0.24024099111557007,
+                                    0.6931241750717163, 1.0))
+#: the clamp: exp2c(x) = exp2c(-125) below it (and for NaN), so 2^n stays a normal float
+EXP2C_FLOOR = F32(-125.0)
+#: 1.5 * 2^23: x + MAGIC is 12582912 + rint(x), and its low mantissa bits are rint(x)
+EXP2C_MAGIC = F32(12582912.0)
+
+# fma's test for a float64 sum that sits on a float32 rounding midpoint
+_LOW29 = np.int64((1 << 29) - 1)
+_MID29 = np.int64(1 << 28)
+_TINY32 = F32(2.0 ** -126)
 
 _ZERO = F32(0.0)
 _HALF = F32(0.5)
@@ -174,6 +198,101 @@ def exp(x) -> np.ndarray:
         y[hi] = F32(np.inf)
         y[nan] = x[nan]
     return _check32(y.reshape(shape))
+
+
+def fma(a, b, c) -> np.ndarray:
+    """``a * b + c`` with one rounding to float32 (IEEE fused multiply-add, CUDA
+    ``__fmaf_rn``), elementwise with NumPy broadcasting.
+
+    Emulated exactly: ``a * b`` is exact in float64 (24 + 24 bits); ``s = a*b + c`` rounds
+    to nearest in float64 and TwoSum gives its exact error ``e``; where ``e != 0`` and ``s``'s
+    last mantissa bit is 0, ``s`` steps one float64 ulp toward ``e`` (round to odd); then
+    ``s`` rounds once to float32. Round to odd at 53 bits followed by one rounding to 24 bits
+    is the correctly rounded result (53 >= 24 + 2), subnormal results and overflow to inf
+    included. Where ``a*b + c`` is not finite (an inf or NaN input) the float64 sum is used
+    as is: its inf or NaN is IEEE fma's.
+    """
+    a, b, c = f32(a), f32(b), f32(c)
+    shape = np.broadcast_shapes(a.shape, b.shape, c.shape)
+    if not shape:  # one value: as an array of one, so that its elements can be indexed
+        a, b, c = (v.reshape(1) for v in (a, b, c))
+    return _check32(_Fma(a.shape if not shape else shape).run(a, b, c, normal=False).reshape(shape))
+
+
+class _Fma:
+    """fma's work arrays for one shape, reused across the steps of a chain (exp2c's four),
+    since a fresh large array costs as much as the arithmetic on it."""
+
+    def __init__(self, shape):
+        self.s = np.empty(shape, np.float64)
+        self.low = np.empty(shape, np.int64)
+        self.mid = np.empty(shape, np.bool_)
+
+    def run(self, a, b, c, normal: bool, out=None) -> np.ndarray:
+        """fma of operands holding float32 values (float32 arrays or scalars, or float64
+        copies of float32 values) into ``out`` (float32, new if None). ``normal``: the caller
+        knows every result is 0 or at least 2^-126 in magnitude, which spares one test."""
+        s, bits = self.s, self.s.view(np.int64)
+        np.multiply(a, b, out=s, dtype=np.float64)  # exact
+        np.add(s, c, out=s)
+        if out is None:
+            out = np.empty(s.shape, np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.copyto(out, s, casting="same_kind")
+            # Rounding s to float32 instead of a*b + c can only differ where s sits on a
+            # float32 rounding midpoint (a*b + c may then lie on either side of it; elsewhere
+            # s and a*b + c are on the same side of every midpoint): in the normal range, s's
+            # low 29 mantissa bits 1000...0; at 2^-126 and below (a subnormal float32's
+            # midpoints sit higher in the mantissa) any s. Only those take TwoSum and the
+            # round-to-odd step.
+            np.bitwise_and(bits, _LOW29, out=self.low)
+            np.equal(self.low, _MID29, out=self.mid)
+            if not normal:
+                self.mid |= np.abs(out) <= _TINY32
+            if self.mid.any():
+                idx = np.nonzero(self.mid)  # indexes the broadcast views without copying them
+                pa, pb, pc = (np.broadcast_to(np.asarray(v), s.shape)[idx].astype(np.float64)
+                              for v in (a, b, c))
+                pa = pa * pb
+                sa = pa + pc
+                bb = sa - pa
+                e = (pa - (sa - bb)) + (pc - bb)  # TwoSum: the exact error of sa
+                sb = sa.view(np.int64)
+                fix = (e != 0) & ((sb & 1) == 0) & np.isfinite(sa)
+                # the odd neighbour toward e: magnitude up where e has s's sign, else down
+                sb = np.where(fix, sb + np.where((sa > 0) == (e > 0), 1, -1), sb)
+                out[idx] = sb.view(np.float64).astype(np.float32)
+        return out
+
+
+def exp2c(x) -> np.ndarray:
+    """Attention's base-2 exponential (docs/numerics.md, "exp2c"), for x <= 0, -inf or NaN.
+
+    ``x = fmaxf(x, -125)`` (NaN and -inf give -125 too); ``t = x + 1.5*2^23`` (so
+    ``t = 12582912 + rint(x)``); ``n = t - 1.5*2^23``; ``f = x - n`` (exact, in [-0.5, 0.5]);
+    ``p`` the degree-4 Horner polynomial in fused multiply-adds (:func:`fma`, ending on 1, so
+    ``exp2c(0) == 1``); the result's bits are ``bits(p) + (bits(t) << 23)`` in wrapping int32
+    arithmetic, which is ``p * 2^n`` exactly (the low 9 bits of bits(t) are n mod 512). The
+    result is always a normal float. Positive x is outside the definition.
+    """
+    x = f32(x)
+    shape = x.shape
+    x = np.fmax(x.reshape(-1), EXP2C_FLOOR)  # an array even for one value, so that out= works
+    t = np.add(x, EXP2C_MAGIC)
+    f = np.subtract(t, EXP2C_MAGIC)  # n
+    np.subtract(x, f, out=f)  # f = x - n
+    f64 = f.astype(np.float64)  # exact, widened once for the four steps
+    work = _Fma(x.shape)
+    # every partial result of the polynomial lies in [0.05, 1.5]: never subnormal. Two
+    # buffers in turn: a step reads its p again where it rounds a midpoint.
+    p, q = work.run(EXP2C_POLY[0], f64, EXP2C_POLY[1], normal=True, out=x), f  # x, f not read again
+    for c in EXP2C_POLY[2:]:
+        p, q = work.run(p, f64, c, normal=True, out=q), p
+    # uint32 arithmetic wraps modulo 2^32, exactly as int32 does on the GPU
+    y = t.view(np.uint32)
+    np.left_shift(y, np.uint32(23), out=y)
+    np.add(y, p.view(np.uint32), out=y)
+    return _check32(y.view(np.float32).reshape(shape))
 
 
 def sigmoid(x) -> np.ndarray:

@@ -124,7 +124,7 @@ class Backend(Protocol):
         """NeoX RoPE of x [T, heads, head_dim] at absolute positions."""
 
     def kv_write(self, layer: int, positions: np.ndarray, k: Array, v: Array) -> None:
-        """Quantize k and v into the layer's int8 KV cache at positions."""
+        """Quantize k and v into the layer's KV cache at positions (strata_prefill.contract.attention.KVCache.write)."""
 
     def attend(self, layer: int, q: Array, positions: np.ndarray, sinks=None, window: int | None = None) -> Array:
         """Causal attention of q [T, heads, head_dim] over the layer's cache; sinks (the

@@ -114,7 +114,7 @@ class ModelConfig:
                        f"{self.n_head} (each KV head serves a whole group of query heads)")
         if self.head_dim < 1 or self.head_dim % limits.HEAD_DIM_MULTIPLE:
             out.append(f"{k['head_dim']} (the head size) {self.head_dim}: must be a positive "
-                       f"multiple of {limits.HEAD_DIM_MULTIPLE} (attention's int8 Q/K blocks)")
+                       f"multiple of {limits.HEAD_DIM_MULTIPLE} (the head sizes attention is stated for)")
         if not 1 <= self.n_expert_used <= max(self.n_expert, 1):
             out.append(f"{k['n_expert_used']} {self.n_expert_used}: must be in [1, "
                        f"{k['n_expert']} {self.n_expert}]")

@@ -13,9 +13,10 @@ so a changed order, scale or formula in contract/ shows there.
 
 A loop never calls the function it defines. What it does call from contract/, and why:
 
-- ``strata_prefill.contract.numerics.exp`` and ``strata_prefill.contract.numerics.roundf`` (through :func:`exp` and
-  :func:`roundf`): the contract defines them as *the* shared primitives (section 1) that every
-  rule uses; they have their own scalar tests in tests/test_numerics.py.
+- ``strata_prefill.contract.numerics.exp``, ``exp2c``, ``fma``, ``roundf`` and ``rint`` (through
+  :func:`exp`, :func:`exp2c`, :func:`fma`, :func:`roundf` and :func:`rint`): the contract
+  defines them as *the* shared primitives (section 1) that the rules use; they have their own
+  tests in tests/test_numerics.py (fma against an exact rational oracle).
 - ``strata_prefill.contract.quants.decode`` for a weight's integer form (codes, sub-scales, dw, mw): the weight
   formats are pinned against ``gguf.quants.dequantize`` in tests/test_quants.py; the product's
   epilogue is what is stated here.
@@ -49,6 +50,21 @@ def exp(x) -> np.float32:
 def roundf(x) -> np.float32:
     """Section 1, roundf (C roundf, half away from zero): the shared primitive on one float32."""
     return numerics.roundf(F32(x))[()]
+
+
+def exp2c(x) -> np.float32:
+    """Section 1, exp2c (attention's base-2 exponential): the shared primitive on one float32."""
+    return numerics.exp2c(F32(x))[()]
+
+
+def fma(a, b, c) -> np.float32:
+    """Section 1, fma (one fused multiply-add, one rounding): the shared primitive on float32s."""
+    return numerics.fma(F32(a), F32(b), F32(c))[()]
+
+
+def rint(x) -> np.float32:
+    """Section 1, rint (half to even): the shared primitive on one float32."""
+    return numerics.rint(F32(x))[()]
 
 
 def tree_sum(v: list) -> np.float32:
@@ -98,36 +114,27 @@ def silu(x) -> np.float32:
 # --------------------------------------------------------------------------- int8 blocks, q8_1 (section 2)
 
 
-def int8_block(vals: list) -> tuple[list[int], np.float32]:
-    """Section 2, one scale group by the INVERSE rule (q8_1 groups; the KV cache, Q and the
-    folded P of section 5): ``strata_prefill.contract.blockquant.quantize_blocks`` on one block. Returns
-    (codes, d). A group whose 127/amax is not finite (all zeros, amax too small, a NaN) has
-    d = 0 and codes 0; a product ``x_i * d_inv`` that is not finite (an infinite input) gives
-    code 0."""
+def int8_block(vals: list, qmax: int = 127, half_to_even: bool = False) -> tuple[list[int], np.float32]:
+    """Section 2, one scale group by the INVERSE rule (q8_1 groups; the KV cache's V, and with
+    another bound Q and K, section 5): ``strata_prefill.contract.blockquant.quantize_blocks``
+    on one block. Returns (codes, d). ``qmax``: the code bound in place of 127 (Q 255, K
+    511); ``half_to_even``: codes by rint, not roundf (the folded P of section 5). A group
+    whose qmax/amax is not finite (all zeros, amax too small, a NaN) has d = 0 and codes 0; a
+    product ``x_i * d_inv`` that is not finite (an infinite input) gives code 0."""
     amax = ZERO
     for v in vals:
         amax = np.maximum(amax, np.abs(F32(v)))  # np.maximum keeps a NaN, as the block's max does
+    rnd = rint if half_to_even else roundf
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        d_inv = F32(127.0) / amax
+        d_inv = F32(qmax) / amax
         if not np.isfinite(d_inv):
             return [0] * len(vals), ZERO
         codes = []
         for v in vals:
             p = F32(v) * d_inv
-            codes.append(int(roundf(p)) if np.isfinite(p) else 0)
+            codes.append(int(rnd(p)) if np.isfinite(p) else 0)
         d = ONE / d_inv
     return codes, d
-
-
-def int8_row(vals: list, block: int) -> tuple[list[int], list]:
-    """A row cut into groups of ``block`` values, each by :func:`int8_block`: (codes of the
-    whole row, one d per group) (``strata_prefill.contract.attention.quantize_int8``)."""
-    codes, scales = [], []
-    for i in range(0, len(vals), block):
-        c, d = int8_block(vals[i:i + block])
-        codes += c
-        scales.append(d)
-    return codes, scales
 
 
 def q8_1_sum(vals: list) -> np.float32:
@@ -303,54 +310,51 @@ def top_k_selected(logits: np.ndarray, k: int, bias=None) -> tuple[np.ndarray, n
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, qpos, n_head_kv: int, sinks=None,
               window=None) -> np.ndarray:
-    """Section 5, Attention: queries q [T, H, hd] at positions qpos over keys and values
-    k, v [n_keys, n_head_kv, hd] at positions 0..n_keys-1, through the int8 KV cache:
-    [T, H, hd] float32 (``strata_prefill.contract.attention.KVCache.write``, then ``strata_prefill.contract.attention.attend``).
-    sinks: float32 [H] or None; window: the keys a query sees, or None (section 5, "Sinks",
-    "Sliding window")."""
+    """Section 5, Attention (contract v2): queries q [T, H, hd] at positions qpos over keys and
+    values k, v [n_keys, n_head_kv, hd] at positions 0..n_keys-1, through the KV cache:
+    [T, H, hd] float32 (``strata_prefill.contract.attention.KVCache.write``, then
+    ``strata_prefill.contract.attention.attend``). sinks: float32 [H] or None; window: the
+    keys a query sees, or None (section 5, "Sinks", "Sliding window")."""
     n_tok, n_head, hd = q.shape
-    # the KV cache: K one scale per 32 values, V one scale per head_dim row
-    kq = [[int8_row(k[j, g].tolist(), 32) for g in range(n_head_kv)] for j in range(k.shape[0])]
-    vq = [[int8_row(v[j, g].tolist(), hd) for g in range(n_head_kv)] for j in range(v.shape[0])]
-    kq_scale = F32(1.0 / math.sqrt(hd))  # float64, rounded once
+    # the KV cache: K per head row at 511 (10-bit codes), V per head row at 127 (int8)
+    kq = [[int8_block(k[j, g].tolist(), 511) for g in range(n_head_kv)] for j in range(k.shape[0])]
+    vq = [[int8_block(v[j, g].tolist()) for g in range(n_head_kv)] for j in range(v.shape[0])]
+    kq2 = F32(1.0 / (math.log(2.0) * math.sqrt(hd)))  # log2(e) / sqrt(hd) in float64, rounded once
+    log2e = F32(1.0 / math.log(2.0))
     out = np.zeros(q.shape, F32)
     for t in range(n_tok):
         P = int(qpos[t])
         lo = 0 if window is None else max(0, P - int(window) + 1)  # the first key the query sees
         for h in range(n_head):
             g = h // (n_head // n_head_kv)
-            qc, qd = int8_row(q[t, h].tolist(), 32)
-            # scores of the keys at positions lo..P
+            qc, dq = int8_block(q[t, h].tolist(), 255)  # Q per head row at 255 (9-bit codes)
+            dqs = dq * kq2
+            # scores of the keys at positions lo..P, in base 2
             s = {}
             for j in range(lo, P + 1):
-                kc, kd = kq[j][g]
-                acc = ZERO
-                for b in range(hd // 32):
-                    sumi = sum(qc[i] * kc[i] for i in range(32 * b, 32 * b + 32))  # exact
-                    d = qd[b] * kd[b]
-                    acc = acc + d * F32(sumi)
-                s[j] = acc * kq_scale
+                kc, dk = kq[j][g]
+                sumf = F32(sum(qc[i] * kc[i] for i in range(hd)))  # the exact integer, rounded once
+                s[j] = (sumf * dk) * dqs
             # online softmax over key blocks of 64, ascending, from the block holding key lo; a
-            # sink is a key merged before them whose value is zero: M = sink, L = exp(0) = 1
+            # sink is a key merged before them whose value is zero: M = sink2, L = exp2c(0) = 1
             if sinks is None:
                 M, L, O = F32(-np.inf), ZERO, [ZERO] * hd
             else:
-                M, L, O = F32(sinks[h]), F32(1.0), [ZERO] * hd
+                M, L, O = F32(sinks[h]) * log2e, ONE, [ZERO] * hd
             for c in range(lo // 64, P // 64 + 1):
                 keys = range(64 * c, 64 * c + 64)
                 m_new = max(M, max(s[j] for j in keys if lo <= j <= P))
-                alpha = exp(M - m_new)
-                p = [exp(s[j] - m_new) if lo <= j <= P else ZERO for j in keys]
+                alpha = exp2c(M - m_new)  # exp2c(-inf) = 2^-125 on the first block, times 0
+                p = [exp2c(s[j] - m_new) if lo <= j <= P else ZERO for j in keys]
                 lsum = tree_sum(p)
-                w = [p[i] * vq[j][g][1][0] if lo <= j <= P else ZERO for i, j in enumerate(keys)]
-                wq, dw = int8_block(w)
+                w = [p[i] * vq[j][g][1] if lo <= j <= P else ZERO for i, j in enumerate(keys)]
+                wq, dw = int8_block(w, half_to_even=True)
                 L = L * alpha
                 L = L + lsum
                 for i in range(hd):
                     pv = sum(wq[jj] * vq[j][g][0][i] for jj, j in enumerate(keys) if lo <= j <= P)  # exact
-                    ob = dw * F32(pv)
-                    O[i] = O[i] * alpha
-                    O[i] = O[i] + ob
+                    o = O[i] * alpha
+                    O[i] = fma(dw, F32(pv), o)
                 M = m_new
             out[t, h] = [O[i] / L for i in range(hd)]
     return out

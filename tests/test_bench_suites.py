@@ -98,20 +98,27 @@ def test_interleaved_alternates_the_arms():
 
 def test_contract_cost_prints_its_table():
     """bench/contract_cost.py (NumPy only) prints the three error rows, each a coarser block
-    costing more error than the contract's 32-value blocks, and the two exponentials' ulps."""
+    costing more error than the contract's 32-value blocks; the three exponentials' ulps; and
+    attention contract v1 against v2, one row per draw and their mean."""
     res = subprocess.run([sys.executable, "-m", "bench.contract_cost", "--tokens", "64", "--seed", "3",
-                          "--exp-step", "4999"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          "--exp-step", "4999", "--attention-draws", "2"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and line.endswith("x |")]
+    lines = res.stdout.splitlines()
+    rows = [line for line in lines if line.startswith("| ") and line.endswith("x |") and line.count("|") == 5]
     assert len(rows) == 3, res.stdout
     for row in rows:
         ratio = float(row.rstrip(" |").rsplit("|", 1)[1].strip().rstrip("x"))
         assert ratio > 1.0, row
-    exp_rows = [line for line in res.stdout.splitlines() if "polynomial" in line]
-    assert len(exp_rows) == 2, res.stdout
-    for row in exp_rows:  # both exponentials within 2 ulps of float64, the contract's one within 1.25
+    exp_rows = [line for line in lines if "polynomial" in line]
+    assert len(exp_rows) == 3, res.stdout
+    for row in exp_rows:  # exp within 1.25 ulps of float64, the table form within 2, exp2c within 3e-6
         worst = float(row.split("|")[2])
-        assert 0.0 < worst < (1.25 if "contract" in row else 2.0), row
+        assert 0.0 < worst < (60.0 if "exp2c" in row else 1.25 if "contract" in row else 2.0), row
+    v12 = [line.split("|")[1:-1] for line in lines if line.count("|") == 8 and line.endswith("x |")]
+    assert [r[0].strip() for r in v12] == ["3", "4", "mean"], res.stdout
+    for r in v12:  # scores and outputs of both contracts: errors of a few percent at most
+        assert all(0.0 < float(r[i]) < 0.2 for i in (1, 2, 4, 5)), r
 
 
 def test_a_kernel_row_goes_into_extra_info():

@@ -1,6 +1,7 @@
 """strata_prefill.contract.blockquant.quantize_blocks: both scale rules against a literal scalar loop, and its
-defined cases (all-zero, an inverse that overflows, NaN, infinity) block by block; and the
-RoPE table's growth (strata_prefill.contract.numerics.RopeTable)."""
+defined cases (all-zero, an inverse that overflows, NaN, infinity) block by block, at the
+default code bound 127 and at attention's 255 and 511 (the INVERSE rule's QMAX); and the RoPE
+table's growth (strata_prefill.contract.numerics.RopeTable)."""
 import math
 
 import numpy as np
@@ -22,18 +23,24 @@ def c_roundf(v: float) -> float:
     return math.copysign(math.floor(abs(v) + 0.5), v)
 
 
-def scalar_block(vals, rule):
+def c_rint(v: float) -> float:
+    """Round half to even of a float32 value (Python's round is half to even, and exact)."""
+    return float(round(v))
+
+
+def scalar_block(vals, rule, qmax=127, half_to_even=False):
     """One finite, non-zero block, literally: (codes, d)."""
     amax = F32(0.0)
     for v in vals:
         amax = max(amax, F32(abs(v)))
     if rule == INVERSE:
-        m = F32(127.0) / amax
+        m = F32(qmax) / amax
         d = F32(1.0) / m
     else:
         d = amax / F32(127.0)
         m = F32(1.0) / d
-    return [int(c_roundf(float(F32(v) * m))) for v in vals], d
+    rnd = c_rint if half_to_even else c_roundf
+    return [int(rnd(float(F32(v) * m))) for v in vals], d
 
 
 def random_blocks(seed, n_blocks, block, spread):
@@ -53,6 +60,31 @@ def test_matches_scalar_loop(seed, n_blocks, block, spread, rule):
         codes, db = scalar_block(x[b].tolist(), rule)
         assert q[b * block:(b + 1) * block].tolist() == codes
         assert d[b].tobytes() == F32(db).tobytes()
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1), n_blocks=st.integers(1, 4), block=st.sampled_from([32, 64, 128]),
+       spread=st.floats(0, 6), qmax=st.sampled_from([127, 255, 511]), half_to_even=st.booleans())
+def test_code_bound_and_rounding(seed, n_blocks, block, spread, qmax, half_to_even):
+    """The INVERSE rule at another code bound (Q's 255, K's 511) and with rint codes (P's):
+    the scalar loop's codes and scales, |code| <= qmax with the bound reached in every block,
+    and a code type that holds them (int8 at 127, int16 above)."""
+    x = random_blocks(seed, n_blocks, block, spread)
+    q, d = quantize_blocks(x, block, qmax=qmax, half_to_even=half_to_even)
+    assert q.dtype == (np.int8 if qmax == 127 else np.int16)
+    assert np.abs(q.astype(np.int32)).max(axis=-1).tolist() == [qmax] * n_blocks
+    for b in range(n_blocks):
+        codes, db = scalar_block(x[b].tolist(), INVERSE, qmax, half_to_even)
+        assert q[b].tolist() == codes
+        assert d[b].tobytes() == F32(db).tobytes()
+
+
+def test_rint_codes_round_halves_to_even():
+    """amax 127 makes m = 1: the codes are the values rounded, halves to even with rint and
+    away from zero with roundf."""
+    x = np.array([127.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.25, -127.0], F32)
+    assert quantize_blocks(x, 8, half_to_even=True)[0].tolist() == [127, 0, 2, 2, 0, -2, 3, -127]
+    assert quantize_blocks(x, 8)[0].tolist() == [127, 1, 2, 3, -1, -3, 3, -127]
 
 
 @SETTINGS
@@ -92,20 +124,21 @@ def _special(kind, block, rng, rule):
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1), n_blocks=st.integers(1, 4), block=st.sampled_from([32, 64]),
        kind=st.sampled_from(["zero", "negzero", "nan", "tiny", "inf"]),
-       rule=st.sampled_from([INVERSE, SCALE]))
-def test_defined_cases(seed, n_blocks, block, kind, rule):
+       rule_qmax=st.sampled_from([(INVERSE, 127), (SCALE, 127), (INVERSE, 255), (INVERSE, 511)]))
+def test_defined_cases(seed, n_blocks, block, kind, rule_qmax):
+    rule, qmax = rule_qmax
     rng = np.random.default_rng(seed)
     x = random_blocks(seed, n_blocks, block, 3)
     where = int(rng.integers(n_blocks))
     x[where], want_d = _special(kind, block, rng, rule)
     with np.errstate(all="raise"):  # the helper must not warn or raise on these
-        q, d = quantize_blocks(x.reshape(1, -1), block, rule)
+        q, d = quantize_blocks(x.reshape(1, -1), block, rule, qmax=qmax)
     q, d = q.reshape(n_blocks, block), d.reshape(n_blocks)
     assert not q[where].any()
     assert d[where].tobytes() == want_d.tobytes()
     for b in range(n_blocks):  # the other blocks are untouched by their neighbour
         if b != where:
-            qb, db = quantize_blocks(x[b], block, rule)
+            qb, db = quantize_blocks(x[b], block, rule, qmax=qmax)
             assert q[b].tobytes() == qb.tobytes() and d[b].tobytes() == db.tobytes()
 
 
@@ -118,6 +151,11 @@ def test_refuses_bad_input():
         quantize_blocks(np.ones(40, F32), 32)
     with pytest.raises(ValueError):
         quantize_blocks(np.ones(32, F32), 32, "rint")
+    for bad in (0, -5, 2.5, True, 40000):
+        with pytest.raises(ValueError, match="code bound"):
+            quantize_blocks(np.ones(32, F32), 32, qmax=bad)
+    with pytest.raises(ValueError, match="code bound"):
+        quantize_blocks(np.ones(32, F32), 32, SCALE, qmax=255)
 
 
 # --------------------------------------------------------------------------- RopeTable

@@ -98,8 +98,8 @@ def test_mmq_epilogue(qt, seed, n_rows, n_out, n_super, offset):
 @given(seed=st.integers(0, 2**32 - 1), n_tok=st.integers(1, 3), n_keys_extra=st.integers(0, 90),
        hd=st.sampled_from([32, 64, 96, 128]), gqa=st.sampled_from([(2, 1), (2, 2)]))
 def test_attention(seed, n_tok, n_keys_extra, hd, gqa):
-    # head_dim 96 and 128: a kq_scale that is not a power of two, over 3-4 score blocks, so
-    # where the scale is applied, and how it is rounded (96), changes bits
+    # head_dim 96 and 128: a KQ2 that is not a power of two times log2(e) on a longer row, so
+    # where the scales are applied, and in which order, changes bits
     rng = np.random.default_rng(seed)
     n_head, n_head_kv = gqa
     n_keys = n_tok + n_keys_extra  # 1-2 key blocks; the queries are the last n_tok positions
