@@ -372,7 +372,9 @@ class DeviceKVCache:
             new_list = []
             for layer in range(self.n_layer):
                 shape = (hkv, capacity) if last is None else (hkv, capacity, last)
-                new = ga.zeros(shape, dt)
+                new = ga.empty(shape, dt)  # zeroed below (gpuarray.zeros has no float16 fill kernel)
+                if new.nbytes:
+                    cuda.memset_d8(new.gpudata, 0, new.nbytes)
                 if old:
                     src = arrs[layer]
                     row = np.dtype(dt).itemsize * (1 if last is None else last)
