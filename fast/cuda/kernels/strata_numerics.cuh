@@ -203,7 +203,8 @@ __device__ __forceinline__ void q8_warp_block(float x, int8_t& code, float& d)
 // (value 32 r + lane in x[r]): amax = max |x|; amax == 0 -> d = 0, codes 0; else d_inv = qmax /
 // amax, code = roundf(x * d_inv) (non-finite: 0), d = 1 / d_inv (strata_prefill.contract
 // .blockquant.quantize_blocks with that bound over one block of the row). The codes come back
-// as floats (integers, |code| <= qmax); returns d.
+// as floats (integers, |code| <= qmax, zero always +0.0: the cache stores them as float16 bits);
+// returns d.
 template <int R>
 __device__ __forceinline__ float row_quantize_warp(const float (&x)[R], float qmax, float (&code)[R])
 {
@@ -219,7 +220,7 @@ __device__ __forceinline__ float row_quantize_warp(const float (&x)[R], float qm
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const float c = roundf_away(__fmul_rn(x[r], d_inv));
-            code[r] = isfinite(c) ? c : 0.0f;
+            code[r] = isfinite(c) ? __fadd_rn(c, 0.0f) : 0.0f;  // + 0: a -0.0 code is the integer 0
         }
         d = 1.0f / d_inv;
     }
