@@ -47,7 +47,7 @@ ATTEND_VARIANT = "auto"
 #: the most queries "auto" sends to the split-K kernels
 ATTEND_SPLIT_MAX_T = 4
 #: attention_pair.cu's configuration: PAIR_QG (16-query groups per CTA, two warps each; 8 when
-#: absent), PAIR_STAGES (key blocks in the cp.async ring, 3), PAIR_MINB (CTAs per SM, 1)
+#: absent), PAIR_STAGES (key blocks in the cp.async ring, 2), PAIR_MINB (CTAs per SM, 1)
 ATTEND_PAIR_CONFIG: dict = {}
 #: the kernel "auto" runs for more than ATTEND_SPLIT_MAX_T queries
 ATTEND_PREFILL = "pair"

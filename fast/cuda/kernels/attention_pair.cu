@@ -49,7 +49,7 @@
 #define PAIR_QG 8      // 16-query groups per CTA (two warps each: 64 * PAIR_QG threads)
 #endif
 #ifndef PAIR_STAGES
-#define PAIR_STAGES 3  // key blocks in flight in the cp.async ring
+#define PAIR_STAGES 2  // key blocks in flight in the cp.async ring
 #endif
 #ifndef PAIR_MINB
 #define PAIR_MINB 1    // __launch_bounds__ minimum CTAs per SM
