@@ -46,7 +46,7 @@ from strata_prefill.verify.cases import kernel_case, sample_index
 
 H, HKV, HD = 32, 4, 128
 CHECKED_QUERIES = 8  # queries of each length compared with the NumPy definition
-DEFAULT_ARMS = '{};{"PAIR_QG": 6};{"PAIR_STAGES": 2}'
+DEFAULT_ARMS = '{};{"PAIR_QG": 6};{"PAIR_STAGES": 3}'
 
 
 def sass_histogram(defines: dict, out_dir: str, tag: str, kernel: str = "attend_pair_hd128") -> dict | None:

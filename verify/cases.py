@@ -388,7 +388,7 @@ def _model_rows() -> list[KernelCase]:
         rows.append(kernel_case("attention", f"prefill-{T}-gqa8-hd128-s1-default",
                          dict(n_head=_STRATA.n_head, n_kv=_STRATA.n_head_kv, hd=_STRATA.head_dim, positions=range(0, T),
                               start=0, scale=1.0, check=8), timed=True))
-    pair_configs = [{}, {"PAIR_QG": 6}, {"PAIR_STAGES": 2}, {"PAIR_QG": 4, "PAIR_MINB": 2}]
+    pair_configs = [{}, {"PAIR_QG": 6}, {"PAIR_STAGES": 3}, {"PAIR_QG": 4, "PAIR_MINB": 2}]
     for i in (1, 5, 6, 7):  # gqa4-cross64-hd128, mqa-T200-hd64, prefill-1000, chunk-1500
         for scale in (4.0, 16.0):  # 16: key blocks far below the running maximum
             name, shape = _attention_shape(i, scale, seed=900 + i)
