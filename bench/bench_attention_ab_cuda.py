@@ -8,7 +8,7 @@ interleaved in one run, on the strata heads.
 An arm is a JSON object of the kernel file's defines (ATTEND_PAIR_CONFIG's under them); its
 key "variant" (strata_prefill.fast.cuda.attention.ATTEND_VARIANTS; "pair", the default) picks the kernel.
 
-One layer's int8 KV cache (32 query heads, 4 KV heads, head_dim 128) holds `tokens` random
+One layer's KV cache (32 query heads, 4 KV heads, head_dim 128) holds `tokens` random
 keys and values; every position attends to the ones before it (the prefill kernel, one
 launch): an "attention" row of verify/cases.py (kernel_case; the GPU suite times it at 4K and
 32K). bench/ab_harness.py runs the arms: per length one untimed call per arm, then `reps`

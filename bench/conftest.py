@@ -107,7 +107,7 @@ def cuda_device():
 
 @pytest.fixture
 def attention_case(cuda_device):
-    """attention_case(tokens) -> (attend, ops): one layer's int8 KV cache holding `tokens` random
+    """attention_case(tokens) -> (attend, ops): one layer's KV cache holding `tokens` random
     keys and values of the strata heads (written now, untimed), and attend() running every
     position's causal attention over it; ops counts the two products over the causal triangle,
     4 * heads * head_dim * T * (T + 1) / 2. shape: a kernel row's shape (its heads; the strata

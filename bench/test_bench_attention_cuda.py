@@ -1,4 +1,4 @@
-"""pytest-benchmark, GPU: causal prefill attention over the int8 KV cache
+"""pytest-benchmark, GPU: causal prefill attention over the KV cache
 (fast/cuda/attention.py, kernels/attention_pair.cu) on the strata heads.
 
     pytest bench/test_bench_attention_cuda.py
