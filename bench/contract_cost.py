@@ -11,9 +11,9 @@ anywhere.
    values (the proposal: one scale per q8_1 block). Error = relative RMS of the product
    against the same weights times the float activations (float64), so only the activation
    quantization differs.
-2. Attention scores: Q and K quantized to int8 with one scale per 32 values (the first attention contract) or one per
-   head row of 128 (the proposal), scores against float64 q.k / sqrt(128); and the attention
-   output against float64 attention over 1,024 keys.
+2. Attention scores: Q and K quantized to int8 with one scale per 32 values (the first
+   attention contract) or one per head row of 128 (the proposal), scores against float64
+   q.k / sqrt(128); and the attention output against float64 attention over 1,024 keys.
 3. The exponential: the contract's degree-7 polynomial (strata_prefill.contract.numerics.exp) against a 64-entry
    table of 2^(j/64) (float64, rounded) times a degree-3 polynomial (16 FMA-pipe instructions
    instead of 23 in attention's p), in ulps of float32 against float64, on every --exp-step-th
