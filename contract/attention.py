@@ -73,29 +73,34 @@ class KVCache:
         self.v_scale: list[np.ndarray] = []
         self._grow(capacity)
 
+    def _layout(self) -> tuple:
+        """(name, dtype, trailing shape after [n_kv, capacity]) of each per-layer array."""
+        hd = self.head_dim
+        return (("k_codes", np.float16, (hd,)), ("k_scale", F32, ()), ("v_codes", np.int8, (hd,)),
+                ("v_scale", F32, ()))
+
     def _grow(self, capacity: int) -> None:
-        hkv, hd = self.n_head_kv, self.head_dim
-
-        def grown(old, shape, dtype):
-            new = np.zeros(shape, dtype=dtype)
-            if old is not None:
-                new[:, : old.shape[1]] = old
-            return new
-
-        n = self.n_layer
-        olds = (self.k_codes, self.k_scale, self.v_codes, self.v_scale) if self.capacity else ([None] * n,) * 4
-        self.k_codes = [grown(o, (hkv, capacity, hd), np.float16) for o in olds[0]]
-        self.k_scale = [grown(o, (hkv, capacity), F32) for o in olds[1]]
-        self.v_codes = [grown(o, (hkv, capacity, hd), np.int8) for o in olds[2]]
-        self.v_scale = [grown(o, (hkv, capacity), F32) for o in olds[3]]
+        for name, dtype, tail in self._layout():
+            olds = getattr(self, name) if self.capacity else [None] * self.n_layer
+            news = []
+            for old in olds:
+                new = np.zeros((self.n_head_kv, capacity, *tail), dtype=dtype)
+                if old is not None:
+                    new[:, : old.shape[1]] = old
+                news.append(new)
+            setattr(self, name, news)
         self.capacity = capacity
 
-    def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
-        """Store k, v [T, n_head_kv, head_dim] (float32) at the given absolute positions."""
-        # Capacity in whole key blocks, so attention can read every block it visits.
+    def _reserve(self, positions: np.ndarray) -> None:
+        """Capacity in whole key blocks for keys 0 .. max(positions), so attention can read
+        every block it visits (doubling)."""
         need = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK
         if need > self.capacity:
             self._grow(max(need, 2 * self.capacity))
+
+    def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """Store k, v [T, n_head_kv, head_dim] (float32) at the given absolute positions."""
+        self._reserve(positions)
         kq, kd = quantize_rows(k, K_QMAX)
         vq, vd = quantize_int8(v, self.head_dim)
         self.k_codes[layer][:, positions] = kq.astype(np.float16).transpose(1, 0, 2)
@@ -145,16 +150,9 @@ def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray, sin
     Queries and heads are independent: a (query tile, KV head) piece computes its queries of
     the query heads that KV head serves, each by the same operations whatever the tile, and
     the pieces run on the threads of strata_prefill.contract.parallel."""
-    n_tok, n_head, hd = q.shape
+    n_head, hd = q.shape[1], q.shape[2]
     sinks, window = check_options(n_head, sinks, window)
-    out = np.empty_like(q, dtype=F32)
-    n_keys = int(positions.max()) + 1
-    n_blk = -(-n_keys // KEY_BLOCK)
-    n_k = n_blk * KEY_BLOCK
-    group = n_head // cache.n_head_kv
-    per_query = 4 * group * n_k * 4
-    tile = max(1, min(_TILE_QUERIES, _TILE_BYTES // per_query))
-    pieces = [(t0, kvh) for t0 in range(0, n_tok, tile) for kvh in range(cache.n_head_kv)]
+    n_k = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK
 
     # Q's codes and its scale in base-2 units, dqs = dq * KQ2, for all pieces at once; each
     # KV head's keys and values widened to float32 once, for all of its tiles.
@@ -165,16 +163,35 @@ def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray, sin
           for kvh in range(cache.n_head_kv)]
     sinks2 = None if sinks is None else sinks * numerics.LOG2E  # the sink logits in base 2
 
+    def tile(rows, heads, kvh, pos, n_blk, b0):
+        return _attend_tile(kv[kvh], qc[rows, heads], dqs[rows, heads], pos, n_blk, b0=b0, window=window,
+                            sink2=None if sinks2 is None else sinks2[heads])
+
+    return by_pieces(q.shape, cache.n_head_kv, positions, window, tile)
+
+
+def by_pieces(q_shape, n_head_kv: int, positions: np.ndarray, window: int | None, tile) -> np.ndarray:
+    """Causal attention's output [T, n_head, hd] float32, computed a (query tile, KV head)
+    piece at a time on the threads of strata_prefill.contract.parallel: ``tile(rows, heads,
+    kvh, pos, n_blk, b0)`` returns the piece's [tile queries, group, hd], for its queries
+    (slice ``rows``, positions ``pos``) of the query heads KV head ``kvh`` serves (slice
+    ``heads``) over key blocks ``b0 .. n_blk - 1``: up to its last query's position, and with
+    a window from the block of its earliest query's first key. Tiles are as long as
+    _TILE_BYTES of scores allows, at most a key block."""
+    n_tok, n_head, hd = q_shape
+    out = np.empty(q_shape, dtype=F32)
+    n_k = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK
+    group = n_head // n_head_kv
+    per_query = 4 * group * n_k * 4
+    size = max(1, min(_TILE_QUERIES, _TILE_BYTES // per_query))
+    pieces = [(t0, kvh) for t0 in range(0, n_tok, size) for kvh in range(n_head_kv)]
+
     def run(piece):
         t0, kvh = piece
-        rows, heads = slice(t0, t0 + tile), slice(kvh * group, (kvh + 1) * group)
+        rows, heads = slice(t0, t0 + size), slice(kvh * group, (kvh + 1) * group)
         pos = positions[rows]
-        # a tile visits only the key blocks up to its last query's position, and with a window
-        # from the block of its earliest query's first key
         b0 = int(window_start(pos, window).min()) // KEY_BLOCK
-        out[rows, heads] = _attend_tile(kv[kvh], qc[rows, heads], dqs[rows, heads], pos,
-                                        int(pos.max()) // KEY_BLOCK + 1, b0=b0, window=window,
-                                        sink2=None if sinks2 is None else sinks2[heads])
+        out[rows, heads] = tile(rows, heads, kvh, pos, int(pos.max()) // KEY_BLOCK + 1, b0)
 
     parallel.map_ordered(run, pieces)
     return out
@@ -206,31 +223,11 @@ def _attend_tile(kv, qc: np.ndarray, dqs: np.ndarray, pos: np.ndarray, n_blk: in
     np.multiply(s, kd[None, None, :], out=s)
     np.multiply(s, np.ascontiguousarray(dqs.T)[:, :, None], out=s)
 
-    # Mask keys after each query's position. Keys up to the tile's first position are valid
-    # for every query, so only the keys after it are looked at. With a window, keys before
-    # each query's first key (window_start) too, over the whole span.
-    keys = np.arange(key0, key0 + n_k)
-    if window is None:
-        k0 = min(n_k, int(pos.min()) + 1 - key0)
-        masked = (keys[None, k0:] > pos[:, None])[None]  # [1, T, n_k - k0]
-    else:
-        k0 = 0
-        masked = ((keys[None, :] > pos[:, None]) | (keys[None, :] < window_start(pos, window)[:, None]))[None]
-    np.copyto(s[:, :, k0:], F32(-np.inf), where=masked)
+    k0, masked = mask_invalid(s, pos, key0, window)
     s = s.reshape(n_head, n_tok, n_blk, KEY_BLOCK)
 
-    # Running maximum after each block (max is exact in any order); a sink is the maximum
-    # before the first block. A block wholly outside a query's window has m_blk = -inf and
-    # leaves the running maximum as it is; its alpha and p (exp2c's clamp of a NaN where the
-    # maximum is still -inf) are never merged.
-    m_blk = s.max(axis=-1)  # [H, T, n_blk]
-    if sink2 is None:
-        m_run = np.maximum.accumulate(m_blk, axis=-1)
-        m_prev = np.concatenate([np.full_like(m_run[..., :1], -np.inf), m_run[..., :-1]], axis=-1)
-    else:
-        start = np.broadcast_to(sink2[:, None, None], (n_head, n_tok, 1))
-        m_all = np.maximum.accumulate(np.concatenate([start, m_blk], axis=-1), axis=-1)
-        m_prev, m_run = m_all[..., :-1], m_all[..., 1:]
+    # (exp2c's clamp of a NaN where the maximum is still -inf: never merged)
+    m_prev, m_run = running_max(s, sink2)
     with np.errstate(invalid="ignore"):  # -inf - -inf in the blocks outside a window
         # exp2c(-inf) = 2^-125 for the first block: it multiplies L = 0 and O = 0
         alpha = numerics.exp2c(m_prev - m_run)
@@ -247,25 +244,70 @@ def _attend_tile(kv, qc: np.ndarray, dqs: np.ndarray, pos: np.ndarray, n_blk: in
     vc_blk = vc.reshape(n_blk, KEY_BLOCK, hd)
     pv = np.matmul(wq.astype(F32).transpose(0, 2, 1, 3), vc_blk)  # [H, n_blk, T, hd], exact ints
 
-    # Merge the blocks in ascending order: L = L * alpha + lsum, O = fma(dw, pv, O * alpha). A
-    # query starts at the block holding its first key and stops at the block holding its
-    # position. A sink starts L at exp2c(sink2 - sink2) = 1.
+    # Merge the blocks: L = L * alpha + lsum, O = fma(dw, pv, O * alpha). A sink starts L at
+    # exp2c(sink2 - sink2) = 1.
+    return merge_blocks(alpha, lsum, pos, b0, window, sink2 is not None, hd,
+                        lambda o, c: numerics.fma(wd[:, :, c], pv[:, c], o))
+
+
+def mask_invalid(s: np.ndarray, pos: np.ndarray, key0: int, window: int | None):
+    """Set the scores s [H, T, n_k] of keys key0 .. key0 + n_k - 1 to -inf where invalid for
+    their query: after its position, and with a window before its first key (window_start).
+    Keys up to the tile's first position are valid for every query, so without a window only
+    the keys after it are looked at. Returns (k0, masked): s[:, :, k0:] was masked where
+    ``masked`` [1, T, n_k - k0] holds (p is zeroed by the same)."""
+    n_k = s.shape[-1]
+    keys = np.arange(key0, key0 + n_k)
+    if window is None:
+        k0 = min(n_k, int(pos.min()) + 1 - key0)
+        masked = (keys[None, k0:] > pos[:, None])[None]
+    else:
+        k0 = 0
+        masked = ((keys[None, :] > pos[:, None]) | (keys[None, :] < window_start(pos, window)[:, None]))[None]
+    np.copyto(s[:, :, k0:], F32(-np.inf), where=masked)
+    return k0, masked
+
+
+def running_max(s: np.ndarray, start: np.ndarray | None):
+    """(m_prev, m_run) [H, T, n_blk] of the scores s [H, T, n_blk, 64]: the running maximum
+    before and after each block (max is exact in any order). ``start`` [H] (a sink's score):
+    the maximum before the first block, else -inf. A block wholly outside a query's window
+    has m_blk = -inf and leaves the running maximum as it is; its alpha and p are never
+    merged."""
+    n_head, n_tok = s.shape[:2]
+    m_blk = s.max(axis=-1)
+    if start is None:
+        m_run = np.maximum.accumulate(m_blk, axis=-1)
+        m_prev = np.concatenate([np.full_like(m_run[..., :1], -np.inf), m_run[..., :-1]], axis=-1)
+    else:
+        first = np.broadcast_to(start[:, None, None], (n_head, n_tok, 1))
+        m_all = np.maximum.accumulate(np.concatenate([first, m_blk], axis=-1), axis=-1)
+        m_prev, m_run = m_all[..., :-1], m_all[..., 1:]
+    return m_prev, m_run
+
+
+def merge_blocks(alpha, lsum, pos, b0: int, window: int | None, sink: bool, hd: int, add_block) -> np.ndarray:
+    """The online softmax's merge of key blocks b0 .. b0 + n_blk - 1 in ascending order, and
+    out = O / L, as [T, H, hd]: per block c, L = L * alpha + lsum and O = add_block(O * alpha,
+    c) (each contract's way of adding the block's P.V). A query starts at the block holding
+    its first key and stops at the block holding its position; L starts at 1 with a sink
+    (its own exp(0)), else 0. alpha, lsum: [H, T, n_blk]."""
+    n_head, n_tok, n_blk = alpha.shape
     last_blk = pos // KEY_BLOCK - b0  # [T]
     first_blk = window_start(pos, window) // KEY_BLOCK - b0
-    acc_l = (np.zeros if sink2 is None else np.ones)((n_head, n_tok), dtype=F32)
+    acc_l = (np.ones if sink else np.zeros)((n_head, n_tok), dtype=F32)
     acc_o = np.zeros((n_head, n_tok, hd), dtype=F32)
     all_from, all_live = int(first_blk.max()), int(last_blk.min())  # blocks live for every query
     for c in range(n_blk):
         a = alpha[:, :, c]
-        dw = wd[:, :, c]  # [H, T, 1]
         if all_from <= c <= all_live:  # in place
             np.multiply(acc_l, a, out=acc_l)
             np.add(acc_l, lsum[:, :, c], out=acc_l)
             np.multiply(acc_o, a[..., None], out=acc_o)
-            acc_o = numerics.fma(dw, pv[:, c], acc_o)
+            acc_o = add_block(acc_o, c)
             continue
         live = ((first_blk <= c) & (c <= last_blk))[None, :]  # [1, T]
         with np.errstate(invalid="ignore"):
             acc_l = np.where(live, acc_l * a + lsum[:, :, c], acc_l)
-            acc_o = np.where(live[..., None], numerics.fma(dw, pv[:, c], acc_o * a[..., None]), acc_o)
+            acc_o = np.where(live[..., None], add_block(acc_o * a[..., None], c), acc_o)
     return (acc_o / acc_l[..., None]).transpose(1, 0, 2)
