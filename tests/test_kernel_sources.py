@@ -48,15 +48,15 @@ def test_local_headers_inline(path):
         assert "float strata_exp(float x)" in src or "float roundf_away(float x)" in src
 
 
-SHARED = ("float strata_exp(float x)", "float roundf_away(float x)", "int roundf_away_int(float x)",
-          "int8_t to_i8(float v)", "float warp_max(float v)", "float quad_max(float v)",
-          "float warp_sum(float v)", "#define MAGIC_I", "#define MAGIC_F", "void q8_warp_block(",
-          "float scaled_magic(")
+SHARED = ("float strata_exp(float x)", "float strata_exp2c(float x)", "float roundf_away(float x)",
+          "int roundf_away_int(float x)", "float rint_nonneg_magic(float y)", "float warp_max(float v)",
+          "float quad_max(float v)", "float warp_sum(float v)", "#define MAGIC_I", "#define MAGIC_F",
+          "float row_quantize_warp(", "float scaled_magic(")
 
 
 def test_one_definition_of_the_shared_device_functions():
-    """The exp, the roundings, the int8 code, the warp reductions and the magic-number
-    conversion constants live in strata_numerics.cuh only."""
+    """The exponentials, the roundings, the row quantize, the warp reductions and the
+    magic-number conversion constants live in strata_numerics.cuh only."""
     header = (Path(KERNEL_DIR) / "strata_numerics.cuh").read_text()
     for fn in SHARED:
         assert header.count(fn) == 1, f"strata_numerics.cuh lacks {fn}"

@@ -5,9 +5,10 @@
 // (docs/numerics.md sections 2 and 5): amax = max |x_i|; amax == 0 -> d = 0, codes 0;
 //   else d_inv = qmax / amax, q_i = roundf(x_i * d_inv) (non-finite: 0), d = 1.0f / d_inv.
 //   K: qmax 511, the codes stored as float16 (integers, exact), one float32 scale per (token,
-//     KV head) (row_quantize_warp of strata_numerics.cuh).
-//   V: qmax 127, int8 codes, one float32 scale per (token, KV head) (the q8 block quantize of
-//     strata_numerics.cuh, with its zero rule for a tiny amax).
+//     KV head).
+//   V: qmax 127, int8 codes, one float32 scale per (token, KV head).
+//   Both by row_quantize_warp of strata_numerics.cuh (a tiny amax: d_inv = inf, every code 0,
+//   d = 1 / inf = 0).
 // Cache layout of one layer (as the NumPy class):
 //   k_codes [n_kv, capacity, hd] float16  k_scale [n_kv, capacity] float32
 //   v_codes [n_kv, capacity, hd] int8     v_scale [n_kv, capacity]        float32
@@ -20,7 +21,7 @@
 
 #include <stdint.h>
 #include <cuda_fp16.h>
-#include "strata_numerics.cuh"  // row_quantize_warp, q8_inv_scale, q8_code, q8_scale, warp_max
+#include "strata_numerics.cuh"  // row_quantize_warp
 #include "v_blocks.cuh"         // vt_offset
 
 #define KV_WARPS 8
@@ -44,44 +45,29 @@ kv_write(const float* __restrict__ k, long long ldk, const float* __restrict__ v
 
     const int nb = hd >> 5;
 
-    // K: one scale for the whole head_dim row, codes |k| <= 511 as float16
-    {
-        float xk[KV_MAX_HD / 32], code[KV_MAX_HD / 32];
+    // K and V: one scale for the whole head_dim row each; K's codes (|k| <= 511) as float16,
+    // V's (|v| <= 127) as int8
+    float xk[KV_MAX_HD / 32], xv[KV_MAX_HD / 32], kc[KV_MAX_HD / 32], vc[KV_MAX_HD / 32];
 #pragma unroll
-        for (int b = 0; b < KV_MAX_HD / 32; ++b) xk[b] = (b < nb) ? kr[32 * b + lane] : 0.0f;
-        const float d = row_quantize_warp<KV_MAX_HD / 32>(xk, 511.0f, code);
-#pragma unroll
-        for (int b = 0; b < KV_MAX_HD / 32; ++b)
-            if (b < nb) k_codes[cache_row * hd + 32 * b + lane] = __half_as_ushort(__float2half_rn(code[b]));
-        if (lane == 0) k_scale[cache_row] = d;
+    for (int b = 0; b < KV_MAX_HD / 32; ++b) {
+        xk[b] = (b < nb) ? kr[32 * b + lane] : 0.0f;
+        xv[b] = (b < nb) ? vr[32 * b + lane] : 0.0f;
     }
-
-    // V: one scale for the whole head_dim row
-    float xv[KV_MAX_HD / 32];
-    float m = 0.0f;
+    const float dk = row_quantize_warp<KV_MAX_HD / 32>(xk, 511.0f, kc);
+    const float dv = row_quantize_warp<KV_MAX_HD / 32>(xv, 127.0f, vc);
 #pragma unroll
     for (int b = 0; b < KV_MAX_HD / 32; ++b) {
         if (b < nb) {
-            xv[b] = vr[32 * b + lane];
-            m = fmaxf(m, fabsf(xv[b]));
-        }
-    }
-    const float amax = warp_max(m);
-    float d_inv = 0.0f, d = 0.0f;
-    if (amax > 0.0f) {
-        d_inv = q8_inv_scale(amax);
-        d = q8_scale(d_inv);
-    }
-#pragma unroll
-    for (int b = 0; b < KV_MAX_HD / 32; ++b) {
-        if (b < nb) {
-            int8_t q = 0;
-            if (amax > 0.0f) q = q8_code(xv[b], d_inv);
+            k_codes[cache_row * hd + 32 * b + lane] = __half_as_ushort(__float2half_rn(kc[b]));
+            const int8_t q = (int8_t)(int)vc[b];
             v_codes[cache_row * hd + 32 * b + lane] = q;
             if (v_t) v_t[vt_offset(h, pos, 32 * b + lane, hd, capacity)] = q;
         }
     }
-    if (lane == 0) v_scale[cache_row] = d;
+    if (lane == 0) {
+        k_scale[cache_row] = dk;
+        v_scale[cache_row] = dv;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(256)

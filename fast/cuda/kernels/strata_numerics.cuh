@@ -153,27 +153,18 @@ __device__ __forceinline__ int roundf_away_int(float x)
 // of w * d_inv, in [0, 127]): one instruction, no byte extraction.
 __device__ __forceinline__ float rint_nonneg_magic(float y) { return __fadd_rn(y, MAGIC_F); }
 
-// An int8 code from an already rounded value, as NumPy's astype(np.int8) on x86-64 (the
-// reference's platform): finite through int32 (codes lie in [-127, 127]); +-inf and NaN -> 0.
-__device__ __forceinline__ int8_t to_i8(float v)
-{
-    return (isfinite(v)) ? (int8_t)(int)v : (int8_t)0;
-}
-
 // ---- the q8-style block quantize: d_inv = 127 / amax, code = roundf_away(x * d_inv),
 // d = 1 / d_inv. The zero rules differ by block kind and each caller keeps its own (its NumPy
 // definition's):
 // - q8_1 activation blocks (quantize_q8_1.cu, strata_prefill.contract.q8_1): amax == 0 -> d = 0, codes 0; codes
 //   are (int)q8_round(x, d_inv) truncated to a byte.
-// - the KV cache's V rows (kv_cache.cu, strata_prefill.contract.attention):
-//   amax == 0 -> d = 0, codes 0; a tiny amax (below 127 / FLT_MAX) makes d_inv = inf, then every
-//   code is 0 through q8_code (x * inf is +-inf or NaN) and d = 1 / inf = 0. Attention's P
-//   blocks test d_inv < inf instead (scale 0, codes 0) and round half to even
-//   (rint_nonneg_magic).
+// - attention's P blocks (attention_pair.cu, attention_split.cu, strata_prefill.contract.attention):
+//   d_inv not finite (amax 0 or below 127 / FLT_MAX) -> scale 0, codes 0; codes round half to
+//   even (rint_nonneg_magic).
+// The KV cache's rows and attention's Q take row_quantize_warp (below).
 __device__ __forceinline__ float q8_inv_scale(float amax) { return 127.0f / amax; }
 __device__ __forceinline__ float q8_scale(float d_inv) { return 1.0f / d_inv; }
 __device__ __forceinline__ float q8_round(float x, float d_inv) { return roundf_away(__fmul_rn(x, d_inv)); }
-__device__ __forceinline__ int8_t q8_code(float x, float d_inv) { return to_i8(q8_round(x, d_inv)); }
 
 // ---- warp reductions (xor butterflies: every lane ends with the result)
 
@@ -185,26 +176,13 @@ __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
-// The int8 KV / attention block quantize of 32 values held one per lane (x): this lane's code
-// and the block's scale d (the same in every lane), with that kind's zero rule (above).
-__device__ __forceinline__ void q8_warp_block(float x, int8_t& code, float& d)
-{
-    const float amax = warp_max(fabsf(x));
-    code = 0;
-    d = 0.0f;
-    if (amax > 0.0f) {
-        const float d_inv = q8_inv_scale(amax);
-        code = q8_code(x, d_inv);
-        d = q8_scale(d_inv);
-    }
-}
-
-// Attention's per-row quantize of Q (qmax 255) and K (511), a row of 32 R values held R a lane
+// The per-row quantize of attention's Q (qmax 255) and the KV cache's K (511) and V (127), a
+// row of 32 R values held R a lane
 // (value 32 r + lane in x[r]): amax = max |x|; amax == 0 -> d = 0, codes 0; else d_inv = qmax /
 // amax, code = roundf(x * d_inv) (non-finite: 0), d = 1 / d_inv (strata_prefill.contract
 // .blockquant.quantize_blocks with that bound over one block of the row). The codes come back
-// as floats (integers, |code| <= qmax, zero always +0.0: the cache stores them as float16 bits);
-// returns d.
+// as floats (integers, |code| <= qmax, zero always +0.0: the cache stores K's as float16 bits);
+// returns d. A tiny amax makes d_inv = inf: every code 0 (x * inf is not finite) and d = 0.
 template <int R>
 __device__ __forceinline__ float row_quantize_warp(const float (&x)[R], float qmax, float (&code)[R])
 {
