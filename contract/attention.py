@@ -58,6 +58,13 @@ def kq2(head_dim: int) -> np.float32:
     return F32(1.0 / (math.log(2.0) * math.sqrt(head_dim)))
 
 
+def cache_layout(head_dim: int) -> tuple:
+    """(name, dtype, trailing shape after [n_kv, capacity]) of each per-layer array of the KV
+    cache: the layout KVCache and the device's cache (fast/cuda/attention.py) both keep."""
+    return (("k_codes", np.float16, (head_dim,)), ("k_scale", F32, ()), ("v_codes", np.int8, (head_dim,)),
+            ("v_scale", F32, ()))
+
+
 class KVCache:
     """K as 10-bit codes held in float16 (exact: integers up to 2048), one float32 scale per
     token and KV head, and int8 V, one float32 scale per token and KV head. Per layer:
@@ -74,10 +81,7 @@ class KVCache:
         self._grow(capacity)
 
     def _layout(self) -> tuple:
-        """(name, dtype, trailing shape after [n_kv, capacity]) of each per-layer array."""
-        hd = self.head_dim
-        return (("k_codes", np.float16, (hd,)), ("k_scale", F32, ()), ("v_codes", np.int8, (hd,)),
-                ("v_scale", F32, ()))
+        return cache_layout(self.head_dim)
 
     def _grow(self, capacity: int) -> None:
         for name, dtype, tail in self._layout():

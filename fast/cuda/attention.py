@@ -58,9 +58,8 @@ def _cache_shapes(k_codes, k_scale, v_codes, v_scale):
     n_kv, cap, hd = (int(s) for s in k_codes.shape)
     if hd % 32:
         raise InputError(f"head_dim {hd} is not a multiple of 32")
-    check(k_scale, "k_scale", np.float32, shape=(n_kv, cap))
-    check(v_codes, "v_codes", np.int8, shape=(n_kv, cap, hd))
-    check(v_scale, "v_scale", np.float32, shape=(n_kv, cap))
+    for a, (name, dt, tail) in zip((k_codes, k_scale, v_codes, v_scale), _attention.cache_layout(hd)):
+        check(a, name, dt, shape=(n_kv, cap, *tail))
     for a, what in ((k_codes, "k_codes"), (v_codes, "v_codes")):
         if ptr(a) % 16:
             raise InputError(f"{what} must be 16-byte aligned")
@@ -365,19 +364,18 @@ class DeviceKVCache:
         hkv, hd, old = self.n_head_kv, self.head_dim, self.capacity
         # v_t [n_kv, capacity / 64, hd, 64] is laid out per head as v_codes is (capacity * hd
         # bytes a head, whole blocks), so it is allocated and grown as [n_kv, capacity, hd]
-        spec = ((np.float16, hd), (np.float32, None), (np.int8, hd), (np.float32, None), (np.int8, hd))
-        names = ("k_codes", "k_scale", "v_codes", "v_scale", "v_t")
-        for name, (dt, last) in zip(names, spec):
+        layout = _attention.cache_layout(hd) + (("v_t", np.int8, (hd,)),)
+        for name, dt, tail in layout:
             arrs = getattr(self, name)
             new_list = []
             for layer in range(self.n_layer):
-                shape = (hkv, capacity) if last is None else (hkv, capacity, last)
+                shape = (hkv, capacity, *tail)
                 new = ga.empty(shape, dt)  # zeroed below (gpuarray.zeros has no float16 fill kernel)
                 if new.nbytes:
                     cuda.memset_d8(new.gpudata, 0, new.nbytes)
                 if old:
                     src = arrs[layer]
-                    row = np.dtype(dt).itemsize * (1 if last is None else last)
+                    row = np.dtype(dt).itemsize * int(np.prod(tail))
                     runtime.synchronize()
                     for h in range(hkv):
                         cuda.memcpy_dtod(int(new.gpudata) + h * capacity * row,
