@@ -355,10 +355,10 @@ def test_the_sites_are_found():
         ("fast/cuda/runtime.py", "function"), ("fast/cuda/attention.py", "_split_func"),
         ("verify/test_kernels_cuda.py", "_probe")}
     assert len(CASES) >= 40
-    # the f-strings of the pair kernels expand to both head dims, from the .cu
-    pair = {c.kernel for c in CASES if c.where.startswith("fast/cuda/attention.py") and "pair" in (c.kernel or "")}
-    assert pair == {"attend_pair_hd64", "attend_pair_hd128", "attend_pair_sinks_window_hd64",
-                    "attend_pair_sinks_window_hd128"}
+    # the f-strings of the tile kernels expand to both files and head dims, from the .cu
+    tile = {c.kernel for c in CASES if c.where.startswith("fast/cuda/attention.py") and "_hd" in (c.kernel or "")
+            and "split" not in c.kernel}
+    assert tile == {f"attend_{v}{o}_hd{hd}" for v in ("pair", "wgmma") for o in ("", "_sinks_window") for hd in (64, 128)}
 
 
 def test_every_kernel_has_a_checked_launch():

@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType as _QT  # noqa: E402
 
 from strata_prefill.contract import codebooks as _codebooks, q8_1 as _q8_1, qformats as _qformats  # noqa: E402
 from strata_prefill.contract import quants as _quants  # noqa: E402
+from strata_prefill.fast.cuda.attention import ATTEND_VARIANTS as _ATTEND_VARIANTS  # noqa: E402
 from strata_prefill.formats.config import PRESETS as _PRESETS  # noqa: E402
 from strata_prefill.formats.mixes import MIXES as _MIXES  # noqa: E402
 from strata_prefill.contract.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
@@ -49,7 +50,7 @@ MIX_TYPES = tuple(t for t in MMQ_TYPES if t not in SPREAD_TYPES and t not in COD
 MIX_GRID_TYPES = tuple(t for t in MIX_TYPES if _qformats.lookup(_QT[t]).table_name is not None)
 #: the kernels strata_prefill.fast.cuda.attention.attend picks between (ATTEND_VARIANTS: the prefill kernel, the
 #: split-K kernels, the automatic choice) and None, its default
-ATTEND_FORMS = ("pair", "split", "auto", None)
+ATTEND_FORMS = (*_ATTEND_VARIANTS, None)
 #: the token counts the GPU suites time the strata shape at
 BENCH_TOKENS = (2048, 8192, 32768)
 _STRATA = _PRESETS["strata"]
@@ -396,7 +397,7 @@ def _model_rows() -> list[KernelCase]:
                 tag = ",".join(f"{a}{b}" for a, b in cfg.items()) or "default"
                 rows.append(kernel_case("attention_pair_config", f"{name}-s{scale:g}-{tag}", shape, form="pair", config=cfg,
                                  quick=i == 1 and scale == 4.0))
-    for v in ("pair", "split"):
+    for v in ("wgmma", "pair", "split"):
         rows.append(kernel_case("attention_positions", f"T2-at200-{v}", dict(n_head=8, n_kv=2, hd=128, positions=(200, 201),
                                                                       start=200, scale=4.0), form=v, quick=v == "pair"))
     for i, (name, n_head, n_kv, hd, positions, start, sinks, window) in enumerate(ATTENTION_OPTION_SHAPES):

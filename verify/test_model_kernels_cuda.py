@@ -339,6 +339,12 @@ def _attention_want(case, seed: int):
 _ATT_WANT: dict = {}
 
 
+def _runs_here(variant) -> None:
+    """Skip a row whose attention kernel this card cannot run (attention_wgmma.cu: sm_90 only)."""
+    if variant is not None and not cu_att.variant_runs_here(variant):
+        pytest.skip(f"the {variant} attention kernel does not run on this card ({cu_att.runtime.arch()})")
+
+
 @pytest.mark.parametrize("case", params(kernel_rows("attention")))
 def test_attention(dev, case):
     """Every kernel variant (strata_prefill.fast.cuda.attention.ATTEND_VARIANTS) and the default (form None) on
@@ -351,6 +357,7 @@ def test_attention(dev, case):
         _ATT_WANT[key] = _attention_want(case, seed)
     cache, q, positions, sel, want = _ATT_WANT[key]
     variant = case.form
+    _runs_here(variant)
     out = _poisoned(q.shape, F32)
     cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant=variant)
     what = f"attention[{variant}] H={s['n_head']} KV={s['n_kv']} hd={s['hd']} T={positions.size}"
@@ -390,6 +397,7 @@ def test_attention_pair_configs(dev, case):
 def test_attention_positions_on_device(dev, case):
     """Positions as a GPUArray (no host copy: the split grid spans the capacity)."""
     s, variant = case.shape, case.form
+    _runs_here(variant)
     rng = np.random.default_rng(5)
     positions = np.array(s["positions"], np.int32)
     cache, q, _, _ = _attention_case(rng, s["n_head"], s["n_kv"], s["hd"], positions, s["start"], s["scale"])
@@ -425,6 +433,7 @@ def test_attention_chunks_device_cache(dev, case):
     NumPy cache: the cache bytes and every output."""
     rng = np.random.default_rng(77)
     variant = case.form
+    _runs_here(variant)
     ref, kv = _cache_pair(dev, case.shape)
     for layer, chunk, q in _chunk_steps(rng, case.shape, ref, kv):
         want = attention.attend(ref, layer, q, chunk)
@@ -454,6 +463,7 @@ def test_attention_options(dev, case):
     window reaches into the keys before it, scattered decode positions. The sinks go up as a
     GPUArray for the kernels named, as a host array for the default."""
     s = case.shape
+    _runs_here(case.form)
     rng = np.random.default_rng(s["seed"])
     positions = np.array(s["positions"], np.int32)
     cache, q, _, _ = _attention_case(rng, s["n_head"], s["n_kv"], s["hd"], positions, s["start"], s["scale"])
@@ -477,6 +487,7 @@ def test_attention_options_chunks_device_cache(dev, case):
     window reaches back into the chunks before it, every output the NumPy cache's bytes."""
     rng = np.random.default_rng(78)
     variant = case.form
+    _runs_here(variant)
     window = case.shape["window"]
     sinks = [_sinks(rng, case.shape["n_head"], case.shape["sinks"]) for _ in range(case.shape["n_layer"])]
     ref, kv = _cache_pair(dev, case.shape)

@@ -19,6 +19,7 @@ from strata_prefill.contract.constants import KEY_BLOCK
 from strata_prefill.contract.errors import InputError
 
 from strata_prefill.fast.cuda import runtime
+from strata_prefill.fast.cuda.kernel_paths import target_arch
 from strata_prefill.fast.cuda.runtime import check, ptr
 
 __all__ = [
@@ -29,19 +30,25 @@ __all__ = [
     "DeviceKVCache",
     "ATTEND_HEAD_DIMS",
     "ATTEND_VARIANTS",
+    "ATTEND_TILE_MODULES",
+    "ATTEND_TILE_CONFIGS",
+    "prefill_variant",
+    "variant_runs_here",
 ]
 
 #: head sizes the attention kernels are instantiated for (every variant)
 ATTEND_HEAD_DIMS = (64, 128)
 
 #: attention kernels, each bit-exact to strata_prefill.contract.attention.attend, each in its own file:
+#: "wgmma" (attention_wgmma.cu, sm_90 only) one CTA per (64 * WG_GROUPS queries, head), a warpgroup
+#:         per 64 queries on Hopper's warpgroup MMA (Q.K fp16, P.V int8), a cp.async ring;
 #: "pair"  (attention_pair.cu) one CTA per (16 * PAIR_QG queries, head), tensor cores (Q.K fp16, P.V int8), each
 #:         16-query group split between two warps (keys by parity for the scores, output dims
 #:         by half for P.V), half the registers a warp, a cp.async ring;
 #: "split" (attention_split.cu) split-K over key blocks in three launches (scores and block
 #:         maxima, per-block P.V, the ordered merge), for few queries (decode);
-#: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else ATTEND_PREFILL.
-ATTEND_VARIANTS = ("pair", "split", "auto")
+#: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else the prefill kernel (prefill_variant()).
+ATTEND_VARIANTS = ("wgmma", "pair", "split", "auto")
 #: the variant attend() runs when none is asked for
 ATTEND_VARIANT = "auto"
 #: the most queries "auto" sends to the split-K kernels
@@ -49,8 +56,27 @@ ATTEND_SPLIT_MAX_T = 4
 #: attention_pair.cu's configuration: PAIR_QG (16-query groups per CTA, two warps each; 8 when
 #: absent), PAIR_STAGES (key blocks in the cp.async ring, 2), PAIR_MINB (CTAs per SM, 1)
 ATTEND_PAIR_CONFIG: dict = {}
-#: the kernel "auto" runs for more than ATTEND_SPLIT_MAX_T queries
-ATTEND_PREFILL = "pair"
+#: attention_wgmma.cu's configuration: WG_GROUPS (warpgroups per CTA, 64 queries each; 2 when
+#: absent), WG_STAGES (key blocks in the cp.async ring, 2)
+ATTEND_WGMMA_CONFIG: dict = {}
+#: the prefill kernels "auto" runs for more than ATTEND_SPLIT_MAX_T queries, best first: the
+#: first whose kernel file the device can run (kernel_paths.target_arch)
+ATTEND_PREFILL = ("wgmma", "pair")
+#: each tile kernel's file
+ATTEND_TILE_MODULES = {"wgmma": "attention_wgmma", "pair": "attention_pair"}
+#: and its configuration table
+ATTEND_TILE_CONFIGS = {"wgmma": ATTEND_WGMMA_CONFIG, "pair": ATTEND_PAIR_CONFIG}
+
+
+def variant_runs_here(variant: str) -> bool:
+    """Whether this device can run ``variant``'s kernel file (an sm_90a file needs an sm_90 card)."""
+    module = ATTEND_TILE_MODULES.get(variant)
+    return module is None or target_arch(module, runtime.arch()) is not None
+
+
+def prefill_variant() -> str:
+    """The kernel "auto" runs for a prefill: the first of ATTEND_PREFILL this device runs."""
+    return next(v for v in ATTEND_PREFILL if variant_runs_here(v))
 
 
 def _cache_shapes(k_codes, k_scale, v_codes, v_scale):
@@ -201,31 +227,33 @@ def _attend_variant(variant, T: int) -> str:
     if v not in ATTEND_VARIANTS:
         raise InputError(f"attend: unknown variant {v!r} (one of {ATTEND_VARIANTS})")
     if v == "auto":
-        return "split" if T <= ATTEND_SPLIT_MAX_T else ATTEND_PREFILL
+        return "split" if T <= ATTEND_SPLIT_MAX_T else prefill_variant()
+    if not variant_runs_here(v):
+        raise InputError(f"attend: the {v} kernel ({ATTEND_TILE_MODULES[v]}.cu) does not run on {runtime.arch()}")
     return v
 
 
-_pair_funcs: dict = {}
+_tile_funcs: dict = {}
 
 
-def _pair_func(hd: int, defines: dict, options: bool = False):
-    """(prepared attend_pair_hd<hd>, or with ``options`` attend_pair_sinks_window_hd<hd>,
-    dynamic shared bytes, queries per CTA, threads) built with ``defines``; its shared memory
-    limit raised once."""
-    key = (hd, tuple(sorted(defines.items())), options)
-    got = _pair_funcs.get(key)
+def _tile_func(variant: str, hd: int, defines: dict, options: bool = False):
+    """(prepared attend_<variant>_hd<hd>, or with ``options`` attend_<variant>_sinks_window_hd<hd>,
+    dynamic shared bytes, queries per CTA, threads) of a tile kernel ("wgmma", "pair") built with
+    ``defines``; its shared memory limit raised once."""
+    key = (variant, hd, tuple(sorted(defines.items())), options)
+    got = _tile_funcs.get(key)
     if got is None:
-        mod = runtime.load_module("attention_pair", defines)
-        geo = runtime.module_ints(mod, "attend_pair_geometry", 4)
+        mod = runtime.load_module(ATTEND_TILE_MODULES[variant], defines)
+        geo = runtime.module_ints(mod, f"attend_{variant}_geometry", 4)
         smem = geo[0] if hd == 64 else geo[1]
         if options:
-            f_opt = runtime.allow_dynamic_smem(mod.get_function(f"attend_pair_sinks_window_hd{hd}"), smem)
+            f_opt = runtime.allow_dynamic_smem(mod.get_function(f"attend_{variant}_sinks_window_hd{hd}"), smem)
             f_opt.prepare("PqPiiPPPPPifPqPi")
             f = f_opt
         else:
-            f = runtime.allow_dynamic_smem(mod.get_function(f"attend_pair_hd{hd}"), smem)
+            f = runtime.allow_dynamic_smem(mod.get_function(f"attend_{variant}_hd{hd}"), smem)
             f.prepare("PqPiiPPPPPifPq")
-        got = _pair_funcs[key] = (f, smem, geo[2], geo[3])
+        got = _tile_funcs[key] = (f, smem, geo[2], geo[3])
     return got
 
 
@@ -261,9 +289,9 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
     written, and position < cap). GQA: head h reads KV head h // (n_head // n_kv).
     hd in ATTEND_HEAD_DIMS. ``variant`` picks the kernel (:data:`ATTEND_VARIANTS`; None =
     :data:`ATTEND_VARIANT`); ``max_pos`` (the largest position) sizes the split-K grid when the
-    positions are a GPUArray (else the capacity does); ``config``: attention_pair.cu's defines
-    over ATTEND_PAIR_CONFIG for the pair kernel; ``v_t``: the cache's transposed V blocks (see
-    :func:`kv_write`), which the pair kernel reads; without them it transposes v_codes first
+    positions are a GPUArray (else the capacity does); ``config``: the tile kernel's defines over
+    its table (ATTEND_WGMMA_CONFIG, ATTEND_PAIR_CONFIG); ``v_t``: the cache's transposed V blocks
+    (see :func:`kv_write`), which the tile kernels read; without them one transposes v_codes first
     (:func:`v_transpose`, into scratch). ``sinks`` (float32 [n_head], a GPUArray or a host
     array) and ``window`` (keys a query sees, an int >= 1) as strata_prefill.contract.attention.attend's; either
     one runs the *_sinks_window kernels, neither the plain ones. Returns out, float32
@@ -286,9 +314,9 @@ def attend(dev, q, positions, k_codes, k_scale, v_codes, v_scale, out=None, *, v
         return out
     v = _attend_variant(variant, T)
     kq2 = np.float32(_attention.kq2(hd))
-    if v == "pair":
-        defines = {**ATTEND_PAIR_CONFIG, **(config or {})}
-        f, smem, tile, threads = _pair_func(hd, defines, opt)
+    if v in ATTEND_TILE_MODULES:
+        defines = {**ATTEND_TILE_CONFIGS[v], **(config or {})}
+        f, smem, tile, threads = _tile_func(v, hd, defines, opt)
         if not vt:  # a cache without its transposed V blocks
             top = cap if max_pos is None else min(int(max_pos) + 1, cap)
             vt = ptr(v_transpose(dev, v_codes, top, out=_vt_scratch(dev, n_kv, cap, hd)))

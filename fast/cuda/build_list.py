@@ -1,7 +1,7 @@
 """Which kernel modules are worth compiling ahead into the cubin folder
 (fast/cuda/kernel_cache.py): the fast path's own builds under the default settings and every
 switch, read from the tables that decide them (products.AUTO_CONFIGS, attention's
-ATTEND_PAIR_CONFIG), plus whatever a folder's manifest recorded. `build-kernels` and the gate
+ATTEND_TILE_CONFIGS), plus whatever a folder's manifest recorded. `build-kernels` and the gate
 hand the list to kernel_cache.build_all.
 
 It sits above the products and attention wrappers (it reads their tables), so the cubin folder
@@ -23,12 +23,12 @@ CONFIGURED = ("mmq",)
 def default_modules() -> list[tuple[str, dict]]:
     """The modules the fast path builds with the default settings and every switch: each kernel
     file without defines but those of CONFIGURED (the pair and split-K attention kernels among
-    them), attention_pair.cu with ATTEND_PAIR_CONFIG, and mmq.cu in each automatic tile
+    them), the tile attention kernels with their configurations (ATTEND_TILE_CONFIGS), and mmq.cu in each automatic tile
     configuration (with STRATA_MMQ_DEFINES), one build a type (products.mmq_modules), and each
     again with MMQ_EMPTY_EXIT (device_plan's tile-list launches: products.with_empty_exit). Test sweeps
     of other configurations reach a folder through its manifest."""
     out = [(n, {}) for n in kernel_names() if n not in CONFIGURED]
-    out += [("attention_pair", dict(attention.ATTEND_PAIR_CONFIG))]
+    out += [(module, dict(attention.ATTEND_TILE_CONFIGS[v])) for v, module in attention.ATTEND_TILE_MODULES.items()]
     out += [m for _bound, cfg in products.AUTO_CONFIGS for m in products.mmq_modules(products._with_extra(cfg))]
     # device_plan (on by default): the tile-list launches over device-cut lists skip their padding
     out += [m for _bound, cfg in products.AUTO_CONFIGS

@@ -36,10 +36,10 @@ from strata_prefill.formats import atomic
 from strata_prefill.formats.cache_home import user_cache_dir
 from strata_prefill.contract.errors import DeviceError, InputError
 
-from .kernel_paths import KERNEL_DIR, NVCC_OPTIONS, kernel_source
+from .kernel_paths import ARCH_SPECIFIC, KERNEL_DIR, NVCC_OPTIONS, kernel_source, target_arch
 
 __all__ = ["ENV", "OFF", "cache_dir", "default_dir", "cubin_path", "build", "build_all", "check_modules",
-           "record", "manifest", "distinct", "nvcc_release"]
+           "record", "manifest", "distinct", "nvcc_release", "target"]
 
 #: the environment variable that moves the folder (unset or empty: default_dir(); OFF: no folder)
 ENV = "STRATA_PREFILL_KERNEL_CACHE"
@@ -116,8 +116,9 @@ def digest(name: str, source: str, options: list[str], arch: str, release: str) 
 
 def cubin_path(folder: str, name: str, source: str, defines: dict | None, arch: str,
                base_options: tuple[str, ...]) -> str:
-    """Where the cubin of this module, source, defines and arch lives (or would) in folder."""
-    key = digest(name, source, _options(defines, base_options), arch, nvcc_release())
+    """Where the cubin of this module, source, defines and arch lives (or would) in folder (the
+    digest holds the target the module compiles for: kernel_paths.target_arch)."""
+    key = digest(name, source, _options(defines, base_options), target(name, arch), nvcc_release())
     return os.path.join(folder, f"{name}-{key[:24]}.cubin")
 
 
@@ -145,6 +146,15 @@ def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
     return path
 
 
+def target(name: str, arch: str) -> str:
+    """The nvcc target of module ``name`` for a device of ``arch`` (kernel_paths.target_arch),
+    or DeviceError where that module cannot run there."""
+    got = target_arch(name, arch)
+    if got is None:
+        raise DeviceError(f"{name}.cu is built for {ARCH_SPECIFIC[name]} only; this device is {arch}")
+    return got
+
+
 def _compile(folder, path, name, source, defines, arch, base_options) -> None:
     exe = _nvcc()
     with tempfile.TemporaryDirectory(prefix="strata-kernel-") as tmp:
@@ -152,7 +162,7 @@ def _compile(folder, path, name, source, defines, arch, base_options) -> None:
         with open(cu, "w", encoding="utf-8") as f:
             f.write(source)
         out = os.path.join(tmp, f"{name}.cubin")
-        cmd = [exe, "--cubin", *_options(defines, base_options), "-arch", arch, "-o", out, cu]
+        cmd = [exe, "--cubin", *_options(defines, base_options), "-arch", target(name, arch), "-o", out, cu]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0 or not os.path.exists(out):
             tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-12:])
@@ -236,7 +246,9 @@ def build_all(folder: str | None, arch: str, modules, jobs: int | None = None,
     jobs = (os.cpu_count() or 1) if jobs is None else int(jobs)
     if jobs < 1:
         raise InputError(f"jobs must be >= 1, got {jobs}")
-    todo = check_modules(distinct(modules), folder)
+    # a module built for another architecture's own instructions (kernel_paths.ARCH_SPECIFIC)
+    # cannot run on this one: nothing to build
+    todo = [m for m in check_modules(distinct(modules), folder) if target_arch(m[0], arch) is not None]
     sources = {name: kernel_source(name) for name, _ in todo}
     order = sorted(range(len(todo)), key=lambda i: -len(sources[todo[i][0]]))  # long compiles first
     results: list = [None] * len(todo)

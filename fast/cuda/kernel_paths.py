@@ -13,7 +13,8 @@ import re
 
 from . import generated
 
-__all__ = ["KERNEL_DIR", "NVCC_OPTIONS", "DEFAULT_ARCH", "arch_of", "kernel_source", "kernel_names"]
+__all__ = ["KERNEL_DIR", "NVCC_OPTIONS", "DEFAULT_ARCH", "ARCH_SPECIFIC", "arch_of", "target_arch", "kernel_source",
+           "kernel_names"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 #: docs/numerics.md: no contraction, IEEE division and square root, never fast-math
@@ -21,6 +22,20 @@ NVCC_OPTIONS = ("--fmad=false",)
 
 #: what `build-kernels` builds for where no GPU says otherwise: the H200's architecture
 DEFAULT_ARCH = "sm_90"
+
+
+#: kernel files that use one architecture's own instructions, and the target they are built for
+#: (sm_90a: Hopper's wgmma); such a file builds and runs only on its base architecture (sm_90)
+ARCH_SPECIFIC = {"attention_wgmma": "sm_90a"}
+
+
+def target_arch(name: str, arch: str) -> str | None:
+    """The nvcc target module ``name`` is compiled for on a device of ``arch``: ``arch`` itself,
+    or ARCH_SPECIFIC's target where ``arch`` is its base; None where the module cannot run there."""
+    want = ARCH_SPECIFIC.get(name)
+    if want is None:
+        return arch
+    return want if want[:-1] == arch else None
 
 
 def arch_of(compute_capability) -> str:

@@ -220,25 +220,27 @@ def load_module(name: str, defines: dict | None = None):
             mod = _driver().module_from_file(cubin_for(name, dict(key[1]), folder, arch()))
             _state["modules"][key] = mod
             return mod
-        mod = _state["modules"][key] = _compile_in_memory(f"{name}.cu", kernel_source(name), key[1])
+        mod = _state["modules"][key] = _compile_in_memory(f"{name}.cu", kernel_source(name), key[1],
+                                                          kernel_cache.target(name, arch()))
         return mod
 
 
-def _compile_in_memory(label: str, src: str, defines: tuple):
+def _compile_in_memory(label: str, src: str, defines: tuple, target: str | None = None):
     """The pycuda module of CUDA source ``src`` compiled by PyCUDA's SourceModule with
-    NVCC_OPTIONS and ``defines`` ((KEY, VALUE) pairs, as -DKEY=VALUE) for the device's
-    architecture; DeviceError naming ``label`` where it does not compile. Needs the context."""
+    NVCC_OPTIONS and ``defines`` ((KEY, VALUE) pairs, as -DKEY=VALUE) for ``target`` (None: the
+    device's architecture); DeviceError naming ``label`` where it does not compile. Needs the
+    context."""
     from pycuda.compiler import SourceModule  # noqa: PLC0415
 
     options = list(NVCC_OPTIONS) + [f"-D{k}={v}" for k, v in defines]
     try:
-        return SourceModule(src, options=options, arch=arch(), no_extern_c=True)
+        return SourceModule(src, options=options, arch=target or arch(), no_extern_c=True)
     except Exception as first:
         # PyCUDA's on-disk compile cache is shared by processes (pytest-xdist workers); one
         # that reads a cubin another is still writing gets "device kernel image is invalid".
         # Compiling again without the cache is the cure; a real compile error fails again.
         try:
-            return SourceModule(src, options=options, arch=arch(), no_extern_c=True, cache_dir=False)
+            return SourceModule(src, options=options, arch=target or arch(), no_extern_c=True, cache_dir=False)
         except Exception as e:
             raise DeviceError(f"compiling {label} failed: {e}") from first
 

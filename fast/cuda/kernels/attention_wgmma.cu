@@ -1,0 +1,478 @@
+// Causal attention over the KV cache of one layer on Hopper's warpgroup tensor cores (wgmma):
+// the prefill kernel attend_wgmma_hd{64,128}, and attend_wgmma_sinks_window_hd{64,128} with the
+// options (sink logits, a sliding window). sm_90a only (fast/cuda/kernel_paths.py ARCH_SPECIFIC).
+//
+// Definition: strata_prefill.contract.attention.attend (docs/numerics.md section 5), bit for bit;
+// written out in attention_common.cuh.
+//
+// A CTA takes 64 * WG_GROUPS queries of one head; warpgroup w (128 threads) owns 64 of them and
+// each of its warps 16 rows, a thread two (r0 = g, r1 = g + 8 of its warp's 16), as the wgmma
+// accumulator layout hands them out. Every thread stages key blocks by cp.async into a ring of
+// WG_STAGES; a warpgroup then, per key block:
+//   Q.K: wgmma m64n64k16 (fp16 codes, f32 accumulators; every partial sum an integer below 2^24,
+//     so sumf is exact in any order), A = the warpgroup's Q codes, B = the block's K rows, both
+//     from shared memory; then two float products by dk and dqs.
+//   The key order: shared K row n holds the block's key sigma(n) = 16 (n >> 4) + 4 ((n >> 1) & 3)
+//     + 2 (n & 1) + ((n >> 3) & 1), so accumulator (nt, e) of lane quad tq holds key
+//     16 (nt >> 1) + 4 tq + 2 (e & 1) + (nt & 1). The definition's lsum tree (l with l + 32, 16,
+//     8, 4, 2, 1) is then nt with nt + 4, nt with nt + 2, lanes xor 2, lanes xor 1, e with e ^ 1,
+//     nt with nt ^ 1; and a lane's P codes of k-step ks (keys of parity ks) are exactly the ones
+//     the transposed V blocks (v_blocks.cuh: vt_slot) pair with its A fragment's columns, so
+//     P.V needs no exchange between lanes. The block maximum and amax are quad reductions.
+//   P.V: wgmma m64n{HD}k32 s8, A = the P codes from registers, B = the block's transposed V rows
+//     (v_t: one row a dim, in vt_row order) from shared memory; accumulators start at MAGIC_I, so
+//     one subtraction turns each exact sum into its float; then O = fma(dw, pvf, O * alpha).
+// Shared memory holds Q, K and V^T in the no-swizzle core-matrix layout (8 rows of 16 bytes
+// contiguous; LBO 128 bytes between a row group's core matrices along K, SBO between row groups).
+// Options (OPT true): as attention_pair.cu's (a row's state starts at its head's sink; with a window
+// the CTA's walk starts at the block of its smallest lo, a warpgroup skips blocks outside all its
+// rows' windows, a row merges the blocks lo/64 .. pos/64 only). Every branch around a wgmma is
+// uniform over the warpgroup.
+// Compiled with --fmad=false; float steps are written with __fmul_rn / __fadd_rn / __fmaf_rn.
+
+#include <stdint.h>
+#include <cuda_fp16.h>
+#include "strata_numerics.cuh"   // strata_exp2c, rint_nonneg_magic, row_quantize_warp, q8_*, warp reductions
+#include "v_blocks.cuh"          // the transposed V blocks P.V reads
+#include "attention_common.cuh"  // the definition, KEY_BLOCK, the shared steps, ATTEND_KERNEL
+
+#ifndef WG_GROUPS
+#define WG_GROUPS 2  // warpgroups per CTA, 64 queries each
+#endif
+#ifndef WG_STAGES
+#define WG_STAGES 2  // key blocks in the cp.async ring
+#endif
+static_assert(WG_STAGES >= 2, "a ring of at least two key blocks");
+#define WG_THREADS (128 * WG_GROUPS)
+#define WG_TILE (64 * WG_GROUPS)
+
+__device__ __forceinline__ unsigned wg_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+template <int BYTES>
+__device__ __forceinline__ void wg_cp_async(unsigned dst, const void* src, bool src_ok)
+{
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_ok ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES),
+                     "r"(src_ok ? BYTES : 0));
+}
+__device__ __forceinline__ void wg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// generic-proxy writes of shared memory (cp.async, st.shared) made visible to wgmma's reads
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// pins a register between the wgmma that writes it and the wait (no use moves above the wait)
+__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void reg_fence(int& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in the core-matrix layout of rows of
+// ROWB bytes: row groups of 8 at SBO = 8 * ROWB, a group's chunks at LBO = 128.
+template <int ROWB>
+__device__ __forceinline__ int cm_off(int row, int chunk) { return (row >> 3) * (8 * ROWB) + chunk * 128 + (row & 7) * 16; }
+
+// The wgmma shared-memory descriptor of a no-swizzle K-major operand at shared address addr:
+// start >> 4 (bits 0-13), LBO >> 4 (16-29), SBO >> 4 (32-45), base offset 0, swizzle 0.
+__device__ __forceinline__ uint64_t wg_desc(unsigned addr, unsigned sbo)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(128u >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
+// The block's key held by shared K row n (and by scale slot n); see the header.
+__device__ __forceinline__ int wg_sigma(int n) { return 16 * (n >> 4) + 4 * ((n >> 1) & 3) + 2 * (n & 1) + ((n >> 3) & 1); }
+
+// d = A.B + d over one k16 step: A 64x16 f16 (the warpgroup's Q rows), B 16x64 f16 (K rows),
+// both K-major in shared memory; d[i][j]: n8 tile i, the mma.sync accumulator order
+__device__ __forceinline__ void wgmma_qk_f16(float (&d)[8][4], uint64_t a_desc, uint64_t b_desc)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+          "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+          "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+          "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(a_desc), "l"(b_desc));
+}
+
+__device__ __forceinline__ void wgmma_pv_s8(int (&d)[8][4], const int (&a)[4], uint64_t b_desc)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p;\n}\n"
+        : "+r"(d[0][0]), "+r"(d[0][1]), "+r"(d[0][2]), "+r"(d[0][3]),
+          "+r"(d[1][0]), "+r"(d[1][1]), "+r"(d[1][2]), "+r"(d[1][3]),
+          "+r"(d[2][0]), "+r"(d[2][1]), "+r"(d[2][2]), "+r"(d[2][3]),
+          "+r"(d[3][0]), "+r"(d[3][1]), "+r"(d[3][2]), "+r"(d[3][3]),
+          "+r"(d[4][0]), "+r"(d[4][1]), "+r"(d[4][2]), "+r"(d[4][3]),
+          "+r"(d[5][0]), "+r"(d[5][1]), "+r"(d[5][2]), "+r"(d[5][3]),
+          "+r"(d[6][0]), "+r"(d[6][1]), "+r"(d[6][2]), "+r"(d[6][3]),
+          "+r"(d[7][0]), "+r"(d[7][1]), "+r"(d[7][2]), "+r"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+}
+
+__device__ __forceinline__ void wgmma_pv_s8(int (&d)[16][4], const int (&a)[4], uint64_t b_desc)
+{
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p;\n}\n"
+        : "+r"(d[0][0]), "+r"(d[0][1]), "+r"(d[0][2]), "+r"(d[0][3]),
+          "+r"(d[1][0]), "+r"(d[1][1]), "+r"(d[1][2]), "+r"(d[1][3]),
+          "+r"(d[2][0]), "+r"(d[2][1]), "+r"(d[2][2]), "+r"(d[2][3]),
+          "+r"(d[3][0]), "+r"(d[3][1]), "+r"(d[3][2]), "+r"(d[3][3]),
+          "+r"(d[4][0]), "+r"(d[4][1]), "+r"(d[4][2]), "+r"(d[4][3]),
+          "+r"(d[5][0]), "+r"(d[5][1]), "+r"(d[5][2]), "+r"(d[5][3]),
+          "+r"(d[6][0]), "+r"(d[6][1]), "+r"(d[6][2]), "+r"(d[6][3]),
+          "+r"(d[7][0]), "+r"(d[7][1]), "+r"(d[7][2]), "+r"(d[7][3]),
+          "+r"(d[8][0]), "+r"(d[8][1]), "+r"(d[8][2]), "+r"(d[8][3]),
+          "+r"(d[9][0]), "+r"(d[9][1]), "+r"(d[9][2]), "+r"(d[9][3]),
+          "+r"(d[10][0]), "+r"(d[10][1]), "+r"(d[10][2]), "+r"(d[10][3]),
+          "+r"(d[11][0]), "+r"(d[11][1]), "+r"(d[11][2]), "+r"(d[11][3]),
+          "+r"(d[12][0]), "+r"(d[12][1]), "+r"(d[12][2]), "+r"(d[12][3]),
+          "+r"(d[13][0]), "+r"(d[13][1]), "+r"(d[13][2]), "+r"(d[13][3]),
+          "+r"(d[14][0]), "+r"(d[14][1]), "+r"(d[14][2]), "+r"(d[14][3]),
+          "+r"(d[15][0]), "+r"(d[15][1]), "+r"(d[15][2]), "+r"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+}
+
+// The dynamic shared memory of attend_wgmma_hd<HD> (bytes), and its parts' offsets.
+template <int HD>
+struct WgSmem {
+    static constexpr int QK_ROWB = 2 * HD;                 // a Q or K row: HD float16 codes
+    static constexpr int K_OFF = 0;                        // 64 K rows, core-matrix layout
+    static constexpr int V_OFF = KEY_BLOCK * QK_ROWB;      // HD transposed V rows of 64 bytes
+    static constexpr int KS_OFF = V_OFF + HD * KEY_BLOCK;  // k scales, slot n: key sigma(n)
+    static constexpr int VS_OFF = KS_OFF + KEY_BLOCK * 4;  // v scales, likewise
+    static constexpr int STAGE = VS_OFF + KEY_BLOCK * 4;
+    static constexpr int Q_OFF = WG_STAGES * STAGE;        // the tile's Q codes, core-matrix layout
+    static constexpr int QD_OFF = Q_OFF + WG_TILE * QK_ROWB;  // dqs, one a row
+    static constexpr int POS_OFF = QD_OFF + WG_TILE * 4;
+    static constexpr int BYTES = POS_OFF + WG_TILE * 4;
+    static_assert(STAGE % 128 == 0 && Q_OFF % 128 == 0, "aligned parts");
+};
+
+template <int HD, bool OPT = false>
+__device__ __forceinline__ void attend_wgmma_body(
+    const float* __restrict__ q, long long ldq, const int* __restrict__ positions, int T, int group,
+    const uint16_t* __restrict__ k_codes, const float* __restrict__ k_scale,
+    const int8_t* __restrict__ /* v_codes: V is read from v_t */, const float* __restrict__ v_scale,
+    const int8_t* __restrict__ v_t, int cap,
+    float kq2, float* __restrict__ out, long long ldo, const float* __restrict__ sinks = nullptr,
+    int window = 0)
+{
+    using SM = WgSmem<HD>;
+    constexpr int NB = HD / 32;   // 32-value parts of a row a lane holds (Q's quantization)
+    constexpr int KS = HD / 16;   // k16 steps of Q.K
+    constexpr int NO = HD / 8;    // n8 tiles of P.V's output
+    constexpr int QK_SBO = 8 * SM::QK_ROWB;
+    constexpr int V_SBO = 8 * KEY_BLOCK;
+    extern __shared__ __align__(128) unsigned char smem[];
+    int* spos = reinterpret_cast<int*>(smem + SM::POS_OFF);
+    const unsigned base = wg_smem_u32(smem);
+
+    const int tid = threadIdx.x;
+    const int wg = tid >> 7;         // the warpgroup
+    const int warp = (tid >> 5) & 3; // its warp
+    const int lane = tid & 31;
+    const int g = lane >> 2;
+    const int tq = lane & 3;
+    const int h = blockIdx.y;
+    const long long t0 = (long long)(gridDim.x - 1 - blockIdx.x) * WG_TILE;  // heaviest first
+
+    if (tid < WG_TILE) spos[tid] = (t0 + tid < T) ? positions[t0 + tid] : -1;
+    __syncthreads();
+    const int r0 = wg * 64 + warp * 16 + g, r1 = r0 + 8;  // the thread's tile rows
+    int maxpos = -1;
+    for (int i = 0; i < WG_TILE; ++i) maxpos = max(maxpos, spos[i]);
+    const int n_blk = maxpos < 0 ? 0 : maxpos / KEY_BLOCK + 1;
+    // the warpgroup's last block and smallest position (-1 with padding rows): uniform over it
+    int wmax = -1, wmin = 0x7fffffff;
+    for (int i = 0; i < 64; ++i) {
+        wmax = max(wmax, spos[wg * 64 + i]);
+        wmin = min(wmin, spos[wg * 64 + i]);
+    }
+    const int wlast = wmax < 0 ? -1 : wmax / KEY_BLOCK;
+    const int pos0 = spos[r0], pos1 = spos[r1];
+    const int last0 = pos0 < 0 ? -1 : pos0 / KEY_BLOCK;
+    const int last1 = pos1 < 0 ? -1 : pos1 / KEY_BLOCK;
+    // the window: each row's first key lo and block; the CTA's first block c_begin; the
+    // warpgroup's first block wfirst (padding rows: none) and largest lo wmaxlo (for FULL)
+    const int lo0 = (OPT && window > 0) ? max(pos0 - window + 1, 0) : 0;
+    const int lo1 = (OPT && window > 0) ? max(pos1 - window + 1, 0) : 0;
+    int c_begin = 0, first0 = 0, first1 = 0, wfirst = 0, wmaxlo = 0;
+    if constexpr (OPT) {
+        if (window > 0) {
+            int minlo = 0x7fffffff;
+            for (int i = 0; i < WG_TILE; ++i)
+                if (spos[i] >= 0) minlo = min(minlo, max(spos[i] - window + 1, 0));
+            c_begin = maxpos < 0 ? 0 : minlo / KEY_BLOCK;
+            first0 = pos0 < 0 ? 0x7fffffff : lo0 / KEY_BLOCK;
+            first1 = pos1 < 0 ? 0x7fffffff : lo1 / KEY_BLOCK;
+            int wminlo = 0x7fffffff;
+            for (int i = 0; i < 64; ++i) {
+                const int p = spos[wg * 64 + i];
+                if (p >= 0) {
+                    const int l = max(p - window + 1, 0);
+                    wminlo = min(wminlo, l);
+                    wmaxlo = max(wmaxlo, l);
+                }
+            }
+            wfirst = wminlo == 0x7fffffff ? 0x7fffffff : wminlo / KEY_BLOCK;
+        }
+    }
+
+    // key block c -> ring stage (c - c_begin) % WG_STAGES; K row n and scale slot n hold the
+    // block's key sigma(n); the transposed V block is one contiguous run of HD * 64 bytes.
+    // Eight consecutive threads fill one core matrix (128 contiguous bytes: no bank conflict).
+    const int kvh = blockIdx.y / group;
+    int stage_in = 0;
+    auto issue = [&](int c) {
+        if (c < n_blk) {
+            const int j0 = c * KEY_BLOCK;
+            const long long row0 = (long long)kvh * cap + j0;
+            const unsigned st = base + (unsigned)(stage_in * SM::STAGE);
+            constexpr int CH = HD / 8;  // 16-byte chunks of a K row
+#pragma unroll
+            for (int i = 0; i < (KEY_BLOCK * CH + WG_THREADS - 1) / WG_THREADS; ++i) {
+                const int idx = tid + i * WG_THREADS;
+                if ((KEY_BLOCK * CH) % WG_THREADS == 0 || idx < KEY_BLOCK * CH) {
+                    const int n = idx % KEY_BLOCK, part = idx / KEY_BLOCK;
+                    const int kap = wg_sigma(n);
+                    const bool ok = j0 + kap < cap;
+                    const long long off = ok ? (row0 + kap) * HD + 8 * part : 0;  // float16 elements
+                    wg_cp_async<16>(st + SM::K_OFF + cm_off<SM::QK_ROWB>(n, part), k_codes + off, ok);
+                }
+            }
+            {
+                const int8_t* vb = v_t + ((long long)kvh * vt_blocks(cap) + c) * (HD * 64);
+#pragma unroll
+                for (int i = 0; i < (HD * 4 + WG_THREADS - 1) / WG_THREADS; ++i) {
+                    const int idx = tid + i * WG_THREADS;
+                    if ((HD * 4) % WG_THREADS == 0 || idx < HD * 4) {
+                        const int n = idx % HD, part = idx / HD;
+                        wg_cp_async<16>(st + SM::V_OFF + cm_off<KEY_BLOCK>(n, part), vb + n * 64 + 16 * part, true);
+                    }
+                }
+            }
+            if (tid < KEY_BLOCK) {
+                const int kap = wg_sigma(tid);
+                const bool ok = j0 + kap < cap;
+                const long long key = ok ? row0 + kap : 0;
+                wg_cp_async<4>(st + SM::KS_OFF + 4 * tid, k_scale + key, ok);
+                wg_cp_async<4>(st + SM::VS_OFF + 4 * tid, v_scale + key, ok);
+            }
+            stage_in = (stage_in + 1 == WG_STAGES) ? 0 : stage_in + 1;
+        }
+        wg_cp_commit();  // every thread commits a group per block, empty or not
+    };
+
+#pragma unroll
+    for (int s = 0; s < WG_STAGES - 1; ++s) issue(c_begin + s);
+
+    // ---- Q of the tile, quantized per row (codes |q| <= 255 as float16, one scale; dqs = dq *
+    // kq2) into shared memory in the core-matrix layout, 8 rows a warp at a time
+    float* sqd = reinterpret_cast<float*>(smem + SM::QD_OFF);
+    {
+        unsigned char* sq = smem + SM::Q_OFF;
+        constexpr int ROWS = WG_TILE / (WG_THREADS / 32);  // rows a warp quantizes
+        const int wq = tid >> 5;
+#pragma unroll 1
+        for (int i0 = 0; i0 < ROWS; i0 += 8) {
+            float x[8][NB];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const long long t = t0 + wq * ROWS + i0 + i;
+#pragma unroll
+                for (int b = 0; b < NB; ++b) x[i][b] = (t < T) ? q[t * ldq + (long long)h * HD + 32 * b + lane] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int qi = wq * ROWS + i0 + i;
+                float code[NB];
+                const float d = row_quantize_warp<NB>(x[i], 255.0f, code);
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    const int dim = 32 * b + lane;
+                    *reinterpret_cast<unsigned short*>(sq + cm_off<SM::QK_ROWB>(qi, dim >> 3) + 2 * (dim & 7)) =
+                        __half_as_ushort(__float2half_rn(code[b]));
+                }
+                if (lane == 0) sqd[qi] = __fmul_rn(d, kq2);
+            }
+        }
+    }
+    fence_proxy_async();
+    __syncthreads();  // the Q tile is written, and visible to wgmma
+    const float dq0 = sqd[r0], dq1 = sqd[r1];
+    const unsigned q_base = base + SM::Q_OFF + (unsigned)(wg * 8 * QK_SBO);  // the warpgroup's 64 rows
+
+    const float NEG_INF = __int_as_float(0xff800000);
+    float M0 = NEG_INF, M1 = NEG_INF, L0 = 0.0f, L1 = 0.0f;
+    if constexpr (OPT) {
+        if (sinks != nullptr) {  // the sink, a key of value zero merged first: M = sink2, L = exp2c(0)
+            M0 = M1 = __fmul_rn(sinks[h], LOG2E_F);
+            L0 = L1 = 1.0f;
+        }
+    }
+    float O[NO][4];
+#pragma unroll
+    for (int i = 0; i < NO; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) O[i][e] = 0.0f;
+
+    int stage_use = 0;
+    for (int c = c_begin; c < n_blk; ++c) {
+        wg_cp_wait<WG_STAGES - 2>();
+        fence_proxy_async();
+        __syncthreads();  // block c is in the ring for every thread and visible to wgmma; c - 1's stage is free
+        issue(c + WG_STAGES - 1);
+        if (c > wlast || (OPT && c < wfirst)) {  // warpgroup-uniform: none of its queries reaches block c
+            stage_use = (stage_use + 1 == WG_STAGES) ? 0 : stage_use + 1;
+            continue;
+        }
+        const int j0 = c * KEY_BLOCK;
+        const unsigned st = base + (unsigned)(stage_use * SM::STAGE);
+        const unsigned char* stp = smem + stage_use * SM::STAGE;
+        stage_use = (stage_use + 1 == WG_STAGES) ? 0 : stage_use + 1;
+
+        auto block = [&](auto full_tag) {
+            constexpr bool FULL = decltype(full_tag)::value;
+            float s[8][4];
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks)
+                wgmma_qk_f16(s, wg_desc(q_base + 256 * ks, QK_SBO), wg_desc(st + SM::K_OFF + 256 * ks, QK_SBO));
+            wgmma_commit();
+            wgmma_wait0();
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence(s[nt][e]);
+
+            auto key = [&](int nt, int e) { return j0 + 16 * (nt >> 1) + 4 * tq + 2 * (e & 1) + (nt & 1); };
+            auto lo = [&]() {
+                if constexpr (OPT) return [&](int k, int e) { return k >= ((e < 2) ? lo0 : lo1); };
+                else return NoLow{};
+            }();
+            float mc0, mc1;
+            scale_mask_max<FULL>(s, dq0, dq1, [&](int nt) {
+                return *reinterpret_cast<const float2*>(stp + SM::KS_OFF + 4 * (8 * nt + 2 * tq));
+            }, pos0, pos1, key, mc0, mc1, lo);
+            const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
+            // alpha = exp2c(M - m_new): 1.0f exactly where a finite M stays; else one row a lane
+            // (tq even: r0, odd: r1), shuffled to the quad
+            float al0 = 1.0f, al1 = 1.0f;
+            {
+                const float INF = __int_as_float(0x7f800000);
+                const bool keep = M0 == mn0 && fabsf(M0) < INF && M1 == mn1 && fabsf(M1) < INF;
+                if (!__all_sync(0xffffffffu, keep)) {
+                    const float a = strata_exp2c(__fsub_rn((tq & 1) ? M1 : M0, (tq & 1) ? mn1 : mn0));
+                    al0 = __shfl_sync(0xffffffffu, a, lane & ~3);
+                    al1 = __shfl_sync(0xffffffffu, a, (lane & ~3) | 1);
+                }
+            }
+            exp_masked<FULL>(s, mn0, mn1, pos0, pos1, key, lo);
+            // the lsum tree: + 32 (nt, nt + 4), + 16 (nt, nt + 2), + 8 (lanes xor 2), + 4 (xor 1),
+            // + 2 (e, e ^ 1), + 1 (nt 0, 1)
+            float u[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    u[nt][e] = __fadd_rn(__fadd_rn(s[nt][e], s[nt + 4][e]), __fadd_rn(s[nt + 2][e], s[nt + 6][e]));
+                    u[nt][e] = __fadd_rn(u[nt][e], __shfl_xor_sync(0xffffffffu, u[nt][e], 2));
+                    u[nt][e] = __fadd_rn(u[nt][e], __shfl_xor_sync(0xffffffffu, u[nt][e], 1));
+                }
+            const float ls0 = __fadd_rn(__fadd_rn(u[0][0], u[0][1]), __fadd_rn(u[1][0], u[1][1]));
+            const float ls1 = __fadd_rn(__fadd_rn(u[0][2], u[0][3]), __fadd_rn(u[1][2], u[1][3]));
+            float amax0, amax1;
+            fold_v_scale<FULL>(s, pos0, pos1, key, [&](int nt) {
+                return *reinterpret_cast<const float2*>(stp + SM::VS_OFF + 4 * (8 * nt + 2 * tq));
+            }, amax0, amax1, lo);
+            float di0, di1, wd0, wd1;
+            {
+                const float d_inv = q8_inv_scale((tq & 1) ? amax1 : amax0);
+                const bool ok = d_inv < __int_as_float(0x7f800000);
+                const float wd = ok ? q8_scale(d_inv) : 0.0f, di = ok ? d_inv : 0.0f;
+                di0 = __shfl_sync(0xffffffffu, di, lane & ~3);
+                di1 = __shfl_sync(0xffffffffu, di, (lane & ~3) | 1);
+                wd0 = __shfl_sync(0xffffffffu, wd, lane & ~3);
+                wd1 = __shfl_sync(0xffffffffu, wd, (lane & ~3) | 1);
+            }
+            unsigned cb[8][4];
+            p_code_bits(s, di0, di1, cb);
+            // k-step ks's A fragment: column 4 tq + i holds key 16 (i >> 1) + 4 tq + 2 (i & 1) + ks
+            // (accumulator nt = 2 (i >> 1) + ks, e = i & 1), + 32 for registers 2 and 3
+            int pa[2][4];
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                pa[ks][0] = pack_lo(cb[ks][0], cb[ks][1], cb[2 + ks][0], cb[2 + ks][1]);
+                pa[ks][1] = pack_lo(cb[ks][2], cb[ks][3], cb[2 + ks][2], cb[2 + ks][3]);
+                pa[ks][2] = pack_lo(cb[4 + ks][0], cb[4 + ks][1], cb[6 + ks][0], cb[6 + ks][1]);
+                pa[ks][3] = pack_lo(cb[4 + ks][2], cb[4 + ks][3], cb[6 + ks][2], cb[6 + ks][3]);
+            }
+            int acc[NO][4];
+#pragma unroll
+            for (int i = 0; i < NO; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc[i][e] = MAGIC_I;  // |P.V| < 2^21
+                    reg_fence(acc[i][e]);
+                }
+            wgmma_fence();
+            wgmma_pv_s8(acc, pa[0], wg_desc(st + SM::V_OFF, V_SBO));
+            wgmma_pv_s8(acc, pa[1], wg_desc(st + SM::V_OFF + 256, V_SBO));
+            wgmma_commit();
+            wgmma_wait0();
+#pragma unroll
+            for (int i = 0; i < NO; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence(acc[i][e]);
+
+            const bool live0 = FULL || (c <= last0 && (!OPT || c >= first0));
+            const bool live1 = FULL || (c <= last1 && (!OPT || c >= first1));
+            pv_keep_or_rescale([&](auto keep_tag) {
+                constexpr bool KEEP = decltype(keep_tag)::value;
+#pragma unroll
+                for (int i = 0; i < NO; ++i) o_step<KEEP>(O[i], acc[i], al0, al1, wd0, wd1, live0, live1);
+                l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
+            }, al0, al1);
+            M0 = live0 ? mn0 : M0;
+            M1 = live1 ? mn1 : M1;
+        };
+        // FULL (no masks) is uniform over the warpgroup: the wgmma calls are in both branches
+        if (j0 + KEY_BLOCK - 1 <= wmin && (!OPT || j0 >= wmaxlo)) block(BoolTag<true>{});
+        else block(BoolTag<false>{});
+    }
+    wg_cp_wait<0>();  // nothing in flight at exit
+
+    // output column n of P.V is transposed-V row n, dim 16 (n >> 4) + 2 (n & 7) + ((n >> 3) & 1):
+    // tile i = 2 G + eo holds dims 16 G + 4 tq + 2 (e & 1) + eo
+    store_out<HD, HD / 16, 4>(out, ldo, T, h, t0 + r0, t0 + r1, L0, L1, [&](int gr) { return 16 * gr + 4 * tq; },
+                              [&](int gr, int k) { return O[2 * gr + (k & 1)][k >> 1]; });
+}
+
+ATTEND_KERNEL(wgmma, 64, WG_THREADS, 1)
+ATTEND_KERNEL(wgmma, 128, WG_THREADS, 1)
+ATTEND_KERNEL_SINKS_WINDOW(wgmma, 64, WG_THREADS, 1)
+ATTEND_KERNEL_SINKS_WINDOW(wgmma, 128, WG_THREADS, 1)
+
+// dynamic shared memory bytes of attend_wgmma_hd64 / _hd128, and the CTA's queries and threads
+extern "C" __device__ int attend_wgmma_geometry[4] = {WgSmem<64>::BYTES, WgSmem<128>::BYTES, WG_TILE, WG_THREADS};
