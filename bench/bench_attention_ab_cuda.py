@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""A/B of the prefill attention kernel's configurations (attention_pair.cu's defines),
+"""A/B of the prefill attention kernels and their configurations (the kernel files' defines),
 interleaved in one run, on the strata heads.
 
     python3 -m bench.bench_attention_ab_cuda [--tokens 4096,8192,32768] [--reps 5]
         [--arms '{};{"PAIR_QG": 6}'] [--sass DIR]
 
-An arm is a JSON object of the kernel file's defines (ATTEND_PAIR_CONFIG's under them); its
+An arm is a JSON object of the kernel file's defines (over its ATTEND_TILE_CONFIGS table); its
 key "variant" (strata_prefill.fast.cuda.attention.ATTEND_VARIANTS; "pair", the default) picks the kernel.
 
 One layer's KV cache (32 query heads, 4 KV heads, head_dim 128) holds `tokens` random
@@ -18,7 +18,7 @@ the cache the device wrote) for a spread of queries and the first arm's bytes el
 1 otherwise): a configuration changes speed, never a bit. "pairs/ns" counts (query, key) pairs
 of the causal triangle times heads; TOP/s the row's flops. A Markdown table prints last.
 
---sass DIR: also compile each arm with nvcc and write `cuobjdump -sass` of attend_pair_hd128
+--sass DIR: also compile each arm with nvcc and write `cuobjdump -sass` of attend_<variant>_hd128
 and its opcode histogram there (where the two tools exist), the static instruction mix
 behind the times.
 """
@@ -38,7 +38,7 @@ import numpy as np
 
 from bench.ab_harness import Arm, Definition, markdown, measure
 from strata_prefill.fast.cuda import attention as cu_att
-from strata_prefill.fast.cuda import runtime
+from strata_prefill.fast.cuda import kernel_cache, runtime
 from bench.gpu_timing import stream_device
 from strata_prefill.contract import attention
 from strata_prefill.contract.constants import KEY_BLOCK
@@ -61,7 +61,7 @@ def sass_histogram(defines: dict, out_dir: str, tag: str, kernel: str = "attend_
         with open(src, "w", encoding="utf-8") as f:
             f.write(runtime.kernel_source(module))
         cubin = os.path.join(tmp, "a.cubin")
-        cmd = [nvcc, "-cubin", f"-arch={runtime.arch()}", *runtime.NVCC_OPTIONS,
+        cmd = [nvcc, "-cubin", f"-arch={kernel_cache.target(module, runtime.arch())}", *runtime.NVCC_OPTIONS,
                *[f"-D{k}={v}" for k, v in defines.items()], src, "-o", cubin]
         subprocess.run(cmd, check=True, capture_output=True)
         text = subprocess.run([dump, "-sass", "-fun", kernel, cubin], check=True,

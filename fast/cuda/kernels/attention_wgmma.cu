@@ -40,11 +40,20 @@
 #define WG_GROUPS 2  // warpgroups per CTA, 64 queries each
 #endif
 #ifndef WG_STAGES
-#define WG_STAGES 2  // key blocks in the cp.async ring
+#define WG_STAGES 3  // key blocks in the ring
+#endif
+#ifndef WG_PRODUCER
+#define WG_PRODUCER 1  // 1: one producer warp fills the ring (mbarriers); 0: every thread, a CTA barrier a block
 #endif
 static_assert(WG_STAGES >= 2, "a ring of at least two key blocks");
-#define WG_THREADS (128 * WG_GROUPS)
+#define WG_CONSUMERS (128 * WG_GROUPS)
+#define WG_THREADS (WG_CONSUMERS + 32 * WG_PRODUCER)
 #define WG_TILE (64 * WG_GROUPS)
+
+template <int N>
+struct IntTag {
+    static constexpr int value = N;
+};
 
 __device__ __forceinline__ unsigned wg_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -69,6 +78,26 @@ __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.s
 // pins a register between the wgmma that writes it and the wait (no use moves above the wait)
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void reg_fence(int& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// mbarriers of the ring (shared::cta): init with an arrival count, arrive (release), wait for a phase
+__device__ __forceinline__ void mbar_init(unsigned a, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned a)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned a, int parity)
+{
+    asm volatile("{\n.reg .pred P1;\nLAB_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+                 "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(a), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void named_barrier(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in the core-matrix layout of rows of
 // ROWB bytes: row groups of 8 at SBO = 8 * ROWB, a group's chunks at LBO = 128.
@@ -161,7 +190,8 @@ struct WgSmem {
     static constexpr int Q_OFF = WG_STAGES * STAGE;        // the tile's Q codes, core-matrix layout
     static constexpr int QD_OFF = Q_OFF + WG_TILE * QK_ROWB;  // dqs, one a row
     static constexpr int POS_OFF = QD_OFF + WG_TILE * 4;
-    static constexpr int BYTES = POS_OFF + WG_TILE * 4;
+    static constexpr int BAR_OFF = POS_OFF + WG_TILE * 4;  // WG_STAGES "full" then "empty" mbarriers
+    static constexpr int BYTES = BAR_OFF + 2 * WG_STAGES * 8;
     static_assert(STAGE % 128 == 0 && Q_OFF % 128 == 0, "aligned parts");
 };
 
@@ -185,7 +215,7 @@ __device__ __forceinline__ void attend_wgmma_body(
     const unsigned base = wg_smem_u32(smem);
 
     const int tid = threadIdx.x;
-    const int wg = tid >> 7;         // the warpgroup
+    const int wg = min(tid >> 7, WG_GROUPS - 1);  // the warpgroup (the producer warp: the last one's rows, unused)
     const int warp = (tid >> 5) & 3; // its warp
     const int lane = tid & 31;
     const int g = lane >> 2;
@@ -194,6 +224,12 @@ __device__ __forceinline__ void attend_wgmma_body(
     const long long t0 = (long long)(gridDim.x - 1 - blockIdx.x) * WG_TILE;  // heaviest first
 
     if (tid < WG_TILE) spos[tid] = (t0 + tid < T) ? positions[t0 + tid] : -1;
+    if (tid == 0) {
+        for (int s = 0; s < WG_STAGES; ++s) {
+            mbar_init(base + SM::BAR_OFF + 8 * s, 32);                            // full: the producer's lanes
+            mbar_init(base + SM::BAR_OFF + 8 * (WG_STAGES + s), WG_CONSUMERS);  // empty: every consumer thread
+        }
+    }
     __syncthreads();
     const int r0 = wg * 64 + warp * 16 + g, r1 = r0 + 8;  // the thread's tile rows
     int maxpos = -1;
@@ -237,19 +273,20 @@ __device__ __forceinline__ void attend_wgmma_body(
 
     // key block c -> ring stage (c - c_begin) % WG_STAGES; K row n and scale slot n hold the
     // block's key sigma(n); the transposed V block is one contiguous run of HD * 64 bytes.
-    // Eight consecutive threads fill one core matrix (128 contiguous bytes: no bank conflict).
+    // Loader lt of NL copies every NL-th 16-byte chunk; eight consecutive loaders fill one core
+    // matrix (128 contiguous bytes: no bank conflict).
     const int kvh = blockIdx.y / group;
-    int stage_in = 0;
-    auto issue = [&](int c) {
+    auto issue = [&](int c, int stage, int lt, auto nl_tag) {
+        constexpr int NL = decltype(nl_tag)::value;
         if (c < n_blk) {
             const int j0 = c * KEY_BLOCK;
             const long long row0 = (long long)kvh * cap + j0;
-            const unsigned st = base + (unsigned)(stage_in * SM::STAGE);
+            const unsigned st = base + (unsigned)(stage * SM::STAGE);
             constexpr int CH = HD / 8;  // 16-byte chunks of a K row
 #pragma unroll
-            for (int i = 0; i < (KEY_BLOCK * CH + WG_THREADS - 1) / WG_THREADS; ++i) {
-                const int idx = tid + i * WG_THREADS;
-                if ((KEY_BLOCK * CH) % WG_THREADS == 0 || idx < KEY_BLOCK * CH) {
+            for (int i = 0; i < (KEY_BLOCK * CH + NL - 1) / NL; ++i) {
+                const int idx = lt + i * NL;
+                if ((KEY_BLOCK * CH) % NL == 0 || idx < KEY_BLOCK * CH) {
                     const int n = idx % KEY_BLOCK, part = idx / KEY_BLOCK;
                     const int kap = wg_sigma(n);
                     const bool ok = j0 + kap < cap;
@@ -257,38 +294,62 @@ __device__ __forceinline__ void attend_wgmma_body(
                     wg_cp_async<16>(st + SM::K_OFF + cm_off<SM::QK_ROWB>(n, part), k_codes + off, ok);
                 }
             }
-            {
-                const int8_t* vb = v_t + ((long long)kvh * vt_blocks(cap) + c) * (HD * 64);
+            const int8_t* vb = v_t + ((long long)kvh * vt_blocks(cap) + c) * (HD * 64);
 #pragma unroll
-                for (int i = 0; i < (HD * 4 + WG_THREADS - 1) / WG_THREADS; ++i) {
-                    const int idx = tid + i * WG_THREADS;
-                    if ((HD * 4) % WG_THREADS == 0 || idx < HD * 4) {
-                        const int n = idx % HD, part = idx / HD;
-                        wg_cp_async<16>(st + SM::V_OFF + cm_off<KEY_BLOCK>(n, part), vb + n * 64 + 16 * part, true);
-                    }
+            for (int i = 0; i < (HD * 4 + NL - 1) / NL; ++i) {
+                const int idx = lt + i * NL;
+                if ((HD * 4) % NL == 0 || idx < HD * 4) {
+                    const int n = idx % HD, part = idx / HD;
+                    wg_cp_async<16>(st + SM::V_OFF + cm_off<KEY_BLOCK>(n, part), vb + n * 64 + 16 * part, true);
                 }
             }
-            if (tid < KEY_BLOCK) {
-                const int kap = wg_sigma(tid);
-                const bool ok = j0 + kap < cap;
-                const long long key = ok ? row0 + kap : 0;
-                wg_cp_async<4>(st + SM::KS_OFF + 4 * tid, k_scale + key, ok);
-                wg_cp_async<4>(st + SM::VS_OFF + 4 * tid, v_scale + key, ok);
-            }
-            stage_in = (stage_in + 1 == WG_STAGES) ? 0 : stage_in + 1;
-        }
-        wg_cp_commit();  // every thread commits a group per block, empty or not
-    };
-
 #pragma unroll
-    for (int s = 0; s < WG_STAGES - 1; ++s) issue(c_begin + s);
+            for (int i = 0; i < (KEY_BLOCK + NL - 1) / NL; ++i) {
+                const int n = lt + i * NL;
+                if (KEY_BLOCK % NL == 0 || n < KEY_BLOCK) {
+                    const int kap = wg_sigma(n);
+                    const bool ok = j0 + kap < cap;
+                    const long long key = ok ? row0 + kap : 0;
+                    wg_cp_async<4>(st + SM::KS_OFF + 4 * n, k_scale + key, ok);
+                    wg_cp_async<4>(st + SM::VS_OFF + 4 * n, v_scale + key, ok);
+                }
+            }
+        }
+        wg_cp_commit();  // a group per block, empty or not
+    };
+    [[maybe_unused]] const unsigned bar_full = base + SM::BAR_OFF, bar_empty = bar_full + 8 * WG_STAGES;
 
+#if !WG_PRODUCER
+#pragma unroll
+    for (int s = 0; s < WG_STAGES - 1; ++s) issue(c_begin + s, s, tid, IntTag<WG_THREADS>{});
+#endif
+    if (tid >= WG_CONSUMERS) {
+#if WG_PRODUCER
+        // ---- the producer warp: block i of the walk into stage i % WG_STAGES once both
+        // warpgroups released its previous use; its copies complete (cp.async groups, in
+        // order), fenced for wgmma's proxy, before the stage's "full" barrier hears of them
+        for (int c = c_begin, i = 0; c < n_blk; ++c, ++i) {
+            const int stg = i % WG_STAGES;
+            if (i >= WG_STAGES) mbar_wait(bar_empty + 8 * stg, (i / WG_STAGES - 1) & 1);
+            issue(c, stg, lane, IntTag<32>{});
+            if (i >= WG_STAGES - 2) {
+                wg_cp_wait<WG_STAGES - 2>();
+                fence_proxy_async();
+                mbar_arrive(bar_full + 8 * ((i - (WG_STAGES - 2)) % WG_STAGES));
+            }
+        }
+        wg_cp_wait<0>();
+        fence_proxy_async();
+        for (int i = max(n_blk - c_begin - (WG_STAGES - 2), 0); i < n_blk - c_begin; ++i) mbar_arrive(bar_full + 8 * (i % WG_STAGES));
+#endif
+        return;
+    }
     // ---- Q of the tile, quantized per row (codes |q| <= 255 as float16, one scale; dqs = dq *
     // kq2) into shared memory in the core-matrix layout, 8 rows a warp at a time
     float* sqd = reinterpret_cast<float*>(smem + SM::QD_OFF);
     {
         unsigned char* sq = smem + SM::Q_OFF;
-        constexpr int ROWS = WG_TILE / (WG_THREADS / 32);  // rows a warp quantizes
+        constexpr int ROWS = WG_TILE / (WG_CONSUMERS / 32);  // rows a warp quantizes
         const int wq = tid >> 5;
 #pragma unroll 1
         for (int i0 = 0; i0 < ROWS; i0 += 8) {
@@ -315,7 +376,7 @@ __device__ __forceinline__ void attend_wgmma_body(
         }
     }
     fence_proxy_async();
-    __syncthreads();  // the Q tile is written, and visible to wgmma
+    named_barrier(1, WG_CONSUMERS);  // the Q tile is written, and visible to wgmma
     const float dq0 = sqd[r0], dq1 = sqd[r1];
     const unsigned q_base = base + SM::Q_OFF + (unsigned)(wg * 8 * QK_SBO);  // the warpgroup's 64 rows
 
@@ -333,133 +394,140 @@ __device__ __forceinline__ void attend_wgmma_body(
 #pragma unroll
         for (int e = 0; e < 4; ++e) O[i][e] = 0.0f;
 
+    auto block = [&](int c, unsigned st, const unsigned char* stp, auto full_tag) {
+        const int j0 = c * KEY_BLOCK;
+        constexpr bool FULL = decltype(full_tag)::value;
+        float s[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+            wgmma_qk_f16(s, wg_desc(q_base + 256 * ks, QK_SBO), wg_desc(st + SM::K_OFF + 256 * ks, QK_SBO));
+        wgmma_commit();
+        wgmma_wait0();
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) reg_fence(s[nt][e]);
+
+        auto key = [&](int nt, int e) { return j0 + 16 * (nt >> 1) + 4 * tq + 2 * (e & 1) + (nt & 1); };
+        auto lo = [&]() {
+            if constexpr (OPT) return [&](int k, int e) { return k >= ((e < 2) ? lo0 : lo1); };
+            else return NoLow{};
+        }();
+        float mc0, mc1;
+        scale_mask_max<FULL>(s, dq0, dq1, [&](int nt) {
+            return *reinterpret_cast<const float2*>(stp + SM::KS_OFF + 4 * (8 * nt + 2 * tq));
+        }, pos0, pos1, key, mc0, mc1, lo);
+        const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
+        // alpha = exp2c(M - m_new): 1.0f exactly where a finite M stays; else one row a lane
+        // (tq even: r0, odd: r1), shuffled to the quad
+        float al0 = 1.0f, al1 = 1.0f;
+        {
+            const float INF = __int_as_float(0x7f800000);
+            const bool keep = M0 == mn0 && fabsf(M0) < INF && M1 == mn1 && fabsf(M1) < INF;
+            if (!__all_sync(0xffffffffu, keep)) {
+                const float a = strata_exp2c(__fsub_rn((tq & 1) ? M1 : M0, (tq & 1) ? mn1 : mn0));
+                al0 = __shfl_sync(0xffffffffu, a, lane & ~3);
+                al1 = __shfl_sync(0xffffffffu, a, (lane & ~3) | 1);
+            }
+        }
+        exp_masked<FULL>(s, mn0, mn1, pos0, pos1, key, lo);
+        // the lsum tree: + 32 (nt, nt + 4), + 16 (nt, nt + 2), + 8 (lanes xor 2), + 4 (xor 1),
+        // + 2 (e, e ^ 1), + 1 (nt 0, 1)
+        float u[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                u[nt][e] = __fadd_rn(__fadd_rn(s[nt][e], s[nt + 4][e]), __fadd_rn(s[nt + 2][e], s[nt + 6][e]));
+                u[nt][e] = __fadd_rn(u[nt][e], __shfl_xor_sync(0xffffffffu, u[nt][e], 2));
+                u[nt][e] = __fadd_rn(u[nt][e], __shfl_xor_sync(0xffffffffu, u[nt][e], 1));
+            }
+        const float ls0 = __fadd_rn(__fadd_rn(u[0][0], u[0][1]), __fadd_rn(u[1][0], u[1][1]));
+        const float ls1 = __fadd_rn(__fadd_rn(u[0][2], u[0][3]), __fadd_rn(u[1][2], u[1][3]));
+        float amax0, amax1;
+        fold_v_scale<FULL>(s, pos0, pos1, key, [&](int nt) {
+            return *reinterpret_cast<const float2*>(stp + SM::VS_OFF + 4 * (8 * nt + 2 * tq));
+        }, amax0, amax1, lo);
+        float di0, di1, wd0, wd1;
+        {
+            const float d_inv = q8_inv_scale((tq & 1) ? amax1 : amax0);
+            const bool ok = d_inv < __int_as_float(0x7f800000);
+            const float wd = ok ? q8_scale(d_inv) : 0.0f, di = ok ? d_inv : 0.0f;
+            di0 = __shfl_sync(0xffffffffu, di, lane & ~3);
+            di1 = __shfl_sync(0xffffffffu, di, (lane & ~3) | 1);
+            wd0 = __shfl_sync(0xffffffffu, wd, lane & ~3);
+            wd1 = __shfl_sync(0xffffffffu, wd, (lane & ~3) | 1);
+        }
+        unsigned cb[8][4];
+        p_code_bits(s, di0, di1, cb);
+        // k-step ks's A fragment: column 4 tq + i holds key 16 (i >> 1) + 4 tq + 2 (i & 1) + ks
+        // (accumulator nt = 2 (i >> 1) + ks, e = i & 1), + 32 for registers 2 and 3
+        int pa[2][4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+            pa[ks][0] = pack_lo(cb[ks][0], cb[ks][1], cb[2 + ks][0], cb[2 + ks][1]);
+            pa[ks][1] = pack_lo(cb[ks][2], cb[ks][3], cb[2 + ks][2], cb[2 + ks][3]);
+            pa[ks][2] = pack_lo(cb[4 + ks][0], cb[4 + ks][1], cb[6 + ks][0], cb[6 + ks][1]);
+            pa[ks][3] = pack_lo(cb[4 + ks][2], cb[4 + ks][3], cb[6 + ks][2], cb[6 + ks][3]);
+        }
+        int acc[NO][4];
+#pragma unroll
+        for (int i = 0; i < NO; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc[i][e] = MAGIC_I;  // |P.V| < 2^21
+                reg_fence(acc[i][e]);
+            }
+        wgmma_fence();
+        wgmma_pv_s8(acc, pa[0], wg_desc(st + SM::V_OFF, V_SBO));
+        wgmma_pv_s8(acc, pa[1], wg_desc(st + SM::V_OFF + 256, V_SBO));
+        wgmma_commit();
+        wgmma_wait0();
+#pragma unroll
+        for (int i = 0; i < NO; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) reg_fence(acc[i][e]);
+
+        const bool live0 = FULL || (c <= last0 && (!OPT || c >= first0));
+        const bool live1 = FULL || (c <= last1 && (!OPT || c >= first1));
+        pv_keep_or_rescale([&](auto keep_tag) {
+            constexpr bool KEEP = decltype(keep_tag)::value;
+#pragma unroll
+            for (int i = 0; i < NO; ++i) o_step<KEEP>(O[i], acc[i], al0, al1, wd0, wd1, live0, live1);
+            l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
+        }, al0, al1);
+        M0 = live0 ? mn0 : M0;
+        M1 = live1 ? mn1 : M1;
+    };
+    // FULL (no masks) is uniform over the warpgroup: the wgmma calls are in both branches
+
     int stage_use = 0;
-    for (int c = c_begin; c < n_blk; ++c) {
+    for (int c = c_begin, i = 0; c < n_blk; ++c, ++i) {
+#if WG_PRODUCER
+        mbar_wait(bar_full + 8 * stage_use, (i / WG_STAGES) & 1);
+#else
         wg_cp_wait<WG_STAGES - 2>();
         fence_proxy_async();
         __syncthreads();  // block c is in the ring for every thread and visible to wgmma; c - 1's stage is free
-        issue(c + WG_STAGES - 1);
-        if (c > wlast || (OPT && c < wfirst)) {  // warpgroup-uniform: none of its queries reaches block c
-            stage_use = (stage_use + 1 == WG_STAGES) ? 0 : stage_use + 1;
-            continue;
-        }
+        issue(c + WG_STAGES - 1, (stage_use + WG_STAGES - 1) % WG_STAGES, tid, IntTag<WG_THREADS>{});
+#endif
         const int j0 = c * KEY_BLOCK;
         const unsigned st = base + (unsigned)(stage_use * SM::STAGE);
         const unsigned char* stp = smem + stage_use * SM::STAGE;
+        if (!(c > wlast || (OPT && c < wfirst))) {  // warpgroup-uniform: some of its queries reach block c
+            // FULL (no masks) is uniform over the warpgroup: the wgmma calls are in both branches
+            if (j0 + KEY_BLOCK - 1 <= wmin && (!OPT || j0 >= wmaxlo)) block(c, st, stp, BoolTag<true>{});
+            else block(c, st, stp, BoolTag<false>{});
+        }
+#if WG_PRODUCER
+        mbar_arrive(bar_empty + 8 * stage_use);  // this warpgroup's wgmma reads of the stage are done
+#endif
         stage_use = (stage_use + 1 == WG_STAGES) ? 0 : stage_use + 1;
-
-        auto block = [&](auto full_tag) {
-            constexpr bool FULL = decltype(full_tag)::value;
-            float s[8][4];
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-            wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < KS; ++ks)
-                wgmma_qk_f16(s, wg_desc(q_base + 256 * ks, QK_SBO), wg_desc(st + SM::K_OFF + 256 * ks, QK_SBO));
-            wgmma_commit();
-            wgmma_wait0();
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence(s[nt][e]);
-
-            auto key = [&](int nt, int e) { return j0 + 16 * (nt >> 1) + 4 * tq + 2 * (e & 1) + (nt & 1); };
-            auto lo = [&]() {
-                if constexpr (OPT) return [&](int k, int e) { return k >= ((e < 2) ? lo0 : lo1); };
-                else return NoLow{};
-            }();
-            float mc0, mc1;
-            scale_mask_max<FULL>(s, dq0, dq1, [&](int nt) {
-                return *reinterpret_cast<const float2*>(stp + SM::KS_OFF + 4 * (8 * nt + 2 * tq));
-            }, pos0, pos1, key, mc0, mc1, lo);
-            const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
-            // alpha = exp2c(M - m_new): 1.0f exactly where a finite M stays; else one row a lane
-            // (tq even: r0, odd: r1), shuffled to the quad
-            float al0 = 1.0f, al1 = 1.0f;
-            {
-                const float INF = __int_as_float(0x7f800000);
-                const bool keep = M0 == mn0 && fabsf(M0) < INF && M1 == mn1 && fabsf(M1) < INF;
-                if (!__all_sync(0xffffffffu, keep)) {
-                    const float a = strata_exp2c(__fsub_rn((tq & 1) ? M1 : M0, (tq & 1) ? mn1 : mn0));
-                    al0 = __shfl_sync(0xffffffffu, a, lane & ~3);
-                    al1 = __shfl_sync(0xffffffffu, a, (lane & ~3) | 1);
-                }
-            }
-            exp_masked<FULL>(s, mn0, mn1, pos0, pos1, key, lo);
-            // the lsum tree: + 32 (nt, nt + 4), + 16 (nt, nt + 2), + 8 (lanes xor 2), + 4 (xor 1),
-            // + 2 (e, e ^ 1), + 1 (nt 0, 1)
-            float u[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    u[nt][e] = __fadd_rn(__fadd_rn(s[nt][e], s[nt + 4][e]), __fadd_rn(s[nt + 2][e], s[nt + 6][e]));
-                    u[nt][e] = __fadd_rn(u[nt][e], __shfl_xor_sync(0xffffffffu, u[nt][e], 2));
-                    u[nt][e] = __fadd_rn(u[nt][e], __shfl_xor_sync(0xffffffffu, u[nt][e], 1));
-                }
-            const float ls0 = __fadd_rn(__fadd_rn(u[0][0], u[0][1]), __fadd_rn(u[1][0], u[1][1]));
-            const float ls1 = __fadd_rn(__fadd_rn(u[0][2], u[0][3]), __fadd_rn(u[1][2], u[1][3]));
-            float amax0, amax1;
-            fold_v_scale<FULL>(s, pos0, pos1, key, [&](int nt) {
-                return *reinterpret_cast<const float2*>(stp + SM::VS_OFF + 4 * (8 * nt + 2 * tq));
-            }, amax0, amax1, lo);
-            float di0, di1, wd0, wd1;
-            {
-                const float d_inv = q8_inv_scale((tq & 1) ? amax1 : amax0);
-                const bool ok = d_inv < __int_as_float(0x7f800000);
-                const float wd = ok ? q8_scale(d_inv) : 0.0f, di = ok ? d_inv : 0.0f;
-                di0 = __shfl_sync(0xffffffffu, di, lane & ~3);
-                di1 = __shfl_sync(0xffffffffu, di, (lane & ~3) | 1);
-                wd0 = __shfl_sync(0xffffffffu, wd, lane & ~3);
-                wd1 = __shfl_sync(0xffffffffu, wd, (lane & ~3) | 1);
-            }
-            unsigned cb[8][4];
-            p_code_bits(s, di0, di1, cb);
-            // k-step ks's A fragment: column 4 tq + i holds key 16 (i >> 1) + 4 tq + 2 (i & 1) + ks
-            // (accumulator nt = 2 (i >> 1) + ks, e = i & 1), + 32 for registers 2 and 3
-            int pa[2][4];
-#pragma unroll
-            for (int ks = 0; ks < 2; ++ks) {
-                pa[ks][0] = pack_lo(cb[ks][0], cb[ks][1], cb[2 + ks][0], cb[2 + ks][1]);
-                pa[ks][1] = pack_lo(cb[ks][2], cb[ks][3], cb[2 + ks][2], cb[2 + ks][3]);
-                pa[ks][2] = pack_lo(cb[4 + ks][0], cb[4 + ks][1], cb[6 + ks][0], cb[6 + ks][1]);
-                pa[ks][3] = pack_lo(cb[4 + ks][2], cb[4 + ks][3], cb[6 + ks][2], cb[6 + ks][3]);
-            }
-            int acc[NO][4];
-#pragma unroll
-            for (int i = 0; i < NO; ++i)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    acc[i][e] = MAGIC_I;  // |P.V| < 2^21
-                    reg_fence(acc[i][e]);
-                }
-            wgmma_fence();
-            wgmma_pv_s8(acc, pa[0], wg_desc(st + SM::V_OFF, V_SBO));
-            wgmma_pv_s8(acc, pa[1], wg_desc(st + SM::V_OFF + 256, V_SBO));
-            wgmma_commit();
-            wgmma_wait0();
-#pragma unroll
-            for (int i = 0; i < NO; ++i)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence(acc[i][e]);
-
-            const bool live0 = FULL || (c <= last0 && (!OPT || c >= first0));
-            const bool live1 = FULL || (c <= last1 && (!OPT || c >= first1));
-            pv_keep_or_rescale([&](auto keep_tag) {
-                constexpr bool KEEP = decltype(keep_tag)::value;
-#pragma unroll
-                for (int i = 0; i < NO; ++i) o_step<KEEP>(O[i], acc[i], al0, al1, wd0, wd1, live0, live1);
-                l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
-            }, al0, al1);
-            M0 = live0 ? mn0 : M0;
-            M1 = live1 ? mn1 : M1;
-        };
-        // FULL (no masks) is uniform over the warpgroup: the wgmma calls are in both branches
-        if (j0 + KEY_BLOCK - 1 <= wmin && (!OPT || j0 >= wmaxlo)) block(BoolTag<true>{});
-        else block(BoolTag<false>{});
     }
     wg_cp_wait<0>();  // nothing in flight at exit
 
