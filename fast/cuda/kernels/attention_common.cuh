@@ -195,25 +195,35 @@ __device__ __forceinline__ void fold_v_scale(float (&s)[NT][4], int pos0, int po
     amax1 = quad_max(amax1);
 }
 
-// O = fma(dw, P.V, O * alpha) for one 16 x 8 output tile (acc: its P.V accumulators on MAGIC_I),
+// O = fma(dw, pvf, O * alpha) for one 16 x 8 output tile (pv: its exact P.V sums as floats),
 // rows r0 (e < 2) and r1; a row that does not reach the block (live false) keeps its O. KEEP:
 // every alpha of the warp is 1.0f, and O * 1.0f is O, so the products are left out.
 template <bool KEEP>
-__device__ __forceinline__ void o_step(float (&o)[4], const int (&acc)[4], float al0, float al1, float wd0,
-                                       float wd1, bool live0, bool live1)
+__device__ __forceinline__ void o_step_f(float (&o)[4], const float (&pv)[4], float al0, float al1, float wd0,
+                                         float wd1, bool live0, bool live1)
 {
     const float s0 = KEEP ? o[0] : __fmul_rn(o[0], al0);
     const float s1 = KEEP ? o[1] : __fmul_rn(o[1], al0);
     const float s2 = KEEP ? o[2] : __fmul_rn(o[2], al1);
     const float s3 = KEEP ? o[3] : __fmul_rn(o[3], al1);
-    const float o0 = __fmaf_rn(wd0, magic_to_float(acc[0]), s0);
-    const float o1 = __fmaf_rn(wd0, magic_to_float(acc[1]), s1);
-    const float o2 = __fmaf_rn(wd1, magic_to_float(acc[2]), s2);
-    const float o3 = __fmaf_rn(wd1, magic_to_float(acc[3]), s3);
+    const float o0 = __fmaf_rn(wd0, pv[0], s0);
+    const float o1 = __fmaf_rn(wd0, pv[1], s1);
+    const float o2 = __fmaf_rn(wd1, pv[2], s2);
+    const float o3 = __fmaf_rn(wd1, pv[3], s3);
     o[0] = live0 ? o0 : o[0];
     o[1] = live0 ? o1 : o[1];
     o[2] = live1 ? o2 : o[2];
     o[3] = live1 ? o3 : o[3];
+}
+
+// The same from P.V accumulators on MAGIC_I (acc = MAGIC_I + the exact sum).
+template <bool KEEP>
+__device__ __forceinline__ void o_step(float (&o)[4], const int (&acc)[4], float al0, float al1, float wd0,
+                                       float wd1, bool live0, bool live1)
+{
+    const float pv[4] = {magic_to_float(acc[0]), magic_to_float(acc[1]), magic_to_float(acc[2]),
+                         magic_to_float(acc[3])};
+    o_step_f<KEEP>(o, pv, al0, al1, wd0, wd1, live0, live1);
 }
 
 // L = L * alpha + lsum of the thread's two rows, after the block's o_step calls (KEEP and live

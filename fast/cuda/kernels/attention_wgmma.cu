@@ -40,14 +40,20 @@
 #define WG_GROUPS 2  // warpgroups per CTA, 64 queries each
 #endif
 #ifndef WG_STAGES
-#define WG_STAGES 3  // key blocks in the ring
+#define WG_STAGES 2  // key blocks in the ring
 #endif
-#ifndef WG_PRODUCER
-#define WG_PRODUCER 1  // 1: one producer warp fills the ring (mbarriers); 0: every thread, a CTA barrier a block
+#ifndef WG_PIPE
+#define WG_PIPE 1    // 1: a warpgroup issues the next block's Q.K before this block's softmax
+#endif
+#ifndef WG_I2F
+#define WG_I2F 1     // 1: P.V sums from zero, converted by I2F; 0: from MAGIC_I, converted by one FADD
 #endif
 static_assert(WG_STAGES >= 2, "a ring of at least two key blocks");
 #define WG_CONSUMERS (128 * WG_GROUPS)
-#define WG_THREADS (WG_CONSUMERS + 32 * WG_PRODUCER)
+#define WG_THREADS (WG_CONSUMERS + 128)  // the consumer warpgroups and a producer warpgroup
+// registers a thread: the producer gives its share to the consumers (setmaxnreg), within 64K
+#define WG_PRODUCER_REGS 24
+#define WG_CONSUMER_REGS ((65536 / 128 - WG_PRODUCER_REGS) / WG_GROUPS / 8 * 8 > 240 ? 240 : (65536 / 128 - WG_PRODUCER_REGS) / WG_GROUPS / 8 * 8)
 #define WG_TILE (64 * WG_GROUPS)
 
 template <int N>
@@ -74,7 +80,8 @@ __device__ __forceinline__ void wg_cp_wait() { asm volatile("cp.async.wait_group
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // pins a register between the wgmma that writes it and the wait (no use moves above the wait)
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void reg_fence(int& r) { asm volatile("" : "+r"(r)::"memory"); }
@@ -116,10 +123,10 @@ __device__ __forceinline__ int wg_sigma(int n) { return 16 * (n >> 4) + 4 * ((n 
 
 // d = A.B + d over one k16 step: A 64x16 f16 (the warpgroup's Q rows), B 16x64 f16 (K rows),
 // both K-major in shared memory; d[i][j]: n8 tile i, the mma.sync accumulator order
-__device__ __forceinline__ void wgmma_qk_f16(float (&d)[8][4], uint64_t a_desc, uint64_t b_desc)
+__device__ __forceinline__ void wgmma_qk_f16(float (&d)[8][4], uint64_t a_desc, uint64_t b_desc, int accumulate)
 {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
         "%32, %33, p, 1, 1, 0, 0;\n}\n"
@@ -131,13 +138,13 @@ __device__ __forceinline__ void wgmma_qk_f16(float (&d)[8][4], uint64_t a_desc, 
           "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(a_desc), "l"(b_desc));
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
-__device__ __forceinline__ void wgmma_pv_s8(int (&d)[8][4], const int (&a)[4], uint64_t b_desc)
+__device__ __forceinline__ void wgmma_pv_s8(int (&d)[8][4], const int (&a)[4], uint64_t b_desc, int accumulate)
 {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
         "{%32, %33, %34, %35}, %36, p;\n}\n"
@@ -149,13 +156,13 @@ __device__ __forceinline__ void wgmma_pv_s8(int (&d)[8][4], const int (&a)[4], u
           "+r"(d[5][0]), "+r"(d[5][1]), "+r"(d[5][2]), "+r"(d[5][3]),
           "+r"(d[6][0]), "+r"(d[6][1]), "+r"(d[6][2]), "+r"(d[6][3]),
           "+r"(d[7][0]), "+r"(d[7][1]), "+r"(d[7][2]), "+r"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
-__device__ __forceinline__ void wgmma_pv_s8(int (&d)[16][4], const int (&a)[4], uint64_t b_desc)
+__device__ __forceinline__ void wgmma_pv_s8(int (&d)[16][4], const int (&a)[4], uint64_t b_desc, int accumulate)
 {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
         "{%64, %65, %66, %67}, %68, p;\n}\n"
@@ -175,7 +182,7 @@ __device__ __forceinline__ void wgmma_pv_s8(int (&d)[16][4], const int (&a)[4], 
           "+r"(d[13][0]), "+r"(d[13][1]), "+r"(d[13][2]), "+r"(d[13][3]),
           "+r"(d[14][0]), "+r"(d[14][1]), "+r"(d[14][2]), "+r"(d[14][3]),
           "+r"(d[15][0]), "+r"(d[15][1]), "+r"(d[15][2]), "+r"(d[15][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
 // The dynamic shared memory of attend_wgmma_hd<HD> (bytes), and its parts' offsets.
@@ -215,7 +222,7 @@ __device__ __forceinline__ void attend_wgmma_body(
     const unsigned base = wg_smem_u32(smem);
 
     const int tid = threadIdx.x;
-    const int wg = min(tid >> 7, WG_GROUPS - 1);  // the warpgroup (the producer warp: the last one's rows, unused)
+    const int wg = min(tid >> 7, WG_GROUPS - 1);  // the warpgroup (the producer: the last one's rows, unused)
     const int warp = (tid >> 5) & 3; // its warp
     const int lane = tid & 31;
     const int g = lane >> 2;
@@ -226,7 +233,7 @@ __device__ __forceinline__ void attend_wgmma_body(
     if (tid < WG_TILE) spos[tid] = (t0 + tid < T) ? positions[t0 + tid] : -1;
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; ++s) {
-            mbar_init(base + SM::BAR_OFF + 8 * s, 32);                            // full: the producer's lanes
+            mbar_init(base + SM::BAR_OFF + 8 * s, 128);                           // full: the producer's threads
             mbar_init(base + SM::BAR_OFF + 8 * (WG_STAGES + s), WG_CONSUMERS);  // empty: every consumer thread
         }
     }
@@ -283,7 +290,7 @@ __device__ __forceinline__ void attend_wgmma_body(
             const long long row0 = (long long)kvh * cap + j0;
             const unsigned st = base + (unsigned)(stage * SM::STAGE);
             constexpr int CH = HD / 8;  // 16-byte chunks of a K row
-#pragma unroll
+#pragma unroll 1  // no addresses hoisted out of the walk: the producer keeps few registers
             for (int i = 0; i < (KEY_BLOCK * CH + NL - 1) / NL; ++i) {
                 const int idx = lt + i * NL;
                 if ((KEY_BLOCK * CH) % NL == 0 || idx < KEY_BLOCK * CH) {
@@ -295,7 +302,7 @@ __device__ __forceinline__ void attend_wgmma_body(
                 }
             }
             const int8_t* vb = v_t + ((long long)kvh * vt_blocks(cap) + c) * (HD * 64);
-#pragma unroll
+#pragma unroll 1
             for (int i = 0; i < (HD * 4 + NL - 1) / NL; ++i) {
                 const int idx = lt + i * NL;
                 if ((HD * 4) % NL == 0 || idx < HD * 4) {
@@ -303,7 +310,7 @@ __device__ __forceinline__ void attend_wgmma_body(
                     wg_cp_async<16>(st + SM::V_OFF + cm_off<KEY_BLOCK>(n, part), vb + n * 64 + 16 * part, true);
                 }
             }
-#pragma unroll
+#pragma unroll 1
             for (int i = 0; i < (KEY_BLOCK + NL - 1) / NL; ++i) {
                 const int n = lt + i * NL;
                 if (KEY_BLOCK % NL == 0 || n < KEY_BLOCK) {
@@ -317,21 +324,18 @@ __device__ __forceinline__ void attend_wgmma_body(
         }
         wg_cp_commit();  // a group per block, empty or not
     };
-    [[maybe_unused]] const unsigned bar_full = base + SM::BAR_OFF, bar_empty = bar_full + 8 * WG_STAGES;
+    const unsigned bar_full = base + SM::BAR_OFF, bar_empty = bar_full + 8 * WG_STAGES;
 
-#if !WG_PRODUCER
-#pragma unroll
-    for (int s = 0; s < WG_STAGES - 1; ++s) issue(c_begin + s, s, tid, IntTag<WG_THREADS>{});
-#endif
     if (tid >= WG_CONSUMERS) {
-#if WG_PRODUCER
-        // ---- the producer warp: block i of the walk into stage i % WG_STAGES once both
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WG_PRODUCER_REGS));
+        const int pt = tid - WG_CONSUMERS;
+        // ---- the producer warpgroup: block i of the walk into stage i % WG_STAGES once both
         // warpgroups released its previous use; its copies complete (cp.async groups, in
         // order), fenced for wgmma's proxy, before the stage's "full" barrier hears of them
         for (int c = c_begin, i = 0; c < n_blk; ++c, ++i) {
             const int stg = i % WG_STAGES;
             if (i >= WG_STAGES) mbar_wait(bar_empty + 8 * stg, (i / WG_STAGES - 1) & 1);
-            issue(c, stg, lane, IntTag<32>{});
+            issue(c, stg, pt, IntTag<128>{});
             if (i >= WG_STAGES - 2) {
                 wg_cp_wait<WG_STAGES - 2>();
                 fence_proxy_async();
@@ -341,9 +345,9 @@ __device__ __forceinline__ void attend_wgmma_body(
         wg_cp_wait<0>();
         fence_proxy_async();
         for (int i = max(n_blk - c_begin - (WG_STAGES - 2), 0); i < n_blk - c_begin; ++i) mbar_arrive(bar_full + 8 * (i % WG_STAGES));
-#endif
         return;
     }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WG_CONSUMER_REGS));
     // ---- Q of the tile, quantized per row (codes |q| <= 255 as float16, one scale; dqs = dq *
     // kq2) into shared memory in the core-matrix layout, 8 rows a warp at a time
     float* sqd = reinterpret_cast<float*>(smem + SM::QD_OFF);
@@ -394,20 +398,25 @@ __device__ __forceinline__ void attend_wgmma_body(
 #pragma unroll
         for (int e = 0; e < 4; ++e) O[i][e] = 0.0f;
 
-    auto block = [&](int c, unsigned st, const unsigned char* stp, auto full_tag) {
-        const int j0 = c * KEY_BLOCK;
-        constexpr bool FULL = decltype(full_tag)::value;
-        float s[8][4];
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+    // block c of the walk: its ring stage, and the wait for it
+    auto stage_of = [&](int c) { return (c - c_begin) % WG_STAGES; };
+    auto wait_full = [&](int c) { mbar_wait(bar_full + 8 * stage_of(c), ((c - c_begin) / WG_STAGES) & 1); };
+    auto release = [&](int c) { mbar_arrive(bar_empty + 8 * stage_of(c)); };  // the warpgroup's reads are done
+    // Q.K of block c into s, issued (a wgmma group), not waited for
+    auto qk_issue = [&](int c, float (&s)[8][4]) {
+        const unsigned st = base + (unsigned)(stage_of(c) * SM::STAGE);
         wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks)
-            wgmma_qk_f16(s, wg_desc(q_base + 256 * ks, QK_SBO), wg_desc(st + SM::K_OFF + 256 * ks, QK_SBO));
+            wgmma_qk_f16(s, wg_desc(q_base + 256 * ks, QK_SBO), wg_desc(st + SM::K_OFF + 256 * ks, QK_SBO), ks > 0);
         wgmma_commit();
-        wgmma_wait0();
+    };
+    // the rest of block c once its scores s are in: softmax, P codes, P.V, O and L
+    auto finish = [&](int c, float (&s)[8][4], auto full_tag) {
+        const int j0 = c * KEY_BLOCK;
+        constexpr bool FULL = decltype(full_tag)::value;
+        const unsigned st = base + (unsigned)(stage_of(c) * SM::STAGE);
+        const unsigned char* stp = smem + stage_of(c) * SM::STAGE;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -476,6 +485,7 @@ __device__ __forceinline__ void attend_wgmma_body(
             pa[ks][3] = pack_lo(cb[4 + ks][2], cb[4 + ks][3], cb[6 + ks][2], cb[6 + ks][3]);
         }
         int acc[NO][4];
+#if !WG_I2F
 #pragma unroll
         for (int i = 0; i < NO; ++i)
 #pragma unroll
@@ -483,11 +493,12 @@ __device__ __forceinline__ void attend_wgmma_body(
                 acc[i][e] = MAGIC_I;  // |P.V| < 2^21
                 reg_fence(acc[i][e]);
             }
+#endif
         wgmma_fence();
-        wgmma_pv_s8(acc, pa[0], wg_desc(st + SM::V_OFF, V_SBO));
-        wgmma_pv_s8(acc, pa[1], wg_desc(st + SM::V_OFF + 256, V_SBO));
+        wgmma_pv_s8(acc, pa[0], wg_desc(st + SM::V_OFF, V_SBO), !WG_I2F);
+        wgmma_pv_s8(acc, pa[1], wg_desc(st + SM::V_OFF + 256, V_SBO), 1);
         wgmma_commit();
-        wgmma_wait0();
+        wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < NO; ++i)
 #pragma unroll
@@ -498,39 +509,74 @@ __device__ __forceinline__ void attend_wgmma_body(
         pv_keep_or_rescale([&](auto keep_tag) {
             constexpr bool KEEP = decltype(keep_tag)::value;
 #pragma unroll
-            for (int i = 0; i < NO; ++i) o_step<KEEP>(O[i], acc[i], al0, al1, wd0, wd1, live0, live1);
+            for (int i = 0; i < NO; ++i) {
+#if WG_I2F
+                const float pv[4] = {__int2float_rn(acc[i][0]), __int2float_rn(acc[i][1]), __int2float_rn(acc[i][2]),
+                                     __int2float_rn(acc[i][3])};  // exact: |P.V| < 2^24
+                o_step_f<KEEP>(O[i], pv, al0, al1, wd0, wd1, live0, live1);
+#else
+                o_step<KEEP>(O[i], acc[i], al0, al1, wd0, wd1, live0, live1);
+#endif
+            }
             l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
         }, al0, al1);
         M0 = live0 ? mn0 : M0;
         M1 = live1 ? mn1 : M1;
     };
     // FULL (no masks) is uniform over the warpgroup: the wgmma calls are in both branches
+    auto finish_block = [&](int c, float (&s)[8][4]) {
+        if (c * KEY_BLOCK + KEY_BLOCK - 1 <= wmin && (!OPT || c * KEY_BLOCK >= wmaxlo)) finish(c, s, BoolTag<true>{});
+        else finish(c, s, BoolTag<false>{});
+        release(c);
+    };
 
-    int stage_use = 0;
-    for (int c = c_begin, i = 0; c < n_blk; ++c, ++i) {
-#if WG_PRODUCER
-        mbar_wait(bar_full + 8 * stage_use, (i / WG_STAGES) & 1);
-#else
-        wg_cp_wait<WG_STAGES - 2>();
-        fence_proxy_async();
-        __syncthreads();  // block c is in the ring for every thread and visible to wgmma; c - 1's stage is free
-        issue(c + WG_STAGES - 1, (stage_use + WG_STAGES - 1) % WG_STAGES, tid, IntTag<WG_THREADS>{});
-#endif
-        const int j0 = c * KEY_BLOCK;
-        const unsigned st = base + (unsigned)(stage_use * SM::STAGE);
-        const unsigned char* stp = smem + stage_use * SM::STAGE;
-        if (!(c > wlast || (OPT && c < wfirst))) {  // warpgroup-uniform: some of its queries reach block c
-            // FULL (no masks) is uniform over the warpgroup: the wgmma calls are in both branches
-            if (j0 + KEY_BLOCK - 1 <= wmin && (!OPT || j0 >= wmaxlo)) block(c, st, stp, BoolTag<true>{});
-            else block(c, st, stp, BoolTag<false>{});
-        }
-#if WG_PRODUCER
-        mbar_arrive(bar_empty + 8 * stage_use);  // this warpgroup's wgmma reads of the stage are done
-#endif
-        stage_use = (stage_use + 1 == WG_STAGES) ? 0 : stage_use + 1;
+    // The warpgroup's blocks are ca .. cb (some of its queries reach each: uniform over it); the
+    // others of the walk it only waits for and releases, in order.
+    const int ca = OPT ? max(c_begin, wfirst) : c_begin;
+    const int cb = min(n_blk - 1, wlast);
+    for (int c = c_begin; c < min(ca, n_blk); ++c) {
+        wait_full(c);
+        release(c);
     }
-    wg_cp_wait<0>();  // nothing in flight at exit
-
+    if (ca <= cb) {
+        float sa[8][4], sb[8][4];
+#if WG_PIPE
+        // block c's Q.K is in flight while block c - 1's softmax runs (sa and sb in turn)
+        wait_full(ca);
+        qk_issue(ca, sa);
+        for (int c = ca; c <= cb; c += 2) {
+            if (c + 1 <= cb) {
+                wait_full(c + 1);
+                qk_issue(c + 1, sb);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            finish_block(c, sa);
+            if (c + 1 > cb) break;
+            if (c + 2 <= cb) {
+                wait_full(c + 2);
+                qk_issue(c + 2, sa);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            finish_block(c + 1, sb);
+        }
+#else
+        (void)sb;
+        for (int c = ca; c <= cb; ++c) {
+            wait_full(c);
+            qk_issue(c, sa);
+            wgmma_wait<0>();
+            finish_block(c, sa);
+        }
+#endif
+    }
+    for (int c = max(cb + 1, ca); c < n_blk; ++c) {
+        wait_full(c);
+        release(c);
+    }
     // output column n of P.V is transposed-V row n, dim 16 (n >> 4) + 2 (n & 7) + ((n >> 3) & 1):
     // tile i = 2 G + eo holds dims 16 G + 4 tq + 2 (e & 1) + eo
     store_out<HD, HD / 16, 4>(out, ldo, T, h, t0 + r0, t0 + r1, L0, L1, [&](int gr) { return 16 * gr + 4 * tq; },
