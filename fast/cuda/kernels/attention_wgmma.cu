@@ -43,7 +43,7 @@
 #define WG_STAGES 2  // key blocks in the ring
 #endif
 #ifndef WG_PIPE
-#define WG_PIPE 1    // 1: a warpgroup issues the next block's Q.K before this block's softmax
+#define WG_PIPE 1    // 1: a warpgroup issues the next block's Q.K right after this block's P.V
 #endif
 #ifndef WG_I2F
 #define WG_I2F 1     // 1: P.V sums from zero, converted by I2F; 0: from MAGIC_I, converted by one FADD
@@ -398,6 +398,10 @@ __device__ __forceinline__ void attend_wgmma_body(
 #pragma unroll
         for (int e = 0; e < 4; ++e) O[i][e] = 0.0f;
 
+    // The warpgroup's blocks are c_first .. c_last (some of its queries reach each: uniform over it); the
+    // others of the walk it only waits for and releases, in order.
+    const int c_first = OPT ? max(c_begin, wfirst) : c_begin;
+    const int c_last = min(n_blk - 1, wlast);
     // block c of the walk: its ring stage, and the wait for it
     auto stage_of = [&](int c) { return (c - c_begin) % WG_STAGES; };
     auto wait_full = [&](int c) { mbar_wait(bar_full + 8 * stage_of(c), ((c - c_begin) / WG_STAGES) & 1); };
@@ -498,7 +502,19 @@ __device__ __forceinline__ void attend_wgmma_body(
         wgmma_pv_s8(acc, pa[0], wg_desc(st + SM::V_OFF, V_SBO), !WG_I2F);
         wgmma_pv_s8(acc, pa[1], wg_desc(st + SM::V_OFF + 256, V_SBO), 1);
         wgmma_commit();
+#if WG_PIPE
+        // the scores are spent (the codes are in pa): the next block's Q.K runs during this
+        // block's O update; the groups complete in order, so one left pending is that Q.K
+        if (c + 1 <= c_last) {
+            wait_full(c + 1);
+            qk_issue(c + 1, s);
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
+#else
         wgmma_wait<0>();
+#endif
 #pragma unroll
         for (int i = 0; i < NO; ++i)
 #pragma unroll
@@ -530,50 +546,29 @@ __device__ __forceinline__ void attend_wgmma_body(
         release(c);
     };
 
-    // The warpgroup's blocks are ca .. cb (some of its queries reach each: uniform over it); the
-    // others of the walk it only waits for and releases, in order.
-    const int ca = OPT ? max(c_begin, wfirst) : c_begin;
-    const int cb = min(n_blk - 1, wlast);
-    for (int c = c_begin; c < min(ca, n_blk); ++c) {
+    for (int c = c_begin; c < min(c_first, n_blk); ++c) {
         wait_full(c);
         release(c);
     }
-    if (ca <= cb) {
-        float sa[8][4], sb[8][4];
+    if (c_first <= c_last) {
+        float sc[8][4];
 #if WG_PIPE
-        // block c's Q.K is in flight while block c - 1's softmax runs (sa and sb in turn)
-        wait_full(ca);
-        qk_issue(ca, sa);
-        for (int c = ca; c <= cb; c += 2) {
-            if (c + 1 <= cb) {
-                wait_full(c + 1);
-                qk_issue(c + 1, sb);
-                wgmma_wait<1>();
-            } else {
-                wgmma_wait<0>();
-            }
-            finish_block(c, sa);
-            if (c + 1 > cb) break;
-            if (c + 2 <= cb) {
-                wait_full(c + 2);
-                qk_issue(c + 2, sa);
-                wgmma_wait<1>();
-            } else {
-                wgmma_wait<0>();
-            }
-            finish_block(c + 1, sb);
+        wait_full(c_first);
+        qk_issue(c_first, sc);
+        for (int c = c_first; c <= c_last; ++c) {
+            wgmma_wait<0>();  // block c's Q.K, issued by the block before
+            finish_block(c, sc);
         }
 #else
-        (void)sb;
-        for (int c = ca; c <= cb; ++c) {
+        for (int c = c_first; c <= c_last; ++c) {
             wait_full(c);
-            qk_issue(c, sa);
+            qk_issue(c, sc);
             wgmma_wait<0>();
-            finish_block(c, sa);
+            finish_block(c, sc);
         }
 #endif
     }
-    for (int c = max(cb + 1, ca); c < n_blk; ++c) {
+    for (int c = max(c_last + 1, c_first); c < n_blk; ++c) {
         wait_full(c);
         release(c);
     }
