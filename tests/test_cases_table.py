@@ -155,7 +155,10 @@ def test_the_gate_compiles_ahead_every_configuration_the_kernel_rows_load():
 
     assert configs and all((name, tuple(sorted(d.items()))) in mods
                            for c in configs for name, d in products.mmq_modules(c))  # every type's build
-    for c in kernel_rows("attention_pair_config"):
-        assert any(name == "attention_pair" and set(c.config.items()) <= set(d) for name, d in mods), c.id
+    from strata_prefill.fast.cuda import attention
+
+    for c in kernel_rows("attention_tile_config"):
+        module = attention.ATTEND_TILE_MODULES[c.form]
+        assert any(name == module and set(c.config.items()) <= set(d) for name, d in mods), c.id
     quick = {(name, tuple(sorted(d.items()))) for name, d in ahead_modules(quick=True)}
     assert quick <= mods

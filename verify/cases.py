@@ -186,7 +186,7 @@ def _cost(op: str, s: dict, wtype: str | None) -> tuple[int, int]:
     if op == "kv_write":  # float K and V and the positions in; codes, scales and V's blocks out
         T, n_kv, hd = len(s["positions"]), s["n_kv"], s["hd"]
         return 0, 2 * T * n_kv * hd * 4 + T * 4 + T * n_kv * (3 * hd + 4 * (hd // 32) + 4)
-    if op in ("attention", "attention_pair_config", "attention_positions", "attention_options"):
+    if op in ("attention", "attention_tile_config", "attention_positions", "attention_options"):
         return attention_cost(s["n_head"], s["n_kv"], s["hd"], s["positions"])
     if op in ("attention_chunks", "attention_options_chunks"):
         flops = nbytes = 0
@@ -389,14 +389,18 @@ def _model_rows() -> list[KernelCase]:
         rows.append(kernel_case("attention", f"prefill-{T}-gqa8-hd128-s1-default",
                          dict(n_head=_STRATA.n_head, n_kv=_STRATA.n_head_kv, hd=_STRATA.head_dim, positions=range(0, T),
                               start=0, scale=1.0, check=8), timed=True))
-    pair_configs = [{}, {"PAIR_QG": 6}, {"PAIR_STAGES": 3}, {"PAIR_QG": 4, "PAIR_MINB": 2}]
+    # each tile kernel's other configurations (ATTEND_TILE_CONFIGS' defines): the CTA's query
+    # groups, the ring's depth, CTAs an SM
+    tile_configs = {"pair": [{}, {"PAIR_QG": 6}, {"PAIR_STAGES": 3}, {"PAIR_QG": 4, "PAIR_MINB": 2}],
+                    "wgmma": [{"WG_GROUPS": 2}, {"WG_GROUPS": 1, "WG_STAGES": 2}, {"WG_STAGES": 4}]}
     for i in (1, 5, 6, 7):  # gqa4-cross64-hd128, mqa-T200-hd64, prefill-1000, chunk-1500
         for scale in (4.0, 16.0):  # 16: key blocks far below the running maximum
             name, shape = _attention_shape(i, scale, seed=900 + i)
-            for cfg in pair_configs:
-                tag = ",".join(f"{a}{b}" for a, b in cfg.items()) or "default"
-                rows.append(kernel_case("attention_pair_config", f"{name}-s{scale:g}-{tag}", shape, form="pair", config=cfg,
-                                 quick=i == 1 and scale == 4.0))
+            for v, configs in tile_configs.items():
+                for cfg in configs:
+                    tag = ",".join(f"{a}{b}" for a, b in cfg.items()) or "default"
+                    rows.append(kernel_case("attention_tile_config", f"{name}-s{scale:g}-{v}-{tag}", shape, form=v,
+                                            config=cfg, quick=i == 1 and scale == 4.0))
     for v in ("wgmma", "pair", "split"):
         rows.append(kernel_case("attention_positions", f"T2-at200-{v}", dict(n_head=8, n_kv=2, hd=128, positions=(200, 201),
                                                                       start=200, scale=4.0), form=v, quick=v == "pair"))
@@ -586,8 +590,8 @@ def ahead_modules(quick: bool = False) -> list[tuple[str, dict]]:
     out = []
     if any(c.op.startswith("mmq") and (c.quick or not quick) for c in KERNEL_CASES):  # MMQ rows sweep them
         out += [m for c in mmq_configs() if c is not None for m in products.mmq_modules(products._with_extra(c))]
-    for c in rows("attention_pair_config"):
-        out.append(("attention_pair", {**attention.ATTEND_PAIR_CONFIG, **c.config}))
+    for c in rows("attention_tile_config"):
+        out.append((attention.ATTEND_TILE_MODULES[c.form], {**attention.ATTEND_TILE_CONFIGS[c.form], **c.config}))
     return out
 
 

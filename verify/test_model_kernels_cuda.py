@@ -382,15 +382,17 @@ def _config_case(case):
     return _ATT_CONFIG_WANT[key]
 
 
-@pytest.mark.parametrize("case", params(kernel_rows("attention_pair_config")))
-def test_attention_pair_configs(dev, case):
-    """The pair kernel under each configuration (ATTEND_PAIR_CONFIG: PAIR_QG groups a CTA,
-    PAIR_STAGES key blocks in flight, PAIR_MINB CTAs per SM)."""
+@pytest.mark.parametrize("case", params(kernel_rows("attention_tile_config")))
+def test_attention_tile_configs(dev, case):
+    """Each tile kernel under its other configurations (ATTEND_TILE_CONFIGS: pair's PAIR_QG
+    groups a CTA, PAIR_STAGES key blocks in flight, PAIR_MINB CTAs per SM; wgmma's WG_GROUPS
+    consumer warpgroups, WG_STAGES ring stages)."""
+    _runs_here(case.form)
     cache, q, positions, want = _config_case(case)
     config = dict(case.config)
     out = _poisoned(q.shape, F32)
-    cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant="pair", config=config)
-    assert_same(_get(out), want, f"attention[pair, {config}] {case.name}")
+    cu_att.attend(dev, _up(q), positions, *_device_cache_from(cache, 0), out=out, variant=case.form, config=config)
+    assert_same(_get(out), want, f"attention[{case.form}, {config}] {case.name}")
 
 
 @pytest.mark.parametrize("case", params(kernel_rows("attention_positions")))

@@ -40,9 +40,10 @@ __all__ = [
 ATTEND_HEAD_DIMS = (64, 128)
 
 #: attention kernels, each bit-exact to strata_prefill.contract.attention.attend, each in its own file:
-#: "wgmma" (attention_wgmma.cu, sm_90 only) one CTA per (64 * WG_GROUPS queries, head), a warpgroup
-#:         per 64 queries on Hopper's warpgroup MMA (Q.K fp16, P.V int8), a cp.async ring;
-#: "pair"  (attention_pair.cu) one CTA per (16 * PAIR_QG queries, head), tensor cores (Q.K fp16, P.V int8), each
+#: "wgmma" (attention_wgmma.cu, sm_90 only) one CTA per (64 * WG_GROUPS queries, head), a consumer
+#:         warpgroup per 64 queries on Hopper's warpgroup MMA (Q.K fp16, P.V int8), a producer
+#:         warpgroup filling a cp.async ring under mbarriers;
+#: "pair"  (attention_pair.cu, the prefill kernel where "wgmma" does not run) one CTA per (16 * PAIR_QG queries, head), tensor cores (Q.K fp16, P.V int8), each
 #:         16-query group split between two warps (keys by parity for the scores, output dims
 #:         by half for P.V), half the registers a warp, a cp.async ring;
 #: "split" (attention_split.cu) split-K over key blocks in three launches (scores and block
@@ -56,8 +57,8 @@ ATTEND_SPLIT_MAX_T = 4
 #: attention_pair.cu's configuration: PAIR_QG (16-query groups per CTA, two warps each; 8 when
 #: absent), PAIR_STAGES (key blocks in the cp.async ring, 2), PAIR_MINB (CTAs per SM, 1)
 ATTEND_PAIR_CONFIG: dict = {}
-#: attention_wgmma.cu's configuration: WG_GROUPS (warpgroups per CTA, 64 queries each; 2 when
-#: absent), WG_STAGES (key blocks in the cp.async ring, 2)
+#: attention_wgmma.cu's configuration: WG_GROUPS (consumer warpgroups per CTA, 64 queries each;
+#: 3 when absent), WG_STAGES (key blocks in the ring, 3)
 ATTEND_WGMMA_CONFIG: dict = {}
 #: the prefill kernels "auto" runs for more than ATTEND_SPLIT_MAX_T queries, best first: the
 #: first whose kernel file the device can run (kernel_paths.target_arch)

@@ -5,10 +5,16 @@
 // Definition: strata_prefill.contract.attention.attend (docs/numerics.md section 5), bit for bit;
 // written out in attention_common.cuh.
 //
-// A CTA takes 64 * WG_GROUPS queries of one head; warpgroup w (128 threads) owns 64 of them and
-// each of its warps 16 rows, a thread two (r0 = g, r1 = g + 8 of its warp's 16), as the wgmma
-// accumulator layout hands them out. Every thread stages key blocks by cp.async into a ring of
-// WG_STAGES; a warpgroup then, per key block:
+// A CTA takes 64 * WG_GROUPS queries of one head and one producer warpgroup. Consumer warpgroup
+// w (128 threads) owns 64 of the queries, each of its warps 16 rows and a thread two (r0 = g,
+// r1 = g + 8 of its warp's 16), as the wgmma accumulator layout hands them out.
+//   The ring: the producer warpgroup stages key blocks by cp.async into WG_STAGES stages; it
+//     waits for a stage's "empty" mbarrier (every consumer thread arrives once it is done with
+//     the block), and once its copies of a block are complete and fenced for the async proxy it
+//     arrives on the stage's "full" mbarrier, which the consumers wait for. So the warpgroups
+//     walk the blocks apart, not in lockstep behind a CTA barrier. The producer keeps 24
+//     registers (setmaxnreg) and hands the rest to the consumers.
+//   Per key block a consumer warpgroup runs:
 //   Q.K: wgmma m64n64k16 (fp16 codes, f32 accumulators; every partial sum an integer below 2^24,
 //     so sumf is exact in any order), A = the warpgroup's Q codes, B = the block's K rows, both
 //     from shared memory; then two float products by dk and dqs.
@@ -20,8 +26,8 @@
 //     the transposed V blocks (v_blocks.cuh: vt_slot) pair with its A fragment's columns, so
 //     P.V needs no exchange between lanes. The block maximum and amax are quad reductions.
 //   P.V: wgmma m64n{HD}k32 s8, A = the P codes from registers, B = the block's transposed V rows
-//     (v_t: one row a dim, in vt_row order) from shared memory; accumulators start at MAGIC_I, so
-//     one subtraction turns each exact sum into its float; then O = fma(dw, pvf, O * alpha).
+//     (v_t: one row a dim, in vt_row order) from shared memory, sums from zero; I2F gives each
+//     exact sum as a float; then O = fma(dw, pvf, O * alpha).
 // Shared memory holds Q, K and V^T in the no-swizzle core-matrix layout (8 rows of 16 bytes
 // contiguous; LBO 128 bytes between a row group's core matrices along K, SBO between row groups).
 // Options (OPT true): as attention_pair.cu's (a row's state starts at its head's sink; with a window
@@ -37,16 +43,10 @@
 #include "attention_common.cuh"  // the definition, KEY_BLOCK, the shared steps, ATTEND_KERNEL
 
 #ifndef WG_GROUPS
-#define WG_GROUPS 2  // warpgroups per CTA, 64 queries each
+#define WG_GROUPS 3  // consumer warpgroups per CTA, 64 queries each
 #endif
 #ifndef WG_STAGES
-#define WG_STAGES 2  // key blocks in the ring
-#endif
-#ifndef WG_PIPE
-#define WG_PIPE 1    // 1: a warpgroup issues the next block's Q.K right after this block's P.V
-#endif
-#ifndef WG_I2F
-#define WG_I2F 1     // 1: P.V sums from zero, converted by I2F; 0: from MAGIC_I, converted by one FADD
+#define WG_STAGES 3  // key blocks in the ring
 #endif
 static_assert(WG_STAGES >= 2, "a ring of at least two key blocks");
 #define WG_CONSUMERS (128 * WG_GROUPS)
@@ -488,33 +488,12 @@ __device__ __forceinline__ void attend_wgmma_body(
             pa[ks][2] = pack_lo(cb[4 + ks][0], cb[4 + ks][1], cb[6 + ks][0], cb[6 + ks][1]);
             pa[ks][3] = pack_lo(cb[4 + ks][2], cb[4 + ks][3], cb[6 + ks][2], cb[6 + ks][3]);
         }
-        int acc[NO][4];
-#if !WG_I2F
-#pragma unroll
-        for (int i = 0; i < NO; ++i)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                acc[i][e] = MAGIC_I;  // |P.V| < 2^21
-                reg_fence(acc[i][e]);
-            }
-#endif
+        int acc[NO][4];  // from zero (scale-d 0 on the first k-step)
         wgmma_fence();
-        wgmma_pv_s8(acc, pa[0], wg_desc(st + SM::V_OFF, V_SBO), !WG_I2F);
+        wgmma_pv_s8(acc, pa[0], wg_desc(st + SM::V_OFF, V_SBO), 0);
         wgmma_pv_s8(acc, pa[1], wg_desc(st + SM::V_OFF + 256, V_SBO), 1);
         wgmma_commit();
-#if WG_PIPE
-        // the scores are spent (the codes are in pa): the next block's Q.K runs during this
-        // block's O update; the groups complete in order, so one left pending is that Q.K
-        if (c + 1 <= c_last) {
-            wait_full(c + 1);
-            qk_issue(c + 1, s);
-            wgmma_wait<1>();
-        } else {
-            wgmma_wait<0>();
-        }
-#else
         wgmma_wait<0>();
-#endif
 #pragma unroll
         for (int i = 0; i < NO; ++i)
 #pragma unroll
@@ -526,13 +505,11 @@ __device__ __forceinline__ void attend_wgmma_body(
             constexpr bool KEEP = decltype(keep_tag)::value;
 #pragma unroll
             for (int i = 0; i < NO; ++i) {
-#if WG_I2F
+                // I2F, exact (|P.V| < 2^21), on the conversion pipe: one issue slot, where MAGIC_I
+                // accumulators took a move and a subtraction on the float pipe
                 const float pv[4] = {__int2float_rn(acc[i][0]), __int2float_rn(acc[i][1]), __int2float_rn(acc[i][2]),
-                                     __int2float_rn(acc[i][3])};  // exact: |P.V| < 2^24
+                                     __int2float_rn(acc[i][3])};
                 o_step_f<KEEP>(O[i], pv, al0, al1, wd0, wd1, live0, live1);
-#else
-                o_step<KEEP>(O[i], acc[i], al0, al1, wd0, wd1, live0, live1);
-#endif
             }
             l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
         }, al0, al1);
@@ -552,21 +529,12 @@ __device__ __forceinline__ void attend_wgmma_body(
     }
     if (c_first <= c_last) {
         float sc[8][4];
-#if WG_PIPE
-        wait_full(c_first);
-        qk_issue(c_first, sc);
-        for (int c = c_first; c <= c_last; ++c) {
-            wgmma_wait<0>();  // block c's Q.K, issued by the block before
-            finish_block(c, sc);
-        }
-#else
         for (int c = c_first; c <= c_last; ++c) {
             wait_full(c);
             qk_issue(c, sc);
             wgmma_wait<0>();
             finish_block(c, sc);
         }
-#endif
     }
     for (int c = max(c_last + 1, c_first); c < n_blk; ++c) {
         wait_full(c);
