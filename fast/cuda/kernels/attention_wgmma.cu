@@ -48,9 +48,6 @@
 #ifndef WG_STAGES
 #define WG_STAGES 3  // key blocks in the ring
 #endif
-#ifndef WG_PV_PARTS
-#define WG_PV_PARTS 1  // P.V in this many launches over the output dims, one after the other
-#endif
 static_assert(WG_STAGES >= 2, "a ring of at least two key blocks");
 #define WG_CONSUMERS (128 * WG_GROUPS)
 #define WG_THREADS (WG_CONSUMERS + 128)  // the consumer warpgroups and a producer warpgroup
@@ -142,20 +139,6 @@ __device__ __forceinline__ void wgmma_qk_f16(float (&d)[8][4], uint64_t a_desc, 
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
           "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
         : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-__device__ __forceinline__ void wgmma_pv_s8(int (&d)[4][4], const int (&a)[4], uint64_t b_desc, int accumulate)
-{
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %20, p;\n}\n"
-        : "+r"(d[0][0]), "+r"(d[0][1]), "+r"(d[0][2]), "+r"(d[0][3]),
-          "+r"(d[1][0]), "+r"(d[1][1]), "+r"(d[1][2]), "+r"(d[1][3]),
-          "+r"(d[2][0]), "+r"(d[2][1]), "+r"(d[2][2]), "+r"(d[2][3]),
-          "+r"(d[3][0]), "+r"(d[3][1]), "+r"(d[3][2]), "+r"(d[3][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
 __device__ __forceinline__ void wgmma_pv_s8(int (&d)[8][4], const int (&a)[4], uint64_t b_desc, int accumulate)
@@ -505,37 +488,31 @@ __device__ __forceinline__ void attend_wgmma_body(
             pa[ks][2] = pack_lo(cb[4 + ks][0], cb[4 + ks][1], cb[6 + ks][0], cb[6 + ks][1]);
             pa[ks][3] = pack_lo(cb[4 + ks][2], cb[4 + ks][3], cb[6 + ks][2], cb[6 + ks][3]);
         }
+        int acc[NO][4];  // from zero (scale-d 0 on the first k-step)
+        wgmma_fence();
+        wgmma_pv_s8(acc, pa[0], wg_desc(st + SM::V_OFF, V_SBO), 0);
+        wgmma_pv_s8(acc, pa[1], wg_desc(st + SM::V_OFF + 256, V_SBO), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < NO; ++i)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) reg_fence(acc[i][e]);
+
         const bool live0 = FULL || (c <= last0 && (!OPT || c >= first0));
         const bool live1 = FULL || (c <= last1 && (!OPT || c >= first1));
-        // P.V over NO / WG_PV_PARTS n8 tiles at a time (fewer accumulators live), sums from
-        // zero (scale-d 0 on the first k-step); the O update of those tiles, and L after the last
+        pv_keep_or_rescale([&](auto keep_tag) {
+            constexpr bool KEEP = decltype(keep_tag)::value;
 #pragma unroll
-        for (int part = 0; part < WG_PV_PARTS; ++part) {
-            constexpr int NP = NO / WG_PV_PARTS;
-            int acc[NP][4];
-            const unsigned vb = st + SM::V_OFF + (unsigned)(part * NP * V_SBO);  // a tile: 8 V rows, one row group
-            wgmma_fence();
-            wgmma_pv_s8(acc, pa[0], wg_desc(vb, V_SBO), 0);
-            wgmma_pv_s8(acc, pa[1], wg_desc(vb + 256, V_SBO), 1);
-            wgmma_commit();
-            wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < NP; ++i)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) reg_fence(acc[i][e]);
-            pv_keep_or_rescale([&](auto keep_tag) {
-                constexpr bool KEEP = decltype(keep_tag)::value;
-#pragma unroll
-                for (int i = 0; i < NP; ++i) {
-                    // I2F, exact (|P.V| < 2^21), on the conversion pipe: one issue slot, where
-                    // MAGIC_I accumulators took a move and a subtraction on the float pipe
-                    const float pv[4] = {__int2float_rn(acc[i][0]), __int2float_rn(acc[i][1]),
-                                         __int2float_rn(acc[i][2]), __int2float_rn(acc[i][3])};
-                    o_step_f<KEEP>(O[part * NP + i], pv, al0, al1, wd0, wd1, live0, live1);
-                }
-                if (part == WG_PV_PARTS - 1) l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
-            }, al0, al1);
-        }
+            for (int i = 0; i < NO; ++i) {
+                // I2F, exact (|P.V| < 2^21), on the conversion pipe: one issue slot, where MAGIC_I
+                // accumulators took a move and a subtraction on the float pipe
+                const float pv[4] = {__int2float_rn(acc[i][0]), __int2float_rn(acc[i][1]), __int2float_rn(acc[i][2]),
+                                     __int2float_rn(acc[i][3])};
+                o_step_f<KEEP>(O[i], pv, al0, al1, wd0, wd1, live0, live1);
+            }
+            l_step<KEEP>(L0, L1, al0, al1, ls0, ls1, live0, live1);
+        }, al0, al1);
         M0 = live0 ? mn0 : M0;
         M1 = live1 ? mn1 : M1;
     };
