@@ -345,6 +345,25 @@ def _logical_tensors(path: Path, reader: GGUFReader) -> dict[str, Any]:
 # The pack
 
 
+
+#: rows a thread dequantizes at least (Pack.embedding_rows); fewer rows than two parts: one thread
+EMBED_ROWS_PER_THREAD = 256
+
+
+def _rows_in_parts(ids: np.ndarray, rows) -> np.ndarray:
+    """rows(ids) computed in parts of consecutive ids on a pool of threads and stacked in order.
+    Each row is a function of its id alone, so the parts give the bytes of one call; NumPy's
+    array work releases the GIL, so a long prompt's embedding (the host work before the first
+    kernel) takes a fraction of one thread's time."""
+    n_parts = min(os.cpu_count() or 1, 16, ids.size // EMBED_ROWS_PER_THREAD)
+    if n_parts < 2:
+        return rows(ids)
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    parts = np.array_split(ids, n_parts)
+    with ThreadPoolExecutor(max_workers=n_parts, thread_name_prefix="embed") as pool:
+        return np.concatenate(list(pool.map(rows, parts)), axis=0)
+
 class Pack:
     """A validated pack, read in place. Use `Pack.open(path)`. Its architecture's module is
     `config.spec` (formats/archs)."""
@@ -584,7 +603,7 @@ class Pack:
         m = self.matrix("token_embd")
         if m.is_float:
             return np.ascontiguousarray(dense.decode_float(m.qtype, m.data[ids]), dtype=np.float32)
-        return quants.dequantize(m.qtype, m.data[ids]).astype(np.float32, copy=False)
+        return _rows_in_parts(ids, lambda part: quants.dequantize(m.qtype, m.data[part]).astype(np.float32, copy=False))
 
     def output(self) -> QMatrix:
         """The lm_head: `output`, or `token_embd` when tied (no `output` tensor)."""

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from gguf import quants as gq
@@ -694,3 +696,29 @@ def test_names_the_format_forbids_are_refused(tmp_path, tiny_path, capsys):
         path = tmp_path / "renamed.gguf"
         path.write_bytes(data.replace(old, new))
         assert_cli_error(path, capsys, needle)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 3000), st.integers(1, 300), st.integers(0, 2**32 - 1))
+def test_rows_in_parts_are_one_call(n, per_thread, seed):
+    """A long prompt's embedding rows are dequantized in parts on threads (formats/pack.py
+    _rows_in_parts): the same bytes, in the same order, as one call over every id."""
+    import strata_prefill.formats.pack as pack_module
+
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((97, 5)).astype(np.float32)
+    ids = rng.integers(0, 97, n)
+    calls = []
+
+    def rows(part):
+        calls.append(len(part))
+        return table[part] * np.float32(3.0)
+
+    old = pack_module.EMBED_ROWS_PER_THREAD
+    pack_module.EMBED_ROWS_PER_THREAD = per_thread
+    try:
+        got = pack_module._rows_in_parts(ids, rows)
+    finally:
+        pack_module.EMBED_ROWS_PER_THREAD = old
+    assert got.tobytes() == (table[ids] * np.float32(3.0)).tobytes()
+    assert sum(calls) == n and (len(calls) == 1 or min(calls) >= per_thread)
