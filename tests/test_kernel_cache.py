@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata_prefill.fast.cuda import build_list, kernel_cache, products, runtime
+from strata_prefill.fast.cuda import build_list, kernel_cache, kernel_paths, products, runtime
 from strata_prefill.contract.errors import DeviceError, InputError
 from strata_prefill.cli import main
 
@@ -160,12 +160,13 @@ def test_cli_prune_drops_stale_cubins(tmp_path):
 # ---- a fake nvcc: counts its compiles, takes its time, writes a small "cubin" -----------------
 FAKE_NVCC = """#!/bin/sh
 if [ "$1" = "--version" ]; then echo "nvcc: fake"; echo "Build fake-nvcc-1"; exit 0; fi
+args="$*"
 out=""
 while [ $# -gt 0 ]; do
   if [ "$1" = "-o" ]; then out="$2"; shift; fi
   shift
 done
-echo run >> "$FAKE_NVCC_LOG"
+echo "run $args" >> "$FAKE_NVCC_LOG"
 sleep "${FAKE_NVCC_SLEEP:-0}"
 printf cubin > "$out"
 """
@@ -327,3 +328,31 @@ def test_build_all_defaults_cover_the_fast_paths_modules(tmp_path, monkeypatch):
     assert ("mmq", {"MMQ_BN": 32}) in build_list.wanted(str(tmp_path), defaults=False)
     monkeypatch.setenv("STRATA_MMQ_DEFINES", '{"MMQ_MIX": 0}')
     assert products.mmq_modules(products.auto_config(1e9))[0] in build_list.default_modules()
+
+
+def test_arch_specific_modules_build_for_their_target_only(tmp_path, fake_nvcc):
+    """A kernel file of one architecture's own instructions (kernel_paths.ARCH_SPECIFIC:
+    attention_wgmma.cu, sm_90a) compiles for its target on its base architecture, is left out
+    of a build for any other, and cannot be asked for there; every other file builds for the
+    device's architecture."""
+    assert kernel_paths.ARCH_SPECIFIC == {"attention_wgmma": "sm_90a"}
+    for name, target in kernel_paths.ARCH_SPECIFIC.items():
+        assert name in kernel_paths.kernel_names()
+        assert kernel_paths.target_arch(name, target[:-1]) == target
+        assert kernel_paths.target_arch(name, "sm_80") is None
+    assert kernel_paths.target_arch("add", "sm_80") == "sm_80"
+    log = tmp_path / "nvcc.log"
+    folder = str(tmp_path / "k")
+    got = kernel_cache.build_all(folder, "sm_90", [("attention_wgmma", {}), ("add", {})], jobs=1)
+    assert [g[0] for g in got] == ["attention_wgmma", "add"]
+    runs = log.read_text().splitlines()
+    assert any("-arch sm_90a" in r and "attention_wgmma" in r for r in runs)
+    assert any("-arch sm_90 " in r and "add" in r for r in runs)
+    got = kernel_cache.build_all(str(tmp_path / "k80"), "sm_80", [("attention_wgmma", {}), ("add", {})], jobs=1)
+    assert [g[0] for g in got] == ["add"] and fake_nvcc() == 3
+    with pytest.raises(DeviceError, match="attention_wgmma.cu is built for sm_90a only; this device is sm_80"):
+        kernel_cache.cubin_path(folder, "attention_wgmma", "src", {}, "sm_80", ("--fmad=false",))
+    # the digest holds the target the module compiles for
+    key = kernel_cache.digest("attention_wgmma", "src", [], "sm_90a", kernel_cache.nvcc_release())
+    assert kernel_cache.cubin_path(folder, "attention_wgmma", "src", {}, "sm_90", ()).endswith(
+        f"attention_wgmma-{key[:24]}.cubin")
