@@ -10,7 +10,8 @@ removed, a file split) is checked this way without a GPU.
 absent. The (module, defines)
 pairs are the new tree's fast-path and gate builds (strata_prefill.fast.cuda.build_list.default_modules()
 and strata_prefill.verify.cases.ahead_modules(), read in that tree); each is compiled in both trees with the
-new tree's nvcc options (fast/cuda/runtime.py NVCC_OPTIONS) for runtime.DEFAULT_ARCH. A module
+new tree's nvcc options (fast/cuda/runtime.py NVCC_OPTIONS) for runtime.DEFAULT_ARCH (a file of
+one architecture's own instructions for its target, fast/cuda/kernel_paths.py ARCH_SPECIFIC). A module
 the base lacks is looked up under its earlier name (RENAMES, or --rename NEW=OLD); kernels are
 matched by name. Labels and local depots carry the function's index in its module, so they are
 numbered afresh per kernel before the bodies are compared. Builds and cubins are kept in the
@@ -54,8 +55,11 @@ except ImportError:
     pass
 names = sorted(f[:-3] for f in os.listdir(runtime.KERNEL_DIR) if f.endswith(".cu"))
 mods = [(n, d) for i, (n, d) in enumerate(mods) if (n, d) not in mods[:i]]  # each once, in order
-print(json.dumps({"modules": mods, "options": list(runtime.NVCC_OPTIONS),
-                  "arch": runtime.DEFAULT_ARCH, "sources": {n: runtime.kernel_source(n) for n in names}}))
+# each file's nvcc target (an sm_90a file: kernel_paths.target_arch; a tree from before it: the arch)
+target = getattr(importlib.import_module(top + "fast.cuda.kernel_paths"), "target_arch", lambda n, a: a)
+print(json.dumps({"modules": mods, "options": list(runtime.NVCC_OPTIONS), "arch": runtime.DEFAULT_ARCH,
+                  "targets": {n: target(n, runtime.DEFAULT_ARCH) for n in names},
+                  "sources": {n: runtime.kernel_source(n) for n in names}}))
 """
 
 _ENTRY = re.compile(r"^(?:\.visible\s+|\.weak\s+)?(\.entry|\.func)\b(?:\s*\([^)]*\))?\s*([A-Za-z_$][\w$]*)", re.M)
@@ -239,10 +243,14 @@ def main() -> int:
     wanted = {renames.get(o, o) for o in args.only} | set(args.only)
     gone = [(n, d) for n, d in base["modules"] if (n, tag(d)) not in carried and (not wanted or n in wanted)]
 
+    def target(name: str) -> str:
+        """The new tree's nvcc target for module name (both sides build for it)."""
+        return new.get("targets", {}).get(name) or arch
+
     def compile_pair(job):
         name, defines, old = job
-        a = ptx(args.cache, old, base["sources"][old], defines, options, arch) if old else None
-        b = ptx(args.cache, name, new["sources"][name], defines, options, arch)
+        a = ptx(args.cache, old, base["sources"][old], defines, options, target(name)) if old else None
+        b = ptx(args.cache, name, new["sources"][name], defines, options, target(name))
         return a, b
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
@@ -282,14 +290,14 @@ def main() -> int:
                 same = normalized(fa[fn][1]) == normalized(fb[fn][1])
                 rows.append([label, tag(defines), fn, "same" if same else "DIFFERENT"])
                 if same and not args.no_cubin:
-                    checks.append((len(rows) - 1, standalone(ha, fa, da, fn), standalone(hb, fb, db, fn)))
+                    checks.append((len(rows) - 1, standalone(ha, fa, da, fn), standalone(hb, fb, db, fn), target(name)))
         for d in sorted(set(da) & set(db)):
             if da[d] != db[d]:
                 rows.append([label, tag(defines), d, "DIFFERENT (declaration)"])
 
     def assemble(check):
-        i, ta, tb = check
-        return i, cubin(args.cache, "base", ta, options, arch), cubin(args.cache, "new", tb, options, arch)
+        i, ta, tb, tgt = check
+        return i, cubin(args.cache, "base", ta, options, tgt), cubin(args.cache, "new", tb, options, tgt)
 
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for i, ca, cb in pool.map(assemble, checks):

@@ -109,6 +109,58 @@ __device__ __forceinline__ void put_v_transposed(int* svt, int idx, const unsign
     svt[(4 * m + 3) * VW + slot] = (int)__byte_perm(hi01, hi23, 0x7632);
 }
 
+// ---- staging: cp.async into shared memory
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// cp.async of `bytes` (4, 8 or 16); src_ok false: the bytes are zero-filled (nothing is read)
+template <int BYTES>
+__device__ __forceinline__ void cp_async(unsigned dst, const void* src, bool src_ok)
+{
+    if constexpr (BYTES == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_ok ? 16 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES),
+                     "r"(src_ok ? BYTES : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// ---- per row and block: lane quad g (lanes 4 g + tq) holds rows r0 and r1 (M0, M1); each
+// lane computes one row's value (tq even: r0, odd: r1) and the quad shares them
+
+// alpha = exp2c(M - m_new) of the quad's two rows (al0, al1): 1.0f exactly (exp2c(0)) while
+// every row of the warp keeps a finite maximum, the exponential skipped
+__device__ __forceinline__ void row_alpha(float M0, float M1, float mn0, float mn1, int tq, int lane, float& al0,
+                                          float& al1)
+{
+    const float INF = __int_as_float(0x7f800000);
+    al0 = 1.0f;
+    al1 = 1.0f;
+    const bool keep = M0 == mn0 && fabsf(M0) < INF && M1 == mn1 && fabsf(M1) < INF;
+    if (!__all_sync(0xffffffffu, keep)) {
+        const float a = strata_exp2c(__fsub_rn((tq & 1) ? M1 : M0, (tq & 1) ? mn1 : mn0));
+        al0 = __shfl_sync(0xffffffffu, a, lane & ~3);
+        al1 = __shfl_sync(0xffffffffu, a, (lane & ~3) | 1);
+    }
+}
+
+// The P quantization's scales of the quad's two rows from their amax: d_inv = 127 / amax (di,
+// the codes' factor) and dw = 1 / d_inv (wd); a row whose d_inv is not finite: both 0 (codes
+// 0). Two divisions a lane, not four.
+__device__ __forceinline__ void p_scales(float amax0, float amax1, int tq, int lane, float& di0, float& di1,
+                                         float& wd0, float& wd1)
+{
+    const float d_inv = q8_inv_scale((tq & 1) ? amax1 : amax0);
+    const bool ok = d_inv < __int_as_float(0x7f800000);
+    const float wd = ok ? q8_scale(d_inv) : 0.0f, di = ok ? d_inv : 0.0f;
+    di0 = __shfl_sync(0xffffffffu, di, lane & ~3);
+    di1 = __shfl_sync(0xffffffffu, di, (lane & ~3) | 1);
+    wd0 = __shfl_sync(0xffffffffu, wd, lane & ~3);
+    wd1 = __shfl_sync(0xffffffffu, wd, (lane & ~3) | 1);
+}
+
 // ============================================================================ tensor cores
 
 template <bool B>

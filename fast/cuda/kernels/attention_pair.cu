@@ -58,22 +58,6 @@ static_assert(PAIR_STAGES >= 2, "a ring of at least two key blocks");
 #define PAIR_THREADS (64 * PAIR_QG)
 #define PAIR_TILE (16 * PAIR_QG)
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-// cp.async of `bytes` (4, 8 or 16); src_ok false: the bytes are zero-filled (nothing is read)
-template <int BYTES>
-__device__ __forceinline__ void cp_async(unsigned dst, const void* src, bool src_ok)
-{
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_ok ? 16 : 0));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES),
-                     "r"(src_ok ? BYTES : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 __device__ __forceinline__ void ldsm_x4(unsigned addr, int& r0, int& r1, int& r2, int& r3)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -321,19 +305,8 @@ __device__ __forceinline__ void attend_pair_body(
             mc0 = fmaxf(mc0, xm_oth[g]);
             mc1 = fmaxf(mc1, xm_oth[g + 8]);
             const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
-            // alpha = exp2c(M - m_new) of the lane's quad rows: 1.0f exactly (exp2c(0)) where a finite
-            // M stays; else the exponential, one row a lane (tq even: r0, odd: r1), shuffled
-            // to the quad
-            float al0 = 1.0f, al1 = 1.0f;
-            {
-                const float INF = __int_as_float(0x7f800000);
-                const bool keep = M0 == mn0 && fabsf(M0) < INF && M1 == mn1 && fabsf(M1) < INF;
-                if (!__all_sync(0xffffffffu, keep)) {
-                    const float a = strata_exp2c(__fsub_rn((tq & 1) ? M1 : M0, (tq & 1) ? mn1 : mn0));
-                    al0 = __shfl_sync(0xffffffffu, a, lane & ~3);
-                    al1 = __shfl_sync(0xffffffffu, a, (lane & ~3) | 1);
-                }
-            }
+            float al0, al1;  // alpha = exp2c(M - m_new) of the quad's rows
+            row_alpha(M0, M1, mn0, mn1, tq, lane, al0, al1);
 
             exp_masked<FULL>(s, mn0, mn1, pos0, pos1, key, lo);
             // the tree over lambda: + 16 (nt, nt + 2), + 8 (nt 0, 1), + 4 (lanes xor 2), + 2 (xor 1),
@@ -369,17 +342,8 @@ __device__ __forceinline__ void attend_pair_body(
             // the P codes (w >= 0: rint_nonneg_magic; a block whose 127/amax is not finite:
             // scale 0, codes 0), packed as this warp's k32 A fragment: k = 4 tq + i <- lambda =
             // 8 (i >> 1) + 2 tq + (i & 1), + 16 for registers 2 and 3
-            // 127 / amax and its inverse, one row a lane as alpha (two divisions a lane, not four)
-            float di0, di1, wd0, wd1;
-            {
-                const float d_inv = q8_inv_scale((tq & 1) ? amax1 : amax0);
-                const bool ok = d_inv < __int_as_float(0x7f800000);
-                const float wd = ok ? q8_scale(d_inv) : 0.0f, di = ok ? d_inv : 0.0f;
-                di0 = __shfl_sync(0xffffffffu, di, lane & ~3);
-                di1 = __shfl_sync(0xffffffffu, di, (lane & ~3) | 1);
-                wd0 = __shfl_sync(0xffffffffu, wd, lane & ~3);
-                wd1 = __shfl_sync(0xffffffffu, wd, (lane & ~3) | 1);
-            }
+            float di0, di1, wd0, wd1;  // 127 / amax and its inverse of the quad's rows
+            p_scales(amax0, amax1, tq, lane, di0, di1, wd0, wd1);
             unsigned cb[4][4];
             p_code_bits(s, di0, di1, cb);
             int pa[2][4];  // k-step 0: the keys of half 0; 1: of half 1

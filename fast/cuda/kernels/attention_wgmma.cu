@@ -61,21 +61,6 @@ struct IntTag {
     static constexpr int value = N;
 };
 
-__device__ __forceinline__ unsigned wg_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-template <int BYTES>
-__device__ __forceinline__ void wg_cp_async(unsigned dst, const void* src, bool src_ok)
-{
-    if constexpr (BYTES == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_ok ? 16 : 0));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(BYTES),
-                     "r"(src_ok ? BYTES : 0));
-}
-__device__ __forceinline__ void wg_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 // generic-proxy writes of shared memory (cp.async, st.shared) made visible to wgmma's reads
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -219,7 +204,7 @@ __device__ __forceinline__ void attend_wgmma_body(
     constexpr int V_SBO = 8 * KEY_BLOCK;
     extern __shared__ __align__(128) unsigned char smem[];
     int* spos = reinterpret_cast<int*>(smem + SM::POS_OFF);
-    const unsigned base = wg_smem_u32(smem);
+    const unsigned base = smem_u32(smem);
 
     const int tid = threadIdx.x;
     const int wg = min(tid >> 7, WG_GROUPS - 1);  // the warpgroup (the producer: the last one's rows, unused)
@@ -298,7 +283,7 @@ __device__ __forceinline__ void attend_wgmma_body(
                     const int kap = wg_sigma(n);
                     const bool ok = j0 + kap < cap;
                     const long long off = ok ? (row0 + kap) * HD + 8 * part : 0;  // float16 elements
-                    wg_cp_async<16>(st + SM::K_OFF + cm_off<SM::QK_ROWB>(n, part), k_codes + off, ok);
+                    cp_async<16>(st + SM::K_OFF + cm_off<SM::QK_ROWB>(n, part), k_codes + off, ok);
                 }
             }
             const int8_t* vb = v_t + ((long long)kvh * vt_blocks(cap) + c) * (HD * 64);
@@ -307,7 +292,7 @@ __device__ __forceinline__ void attend_wgmma_body(
                 const int idx = lt + i * NL;
                 if ((HD * 4) % NL == 0 || idx < HD * 4) {
                     const int n = idx % HD, part = idx / HD;
-                    wg_cp_async<16>(st + SM::V_OFF + cm_off<KEY_BLOCK>(n, part), vb + n * 64 + 16 * part, true);
+                    cp_async<16>(st + SM::V_OFF + cm_off<KEY_BLOCK>(n, part), vb + n * 64 + 16 * part, true);
                 }
             }
 #pragma unroll 1
@@ -317,12 +302,12 @@ __device__ __forceinline__ void attend_wgmma_body(
                     const int kap = wg_sigma(n);
                     const bool ok = j0 + kap < cap;
                     const long long key = ok ? row0 + kap : 0;
-                    wg_cp_async<4>(st + SM::KS_OFF + 4 * n, k_scale + key, ok);
-                    wg_cp_async<4>(st + SM::VS_OFF + 4 * n, v_scale + key, ok);
+                    cp_async<4>(st + SM::KS_OFF + 4 * n, k_scale + key, ok);
+                    cp_async<4>(st + SM::VS_OFF + 4 * n, v_scale + key, ok);
                 }
             }
         }
-        wg_cp_commit();  // a group per block, empty or not
+        cp_async_commit();  // a group per block, empty or not
     };
     const unsigned bar_full = base + SM::BAR_OFF, bar_empty = bar_full + 8 * WG_STAGES;
 
@@ -337,12 +322,12 @@ __device__ __forceinline__ void attend_wgmma_body(
             if (i >= WG_STAGES) mbar_wait(bar_empty + 8 * stg, (i / WG_STAGES - 1) & 1);
             issue(c, stg, pt, IntTag<128>{});
             if (i >= WG_STAGES - 2) {
-                wg_cp_wait<WG_STAGES - 2>();
+                cp_async_wait<WG_STAGES - 2>();
                 fence_proxy_async();
                 mbar_arrive(bar_full + 8 * ((i - (WG_STAGES - 2)) % WG_STAGES));
             }
         }
-        wg_cp_wait<0>();
+        cp_async_wait<0>();
         fence_proxy_async();
         for (int i = max(n_blk - c_begin - (WG_STAGES - 2), 0); i < n_blk - c_begin; ++i) mbar_arrive(bar_full + 8 * (i % WG_STAGES));
         return;
@@ -436,18 +421,8 @@ __device__ __forceinline__ void attend_wgmma_body(
             return *reinterpret_cast<const float2*>(stp + SM::KS_OFF + 4 * (8 * nt + 2 * tq));
         }, pos0, pos1, key, mc0, mc1, lo);
         const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
-        // alpha = exp2c(M - m_new): 1.0f exactly where a finite M stays; else one row a lane
-        // (tq even: r0, odd: r1), shuffled to the quad
-        float al0 = 1.0f, al1 = 1.0f;
-        {
-            const float INF = __int_as_float(0x7f800000);
-            const bool keep = M0 == mn0 && fabsf(M0) < INF && M1 == mn1 && fabsf(M1) < INF;
-            if (!__all_sync(0xffffffffu, keep)) {
-                const float a = strata_exp2c(__fsub_rn((tq & 1) ? M1 : M0, (tq & 1) ? mn1 : mn0));
-                al0 = __shfl_sync(0xffffffffu, a, lane & ~3);
-                al1 = __shfl_sync(0xffffffffu, a, (lane & ~3) | 1);
-            }
-        }
+        float al0, al1;  // alpha = exp2c(M - m_new) of the quad's rows
+        row_alpha(M0, M1, mn0, mn1, tq, lane, al0, al1);
         exp_masked<FULL>(s, mn0, mn1, pos0, pos1, key, lo);
         // the lsum tree: + 32 (nt, nt + 4), + 16 (nt, nt + 2), + 8 (lanes xor 2), + 4 (xor 1),
         // + 2 (e, e ^ 1), + 1 (nt 0, 1)
@@ -467,15 +442,7 @@ __device__ __forceinline__ void attend_wgmma_body(
             return *reinterpret_cast<const float2*>(stp + SM::VS_OFF + 4 * (8 * nt + 2 * tq));
         }, amax0, amax1, lo);
         float di0, di1, wd0, wd1;
-        {
-            const float d_inv = q8_inv_scale((tq & 1) ? amax1 : amax0);
-            const bool ok = d_inv < __int_as_float(0x7f800000);
-            const float wd = ok ? q8_scale(d_inv) : 0.0f, di = ok ? d_inv : 0.0f;
-            di0 = __shfl_sync(0xffffffffu, di, lane & ~3);
-            di1 = __shfl_sync(0xffffffffu, di, (lane & ~3) | 1);
-            wd0 = __shfl_sync(0xffffffffu, wd, lane & ~3);
-            wd1 = __shfl_sync(0xffffffffu, wd, (lane & ~3) | 1);
-        }
+        p_scales(amax0, amax1, tq, lane, di0, di1, wd0, wd1);
         unsigned cb[8][4];
         p_code_bits(s, di0, di1, cb);
         // k-step ks's A fragment: column 4 tq + i holds key 16 (i >> 1) + 4 tq + 2 (i & 1) + ks
