@@ -56,11 +56,6 @@ static_assert(WG_STAGES >= 2, "a ring of at least two key blocks");
 #define WG_CONSUMER_REGS ((65536 / 128 - WG_PRODUCER_REGS) / WG_GROUPS / 8 * 8 > 240 ? 240 : (65536 / 128 - WG_PRODUCER_REGS) / WG_GROUPS / 8 * 8)
 #define WG_TILE (64 * WG_GROUPS)
 
-template <int N>
-struct IntTag {
-    static constexpr int value = N;
-};
-
 // generic-proxy writes of shared memory (cp.async, st.shared) made visible to wgmma's reads
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -265,11 +260,11 @@ __device__ __forceinline__ void attend_wgmma_body(
 
     // key block c -> ring stage (c - c_begin) % WG_STAGES; K row n and scale slot n hold the
     // block's key sigma(n); the transposed V block is one contiguous run of HD * 64 bytes.
-    // Loader lt of NL copies every NL-th 16-byte chunk; eight consecutive loaders fill one core
-    // matrix (128 contiguous bytes: no bank conflict).
+    // Producer thread lt of NL copies every NL-th 16-byte chunk; eight consecutive threads fill
+    // one core matrix (128 contiguous bytes: no bank conflict).
     const int kvh = blockIdx.y / group;
-    auto issue = [&](int c, int stage, int lt, auto nl_tag) {
-        constexpr int NL = decltype(nl_tag)::value;
+    constexpr int NL = 128;  // the producer warpgroup's threads
+    auto issue = [&](int c, int stage, int lt) {
         if (c < n_blk) {
             const int j0 = c * KEY_BLOCK;
             const long long row0 = (long long)kvh * cap + j0;
@@ -314,13 +309,13 @@ __device__ __forceinline__ void attend_wgmma_body(
     if (tid >= WG_CONSUMERS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WG_PRODUCER_REGS));
         const int pt = tid - WG_CONSUMERS;
-        // ---- the producer warpgroup: block i of the walk into stage i % WG_STAGES once both
-        // warpgroups released its previous use; its copies complete (cp.async groups, in
+        // ---- the producer warpgroup: block i of the walk into stage i % WG_STAGES once every
+        // consumer warpgroup released its previous use; its copies complete (cp.async groups, in
         // order), fenced for wgmma's proxy, before the stage's "full" barrier hears of them
         for (int c = c_begin, i = 0; c < n_blk; ++c, ++i) {
             const int stg = i % WG_STAGES;
             if (i >= WG_STAGES) mbar_wait(bar_empty + 8 * stg, (i / WG_STAGES - 1) & 1);
-            issue(c, stg, pt, IntTag<128>{});
+            issue(c, stg, pt);
             if (i >= WG_STAGES - 2) {
                 cp_async_wait<WG_STAGES - 2>();
                 fence_proxy_async();
