@@ -3,7 +3,7 @@
 interleaved in one run, on the strata heads.
 
     python3 -m bench.bench_attention_ab_cuda [--tokens 4096,8192,32768] [--reps 5]
-        [--arms '{};{"PAIR_QG": 6}'] [--sass DIR]
+        [--arms '{"variant": "pair"};{"variant": "wgmma"}'] [--sass DIR]
 
 An arm is a JSON object of the kernel file's defines (over its ATTEND_TILE_CONFIGS table); its
 key "variant" (strata_prefill.fast.cuda.attention.ATTEND_VARIANTS; "pair", the default) picks the kernel.
@@ -46,7 +46,7 @@ from strata_prefill.verify.cases import kernel_case, sample_index
 
 H, HKV, HD = 32, 4, 128
 CHECKED_QUERIES = 8  # queries of each length compared with the NumPy definition
-DEFAULT_ARMS = '{};{"PAIR_QG": 6};{"PAIR_STAGES": 3}'
+DEFAULT_ARMS = '{"variant": "pair"};{"variant": "wgmma"};{"variant": "wgmma", "WG_GROUPS": 2}'
 
 
 def sass_histogram(defines: dict, out_dir: str, tag: str, kernel: str = "attend_pair_hd128") -> dict | None:
@@ -103,6 +103,14 @@ def main() -> int:
         return 0
     _cuda, dev, clock = got
     print(f"device: {runtime.device_name()} ({runtime.arch()}, {runtime.multiprocessor_count()} SMs)", flush=True)
+    runs = [cu_att.variant_runs_here(v) for v in variants]
+    for a, ok in zip(arms, runs):
+        if not ok:
+            print(f"left out: arm {json.dumps(a)}, whose kernel does not run on {runtime.arch()}", flush=True)
+    arms, variants, defines = ([x for x, ok in zip(xs, runs) if ok] for xs in (arms, variants, defines))
+    if not arms:
+        print("no arm runs on this card", file=sys.stderr)
+        return 1
     result = {"arms": arms, "lengths": []}
     if args.sass:
         os.makedirs(args.sass, exist_ok=True)
