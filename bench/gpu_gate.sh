@@ -7,7 +7,7 @@
 #   bash bench/gpu_gate.sh all
 #   bash bench/gpu_gate.sh suites   # the pytest-benchmark GPU suites (bench/test_bench_*_cuda.py), saved
 #                                   # under $LOG/benchmarks; not part of `all`
-#   bash bench/gpu_gate.sh kernels  # kernel configurations A/B, interleaved (the pair attention kernel's,
+#   bash bench/gpu_gate.sh kernels  # kernel configurations A/B, interleaved (the attention kernels' forms,
 #                                   # float_dense warp/tile, dense MMQ's, combine, a layer's experts gathered or in
 #                                   # place), the mma probe and MMQ's core forms (dev/kernels/mma_probe.py,
 #                                   # mmq_core.py) and the whole prefill: in_place alone at small chunks,
