@@ -178,8 +178,13 @@ class RingPass:
                          event=event)
         for k in ks:
             s = self.slot_of(k)
-            ring.used_of[s] = event
-            ring.copied_of[s] = None
+            if event is not None or k < self.next_copy:
+                # the slot holds entry k's copy: a refill waits for `event` (None: for nothing,
+                # the copy stream's own order keeps it behind that copy)
+                ring.used_of[s] = event
+                ring.copied_of[s] = None
+            # else entry k was skipped before its copy was due: the slot still holds an earlier
+            # entry (of this pass or the one before), whose release its refill must still wait for
             self.released[k] = True
         self.copy_ahead()
 

@@ -114,6 +114,46 @@ def test_a_refill_before_the_last_read_is_caught(make_test_pack, tmp_path, monke
         run_engine(_engine(pack, **kw), _prompt(pack, 3), 64, tmp_path, greedy=0, layer_dumps=False)
 
 
+def test_a_skip_before_its_copy_keeps_the_slots_release():
+    """An entry the routing skips before its copy was due (a pass opened with no head, its first
+    entry skipped) leaves its slot as it was: the slot still holds the pass before's entry, and
+    the refill waits for that entry's release, not for nothing."""
+    from strata_prefill.fast.experts import Place, Ring, RingPass
+
+    class Backend:
+        def __init__(self):
+            self.copies = []
+
+        def copy_experts(self, *, ring, slots, experts, tags, wait_for):
+            self.copies.append((tags[0][-1], list(wait_for)))
+            return f"copied {tags[0][-1]}"
+
+        def released(self, **_):
+            pass
+
+    be, ring = Backend(), Ring(Place.RING, 1)
+    first = RingPass(be, ring, [(1, 0)], 1, coalesce=False)
+    first.copy_ahead()
+    first.release([0], "read by the products")  # its reads are before this event
+    second = RingPass(be, ring, [(1, 3), (1, 0)], 2, coalesce=False)  # no head: nothing copied yet
+    second.release([0], None)  # entry 0 skipped before its copy: the slot still holds 1:0
+    assert be.copies[1] == ("2:0", ["read by the products"])
+    assert ring.used_of == ["read by the products"]
+    second.release([1], None)  # entry 1 skipped after its copy was enqueued: nothing left to wait for
+    assert be.copies[2] == ("2:1", ["read by the products"]) and ring.used_of == [None]
+
+
+def test_a_skip_before_its_copy_found_by_hypothesis(make_test_pack, tmp_path):
+    """test_windows_same_bytes_fewer_copies' falsifying example (one-token chunks, a ring of one
+    slot, no head): the skipped first entry of a chunk's pass once dropped the release of the
+    slot's last read, and the refill raced the products of the chunk before."""
+    pack = make_test_pack("tiny", "IQ2_XS")
+    kw = settled(pack, ring=1, expert_cache=28, stream_min="auto", group_gather=False, in_place=True,
+                 copy_coalesce=False, stage_head=0)
+    run_engine(_engine(pack, "random", 0, window="off", **kw), _prompt(pack, 18, seed=0), 1, tmp_path, greedy=1,
+               layer_dumps=False)
+
+
 def test_a_product_needs_its_copy(make_test_pack, tmp_path, monkeypatch):
     """A run multiplied without its copy wait reads a slot whose copy may not have landed."""
     pack = make_test_pack("tiny", "Q8_0")
