@@ -43,9 +43,10 @@ ATTEND_HEAD_DIMS = (64, 128)
 #: "wgmma" (attention_wgmma.cu, sm_90 only) one CTA per (64 * WG_GROUPS queries, head), a consumer
 #:         warpgroup per 64 queries on Hopper's warpgroup MMA (Q.K fp16, P.V int8), a producer
 #:         warpgroup filling a cp.async ring under mbarriers;
-#: "pair"  (attention_pair.cu, the prefill kernel where "wgmma" does not run) one CTA per (16 * PAIR_QG queries, head), tensor cores (Q.K fp16, P.V int8), each
-#:         16-query group split between two warps (keys by parity for the scores, output dims
-#:         by half for P.V), half the registers a warp, a cp.async ring;
+#: "pair"  (attention_pair.cu, the prefill kernel where "wgmma" does not run) one CTA per
+#:         (16 * PAIR_QG queries, head), tensor cores (Q.K fp16, P.V int8), each 16-query group
+#:         split between two warps (keys by parity for the scores, output dims by half for
+#:         P.V), half the registers a warp, a cp.async ring;
 #: "split" (attention_split.cu) split-K over key blocks in three launches (scores and block
 #:         maxima, per-block P.V, the ordered merge), for few queries (decode);
 #: "auto"  split for T <= ATTEND_SPLIT_MAX_T, else the prefill kernel (prefill_variant()).
