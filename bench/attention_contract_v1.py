@@ -51,15 +51,8 @@ class KVCache(attention.KVCache):
 
 def attend(cache: KVCache, layer: int, q: np.ndarray, positions: np.ndarray, sinks: np.ndarray | None = None,
            window: int | None = None) -> np.ndarray:
-    """Causal attention of q [T, n_head, hd] (float32, after norm and RoPE) at absolute
-    `positions` over the cache's keys 0..position. Returns [T, n_head, hd] float32.
-
-    sinks: float32 [n_head], each head's sink logit (None: no sink). window: each query sees
-    the keys position - window + 1 .. position only (None: every key up to its position).
-
-    Queries and heads are independent: a (query tile, KV head) piece computes its queries of
-    the query heads that KV head serves, each by the same operations whatever the tile, and
-    the pieces run on the threads of strata_prefill.contract.parallel."""
+    """strata_prefill.contract.attention.attend (its arguments, result and pieces) under the
+    first attention contract: int8 Q and K blocks of 32, scores in natural units with `exp`."""
     n_head, hd = q.shape[1], q.shape[2]
     sinks, window = check_options(n_head, sinks, window)
     n_k = -(-(int(positions.max()) + 1) // KEY_BLOCK) * KEY_BLOCK

@@ -344,8 +344,6 @@ def _logical_tensors(path: Path, reader: GGUFReader) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------
 # The pack
 
-
-
 #: rows a thread dequantizes at least (Pack.embedding_rows); fewer rows than two parts: one thread
 EMBED_ROWS_PER_THREAD = 256
 
@@ -363,6 +361,7 @@ def _rows_in_parts(ids: np.ndarray, rows) -> np.ndarray:
     parts = np.array_split(ids, n_parts)
     with ThreadPoolExecutor(max_workers=n_parts, thread_name_prefix="embed") as pool:
         return np.concatenate(list(pool.map(rows, parts)), axis=0)
+
 
 class Pack:
     """A validated pack, read in place. Use `Pack.open(path)`. Its architecture's module is

@@ -401,7 +401,7 @@ def _model_rows() -> list[KernelCase]:
                     tag = ",".join(f"{a}{b}" for a, b in cfg.items()) or "default"
                     rows.append(kernel_case("attention_tile_config", f"{name}-s{scale:g}-{v}-{tag}", shape, form=v,
                                             config=cfg, quick=i == 1 and scale == 4.0))
-    for v in ("wgmma", "pair", "split"):
+    for v in (v for v in _ATTEND_VARIANTS if v != "auto"):  # each kernel (auto picks one of them)
         rows.append(kernel_case("attention_positions", f"T2-at200-{v}", dict(n_head=8, n_kv=2, hd=128, positions=(200, 201),
                                                                       start=200, scale=4.0), form=v, quick=v == "pair"))
     for i, (name, n_head, n_kv, hd, positions, start, sinks, window) in enumerate(ATTENTION_OPTION_SHAPES):
