@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strata_prefill.fast.cuda import runtime, signatures
+from strata_prefill.fast.cuda import kernel_paths, runtime, signatures
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV = ROOT / "dev" / "kernels"
@@ -42,6 +42,8 @@ def core():
 
 #: every kernel file of dev/kernels: (its script, the module, the defines its script builds it with)
 KERNEL_FILES = (("mma_probe", "mma_probe", None), ("mmq_core", "mmq_core", None))
+#: the files with versions on Hopper's own instructions, also built for their target
+WGMMA_FILES = ("mmq_core",)
 
 
 def test_the_table_is_every_kernel_file_and_none_copies_a_header():
@@ -55,18 +57,30 @@ def test_the_table_is_every_kernel_file_and_none_copies_a_header():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("stem,module,defines", KERNEL_FILES)
-def test_each_kernel_file_compiles_against_production_headers(tmp_path, stem, module, defines):
+@pytest.mark.parametrize("stem,module,defines,target",
+                         [(*f, runtime.DEFAULT_ARCH) for f in KERNEL_FILES]
+                         + [(*f, kernel_paths.WGMMA_TARGET) for f in KERNEL_FILES if f[1] in WGMMA_FILES])
+def test_each_kernel_file_compiles_against_production_headers(tmp_path, stem, module, defines, target):
     """The inlined source compiles as the runtime builds it (NVCC_OPTIONS, the defines its script
-    uses) for the default architecture: a header change that breaks one shows here."""
+    uses) for the default architecture, and a file with wgmma versions for their target too: a
+    header change that breaks one shows here."""
     src = tmp_path / f"{module}.cu"
     src.write_text(runtime.kernel_source(module, str(DEV)))
     assert '#include "' not in src.read_text()
     flags = [f"-D{k}={v}" for k, v in (getattr(_load(stem), defines) if defines else {}).items()]
-    cmd = ["nvcc", "-cubin", f"-arch={runtime.DEFAULT_ARCH}", *runtime.NVCC_OPTIONS, *flags, str(src),
-           "-o", str(tmp_path / "k.cubin")]
+    cmd = ["nvcc", "-cubin", f"-arch={target}", *runtime.NVCC_OPTIONS, *flags, str(src),
+           "-o", str(tmp_path / "k.cubin"), "-Xptxas", "-v"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+    # a wgmma that ptxas serializes (its accumulators read while it runs) is no candidate form
+    assert "wgmma.mma_async instructions are serialized" not in r.stderr, r.stderr[-4000:]
+
+
+def test_the_wgmma_versions_run_on_sm_90_only(core):
+    assert core.build_target("sm_90") == (kernel_paths.WGMMA_TARGET, core.VERSIONS)
+    target, versions = core.build_target("sm_80")
+    assert target == "sm_80" and versions == tuple(v for v in core.VERSIONS if v not in core.WGMMA_VERSIONS)
+    assert set(core.WGMMA_VERSIONS) < set(core.VERSIONS)
 
 
 @pytest.mark.parametrize("stem,args", [("mma_probe", ["--cases", "8", "--iters", "1", "--reps", "1"]),
@@ -143,5 +157,5 @@ def test_core_inputs_look_like_iq2_xs(core):
 
 
 @pytest.mark.skipif(not _CUDA, reason=f"cuda backend unavailable: {_WHY}")
-def test_both_core_forms_are_the_definition_on_the_device(core):
+def test_every_core_form_is_the_definition_on_the_device(core):
     assert core.check(core.Cores(runtime.Device())) == []

@@ -1,5 +1,5 @@
 """What every script of dev/kernels shares: the one-line exit where no CUDA GPU is and progress
-lines on stderr, the v1 against v2 timer table, the exit status after the mismatches. The report of the first differing byte is bench/ab_harness.py's
+lines on stderr, the versions' timer table, the exit status after the mismatches. The report of the first differing byte is bench/ab_harness.py's
 first_difference, the A/B scripts' own."""
 from __future__ import annotations
 
@@ -22,25 +22,29 @@ def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def v1_v2_table(head: str, sizes: list[int], timed: Callable, bad: list[str],
-                rate: tuple[str, Callable[[int, float], float]] | None = None) -> None:
-    """Time both versions at each size and print one table row per size: the milliseconds,
-    v2/v1, and whether the bytes were the same. timed(size) gives ({"v1": ms, "v2": ms}, the
-    first difference or None); a difference is printed and goes to ``bad`` (named by head, the
+def versions_table(head: str, sizes: list[int], timed: Callable, bad: list[str], versions: tuple[str, ...],
+                   rate: tuple[str, Callable[[int, float], float]] | None = None) -> None:
+    """Time every version at each size and print one table row per size: each version's
+    milliseconds, each later version's time over the first's, and whether their bytes were the
+    same as the first's. timed(size) gives ({version: ms}, {later version: its first difference
+    from the first, or None}); a difference is printed and goes to ``bad`` (named by head, the
     size's name). rate: (unit, f(size, ms)), a column of f for each version."""
+    base, later = versions[0], versions[1:]
     rows = []
     for n in sizes:
-        ms, diff = timed(n)
-        if diff is not None:
-            bad.append(f"timer {head}={n}: v2 against v1: {diff}")
-            print(f"timer {head}={n}: v2 DIFFERS from v1: {diff}")
-        rows.append((n, ms["v1"], ms["v2"], diff is None))
-    units = [] if rate is None else [f"{f'{v} {rate[0]}':>9}" for v in ("v1", "v2")]
-    print(" ".join([f"\n{head:>8}", f"{'v1 ms':>10}", f"{'v2 ms':>10}", f"{'v2/v1':>7}", *units]) + "  bytes")
-    for n, a, b, same in rows:
-        rates = [] if rate is None else [f"{rate[1](n, t):>9.1f}" for t in (a, b)]
-        print(" ".join([f"{n:>8}", f"{a:>10.3f}", f"{b:>10.3f}", f"{b / a:>7.3f}", *rates])
-              + f"  {'same' if same else 'DIFFER'}")
+        ms, diffs = timed(n)
+        for v in later:
+            if diffs[v] is not None:
+                bad.append(f"timer {head}={n}: {v} against {base}: {diffs[v]}")
+                print(f"timer {head}={n}: {v} DIFFERS from {base}: {diffs[v]}")
+        rows.append((n, ms, all(diffs[v] is None for v in later)))
+    cols = ([f"{f'{v} ms':>10}" for v in versions] + [f"{f'{v}/{base}':>7}" for v in later]
+            + ([] if rate is None else [f"{f'{v} {rate[0]}':>9}" for v in versions]))
+    print(" ".join([f"\n{head:>8}", *cols]) + "  bytes")
+    for n, ms, same in rows:
+        cells = ([f"{ms[v]:>10.3f}" for v in versions] + [f"{ms[v] / ms[base]:>7.3f}" for v in later]
+                 + ([] if rate is None else [f"{rate[1](n, ms[v]):>9.1f}" for v in versions]))
+        print(" ".join([f"{n:>8}", *cells]) + f"  {'same' if same else 'DIFFER'}")
 
 
 def finish(bad: list[str]) -> int:

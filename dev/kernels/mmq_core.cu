@@ -1,6 +1,7 @@
-// MMQ's product core for a sub-scaled type, in two forms side by side: the int8 tensor cores
-// with production's epilogue (v1, mmq.cu's IQ2_XS arithmetic), and fp16 tensor cores that sum
-// the sub-scaled integers themselves (v2). dev/kernels/mmq_core.py checks both against the NumPy
+// MMQ's product core for a sub-scaled type, in three forms side by side: the int8 tensor cores
+// with production's epilogue (v1, mmq.cu's IQ2_XS arithmetic), fp16 tensor cores that sum
+// the sub-scaled integers themselves (v2), and v1's arithmetic with its products on Hopper's
+// asynchronous warpgroup instructions (v3, wgmma; sm_90a only). dev/kernels/mmq_core.py checks both against the NumPy
 // definition byte for byte and times them. The question (docs/performance.md, "MMQ's sub-scales
 // on half-precision tensor cores"): what the core gains when the epilogue falls from 6 FMA-pipe
 // instructions an output and block to 3, at the price of the operands' conversion to fp16.
@@ -32,6 +33,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include "strata_numerics.cuh"  // MAGIC_I, MAGIC_F, scaled_magic
+#include "wgmma.cuh"            // v3: wgmma_s8_ra, its fences, wg_desc, cm_off (used under sm_90a only)
 
 #define BM 64
 #define BN 128
@@ -219,6 +221,150 @@ __device__ __forceinline__ void core(const int8_t* __restrict__ w, const uint8_t
     }
 }
 
+// v3: v1's arithmetic, each 32-value block's products on wgmma (m64n64k32 s8, asynchronous).
+// The question: does taking the products off the epilogue's instruction stream pay for what
+// wgmma adds (docs/performance.md, "What limits each kernel": v1's main loop waits on each
+// IMMA's result and on its ldmatrix, with 40% of issue slots idle)?
+//   Warpgroup wg (warps 4 wg .. 4 wg + 3) multiplies all 64 weight rows of the CTA by
+//   activation rows 64 wg .. 64 wg + 63; warp wi of it holds weight rows 16 wi .. 16 wi + 15,
+//   whose A fragment comes from ldmatrix (v1's) into registers. The sub-scales want each
+//   16-value half's sum apart (S0, S1): two wgmma a block, one with the A fragment's second
+//   half zeroed, one with its first, into two accumulator sets; sums start from zero, and one
+//   integer add of MAGIC_I gives scaled_magic its bits (v1's mma adds MAGIC_I as its C).
+//   Block b + 1's two wgmma are issued before block b's epilogue and waited for after it (two
+//   buffers of accumulators), so the tensor cores work under the float steps.
+//   The activation chunk is staged in the core-matrix layout wgmma reads (cm_off: 8-row groups
+//   of eight 16-byte pieces), a ring of V3_STAGES chunks, one CTA barrier a chunk.
+#define V3_STAGES 3
+#define V3_SBO (8 * 128)  // bytes between 8-row groups of the staged activation chunk
+
+__device__ __forceinline__ void core_wgmma(const int8_t* __restrict__ w, const uint8_t* __restrict__ u,
+                                           const float* __restrict__ dw, const int8_t* __restrict__ x,
+                                           const float* __restrict__ da, float* __restrict__ out, int N, int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wi = warp & 3, g = lane >> 2, t4 = lane & 3;
+    const int n0 = blockIdx.x * BM, r0 = blockIdx.y * BN;
+    const int nch = K / KC, nb = K / 32;
+
+    auto issue = [&](int kc) {
+        if (kc < nch) {
+            uint8_t* st = smem + (kc % V3_STAGES) * STAGE;
+            for (int i = tid; i < BM * 8; i += NT) {
+                const int row = i >> 3, p = i & 7;
+                cp16(smem_u32(st + ST_W + row * STR + p * 16), w + (long long)(n0 + row) * K + kc * KC + p * 16);
+            }
+            for (int i = tid; i < BN * 8; i += NT) {
+                const int row = i >> 3, p = i & 7;
+                cp16(smem_u32(st + ST_X + cm_off<KC>(row, p)), x + (long long)(r0 + row) * K + kc * KC + p * 16);
+            }
+            for (int i = tid; i < BM; i += NT) {
+                cp16(smem_u32(st + ST_DW + i * 16), dw + (long long)(n0 + i) * nb + kc * 4);
+                cp8(smem_u32(st + ST_U + i * 8), u + (long long)(n0 + i) * (K / 16) + kc * 8);
+            }
+            for (int i = tid; i < BN; i += NT)
+                cp16(smem_u32(st + ST_DA + i * 16), da + (long long)(r0 + i) * nb + kc * 4);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+
+    float acc[8][4];
+#pragma unroll
+    for (int s = 0; s < 8; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
+    const int rA = wi * 16 + g, rB = rA + 8;
+    const uint32_t a_off = (uint32_t)((wi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * STR + (lane >> 4) * 16);
+    int d[2][2][8][4];  // [buffer][half][n8 tile][element]
+
+    // block b's two wgmma (halves 0 and 1) into dd, one group
+    auto products = [&](int b, int (&dd)[2][8][4]) {
+        const uint8_t* st = smem + ((b >> 2) % V3_STAGES) * STAGE;
+        const int j = b & 3;
+        uint32_t a[4];
+        ldsm_x4(a, smem_u32(st + ST_W) + a_off + j * 32);
+        const int h0[4] = {(int)a[0], (int)a[1], 0, 0}, h1[4] = {0, 0, (int)a[2], (int)a[3]};
+        const uint64_t bd = wg_desc(smem_u32(st + ST_X) + wg * 8 * V3_SBO + 2 * j * 128, V3_SBO);
+        wgmma_fence();
+        wgmma_s8_ra(dd[0], h0, bd, 0);
+        wgmma_s8_ra(dd[1], h1, bd, 0);
+        wgmma_commit();
+    };
+    auto epilogue = [&](int b, int (&dd)[2][8][4]) {
+        const uint8_t* st = smem + ((b >> 2) % V3_STAGES) * STAGE;
+        const int j = b & 3;
+        const float* dws = reinterpret_cast<const float*>(st + ST_DW);
+        const float* das = reinterpret_cast<const float*>(st + ST_DA);
+        const uint8_t* us = st + ST_U;
+        const float dwA = dws[rA * 4 + j], dwB = dws[rB * 4 + j];
+        const float uA0 = us[rA * 8 + 2 * j], uA1 = us[rA * 8 + 2 * j + 1];
+        const float uB0 = us[rB * 8 + 2 * j], uB1 = us[rB * 8 + 2 * j + 1];
+        const float mA0 = uA0 * -MAGIC_F, mA1 = uA1 * -MAGIC_F, mB0 = uB0 * -MAGIC_F, mB1 = uB1 * -MAGIC_F;
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            const int c = wg * 64 + s * 8 + 2 * t4;
+            const float dx = das[c * 4 + j], dy = das[(c + 1) * 4 + j];
+            const int* e0 = dd[0][s];
+            const int* e1 = dd[1][s];
+            acc[s][0] = acc[s][0] + (dwA * dx) * (scaled_magic(uA0, mA0, e0[0] + MAGIC_I) + scaled_magic(uA1, mA1, e1[0] + MAGIC_I));
+            acc[s][1] = acc[s][1] + (dwA * dy) * (scaled_magic(uA0, mA0, e0[1] + MAGIC_I) + scaled_magic(uA1, mA1, e1[1] + MAGIC_I));
+            acc[s][2] = acc[s][2] + (dwB * dx) * (scaled_magic(uB0, mB0, e0[2] + MAGIC_I) + scaled_magic(uB1, mB1, e1[2] + MAGIC_I));
+            acc[s][3] = acc[s][3] + (dwB * dy) * (scaled_magic(uB0, mB0, e0[3] + MAGIC_I) + scaled_magic(uB1, mB1, e1[3] + MAGIC_I));
+        }
+    };
+    // pins dd's registers after the wait that completes their wgmma (no read moves above it)
+    auto pin = [&](int (&dd)[2][8][4]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int s = 0; s < 8; ++s)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) reg_fence(dd[h][s][e]);
+    };
+    // block b's step: issue block b + 1 into the other buffer (opening its chunk behind the CTA
+    // barrier where it starts one), block b's epilogue while those run, then wait for them. No
+    // wgmma is in flight across a step: its registers are never copied while it writes them
+    // (ptxas would serialize the wgmma otherwise).
+    auto step = [&](int b, int (&mine)[2][8][4], int (&other)[2][8][4]) {
+        if (b + 1 < nb) {
+            if (((b + 1) & 3) == 0) {  // chunk (b + 1) / 4 must have landed; the one after it is staged
+                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+                fence_proxy_async();
+                __syncthreads();
+                issue((b + 1) / 4 + 1);
+            }
+            products(b + 1, other);
+        }
+        epilogue(b, mine);
+        wgmma_wait<0>();
+        pin(other);
+    };
+
+    issue(0);
+    issue(1);
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    fence_proxy_async();
+    __syncthreads();
+    products(0, d[0]);
+    wgmma_wait<0>();
+    pin(d[0]);
+#pragma unroll 1
+    for (int b = 0; b < nb; b += 2) {  // nb is even (K a multiple of 128): the buffers alternate
+        step(b, d[0], d[1]);
+        step(b + 1, d[1], d[0]);
+    }
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+        const int c = r0 + wg * 64 + s * 8 + 2 * t4;
+        out[(long long)c * N + n0 + rA] = acc[s][0];
+        out[(long long)(c + 1) * N + n0 + rA] = acc[s][1];
+        out[(long long)c * N + n0 + rB] = acc[s][2];
+        out[(long long)(c + 1) * N + n0 + rB] = acc[s][3];
+    }
+#else
+    __trap();  // v3 is built for sm_90a only (dev/kernels/mmq_core.py loads this file so where it runs)
+#endif
+}
+
 // w int8 [N][K], u uint8 [N][K/16], dw float [N][K/32], x int8 [R][K], da float [R][K/32],
 // out float [R][N]; grid (N / 64, R / 128), 256 threads, mmq_core_smem[form] bytes of dynamic
 // shared memory
@@ -232,6 +378,11 @@ extern "C" __global__ void __launch_bounds__(NT, 2)
                 const int8_t* __restrict__ x, const float* __restrict__ da, float* __restrict__ out, int N, int K) {
     core<true>(w, u, dw, x, da, out, N, K);
 }
+extern "C" __global__ void __launch_bounds__(NT, 1)
+    mmq_core_v3(const int8_t* __restrict__ w, const uint8_t* __restrict__ u, const float* __restrict__ dw,
+                const int8_t* __restrict__ x, const float* __restrict__ da, float* __restrict__ out, int N, int K) {
+    core_wgmma(w, u, dw, x, da, out, N, K);
+}
 
-// {BM, BN, threads, v1's dynamic shared memory, v2's}
-extern "C" __device__ int mmq_core_geometry[5] = {BM, BN, NT, 2 * STAGE, 2 * STAGE + BN * HSTR};
+// {BM, BN, threads, v1's dynamic shared memory, v2's, v3's}
+extern "C" __device__ int mmq_core_geometry[6] = {BM, BN, NT, 2 * STAGE, 2 * STAGE + BN * HSTR, V3_STAGES * STAGE};

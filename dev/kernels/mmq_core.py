@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """MMQ's product core for a sub-scaled type, on int8 tensor cores (v1: production's IQ2_XS
-epilogue) and on fp16 tensor cores (v2: the sub-scaled integers summed by the mma), side by
-side: each checked byte for byte against the NumPy definition (strata_prefill.contract.mmq.mmq_prepared), then
-both timed on the same launches.
+epilogue), on fp16 tensor cores (v2: the sub-scaled integers summed by the mma) and on Hopper's
+asynchronous warpgroup instructions (v3: v1's arithmetic, products by wgmma; sm_90 only), side
+by side: each checked byte for byte against the NumPy definition
+(strata_prefill.contract.mmq.mmq_prepared), then all timed on the same launches.
 
     python3 -m dev.kernels.mmq_core [--rows 1024,8192] [--reps 7]
 
@@ -13,9 +14,11 @@ activations, activation codes -127..127.
 check: random shapes of whole tiles, and one of every code, sub-scale and activation at its
 largest (the widest integer sums), each element's bytes against the definition.
 timer: the strata gate/up shape (N = 1,280: gate and up, K = 2,560) at --rows activation rows;
-after one untimed launch each, --reps rounds with the two forms interleaved (the order
-alternating), CUDA events around each launch; medians in ms, TOP/s (2 x the multiply-adds of
-the int8 products), and the two forms' outputs compared byte for byte.
+after one untimed launch each, --reps rounds with the forms interleaved (the order reversed
+every other round), CUDA events around each launch; medians in ms, TOP/s (2 x the
+multiply-adds of the int8 products), and every form's output compared with v1's byte for byte.
+v3 runs where the device is sm_90 (the file is then built for sm_90a); elsewhere it is left
+out with a line saying so.
 
 Needs a CUDA GPU and PyCUDA (exit 2 with one line saying why where there is none). Exit 1 on
 any differing byte.
@@ -32,17 +35,20 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from bench.ab_harness import first_difference
-from dev.kernels.harness import cuda_or_exit, finish, progress, v1_v2_table
-from strata_prefill.fast.cuda import runtime
+from dev.kernels.harness import cuda_or_exit, finish, progress, versions_table
+from strata_prefill.fast.cuda import kernel_paths, runtime
 from strata_prefill.contract import mmq, q8_1
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 F32 = np.float32
 FILE = os.path.join(HERE, "mmq_core.cu")
-VERSIONS = ("v1", "v2")
+VERSIONS = ("v1", "v2", "v3")
+#: the versions on Hopper's own instructions: where they run the whole file is built for
+#: kernel_paths.WGMMA_TARGET
+WGMMA_VERSIONS = ("v3",)
 FORMAT = "PPPPPPii"  # w, u, dw, x, da, out, N, K (the kernels' C signature; tests/test_mmq_core.py)
-GEOMETRY = "mmq_core_geometry"  # {BM, BN, threads, v1's shared memory, v2's}
+GEOMETRY = "mmq_core_geometry"  # {BM, BN, threads, v1's shared memory, v2's, v3's}
 GRID_CODES = np.array([8, 25, 43])
 TIMER_N, TIMER_K = 1280, 2560
 
@@ -78,18 +84,34 @@ def definition(a: dict) -> np.ndarray:
     return mmq.mmq_prepared(pw, act)
 
 
+def build_target(arch: str) -> tuple[str, tuple[str, ...]]:
+    """(the target the file is built for on a device of ``arch``, the versions that run there):
+    sm_90a and every version on sm_90, the device's own architecture and all but
+    WGMMA_VERSIONS elsewhere."""
+    if kernel_paths.runs_on(kernel_paths.WGMMA_TARGET, arch):
+        return kernel_paths.WGMMA_TARGET, VERSIONS
+    return arch, tuple(v for v in VERSIONS if v not in WGMMA_VERSIONS)
+
+
 class Cores:
-    """The two forms, compiled once, with their launch geometry."""
+    """The forms that run on this device, compiled once, with their launch geometry."""
 
     def __init__(self, dev):
         import pycuda.driver as cuda  # noqa: PLC0415
 
         self.dev = dev
-        mod = runtime.load_file(FILE)
-        bm, bn, threads, smem1, smem2 = runtime.module_ints(mod, GEOMETRY, 5)
+        arch = runtime.device_arch()
+        target, self.versions = build_target(arch)
+        if self.versions != VERSIONS:
+            progress(f"mmq_core: {', '.join(v for v in VERSIONS if v not in self.versions)} left out: "
+                     f"{kernel_paths.WGMMA_TARGET} instructions, and this device is {arch}")
+        mod = runtime.load_file(FILE, target=None if target == arch else target)
+        bm, bn, threads, *smems = runtime.module_ints(mod, GEOMETRY, 3 + len(VERSIONS))
         self.tile, self.threads = (bm, bn), threads
         self.funcs = {}
-        for v, smem in zip(VERSIONS, (smem1, smem2)):
+        for v, smem in zip(VERSIONS, smems):
+            if v not in self.versions:
+                continue
             f = mod.get_function(f"mmq_core_{v}")
             f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
             f.prepare(FORMAT)
@@ -125,7 +147,7 @@ def check(cores: Cores, seed: int = 0) -> list[str]:
         a = inputs(np.random.default_rng(seed + i), N, K, R, widest)
         want = definition(a)
         d = cores.upload(a)
-        for v in VERSIONS:
+        for v in cores.versions:
             diff = first_difference(cores.dev.download(cores.run(v, d)), want)
             print(f"check {v} N={N} K={K} R={R}{' widest' if widest else ''}: "
                   f"{'same bytes' if diff is None else 'DIFFERS: ' + diff}")
@@ -139,19 +161,21 @@ def time_rows(cores: Cores, R: int, reps: int, seed: int = 1) -> tuple[dict, str
 
     progress(f"timer: R={R}: drawing the inputs ...")
     d = cores.upload(inputs(np.random.default_rng(seed), TIMER_N, TIMER_K, R))
-    outs = {v: cores.run(v, d) for v in VERSIONS}  # the warm-up
+    versions = cores.versions
+    outs = {v: cores.run(v, d) for v in versions}  # the warm-up
     cores.dev.synchronize()
-    times = {v: [] for v in VERSIONS}
+    times = {v: [] for v in versions}
     for r in range(reps):
-        for v in VERSIONS if r % 2 == 0 else VERSIONS[::-1]:
+        for v in versions if r % 2 == 0 else versions[::-1]:
             start, end = cuda.Event(), cuda.Event()
             start.record(cores.dev.stream)
             cores.run(v, d, outs[v])
             end.record(cores.dev.stream)
             end.synchronize()
             times[v].append(start.time_till(end))
-    diff = first_difference(cores.dev.download(outs["v2"]), cores.dev.download(outs["v1"]))
-    return {v: statistics.median(t) for v, t in times.items()}, diff
+    first = cores.dev.download(outs[versions[0]])
+    diffs = {v: first_difference(cores.dev.download(outs[v]), first) for v in versions[1:]}
+    return {v: statistics.median(t) for v, t in times.items()}, diffs
 
 
 def parse_args(argv=None):
@@ -172,7 +196,8 @@ def main(argv=None) -> int:
     cores = Cores(runtime.Device())
     bad = check(cores)
     ops = lambda R, ms: 2 * TIMER_N * TIMER_K * R / (ms * 1e-3) / 1e12  # noqa: E731
-    v1_v2_table("rows", args.rows, lambda R: time_rows(cores, R, args.reps), bad, rate=("TOP/s", ops))
+    versions_table("rows", args.rows, lambda R: time_rows(cores, R, args.reps), bad, cores.versions,
+                   rate=("TOP/s", ops))
     return finish(bad)
 
 

@@ -13,7 +13,7 @@ import re
 
 from . import generated
 
-__all__ = ["KERNEL_DIR", "NVCC_OPTIONS", "DEFAULT_ARCH", "ARCH_SPECIFIC", "arch_of", "target_arch", "kernel_source",
+__all__ = ["KERNEL_DIR", "NVCC_OPTIONS", "DEFAULT_ARCH", "WGMMA_TARGET", "ARCH_SPECIFIC", "runs_on", "arch_of", "target_arch", "kernel_source",
            "kernel_names"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
@@ -24,9 +24,19 @@ NVCC_OPTIONS = ("--fmad=false",)
 DEFAULT_ARCH = "sm_90"
 
 
-#: kernel files that use one architecture's own instructions, and the target they are built for
-#: (sm_90a: Hopper's wgmma); such a file builds and runs only on its base architecture (sm_90)
-ARCH_SPECIFIC = {"attention_wgmma": "sm_90a"}
+#: the target of a file with Hopper's own instructions (wgmma, setmaxnreg): built and run on
+#: sm_90 only
+WGMMA_TARGET = "sm_90a"
+
+#: kernel files that use one architecture's own instructions, and the target they are built for;
+#: such a file builds and runs only on its base architecture (:func:`runs_on`)
+ARCH_SPECIFIC = {"attention_wgmma": WGMMA_TARGET}
+
+
+def runs_on(target: str, arch: str) -> bool:
+    """Whether code built for ``target`` runs on a device of ``arch``: its own architecture, or
+    an architecture-specific target ("sm_90a") on its base ("sm_90")."""
+    return target == arch or (target.endswith("a") and target[:-1] == arch)
 
 
 def target_arch(name: str, arch: str) -> str | None:
@@ -35,7 +45,7 @@ def target_arch(name: str, arch: str) -> str | None:
     want = ARCH_SPECIFIC.get(name)
     if want is None:
         return arch
-    return want if want[:-1] == arch else None
+    return want if runs_on(want, arch) else None
 
 
 def arch_of(compute_capability) -> str:

@@ -245,25 +245,28 @@ def _compile_in_memory(label: str, src: str, defines: tuple, target: str | None 
             raise DeviceError(f"compiling {label} failed: {e}") from first
 
 
-def load_file(path: str, defines: dict | None = None):
+def load_file(path: str, defines: dict | None = None, target: str | None = None):
     """Compile the kernel file at ``path``, one outside fast/cuda/kernels (dev/kernels' numbered
     versions), with its project headers from KERNEL_DIR (:func:`kernel_source`) and ``defines``,
-    and return the pycuda module; cached per (path, defines). Always compiled in memory: the
-    kernel cache folder's manifest (fast/cuda/kernel_cache.py) lists production modules only,
-    which `build-kernels` and the gate build ahead. Says on stderr that it compiles."""
+    for ``target`` (None: the device's architecture; "sm_90a" for a file with Hopper's own
+    instructions), and return the pycuda module; cached per (path, defines, target). Always
+    compiled in memory: the kernel cache folder's manifest (fast/cuda/kernel_cache.py) lists
+    production modules only, which `build-kernels` and the gate build ahead. Says on stderr that
+    it compiles."""
     path = os.path.abspath(path)
     folder, base = os.path.split(path)
     if not base.endswith(".cu"):
         raise InputError(f"load_file: {path} is not a .cu file")
-    key = (path, tuple(sorted((defines or {}).items())))  # an absolute path: never a module name
+    # an absolute path: never a module name
+    key = (path, tuple(sorted((defines or {}).items())), target)
     with _lock:
         mod = _state["modules"].get(key)
         if mod is not None:
             return mod
         context()
         src = kernel_source(base[:-3], folder)
-        with _announce(base, dict(key[1]), arch(), "memory"):
-            mod = _state["modules"][key] = _compile_in_memory(base, src, key[1])
+        with _announce(base, dict(key[1]), target or arch(), "memory"):
+            mod = _state["modules"][key] = _compile_in_memory(base, src, key[1], target)
         return mod
 
 
