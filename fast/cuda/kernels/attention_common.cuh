@@ -111,6 +111,9 @@ __device__ __forceinline__ void put_v_transposed(int* svt, int idx, const unsign
 
 // ---- staging: cp.async into shared memory
 
+// bar.sync on named barrier id for THREADS threads (a pair of warps, the consumer warpgroups)
+template <int THREADS>
+__device__ __forceinline__ void named_barrier(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(THREADS) : "memory"); }
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // cp.async of `bytes` (4, 8 or 16); src_ok false: the bytes are zero-filled (nothing is read)

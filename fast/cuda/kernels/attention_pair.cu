@@ -63,7 +63,6 @@ __device__ __forceinline__ void ldsm_x4(unsigned addr, int& r0, int& r1, int& r2
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
-__device__ __forceinline__ void pair_barrier(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
 
 // The dynamic shared memory of attend_pair_hd<HD> (bytes), and its parts' offsets.
 template <int HD>
@@ -301,7 +300,7 @@ __device__ __forceinline__ void attend_pair_body(
                 xm_own[g] = mc0;
                 xm_own[g + 8] = mc1;
             }
-            pair_barrier(bar_id);
+            named_barrier<64>(bar_id);
             mc0 = fmaxf(mc0, xm_oth[g]);
             mc1 = fmaxf(mc1, xm_oth[g + 8]);
             const float mn0 = fmaxf(M0, mc0), mn1 = fmaxf(M1, mc1);
@@ -330,7 +329,7 @@ __device__ __forceinline__ void attend_pair_body(
                 xs_own[2 * (g + 8)] = ls1;
                 xs_own[2 * (g + 8) + 1] = amax1;
             }
-            pair_barrier(bar_id);
+            named_barrier<64>(bar_id);
             {
                 const float2 o0 = *reinterpret_cast<const float2*>(xs_oth + 2 * g);
                 const float2 o1 = *reinterpret_cast<const float2*>(xs_oth + 2 * (g + 8));
@@ -351,7 +350,7 @@ __device__ __forceinline__ void attend_pair_body(
             p_fragment(cb, 0, frag);
             const int4 mine = make_int4(frag[0], frag[1], frag[2], frag[3]);
             xp[(qg * 2 + hh) * 32 + lane] = mine;
-            pair_barrier(bar_id);
+            named_barrier<64>(bar_id);
             const int4 p0 = xp[(qg * 2) * 32 + lane], p1 = xp[(qg * 2 + 1) * 32 + lane];  // both, no selects
             pa[0][0] = p0.x; pa[0][1] = p0.y; pa[0][2] = p0.z; pa[0][3] = p0.w;
             pa[1][0] = p1.x; pa[1][1] = p1.y; pa[1][2] = p1.z; pa[1][3] = p1.w;

@@ -72,10 +72,6 @@ __device__ __forceinline__ void mbar_wait(unsigned a, int parity)
                  "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
                  "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(a), "r"(parity) : "memory");
 }
-__device__ __forceinline__ void named_barrier(int id, int threads)
-{
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 // The block's key held by shared K row n (and by scale slot n); see the header.
 __device__ __forceinline__ int wg_sigma(int n) { return 16 * (n >> 4) + 4 * ((n >> 1) & 3) + 2 * (n & 1) + ((n >> 3) & 1); }
@@ -295,7 +291,7 @@ __device__ __forceinline__ void attend_wgmma_body(
         }
     }
     fence_proxy_async();
-    named_barrier(1, WG_CONSUMERS);  // the Q tile is written, and visible to wgmma
+    named_barrier<WG_CONSUMERS>(1);  // the Q tile is written, and visible to wgmma
     const float dq0 = sqd[r0], dq1 = sqd[r1];
     const unsigned q_base = base + SM::Q_OFF + (unsigned)(wg * 8 * QK_SBO);  // the warpgroup's 64 rows
 
