@@ -1,7 +1,7 @@
-// MMQ's product core for a sub-scaled type, in three forms side by side: the int8 tensor cores
+// MMQ's product core for a sub-scaled type, in four forms side by side: the int8 tensor cores
 // with production's epilogue (v1, mmq.cu's IQ2_XS arithmetic), fp16 tensor cores that sum
 // the sub-scaled integers themselves (v2), and v1's arithmetic with its products on Hopper's
-// asynchronous warpgroup instructions (v3, wgmma; sm_90a only). dev/kernels/mmq_core.py checks both against the NumPy
+// asynchronous warpgroup instructions (v3 and v4, wgmma; sm_90a only). dev/kernels/mmq_core.py checks both against the NumPy
 // definition byte for byte and times them. The question (docs/performance.md, "MMQ's sub-scales
 // on half-precision tensor cores"): what the core gains when the epilogue falls from 6 FMA-pipe
 // instructions an output and block to 3, at the price of the operands' conversion to fp16.
@@ -231,13 +231,17 @@ __device__ __forceinline__ void core(const int8_t* __restrict__ w, const uint8_t
 //   16-value half's sum apart (S0, S1): two wgmma a block, one with the A fragment's second
 //   half zeroed, one with its first, into two accumulator sets; sums start from zero, and one
 //   integer add of MAGIC_I gives scaled_magic its bits (v1's mma adds MAGIC_I as its C).
-//   Block b + 1's two wgmma are issued before block b's epilogue and waited for after it (two
-//   buffers of accumulators), so the tensor cores work under the float steps.
+//   DBUF (v3): block b + 1's two wgmma are issued before block b's epilogue and waited for
+//   after it (two buffers of accumulators, 1 CTA an SM), so the tensor cores work under the
+//   float steps. Without (v4): one buffer, each block's wgmma waited for before its epilogue,
+//   2 CTAs an SM: the other warps' epilogues are what runs under a warpgroup's products, as
+//   under v1's mma.
 //   The activation chunk is staged in the core-matrix layout wgmma reads (cm_off: 8-row groups
 //   of eight 16-byte pieces), a ring of V3_STAGES chunks, one CTA barrier a chunk.
 #define V3_STAGES 3
 #define V3_SBO (8 * 128)  // bytes between 8-row groups of the staged activation chunk
 
+template <bool DBUF>
 __device__ __forceinline__ void core_wgmma(const int8_t* __restrict__ w, const uint8_t* __restrict__ u,
                                            const float* __restrict__ dw, const int8_t* __restrict__ x,
                                            const float* __restrict__ da, float* __restrict__ out, int N, int K) {
@@ -274,7 +278,7 @@ __device__ __forceinline__ void core_wgmma(const int8_t* __restrict__ w, const u
     for (int s = 0; s < 8; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
     const int rA = wi * 16 + g, rB = rA + 8;
     const uint32_t a_off = (uint32_t)((wi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * STR + (lane >> 4) * 16);
-    int d[2][2][8][4];  // [buffer][half][n8 tile][element]
+    int d[DBUF ? 2 : 1][2][8][4];  // [buffer][half][n8 tile][element]
 
     // block b's two wgmma (halves 0 and 1) into dd, one group
     auto products = [&](int b, int (&dd)[2][8][4]) {
@@ -324,7 +328,7 @@ __device__ __forceinline__ void core_wgmma(const int8_t* __restrict__ w, const u
     // barrier where it starts one), block b's epilogue while those run, then wait for them. No
     // wgmma is in flight across a step: its registers are never copied while it writes them
     // (ptxas would serialize the wgmma otherwise).
-    auto step = [&](int b, int (&mine)[2][8][4], int (&other)[2][8][4]) {
+    auto step = [&](int b, int (&mine)[2][8][4], int (&other)[2][8][4]) {  // DBUF
         if (b + 1 < nb) {
             if (((b + 1) & 3) == 0) {  // chunk (b + 1) / 4 must have landed; the one after it is staged
                 asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -344,13 +348,29 @@ __device__ __forceinline__ void core_wgmma(const int8_t* __restrict__ w, const u
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     fence_proxy_async();
     __syncthreads();
-    products(0, d[0]);
-    wgmma_wait<0>();
-    pin(d[0]);
+    if constexpr (DBUF) {
+        products(0, d[0]);
+        wgmma_wait<0>();
+        pin(d[0]);
 #pragma unroll 1
-    for (int b = 0; b < nb; b += 2) {  // nb is even (K a multiple of 128): the buffers alternate
-        step(b, d[0], d[1]);
-        step(b + 1, d[1], d[0]);
+        for (int b = 0; b < nb; b += 2) {  // nb is even (K a multiple of 128): the buffers alternate
+            step(b, d[0], d[1]);
+            step(b + 1, d[DBUF ? 1 : 0], d[0]);
+        }
+    } else {
+#pragma unroll 1
+        for (int b = 0; b < nb; ++b) {
+            if (b > 0 && (b & 3) == 0) {  // chunk b / 4 must have landed; the one after it is staged
+                asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+                fence_proxy_async();
+                __syncthreads();
+                issue(b / 4 + 1);
+            }
+            products(b, d[0]);
+            wgmma_wait<0>();
+            pin(d[0]);
+            epilogue(b, d[0]);
+        }
     }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
@@ -361,7 +381,7 @@ __device__ __forceinline__ void core_wgmma(const int8_t* __restrict__ w, const u
         out[(long long)(c + 1) * N + n0 + rB] = acc[s][3];
     }
 #else
-    __trap();  // v3 is built for sm_90a only (dev/kernels/mmq_core.py loads this file so where it runs)
+    __trap();  // v3 and v4 are built for sm_90a only (dev/kernels/mmq_core.py loads this file so where it runs)
 #endif
 }
 
@@ -381,8 +401,14 @@ extern "C" __global__ void __launch_bounds__(NT, 2)
 extern "C" __global__ void __launch_bounds__(NT, 1)
     mmq_core_v3(const int8_t* __restrict__ w, const uint8_t* __restrict__ u, const float* __restrict__ dw,
                 const int8_t* __restrict__ x, const float* __restrict__ da, float* __restrict__ out, int N, int K) {
-    core_wgmma(w, u, dw, x, da, out, N, K);
+    core_wgmma<true>(w, u, dw, x, da, out, N, K);
+}
+extern "C" __global__ void __launch_bounds__(NT, 2)
+    mmq_core_v4(const int8_t* __restrict__ w, const uint8_t* __restrict__ u, const float* __restrict__ dw,
+                const int8_t* __restrict__ x, const float* __restrict__ da, float* __restrict__ out, int N, int K) {
+    core_wgmma<false>(w, u, dw, x, da, out, N, K);
 }
 
-// {BM, BN, threads, v1's dynamic shared memory, v2's, v3's}
-extern "C" __device__ int mmq_core_geometry[6] = {BM, BN, NT, 2 * STAGE, 2 * STAGE + BN * HSTR, V3_STAGES * STAGE};
+// {BM, BN, threads, v1's dynamic shared memory, v2's, v3's, v4's}
+extern "C" __device__ int mmq_core_geometry[7] = {BM, BN, NT, 2 * STAGE, 2 * STAGE + BN * HSTR, V3_STAGES * STAGE,
+                                                  V3_STAGES * STAGE};

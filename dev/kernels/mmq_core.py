@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """MMQ's product core for a sub-scaled type, on int8 tensor cores (v1: production's IQ2_XS
 epilogue), on fp16 tensor cores (v2: the sub-scaled integers summed by the mma) and on Hopper's
-asynchronous warpgroup instructions (v3: v1's arithmetic, products by wgmma; sm_90 only), side
+asynchronous warpgroup instructions (v3, v4: v1's arithmetic, products by wgmma, with two
+accumulator buffers at 1 CTA an SM or one at 2; sm_90 only), side
 by side: each checked byte for byte against the NumPy definition
 (strata_prefill.contract.mmq.mmq_prepared), then all timed on the same launches.
 
@@ -17,8 +18,8 @@ timer: the strata gate/up shape (N = 1,280: gate and up, K = 2,560) at --rows ac
 after one untimed launch each, --reps rounds with the forms interleaved (the order reversed
 every other round), CUDA events around each launch; medians in ms, TOP/s (2 x the
 multiply-adds of the int8 products), and every form's output compared with v1's byte for byte.
-v3 runs where the device is sm_90 (the file is then built for sm_90a); elsewhere it is left
-out with a line saying so.
+v3 and v4 run where the device is sm_90 (the file is then built for sm_90a); elsewhere they are
+left out with a line saying so.
 
 Needs a CUDA GPU and PyCUDA (exit 2 with one line saying why where there is none). Exit 1 on
 any differing byte.
@@ -43,12 +44,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 F32 = np.float32
 FILE = os.path.join(HERE, "mmq_core.cu")
-VERSIONS = ("v1", "v2", "v3")
+VERSIONS = ("v1", "v2", "v3", "v4")
 #: the versions on Hopper's own instructions: where they run the whole file is built for
 #: kernel_paths.WGMMA_TARGET
-WGMMA_VERSIONS = ("v3",)
+WGMMA_VERSIONS = ("v3", "v4")
 FORMAT = "PPPPPPii"  # w, u, dw, x, da, out, N, K (the kernels' C signature; tests/test_mmq_core.py)
-GEOMETRY = "mmq_core_geometry"  # {BM, BN, threads, v1's shared memory, v2's, v3's}
+GEOMETRY = "mmq_core_geometry"  # {BM, BN, threads, each version's shared memory}
 GRID_CODES = np.array([8, 25, 43])
 TIMER_N, TIMER_K = 1280, 2560
 
