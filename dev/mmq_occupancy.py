@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""How many CTAs of each MMQ type's kernel an SM holds under a tile configuration, against the
+CTAs the configuration asks for (its MMQ_MINB), read from the built cubins: no GPU.
+
+    python3 -m dev.mmq_occupancy [--config big|mid|small|JSON] [--arch sm_90] [--cache DIR] [--jobs N]
+
+The configurations are fast/cuda/products.py's AUTO_CONFIGS (small, mid and big, in that order)
+with STRATA_MMQ_DEFINES, or a JSON object of mmq.cu defines. Each type's module is built as the
+fast path builds it (fast/cuda/kernel_cache.py: the cubins come from the kernel cache folder and
+are compiled with nvcc where it lacks them). From each cubin's ELF:
+
+- the registers a thread (the .nv.info REGCOUNT attribute);
+- the stack frame (a frame above 0 holds spills or local arrays);
+- the shared memory a CTA: the dynamic bytes the kernel exports (`<kernel>_smem`, mmq.cu's
+  Geo<QT>::SMEM) plus the kernel's .nv.shared section (its static arrays and the bytes the
+  architecture reserves a CTA).
+
+The CTAs an SM each allows follow from the architecture's limits (SM_LIMITS). A row whose
+CTAs are fewer than MMQ_MINB says "short": the occupancy the configuration was chosen for is
+not had, which changes speed, never a bit. docs/results/2026-12-06-mmq-wgmma-core.md is what
+made this a tool: Q4_K's big tiles ran one CTA an SM on an H100 for their shared memory.
+Exit 0; 1 when a row is short (so a script can tell); 2 for bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import struct
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from strata_prefill.contract import qformats
+from strata_prefill.fast.cuda import kernel_cache, products
+from strata_prefill.fast.cuda.kernel_paths import DEFAULT_ARCH, NVCC_OPTIONS, kernel_source
+
+#: per architecture (CUDA's documented limits): registers an SM, the register allocation unit a
+#: warp (registers), threads an SM, CTAs an SM, shared memory an SM (bytes, the per-CTA
+#: reservation included: a CTA's .nv.shared section counts it)
+SM_LIMITS = {
+    "sm_90": {"regs": 65536, "reg_unit": 256, "threads": 2048, "ctas": 32, "smem": 233472},
+}
+#: the names AUTO_CONFIGS' entries go by here, in its order
+CONFIG_NAMES = ("small", "mid", "big")
+_REGCOUNT = 0x2F  # .nv.info attribute: a function's registers (symbol index, count)
+_FRAME_SIZE = 0x11  # .nv.info attribute: a function's stack frame (symbol index, bytes)
+
+
+@dataclass(frozen=True)
+class KernelUse:
+    """What one kernel of a cubin asks of an SM."""
+    name: str
+    registers: int
+    frame: int  # stack frame bytes
+    dynamic_smem: int  # the kernel's exported <name>_smem
+    static_smem: int  # its .nv.shared section (static arrays and the per-CTA reservation)
+
+
+def _sections(blob: bytes) -> dict:
+    shoff = struct.unpack_from("<Q", blob, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", blob, shoff + i * shentsize) for i in range(shnum)]
+    names = heads[shstrndx][4]
+
+    def cstr(at: int) -> str:
+        return blob[at:blob.index(b"\0", at)].decode()
+
+    return {cstr(names + h[0]): (i, h[4], h[5], h[6]) for i, h in enumerate(heads)}  # index, offset, size, link
+
+
+def _symbols(blob: bytes, secs: dict) -> list[tuple[str, int, int]]:
+    """(name, section index, value) of each .symtab entry."""
+    _, off, size, link = secs[".symtab"]
+    strtab = next(o for i, o, _s, _l in secs.values() if i == link)
+    out = []
+    for k in range(size // 24):
+        name, _info, _other, shndx, value, _size = struct.unpack_from("<IBBHQQ", blob, off + 24 * k)
+        out.append((blob[strtab + name:blob.index(b"\0", strtab + name)].decode(), shndx, value))
+    return out
+
+
+def _info_values(blob: bytes, secs: dict, attr: int) -> dict[int, int]:
+    """{symbol index: value} of the .nv.info entries of one (symbol, u32) attribute."""
+    _, off, size, _link = secs[".nv.info"]
+    data, i, out = blob[off:off + size], 0, {}
+    while i + 4 <= len(data):
+        fmt, a = data[i], data[i + 1]
+        if fmt == 4:  # a sized value
+            n = struct.unpack_from("<H", data, i + 2)[0]
+            if a == attr and n == 8:
+                sym, val = struct.unpack_from("<II", data, i + 4)
+                out[sym] = val
+            i += 4 + n
+        else:
+            i += 4
+    return out
+
+
+def kernel_use(cubin: str, kernel: str) -> KernelUse:
+    """Registers, stack frame and shared memory of ``kernel`` in the cubin at ``cubin``, which
+    exports its dynamic shared memory as the int ``<kernel>_smem`` (mmq.cu's convention)."""
+    with open(cubin, "rb") as f:
+        blob = f.read()
+    secs = _sections(blob)
+    syms = _symbols(blob, secs)
+    index = {name: k for k, (name, _s, _v) in enumerate(syms)}
+    if kernel not in index or f"{kernel}_smem" not in index:
+        raise KeyError(f"{cubin}: no kernel {kernel} with a {kernel}_smem global")
+    _, shndx, value = syms[index[f"{kernel}_smem"]]
+    data_off = next(o for i, o, _s, _l in secs.values() if i == shndx)
+    dynamic = struct.unpack_from("<i", blob, data_off + value)[0]
+    static = secs.get(f".nv.shared.{kernel}", (0, 0, 0, 0))[2]
+    k = index[kernel]
+    return KernelUse(kernel, _info_values(blob, secs, _REGCOUNT).get(k, 0),
+                     _info_values(blob, secs, _FRAME_SIZE).get(k, 0), dynamic, static)
+
+
+def ctas_an_sm(use: KernelUse, threads: int, arch: str = DEFAULT_ARCH) -> dict[str, int]:
+    """The CTAs of ``threads`` threads an SM of ``arch`` holds, by each limit and in all."""
+    lim = SM_LIMITS[arch]
+    warps = math.ceil(threads / 32)
+    per_warp = math.ceil(use.registers * 32 / lim["reg_unit"]) * lim["reg_unit"]
+    by = {
+        "registers": (lim["regs"] // (per_warp * warps)) if per_warp else lim["ctas"],
+        "shared memory": lim["smem"] // (use.dynamic_smem + use.static_smem),
+        "threads": lim["threads"] // threads,
+    }
+    by["all"] = min(lim["ctas"], *by.values())
+    return by
+
+
+def parse_config(text: str) -> tuple[str, dict]:
+    """(a name, the tile configuration's defines) from a CONFIG_NAMES name or a JSON object."""
+    if text in CONFIG_NAMES:
+        return text, products._with_extra(products.AUTO_CONFIGS[CONFIG_NAMES.index(text)][1])
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError:
+        cfg = None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--config: {', '.join(CONFIG_NAMES)} or a JSON object of mmq.cu defines, got {text!r}")
+    return text, cfg
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="big", help=f"{', '.join(CONFIG_NAMES)} (AUTO_CONFIGS) or JSON (default big)")
+    p.add_argument("--arch", default=DEFAULT_ARCH, choices=sorted(SM_LIMITS))
+    p.add_argument("--cache", help="kernel cache folder (default: fast/cuda/kernel_cache.py's)")
+    p.add_argument("--jobs", type=int, default=None, help="parallel nvcc builds (default: the CPUs)")
+    args = p.parse_args(argv)
+    try:
+        name, cfg = parse_config(args.config)
+    except ValueError as e:
+        p.error(str(e))
+    folder = args.cache or kernel_cache.cache_dir()
+    if folder is None:
+        p.error("the kernel cache is off: name a folder with --cache")
+    geo = {"BM": 16 * int(cfg.get("MMQ_WM", 8)), "WN": int(cfg.get("MMQ_WN", 2))}
+    threads = 32 * int(cfg.get("MMQ_WM", 8)) * geo["WN"]
+    asked = int(cfg.get("MMQ_MINB", 1))
+    fmts = list(qformats.with_mmq_kernel())
+    source = kernel_source("mmq")
+
+    def one(fmt):
+        defines = products._type_defines(cfg, fmt)
+        path = kernel_cache.build(folder, "mmq", source, defines, args.arch, NVCC_OPTIONS)
+        return fmt, kernel_use(path, fmt.mmq_kernel)
+
+    print(f"MMQ under {name} ({kernel_cache.define_text(cfg)}), {threads} threads a CTA, {asked} CTAs an SM "
+          f"asked, {args.arch}; cubins in {folder}", flush=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(one, fmts))
+    print(f"{'type':<8} {'registers':>9} {'frame':>6} {'shared a CTA':>13} {'by regs':>8} {'by smem':>8} "
+          f"{'CTAs':>5}  vs {asked} asked")
+    short = 0
+    for fmt, use in rows:
+        by = ctas_an_sm(use, threads, args.arch)
+        mark = "short" if by["all"] < asked else "ok"
+        short += by["all"] < asked
+        print(f"{fmt.qtype.name:<8} {use.registers:>9} {use.frame:>6} {use.dynamic_smem + use.static_smem:>13,} "
+              f"{by['registers']:>8} {by['shared memory']:>8} {by['all']:>5}  {mark}")
+    print(f"{short} of {len(rows)} types short of {asked} CTAs an SM")
+    return 1 if short else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
