@@ -1,6 +1,6 @@
 """What every script of dev/kernels shares: the one-line exit where no CUDA GPU is and progress
-lines on stderr, the versions' timer table, the exit status after the mismatches. The report of the first differing byte is bench/ab_harness.py's
-first_difference, the A/B scripts' own."""
+lines on stderr, the versions' timer table, the exit status after the mismatches. The report of
+the first differing byte is bench/ab_harness.py's first_difference, the A/B scripts' own."""
 from __future__ import annotations
 
 import sys

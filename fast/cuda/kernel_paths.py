@@ -13,8 +13,8 @@ import re
 
 from . import generated
 
-__all__ = ["KERNEL_DIR", "NVCC_OPTIONS", "DEFAULT_ARCH", "WGMMA_TARGET", "ARCH_SPECIFIC", "runs_on", "arch_of", "target_arch", "kernel_source",
-           "kernel_names"]
+__all__ = ["KERNEL_DIR", "NVCC_OPTIONS", "DEFAULT_ARCH", "WGMMA_TARGET", "ARCH_SPECIFIC", "runs_on", "arch_of",
+           "target_arch", "kernel_source", "kernel_names"]
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 #: docs/numerics.md: no contraction, IEEE division and square root, never fast-math
