@@ -17,7 +17,7 @@ reorderings the kernel relies on:
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
+from lsum_draws import block_p, block_p_over_magnitudes, generators
 
 from strata_prefill.fast.cuda.attention import v_blocks_host
 from strata_prefill.contract.numerics import tree_sum
@@ -64,22 +64,18 @@ def pair_lsum(p: np.ndarray) -> np.float32:
     return F32(halves[0] + halves[1])
 
 
-_p = arrays(np.float32, 64, elements=st.floats(0.0, 1.0, width=32, allow_subnormal=True))
-_wide = st.integers(0, 2**32 - 1).map(lambda s: np.random.default_rng(s))
 
 
 @settings(max_examples=300, deadline=None)
-@given(_p)
+@given(block_p)
 def test_lsum_halves_give_tree_sum_bits(p):
     assert pair_lsum(p).tobytes() == tree_sum(p).tobytes()
 
 
 @settings(max_examples=100, deadline=None)
-@given(_wide)
+@given(generators)
 def test_lsum_halves_give_tree_sum_bits_over_magnitudes(rng):
-    # p = exp(s - m) spans many binades within a block; ties and tiny values included
-    p = (rng.random(64) * np.exp2(rng.integers(-126, 1, 64).astype(np.float64))).astype(F32)
-    p[rng.integers(0, 64, 8)] = 0.0
+    p = block_p_over_magnitudes(rng)
     assert pair_lsum(p).tobytes() == tree_sum(p).tobytes()
 
 
@@ -122,7 +118,7 @@ def mma_k32(a_frag: dict, b_frag: dict) -> np.ndarray:
 
 
 @settings(max_examples=40, deadline=None)
-@given(_wide, st.sampled_from([64, 128]))
+@given(generators, st.sampled_from([64, 128]))
 def test_fragments_give_the_plain_dots(rng, hd):
     P = rng.integers(-127, 128, (16, 64)).astype(np.int8)   # P codes of 16 queries x 64 keys
     Q = rng.integers(-127, 128, (16, hd)).astype(np.int8)   # Q codes
@@ -182,7 +178,7 @@ def p_frag(P: np.ndarray, ks: int) -> dict:
 
 
 @settings(max_examples=40, deadline=None)
-@given(_wide, st.sampled_from([64, 128]), st.integers(1, 3))
+@given(generators, st.sampled_from([64, 128]), st.integers(1, 3))
 def test_transposed_v_blocks_give_the_plain_dots(rng, hd, n_blocks):
     """PAIR_VT: block c of v_blocks_host(v_codes), staged as hd rows of 64 bytes, read by
     ldmatrix .x4 (lane L: row 16 G + 8 ((L >> 4) & 1) + (L & 7), byte 32 ks + 16 ((L >> 3) & 1)),

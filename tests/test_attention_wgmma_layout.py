@@ -16,7 +16,7 @@ attention rows run the kernel itself. It covers what the kernel relies on:
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra.numpy import arrays
+from lsum_draws import block_p, block_p_over_magnitudes, generators
 
 from strata_prefill.contract.numerics import tree_sum
 from strata_prefill.fast.cuda.attention import v_blocks_host
@@ -83,26 +83,23 @@ def wgmma_lsum(p: np.ndarray) -> np.float32:
     return F32(ls[0])
 
 
-_p = arrays(np.float32, 64, elements=st.floats(0.0, 1.0, width=32, allow_subnormal=True))
-_wide = st.integers(0, 2**32 - 1).map(lambda s: np.random.default_rng(s))
 
 
 @settings(max_examples=300, deadline=None)
-@given(_p)
+@given(block_p)
 def test_lsum_gives_tree_sum_bits(p):
     assert wgmma_lsum(p).tobytes() == tree_sum(p).tobytes()
 
 
 @settings(max_examples=100, deadline=None)
-@given(_wide)
+@given(generators)
 def test_lsum_gives_tree_sum_bits_over_magnitudes(rng):
-    p = (rng.random(64) * np.exp2(rng.integers(-126, 1, 64).astype(np.float64))).astype(F32)
-    p[rng.integers(0, 64, 8)] = 0.0
+    p = block_p_over_magnitudes(rng)
     assert wgmma_lsum(p).tobytes() == tree_sum(p).tobytes()
 
 
 @settings(max_examples=25, deadline=None)
-@given(_wide, st.sampled_from([64, 128]))
+@given(generators, st.sampled_from([64, 128]))
 def test_scores_from_the_core_matrix_layout(rng, hd):
     """Q.K: A = 64 Q rows, B = the block's K rows staged at row n = key sigma(n), both float16
     codes; k-step ks starts 256 ks bytes in (two chunks of 8 codes). Column n is key sigma(n)."""
@@ -150,7 +147,7 @@ def a_matrix(frags_by_warp: list) -> np.ndarray:
 
 
 @settings(max_examples=25, deadline=None)
-@given(_wide, st.sampled_from([64, 128]))
+@given(generators, st.sampled_from([64, 128]))
 def test_pv_from_the_transposed_blocks(rng, hd):
     """P.V: A = the P codes from registers, B = block 0 of v_blocks_host (hd rows of 64 key
     bytes) staged in the core-matrix layout, k-step ks at byte 256 ks; column n is dim
