@@ -9,7 +9,7 @@ with STRATA_MMQ_DEFINES, or a JSON object of mmq.cu defines. Each type's module 
 fast path builds it (fast/cuda/kernel_cache.py: the cubins come from the kernel cache folder and
 are compiled with nvcc where it lacks them). From each cubin's ELF:
 
-- the registers a thread (the .nv.info REGCOUNT attribute);
+- the threads a CTA (its __launch_bounds__) and the registers a thread (.nv.info attributes);
 - the stack frame (a frame above 0 holds spills or local arrays);
 - the shared memory a CTA: the dynamic bytes the kernel exports (`<kernel>_smem`, mmq.cu's
   Geo<QT>::SMEM) plus the kernel's .nv.shared section (its static arrays and the bytes the
@@ -43,14 +43,16 @@ SM_LIMITS = {
 }
 #: the names AUTO_CONFIGS' entries go by here, in its order
 CONFIG_NAMES = ("small", "mid", "big")
-_REGCOUNT = 0x2F  # .nv.info attribute: a function's registers (symbol index, count)
-_FRAME_SIZE = 0x11  # .nv.info attribute: a function's stack frame (symbol index, bytes)
+# .nv.info attributes: in .nv.info, a function's registers and its stack frame (bytes), each
+# (symbol index, value); in .nv.info.<function>, its __launch_bounds__ threads (x, y, z)
+_REGCOUNT, _FRAME_SIZE, _MAX_THREADS = 0x2F, 0x11, 0x05
 
 
 @dataclass(frozen=True)
 class KernelUse:
     """What one kernel of a cubin asks of an SM."""
     name: str
+    threads: int  # a CTA's, from its __launch_bounds__
     registers: int
     frame: int  # stack frame bytes
     dynamic_smem: int  # the kernel's exported <name>_smem
@@ -80,17 +82,15 @@ def _symbols(blob: bytes, secs: dict) -> list[tuple[str, int, int]]:
     return out
 
 
-def _info_values(blob: bytes, secs: dict, attr: int) -> dict[int, int]:
-    """{symbol index: value} of the .nv.info entries of one (symbol, u32) attribute."""
-    _, off, size, _link = secs[".nv.info"]
-    data, i, out = blob[off:off + size], 0, {}
+def _info(blob: bytes, secs: dict, section: str) -> list[tuple[int, bytes]]:
+    """(attribute, value bytes) of each sized entry of an .nv.info section."""
+    _, off, size, _link = secs[section]
+    data, i, out = blob[off:off + size], 0, []
     while i + 4 <= len(data):
-        fmt, a = data[i], data[i + 1]
-        if fmt == 4:  # a sized value
+        fmt, attr = data[i], data[i + 1]
+        if fmt == 4:  # a sized value; the other formats hold theirs in these 4 bytes
             n = struct.unpack_from("<H", data, i + 2)[0]
-            if a == attr and n == 8:
-                sym, val = struct.unpack_from("<II", data, i + 4)
-                out[sym] = val
+            out.append((attr, data[i + 4:i + 4 + n]))
             i += 4 + n
         else:
             i += 4
@@ -111,14 +111,20 @@ def kernel_use(cubin: str, kernel: str) -> KernelUse:
     data_off = next(o for i, o, _s, _l in secs.values() if i == shndx)
     dynamic = struct.unpack_from("<i", blob, data_off + value)[0]
     static = secs.get(f".nv.shared.{kernel}", (0, 0, 0, 0))[2]
+    per_symbol = {(a, sym): val for a, v in _info(blob, secs, ".nv.info") if len(v) == 8
+                  for sym, val in [struct.unpack("<II", v)]}
+    bounds = [v for a, v in _info(blob, secs, f".nv.info.{kernel}") if a == _MAX_THREADS and len(v) == 12]
+    if not bounds:
+        raise KeyError(f"{cubin}: kernel {kernel} has no __launch_bounds__ threads")
+    x, y, z = struct.unpack("<III", bounds[0])
     k = index[kernel]
-    return KernelUse(kernel, _info_values(blob, secs, _REGCOUNT).get(k, 0),
-                     _info_values(blob, secs, _FRAME_SIZE).get(k, 0), dynamic, static)
+    return KernelUse(kernel, x * y * z, per_symbol.get((_REGCOUNT, k), 0), per_symbol.get((_FRAME_SIZE, k), 0),
+                     dynamic, static)
 
 
-def ctas_an_sm(use: KernelUse, threads: int, arch: str = DEFAULT_ARCH) -> dict[str, int]:
-    """The CTAs of ``threads`` threads an SM of ``arch`` holds, by each limit and in all."""
-    lim = SM_LIMITS[arch]
+def ctas_an_sm(use: KernelUse, arch: str = DEFAULT_ARCH) -> dict[str, int]:
+    """The CTAs of the kernel an SM of ``arch`` holds, by each limit and in all."""
+    lim, threads = SM_LIMITS[arch], use.threads
     warps = math.ceil(threads / 32)
     per_warp = math.ceil(use.registers * 32 / lim["reg_unit"]) * lim["reg_unit"]
     by = {
@@ -138,8 +144,9 @@ def parse_config(text: str) -> tuple[str, dict]:
         cfg = json.loads(text)
     except json.JSONDecodeError:
         cfg = None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"--config: {', '.join(CONFIG_NAMES)} or a JSON object of mmq.cu defines, got {text!r}")
+    if not isinstance(cfg, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in cfg.values()):
+        raise ValueError(f"--config: {', '.join(CONFIG_NAMES)} or a JSON object of mmq.cu defines (integers), "
+                         f"got {text!r}")
     return text, cfg
 
 
@@ -151,6 +158,8 @@ def main(argv=None) -> int:
     p.add_argument("--cache", help="kernel cache folder (default: fast/cuda/kernel_cache.py's)")
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc builds (default: the CPUs)")
     args = p.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        p.error(f"--jobs must be at least 1, got {args.jobs}")
     try:
         name, cfg = parse_config(args.config)
     except ValueError as e:
@@ -158,8 +167,6 @@ def main(argv=None) -> int:
     folder = args.cache or kernel_cache.cache_dir()
     if folder is None:
         p.error("the kernel cache is off: name a folder with --cache")
-    geo = {"BM": 16 * int(cfg.get("MMQ_WM", 8)), "WN": int(cfg.get("MMQ_WN", 2))}
-    threads = 32 * int(cfg.get("MMQ_WM", 8)) * geo["WN"]
     asked = int(cfg.get("MMQ_MINB", 1))
     fmts = list(qformats.with_mmq_kernel())
     source = kernel_source("mmq")
@@ -169,19 +176,20 @@ def main(argv=None) -> int:
         path = kernel_cache.build(folder, "mmq", source, defines, args.arch, NVCC_OPTIONS)
         return fmt, kernel_use(path, fmt.mmq_kernel)
 
-    print(f"MMQ under {name} ({kernel_cache.define_text(cfg)}), {threads} threads a CTA, {asked} CTAs an SM "
-          f"asked, {args.arch}; cubins in {folder}", flush=True)
+    print(f"MMQ under {name} ({kernel_cache.define_text(cfg)}), {asked} CTAs an SM asked, {args.arch}; "
+          f"cubins in {folder}", flush=True)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(one, fmts))
-    print(f"{'type':<8} {'registers':>9} {'frame':>6} {'shared a CTA':>13} {'by regs':>8} {'by smem':>8} "
-          f"{'CTAs':>5}  vs {asked} asked")
+    print(f"{'type':<8} {'threads':>7} {'registers':>9} {'frame':>6} {'shared a CTA':>13} {'by regs':>8} "
+          f"{'by smem':>8} {'CTAs':>5}  vs {asked} asked")
     short = 0
     for fmt, use in rows:
-        by = ctas_an_sm(use, threads, args.arch)
+        by = ctas_an_sm(use, args.arch)
         mark = "short" if by["all"] < asked else "ok"
         short += by["all"] < asked
-        print(f"{fmt.qtype.name:<8} {use.registers:>9} {use.frame:>6} {use.dynamic_smem + use.static_smem:>13,} "
-              f"{by['registers']:>8} {by['shared memory']:>8} {by['all']:>5}  {mark}")
+        print(f"{fmt.qtype.name:<8} {use.threads:>7} {use.registers:>9} {use.frame:>6} "
+              f"{use.dynamic_smem + use.static_smem:>13,} {by['registers']:>8} {by['shared memory']:>8} "
+              f"{by['all']:>5}  {mark}")
     print(f"{short} of {len(rows)} types short of {asked} CTAs an SM")
     return 1 if short else 0
 

@@ -14,20 +14,20 @@ from strata_prefill.fast.cuda import products, runtime
 def test_a_q4_k_big_tile_is_one_cta_an_sm_for_its_shared_memory():
     """The figures an H100 showed (docs/results/2026-12-06-mmq-wgmma-core.md): 128 registers
     allow two CTAs of 256 threads, 123,904 + 1,424 bytes of shared memory one."""
-    use = occ.KernelUse("mmq_q4_k", registers=128, frame=0, dynamic_smem=123904, static_smem=1424)
-    by = occ.ctas_an_sm(use, 256, "sm_90")
+    use = occ.KernelUse("mmq_q4_k", threads=256, registers=128, frame=0, dynamic_smem=123904, static_smem=1424)
+    by = occ.ctas_an_sm(use, "sm_90")
     assert by == {"registers": 2, "shared memory": 1, "threads": 8, "all": 1}
-    fits = occ.KernelUse("mmq_q8_0", registers=128, frame=0, dynamic_smem=113664, static_smem=1424)
-    assert occ.ctas_an_sm(fits, 256, "sm_90")["all"] == 2
+    fits = occ.KernelUse("mmq_q8_0", threads=256, registers=128, frame=0, dynamic_smem=113664, static_smem=1424)
+    assert occ.ctas_an_sm(fits, "sm_90")["all"] == 2
 
 
 def test_registers_are_allocated_a_warp_in_units():
     """168 registers a thread: 5,376 a warp (a multiple of 256), 3 CTAs of 4 warps in 65,536."""
-    use = occ.KernelUse("k", registers=168, frame=0, dynamic_smem=0, static_smem=1024)
-    by = occ.ctas_an_sm(use, 128, "sm_90")
+    use = occ.KernelUse("k", threads=128, registers=168, frame=0, dynamic_smem=0, static_smem=1024)
+    by = occ.ctas_an_sm(use, "sm_90")
     assert by["registers"] == 3 and by["threads"] == 16 and by["all"] == 3
-    few = occ.KernelUse("k", registers=16, frame=0, dynamic_smem=0, static_smem=1024)
-    assert occ.ctas_an_sm(few, 32, "sm_90")["all"] == 32  # the CTA limit, not the others
+    few = occ.KernelUse("k", threads=32, registers=16, frame=0, dynamic_smem=0, static_smem=1024)
+    assert occ.ctas_an_sm(few, "sm_90")["all"] == 32  # the CTA limit, not the others
 
 
 def test_config_names_are_auto_configs_in_order():
@@ -35,7 +35,7 @@ def test_config_names_are_auto_configs_in_order():
         assert occ.parse_config(name) == (name, products._with_extra(products.AUTO_CONFIGS[i][1]))
     assert len(occ.CONFIG_NAMES) == len(products.AUTO_CONFIGS)
     assert occ.parse_config('{"MMQ_BN": 96}')[1] == {"MMQ_BN": 96}
-    for bad in ("huge", "[1]", "{"):
+    for bad in ("huge", "[1]", "{", '{"MMQ_BN": "96"}', '{"MMQ_BN": true}'):
         with pytest.raises(ValueError, match="--config"):
             occ.parse_config(bad)
 
@@ -56,7 +56,7 @@ def test_what_it_reads_from_a_cubin_is_what_the_source_declares(tmp_path):
                         str(src), "-o", str(cubin)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     use = occ.kernel_use(str(cubin), "probe")
-    assert use.dynamic_smem == 54321
+    assert use.dynamic_smem == 54321 and use.threads == 128
     # the 1,200 static bytes, and the reservation sm_90 adds a CTA
     assert use.static_smem >= 1200 and use.static_smem % 16 == 0
     assert f"Used {use.registers} registers" in r.stderr
