@@ -355,7 +355,7 @@ __device__ __forceinline__ void core_wgmma(const int8_t* __restrict__ w, const u
 #pragma unroll 1
         for (int b = 0; b < nb; b += 2) {  // nb is even (K a multiple of 128): the buffers alternate
             step(b, d[0], d[1]);
-            step(b + 1, d[DBUF ? 1 : 0], d[0]);
+            step(b + 1, d[1], d[0]);
         }
     } else {
 #pragma unroll 1

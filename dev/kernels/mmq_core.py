@@ -106,7 +106,7 @@ class Cores:
         if self.versions != VERSIONS:
             progress(f"mmq_core: {', '.join(v for v in VERSIONS if v not in self.versions)} left out: "
                      f"{kernel_paths.WGMMA_TARGET} instructions, and this device is {arch}")
-        mod = runtime.load_file(FILE, target=None if target == arch else target)
+        mod = runtime.load_file(FILE, target=target)
         bm, bn, threads, *smems = runtime.module_ints(mod, GEOMETRY, 3 + len(VERSIONS))
         self.tile, self.threads = (bm, bn), threads
         self.funcs = {}
