@@ -64,7 +64,7 @@ def _retired(name: str):
 
 def _table() -> dict[str, Variable]:
     from strata_prefill.fast import options
-    from strata_prefill.fast.cuda import kernel_cache, stress
+    from strata_prefill.fast.cuda import kernel_cache, products, stress
     from strata_prefill.contract import parallel
     from strata_prefill.formats import records
     from strata_prefill import arms, checks, refcache
@@ -83,8 +83,8 @@ def _table() -> dict[str, Variable]:
         *[Variable(var, ("run", "bench"), checks.output_file, path="file") for var in DUMP_ENV.values()],
         Variable(refcache.ENV, ("run", "cache"), reference_cache_dir, path="folder"),  # DIR or off
         Variable(kernel_cache.ENV, ("run", "bench", "build-kernels"), _kernel_folder, path="folder"),
-        Variable("STRATA_MMQ_CONFIG", prefills, _json_object(False)),  # fast/cuda/products.py
-        Variable("STRATA_MMQ_DEFINES", prefills, _json_object(True)),
+        Variable(products.CONFIG_ENV, prefills, _json_object(False)),
+        Variable(products.DEFINES_ENV, prefills, _json_object(True)),
         Variable(stress.ENV, prefills, checks.seed),  # the cuda backend's stress mode
     ]
     return {v.name: v for v in rows}

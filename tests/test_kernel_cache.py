@@ -220,6 +220,13 @@ def test_two_threads_compile_a_module_once(tmp_path, fake_nvcc, monkeypatch):
     assert fake_nvcc() == 3
 
 
+def test_build_creates_a_missing_folder(tmp_path, fake_nvcc):
+    folder = tmp_path / "not" / "yet"  # as a --cache folder named on a command line
+    path = kernel_cache.build(str(folder), "add", "source", {}, "sm_90", ("--fmad=false",))
+    assert os.path.dirname(path) == str(folder) and open(path).read() == "cubin"
+    assert fake_nvcc() == 1
+
+
 def test_two_processes_compile_a_module_once(tmp_path, fake_nvcc, monkeypatch):
     monkeypatch.setenv("FAKE_NVCC_SLEEP", "1.5")
     folder = str(tmp_path / "k")

@@ -138,6 +138,7 @@ def build(folder: str, name: str, source: str, defines: dict | None, arch: str,
     path = cubin_path(folder, name, source, defines, arch, base_options)
     if os.path.exists(path):
         return path
+    os.makedirs(folder, exist_ok=True)  # a folder named on a command line may not exist yet
     with atomic.flocked(lock_path(path), create=True):
         if os.path.exists(path):  # built by whoever held the lock before us
             return path

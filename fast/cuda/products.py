@@ -187,13 +187,20 @@ def _tables_host() -> np.ndarray:
     return t
 
 
+#: the environment variables of MMQ tiling, read at each launch (so a benchmark may change them
+#: between prefills of one engine: bench/bench_prefill_cuda.py --ab)
+CONFIG_ENV = "STRATA_MMQ_CONFIG"
+DEFINES_ENV = "STRATA_MMQ_DEFINES"
+LAUNCH_VARIABLES = (CONFIG_ENV, DEFINES_ENV)
+
+
 def default_config() -> dict | None:
     """The MMQ tile configuration used when a call passes none: the compile-time defines in
     the environment variable STRATA_MMQ_CONFIG (JSON, e.g. '{"MMQ_BN": 192, "MMQ_STAGES": 3}';
     '{}' is mmq.cu's own defaults), else None: per launch, by the mean rows per expert, from
     AUTO_CONFIGS (:func:`auto_config`). A configuration changes speed only, never a bit of the
     result."""
-    raw = os.environ.get("STRATA_MMQ_CONFIG", "").strip()
+    raw = os.environ.get(CONFIG_ENV, "").strip()
     if not raw:
         return None
     try:
@@ -209,7 +216,7 @@ def extra_defines() -> dict:
     """mmq.cu defines added to every configuration, automatic or STRATA_MMQ_CONFIG's: the
     environment variable STRATA_MMQ_DEFINES (JSON), for A/B of a tuning define over every
     configuration (e.g. '{"MMQ_MIX_MIN": 0}'); empty when unset. Changes speed only, never a bit."""
-    raw = os.environ.get("STRATA_MMQ_DEFINES", "").strip()
+    raw = os.environ.get(DEFINES_ENV, "").strip()
     if not raw:
         return {}
     try:
@@ -485,7 +492,7 @@ def mmq_dense(dev, qtype, w, *, N: int, K: int, act, R: int, out, ldo: int | Non
     if config is None:
         # the automatic choice, kept per shape and environment: the host's time before a launch
         # counts where the device waits for it (small products), so it is decided once
-        key = (N, R, os.environ.get("STRATA_MMQ_CONFIG"), os.environ.get("STRATA_MMQ_DEFINES"))
+        key = (N, R, *(os.environ.get(v) for v in LAUNCH_VARIABLES))
         got = _dense_choice.get(key)
         if got is None:
             cfg = default_config()

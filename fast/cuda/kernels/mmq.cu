@@ -43,7 +43,8 @@
 // raw chunk is then the whole 256-value block): raw
 // weight bytes (16-byte pieces from the 16-aligned address below the chunk) and activation
 // blocks are copied with cp.async into a ring of MMQ_STAGES slots (Geo::STAGES: fewer where a
-// type's blocks do not fit), the weights are decoded to int8 codes + float scales in shared
+// type's blocks do not fit; a 256-value type's block is copied once, with its first chunk, into
+// a ring of its own, see MMQ_RAW_ONCE), the weights are decoded to int8 codes + float scales in shared
 // memory, then ldmatrix + mma.sync. Because of the 16-byte pieces the kernel may read
 // up to 15 bytes before a matrix's first row and after its last one: callers keep the group
 // buffer's tail (16 bytes) allocated.
@@ -114,6 +115,14 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 // kernels are compiled exactly as before.
 #ifndef MMQ_EMPTY_EXIT
 #define MMQ_EMPTY_EXIT 0
+#endif
+// MMQ_RAW_ONCE 1: a 256-value type's raw block, which both of its chunks decode, is copied once,
+// with the even chunk, into a ring of raw_slots() slots (ceil(STAGES / 2): a block is replaced
+// only after both its chunks are decoded, see the main loop), instead of once per chunk into
+// the STAGES-slot ring. Half the weight copies, and for the K-quants at BN 128 a CTA small
+// enough that two fit an SM (docs/performance.md). The decode reads the same staged bytes.
+#ifndef MMQ_RAW_ONCE
+#define MMQ_RAW_ONCE 1
 #endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
@@ -186,6 +195,15 @@ template <int QT> struct Staged<QT, true> {
                   Tr<QT>::GRID_BYTES % 16 == 0, "the table is staged in 16-byte pieces");
 };
 
+// Slots of the raw weight ring for a staging ring of `stages` chunks: one a chunk, or, for a
+// 256-value type under MMQ_RAW_ONCE, one a block. Block b (chunks 2b, 2b + 1) is issued with
+// chunk 2b at the end of chunk 2b - stages's products; by then chunks up to 2b - stages + 1 are
+// decoded, so the blocks still read are those from chunk 2b - stages + 2 on: with the new one,
+// at most ceil(stages / 2) of them.
+template <int QT> constexpr int raw_slots(int stages) {
+    return (MMQ_RAW_ONCE && Tr<QT>::VPB > 128) ? (stages + 1) / 2 : stages;
+}
+
 template <int QT> struct Geo {
     enum {
         KC = 128,
@@ -207,11 +225,15 @@ template <int QT> struct Geo {
         // The staging ring's slots: MMQ_STAGES, or 3 (the least, above) for a type whose staged
         // blocks are too large for MMQ_STAGES at these tiles (Q5_K and Q6_K at BM 128, BN 128).
         // The ring's depth decides how far ahead chunks are copied, never a bit of a result.
-        STAGE_B = MMQ_BM * RAWB + MMQ_BN * ASTR,
+        RAW_B = MMQ_BM * RAWB,                                    // one raw slot
+        ACT_B = MMQ_BN * ASTR,                                    // one activation slot
         UNSTAGED_B = TABB + MMQ_DBUF * (WDEC_B + 4 * WSC_F + 4 * ASC_F),
-        STAGES = (UNSTAGED_B + MMQ_STAGES * STAGE_B <= MMQ_SMEM_MAX) ? MMQ_STAGES : 3,
+        STAGES = (UNSTAGED_B + raw_slots<QT>(MMQ_STAGES) * RAW_B + MMQ_STAGES * ACT_B <= MMQ_SMEM_MAX)
+                     ? MMQ_STAGES : 3,
+        RSLOTS = raw_slots<QT>(STAGES),
+        RAW_ONCE = RSLOTS != STAGES,                              // a raw slot a block, not a chunk
         OFF_RAW = TABB,
-        OFF_ACT = OFF_RAW + STAGES * MMQ_BM * RAWB,
+        OFF_ACT = OFF_RAW + RSLOTS * RAW_B,
         OFF_WDEC = OFF_ACT + STAGES * MMQ_BN * ASTR,
         OFF_WSC = OFF_WDEC + MMQ_DBUF * WDEC_B,
         OFF_ASC = OFF_WSC + MMQ_DBUF * WSC_F * 4,
@@ -915,21 +937,25 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         const uint8_t* atile = A + (long long)rbase * 144;
         const long long achunk = (long long)R_total * 144;
 
+        // the raw slot chunk kc's weights are staged in (raw_slots)
+        auto raw_slot = [](int kc) { return G::RAW_ONCE ? (kc >> 1) % G::RSLOTS : kc % STAGES; };
         auto issue = [&](int kc) {
             if (kc < nch) {
                 const int slot = kc % STAGES;
                 const int coff = (Tr<QT>::VPB <= 128) ? kc * CB : (kc >> 1) * CB;
                 const int cbytes = (Tr<QT>::VPB <= 128) ? min(CB, row_bytes - kc * CB) : CB;
-                const uint32_t rawb = smem_u32(raw + slot * (BM * RAWB));
+                const uint32_t rawb = smem_u32(raw + raw_slot(kc) * G::RAW_B);
                 const uint8_t* wc = wtile + coff;
+                if (!G::RAW_ONCE || !(kc & 1)) {  // (an odd chunk's block came with the even one)
 #pragma unroll
-                for (int m = 0; m < WP; ++m) {
-                    const int idx = tid + m * NT;
-                    const int i = idx / PMAX, pc = idx - i * PMAX;  // row, 16-byte piece
-                    if ((BM * PMAX % NT == 0 || idx < BM * PMAX) && i < nrow_ok) {
-                        const uint8_t* p = wc + i * row_bytes;
-                        const int o = (int)((uintptr_t)p & 15);
-                        if (pc * 16 < o + cbytes) cp_async16(rawb + i * RAWB + pc * 16, p - o + pc * 16);
+                    for (int m = 0; m < WP; ++m) {
+                        const int idx = tid + m * NT;
+                        const int i = idx / PMAX, pc = idx - i * PMAX;  // row, 16-byte piece
+                        if ((BM * PMAX % NT == 0 || idx < BM * PMAX) && i < nrow_ok) {
+                            const uint8_t* p = wc + i * row_bytes;
+                            const int o = (int)((uintptr_t)p & 15);
+                            if (pc * 16 < o + cbytes) cp_async16(rawb + i * RAWB + pc * 16, p - o + pc * 16);
+                        }
                     }
                 }
                 const uint32_t actb = smem_u32(act + slot * (BN * ASTR));
@@ -955,7 +981,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
             const int coff = (Tr<QT>::VPB <= 128) ? kc * CB : (kc >> 1) * CB;
             const int jbase = (Tr<QT>::VPB <= 128) ? 0 : (kc & 1) * 4;
             const int jlim = min(NBLK, nb - kc * NBLK);
-            const uint8_t* rawb = raw + slot * (BM * RAWB);
+            const uint8_t* rawb = raw + raw_slot(kc) * G::RAW_B;
             const uint8_t* wc = wtile + coff;
 #pragma unroll
             for (int u0 = 0; u0 < BM * NBLK; u0 += NT) {
