@@ -179,6 +179,45 @@ def test_two_processes_use_one_kept_pack_at_once(tmp_path, monkeypatch):
             u.communicate("", timeout=60)
 
 
+def test_a_process_that_saw_the_pack_missing_does_not_wait_for_its_users(tmp_path, monkeypatch):
+    """The race of the test above, made certain: this process found the pack missing, and by the
+    time it asks to make it another has made it and holds it shared (a user, for as long as it
+    lives). It must take the pack, not wait for the exclusive lock until every user ends."""
+    import fcntl
+
+    monkeypatch.setenv(gate.ENV_PACKS, str(tmp_path))
+    made = gate.kept_pack("tiny", "Q8_0", {}, None)  # made, and held shared by this process
+    for f in gate._in_use:
+        f.close()
+    gate._in_use.clear()
+    user = open(tmp_path / f"{made.name}.lock", "a")  # another open: a lock of its own, as a process's
+    fcntl.flock(user, fcntl.LOCK_SH)
+    seen = []
+    real_exists = Path.exists
+
+    def exists_once_missing(self):  # the first look at the pack finds it missing
+        if self == made and not seen:
+            seen.append(self)
+            return False
+        return real_exists(self)
+
+    monkeypatch.setattr(Path, "exists", exists_once_missing)
+    got = []
+    t = threading.Thread(target=lambda: got.append(gate.kept_pack("tiny", "Q8_0", {}, None)), daemon=True)
+    t.start()
+    t.join(20)
+    try:
+        assert got == [made], "waiting for the exclusive lock while a user holds the pack"
+        assert seen == [made]
+    finally:
+        user.close()  # (lets an old-code thread go)
+        t.join(20)
+        monkeypatch.undo()
+        for f in gate._in_use:
+            f.close()
+        gate._in_use.clear()
+
+
 def test_recorded_durations_order_the_next_run_longest_first(tmp_path, monkeypatch):
     """A run records its tests' seconds beside the test packs; the next run of the same
     reference source gives its workers one copy and each orders its collection longest first

@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 GPU_WORKERS = 5  # workers per GPU: the fastest in docs/results/2026-12-02-gate-host-work.md (4 and 5 on one tree)
@@ -257,13 +258,20 @@ def kept_pack(preset: str, expert_type: str, kw: dict, tmp_path_factory) -> Path
         # a shared lock, held while this process lives, on a pack that is there: another
         # tree's gate pruning old versions leaves a pack alone while any process uses it.
         # Missing, it is made under the exclusive lock (no user holds one on a missing pack),
-        # then taken shared like any other.
+        # then taken shared like any other. The exclusive lock is only tried, never waited for:
+        # a process waiting for it after another made the pack would wait for every user of the
+        # pack to end. Refused, it looks again under a shared lock, which waits only for the
+        # making.
         while True:
             fcntl.flock(lock, fcntl.LOCK_SH)
             if path.exists():
                 break
             fcntl.flock(lock, fcntl.LOCK_UN)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(0.02)
+                continue
             if not path.exists():  # make_pack writes it whole (formats/atomic.py)
                 make_pack(path, preset, expert_type=expert_type, progress=False, **kw)
                 _prune(folder, name, path)
