@@ -7,7 +7,7 @@ timed on the host around `prefill` (it returns host logits, so the device work i
 median is reported. Then one more prefill with phase timing on (CUDA events around each
 phase) gives the shares.
 
-    python3 -m bench.bench_prefill_cuda --pack p.gguf --tokens 2048 --ab 'STRATA_MMQ_DEFINES={"MMQ_RAW_ONCE": 0}'
+    python3 -m bench.bench_prefill_cuda --pack p.gguf --tokens 2048 --ab 'STRATA_MMQ_DEFINES={"MMQ_MIX_AT": 1}'
 
 --ab NAME=VALUE (repeatable; NAME one of the variables read at each MMQ launch,
 fast/cuda/products.py LAUNCH_VARIABLES) adds an A/B on the same engine instead: arm A as the

@@ -12,8 +12,8 @@ from strata_prefill.fast.cuda import products
 def test_assignments_taken_and_environment_kept(monkeypatch):
     monkeypatch.delenv(products.DEFINES_ENV, raising=False)
     monkeypatch.setenv(products.CONFIG_ENV, '{"MMQ_BN": 64}')
-    got = bp.ab_assignments([f'{products.DEFINES_ENV}={{"MMQ_RAW_ONCE": 0}}', f"{products.CONFIG_ENV}={{}}"])
-    assert got == {products.DEFINES_ENV: '{"MMQ_RAW_ONCE": 0}', products.CONFIG_ENV: "{}"}
+    got = bp.ab_assignments([f'{products.DEFINES_ENV}={{"MMQ_MIX_AT": 1}}', f"{products.CONFIG_ENV}={{}}"])
+    assert got == {products.DEFINES_ENV: '{"MMQ_MIX_AT": 1}', products.CONFIG_ENV: "{}"}
     assert products.DEFINES_ENV not in os.environ  # checked, then put back
     assert os.environ[products.CONFIG_ENV] == '{"MMQ_BN": 64}'
 

@@ -44,7 +44,7 @@
 // weight bytes (16-byte pieces from the 16-aligned address below the chunk) and activation
 // blocks are copied with cp.async into a ring of MMQ_STAGES slots (Geo::STAGES: fewer where a
 // type's blocks do not fit; a 256-value type's block is copied once, with its first chunk, into
-// a ring of its own, see MMQ_RAW_ONCE), the weights are decoded to int8 codes + float scales in shared
+// a ring of its own, see raw_slots), the weights are decoded to int8 codes + float scales in shared
 // memory, then ldmatrix + mma.sync. Because of the 16-byte pieces the kernel may read
 // up to 15 bytes before a matrix's first row and after its last one: callers keep the group
 // buffer's tail (16 bytes) allocated.
@@ -115,14 +115,6 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 // kernels are compiled exactly as before.
 #ifndef MMQ_EMPTY_EXIT
 #define MMQ_EMPTY_EXIT 0
-#endif
-// MMQ_RAW_ONCE 1: a 256-value type's raw block, which both of its chunks decode, is copied once,
-// with the even chunk, into a ring of raw_slots() slots (ceil(STAGES / 2): a block is replaced
-// only after both its chunks are decoded, see the main loop), instead of once per chunk into
-// the STAGES-slot ring. Half the weight copies, and for the K-quants at BN 128 a CTA small
-// enough that two fit an SM (docs/performance.md). The decode reads the same staged bytes.
-#ifndef MMQ_RAW_ONCE
-#define MMQ_RAW_ONCE 1
 #endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
@@ -196,12 +188,14 @@ template <int QT> struct Staged<QT, true> {
 };
 
 // Slots of the raw weight ring for a staging ring of `stages` chunks: one a chunk, or, for a
-// 256-value type under MMQ_RAW_ONCE, one a block. Block b (chunks 2b, 2b + 1) is issued with
-// chunk 2b at the end of chunk 2b - stages's products; by then chunks up to 2b - stages + 1 are
-// decoded, so the blocks still read are those from chunk 2b - stages + 2 on: with the new one,
-// at most ceil(stages / 2) of them.
+// 256-value type, one a block. Both chunks of a 256-value block decode it, so it is copied once,
+// with the even chunk: half the weight copies of a copy a chunk, and for the K-quants at BN 128
+// a CTA small enough that two fit an SM (docs/performance.md; the decode reads the same staged
+// bytes). Block b (chunks 2b, 2b + 1) is issued with chunk 2b at the end of chunk 2b - stages's
+// products; by then chunks up to 2b - stages + 1 are decoded, so the blocks still read are those
+// from chunk 2b - stages + 2 on: with the new one, at most ceil(stages / 2) of them.
 template <int QT> constexpr int raw_slots(int stages) {
-    return (MMQ_RAW_ONCE && Tr<QT>::VPB > 128) ? (stages + 1) / 2 : stages;
+    return Tr<QT>::VPB > 128 ? (stages + 1) / 2 : stages;
 }
 
 template <int QT> struct Geo {
