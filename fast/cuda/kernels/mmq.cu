@@ -116,6 +116,12 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #ifndef MMQ_EMPTY_EXIT
 #define MMQ_EMPTY_EXIT 0
 #endif
+// MMQ_DW_ROW 1: a 256-value type's block scale dw, the same for the four 32-value blocks of a
+// chunk, is kept once a weight row in the decoded scales (Geo::DW_J 0), not once a block: a
+// smaller CTA (Q5_K's big tiles then fit two an SM) and the same float read by the epilogue.
+#ifndef MMQ_DW_ROW
+#define MMQ_DW_ROW 1
+#endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
 #define MMQ_BM (16 * MMQ_WM)
@@ -214,7 +220,10 @@ template <int QT> struct Geo {
         NAA = (Tr<QT>::LAY == LAYOUT_D4) ? 1 + Tr<QT>::ASUM : ((Tr<QT>::LAY == LAYOUT_DS4) ? 2 : 3),  // act scale arrays
         TABB = Staged<QT>::BYTES,
         WDEC_B = MMQ_BM * WSTR,                                   // bytes of one decoded buffer
-        WSC_F = (1 + Tr<QT>::NAUX) * NBLK * MMQ_BM,               // floats of one weight-scale buffer
+        // one weight-scale buffer: dw at [j * DW_J + row], aux a at [AUX0 + (a * NBLK + j) * BM + row]
+        DW_J = (MMQ_DW_ROW && Tr<QT>::VPB > 128) ? 0 : MMQ_BM,   // 0: one dw a row (see MMQ_DW_ROW)
+        AUX0 = DW_J ? NBLK * MMQ_BM : MMQ_BM,
+        WSC_F = AUX0 + Tr<QT>::NAUX * NBLK * MMQ_BM,              // floats of one weight-scale buffer
         ASC_F = NAA * NBLK * MMQ_BN,                              // floats of one act-scale buffer
         // The staging ring's slots: MMQ_STAGES, or 3 (the least, above) for a type whose staged
         // blocks are too large for MMQ_STAGES at these tiles (Q5_K and Q6_K at BM 128, BN 128).
@@ -768,12 +777,12 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
         uint32_t b[P][4];
         ldsm_x4(b[0], bbase);
         if constexpr (P > 1) ldsm_x4(b[1], bbase + BSTEP);
-        const float dwA = wsc[j * BM + rA], dwB = wsc[j * BM + rB];
+        const float dwA = wsc[j * Geo<QT>::DW_J + rA], dwB = wsc[j * Geo<QT>::DW_J + rB];
         float xA[NAUX > 0 ? NAUX : 1], xB[NAUX > 0 ? NAUX : 1];
 #pragma unroll
         for (int x = 0; x < NAUX; ++x) {
-            xA[x] = wsc[((1 + x) * NBLK + j) * BM + rA];
-            xB[x] = wsc[((1 + x) * NBLK + j) * BM + rB];
+            xA[x] = wsc[Geo<QT>::AUX0 + (x * NBLK + j) * BM + rA];
+            xB[x] = wsc[Geo<QT>::AUX0 + (x * NBLK + j) * BM + rB];
         }
         // tile t (= n8 tile wn + WN*t, acc[t]) uses b[t / 2] halves (t & 1); its mma results
         // d[t & 1] are double-buffered: tile t+1's mma is issued before tile t's epilogue
@@ -990,9 +999,9 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 uint4* dst = reinterpret_cast<uint4*>(wdec + i * WSTR + j * 32);
                 dst[0] = make_uint4(c[0], c[1], c[2], c[3]);
                 dst[1] = make_uint4(c[4], c[5], c[6], c[7]);
-                wsc[j * BM + i] = dw;
+                if (G::DW_J || j == 0) wsc[j * G::DW_J + i] = dw;  // (DW_J 0: block 0's unit writes the row's)
 #pragma unroll
-                for (int a = 0; a < NAUX; ++a) wsc[((1 + a) * NBLK + j) * BM + i] = aux[a];
+                for (int a = 0; a < NAUX; ++a) wsc[G::AUX0 + (a * NBLK + j) * BM + i] = aux[a];
             }
             const uint8_t* actb = act + slot * (BN * ASTR);
 #pragma unroll
