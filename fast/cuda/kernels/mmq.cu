@@ -116,12 +116,6 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #ifndef MMQ_EMPTY_EXIT
 #define MMQ_EMPTY_EXIT 0
 #endif
-// MMQ_DW_ROW 1: a 256-value type's block scale dw, the same for the four 32-value blocks of a
-// chunk, is kept once a weight row in the decoded scales (Geo::DW_J 0), not once a block: a
-// smaller CTA (Q5_K's big tiles then fit two an SM) and the same float read by the epilogue.
-#ifndef MMQ_DW_ROW
-#define MMQ_DW_ROW 1
-#endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
 #define MMQ_BM (16 * MMQ_WM)
@@ -129,6 +123,10 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #define MMQ_MAX_EXP 16
 // dynamic shared memory a CTA may take on sm_90 (227 KB, less 1 KB the runtime reserves)
 #define MMQ_SMEM_MAX (232448 - 1024)
+// the dynamic shared memory under which MMQ_MINB CTAs fit an SM: its 228 KB shared by MMQ_MINB,
+// less the 1 KB the runtime reserves for each and at most 512 bytes the kernel declares itself
+// (s_pre .. s_nrt, aligned)
+#define MMQ_CTA_FIT (233472 / MMQ_MINB - 1024 - 512)
 
 // Table buffer (uploaded by fast/cuda/products.py from strata_prefill.contract.qformats; offsets TAB_*, bytes
 // TABLEN_*): at TAB_SIGN the sign masks, 128 entries x 8 bytes, 0xFF where the sign table says
@@ -204,7 +202,12 @@ template <int QT> constexpr int raw_slots(int stages) {
     return Tr<QT>::VPB > 128 ? (stages + 1) / 2 : stages;
 }
 
-template <int QT> struct Geo {
+// The shared-memory layout of a CTA of type QT. DW_ROW: a 256-value type's block scale dw, the
+// same for the four 32-value blocks of a chunk, kept once a weight row in the decoded scales,
+// not once a block. Geo<QT> takes it only where the layout would otherwise be too large for
+// MMQ_MINB CTAs an SM (Q5_K at the big tiles): there it won its A/B; a type that fits either way
+// was as fast or faster without it (docs/results/2026-12-06-mmq-raw-once.md).
+template <int QT, bool DW_ROW> struct GeoOf {
     enum {
         KC = 128,
         NBLK = 4,
@@ -221,7 +224,7 @@ template <int QT> struct Geo {
         TABB = Staged<QT>::BYTES,
         WDEC_B = MMQ_BM * WSTR,                                   // bytes of one decoded buffer
         // one weight-scale buffer: dw at [j * DW_J + row], aux a at [AUX0 + (a * NBLK + j) * BM + row]
-        DW_J = (MMQ_DW_ROW && Tr<QT>::VPB > 128) ? 0 : MMQ_BM,   // 0: one dw a row (see MMQ_DW_ROW)
+        DW_J = DW_ROW ? 0 : MMQ_BM,
         AUX0 = DW_J ? NBLK * MMQ_BM : MMQ_BM,
         WSC_F = AUX0 + Tr<QT>::NAUX * NBLK * MMQ_BM,              // floats of one weight-scale buffer
         ASC_F = NAA * NBLK * MMQ_BN,                              // floats of one act-scale buffer
@@ -244,6 +247,8 @@ template <int QT> struct Geo {
     };
     static_assert(SMEM <= MMQ_SMEM_MAX, "shared memory over the sm_90 limit");
 };
+template <int QT>
+struct Geo : GeoOf<QT, ((Tr<QT>::VPB > 128) && (GeoOf<QT, false>::SMEM > MMQ_CTA_FIT))> {};
 
 // ------------------------------------------------------------------ PTX helpers
 
