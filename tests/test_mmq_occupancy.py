@@ -62,3 +62,31 @@ def test_what_it_reads_from_a_cubin_is_what_the_source_declares(tmp_path):
     assert f"Used {use.registers} registers" in r.stderr
     with pytest.raises(KeyError, match="no kernel other"):
         occ.kernel_use(str(cubin), "other")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_the_k_quants_hold_the_ctas_the_big_tiles_ask(tmp_path):
+    """The two K-quants nearest the two-CTA line at the big tiles (Q4_K with its block staged
+    once for two chunks; Q5_K only with its block scale kept once a row: mmq.cu GeoOf) hold
+    the MMQ_MINB CTAs an SM the configuration asks for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gguf import GGMLQuantizationType as QT
+
+    from strata_prefill.contract import qformats
+    from strata_prefill.fast.cuda import kernel_cache
+    from strata_prefill.fast.cuda.kernel_paths import NVCC_OPTIONS, kernel_source
+
+    name, cfg = occ.parse_config("big")
+    asked = int(cfg["MMQ_MINB"])
+
+    def use(qtype):
+        fmt = qformats.lookup(qtype)
+        cubin = kernel_cache.build(str(tmp_path), "mmq", kernel_source("mmq"), products._type_defines(cfg, fmt),
+                                   runtime.DEFAULT_ARCH, NVCC_OPTIONS)
+        return occ.kernel_use(cubin, fmt.mmq_kernel)
+
+    with ThreadPoolExecutor(2) as pool:
+        uses = list(pool.map(use, (QT.Q4_K, QT.Q5_K)))
+    for u in uses:
+        assert occ.ctas_an_sm(u, runtime.DEFAULT_ARCH)["all"] >= asked, u
