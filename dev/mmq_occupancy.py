@@ -13,7 +13,10 @@ are compiled with nvcc where it lacks them). From each cubin's ELF:
 - the stack frame (a frame above 0 holds spills or local arrays);
 - the shared memory a CTA: the dynamic bytes the kernel exports (`<kernel>_smem`, mmq.cu's
   Geo<QT>::SMEM) plus the kernel's .nv.shared section (its static arrays and the bytes the
-  architecture reserves a CTA).
+  architecture reserves a CTA);
+- the code bytes: the kernel's .text section, every unrolled body of it. Warps of one SM that
+  run different bodies compete for the instruction caches (docs/results/2026-12-06-mmq-raw-once.md:
+  the in-place gate/up's largest stall was the instruction fetch).
 
 The CTAs an SM each allows follow from the architecture's limits (SM_LIMITS). A row whose
 CTAs are fewer than MMQ_MINB says "short": the occupancy the configuration was chosen for is
@@ -57,6 +60,7 @@ class KernelUse:
     frame: int  # stack frame bytes
     dynamic_smem: int  # the kernel's exported <name>_smem
     static_smem: int  # its .nv.shared section (static arrays and the per-CTA reservation)
+    code_bytes: int = 0  # its .text section: every unrolled body (what the instruction caches hold)
 
 
 def _sections(blob: bytes) -> dict:
@@ -119,7 +123,7 @@ def kernel_use(cubin: str, kernel: str) -> KernelUse:
     x, y, z = struct.unpack("<III", bounds[0])
     k = index[kernel]
     return KernelUse(kernel, x * y * z, per_symbol.get((_REGCOUNT, k), 0), per_symbol.get((_FRAME_SIZE, k), 0),
-                     dynamic, static)
+                     dynamic, static, secs.get(f".text.{kernel}", (0, 0, 0, 0))[2])
 
 
 def ctas_an_sm(use: KernelUse, arch: str = DEFAULT_ARCH) -> dict[str, int]:
@@ -181,7 +185,7 @@ def main(argv=None) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(one, fmts))
     print(f"{'type':<8} {'threads':>7} {'registers':>9} {'frame':>6} {'shared a CTA':>13} {'by regs':>8} "
-          f"{'by smem':>8} {'CTAs':>5}  vs {asked} asked")
+          f"{'by smem':>8} {'CTAs':>5}  vs {asked} asked {'code bytes':>11}")
     short = 0
     for fmt, use in rows:
         by = ctas_an_sm(use, args.arch)
@@ -189,7 +193,7 @@ def main(argv=None) -> int:
         short += by["all"] < asked
         print(f"{fmt.qtype.name:<8} {use.threads:>7} {use.registers:>9} {use.frame:>6} "
               f"{use.dynamic_smem + use.static_smem:>13,} {by['registers']:>8} {by['shared memory']:>8} "
-              f"{by['all']:>5}  {mark}")
+              f"{by['all']:>5}  {mark:<9} {use.code_bytes:>11,}")
     print(f"{short} of {len(rows)} types short of {asked} CTAs an SM")
     return 1 if short else 0
 

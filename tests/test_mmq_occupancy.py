@@ -57,6 +57,7 @@ def test_what_it_reads_from_a_cubin_is_what_the_source_declares(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     use = occ.kernel_use(str(cubin), "probe")
     assert use.dynamic_smem == 54321 and use.threads == 128
+    assert use.code_bytes > 0 and use.code_bytes % 16 == 0  # sm_90 instructions are 16 bytes
     # the 1,200 static bytes, and the reservation sm_90 adds a CTA
     assert use.static_smem >= 1200 and use.static_smem % 16 == 0
     assert f"Used {use.registers} registers" in r.stderr
