@@ -229,8 +229,9 @@ template <int QT, bool DW_ROW> struct GeoOf {
         WSC_F = AUX0 + Tr<QT>::NAUX * NBLK * MMQ_BM,              // floats of one weight-scale buffer
         ASC_F = NAA * NBLK * MMQ_BN,                              // floats of one act-scale buffer
         // The staging ring's slots: MMQ_STAGES, or 3 (the least, above) for a type whose staged
-        // blocks are too large for MMQ_STAGES at these tiles (Q5_K and Q6_K at BM 128, BN 128).
-        // The ring's depth decides how far ahead chunks are copied, never a bit of a result.
+        // blocks are too large for MMQ_STAGES at these tiles (`python3 -m dev.mmq_occupancy
+        // --config JSON` shows each type's bytes). The ring's depth decides how far ahead chunks
+        // are copied, never a bit of a result.
         RAW_B = MMQ_BM * RAWB,                                    // one raw slot
         ACT_B = MMQ_BN * ASTR,                                    // one activation slot
         UNSTAGED_B = TABB + MMQ_DBUF * (WDEC_B + 4 * WSC_F + 4 * ASC_F),
