@@ -18,6 +18,7 @@ logits are the same bytes (a tiling changes speed only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -99,40 +100,37 @@ def ab_assignments(items: list[str]) -> dict[str, str]:
             raise InputError(f"--ab takes NAME=VALUE with NAME one of {', '.join(products.LAUNCH_VARIABLES)}, "
                              f"got {item!r}")
         out[name] = value
-    saved = {k: os.environ.get(k) for k in out}
-    try:
-        os.environ.update(out)
+    with _environment(out):
         for name in out:
             variables.value_of(name)
-    finally:
-        _restore(saved)
     return out
 
 
-def _restore(saved: dict) -> None:
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+@contextlib.contextmanager
+def _environment(assignments: dict):
+    """The environment with `assignments` set, as it was again afterwards."""
+    saved = {k: os.environ.get(k) for k in assignments}
+    os.environ.update(assignments)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def ab(eng, cfg, sizes, reps: int, arm_b: dict, rng) -> int:
     """The interleaved A/B of --ab: per size one untimed prefill of each arm (it also compiles
     arm B's kernels), then `reps` rounds on a fresh prompt each, A B in even rounds and B A in
     odd ones; a mismatch of the two arms' logits is an error (exit 1)."""
-    saved = {k: os.environ.get(k) for k in arm_b}
-
     def run(arm: str, ids) -> tuple[float, np.ndarray]:
-        if arm == "B":
-            os.environ.update(arm_b)
-        try:
+        with _environment(arm_b if arm == "B" else {}):
             eng.be.reset_cache()
             t = time.perf_counter()
             logits = Session(eng, progress=False).prefill(ids)
             return time.perf_counter() - t, np.asarray(logits)
-        finally:
-            _restore(saved)
 
     print("arm B: " + " ".join(f"{k}={v}" for k, v in arm_b.items()), flush=True)
     print(f"{'tokens':>7} {'A ms':>9} {'B ms':>9} {'B/A':>6}  A tokens/s  B tokens/s")
