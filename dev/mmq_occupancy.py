@@ -126,6 +126,15 @@ def kernel_use(cubin: str, kernel: str) -> KernelUse:
                      dynamic, static, secs.get(f".text.{kernel}", (0, 0, 0, 0))[2])
 
 
+def type_use(folder: str, cfg: dict, fmt, arch: str = DEFAULT_ARCH, source: str | None = None) -> KernelUse:
+    """The KernelUse of type ``fmt``'s MMQ kernel under the tile configuration ``cfg``, its module
+    built as the fast path builds it (from the cubin in ``folder``, compiled there if missing);
+    ``source``: mmq.cu's text, when the caller has it already."""
+    path = kernel_cache.build(folder, "mmq", kernel_source("mmq") if source is None else source,
+                              products._type_defines(cfg, fmt), arch, NVCC_OPTIONS)
+    return kernel_use(path, fmt.mmq_kernel)
+
+
 def ctas_an_sm(use: KernelUse, arch: str = DEFAULT_ARCH) -> dict[str, int]:
     """The CTAs of the kernel an SM of ``arch`` holds, by each limit and in all."""
     lim, threads = SM_LIMITS[arch], use.threads
@@ -176,9 +185,7 @@ def main(argv=None) -> int:
     source = kernel_source("mmq")
 
     def one(fmt):
-        defines = products._type_defines(cfg, fmt)
-        path = kernel_cache.build(folder, "mmq", source, defines, args.arch, NVCC_OPTIONS)
-        return fmt, kernel_use(path, fmt.mmq_kernel)
+        return fmt, type_use(folder, cfg, fmt, args.arch, source)
 
     print(f"MMQ under {name} ({kernel_cache.define_text(cfg)}), {asked} CTAs an SM asked, {args.arch}; "
           f"cubins in {folder}", flush=True)

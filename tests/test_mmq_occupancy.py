@@ -75,19 +75,11 @@ def test_the_k_quants_hold_the_ctas_the_big_tiles_ask(tmp_path):
     from gguf import GGMLQuantizationType as QT
 
     from strata_prefill.contract import qformats
-    from strata_prefill.fast.cuda import kernel_cache
-    from strata_prefill.fast.cuda.kernel_paths import NVCC_OPTIONS, kernel_source
 
-    name, cfg = occ.parse_config("big")
+    _, cfg = occ.parse_config("big")
     asked = int(cfg["MMQ_MINB"])
-
-    def use(qtype):
-        fmt = qformats.lookup(qtype)
-        cubin = kernel_cache.build(str(tmp_path), "mmq", kernel_source("mmq"), products._type_defines(cfg, fmt),
-                                   runtime.DEFAULT_ARCH, NVCC_OPTIONS)
-        return occ.kernel_use(cubin, fmt.mmq_kernel)
-
     with ThreadPoolExecutor(2) as pool:
-        uses = list(pool.map(use, (QT.Q4_K, QT.Q5_K)))
+        uses = list(pool.map(lambda qt: occ.type_use(str(tmp_path), cfg, qformats.lookup(qt), runtime.DEFAULT_ARCH),
+                             (QT.Q4_K, QT.Q5_K)))
     for u in uses:
         assert occ.ctas_an_sm(u, runtime.DEFAULT_ARCH)["all"] >= asked, u
