@@ -116,6 +116,22 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #ifndef MMQ_EMPTY_EXIT
 #define MMQ_EMPTY_EXIT 0
 #endif
+// MMQ_J_UNROLL: how far the loop over a chunk's four 32-value blocks (mmq2_chunk's j) is
+// unrolled. Fully unrolled (4), each of the warp's tile counts, chunk kinds and forms is its own
+// copy of the body; Q4_K's module then holds about 600 KB of code, and Nsight Compute counts
+// instruction fetch as the gate/up's largest stall. Less unrolling shrinks the code at the
+// price of the cross-block overlap.
+#ifndef MMQ_J_UNROLL
+#define MMQ_J_UNROLL 4
+#endif
+// (4 is the plain `#pragma unroll`: nvcc compiles `unroll 4` of this loop to other, larger code)
+#if MMQ_J_UNROLL >= 4
+#define MMQ_J_LOOP _Pragma("unroll")
+#else
+#define MMQ_PRAGMA_(x) _Pragma(#x)
+#define MMQ_PRAGMA(x) MMQ_PRAGMA_(x)
+#define MMQ_J_LOOP MMQ_PRAGMA(unroll MMQ_J_UNROLL)
+#endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
 #define MMQ_BM (16 * MMQ_WM)
@@ -768,7 +784,7 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
     constexpr bool SPL = Tr<QT>::SPLIT;
     constexpr int P = (T + 1) / 2;  // ldmatrix x4 loads (tile pairs)
     const int t4 = lane & 3;
-#pragma unroll
+    MMQ_J_LOOP
     for (int j = 0; j < NBLK; ++j) {
         if (!FULL && j >= jlim) break;
         if constexpr (MID) {
