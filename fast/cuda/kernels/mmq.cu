@@ -116,16 +116,6 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #ifndef MMQ_EMPTY_EXIT
 #define MMQ_EMPTY_EXIT 0
 #endif
-// MMQ_J_ROLL: where the loop over a chunk's four 32-value blocks (mmq2_chunk's j) is rolled
-// instead of unrolled. Unrolled, each of a warp's n8 tile counts, chunk kinds and forms is its
-// own copy of the body (Q4_K's module holds about 600 KB of code), and where tiles of many
-// sizes run at once Nsight Compute counts instruction fetch as the in-place gate/up's largest
-// stall; rolled, a body is a quarter of the code but issues more instructions. 0: unrolled
-// everywhere; 1: rolled for warps with fewer than MMQ_NT8 tiles (a tile's last, partial
-// columns), unrolled for whole ones; 2: rolled everywhere.
-#ifndef MMQ_J_ROLL
-#define MMQ_J_ROLL 0
-#endif
 #define MMQ_DBUF 2
 #define MMQ_NT (32 * MMQ_WM * MMQ_WN)
 #define MMQ_BM (16 * MMQ_WM)
@@ -778,8 +768,9 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
     constexpr bool SPL = Tr<QT>::SPLIT;
     constexpr int P = (T + 1) / 2;  // ldmatrix x4 loads (tile pairs)
     const int t4 = lane & 3;
-    // one 32-value block's products and epilogue
-    auto block = [&](int j) {
+#pragma unroll
+    for (int j = 0; j < NBLK; ++j) {
+        if (!FULL && j >= jlim) break;
         if constexpr (MID) {
             if (j == MMQ_MIX_AT) mid();
         }
@@ -823,20 +814,6 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
                 epi_split<QT>(acc[t], d[t & 1][0], d[t & 1][NM - 1], dwA, dwB, xA, xB, da, asc, j, c);
             else
                 epi_one<QT>(acc[t], d[t & 1][0], dwA, dwB, xA, xB, da, asc, j, c);
-        }
-    };
-    constexpr bool ROLL = MMQ_J_ROLL == 2 || (MMQ_J_ROLL == 1 && T < MMQ_NT8);
-    if constexpr (ROLL) {
-#pragma unroll 1
-        for (int j = 0; j < NBLK; ++j) {
-            if (!FULL && j >= jlim) break;
-            block(j);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < NBLK; ++j) {
-            if (!FULL && j >= jlim) break;
-            block(j);
         }
     }
 }
