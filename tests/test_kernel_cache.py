@@ -363,3 +363,36 @@ def test_arch_specific_modules_build_for_their_target_only(tmp_path, fake_nvcc):
     key = kernel_cache.digest("attention_wgmma", "src", [], "sm_90a", kernel_cache.nvcc_release())
     assert kernel_cache.cubin_path(folder, "attention_wgmma", "src", {}, "sm_90", ()).endswith(
         f"attention_wgmma-{key[:24]}.cubin")
+
+
+def test_build_kernels_types_builds_those_types_mmq_only(tmp_path, fake_nvcc, monkeypatch, capsys):
+    """--types narrows mmq.cu's builds to the types named (any case, repeats once) and leaves
+    every other module as --defaults wants it; with STRATA_MMQ_DEFINES, the A/B variant of
+    those types alone."""
+    from strata_prefill.contract import qformats
+
+    monkeypatch.setenv(products.DEFINES_ENV, '{"MMQ_MIX_AT": 1}')
+    folder = str(tmp_path / "k")
+    whole = build_list.wanted(None, True)
+    assert main(["build-kernels", "--cache", folder, "--defaults", "--types", "q4_k,Q6_K,Q4_K"]) == 0
+    runs = (tmp_path / "nvcc.log").read_text().splitlines()
+    q4, q6 = int(qformats.QT.Q4_K), int(qformats.QT.Q6_K)
+    mmq_runs = [r for r in runs if "-DMMQ_ONLY=" in r]
+    assert {r.split("-DMMQ_ONLY=")[1].split()[0] for r in mmq_runs} == {str(q4), str(q6)}
+    assert all("-DMMQ_MIX_AT=1" in r for r in mmq_runs)
+    others = [m for m in whole if m[0] not in build_list.CONFIGURED]
+    per_type = [m for m in whole if m[0] == "mmq" and m[1]["MMQ_ONLY"] == q4]
+    assert len(per_type) >= 3  # every automatic tile configuration, and their empty-exit forms
+    assert fake_nvcc() == len(others) + 2 * len(per_type)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--types", "Q4_K,Q9_Z"], "'Q9_Z' is not a type with an MMQ kernel"),
+    (["--types", ""], "is not a type with an MMQ kernel"),
+    (["--types", "Q4_K", "--prune"], "--prune with --types would delete the other types' cubins"),
+])
+def test_build_kernels_types_refused_before_any_compile(tmp_path, fake_nvcc, capsys, args, needle):
+    assert main(["build-kernels", "--cache", str(tmp_path / "k"), *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert fake_nvcc() == 0

@@ -36,11 +36,14 @@ def default_modules() -> list[tuple[str, dict]]:
     return kernel_cache.distinct(out)
 
 
-def wanted(folder: str | None, defaults: bool = True) -> list[tuple[str, dict]]:
+def wanted(folder: str | None, defaults: bool = True, types=None) -> list[tuple[str, dict]]:
     """The (module, defines) pairs worth building into folder: its manifest's (every module some
     run there asked for), plus default_modules() when ``defaults`` (or when the manifest is
-    empty)."""
+    empty); with ``types`` (type numbers), mmq.cu's builds of those types only."""
     out = kernel_cache.manifest(folder) if folder else []
     if defaults or not out:
         out += default_modules()
+    if types is not None:
+        keep = set(types)
+        out = [(n, d) for n, d in out if n not in CONFIGURED or d.get("MMQ_ONLY") in keep]
     return kernel_cache.distinct(out)
