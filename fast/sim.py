@@ -33,7 +33,7 @@ from strata_prefill.fast.backend_base import BackendBase
 from strata_prefill.fast.experts import Place, adjacent_runs
 from strata_prefill.fast.phases import HostClock, PhaseRecorder, timing_enabled
 from strata_prefill.fast.sim_streams import ModelClock, SimEvent, SimStreams
-from strata_prefill.fast.tiles import DEFAULT_TILE_ROWS, max_row_tiles, routed_row_tiles
+from strata_prefill.fast.tiles import DEFAULT_TILE_ROWS, ListPlan, max_row_tiles, routed_row_lists
 from strata_prefill.fast.walk import DeviceBatch
 
 F32 = np.float32
@@ -482,8 +482,9 @@ class SimBackend(BackendBase):
 
     def prepare_batches(self, *, layer, batches, add: bool = False) -> None:
         """A DeviceBatch's row tiles cut on the device (device_plan): one launch of the
-        routed_row_tiles definition over the routing tables' device counts, into a tile list
-        padded to the worst case (strata_prefill.fast.tiles.max_row_tiles). The sim's weight offsets name
+        routed_row_lists definition over the routing tables' device counts, one list (the sim has
+        no tile configurations) padded to the worst case (strata_prefill.fast.tiles.max_row_tiles)
+        with its live count. The sim's weight offsets name
         each expert: 2e (even, as the kernel's byte offsets are), -1 where it streams. Host-cut
         batches need nothing here (their bounds are the host's)."""
         if not add:
@@ -495,26 +496,28 @@ class SimBackend(BackendBase):
             resident = self.placement.resident[layer]
             woff = np.where(resident, 2 * np.arange(resident.size, dtype=np.int64), -1)
             tiles = np.full((n_max, 4), -1, np.int32)  # poisoned until the launch runs
+            live = np.full(1, -1, np.int32)
             tab = b.tab
 
-            def run(tiles=tiles, tab=tab, woff=woff, n_max=n_max):
-                tiles[...] = routed_row_tiles(tab.dev_cnt, tab.dev_off, woff, DEFAULT_TILE_ROWS, n_max)
+            def run(tiles=tiles, live=live, tab=tab, woff=woff, n_max=n_max):
+                tiles[...], live[...] = routed_row_lists(tab.dev_cnt, tab.dev_off, woff,
+                                                         [ListPlan(DEFAULT_TILE_ROWS, 0, n_max)])
 
             self._launch("routed_row_tiles", run)
-            self._device_tiles[id(b)] = (b, tiles)
+            self._device_tiles[id(b)] = (b, tiles, live)
 
     def _mmq_device_batch(self, layer, qtype, n_out, k_in, batch, act: Q8Buf, outs):
         """One tile-list launch over a DeviceBatch's device-cut tiles (prepare_batches): each
-        non-empty entry's rows times its expert's matrix at `offset` in the expert cache; the
-        padding's empty entries are skipped, as mmq.cu's MMQ_EMPTY_EXIT skips them."""
-        got, tiles = self._device_tiles[id(batch)]
+        live entry's rows times its expert's matrix at `offset` in the expert cache; the entries
+        past the live count are not read, as mmq.cu's MMQ_EMPTY_EXIT reads none."""
+        got, tiles, live = self._device_tiles[id(batch)]
         assert got is batch, "a DeviceBatch multiplied before prepare_batches cut its tiles"
         rb = quants.row_bytes(qtype, k_in)
         layout = q8_1.layout_for(qtype)
 
         def run():
             for offset, out in outs:
-                for b0, b1, lo, hi in tiles.tolist():
+                for b0, b1, lo, hi in tiles[:int(live[0])].tolist():
                     if b1 <= b0:
                         continue
                     e = (((hi & 0xFFFFFFFF) << 32) | (lo & 0xFFFFFFFF)) // 2

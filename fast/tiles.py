@@ -5,13 +5,18 @@ changes which CTA computes an output element, never its arithmetic.
 Two cuts of the same rows:
 - :func:`row_tiles`: the host's, from the batch's (row_begin, row_end) bounds, which the host
   has after reading the routing counts back (fast/cuda/backend.py uploads it).
-- :func:`routed_row_tiles`: the device's, from the routing tables' counts and offsets where they
-  lie (device_plan, fast/walk.py): every expert of the layer with a weight offset and rows, in
-  id order, then empty entries up to a worst-case count (:func:`max_row_tiles`) that the host
-  knows without the counts. The definition of kernels/routing_tables.cu `routed_row_tiles`; the
-  sim runs it as the device step.
+- :func:`routed_row_lists`: the device's, from the routing tables' counts and offsets where
+  they lie (device_plan, fast/walk.py): every expert of the layer with a weight offset and rows,
+  in id order, then empty entries up to a worst-case count (:func:`max_row_tiles`) that the host
+  knows without the counts. The host cannot see the mean rows per expert that picks a tile
+  configuration (products.AUTO_CONFIGS), so it hands over one list per configuration the mean
+  could call for (a :class:`ListPlan` each) and the device cuts the one the counts choose
+  (:func:`routed_choice`); the others stay empty, with a live count of 0. The definition of
+  kernels/routing_tables.cu `routed_row_tiles`; the sim runs it as the device step.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,21 +61,55 @@ def max_row_tiles(n_rows: int, n_experts: int, tile_rows: int) -> int:
     return -(-n_rows // tile_rows) + min(n_experts, n_rows)
 
 
-def routed_row_tiles(cnt, off, woff, tile_rows: int, n_max: int) -> np.ndarray:
-    """The device's cut (kernels/routing_tables.cu `routed_row_tiles`): int32 [n_max, 4]. First
-    row_tiles of every expert e with woff[e] >= 0 and cnt[e] > 0, in id order, over its rows
-    (off[e], off[e] + cnt[e]) of the routing tables (strata_prefill.contract.routing.RoutingTables); then
-    empty entries (0, 0, 0, 0), which the launch skips (mmq.cu's MMQ_EMPTY_EXIT). woff: int64
-    [E] byte offsets of each expert's matrix, -1 where the expert has none here (it streams).
-    n_max: at least the tiles cut (max_row_tiles), else an InputError."""
+class ListPlan(NamedTuple):
+    """One list of a device cut: its tile configuration's row-tile cap (BN), the mean rows per
+    routed expert below which the configuration is chosen (0: no bound), and the list's length
+    (at least max_row_tiles of the rows at tile_rows)."""
+    tile_rows: int
+    bound: int
+    n_max: int
+
+
+def routed_choice(cnt, woff, bounds) -> int:
+    """The list the device cuts: the first whose bound exceeds the mean rows per routed expert
+    (rows / experts with a weight offset and rows, compared as rows < bound * experts, exact in
+    integers), else the last; the last too where no expert has rows. bounds: each list's (0:
+    none). The host's plan picks the same way from the experts it routes (products.auto_config
+    of rows / experts)."""
+    cnt, woff = np.asarray(cnt, np.int64).reshape(-1), np.asarray(woff, np.int64).reshape(-1)
+    mine = (woff >= 0) & (cnt > 0)
+    n_exp, rows = int(mine.sum()), int(cnt[mine].sum())
+    for i, bound in enumerate(bounds):
+        if bound > 0 and rows < int(bound) * n_exp:
+            return i
+    return len(bounds) - 1
+
+
+def routed_row_lists(cnt, off, woff, plans) -> tuple[np.ndarray, np.ndarray]:
+    """The device's cut (kernels/routing_tables.cu `routed_row_tiles`): (tiles int32 [sum of the
+    plans' n_max, 4], the lists one after another; live int32 [len(plans)]). The chosen list
+    (routed_choice) holds row_tiles of every expert e with woff[e] >= 0 and cnt[e] > 0, in id
+    order, over its rows (off[e], off[e] + cnt[e]) of the routing tables
+    (strata_prefill.contract.routing.RoutingTables) at its tile_rows, then empty entries (0, 0, 0,
+    0); every other list is empty entries. live: the chosen list's tiles cut, 0 for the others:
+    the launch over a list reads it and no CTA past it loads anything (mmq.cu's MMQ_EMPTY_EXIT).
+    woff: int64 [E] byte offsets of each expert's matrix, -1 where the expert has none here (it
+    streams). A list shorter than its cut is an InputError."""
     cnt, off = np.asarray(cnt, np.int64).reshape(-1), np.asarray(off, np.int64).reshape(-1)
     woff = np.asarray(woff, np.int64).reshape(-1)
     if not len(cnt) == len(off) == len(woff):
-        raise InputError(f"routed_row_tiles: {len(cnt)} counts, {len(off)} offsets, {len(woff)} weight offsets")
+        raise InputError(f"routed_row_lists: {len(cnt)} counts, {len(off)} offsets, {len(woff)} weight offsets")
+    plans = [ListPlan(*map(int, p)) for p in plans]
+    if not plans:
+        raise InputError("routed_row_lists: no list to cut")
+    chosen = routed_choice(cnt, woff, [p.bound for p in plans])
     mine = np.flatnonzero((woff >= 0) & (cnt > 0))
-    cut = row_tiles(np.stack([off[mine], off[mine] + cnt[mine]], axis=1), woff[mine], tile_rows)
-    if len(cut) > int(n_max):
-        raise InputError(f"routed_row_tiles: {len(cut)} tiles do not fit in {int(n_max)}")
-    out = np.zeros((int(n_max), 4), np.int32)
-    out[:len(cut)] = cut
-    return out
+    cut = row_tiles(np.stack([off[mine], off[mine] + cnt[mine]], axis=1), woff[mine], plans[chosen].tile_rows)
+    if len(cut) > plans[chosen].n_max:
+        raise InputError(f"routed_row_lists: {len(cut)} tiles do not fit in {plans[chosen].n_max}")
+    tiles = np.zeros((sum(p.n_max for p in plans), 4), np.int32)
+    first = sum(p.n_max for p in plans[:chosen])
+    tiles[first:first + len(cut)] = cut
+    live = np.zeros(len(plans), np.int32)
+    live[chosen] = len(cut)
+    return tiles, live

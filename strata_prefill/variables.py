@@ -85,6 +85,7 @@ def _table() -> dict[str, Variable]:
         Variable(kernel_cache.ENV, ("run", "bench", "build-kernels"), _kernel_folder, path="folder"),
         Variable(products.CONFIG_ENV, prefills, _json_object(False)),
         Variable(products.DEFINES_ENV, prefills, _json_object(True)),
+        Variable(products.LIST_CTAS_ENV, prefills, checks.bounded(0, products.LIST_CTAS_MAX)),
         Variable(stress.ENV, prefills, checks.seed),  # the cuda backend's stress mode
     ]
     return {v.name: v for v in rows}

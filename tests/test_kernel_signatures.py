@@ -590,7 +590,7 @@ def test_mmq_launches_pass_every_parameter_by_name():
     kernels = [f.mmq_kernel for f in qformats.formats() if f.mmq_kernel]
     found = signatures.kernels("mmq")
     names = [p.name for p in found[kernels[0]].params]
-    assert len(names) == len(set(names)) == 16 and all(names)
+    assert len(names) == len(set(names)) == 17 and all(names)
     for k in kernels:
         assert [p.name for p in found[k].params] == names
         assert "".join(lt for _, lt in products._mmq_fields(k)) == found[k].format

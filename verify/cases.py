@@ -434,6 +434,13 @@ def _model_rows() -> list[KernelCase]:
     for T in BENCH_TOKENS:
         rows.append(kernel_case("routing_tables", f"T{T}-E{E}-K{k}-uniform-strata", dict(T=T, E=E, K=k, skew=False),
                          timed=True))
+    # device_plan's tile lists: uniform and skewed routing, a share of the experts streamed (no
+    # offset), from one token (three lists) to the strata shape at 2K (two)
+    for T, E_, K, skew, streamed in [(1, 128, 8, False, 0.0), (5, 512, 10, False, 0.0), (37, 128, 8, False, 0.3),
+                                     (300, 64, 4, True, 0.5), (2048, 512, 10, True, 0.0),
+                                     (2048, 512, 10, False, 0.0), (4096, 128, 8, False, 0.0)]:
+        rows.append(kernel_case("routed_row_tiles", f"T{T}-E{E_}-K{K}-{'skew' if skew else 'uniform'}-s{streamed}",
+                                dict(T=T, E=E_, K=K, skew=skew, streamed=streamed), quick=T == 1))
     for R, n in [(1, 640), (37, 768), (13, 100)]:
         rows.append(kernel_case("swiglu", f"R{R}-n{n}", dict(R=R, n=n), quick=R == 1))
     # gpt-oss's MoE pieces (docs/numerics.md sections 4, 6, 7): the router's bias and softmax over

@@ -31,6 +31,7 @@ from strata_prefill.fast.cuda.runtime import cuda_available
 from strata_prefill.contract import moe, mmq, q8_1, quants
 from strata_prefill.contract.constants import GROUP_TAIL_BYTES, MMQ_GROUP, WEIGHT_TAIL_BYTES
 from strata_prefill.contract.routing import routing_tables
+from strata_prefill.fast.tiles import routed_row_lists
 from strata_prefill.verify.cases import kernel_rows, mmq_configs, params, sample_index
 from strata_prefill.verify.device_checks import POISON, rows as device_rows, unwritten_words
 from strata_prefill.verify.kernel_inputs import around_clamp, normal
@@ -509,6 +510,33 @@ def _tile_list_case(cu, dev, qt, N, K, rows, seed, keep=False):
         for what, got, w in (("gate", g, want[0]), ("up", u, want[1])):
             gb = _get(cu, got, R_total * N * 4)
             assert np.array_equal(gb, w), f"{qt.name} tile list {what} N={N} K={K} config={cfg}: " + _f32_report(gb, w, N)
+
+    # device_plan's form: the lists cut from the counts (strata_prefill.fast.tiles.routed_row_lists), one a
+    # configuration the rows could call for (products.routed_tile_plans), each launched over its
+    # worst-case length with its live count: the lists not chosen write nothing, and a grid
+    # smaller than the tiles (STRATA_MMQ_LIST_CTAS 1) walks them all, as does one a tile (0)
+    cnt, woff = np.array(rows, np.int64), slots.astype(np.int64) * blob
+    plans = products.routed_tile_plans(int(cnt.sum()), n_exp)
+    lists, live = routed_row_lists(cnt, bounds[:, 0], woff, [p for _cfg, p in plans])
+    ld, lv = _dev(cu, lists), _dev(cu, live)
+    saved = os.environ.get(products.LIST_CTAS_ENV)
+    for ctas in ("1", "0", str(products.DEFAULT_LIST_CTAS)):
+        g, u = _poisoned(cu, R_total * N * 4), _poisoned(cu, R_total * N * 4)
+        os.environ[products.LIST_CTAS_ENV] = ctas
+        try:
+            at = 0
+            for i, (cfg, p) in enumerate(plans):
+                products.mmq_tiles(dev, qt, cd, N=N, K=K, act=ad, R_total=R_total, tiles=int(ld) + 16 * at,
+                                   n_tiles=p.n_max, out=g, config=cfg, pair=(mat, u), live=int(lv) + 4 * i)
+                at += p.n_max
+        finally:
+            os.environ.pop(products.LIST_CTAS_ENV)
+            if saved is not None:
+                os.environ[products.LIST_CTAS_ENV] = saved
+        for what, got, w in (("gate", g, want[0]), ("up", u, want[1])):
+            gb = _get(cu, got, R_total * N * 4)
+            assert np.array_equal(gb, w), (f"{qt.name} device-cut lists {what} N={N} K={K} {len(plans)} lists, "
+                                           f"{ctas} CTAs an SM: " + _f32_report(gb, w, N))
 
 
 @pytest.mark.parametrize("case", params(kernel_rows("mmq_tiles")))

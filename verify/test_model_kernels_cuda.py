@@ -564,6 +564,40 @@ def test_routing_tables(dev, case):
         assert_same(_get(getattr(out, name)), want[name].astype(np.int32), f"routing {name} T={T} E={E} K={K}")
 
 
+@pytest.mark.parametrize("case", params(kernel_rows("routed_row_tiles")))
+def test_routed_row_tiles(dev, case):
+    """routed_row_tiles against strata_prefill.fast.tiles.routed_row_lists: the lists of every
+    configuration the rows could call for (cu_prod.routed_tile_plans) and live counts, as
+    bytes; then the same counts under plans whose bounds make each list in turn the chosen one."""
+    from strata_prefill.fast.tiles import ListPlan, max_row_tiles, routed_row_lists
+
+    T, E, K, skew, streamed = (case.shape[k] for k in ("T", "E", "K", "skew", "streamed"))
+    rng = np.random.default_rng(T * 7 + E + K + skew)
+    if skew:
+        pop = rng.choice(E, size=min(E, 3 * K), replace=False)
+        ids = np.stack([rng.choice(pop, size=K, replace=False) for _ in range(T)]).astype(np.int32)
+    else:
+        ids = np.stack([rng.choice(E, size=K, replace=False) for _ in range(T)]).astype(np.int32)
+    tab = routing.routing_tables(ids, E)
+    resident = rng.random(E) >= streamed
+    woff = np.where(resident, rng.integers(0, 2**33, E) * 2, -1).astype(np.int64)
+    routed = resident & (tab.cnt > 0)
+    mean = tab.cnt[routed].sum() / max(1, routed.sum())
+    auto = [p for _cfg, p in cu_prod.routed_tile_plans(tab.n_rows, E)]
+    n = lambda tr: max_row_tiles(tab.n_rows, E, tr)  # noqa: E731
+    forced = [[ListPlan(8, int(mean) + 1, n(8)), ListPlan(64, 0, n(64))],  # the first list chosen
+              [ListPlan(16, max(1, int(mean)), n(16)), ListPlan(128, 0, n(128))]]  # the last
+    for plans in [auto, *forced]:
+        want_tiles, want_live = routed_row_lists(tab.cnt, tab.off, woff, plans)
+        total = sum(p.n_max for p in plans)
+        tiles, live = _poisoned((total, 4), np.int32), _poisoned((len(plans),), np.int32)
+        cu_ew.routed_row_tiles(dev, _up(tab.cnt.astype(np.int32)), _up(tab.off.astype(np.int32)), _up(woff), plans,
+                               out=tiles, live=live)
+        what = f"routed_row_tiles T={T} E={E} K={K} plans={plans}"
+        assert_same(_get(live), want_live, what + " live")
+        assert_same(_get(tiles), want_tiles, what + " tiles")
+
+
 @pytest.mark.parametrize("case", params(kernel_rows("top_k_selected")))
 def test_top_k_selected(dev, case):
     """router_topk_selected against strata_prefill.contract.routing.top_k(bias=..., gating="softmax_selected"):

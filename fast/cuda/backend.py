@@ -525,12 +525,11 @@ class CudaBackend(BackendBase):
         return base, addrs - base
 
     def _tiles_host(self, layer: int, batch):
-        """(base, the batch's row tiles on the host (products.row_tiles), their configuration,
-        the mean rows per expert that picked it)."""
-        rows_mean = batch.n_rows / len(batch.experts)
-        cfg = products.tile_config(rows_mean)
+        """(base, the batch's row tiles on the host (products.row_tiles), their configuration):
+        the automatic one for the mean rows per routed expert."""
+        cfg = products.tile_config(batch.n_rows / len(batch.experts))
         base, woff = self._batch_offsets(layer, batch)
-        return base, products.row_tiles(batch.bounds, woff, products.tile_rows_for(cfg)), cfg, rows_mean
+        return base, products.row_tiles(batch.bounds, woff, products.tile_rows_for(cfg)), cfg
 
     def _layer_woff(self, layer: int):
         """(the layer's cache base address, int64 device [E]: each expert's blob offset from it,
@@ -546,17 +545,19 @@ class CudaBackend(BackendBase):
 
     def _device_tiles(self, layer: int, batch) -> None:
         """A DeviceBatch's row tiles cut on the device from its routing tables (one
-        routed_row_tiles launch, no host read), padded to the most its rows can cut into; its
-        configuration from the rows over the layer's experts (products.routed_tile_config)."""
+        routed_row_tiles launch, no host read): one list per configuration its rows could call
+        for (products.routed_tile_plans), each padded to the most its rows can cut into; the
+        device cuts the one the counts choose, the others stay empty with a live count of 0."""
         base, woff = self._layer_woff(layer)
-        cfg = products.routed_tile_config(batch.n_rows, batch.n_experts)
-        tile_rows = products.tile_rows_for(cfg)
-        n_max = products.max_row_tiles(batch.n_rows, batch.n_experts, tile_rows)
-        tiles = ops.routed_row_tiles(self.dev, batch.tab.dev_cnt, batch.tab.dev_off, woff, tile_rows=tile_rows,
-                                     n_max=n_max)
-        mean = batch.n_rows / max(1, min(batch.n_experts, batch.n_rows))
-        self._prepared[id(batch)] = (batch, base, int(tiles.gpudata), n_max, cfg, mean)
-        self._prepared_keep.append(tiles)  # alive until the next layer's first call
+        plans = products.routed_tile_plans(batch.n_rows, batch.n_experts)
+        tiles, live = ops.routed_row_tiles(self.dev, batch.tab.dev_cnt, batch.tab.dev_off, woff,
+                                           [p for _cfg, p in plans])
+        lists, at = [], 0
+        for i, (cfg, p) in enumerate(plans):
+            lists.append((int(tiles.gpudata) + 16 * at, p.n_max, cfg, int(live.gpudata) + 4 * i))
+            at += p.n_max
+        self._prepared[id(batch)] = (batch, base, lists)
+        self._prepared_keep += [tiles, live]  # alive until the next layer's first call
 
     def prepare_batches(self, *, layer, batches, add: bool = False) -> None:
         """Every batch's row tiles in one upload (a layer's resident batch, then its ring_in_place
@@ -572,30 +573,31 @@ class CudaBackend(BackendBase):
         if not batches or (dense.is_float(gu_t) and dense.is_float(d_t)):
             return
         parts = [(b, *self._tiles_host(layer, b)) for b in batches]
-        flat = np.concatenate([host for _b, _base, host, _cfg, _mean in parts]).reshape(-1, 4)
+        flat = np.concatenate([host for _b, _base, host, _cfg in parts]).reshape(-1, 4)
         if not len(flat):
             return
         dev = self.dev.upload(np.ascontiguousarray(flat, np.int32))
         at = 0
-        for b, base, host, cfg, mean in parts:
-            self._prepared[id(b)] = (b, base, int(dev.gpudata) + 16 * at, len(host), cfg, mean)
+        for b, base, host, cfg in parts:
+            self._prepared[id(b)] = (b, base, [(int(dev.gpudata) + 16 * at, len(host), cfg, None)])
             at += len(host)
         self._prepared_keep.append(dev)  # alive until the next layer's first upload (one stream: in order)
 
     def _batch_tiles(self, layer: int, batch):
-        """The batch's row tiles on the device (offsets from _batch_offsets' base), and the
-        configuration they were cut for; uploaded once, for gate/up and down alike (the same
-        rows, so the same configuration): by prepare_batches, else here."""
+        """(base, the batch's tile lists: (device address, entries, configuration, live count's
+        device address or None)), one list cut on the host or one a configuration cut on the
+        device; uploaded once, for gate/up and down alike (the same rows, so the same
+        configuration): by prepare_batches, else here."""
         got = self._prepared.get(id(batch))
         if got is not None and got[0] is batch:
             return got[1:]
         keep = self._tiles_keep
         if keep is not None and keep[0] is batch:
-            return keep[1:]
-        base, host, cfg, rows_mean = self._tiles_host(layer, batch)
+            return keep[1:3]
+        base, host, cfg = self._tiles_host(layer, batch)
         dev = self.dev.upload(host)
-        self._tiles_keep = (batch, base, dev, len(host), cfg, rows_mean)  # alive for the batch's launches
-        return self._tiles_keep[1:]
+        self._tiles_keep = (batch, base, [(dev, len(host), cfg, None)], dev)  # alive for the batch's launches
+        return self._tiles_keep[1:3]
 
     def _cache_blobs(self, layer: int, batch):
         """Device address of each of the batch's experts' blobs (expert cache or ring slot), by
@@ -611,11 +613,12 @@ class CudaBackend(BackendBase):
             self._float_experts(gu_t, cfg.n_ff_exp, cfg.n_embd, act, batch.bounds, self._cache_blobs(layer, batch),
                                 ((0, gate), (gu_bytes, up)))
             return
-        base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
+        base, lists = self._batch_tiles(layer, batch)
         for w, out, pair in self._gate_up_launches(base, gu_bytes, gate, up, one_launch):
-            products.mmq_tiles(self.dev, gu_t, w, N=cfg.n_ff_exp, K=cfg.n_embd, act=act.buf, R_total=n_rows,
-                               tiles=tiles, n_tiles=n_tiles, out=out, tile_rows_mean=mean, config=mcfg, pair=pair,
-                               empty_exit=isinstance(batch, DeviceBatch))
+            for tiles, n_tiles, mcfg, live in lists:
+                products.mmq_tiles(self.dev, gu_t, w, N=cfg.n_ff_exp, K=cfg.n_embd, act=act.buf, R_total=n_rows,
+                                   tiles=tiles, n_tiles=n_tiles, out=out, config=mcfg, pair=pair,
+                                   live=live)
 
     def mmq_batch_down(self, *, layer, batch, act: Q8Dev, n_rows, y):
         _, d_t = self.expert_types(layer)
@@ -625,10 +628,11 @@ class CudaBackend(BackendBase):
             self._float_experts(d_t, cfg.n_embd, cfg.n_ff_exp, act, batch.bounds, self._cache_blobs(layer, batch),
                                 ((2 * gu_bytes, y),))
             return
-        base, tiles, n_tiles, mcfg, mean = self._batch_tiles(layer, batch)
-        products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, N=cfg.n_embd, K=cfg.n_ff_exp, act=act.buf,
-                           R_total=n_rows, tiles=tiles, n_tiles=n_tiles, out=y, tile_rows_mean=mean, config=mcfg,
-                           empty_exit=isinstance(batch, DeviceBatch))
+        base, lists = self._batch_tiles(layer, batch)
+        for tiles, n_tiles, mcfg, live in lists:
+            products.mmq_tiles(self.dev, d_t, base + 2 * gu_bytes, N=cfg.n_embd, K=cfg.n_ff_exp, act=act.buf,
+                               R_total=n_rows, tiles=tiles, n_tiles=n_tiles, out=y, config=mcfg,
+                               live=live)
 
     # ---- streaming -------------------------------------------------------------------
     def copy_experts(self, *, ring, slots, experts, tags, wait_for):

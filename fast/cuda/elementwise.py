@@ -17,7 +17,7 @@ add_row_bias           strata_prefill.contract.dense.add_row_bias       add.cu
 top_k                  strata_prefill.contract.routing.top_k                   router.cu
 routing_tables         strata_prefill.contract.routing.routing_tables          routing_tables.cu
 row_experts            strata_prefill.contract.routing.row_experts             routing_tables.cu
-routed_row_tiles       strata_prefill.fast.tiles.routed_row_tiles              routing_tables.cu
+routed_row_tiles       strata_prefill.fast.tiles.routed_row_lists              routing_tables.cu
 swiglu                 strata_prefill.contract.moe.glu (+ add_expert_bias)     swiglu.cu
 combine                strata_prefill.contract.moe.combine                     combine.cu
 sigmoid                strata_prefill.contract.numerics.sigmoid                combine.cu
@@ -262,24 +262,40 @@ def row_experts(dev, ids, slot, out=None):
     return out
 
 
-def routed_row_tiles(dev, cnt, off, woff, *, tile_rows: int, n_max: int, out=None):
-    """The tile list of a tile-list MMQ launch cut on the device from the routing tables' cnt and
-    off (int32 device [E]) and woff (int64 device [E]: each expert's weight byte offset, -1
-    where it has none here): int32 [n_max, 4] (strata_prefill.fast.tiles.routed_row_tiles), padded with
-    empty entries. One block; n_max at least strata_prefill.fast.tiles.max_row_tiles of the rows."""
+_plans_on_device: dict = {}  # a device cut's plans (int32 [n, 4]), uploaded once a shape
+
+
+def routed_row_tiles(dev, cnt, off, woff, plans, *, out=None, live=None):
+    """The tile lists of a layer's tile-list MMQ launches cut on the device from the routing
+    tables' cnt and off (int32 device [E]) and woff (int64 device [E]: each expert's weight byte
+    offset, -1 where it has none here), one list per plan (strata_prefill.fast.tiles.ListPlan,
+    in the order given), the one the counts choose cut, the others empty: (tiles int32 [sum of
+    n_max, 4], live int32 [len(plans)]), strata_prefill.fast.tiles.routed_row_lists. One block.
+    The plans are uploaded once per distinct tuple and kept for the process."""
     check(cnt, "routed_row_tiles cnt", np.int32, ndim=1)
     E = int(cnt.shape[0])
     check(off, "routed_row_tiles off", np.int32, shape=(E,))
     check(woff, "routed_row_tiles woff", np.int64, shape=(E,))
-    tile_rows, n_max = int(tile_rows), int(n_max)
-    if tile_rows <= 0 or tile_rows % 8:
-        raise InputError(f"routed_row_tiles: tile_rows must be a positive multiple of 8, got {tile_rows}")
-    out = dev.output(out, "routed_row_tiles out", (n_max, 4), np.int32)
-    if n_max:
-        f = runtime.function("routing_tables", "routed_row_tiles", "PPPiiiP")
-        dev.launch(f, "routed_row_tiles", (1, 1, 1), (_THREADS, 1, 1), ptr(cnt), ptr(off), ptr(woff), E,
-                   tile_rows, n_max, ptr(out))
-    return out
+    plans = tuple(tuple(int(v) for v in p) for p in plans)
+    if not plans:
+        raise InputError("routed_row_tiles: no plan")
+    for tile_rows, bound, n_max in plans:
+        if tile_rows <= 0 or tile_rows % 8:
+            raise InputError(f"routed_row_tiles: tile_rows must be a positive multiple of 8, got {tile_rows}")
+        if bound < 0 or n_max < 0:
+            raise InputError(f"routed_row_tiles: a plan's bound and length must be >= 0, got {bound}, {n_max}")
+    total = sum(p[2] for p in plans)
+    out = dev.output(out, "routed_row_tiles out", (total, 4), np.int32)
+    live = dev.output(live, "routed_row_tiles live", (len(plans),), np.int32)
+    on_dev = _plans_on_device.get(plans)
+    if on_dev is None:
+        first = np.cumsum([0] + [p[2] for p in plans[:-1]])
+        rows = np.array([(t, b, n, f) for (t, b, n), f in zip(plans, first)], np.int32)
+        on_dev = _plans_on_device[plans] = runtime.to_device(rows, "routed_row_tiles plans")
+    f = runtime.function("routing_tables", "routed_row_tiles", "PPPiPiPP")
+    dev.launch(f, "routed_row_tiles", (1, 1, 1), (_THREADS, 1, 1), ptr(cnt), ptr(off), ptr(woff), E,
+               int(on_dev), len(plans), ptr(out), ptr(live))
+    return out, live
 
 
 # --------------------------------------------------------------------------- MoE elementwise

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
@@ -31,7 +32,7 @@ from strata_prefill.contract.constants import MMQ_GROUP
 from strata_prefill.contract.errors import DeviceError, InputError
 
 from strata_prefill.fast.cuda import elementwise, runtime, signatures
-from strata_prefill.fast.tiles import DEFAULT_TILE_ROWS, max_row_tiles, routed_row_tiles, row_tiles  # noqa: F401
+from strata_prefill.fast.tiles import DEFAULT_TILE_ROWS, ListPlan, max_row_tiles, routed_row_lists, row_tiles  # noqa: F401
 from strata_prefill.fast.cuda.runtime import check, ptr
 
 __all__ = [
@@ -44,10 +45,11 @@ __all__ = [
     "row_tiles",
     "tile_config",
     "tile_rows_for",
-    "routed_tile_config",
+    "routed_tile_plans",
+    "list_ctas",
     "with_empty_exit",
     "max_row_tiles",
-    "routed_row_tiles",
+    "routed_row_lists",
     "mmq_geometry",
     "default_config",
     "auto_config",
@@ -191,7 +193,11 @@ def _tables_host() -> np.ndarray:
 #: between prefills of one engine: bench/bench_prefill_cuda.py --ab)
 CONFIG_ENV = "STRATA_MMQ_CONFIG"
 DEFINES_ENV = "STRATA_MMQ_DEFINES"
-LAUNCH_VARIABLES = (CONFIG_ENV, DEFINES_ENV)
+LIST_CTAS_ENV = "STRATA_MMQ_LIST_CTAS"
+LAUNCH_VARIABLES = (CONFIG_ENV, DEFINES_ENV, LIST_CTAS_ENV)
+#: CTAs an SM a device-cut list's launch takes at most (list_ctas), and the variable's largest
+DEFAULT_LIST_CTAS = 8
+LIST_CTAS_MAX = 1024
 
 
 def default_config() -> dict | None:
@@ -392,13 +398,13 @@ def mmq_group(dev, qtype, w, *, w_stride: int, N: int, K: int, act, R_total: int
     args = _mmq_args(f.kernel, w=ptr(w), act=ptr(act), bounds=ptr(bounds), out=ptr(out), out2=ptr(out2),
                      tab=int(_mmq_state["tables"]), tiles=0, w_stride=int(w_stride),
                      ldo=int(N if ldo is None else ldo), w_pair=w_pair, N=N, K=K, R_total=R_total,
-                     n_exp=n_exp, tile_rows=tile_rows, n_tiles=0)
+                     n_exp=n_exp, tile_rows=tile_rows, n_tiles=0, live=0)
     dev.launch(f, "mmq", grid, (st["threads"], 1, 1), *args, shared_size=f.smem)
 
 
 def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tiles: int, out,
-              ldo: int | None = None, tile_rows_mean: float, config: dict | None = None, pair=None,
-              empty_exit: bool = False) -> None:
+              ldo: int | None = None, tile_rows_mean: float | None = None, config: dict | None = None,
+              pair=None, live=None) -> None:
     """Tile-list product: for each row tile (row_begin, row_end, offset) of ``tiles`` (int32
     device [n_tiles, 4], :func:`row_tiles`), out[r, n] (r in the tile's rows, n < N) =
     strata_prefill.contract.mmq.mmq(the N x K matrix at w + offset, activation row r)[n]. Any number of experts,
@@ -406,11 +412,12 @@ def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tile
     over buffers holding copies of the same matrices. The kernel may read up to 15 bytes past
     a matrix's last row: keep that much allocated after each. tile_rows_mean: the mean rows per
     expert, which picks the automatic configuration (config None and STRATA_MMQ_CONFIG unset);
-    pair: (w_pair, out2) as in :func:`mmq_group`. empty_exit: the list may hold empty entries
-    (row_begin == row_end: the device's cut, strata_prefill.fast.tiles.routed_row_tiles, padded to a
-    worst-case count), which the launch skips: mmq.cu built with MMQ_EMPTY_EXIT (its own
-    modules; without it the kernels are the default ones, and an empty entry would cost a whole
-    tile's work)."""
+    pair: (w_pair, out2) as in :func:`mmq_group`. live: a list cut on the device
+    (strata_prefill.fast.tiles.routed_row_lists: n_tiles is its worst case, padded with empty
+    entries): the device address of its live count (int32), which the launch reads before
+    anything else: mmq.cu built with MMQ_EMPTY_EXIT (its own modules; without it the kernels
+    are the default ones). Its grid is capped at :func:`list_ctas` CTAs an SM, each taking
+    every grid-th tile, so that a list the counts left empty costs a launch of a few CTAs."""
     fmt = _format(qtype)
     N, K, R_total, n_tiles = int(N), int(K), int(R_total), int(n_tiles)
     w_pair, out2 = _checked_pair(fmt, K, out, pair)
@@ -418,15 +425,20 @@ def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tile
         raise InputError("the weight base must be 2-byte aligned")
     if n_tiles <= 0 or N <= 0:
         return
-    config = tile_config(tile_rows_mean) if config is None else config
-    st = _mmq_mod(with_empty_exit(config) if empty_exit else config)
+    if config is None:
+        if tile_rows_mean is None:
+            raise InputError("mmq_tiles: give a configuration or the mean rows per expert that picks one")
+        config = tile_config(tile_rows_mean)
+    st = _mmq_mod(config if live is None else with_empty_exit(config))
     f = _mmq_func(st, fmt)
     tiles_n = n_tiles * -(-N // st["BM"])
+    if live is not None and list_ctas():
+        tiles_n = min(tiles_n, list_ctas() * runtime.multiprocessor_count())
     grid = (min(tiles_n, 1 << 30), 1 if pair is None else 2, 1)
     args = _mmq_args(f.kernel, w=ptr(w), act=ptr(act), bounds=0, out=ptr(out), out2=ptr(out2),
                      tab=int(_mmq_state["tables"]), tiles=ptr(tiles), w_stride=0,
                      ldo=int(N if ldo is None else ldo), w_pair=w_pair, N=N, K=K, R_total=R_total,
-                     n_exp=0, tile_rows=DEFAULT_TILE_ROWS, n_tiles=n_tiles)
+                     n_exp=0, tile_rows=DEFAULT_TILE_ROWS, n_tiles=n_tiles, live=0 if live is None else int(live))
     dev.launch(f, "mmq", grid, (st["threads"], 1, 1), *args, shared_size=f.smem)
 
 
@@ -438,17 +450,44 @@ def tile_config(rows_per_expert: float) -> dict:
 
 
 def with_empty_exit(config: dict) -> dict:
-    """A tile configuration's defines with mmq.cu's MMQ_EMPTY_EXIT on: the tile-list form skips
-    empty entries (a device-cut list, routed_row_tiles). Changes no bit of a product."""
+    """A tile configuration's defines with mmq.cu's MMQ_EMPTY_EXIT on: the tile-list form of a
+    device-cut list (routed_row_lists) reads its live count and skips empty entries. Changes no
+    bit of a product."""
     return {**config, "MMQ_EMPTY_EXIT": 1}
 
 
-def routed_tile_config(n_rows: int, n_experts: int) -> dict:
-    """The configuration of a device-cut tile list (device_plan) over n_rows rows of at most
-    n_experts routed experts: the host does not read the counts, so the automatic choice
-    (tile_config) takes the mean over the most experts that can hold rows, min(n_experts,
-    n_rows), a bound below the true mean. A configuration changes speed only, never a bit."""
-    return tile_config(int(n_rows) / max(1, min(int(n_experts), int(n_rows))))
+def routed_tile_plans(n_rows: int, n_experts: int) -> list[tuple[dict, ListPlan]]:
+    """The lists of a device cut (device_plan) over n_rows rows of at most n_experts routed
+    experts, each with its configuration: the host does not read the counts, so it cannot see
+    the mean rows per routed expert that picks the automatic configuration (tile_config). That
+    mean lies between n_rows / min(n_experts, n_rows) and n_rows: one list for each AUTO_CONFIGS
+    entry whose span of means meets that range, bounded as the entry is
+    (strata_prefill.fast.tiles.routed_choice picks on the device), each as long as its rows can
+    cut (max_row_tiles). STRATA_MMQ_CONFIG set: its one configuration. A configuration changes
+    speed only, never a bit."""
+    n_rows, n_experts = int(n_rows), int(n_experts)
+    fixed = default_config()
+    if fixed is not None:
+        chosen = [(fixed, 0)]
+    else:
+        lo, chosen, below = n_rows / max(1, min(n_experts, n_rows)), [], 0
+        for bound, cfg in AUTO_CONFIGS:  # entry i serves the means in [bound i-1, bound i)
+            if n_rows >= below and (bound is None or lo < bound):
+                chosen.append((_with_extra(cfg), 0 if bound is None else int(bound)))
+            below = below if bound is None else bound
+    return [(cfg, ListPlan(tile_rows_for(cfg), bound, max_row_tiles(n_rows, n_experts, tile_rows_for(cfg))))
+            for cfg, bound in chosen]
+
+
+def list_ctas() -> int:
+    """CTAs an SM a device-cut list's launch takes at most (0: one a tile):
+    STRATA_MMQ_LIST_CTAS, else DEFAULT_LIST_CTAS."""
+    raw = os.environ.get(LIST_CTAS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LIST_CTAS
+    if not re.fullmatch(r"[0-9]{1,4}", raw) or int(raw) > LIST_CTAS_MAX:
+        raise InputError(f"{LIST_CTAS_ENV} must be an integer 0..{LIST_CTAS_MAX}, got {raw!r}")
+    return int(raw)
 
 
 def tile_rows_for(config: dict) -> int:

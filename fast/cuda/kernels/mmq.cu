@@ -29,7 +29,7 @@
 // (a byte offset, even). CTA tile t multiplies entry t / ceil(N / MMQ_BM) with weight-row
 // tile t % ceil(N / MMQ_BM). The host cuts each expert's rows as the bounds path does
 // (fast/tiles.py row_tiles), or a kernel cuts them on the device from the routing tables
-// (fast/tiles.py routed_row_tiles: the list then ends in empty entries, see MMQ_EMPTY_EXIT);
+// (fast/tiles.py routed_row_lists: the list then ends in empty entries, see MMQ_EMPTY_EXIT);
 // how rows are cut changes which CTA computes an output element, never its arithmetic. This
 // serves the expert cache read in place: a layer's resident experts in one launch, no gather
 // (fast/walk.py, in_place and device_plan).
@@ -107,12 +107,15 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #ifndef MMQ_MIX_MIN
 #define MMQ_MIX_MIN (MMQ_BN / 2)
 #endif
-// MMQ_EMPTY_EXIT 1: the tile-list form skips an empty entry (row_begin >= row_end) before it
-// loads anything. A list cut on the device from the routing tables (routing_tables.cu
-// routed_row_tiles, for device_plan) is padded with such entries up to a count the host knows
-// without reading the counts back; the launch covers that worst case and the padding exits at
-// once. The host's lists hold no empty entry: without the define (every other launch) the
-// kernels are compiled exactly as before.
+// MMQ_EMPTY_EXIT 1: the tile-list form of a list cut on the device from the routing tables
+// (routing_tables.cu routed_row_tiles, for device_plan). The host knows the list only as a
+// worst-case count and a configuration the counts may not choose: it launches one list per
+// configuration the counts could call for, each over its worst case, and the cut writes each
+// list's live entries to `live` (0 for the lists not chosen). The launch reads that count
+// first: a CTA past it returns before it loads anything, the CTAs that remain walk the live
+// tiles (the grid may be smaller than the tiles: a CTA takes tile, tile + gridDim.x, ...), and
+// an empty entry is skipped. Without the define (every other launch, live NULL) the kernels are
+// compiled as before.
 #ifndef MMQ_EMPTY_EXIT
 #define MMQ_EMPTY_EXIT 0
 #endif
@@ -856,7 +859,8 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                                           const int* __restrict__ bounds, int n_exp,
                                           float* __restrict__ out, long long ldo,
                                           const uint8_t* __restrict__ tabg, int tile_rows,
-                                          const int4* __restrict__ tiles, int n_tiles) {
+                                          const int4* __restrict__ tiles, int n_tiles,
+                                          const int* __restrict__ live) {
     using G = Geo<QT>;
     constexpr int NBLK = G::NBLK, CB = G::CB, PMAX = G::PMAX, RAWB = G::RAWB, ASTR = G::ASTR, WSTR = G::WSTR;
     constexpr int STAGES = G::STAGES;
@@ -879,6 +883,12 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
     const int wm = warp % WM, wn = warp / WM;
     const int t4 = lane & 3;
     const int NTm = (N + BM - 1) / BM;
+#if MMQ_EMPTY_EXIT
+    if constexpr (LIST) {  // a device-cut list: only its live entries (the same test for the whole CTA)
+        if (live != nullptr) n_tiles = min(n_tiles, *live);
+        if ((long long)blockIdx.x >= (long long)n_tiles * NTm) return;
+    }
+#endif
     const int nb = K / 32;
     const int nch = (K + 127) / 128;
     const int row_bytes = (K / Tr<QT>::VPB) * Tr<QT>::BS;
@@ -1128,14 +1138,15 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
         NAME(const uint8_t* __restrict__ w, long long w_stride, int N, int K,                          \
              const uint8_t* __restrict__ act, int R_total, const int* __restrict__ bounds, int n_exp,   \
              float* __restrict__ out, long long ldo, const uint8_t* __restrict__ tab, int tile_rows,   \
-             long long w_pair, float* out2, const int4* __restrict__ tiles, int n_tiles) {             \
+             long long w_pair, float* out2, const int4* __restrict__ tiles, int n_tiles,              \
+             const int* __restrict__ live) {                                                            \
         const bool second = blockIdx.y != 0;                                                             \
         if (tiles != nullptr)                                                                            \
             mmq_body<QT, true>(second ? w + w_pair : w, w_stride, N, K, act, R_total, bounds, 0,        \
-                               second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);               \
+                               second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles, live);         \
         else                                                                                             \
             mmq_body<QT, false>(second ? w + w_pair : w, w_stride, N, K, act, R_total, bounds, n_exp,   \
-                                second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles);              \
+                                second ? out2 : out, ldo, tab, tile_rows, tiles, n_tiles, live);        \
     }                                                                                                    \
     extern "C" __device__ int NAME##_smem = Geo<QT>::SMEM;
 

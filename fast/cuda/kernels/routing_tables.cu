@@ -20,14 +20,19 @@
 // (the expert of each expert-sorted row, which the expert-bias kernels read: swiglu.cu,
 // swiglu_q8_1.cu). A thread a pair.
 //
-// routed_row_tiles -- definition: strata_prefill.fast.tiles.routed_row_tiles: the tile list of a tile-list
-// MMQ launch (mmq.cu) cut on the device from cnt and off, so the host plans a layer's in-place
-// products without reading the counts back (device_plan). Every expert e with woff[e] >= 0 and
-// cnt[e] > 0, in id order, gets ceil(cnt / tile_rows) entries (row_begin, row_end, low and high
-// 32 bits of woff[e]) of rpt rows each (ceil(cnt / tiles) rounded up to 8), the last shorter;
-// the entries after the last expert's, up to n_max, are (0, 0, 0, 0): mmq.cu built with
-// MMQ_EMPTY_EXIT skips them. One block: each thread takes a contiguous run of experts, a block
-// scan of their tile counts gives each run its first entry.
+// routed_row_tiles -- definition: strata_prefill.fast.tiles.routed_row_lists: the tile lists of
+// a layer's tile-list MMQ launches (mmq.cu) cut on the device from cnt and off, so the host
+// plans a layer's in-place products without reading the counts back (device_plan). The host
+// hands one plan per tile configuration the mean rows per expert could call for: plans[p] =
+// (tile_rows, bound, n_max, first entry of its list in tiles). The block counts the experts
+// with woff[e] >= 0 and cnt[e] > 0 and their rows, picks the first plan with rows < bound *
+// experts (bound 0: none), else the last (strata_prefill.fast.tiles.routed_choice), and cuts that list:
+// every such expert, in id order, gets ceil(cnt / tile_rows) entries (row_begin, row_end, low
+// and high 32 bits of woff[e]) of rpt rows each (ceil(cnt / tiles) rounded up to 8), the last
+// shorter; the rest of every list is (0, 0, 0, 0). live[p]: the tiles of the chosen list, 0 for
+// the others: mmq.cu built with MMQ_EMPTY_EXIT reads it, and the launches over the other lists
+// load nothing. One block: each thread takes a contiguous run of experts, a block scan of their
+// tile counts gives each run its first entry.
 
 #include <stdint.h>
 
@@ -143,15 +148,46 @@ __device__ __forceinline__ int routed_tiles_of(int cnt, long long woff, int tile
     return (woff >= 0 && cnt > 0) ? (cnt + tile_rows - 1) / tile_rows : 0;
 }
 
+// the block's sum of v (every thread returns it); red: 32 long longs of shared memory
+__device__ __forceinline__ long long block_sum(long long v, long long* red)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    long long t = 0;
+    for (int w = 0; w < nw; ++w) t += red[w];
+    __syncthreads();
+    return t;
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 routed_row_tiles(const int* __restrict__ cnt, const int* __restrict__ off, const long long* __restrict__ woff,
-                 int E, int tile_rows, int n_max, int4* __restrict__ tiles)
+                 int E, const int4* __restrict__ plans, int n_plans, int4* __restrict__ tiles,
+                 int* __restrict__ live)
 {
     __shared__ int warp_base[32];
     __shared__ int s_total;
+    __shared__ long long red[32];
     const int nt = blockDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
     const int per = (E + nt - 1) / nt;
     const int e0 = min(tid * per, E), e1 = min(e0 + per, E);
+    long long my_exp = 0, my_rows = 0;
+    for (int e = e0; e < e1; ++e) {
+        const int c = cnt[e];
+        if (woff[e] >= 0 && c > 0) {
+            ++my_exp;
+            my_rows += c;
+        }
+    }
+    const long long n_exp = block_sum(my_exp, red), n_rows = block_sum(my_rows, red);
+    int chosen = n_plans - 1;
+    for (int p = n_plans - 1; p >= 0; --p)
+        if (plans[p].y > 0 && n_rows < (long long)plans[p].y * n_exp) chosen = p;
+    const int4 plan = plans[chosen];
+    const int tile_rows = plan.x, n_max = plan.z;
+    int4* list = tiles + plan.w;
     int mine = 0;
     for (int e = e0; e < e1; ++e) mine += routed_tiles_of(cnt[e], woff[e], tile_rows);
     int inc = mine;  // inclusive scan over the warp's lanes
@@ -185,8 +221,14 @@ routed_row_tiles(const int* __restrict__ cnt, const int* __restrict__ off, const
         const int lo = (int)(unsigned)(w & 0xffffffffll), hi = (int)(w >> 32);
         for (int k = 0; k < nrt && at < n_max; ++k, ++at) {
             const int b = b0 + k * rpt;
-            tiles[at] = make_int4(b, min(b + rpt, b1), lo, hi);
+            list[at] = make_int4(b, min(b + rpt, b1), lo, hi);
         }
     }
-    for (int i = s_total + tid; i < n_max; i += nt) tiles[i] = make_int4(0, 0, 0, 0);
+    for (int i = s_total + tid; i < n_max; i += nt) list[i] = make_int4(0, 0, 0, 0);
+    for (int p = 0; p < n_plans; ++p) {  // the lists not chosen: all empty, none live
+        if (tid == 0) live[p] = p == chosen ? min(s_total, n_max) : 0;
+        if (p == chosen) continue;
+        const int4 q = plans[p];
+        for (int i = tid; i < q.z; i += nt) tiles[q.w + i] = make_int4(0, 0, 0, 0);
+    }
 }
