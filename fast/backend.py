@@ -210,17 +210,19 @@ class Backend(Protocol):
         """Down products of a batch of experts, read where they lie, into their rows of y."""
 
     def swiglu_rows(self, gate: Array, up: Array, r0: int, r1: int, out: Array | None = None, *, act=None,
-                    expert_bias=None) -> Array:
+                    expert_bias=None, mark=None) -> Array:
         """H = silu(gate) * up over rows r0 .. r1 (out given: written into its rows r0 .. r1,
         and that view returned). act: None, or a strata_prefill.contract.moe.SwigluOai (strata_prefill.contract.moe.glu);
         expert_bias: None, or (rexp [R] from row_experts, gate bias [E, n], up bias [E, n]) added
-        to gate and up first (strata_prefill.contract.moe.add_expert_bias)."""
+        to gate and up first (strata_prefill.contract.moe.add_expert_bias). mark: None, or (code_gate,
+        code_up): the watch's nonfinite_mark of rows r0 .. r1 of gate under code_gate and of up
+        under code_up (their values as read, before any bias), made by the same step."""
 
     def swiglu_quantize(self, *, gate: Array, up: Array, r0: int, r1: int, layout, out: Q8, row0: int,
-                        n_rows_total: int, act=None, expert_bias=None) -> None:
+                        n_rows_total: int, act=None, expert_bias=None, mark=None) -> None:
         """One launch: H = silu(gate) * up over rows r0 .. r1, quantized into rows row0 .. of out
         (n_rows_total rows): swiglu_rows then quantize_gather (src None), the same bytes
-        (act, expert_bias: as swiglu_rows)."""
+        (act, expert_bias, mark: as swiglu_rows)."""
 
     def mmq_group_down(self, *, layer: int, group, bounds, act: Q8, n_rows: int, y: Array) -> None:
         """Down products of the group buffers' experts into their rows of y."""

@@ -59,8 +59,9 @@ def window_bytes_per_token(config) -> int:
 
 class DeviceWatch(nonfinite.Watch):
     """The run's NaN/Inf watch (formats/nonfinite.py) kept by the backend: each `see` queues a
-    mark behind the op that wrote the array (a kernel on the cuda backend, no host wait);
-    `first` reads the one value, when the run has its logits."""
+    mark behind the op that wrote the array (a kernel on the cuda backend, no host wait); gate,
+    up and shexp have no `see`: the SwiGLU steps that read them mark them (`code`s passed as the
+    steps' mark). `first` reads the one value, when the run has its logits."""
 
     def __init__(self, backend, n_layer: int):
         super().__init__(n_layer)
@@ -333,15 +334,20 @@ class FastEngine:
         shared = self._shared_phase(layer, W, h) if o.overlap_plan else None
 
         # 4. The per-expert walk (fast/walk.py), through the ring pass the unit's copy schedule gives it.
+        # The watch's gate and up (H's quantize would hide what they hold) are marked by the SwiGLU
+        # steps that read them (glu's mark): every form of the walk takes every row through one,
+        # after its product; where a step read rows not yet written, the walk made no mark there.
         ring_pass, ahead = self.schedule.layer_pass(layer, tab)
+        marks = (self.watch.code(layer, "gate"), self.watch.code(layer, "up"))
+        glu = dict(self._moe.glu(be, W, rexp, cfg), mark=marks)
         rows = walk.run_experts(be, config=cfg, layer=layer, tab=tab, n_rows=n_rows, moe_in=moe_in,
                                 down_layout=None if dense.is_float(down_t) else q8_1.layout_for(down_t),
                                 placement=self.placement, ring_pass=ring_pass, ahead=ahead, options=o,
                                 group_size=self.group_size, on_device=on_device, keep_h=dump is not None and dump.ops,
-                                glu=self._moe.glu(be, W, rexp, cfg))
-
-        self.watch.see(layer, "gate", rows.gate)  # H's quantize would hide what they hold
-        self.watch.see(layer, "up", rows.up)
+                                glu=glu)
+        if not rows.marked:
+            self.watch.see(layer, "gate", rows.gate)
+            self.watch.see(layer, "up", rows.up)
 
         # 5. The shared expert, where it was not queued before the walk.
         if not o.overlap_plan:
@@ -384,9 +390,7 @@ class FastEngine:
         else:
             act = self._quantize(h, wg)
             gate, up = be.mmq_dense(wg, act), be.mmq_dense(wu, act)
-        layer = W.index
-        self.watch.see(layer, "shexp", gate)  # H's quantize would hide what they hold
-        self.watch.see(layer, "shexp", up)
         n_tok = be.shape(h)[0]
-        hh = be.swiglu_rows(gate, up, 0, n_tok)
+        code = self.watch.code(W.index, "shexp")  # gate and up, which H's quantize would hide, under one op
+        hh = be.swiglu_rows(gate, up, 0, n_tok, mark=(code, code))
         return g, self._dense(wd, hh)

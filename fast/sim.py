@@ -569,13 +569,38 @@ class SimBackend(BackendBase):
             g, u = add_expert_bias(g, bg, rexp[r0:r1]), add_expert_bias(u, bu, rexp[r0:r1])
         return glu(g, u, act)
 
-    def swiglu_rows(self, gate, up, r0, r1, out=None, *, act=None, expert_bias=None):
+    def _glu_marks(self, gate, up, r0, r1, mark):
+        """What a SwiGLU step's mark does first, as the kernels do it (fast/cuda/kernels/swiglu.cu):
+        strata_prefill.formats.nonfinite.mark of rows r0 .. r1 of gate under code_gate, then of up
+        under code_up, in the watch's box of now; mark None: nothing."""
+        if mark is None:
+            return lambda: None
+        if self._nonfinite is None:
+            self.nonfinite_reset()
+        box, (code_gate, code_up) = self._nonfinite, mark
+
+        def run():
+            box[0] = nonfinite.mark(box[0], gate[r0:r1], code_gate)
+            box[0] = nonfinite.mark(box[0], up[r0:r1], code_up)
+
+        return run
+
+    def swiglu_rows(self, gate, up, r0, r1, out=None, *, act=None, expert_bias=None, mark=None):
         dst = self.alloc_f32((r1 - r0, gate.shape[1])) if out is None else out[r0:r1]
-        return self._step("swiglu", dst, lambda: self._glu_rows(gate, up, r0, r1, act, expert_bias))
+        marks = self._glu_marks(gate, up, r0, r1, mark)
+
+        def run():
+            marks()
+            return self._glu_rows(gate, up, r0, r1, act, expert_bias)
+
+        return self._step("swiglu", dst, run)
 
     def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Buf, row0, n_rows_total, act=None,
-                        expert_bias=None):
+                        expert_bias=None, mark=None):
+        marks = self._glu_marks(gate, up, r0, r1, mark)
+
         def run():
+            marks()
             h = self._glu_rows(gate, up, r0, r1, act, expert_bias)
             q8_1.unpack_rows(out.data, n_rows_total)[row0:row0 + (r1 - r0)] = q8_1.quantize_rows(h, layout)
 

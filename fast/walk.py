@@ -216,6 +216,9 @@ class ExpertRows:
     down_in: object
     y: object
     h: np.ndarray | None = None
+    #: every row of gate and up passed a SwiGLU step that made glu's mark: False where a step's
+    #: rows held some no product had written yet (LayerWalk.swiglu_h), so the caller marks them
+    marked: bool = True
 
 
 def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout, placement, ring_pass,
@@ -233,7 +236,10 @@ def run_experts(be, *, config, layer: int, tab, n_rows: int, moe_in, down_layout
     the device). keep_h: keep H on the host for the op records.
     down_layout None: a float down type, whose input H is not quantized. glu: the gated
     activation's keywords of the backend's SwiGLU steps where the architecture's MoE asks for
-    them (act, expert_bias: fast/engine.py's MoeSteps), None or empty for plain SwiGLU."""
+    them (act, expert_bias: fast/engine.py's MoeSteps), None or empty for plain SwiGLU, and the
+    watch's mark of gate and up (fast/engine.py): every row of them passes one SwiGLU step or
+    more after its product, in every form of the walk, so those steps are the watch's marks of
+    both, but where rows.marked comes back False (LayerWalk.swiglu_h)."""
     n_ff = config.n_ff_exp
     down_in = be.alloc_f32((n_rows, n_ff)) if down_layout is None else be.alloc_q8(n_rows, n_ff)
     rows = ExpertRows(n_rows, moe_in, gate=be.alloc_f32((n_rows, n_ff)), up=be.alloc_f32((n_rows, n_ff)),
@@ -314,6 +320,7 @@ class LayerWalk:
         self.group_gather = options.group_gather
         self.rows, self.down_layout, self.keep_h = rows, down_layout, keep_h
         self.members: list[Member] = []  # the open group's members (ring_in_place: the open run's)
+        self.written = np.zeros(rows.n_rows, bool)  # the rows of gate and up a product has written
         self.flushed = 0  # members[:flushed] are gathered
         self.in_ring = False  # walking runs (run_in_ring), not groups
 
@@ -444,6 +451,7 @@ class LayerWalk:
         with be.phase("gate/up", **args):
             be.mmq_group_gate_up(layer=layer, group=grp, bounds=gb, act=r.moe_in, n_rows=r.n_rows, gate=r.gate,
                                  up=r.up, one_launch=self.options.fuse_group)
+        self._written(grp.bounds)
         self.swiglu_h(grp.row_begin, grp.row_end, args)
         with be.phase("down", **args):
             be.mmq_group_down(layer=layer, group=grp, bounds=gb, act=r.down_in, n_rows=r.n_rows, y=r.y)
@@ -460,6 +468,15 @@ class LayerWalk:
         with be.phase("gate/up", **args):
             be.mmq_batch_gate_up(layer=self.layer, batch=batch, act=r.moe_in, n_rows=r.n_rows, gate=r.gate, up=r.up,
                                  one_launch=self.options.fuse_group)
+        self._written(None if isinstance(batch, DeviceBatch) else batch.bounds)
+
+    def _written(self, bounds) -> None:
+        """The rows of experts' (row_begin, row_end) bounds now hold their gate and up (None: all)."""
+        if bounds is None:
+            self.written[:] = True
+            return
+        for b0, b1 in np.asarray(bounds).tolist():
+            self.written[b0:b1] = True
 
     def batch_rest(self, batch: Batch) -> None:
         """The resident batch's SwiGLU over the rows from its first to its last (when streamed
@@ -474,8 +491,15 @@ class LayerWalk:
     def swiglu_h(self, r0: int, r1: int, args: dict) -> None:
         """H = silu(gate) * up over rows r0..r1 (or the architecture's activation of the biased
         gate and up: self.glu), quantized into down_in (a float down type: written there as it
-        is, one launch)."""
+        is, one launch). glu's mark (the watch's, of gate and up) is made only where every row
+        of r0..r1 was written by a product before: a ring run's rows span those of experts a
+        later run multiplies where a predicted head comes first (head_predict); H of those rows
+        is computed again, from their values, by that run, but their values now are no one's.
+        Such a step marks nothing and rows.marked becomes False."""
         be, r, glu = self.be, self.rows, self.glu
+        if "mark" in glu and not self.written[r0:r1].all():
+            glu = {k: v for k, v in glu.items() if k != "mark"}
+            r.marked = False
         with be.phase("swiglu+quantize H", **args):
             if self.down_layout is None:
                 hh = be.swiglu_rows(r.gate, r.up, r0, r1, out=r.down_in, **glu)

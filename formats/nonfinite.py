@@ -190,8 +190,10 @@ NOTHING = 2**64 - 1
 
 def mark(first: int, x, code: int) -> int:
     """`code` where x holds a NaN or an Inf and code is below `first`, else `first`: the
-    definition of fast/cuda/kernels/nonfinite.cu's `nonfinite_mark`. A code at or above
-    `first` does not read x (an earlier op already holds the watch)."""
+    definition of fast/cuda/kernels/nonfinite.cu's `nonfinite_mark`, and of the mark the SwiGLU
+    kernels (swiglu.cu, swiglu_q8_1.cu) make over the gate and up rows they read (this, of the
+    gate rows, then of the up rows). A code at or above `first` does not read x (an earlier op
+    already holds the watch)."""
     if code >= first:
         return first
     return code if not np.isfinite(np.asarray(x)).all() else first

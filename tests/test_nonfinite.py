@@ -645,3 +645,371 @@ def test_a_windowed_run_is_named_the_same(overflowing, capsys):
     line = one_line(err)
     assert "Inf first in layer 1, op attn_norm (L01.attn_norm) of chunk 0, position 0, element 0 (" in line
     assert " of 8,192 values non-finite)" in line and out == ""  # the window's 32 rows of 256
+
+
+# ---- gate, up and the shared expert's: marked by the SwiGLU steps that read them -------------
+# The fast engine queues no nonfinite_mark for `gate`, `up` or `shexp`: the SwiGLU steps that read
+# those rows mark them (the backends' `mark`, swiglu.cu and swiglu_q8_1.cu on the GPU). These
+# tests plant a NaN or an Inf in one element of a product's output, right after the product
+# wrote it, and hold the watch's answer (the Seen, no replay) to that op and layer in every form
+# of the walk; and that every row of every layer's gate and up passes a marked SwiGLU step.
+
+from strata_prefill.fast import make_fast_engine  # noqa: E402
+from strata_prefill.session import Session  # noqa: E402
+from switch_needs import settled  # noqa: E402
+
+WALK_PROMPT, WALK_CHUNK = 40, 32  # two units: 32 tokens (128 routed rows), then 8 (32 rows)
+#: the walk's forms on the tiny pack (2 layers, top-4 of 16 experts): FastEngine switches, the
+#: group size, and the walk every unit must have taken (None: every expert resident, no ring)
+WALK_FORMS = {
+    "device-plan": (dict(), 16, None),  # the sim holds every expert: one DeviceBatch, rows 0..n
+    "host-batch": (dict(device_plan=0), 16, None),  # the resident Batch's row span
+    "groups-of-3": (dict(in_place=0), 3, None),  # every expert gathered, SwiGLU a group at a time
+    "per-expert-gathers": (dict(in_place=0, group_gather=0), 3, None),
+    "two-launches": (dict(in_place=0, fuse_group=0), 16, None),  # swiglu_rows, then the quantize of H
+    "staged-groups": (dict(expert_cache=4, ring=8, stream_min=40, stage_head=0, ring_in_place=0), 3, "staged"),
+    "streamed-groups": (dict(expert_cache=4, ring=8, stream_min=1, ring_in_place=0), 3, "streamed"),
+    "streamed-ring-runs": (dict(expert_cache=4, ring=8, stream_min=1, ring_run=2), 16, "streamed"),
+    "staged-ring-runs": (dict(expert_cache=4, ring=8, stream_min=40, stage_head=3, ring_run=3), 16, "staged"),
+    "window-of-both-chunks": (dict(expert_cache=4, ring=8, stream_min=1, window=64), 3, None),  # one unit
+    # a predicted head first: a run's rows may span a later run's, not yet written when its SwiGLU
+    # reads them; that step makes no mark and the layer's gate and up are marked after the walk
+    "predicted-head-runs": (dict(expert_cache=4, ring=8, stream_min=40, stage_head=3, head_predict=1), 16,
+                            "staged"),
+}
+#: the ops the engine marks with nonfinite_mark of their own
+SEPARATE = {"q", "k", "v", "attn_out", "router_logits", "moe_out"}
+KINDS = {"nan": np.float32(np.nan), "inf": np.float32(np.inf), "-inf": np.float32(-np.inf)}
+
+
+def _planted_engine(pack, switches: dict, group_size: int, layer: int, target: str, value, seed: int,
+                    backend: str = "sim"):
+    """An engine whose `target` product ("gate" or "up": the routed experts' rows; "shexp gate"
+    or "shexp up": the shared expert's) of `layer` gets `value` at one element (drawn once per
+    buffer), put there on the compute stream (a sim step, a copy on the cuda backend's stream)
+    after every product that writes the buffer, so that whichever product writes that row, the
+    value is what the SwiGLU step reads. Also records every SwiGLU step's rows and mark and the
+    ops of the separate marks (engine.marked_ops): (engine, planted list, steps list)."""
+    eng = make_fast_engine(pack, backend, group_size=group_size,
+                           **settled(pack, backend, **{"window": "off", **switches}))
+    be, rng, at, planted, steps = eng.be, np.random.default_rng(seed), {}, [], []
+
+    def plant(buf):
+        if id(buf) not in at:  # `at` holds buf: no other buffer takes its id
+            at[id(buf)] = (buf, int(rng.integers(buf.shape[0])), int(rng.integers(buf.shape[1])))
+        _buf, r, c = at[id(buf)]
+        if backend == "cuda":
+            import pycuda.driver as cuda
+
+            cuda.memcpy_htod_async(int(buf.gpudata) + 4 * (r * int(buf.shape[1]) + c), np.array([value], np.float32),
+                                   be.dev.stream)
+            planted.append((r, c))
+            return
+
+        def run():
+            buf[r, c] = value
+            planted.append((r, c))
+
+        be._launch("plant", run)
+
+    def routed(method):
+        def wrapped(**kw):
+            method(**kw)
+            if kw["layer"] == layer and target in ("gate", "up"):
+                plant(kw[target])
+        return wrapped
+
+    def dense_product(method):
+        def wrapped(w, x):
+            out = method(w, x)
+            if target.startswith("shexp ") and w is getattr(eng.layer_weights(layer), f"ffn_{target.split()[1]}_shexp"):
+                plant(out)
+            return out
+        return wrapped
+
+    shared = []  # non-empty while the engine's shared_expert runs
+
+    def recorded(method, fused: bool):
+        def wrapped(*args, **kw):
+            gate, up, r0, r1 = (kw["gate"], kw["up"], kw["r0"], kw["r1"]) if fused else args[:4]
+            steps.append((bool(shared), gate, int(r0), int(r1), kw.get("mark")))
+            return method(*args, **kw)
+        return wrapped
+
+    def in_shared(method):
+        def wrapped(*args):
+            shared.append(1)
+            try:
+                return method(*args)
+            finally:
+                shared.pop()
+        return wrapped
+
+    eng.shared_expert = in_shared(eng.shared_expert)
+    mark = be.nonfinite_mark
+
+    def marked(x, code):  # the separate marks' ops, in the unit's code (formats/nonfinite.py Watch.code)
+        eng.marked_ops.add(OPS[code % len(OPS)].name)
+        mark(x, code)
+
+    eng.marked_ops, be.nonfinite_mark = set(), marked
+
+    be.mmq_group_gate_up, be.mmq_batch_gate_up = routed(be.mmq_group_gate_up), routed(be.mmq_batch_gate_up)
+    be.mmq_dense, be.float_dense = dense_product(be.mmq_dense), dense_product(be.float_dense)
+    be.swiglu_rows, be.swiglu_quantize = recorded(be.swiglu_rows, False), recorded(be.swiglu_quantize, True)
+    return eng, planted, steps
+
+
+def _watch_of(eng, ids, dump_dir=None):
+    """The run's watch answer (a Seen: no replay names a record); NumPy's warnings of the
+    planted values kept quiet, as the command keeps them."""
+    from strata_prefill.cli import quiet_floats
+
+    s = Session(eng, chunk=WALK_CHUNK, progress=False, dump_dir=dump_dir, dump_level="ops" if dump_dir else None)
+    s._name_nonfinite = lambda *a: None
+    with quiet_floats():
+        return s.run(ids, greedy=0).nonfinite
+
+
+def _assert_every_row_marked(eng, steps) -> tuple[int, int]:
+    """Every row of every layer's gate and up (each unit's buffers: T*K rows) passed a SwiGLU
+    step that marked it under that layer's codes, but in the layers (of a unit) where a step
+    made no mark; the shared expert's under its one code. Returns (the units the run took:
+    chunks, or windows; the layers, of all units, where a step made no mark)."""
+    cfg = eng.config
+    by_buf: dict = {}
+    for _shared, gate, r0, r1, mark in (s for s in steps if not s[0]):
+        got = by_buf.setdefault(id(gate), [gate, None, set(), False])
+        if mark is None:
+            got[3] = True
+            continue
+        assert got[1] in (None, mark)
+        got[1] = mark
+        got[2].update(range(r0, r1))
+    n_units, odd = divmod(len(by_buf), cfg.n_layer)
+    assert n_units and not odd, len(by_buf)
+    codes = {m for _g, m, _rows, _unmarked in by_buf.values() if m is not None}
+    assert all(cg < cu for cg, cu in codes) and len(codes) <= n_units * cfg.n_layer
+    for gate, _mark, rows, unmarked in by_buf.values():
+        assert unmarked or rows == set(range(gate.shape[0])), \
+            f"rows {sorted(set(range(gate.shape[0])) - rows)} never marked"
+    shared = [s[1:] for s in steps if s[0]]
+    assert len(shared) == (n_units * cfg.n_layer if cfg.has_shexp else 0)
+    assert all(m is not None and m[0] == m[1] and (r0, r1) == (0, g.shape[0]) for g, r0, r1, m in shared)
+    return n_units, sum(unmarked for *_x, unmarked in by_buf.values())
+
+
+def _forms():
+    out = []
+    for i, (form, (switches, gs, walk)) in enumerate(WALK_FORMS.items()):
+        for j, target in enumerate(("gate", "up")):
+            kind = list(KINDS)[(2 * i + j) % len(KINDS)]
+            out.append(pytest.param(form, target, kind, id=f"{form}-{target}-{kind}"))
+    return out
+
+
+BACKENDS = ["sim", pytest.param("cuda", marks=ON_CUDA.marks)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form, target, kind", _forms())
+def test_a_non_finite_gate_or_up_row_is_seen_in_every_walk_form(healthy, form, target, kind, backend):
+    """A NaN or an Inf in one routed row of layer 1's gate or up (one NumPy quantize of H hides a
+    NaN, an Inf reaches only moe_out): the watch names layer 1, that op, in the first unit, in
+    every form of the walk, with no nonfinite_mark launch of its own for gate, up or shexp
+    (the SwiGLU steps mark them); every row of every layer passes a marked SwiGLU step (a
+    predicted head's layers: or are marked after the walk); the healthy run sees nothing."""
+    switches, gs, walk = WALK_FORMS[form]
+    pack = Pack.open(healthy[0])
+    ids = np.random.default_rng(3).integers(0, pack.config.n_vocab, WALK_PROMPT).astype(np.int32)
+    eng, planted, steps = _planted_engine(pack, switches, gs, 1, target, KINDS[kind], len(form), backend)
+    assert _watch_of(eng, ids) == nonfinite.Seen(0, 1, target)
+    assert planted, "nothing was planted"
+    if walk is not None:
+        assert {c.walk for c in eng.walk_choices} == {walk}
+    n_units, unmarked = _assert_every_row_marked(eng, steps)
+    assert n_units == (1 if form.startswith("window") else -(-WALK_PROMPT // WALK_CHUNK))
+    if form.startswith("predicted"):  # the layers whose steps read unwritten rows: marked after the walk
+        assert unmarked and eng.marked_ops == SEPARATE | {"gate", "up"}
+    else:
+        assert not unmarked and eng.marked_ops == SEPARATE  # no gate, up or shexp
+    healthy_eng, _, _ = _planted_engine(pack, switches, gs, 1, "none", KINDS[kind], 0, backend)
+    assert _watch_of(healthy_eng, ids) is None  # no mark of rows before their product wrote them
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("target", ["gate", "up", "shexp gate", "shexp up"])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_first_of_gate_up_and_shexp_is_seen_and_a_healthy_run_sees_none(healthy, tmp_path, target, kind,
+                                                                              backend):
+    """The shared expert's gate or up: op shexp (one name for both); with the op records (H kept:
+    SwiGLU and the quantize of H two steps) the same answer; a healthy run: nothing."""
+    pack = Pack.open(healthy[0])
+    ids = np.random.default_rng(4).integers(0, pack.config.n_vocab, WALK_PROMPT).astype(np.int32)
+    want = nonfinite.Seen(0, 0, "shexp" if target.startswith("shexp") else target)
+    eng, planted, _ = _planted_engine(pack, {}, 16, 0, target, KINDS[kind], 1, backend)
+    assert _watch_of(eng, ids) == want and planted
+    eng, planted, steps = _planted_engine(pack, dict(in_place=0, overlap_plan=0), 3, 0, target, KINDS[kind], 2,
+                                          backend)
+    assert _watch_of(eng, ids, dump_dir=tmp_path) == want and planted
+    assert _assert_every_row_marked(eng, steps)[1] == 0
+    eng, _, _ = _planted_engine(pack, {}, 16, 0, "none", KINDS[kind], 1, backend)
+    assert _watch_of(eng, ids) is None
+
+
+def test_gate_is_named_before_up_and_float_experts_are_marked_too(make_test_pack):
+    """Both of a row's gate and up non-finite: gate (the record file's order). Float experts
+    (BF16: float gate/up, H written as it is into down_in): the same marks, in place and gathered."""
+    pack = make_test_pack("tiny", "BF16")
+    ids = np.random.default_rng(5).integers(0, pack.config.n_vocab, WALK_PROMPT).astype(np.int32)
+    for switches, gs in ((dict(), 16), (dict(in_place=0), 3)):
+        for target in ("gate", "up"):
+            eng, planted, steps = _planted_engine(pack, switches, gs, 1, target, np.float32(np.nan), seed=6)
+            assert _watch_of(eng, ids) == nonfinite.Seen(0, 1, target) and planted
+            assert _assert_every_row_marked(eng, steps)[1] == 0
+    eng, planted, _ = _planted_engine(pack, {}, 16, 1, "up", np.float32(np.inf), seed=7)
+    be, gate_up = eng.be, eng.be.mmq_batch_gate_up
+
+    def both(**kw):  # the same element of gate non-finite as well, after every product
+        gate_up(**kw)
+        if kw["layer"] == 1:
+            g, u = kw["gate"], kw["up"]
+            be._launch("plant", lambda: np.copyto(g, np.where(np.isfinite(u), g, np.float32(np.nan))))
+
+    be.mmq_batch_gate_up = both
+    assert _watch_of(eng, ids) == nonfinite.Seen(0, 1, "gate") and planted
+
+
+def _planted_rows(rng, R: int, n: int, r0: int, r1: int, where: str):
+    """(gate, up) float32 [R, n], never zero (verify/kernel_inputs.around_clamp), every value of
+    the rows before r0 and from r1 on NaN or Inf (what a step reading past its rows would see),
+    and 1 to 3 elements of rows r0..r1 of gate, up or both ("none": neither) NaN or Inf, any kind."""
+    from strata_prefill.verify.kernel_inputs import around_clamp
+
+    g, u = around_clamp(rng, (R, n)), around_clamp(rng, (R, n))
+    for x in (g, u):
+        bits = x.view(np.uint32)
+        for r in (*range(r0), *range(r1, R)):
+            bits[r] = BITS[list(BITS)[int(rng.integers(len(BITS)))]]
+        if where in ("both", "gate" if x is g else "up"):
+            for _ in range(int(rng.integers(1, 4))):
+                bits[int(rng.integers(r0, r1)), int(rng.integers(n))] = BITS[list(BITS)[int(rng.integers(len(BITS)))]]
+    return g, u
+
+
+@settings(max_examples=150, deadline=None)
+@given(R=st.integers(1, 9), n=st.sampled_from([1, 3, 4, 33, 130]), rows=st.data(),
+       where=st.sampled_from(["none", "gate", "up", "both"]), held=st.sampled_from(["nothing", "below", "between"]),
+       fused=st.booleans(), oai=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_the_sim_swiglu_steps_mark_as_two_marks(R, n, rows, where, held, fused, oai, seed):
+    """The sim's SwiGLU steps with a mark: the watch after them is what two nonfinite_mark steps
+    over rows r0..r1 of gate and up leave (the smaller code wins, whatever the order of the
+    codes; a code not below the watch's value changes nothing); rows outside r0..r1 are not
+    read; H (or its q8_1 rows) the same bytes as without the mark."""
+    from strata_prefill.contract import q8_1
+    from strata_prefill.contract.moe import SwigluOai, glu
+    from strata_prefill.fast import make_backend
+
+    r0 = rows.draw(st.integers(0, R - 1))
+    r1 = rows.draw(st.integers(r0 + 1, R))
+    rng = np.random.default_rng(seed)
+    g, u = _planted_rows(rng, R, n, r0, r1, where)
+    codes = [int(c) for c in rng.choice(2**40, 2, replace=False)]
+    start = {"nothing": nonfinite.NOTHING, "below": min(codes) - 1, "between": sum(codes) // 2}[held]
+    want = nonfinite.mark(nonfinite.mark(start, g[r0:r1], codes[0]), u[r0:r1], codes[1])
+    act = SwigluOai() if oai else None
+    outs = []
+    for mark in (tuple(codes), None):
+        be = make_backend("sim")
+        be.nonfinite_reset()
+        if start != nonfinite.NOTHING:
+            be.nonfinite_mark(np.array([np.nan], np.float32), start)
+        with np.errstate(all="ignore"):
+            if fused:
+                out = be.alloc_q8(R + 2, n)
+                be.swiglu_quantize(gate=g, up=u, r0=r0, r1=r1, layout=q8_1.Layout(seed % len(q8_1.Layout)), out=out,
+                                   row0=1, n_rows_total=R + 2, act=act, mark=mark)
+            else:
+                out = be.swiglu_rows(g, u, r0, r1, act=act, mark=mark)
+            assert be.nonfinite_first() == (want if mark else start)  # waits for the steps
+        outs.append(np.array(out.data if fused else out, copy=True).view(np.uint8))
+    assert np.array_equal(outs[0], outs[1])
+    if not fused:
+        with np.errstate(all="ignore"):
+            assert np.array_equal(outs[0].view(np.uint32), glu(g[r0:r1], u[r0:r1], act).view(np.uint32))
+
+
+@pytest.mark.skipif(not _CUDA, reason=f"cuda backend unavailable: {_WHY}")
+def test_the_swiglu_kernels_mark_as_nonfinite_mark_does():
+    """swiglu.cu (swiglu_rows, swiglu_oai_rows, with and without the expert biases) and
+    swiglu_q8_1.cu (swiglu_q8_1_mark, swiglu_oai_q8_1_mark, every layout) with a mark, against
+    two nonfinite.cu launches over rows r0..r1 of gate and up: `first` byte for byte (and
+    formats/nonfinite.py's mark of the host rows), over random shapes (n past a 128-value block:
+    the padding; n not a multiple of 4: unaligned rows), NaN or Inf of every kind at random
+    elements of those rows of gate, up, both or neither, every value of the other rows NaN or
+    Inf (a kernel reading past its rows or into the padding would mark), values never zero,
+    codes in either order, a value held below, between or above them; a NaN in a bias marks
+    nothing (the mark tests gate and up as read). The output bytes (a poisoned q8_1 buffer's,
+    other rows included) the same as the unmarked kernels'; one launch, counted as before."""
+    from pycuda import gpuarray
+
+    from strata_prefill.contract import q8_1
+    from strata_prefill.contract.moe import SwigluOai
+    from strata_prefill.fast.cuda import elementwise as cu_ew, products, runtime
+    from strata_prefill.verify.kernel_inputs import around_clamp
+
+    dev = runtime.Device()
+    rng = np.random.default_rng(29)
+    forms = ("rows", "rows-oai", "rows-oai-bias", "q8", "q8-oai", "q8-oai-bias")
+    for case in range(240):
+        form = forms[case % len(forms)]
+        n = int(rng.choice([1, 3, 4, 33, 128, 130, 257, 640, 2880]))
+        R = int(rng.integers(1, 14))
+        r0 = int(rng.integers(0, R))
+        r1 = int(rng.integers(r0 + 1, R + 1))
+        where = ("none", "gate", "up", "both")[int(rng.integers(4))]
+        g, u = _planted_rows(rng, R, n, r0, r1, where)
+        gflat, uflat = gpuarray.to_gpu(g.reshape(-1)), gpuarray.to_gpu(u.reshape(-1))
+        gd, ud = gflat.reshape(R, n), uflat.reshape(R, n)
+        codes = [int(c) for c in rng.choice(2**62, 2, replace=False)]
+        start = (nonfinite.NOTHING, min(codes) - 1, sum(codes) // 2, max(codes) + 1)[int(rng.integers(4))]
+        act = SwigluOai() if "oai" in form else None
+        bias = None
+        if form.endswith("bias"):
+            E = 5
+            bg, bu = around_clamp(rng, (E, n)), around_clamp(rng, (E, n))
+            if rng.random() < 0.3:
+                bg[int(rng.integers(E)), int(rng.integers(n))] = np.nan
+            rexp = rng.integers(0, E, R).astype(np.int32)
+            bias = (gpuarray.to_gpu(rexp), gpuarray.to_gpu(bg), gpuarray.to_gpu(bu))
+        what = (case, form, n, R, r0, r1, where, start, codes)
+
+        two = gpuarray.to_gpu(np.array([start], np.uint64))
+        cu_ew.nonfinite_mark(dev, gflat[r0 * n:r1 * n], two, codes[0])
+        cu_ew.nonfinite_mark(dev, uflat[r0 * n:r1 * n], two, codes[1])
+        one = gpuarray.to_gpu(np.array([start], np.uint64))
+        mark = (one, codes[0], codes[1])
+        if form.startswith("rows"):
+            before = dev.counters["swiglu"]
+            got = cu_ew.swiglu(dev, gd, ud, r0=r0, r1=r1, act=act, expert_bias=bias, mark=mark).get()
+            assert dev.counters["swiglu"] == before + 1
+            plain = cu_ew.swiglu(dev, gd, ud, r0=r0, r1=r1, act=act, expert_bias=bias).get()
+            assert np.array_equal(got.view(np.uint32), plain.view(np.uint32)), what
+        else:
+            layout = list(q8_1.Layout)[int(rng.integers(len(q8_1.Layout)))]
+            R_total = (r1 - r0) + int(rng.integers(0, 3))
+            row0 = int(rng.integers(0, R_total - (r1 - r0) + 1))
+            nbytes = q8_1.buffer_nbytes(R_total, n)
+            bufs = [gpuarray.to_gpu(np.full(nbytes, 0xA5, np.uint8)) for _ in range(3)]
+            kw = dict(r0=r0, r1=r1, layout=layout, row0=row0, R_total=R_total, act=act, expert_bias=bias)
+            name = "swiglu_oai_q8_1" if act else "swiglu_q8_1"
+            before = dev.counters[name]
+            cu_ew.swiglu_quantize_mark(dev, gd, ud, out=bufs[0], mark=mark, **kw)
+            assert dev.counters[name] == before + 1
+            cu_ew.swiglu_quantize_mark(dev, gd, ud, out=bufs[1], mark=None, **kw)  # the marking kernel, first NULL
+            products.swiglu_quantize(dev, gd, ud, out=bufs[2], **kw)  # the plain kernel
+            got, nulled, plain = (b.get() for b in bufs)
+            assert np.array_equal(got, plain) and np.array_equal(nulled, plain), what
+        want = nonfinite.mark(nonfinite.mark(start, g[r0:r1], codes[0]), u[r0:r1], codes[1])
+        assert one.get().tobytes() == two.get().tobytes(), (what, int(one.get()[0]), int(two.get()[0]))
+        assert int(one.get()[0]) == want, what

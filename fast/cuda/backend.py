@@ -385,6 +385,14 @@ class CudaBackend(BackendBase):
             self.nonfinite_reset()
         ops.nonfinite_mark(self.dev, x, self._nonfinite, code)
 
+    def _mark(self, mark):
+        """A SwiGLU step's mark, (code_gate, code_up) or None, as the wrappers' (first, codes)."""
+        if mark is None:
+            return None
+        if self._nonfinite is None:
+            self.nonfinite_reset()
+        return (self._nonfinite, *mark)
+
     def nonfinite_first(self) -> int:
         if self._nonfinite is None:
             return NOTHING
@@ -668,14 +676,18 @@ class CudaBackend(BackendBase):
                                          gu_buf=int(self._gu_buf.gpudata) + q0 * 2 * gu,
                                          d_buf=int(self._d_buf.gpudata) + q0 * d)
 
-    def swiglu_rows(self, gate, up, r0, r1, out=None, *, act=None, expert_bias=None):
+    def swiglu_rows(self, gate, up, r0, r1, out=None, *, act=None, expert_bias=None, mark=None):
         return ops.swiglu(self.dev, gate, up, None if out is None else out[r0:r1], r0=r0, r1=r1, act=act,
-                          expert_bias=expert_bias)
+                          expert_bias=expert_bias, mark=self._mark(mark))
 
     def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Dev, row0, n_rows_total, act=None,
-                        expert_bias=None):
-        products.swiglu_quantize(self.dev, gate, up, r0=r0, r1=r1, layout=layout, out=out.buf, row0=row0,
-                                 R_total=n_rows_total, act=act, expert_bias=expert_bias)
+                        expert_bias=None, mark=None):
+        if mark is None:
+            products.swiglu_quantize(self.dev, gate, up, r0=r0, r1=r1, layout=layout, out=out.buf, row0=row0,
+                                     R_total=n_rows_total, act=act, expert_bias=expert_bias)
+        else:  # the same launch through the kernels that mark (swiglu_q8_1_mark)
+            ops.swiglu_quantize_mark(self.dev, gate, up, r0=r0, r1=r1, layout=layout, out=out.buf, row0=row0,
+                                     R_total=n_rows_total, act=act, expert_bias=expert_bias, mark=self._mark(mark))
 
     def combine(self, x, weights, slot, y, shared, *, down_bias=None):
         return ops.combine(self.dev, x, weights, slot, y, shared, out=x, down_bias=down_bias)

@@ -4,16 +4,14 @@
 // Definition: strata_prefill.formats.nonfinite.mark (NumPy): first = code where x holds a NaN or an Inf and
 // code < first, else first unchanged; a launch whose code is not below first reads nothing
 // (an earlier op already holds the watch). A float is NaN or +-Inf exactly when its 8
-// exponent bits are all ones, so the test is on the bits, under any compiler flag.
+// exponent bits are all ones, so the test is on the bits, under any compiler flag
+// (nonfinite.cuh, shared with the SwiGLU kernels, which mark the gate and up rows they read).
 // first is one uint64 the host sets to all ones before a run and reads once at its end.
 // When the host sees x 16-byte aligned it passes vec4 = 1 and the kernel reads uint4s
 // (the same floats, four at a time).
 
 #include <stdint.h>
-
-__device__ __forceinline__ unsigned int not_finite(unsigned int bits) {
-    return (bits & 0x7f800000u) == 0x7f800000u;
-}
+#include "nonfinite.cuh"  // not_finite, mark_warp
 
 extern "C" __global__ void __launch_bounds__(256)
 nonfinite_mark(const unsigned int* __restrict__ x, long long n, unsigned long long* first,
@@ -34,6 +32,5 @@ nonfinite_mark(const unsigned int* __restrict__ x, long long n, unsigned long lo
         done = n4 << 2;
     }
     for (long long i = done + i0; i < n; i += stride) bad |= not_finite(x[i]);
-    // every lane of the warp reaches this line (the loops hold no early exit)
-    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicMin(first, code);
+    mark_warp(first, bad, code);  // every lane of the warp reaches it (the loops hold no early exit)
 }
