@@ -1000,16 +1000,15 @@ def test_the_swiglu_kernels_mark_as_nonfinite_mark_does():
             R_total = (r1 - r0) + int(rng.integers(0, 3))
             row0 = int(rng.integers(0, R_total - (r1 - r0) + 1))
             nbytes = q8_1.buffer_nbytes(R_total, n)
-            bufs = [gpuarray.to_gpu(np.full(nbytes, 0xA5, np.uint8)) for _ in range(3)]
+            bufs = [gpuarray.to_gpu(np.full(nbytes, 0xA5, np.uint8)) for _ in range(2)]
             kw = dict(r0=r0, r1=r1, layout=layout, row0=row0, R_total=R_total, act=act, expert_bias=bias)
             name = "swiglu_oai_q8_1" if act else "swiglu_q8_1"
             before = dev.counters[name]
-            cu_ew.swiglu_quantize_mark(dev, gd, ud, out=bufs[0], mark=mark, **kw)
+            products.swiglu_quantize(dev, gd, ud, out=bufs[0], mark=mark, **kw)  # the kernel that marks
             assert dev.counters[name] == before + 1
-            cu_ew.swiglu_quantize_mark(dev, gd, ud, out=bufs[1], mark=None, **kw)  # the marking kernel, first NULL
-            products.swiglu_quantize(dev, gd, ud, out=bufs[2], **kw)  # the plain kernel
-            got, nulled, plain = (b.get() for b in bufs)
-            assert np.array_equal(got, plain) and np.array_equal(nulled, plain), what
+            products.swiglu_quantize(dev, gd, ud, out=bufs[1], **kw)  # the plain kernel
+            got, plain = (b.get() for b in bufs)
+            assert np.array_equal(got, plain), what
         want = nonfinite.mark(nonfinite.mark(start, g[r0:r1], codes[0]), u[r0:r1], codes[1])
         assert one.get().tobytes() == two.get().tobytes(), (what, int(one.get()[0]), int(two.get()[0]))
         assert int(one.get()[0]) == want, what

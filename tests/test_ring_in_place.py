@@ -281,8 +281,9 @@ def test_cuda_tiles_cover_ring_and_cache_from_one_base(monkeypatch):
     flat = uploads[0].reshape(-1, 4)
     at = 0
     for b in (resident, run):
-        base, tiles, n, _cfg, _mean = be._batch_tiles(0, b)
-        assert tiles == 0x1000 + 16 * at  # its slice of the one upload
+        base, lists = be._batch_tiles(0, b)
+        ((tiles, n, _cfg, live),) = lists  # a host-cut batch: one list, no live count
+        assert tiles == 0x1000 + 16 * at and live is None  # its slice of the one upload
         mine = flat[at:at + n].view(np.uint32).astype(np.int64)
         at += n
         want = [be.tiers.addr(0, w, i) for w, i, _t in b.places] if b.places else \

@@ -682,12 +682,8 @@ class CudaBackend(BackendBase):
 
     def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Dev, row0, n_rows_total, act=None,
                         expert_bias=None, mark=None):
-        if mark is None:
-            products.swiglu_quantize(self.dev, gate, up, r0=r0, r1=r1, layout=layout, out=out.buf, row0=row0,
-                                     R_total=n_rows_total, act=act, expert_bias=expert_bias)
-        else:  # the same launch through the kernels that mark (swiglu_q8_1_mark)
-            ops.swiglu_quantize_mark(self.dev, gate, up, r0=r0, r1=r1, layout=layout, out=out.buf, row0=row0,
-                                     R_total=n_rows_total, act=act, expert_bias=expert_bias, mark=self._mark(mark))
+        products.swiglu_quantize(self.dev, gate, up, r0=r0, r1=r1, layout=layout, out=out.buf, row0=row0,
+                                 R_total=n_rows_total, act=act, expert_bias=expert_bias, mark=self._mark(mark))
 
     def combine(self, x, weights, slot, y, shared, *, down_bias=None):
         return ops.combine(self.dev, x, weights, slot, y, shared, out=x, down_bias=down_bias)

@@ -19,7 +19,6 @@ routing_tables         strata_prefill.contract.routing.routing_tables          r
 row_experts            strata_prefill.contract.routing.row_experts             routing_tables.cu
 routed_row_tiles       strata_prefill.fast.tiles.routed_row_lists              routing_tables.cu
 swiglu                 strata_prefill.contract.moe.glu (+ add_expert_bias)     swiglu.cu
-swiglu_quantize_mark   contract.moe.glu, q8_1.quantize_rows   swiglu_q8_1.cu
 combine                strata_prefill.contract.moe.combine                     combine.cu
 sigmoid                strata_prefill.contract.numerics.sigmoid                combine.cu
 embed_q8_0             strata_prefill.contract.quants.dequantize (Q8_0 rows)   embed.cu
@@ -28,7 +27,8 @@ nonfinite_mark         strata_prefill.formats.nonfinite.mark                  no
 
 The SwiGLU wrappers take the run's NaN/Inf watch as ``mark``: None, or (first, code_gate,
 code_up), first the watch's uint64 [1]; the kernel then marks the gate and up rows it reads as
-two :func:`nonfinite_mark` launches over those rows would (strata_prefill.formats.nonfinite.mark).
+two :func:`nonfinite_mark` launches over those rows would (strata_prefill.formats.nonfinite.mark);
+strata_prefill.fast.cuda.products.swiglu_quantize takes it the same way.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from strata_prefill.contract import numerics, q8_1, routing
+from strata_prefill.contract import numerics, routing
 from strata_prefill.contract.errors import InputError
 from strata_prefill.contract.moe import SwigluOai
 
@@ -55,7 +55,6 @@ __all__ = [
     "row_experts",
     "routed_row_tiles",
     "swiglu",
-    "swiglu_quantize_mark",
     "expert_bias_args",
     "glu_act",
     "combine",
@@ -368,46 +367,6 @@ def swiglu(dev, g, u, out=None, *, r0: int = 0, r1: int | None = None, act=None,
     dev.launch(f, "swiglu", _grid1(rows * n), (_THREADS, 1, 1), ptr(g) + 4 * r0 * n, n,
                ptr(u) + 4 * r0 * n, n, ptr(out), n, rows, n, *marks)
     return out
-
-
-#: swiglu_q8_1.cu's warps a CTA (SQ_WARPS): a warp a (row, 128-value block) task
-_SQ_WARPS = 8
-
-
-def swiglu_quantize_mark(dev, g, u, *, r0: int, r1: int, layout, out, row0: int, R_total: int, act=None,
-                         expert_bias=None, mark=None) -> None:
-    """strata_prefill.fast.cuda.products.swiglu_quantize (SwiGLU of rows r0 .. r1 of g, u quantized into
-    rows row0 .. of the q8_1 buffer out, one launch; the same arguments, the same bytes) through
-    the kernels that take the watch's mark (swiglu_q8_1_mark, swiglu_oai_q8_1_mark): mark as
-    :func:`swiglu`'s. Counted under the plain kernels' names."""
-    act = glu_act(act, "swiglu_quantize")
-    if expert_bias is not None and act is None:
-        raise InputError("swiglu_quantize: expert biases come with act=SwigluOai (swiglu_oai_q8_1)")
-    lay = int(q8_1.Layout(int(layout)))
-    check(g, "swiglu_quantize gate", np.float32, ndim=2)
-    R, n = (int(s) for s in g.shape)
-    check(u, "swiglu_quantize up", np.float32, shape=(R, n))
-    r0, r1, row0, R_total = int(r0), int(r1), int(row0), int(R_total)
-    if not 0 <= r0 <= r1 <= R:
-        raise InputError(f"swiglu_quantize: rows {r0}..{r1} outside [0, {R}]")
-    if not 0 <= row0 <= row0 + (r1 - r0) <= R_total:
-        raise InputError(f"swiglu_quantize: output rows {row0}..{row0 + r1 - r0} outside [0, {R_total}]")
-    marks = mark_args(mark)
-    rows = r1 - r0
-    if rows == 0 or n == 0:
-        return
-    tasks = rows * q8_1.blocks_per_row(n)
-    grid = (max(1, min(-(-tasks // _SQ_WARPS), 1 << 20)), 1, 1)
-    block = (32 * _SQ_WARPS, 1, 1)
-    rows_args = (ptr(g) + 4 * r0 * n, n, ptr(u) + 4 * r0 * n, n, rows, n, lay, ptr(out) + row0 * q8_1.BLOCK_BYTES,
-                 R_total)
-    if act is not None:
-        f = runtime.function("swiglu_q8_1", "swiglu_oai_q8_1_mark", "PqPqiiiPiffPPPqPQQ")
-        dev.launch(f, "swiglu_oai_q8_1", grid, block, *rows_args, np.float32(act.alpha), np.float32(act.limit),
-                   *expert_bias_args(expert_bias, R, n, r0, "swiglu_quantize"), *marks)
-        return
-    f = runtime.function("swiglu_q8_1", "swiglu_q8_1_mark", "PqPqiiiPiPQQ")
-    dev.launch(f, "swiglu_q8_1", grid, block, *rows_args, *marks)
 
 
 #: combine_rows_vec's K limit (combine.cu COMBINE_MAXK)

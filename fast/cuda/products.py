@@ -97,11 +97,12 @@ def _format(qtype) -> type[qformats.QuantFormat]:
 # --------------------------------------------------------------------------- quantize
 
 
-def _q8_launch(dev, module: str, kernel: str, fmt: str, tasks: int, *args) -> None:
-    """One launch of a q8_1 quantize kernel: a warp a 128-value block, ``tasks`` blocks."""
+def _q8_launch(dev, module: str, kernel: str, fmt: str, tasks: int, *args, name: str | None = None) -> None:
+    """One launch of a q8_1 quantize kernel: a warp a 128-value block, ``tasks`` blocks; counted
+    as ``name`` (default the kernel's)."""
     f = runtime.function(module, kernel, fmt)
     blocks = max(1, min((tasks + _Q8_WARPS - 1) // _Q8_WARPS, 1 << 20))
-    dev.launch(f, kernel, (blocks, 1, 1), (_Q8_THREADS, 1, 1), *args)
+    dev.launch(f, name or kernel, (blocks, 1, 1), (_Q8_THREADS, 1, 1), *args)
 
 
 def quantize_gather(dev, x, src, *, n_rows: int, K: int, layout, out, ldx: int | None = None,
@@ -132,13 +133,14 @@ def quantize_scatter(dev, x, slot, *, T: int, K_used: int, K: int, layout, out,
 
 
 def swiglu_quantize(dev, g, u, *, r0: int, r1: int, layout, out, row0: int, R_total: int, act=None,
-                    expert_bias=None) -> None:
+                    expert_bias=None, mark=None) -> None:
     """H = silu(g) * u over rows r0 .. r1 of g, u (float32 device [R, n]), quantized into rows
     row0 .. row0 + (r1 - r0) of the q8_1 buffer ``out`` (R_total rows of n values) in one
     launch. The same bytes as elementwise.swiglu then :func:`quantize_gather` of H's rows in
     order at ``out`` offset by row0 rows (strata_prefill.contract.moe.swiglu, strata_prefill.contract.q8_1.quantize_rows).
     act, expert_bias: as elementwise.swiglu's (swiglu_oai_q8_1: strata_prefill.contract.moe.swiglu_oai of the
-    biased rows)."""
+    biased rows). mark: as elementwise.swiglu's, through the kernels that take it
+    (swiglu_q8_1_mark, swiglu_oai_q8_1_mark; counted under the plain kernels' names)."""
     act = elementwise.glu_act(act, "swiglu_quantize")
     if expert_bias is not None and act is None:
         raise InputError("swiglu_quantize: expert biases come with act=SwigluOai (swiglu_oai_q8_1)")
@@ -154,15 +156,21 @@ def swiglu_quantize(dev, g, u, *, r0: int, r1: int, layout, out, row0: int, R_to
     rows = r1 - r0
     if rows == 0 or n == 0:
         return
+    tasks = rows * q8_1.blocks_per_row(n)
+    args = (ptr(g) + 4 * r0 * n, n, ptr(u) + 4 * r0 * n, n, rows, n, lay, ptr(out) + row0 * q8_1.BLOCK_BYTES, R_total)
     if act is not None:
-        _q8_launch(dev, "swiglu_q8_1", "swiglu_oai_q8_1", "PqPqiiiPiffPPPq", rows * q8_1.blocks_per_row(n),
-                   ptr(g) + 4 * r0 * n, n, ptr(u) + 4 * r0 * n, n, rows, n, lay,
-                   ptr(out) + row0 * q8_1.BLOCK_BYTES, R_total, np.float32(act.alpha), np.float32(act.limit),
-                   *elementwise.expert_bias_args(expert_bias, R, n, r0, "swiglu_quantize"))
-        return
-    _q8_launch(dev, "swiglu_q8_1", "swiglu_q8_1", "PqPqiiiPi", rows * q8_1.blocks_per_row(n),
-               ptr(g) + 4 * r0 * n, n, ptr(u) + 4 * r0 * n, n, rows, n, lay,
-               ptr(out) + row0 * q8_1.BLOCK_BYTES, R_total)
+        args += (np.float32(act.alpha), np.float32(act.limit),
+                 *elementwise.expert_bias_args(expert_bias, R, n, r0, "swiglu_quantize"))
+        if mark is None:
+            _q8_launch(dev, "swiglu_q8_1", "swiglu_oai_q8_1", "PqPqiiiPiffPPPq", tasks, *args)
+        else:
+            _q8_launch(dev, "swiglu_q8_1", "swiglu_oai_q8_1_mark", "PqPqiiiPiffPPPqPQQ", tasks, *args,
+                       *elementwise.mark_args(mark), name="swiglu_oai_q8_1")
+    elif mark is None:
+        _q8_launch(dev, "swiglu_q8_1", "swiglu_q8_1", "PqPqiiiPi", tasks, *args)
+    else:
+        _q8_launch(dev, "swiglu_q8_1", "swiglu_q8_1_mark", "PqPqiiiPiPQQ", tasks, *args, *elementwise.mark_args(mark),
+                   name="swiglu_q8_1")
 
 
 # --------------------------------------------------------------------------- mmq
