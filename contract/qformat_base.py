@@ -89,16 +89,6 @@ class QuantFormat:
         raise NotImplementedError
 
     @classmethod
-    def scale_values(cls, blk: np.ndarray) -> np.ndarray:
-        """float32 [N, k]: the k float fields of each block of blk uint8 [N, block_bytes] (its
-        scale, min, ...) that make the block's values non-finite when one of them is: the codes
-        and sub-scales are bounded integers, so a block decodes to NaN or Inf exactly where one
-        of these is NaN or Inf (formats/nonfinite.py, which `run` checks at open and `info
-        --check` reports). Default: the half fields; a format whose scale is not a plain half
-        (an exponent byte, a float8) overrides it."""
-        return np.stack([_half(blk, off) for off in cls.half_fields.values()], 1)
-
-    @classmethod
     def unit_std(cls) -> float:
         """Standard deviation of the dequantized values of a block with random code bits and
         its main scale set to 1 (and the min chosen by :meth:`set_scales` to centre them)."""

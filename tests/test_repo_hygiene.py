@@ -162,3 +162,39 @@ def test_the_readme_is_short_and_counts_no_tests():
     stale = re.findall(r"\b\d[\d,]*\s+(?:GPU\s+)?(?:tests?|passed|skipped|failed)\b", text)
     assert not stale, f"README.md counts tests: {stale}"
     assert "docs/user-guide.md" in text
+
+
+def _defined_twice(tree) -> list[str]:
+    """Names a class body binds with two function definitions (the later hides the earlier),
+    property setters and typing overloads aside."""
+    import ast
+
+    out = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        seen = set()
+        for fn in cls.body:
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            decos = [ast.unparse(d) for d in fn.decorator_list]
+            if any(d.endswith((".setter", ".deleter")) or d.endswith("overload") for d in decos):
+                continue
+            if fn.name in seen:
+                out.append(f"{cls.name}.{fn.name} (line {fn.lineno})")
+            seen.add(fn.name)
+    return out
+
+
+def test_no_class_defines_a_method_twice():
+    """A method defined twice in one class body hides the first (a CUDA backend once shadowed its
+    phase-timing mark with a watch helper of the same name, and only timed runs broke)."""
+    import ast
+
+    bad = {}
+    for name in tracked():
+        if name.endswith(".py"):
+            got = _defined_twice(ast.parse((ROOT / name).read_text(), name))
+            if got:
+                bad[name] = got
+    assert not bad, bad
+    probe = ast.parse("class A:\n    def f(self): pass\n    def f(self, x): pass\n")
+    assert _defined_twice(probe) == ["A.f (line 3)"]

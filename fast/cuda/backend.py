@@ -385,7 +385,7 @@ class CudaBackend(BackendBase):
             self.nonfinite_reset()
         ops.nonfinite_mark(self.dev, x, self._nonfinite, code)
 
-    def _mark(self, mark):
+    def _watch_mark(self, mark):
         """A SwiGLU step's mark, (code_gate, code_up) or None, as the wrappers' (first, codes)."""
         if mark is None:
             return None
@@ -678,12 +678,12 @@ class CudaBackend(BackendBase):
 
     def swiglu_rows(self, gate, up, r0, r1, out=None, *, act=None, expert_bias=None, mark=None):
         return ops.swiglu(self.dev, gate, up, None if out is None else out[r0:r1], r0=r0, r1=r1, act=act,
-                          expert_bias=expert_bias, mark=self._mark(mark))
+                          expert_bias=expert_bias, mark=self._watch_mark(mark))
 
     def swiglu_quantize(self, *, gate, up, r0, r1, layout, out: Q8Dev, row0, n_rows_total, act=None,
                         expert_bias=None, mark=None):
         products.swiglu_quantize(self.dev, gate, up, r0=r0, r1=r1, layout=layout, out=out.buf, row0=row0,
-                                 R_total=n_rows_total, act=act, expert_bias=expert_bias, mark=self._mark(mark))
+                                 R_total=n_rows_total, act=act, expert_bias=expert_bias, mark=self._watch_mark(mark))
 
     def combine(self, x, weights, slot, y, shared, *, down_bias=None):
         return ops.combine(self.dev, x, weights, slot, y, shared, out=x, down_bias=down_bias)
