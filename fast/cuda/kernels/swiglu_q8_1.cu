@@ -20,9 +20,9 @@
 // of the range, offset like g), bg, bu (bias rows, row e at + e * ldb): as swiglu_oai_rows; rexp
 // NULL: no biases.
 //
-// swiglu_q8_1_mark, swiglu_oai_q8_1_mark -- the same two with the watch's mark: first NULL, none
-// (the same code as the plain kernel). Else first = min(first, code_gate) where a gate value of
-// the range holds a NaN or an Inf and min(first, code_up) where an up value does:
+// swiglu_q8_1_mark, swiglu_oai_q8_1_mark -- the same two with the watch's mark (first never
+// NULL: a step without a mark launches the plain kernel): first = min(first, code_gate) where a
+// gate value of the range holds a NaN or an Inf and min(first, code_up) where an up value does:
 // strata_prefill.formats.nonfinite.mark of g's rows, then of u's rows, under those codes, exactly what two
 // nonfinite.cu launches over the same rows would leave (the smaller code wins, in either
 // order). Each lane tests the values it loaded inside the row (not the padding past n), before
@@ -115,12 +115,8 @@ extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
     swiglu_q8_1_mark(const float* __restrict__ g, long long ldg, const float* __restrict__ u, long long ldu,
                      int rows, int n, int layout, uint8_t* __restrict__ out, int R_total, unsigned long long* first,
                      unsigned long long code_gate, unsigned long long code_up) {
-    if (first == nullptr)
-        swiglu_q8_1_body<false, false>(g, ldg, u, ldu, rows, n, layout, out, R_total, 0.0f, 0.0f, nullptr, nullptr,
-                                       nullptr, 0, nullptr, 0, 0);
-    else
-        swiglu_q8_1_body<false, true>(g, ldg, u, ldu, rows, n, layout, out, R_total, 0.0f, 0.0f, nullptr, nullptr,
-                                      nullptr, 0, first, code_gate, code_up);
+    swiglu_q8_1_body<false, true>(g, ldg, u, ldu, rows, n, layout, out, R_total, 0.0f, 0.0f, nullptr, nullptr,
+                                  nullptr, 0, first, code_gate, code_up);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
@@ -129,10 +125,6 @@ extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
                          float limit, const int* __restrict__ rexp, const float* __restrict__ bg,
                          const float* __restrict__ bu, long long ldb, unsigned long long* first,
                          unsigned long long code_gate, unsigned long long code_up) {
-    if (first == nullptr)
-        swiglu_q8_1_body<true, false>(g, ldg, u, ldu, rows, n, layout, out, R_total, alpha, limit, rexp, bg, bu,
-                                      ldb, nullptr, 0, 0);
-    else
-        swiglu_q8_1_body<true, true>(g, ldg, u, ldu, rows, n, layout, out, R_total, alpha, limit, rexp, bg, bu,
-                                     ldb, first, code_gate, code_up);
+    swiglu_q8_1_body<true, true>(g, ldg, u, ldu, rows, n, layout, out, R_total, alpha, limit, rexp, bg, bu, ldb,
+                                 first, code_gate, code_up);
 }
