@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+from gguf import GGMLQuantizationType as QT
 
 from bench.ab_harness import Arm, markdown, measure, parser, start
 from strata_prefill.contract import q8_1
@@ -39,7 +40,7 @@ def main() -> int:
     from pycuda import gpuarray
 
     rng = np.random.default_rng(11)
-    layout = q8_1.layout_for("IQ2_XS")
+    layout = q8_1.layout_for(QT.IQ2_XS)
     results, clean = [], True
     for T in (int(t) for t in args.tokens.split(",")):
         R, n = T * args.k, args.n

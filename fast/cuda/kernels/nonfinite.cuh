@@ -7,9 +7,8 @@
 
 // A float is NaN or +-Inf exactly when its 8 exponent bits are all ones: the test is on the
 // bits, so it holds under any compiler flag (never isnan / isfinite).
-#define EXP_ALL_ONES 0x7f800000u
 __device__ __forceinline__ unsigned int not_finite(unsigned int bits) {
-    return (bits & EXP_ALL_ONES) == EXP_ALL_ONES;
+    return (bits & 0x7f800000u) == 0x7f800000u;
 }
 
 // first = min(first, code) where any lane of the warp saw a non-finite value (bad != 0): one

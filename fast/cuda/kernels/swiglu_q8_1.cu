@@ -20,15 +20,14 @@
 // of the range, offset like g), bg, bu (bias rows, row e at + e * ldb): as swiglu_oai_rows; rexp
 // NULL: no biases.
 //
-// swiglu_q8_1_mark, swiglu_oai_q8_1_mark -- the same two with the watch's mark (first never
-// NULL: a step without a mark launches the plain kernel): first = min(first, code_gate) where a
-// gate value of the range holds a NaN or an Inf and min(first, code_up) where an up value does:
+// swiglu_q8_1_mark, swiglu_oai_q8_1_mark -- the same two with the watch's mark: first NULL, none
+// (the same code as the plain kernel). Else first = min(first, code_gate) where a gate value of
+// the range holds a NaN or an Inf and min(first, code_up) where an up value does:
 // strata_prefill.formats.nonfinite.mark of g's rows, then of u's rows, under those codes, exactly what two
 // nonfinite.cu launches over the same rows would leave (the smaller code wins, in either
-// order). Each lane keeps the largest exponent field of the values it loaded, before the biases
-// (the padding past n loads as 0.0f, whose field is 0): it is all ones (nonfinite.cuh's
-// EXP_ALL_ONES) exactly when one of them is a NaN or an Inf, on the bits; one vote a warp after
-// its last task, one atomicMin a warp that saw one.
+// order). Each lane tests the values it loaded inside the row (not the padding past n), before
+// the biases (nonfinite.cuh's not_finite, on the bits); one vote a warp after its last task,
+// one atomicMin a warp that saw one.
 
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -51,17 +50,18 @@ __device__ __forceinline__ void swiglu_q8_1_body(
     unsigned long long code_gate, unsigned long long code_up)
 {
     const int lane = threadIdx.x & 31;
-    unsigned int exp_g = 0, exp_u = 0;  // the largest exponent field loaded (EXP_ALL_ONES: a NaN or an Inf)
+    unsigned int bad_g = 0, bad_u = 0;
     for_each_block_task<SQ_WARPS>(rows, ((n + 511) / 512) * 4, [&](int r, int kb) {
         const int c0 = kb * 128 + 4 * lane;
         float a[4], b[4];
         load4(g + (long long)r * ldg, c0, n, a);
         load4(u + (long long)r * ldu, c0, n, b);
-        if constexpr (kMark) {  // two instructions a value; the padding past n loads as 0.0f
+        if constexpr (kMark) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                exp_g = max(exp_g, __float_as_uint(a[i]) & EXP_ALL_ONES);
-                exp_u = max(exp_u, __float_as_uint(b[i]) & EXP_ALL_ONES);
+                const unsigned int in_row = c0 + i < n;
+                bad_g |= in_row & not_finite(__float_as_uint(a[i]));
+                bad_u |= in_row & not_finite(__float_as_uint(b[i]));
             }
         }
         if constexpr (kOai) {
@@ -90,8 +90,8 @@ __device__ __forceinline__ void swiglu_q8_1_body(
         store_block(out, (long long)kb * R_total + r, lane, hdr, codes);
     });
     if constexpr (kMark) {  // a warp's tasks are whole-warp: every lane leaves the loop together
-        mark_warp(first, exp_g == EXP_ALL_ONES, code_gate);
-        mark_warp(first, exp_u == EXP_ALL_ONES, code_up);
+        mark_warp(first, bad_g, code_gate);
+        mark_warp(first, bad_u, code_up);
     }
 }
 
@@ -115,8 +115,12 @@ extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
     swiglu_q8_1_mark(const float* __restrict__ g, long long ldg, const float* __restrict__ u, long long ldu,
                      int rows, int n, int layout, uint8_t* __restrict__ out, int R_total, unsigned long long* first,
                      unsigned long long code_gate, unsigned long long code_up) {
-    swiglu_q8_1_body<false, true>(g, ldg, u, ldu, rows, n, layout, out, R_total, 0.0f, 0.0f, nullptr, nullptr,
-                                  nullptr, 0, first, code_gate, code_up);
+    if (first == nullptr)
+        swiglu_q8_1_body<false, false>(g, ldg, u, ldu, rows, n, layout, out, R_total, 0.0f, 0.0f, nullptr, nullptr,
+                                       nullptr, 0, nullptr, 0, 0);
+    else
+        swiglu_q8_1_body<false, true>(g, ldg, u, ldu, rows, n, layout, out, R_total, 0.0f, 0.0f, nullptr, nullptr,
+                                      nullptr, 0, first, code_gate, code_up);
 }
 
 extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
@@ -125,6 +129,10 @@ extern "C" __global__ void __launch_bounds__(32 * SQ_WARPS)
                          float limit, const int* __restrict__ rexp, const float* __restrict__ bg,
                          const float* __restrict__ bu, long long ldb, unsigned long long* first,
                          unsigned long long code_gate, unsigned long long code_up) {
-    swiglu_q8_1_body<true, true>(g, ldg, u, ldu, rows, n, layout, out, R_total, alpha, limit, rexp, bg, bu, ldb,
-                                 first, code_gate, code_up);
+    if (first == nullptr)
+        swiglu_q8_1_body<true, false>(g, ldg, u, ldu, rows, n, layout, out, R_total, alpha, limit, rexp, bg, bu,
+                                      ldb, nullptr, 0, 0);
+    else
+        swiglu_q8_1_body<true, true>(g, ldg, u, ldu, rows, n, layout, out, R_total, alpha, limit, rexp, bg, bu,
+                                     ldb, first, code_gate, code_up);
 }
