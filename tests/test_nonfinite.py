@@ -499,10 +499,12 @@ def test_a_greedy_step_with_non_finite_logits_is_refused(healthy, monkeypatch, c
 
 
 def test_info_check_names_the_tensor_it_reads_while_it_lasts(healthy, monkeypatch, capsys):
-    """Off a terminal, a long value scan says every HEARTBEAT_S which tensor it is on."""
+    """Off a terminal, a long value scan says every HEARTBEAT_S which tensor it is on. (Each
+    tensor's scan outlasts a heartbeat, so a line comes however many threads share the scan: with
+    a heartbeat longer than a tensor's scan, a 16-core machine finished before the first.)"""
     from strata_prefill.formats import progress
 
-    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.004)
     orig = nonfinite.in_tensor
 
     def slow(*args):
@@ -512,8 +514,8 @@ def test_info_check_names_the_tensor_it_reads_while_it_lasts(healthy, monkeypatc
     monkeypatch.setattr(nonfinite, "in_tensor", slow)
     assert main(["info", "--check", str(healthy[0])]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert err and all(l.startswith("info --check: tensor values ") and ".weight (" in l and "GiB" in l
-                       for l in err), err
+    assert err and all(l.startswith("info --check: tensor values ") and "GiB" in l for l in err), err
+    assert any(".weight (" in l for l in err), err  # (a beat before the first tensor says "starting")
 
 
 @pytest.mark.parametrize("layout", list(__import__("strata_prefill.contract.q8_1", fromlist=["Layout"]).Layout),
