@@ -70,6 +70,12 @@ class ListPlan(NamedTuple):
     n_max: int
 
 
+def list_starts(plans) -> list[int]:
+    """Each list's first entry in a device cut's tiles (:func:`routed_row_lists`: the plans'
+    lists one after another, each n_max entries long)."""
+    return [int(v) for v in np.cumsum([0] + [int(p[2]) for p in plans[:-1]])]
+
+
 def routed_choice(cnt, woff, bounds) -> int:
     """The list the device cuts: the first whose bound exceeds the mean rows per routed expert
     (rows / experts with a weight offset and rows, compared as rows < bound * experts, exact in
@@ -108,7 +114,7 @@ def routed_row_lists(cnt, off, woff, plans) -> tuple[np.ndarray, np.ndarray]:
     if len(cut) > plans[chosen].n_max:
         raise InputError(f"routed_row_lists: {len(cut)} tiles do not fit in {plans[chosen].n_max}")
     tiles = np.zeros((sum(p.n_max for p in plans), 4), np.int32)
-    first = sum(p.n_max for p in plans[:chosen])
+    first = list_starts(plans)[chosen]
     tiles[first:first + len(cut)] = cut
     live = np.zeros(len(plans), np.int32)
     live[chosen] = len(cut)

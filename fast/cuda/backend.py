@@ -34,6 +34,7 @@ from strata_prefill.fast.cuda import attention, dense as cuda_dense, elementwise
 from strata_prefill.fast.cuda import stress
 from strata_prefill.fast.cuda.tiers import ExpertTiers
 from strata_prefill.fast.phases import PhaseRecorder, timing_enabled
+from strata_prefill.fast.tiles import list_starts
 from strata_prefill.fast.trace import Span
 from strata_prefill.fast.walk import DeviceBatch
 
@@ -560,10 +561,9 @@ class CudaBackend(BackendBase):
         plans = products.routed_tile_plans(batch.n_rows, batch.n_experts)
         tiles, live = ops.routed_row_tiles(self.dev, batch.tab.dev_cnt, batch.tab.dev_off, woff,
                                            [p for _cfg, p in plans])
-        lists, at = [], 0
-        for i, (cfg, p) in enumerate(plans):
-            lists.append((int(tiles.gpudata) + 16 * at, p.n_max, cfg, int(live.gpudata) + 4 * i))
-            at += p.n_max
+        starts = list_starts([p for _cfg, p in plans])
+        lists = [(int(tiles.gpudata) + 16 * at, p.n_max, cfg, int(live.gpudata) + 4 * i)
+                 for i, ((cfg, p), at) in enumerate(zip(plans, starts))]
         self._prepared[id(batch)] = (batch, base, lists)
         self._prepared_keep += [tiles, live]  # alive until the next layer's first call
 

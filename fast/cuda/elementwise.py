@@ -42,6 +42,7 @@ from strata_prefill.contract.moe import SwigluOai
 
 from strata_prefill.fast.cuda import runtime
 from strata_prefill.fast.cuda.runtime import check, ptr
+from strata_prefill.fast.tiles import list_starts
 
 __all__ = [
     "rmsnorm",
@@ -294,8 +295,7 @@ def routed_row_tiles(dev, cnt, off, woff, plans, *, out=None, live=None):
     live = dev.output(live, "routed_row_tiles live", (len(plans),), np.int32)
     on_dev = _plans_on_device.get(plans)
     if on_dev is None:
-        first = np.cumsum([0] + [p[2] for p in plans[:-1]])
-        rows = np.array([(t, b, n, f) for (t, b, n), f in zip(plans, first)], np.int32)
+        rows = np.array([(t, b, n, f) for (t, b, n), f in zip(plans, list_starts(plans))], np.int32)
         on_dev = _plans_on_device[plans] = runtime.to_device(rows, "routed_row_tiles plans")
     f = runtime.function("routing_tables", "routed_row_tiles", "PPPiPiPP")
     dev.launch(f, "routed_row_tiles", (1, 1, 1), (_THREADS, 1, 1), ptr(cnt), ptr(off), ptr(woff), E,

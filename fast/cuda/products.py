@@ -440,8 +440,9 @@ def mmq_tiles(dev, qtype, w, *, N: int, K: int, act, R_total: int, tiles, n_tile
     st = _mmq_mod(config if live is None else with_empty_exit(config))
     f = _mmq_func(st, fmt)
     tiles_n = n_tiles * -(-N // st["BM"])
-    if live is not None and list_ctas():
-        tiles_n = min(tiles_n, list_ctas() * runtime.multiprocessor_count())
+    cap = 0 if live is None else list_ctas()
+    if cap:
+        tiles_n = min(tiles_n, cap * runtime.multiprocessor_count())
     grid = (min(tiles_n, 1 << 30), 1 if pair is None else 2, 1)
     args = _mmq_args(f.kernel, w=ptr(w), act=ptr(act), bounds=0, out=ptr(out), out2=ptr(out2),
                      tab=int(_mmq_state["tables"]), tiles=ptr(tiles), w_stride=0,
