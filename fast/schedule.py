@@ -3,8 +3,8 @@ what order, when, and why. A unit is a chunk, or a layer-major window; fast/walk
 layer through the ring pass this module fills, and fast/experts.py carries out its copies.
 
 Each layer of a unit takes one of two walks, chosen by `choose_layer` when its copies must be
-queued (layer 0 before the unit's first attention, layer l once layer l-1's routing is on the
-host):
+queued (layer 0 before the unit's first attention, layer l once the routing of one of the
+`choose_ahead` streaming layers before it is on the host):
 
   streamed   the layer's entries are every one of its streamed experts, appended to the unit's
              ring pass behind the previous layer's, so its copies run while earlier layers
@@ -134,7 +134,7 @@ class LayerChoice:
 
 def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: int, streamed: list[int],
                  blob_bytes: list[int], hide_per_token: int, measured: tuple | None = None,
-                 routed: list | None = None) -> LayerChoice | None:
+                 routed: list | None = None, reach: int = 1) -> LayerChoice | None:
     """The walk of `layer` in a unit of n_tok tokens, chosen when its copies must be queued:
     layer 0 before the unit's first attention, layer l > 0 once layer l - 1's routing is on the
     host (its streamed walk's copies then follow l - 1's in the ring, layer-ahead of their use).
@@ -144,10 +144,14 @@ def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: i
     routing is expected to reach is at least stream_need (the bytes it would copy for no token
     fit under the layer's compute). The estimate is the same layer of the last whole unit
     (`measured`: (tokens, routed[l]) of its layers' routed streamed experts), scaled to n_tok
-    tokens (scaled_coverage); else the nearest earlier layer of this unit that streams anything
-    (`routed`: the counts its layers' routings gave so far, None where not yet known), whose
-    tokens are the same; each at most the uniform bound (expected_coverage). None: that earlier
-    layer has not routed yet (the choice waits for it). With neither (layer 0 of a prompt's
+    tokens (scaled_coverage); else the nearest of the `reach` earlier layers of this unit that
+    stream anything which has routed (`routed`: the counts its layers' routings gave so far,
+    None where not yet known; the choose_ahead switch), whose tokens are the same; each at most
+    the uniform bound (expected_coverage). None: none of those layers has routed yet (the choice
+    waits for one). With reach 2 a layer is chosen as soon as the layer two before it has
+    routed, so a streamed layer's copies are in the pass a layer earlier: the link starts them
+    when it finishes the layer before's, without waiting for that layer's router and the host's
+    read of its counts. With neither (layer 0 of a prompt's
     first unit), the token prior: streamed from STREAM_MIN tokens. Another layer's measure can
     stage a layer the prior would stream, never stream one the prior stages: it is a weaker
     estimate than the layer's own (the 8-layer strata pack's coverage falls with depth, so the
@@ -168,10 +172,12 @@ def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: i
         prev = [l for l in range(layer) if streamed[l]]
         if not prev or n_tok < STREAM_MIN:  # another layer's measure stages, never streams, below the prior
             return LayerChoice("streamed" if n_tok >= STREAM_MIN else "staged", "prior")
-        if routed is None or routed[prev[-1]] is None:
-            return None  # chosen once that layer has routed
-        c = min(uniform, routed[prev[-1]] / streamed[prev[-1]])
-        basis = f"layer {prev[-1]}"
+        known = [l for l in prev[-max(1, int(reach)):] if routed is not None and routed[l] is not None]
+        if not known:
+            return None  # chosen once one of those layers has routed
+        src = known[-1]
+        c = min(uniform, routed[src] / streamed[src])
+        basis = f"layer {src}"
     need = stream_need(n_tok, int(streamed[layer]) * int(blob_bytes[layer]), hide_per_token)
     return LayerChoice("streamed" if c >= need else "staged", basis, c, need)
 
@@ -242,11 +248,21 @@ class WalkChoice:
                    f"{'>=' if walk == 'streamed' else '<'} {STREAM_MIN}")
         else:
             src = (f"the last {self.measured} tokens' routing" if basis == "last unit"
-                   else "the previous layer's routing")
+                   else _source_layers(self.layers, first, last))
             why = (f"coverage {_span([c for c, _ in covs])} {'>=' if walk == 'streamed' else '<'} "
                    f"{_span([n for _, n in covs])}, from {src}")
         ahead = _heads(self.layers[first:last + 1], self.in_head[first:last + 1])
         return why + "; " + ahead if ahead else why
+
+
+def _source_layers(layers, first: int, last: int) -> str:
+    """Whose routing chose layers first..last (each chosen by an earlier layer's: "layer j"), in
+    a few words: the previous layer's, or how many layers before them (choose_ahead)."""
+    back = sorted({i - int(layers[i].basis.split()[1]) for i in range(first, last + 1)})
+    if back == [1]:
+        return "the previous layer's routing"
+    n = str(back[0]) if len(back) == 1 else f"{back[0]}-{back[-1]}"
+    return f"the routing of the layer {n} before"
 
 
 def _runs_of_layers(layers) -> list:
@@ -427,7 +443,8 @@ class CopySchedule:
                 return  # that layer's routed entries come first, once it has routed
             c = choose_layer(layer=layer, n_tok=self.tokens, stream_min=o.stream_min, k_used=cfg.n_expert_used,
                              n_expert=cfg.n_expert, streamed=p.n_streamed, blob_bytes=p.blob_bytes,
-                             hide_per_token=o.stream_hide * 1000, measured=self.measured, routed=self.routed)
+                             hide_per_token=o.stream_hide * 1000, measured=self.measured, routed=self.routed,
+                             reach=o.choose_ahead)
             if c is None:
                 return
             streamed = p.placement.streamed(layer)

@@ -22,10 +22,10 @@ BLOB = 3_600_000
 
 
 def _layer(n_tok, layer=0, stream_min=AUTO, k=10, e=512, streamed=(342, 341), measured=None, routed=None,
-           hide=STREAM_HIDE_KB * 1000):
+           hide=STREAM_HIDE_KB * 1000, reach=1):
     return choose_layer(layer=layer, n_tok=n_tok, stream_min=stream_min, k_used=k, n_expert=e,
                         streamed=list(streamed), blob_bytes=[BLOB] * len(streamed), hide_per_token=hide,
-                        measured=measured, routed=routed)
+                        measured=measured, routed=routed, reach=reach)
 
 
 # ---- the rule on its own -------------------------------------------------------------------
@@ -107,6 +107,45 @@ def test_a_later_layer_waits_for_the_routing_before_it():
     assert c.basis == "prior" and not c.streams and c.coverage is None
     c = _layer(254, layer=1, streamed=(0, 341))  # no earlier layer streams: the prior
     assert c.basis == "prior" and not c.streams
+
+
+@settings(max_examples=300, deadline=None)
+@given(n_layer=st.integers(2, 9), data=st.data(), reach=st.integers(1, 4))
+def test_choose_ahead_reads_the_nearest_routed_of_the_layers_it_reaches(n_layer, data, reach):
+    """choose_ahead N: a layer is chosen from the routing of the nearest of the N streaming layers
+    before it that has routed (its coverage is that layer's), and waits (None) while none of those
+    has; with N = 1, only the nearest one. Layers streaming nothing are passed over."""
+    streamed = data.draw(st.lists(st.integers(0, 300), min_size=n_layer, max_size=n_layer))
+    routed = [data.draw(st.one_of(st.none(), st.integers(0, s))) for s in streamed]
+    layer = n_layer - 1
+    c = _layer(4096, layer, streamed=streamed, routed=routed, reach=reach)
+    prev = [l for l in range(layer) if streamed[l]]
+    if not streamed[layer]:
+        assert c.walk == "resident"
+        return
+    if not prev:
+        assert c.basis == "prior"
+        return
+    known = [l for l in prev[-reach:] if routed[l] is not None]
+    if not known:
+        assert c is None
+        return
+    src = known[-1]
+    assert c.basis == f"layer {src}"
+    assert c.coverage == pytest.approx(min(expected_coverage(4096, 10, 512), routed[src] / streamed[src]))
+    # a farther reach never waits where a nearer one chooses, and chooses alike where the nearest has routed
+    wider = _layer(4096, layer, streamed=streamed, routed=routed, reach=reach + 1)
+    assert wider is not None and (routed[prev[-1]] is None or wider == c)
+
+
+def test_choose_ahead_two_chooses_a_layer_once_the_layer_two_before_has_routed():
+    three = (342, 341, 341)
+    assert _layer(4096, 2, streamed=three, routed=[300, None, None]) is None
+    c = _layer(4096, 2, streamed=three, routed=[300, None, None], reach=2)
+    assert c.basis == "layer 0" and c.coverage == pytest.approx(300 / 342) and c.streams
+    layers = [_layer(4096, streamed=three), _layer(4096, 1, streamed=three, routed=[300, None, None]), c]
+    line = WalkChoice("coverage", 4096, AUTO, sum(three), sum(three) * BLOB, layers=layers).line()
+    assert "L1-2 streamed (coverage 0.88 >= 0.63, from the routing of the layer 1-2 before)" in line, line
 
 
 def test_the_last_unit_s_same_layer_comes_before_the_previous_layer():
@@ -217,6 +256,38 @@ def test_a_long_first_chunk_reads_the_layer_before(make_test_pack, tmp_path):
         assert l1.basis == "layer 0" and l1.coverage == pytest.approx(unit.routed[0] / len(eng.placement.streamed(0)))
         assert l1.walk == (walk1 or ("streamed" if l1.coverage == 1.0 else "staged"))
         assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+
+
+def test_choose_ahead_queues_a_layer_s_copies_a_layer_earlier_and_keeps_the_bytes(make_test_pack, monkeypatch):
+    """The 4-layer small pack, one chunk of 1,100 tokens, a third of the experts cached: after
+    layer l has routed, the pass holds the layers up to l + choose_ahead (each streaming: the
+    tokens route most of every layer), each chosen from the routing of the layer that many
+    before it at most; the first-token logits are the same bytes whatever the reach, and the
+    bytes copied are the choices'."""
+    pack = make_test_pack("small", "Q8_0")
+    ids = _prompt(pack, 1100, 8)
+    chosen_after = []
+    real = CopySchedule.layer_pass
+
+    def spy(self, layer, tab):
+        out = real(self, layer, tab)
+        chosen_after.append(len(self.layers))
+        return out
+
+    monkeypatch.setattr(CopySchedule, "layer_pass", spy)
+    logits = {}
+    n_layer = pack.config.n_layer
+    for reach in (1, 2, 3):
+        chosen_after.clear()
+        eng = _engine(pack, expert_cache=pack.config.n_layer * pack.config.n_expert // 3, ring=64, choose_ahead=reach)
+        logits[reach] = Session(eng, chunk=1100, progress=False).prefill(ids).tobytes()
+        (unit,) = eng.walk_choices
+        assert all(c.streams for c in unit.layers), unit.line()
+        assert chosen_after == [min(n_layer, l + 1 + reach) for l in range(n_layer)]
+        for l, c in enumerate(unit.layers[1:], 1):
+            assert c.basis == f"layer {max(0, l - reach)}"
+        assert eng.counters["copy_bytes"] == copied_by_choices(pack, eng)
+    assert logits[1] == logits[2] == logits[3]
 
 
 def test_a_prompt_of_one_id_stages_after_its_first_chunk(make_test_pack):

@@ -686,7 +686,7 @@ def _arm_name(arm: dict) -> str:
     short = {"group_gather": "gg", "quant_gather": "qg", "overlap_plan": "op", "fuse_group": "fg",
              "in_place": "ip", "copy_coalesce": "co", "expert_cache": "cache", "ring": "ring",
              "stream_min": "smin", "group_size": "gs", "window": "win", "ring_in_place": "rip",
-             "stage_head": "sh", "head_predict": "hp", "device_plan": "dp"}
+             "stage_head": "sh", "head_predict": "hp", "device_plan": "dp", "choose_ahead": "ca"}
     return ",".join(f"{short.get(k, k)}{v}" for k, v in arm.items()) or "default"
 
 
@@ -1019,7 +1019,17 @@ def _cuda_rows() -> list[ParityCase]:
         rows.append(_row("cuda", preset, etype, n, chunk, arm, **kw))
     rows += _gpt_oss_parity("cuda")
     rows += _device_plan_rows("cuda")
+    rows += _choose_ahead_rows("cuda", (1, 3))
     return rows
+
+
+def _choose_ahead_rows(backend: str, reaches) -> list[ParityCase]:
+    """choose_ahead (the coverage rule's reach; the default every other streamed row takes): the
+    4-layer small pack in one chunk of 1,100 tokens (layer 0 streams on the prior, the later ones
+    by the routing of a layer before), a third of its experts cached. Arm name: ca."""
+    n_all = _all_experts("small")
+    return [_row(backend, "small", "IQ2_XS", 1100, "auto", dict(expert_cache=n_all // 3, ring=64, choose_ahead=v),
+                 seed=33) for v in reaches]
 
 
 def _device_plan_rows(backend: str) -> list[ParityCase]:
@@ -1096,6 +1106,7 @@ def _sim_rows() -> list[ParityCase]:
             rows.append(_row("sim", preset, _MIX_BASE[mix], 130, 64, seed=23, pack_options=(("mix", mix),),
                              quick=(preset, mix) == ("tiny", "Q4_K_M")))
     rows += _codebook_parity("sim")
+    rows += _choose_ahead_rows("sim", (1,))
     n_cache = _all_experts("small") // 3
     for gg in (1, 0):
         rows.append(_row("sim", "small", "IQ3_S", 600, 512, dict(group_gather=gg, expert_cache=n_cache, ring=16,
