@@ -5,6 +5,7 @@ table's growth."""
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 from strata_prefill.contract.numerics import RopeTable
 
@@ -99,5 +100,7 @@ class BackendBase:
         the backend's `_make_rope(n)` building (and, on the GPU, uploading) each size."""
         if self._rope is None:
             cfg = self.config
-            self._rope = RopeTable(cfg.head_dim, cfg.rope_base, build=lambda n, _hd, _base: self._make_rope(n))
+            # weakly: a closure over self kept by self is a cycle (see CudaBackend.__init__)
+            make = weakref.WeakMethod(self._make_rope)
+            self._rope = RopeTable(cfg.head_dim, cfg.rope_base, build=lambda n, _hd, _base: make()(n))
         return self._rope.covering(need)

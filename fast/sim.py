@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,7 +88,8 @@ class DeviceTables:
 
     def __init__(self, slot, src, dev_cnt, dev_off, be):
         self.slot, self.src, self.dev_cnt, self.dev_off = slot, src, dev_cnt, dev_off
-        self._be, self._host = be, None
+        # weakly: the backend keeps the tables (its DeviceBatch tiles), a strong reference would be a cycle
+        self._be, self._host = weakref.proxy(be), None
 
     def _read(self):
         if self._host is None:

@@ -65,12 +65,7 @@ def _engine(case: ParityCase, pack, monkeypatch):
         # first (five workers' kept engines left an 80 GB card too little for it)
         _engines.clear()
         _dropped.append(True)
-    if _dropped:
-        # a dropped cuda engine's device objects are freed here, on the thread that holds their
-        # context: left to the cyclic collector, they may be found on another thread (the
-        # reference's NumPy pool), where PyCUDA can only warn and leak them
-        _dropped.clear()
-        gc.collect()
+    _collect_dropped()
     if eng is None:
         eng = make_fast_engine(pack, case.backend, sim_options=sim, **case.options)
     elif case.backend == "cuda":
@@ -81,6 +76,16 @@ def _engine(case: ParityCase, pack, monkeypatch):
     elif case.backend == "cuda":
         _dropped.append(True)  # made for this row alone: collected before the next row's engine
     return eng
+
+
+def _collect_dropped() -> None:
+    """Whatever a dropped cuda engine left to the cyclic collector is collected here, on the
+    thread that holds the context, before the row reads or computes its reference: a collection
+    that runs on another thread (the reference's NumPy pool) leaves PyCUDA only a warning and a
+    leak. The engines hold no cycle (tests/test_engine_cycles.py); this covers any that slips in."""
+    if _dropped:
+        _dropped.clear()
+        gc.collect()
 
 
 def _remember(kept: dict, key, value, most: int) -> int:
@@ -136,6 +141,7 @@ class _SkipCounter:
 
 @pytest.mark.parametrize("case", _params())
 def test_parity(case: ParityCase, make_test_pack, tmp_path, monkeypatch):
+    _collect_dropped()  # the last row's engine, before this row's threads (its pack, its reference)
     pack = make_test_pack(case.preset, case.expert_type, **dict(case.pack_options))
     ids = case.prompt_ids(pack.config.n_vocab)
     base = _base(case, pack, ids, tmp_path, monkeypatch)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,6 +104,15 @@ class DevTables:
         return self._order
 
 
+def _timing_event(dev):
+    """A timing event recorded on dev's compute stream now."""
+    import pycuda.driver as cuda
+
+    ev = cuda.Event()
+    ev.record(dev.stream)
+    return ev
+
+
 class CudaBackend(BackendBase):
     name = "cuda"
 
@@ -133,7 +143,11 @@ class CudaBackend(BackendBase):
         self._prepared: dict = {}  # id(batch) -> (batch, its tiles' handles): a layer's, uploaded at once
         self._prepared_keep: list = []  # those uploads, alive until the next layer's
         self._woff: dict = {}  # layer -> its experts' cache offsets on the device (_layer_woff)
-        self.phases = PhaseRecorder(self._mark, self._seconds, timing_enabled(timing))
+        # the clock holds the Device, not self: a bound method would make the backend a cycle,
+        # freed only by the cyclic collector on whichever thread it runs, where PyCUDA cannot
+        # make the context current and leaks the device objects with a warning
+        self.phases = PhaseRecorder(functools.partial(_timing_event, self.dev), self._seconds,
+                                    timing_enabled(timing))
         self._trace_base = None  # the event every traced span is timed from
 
     @contextlib.contextmanager
@@ -150,11 +164,7 @@ class CudaBackend(BackendBase):
     # ---- timing and traces -----------------------------------------------------------
     def _mark(self):
         """A timing event recorded on the compute stream now."""
-        import pycuda.driver as cuda
-
-        ev = cuda.Event()
-        ev.record(self.dev.stream)
-        return ev
+        return _timing_event(self.dev)
 
     @staticmethod
     def _seconds(start, end) -> float:
