@@ -383,7 +383,8 @@ class CopySchedule:
         self._predicted[layer] = counts
 
     def layer_pass(self, layer: int, tab) -> tuple[RingPass, list[int]]:
-        """The layer has routed (tab: its routing tables, whose counts reach the host here): the
+        """The layer has routed (tab: its routing tables, whose counts reach the host here: the
+        copies due are queued first, while the device still runs the router): the
         pass its streamed experts come through and which of them were queued before its routing,
         in entry order (all where it streams; a staged layer's head). A staged layer's routed
         streamed experts not in its head join the unit pass (or, with stage_in_ring 0, a pass of
@@ -394,6 +395,12 @@ class CopySchedule:
         this one's without a gap."""
         p = self.parts
         resident = p.placement.resident[layer]
+        if self.ring_pass is not None:
+            # the copies the ring has room for, before the host waits for this layer's counts: with
+            # choose_ahead 2 the pass holds the next layer's entries by now, and their copies then
+            # cost the host no time between the counts and this layer's products
+            with p.be.host_phase("host planning"):
+                self.ring_pass.copy_ahead()
         with p.be.host_phase("host planning"):
             if p.n_streamed[layer]:
                 order = np.asarray(tab.order)
