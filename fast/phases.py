@@ -216,7 +216,8 @@ def overlap_line(o, sim: bool = False) -> str:
 
 OVERLAP_HOW = ("overlap: copy = the copy stream copying the layer's experts; not covered = the part of "
                "it with no compute running; waiting = the compute stream stalled at the layer's waits "
-               "while a copy ran. From the instrumented prefill's spans: {clock}")
+               "while a copy ran; link idle = the copy stream idle right before the layer's copies. "
+               "From the instrumented prefill's spans: {clock}")
 OVERLAP_CLOCK = "CUDA event pairs around each phase and each copy (one timeline)"
 OVERLAP_CLOCK_SIM = ("the sim's modelled stream clock (copies at the link's rate, compute at its NumPy "
                      "time): the schedule's shape, not device times")
@@ -229,14 +230,16 @@ def format_overlap(by_layer: dict, sim: bool) -> str:
     head = "overlap of the copy and compute streams, per layer"
     if not by_layer:
         return f"{head}: nothing copied (every routed expert resident)"
-    lines = [head, f"{'layer':<8} {'copy ms':>10} {'not covered ms':>15} {'compute waiting ms':>19}"]
+    lines = [head, f"{'layer':<8} {'copy ms':>10} {'not covered ms':>15} {'compute waiting ms':>19} "
+                   f"{'link idle ms':>13}"]
     total = None
     for layer in sorted(by_layer):
         o = by_layer[layer]
         total = o if total is None else total + o
-        lines.append(f"{layer:<8} {o.copy * 1e3:>10.2f} {o.uncovered * 1e3:>15.2f} {o.waiting * 1e3:>19.2f}")
+        lines.append(f"{layer:<8} {o.copy * 1e3:>10.2f} {o.uncovered * 1e3:>15.2f} {o.waiting * 1e3:>19.2f} "
+                     f"{o.idle * 1e3:>13.2f}")
     share = 100 * total.uncovered / total.copy if total.copy > 0 else 0.0
-    lines.append(f"{'all':<8} {total.copy * 1e3:>10.2f} {total.uncovered * 1e3:>15.2f} {total.waiting * 1e3:>19.2f}"
-                 f"  ({share:.0f}% of the copy time not covered)")
+    lines.append(f"{'all':<8} {total.copy * 1e3:>10.2f} {total.uncovered * 1e3:>15.2f} {total.waiting * 1e3:>19.2f} "
+                 f"{total.idle * 1e3:>13.2f}  ({share:.0f}% of the copy time not covered)")
     lines.append(OVERLAP_HOW.format(clock=OVERLAP_CLOCK_SIM if sim else OVERLAP_CLOCK))
     return "\n".join(lines)

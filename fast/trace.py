@@ -10,7 +10,7 @@ experts, bytes, ...); "otherData" says what a chunk index names (a chunk, or a l
 window of several chunks: `units`).
 
 Overlap (`overlap_by_layer`, printed by `run --timing` and `bench --phases`, drawn by `plot`):
-interval arithmetic on half-open [start, end) spans. Per layer, three figures:
+interval arithmetic on half-open [start, end) spans. Per layer, four figures:
 
   copy        the time the copy stream spent copying the layer's experts (the union of its
               copy spans; a copy that carries several layers' experts counts to its first)
@@ -20,9 +20,14 @@ interval arithmetic on half-open [start, end) spans. Per layer, three figures:
               the wait spans, less any compute work, clipped to the copy stream's busy time (so
               the few microseconds a wait's own event pair takes when its copy had long landed
               do not count)
+  link idle   the time the copy stream had nothing to copy right before the layer's copies: for
+              each of its copy spans, from the end of the copy before it (any layer's, of the
+              spans given: one unit's) to its start; the unit's first copy counts none. Where it
+              gathers, a layer's copies were queued after the link ran dry
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -263,9 +268,11 @@ class Overlap:
     copy: float = 0.0
     uncovered: float = 0.0
     waiting: float = 0.0
+    idle: float = 0.0
 
     def __add__(self, other: "Overlap") -> "Overlap":
-        return Overlap(self.copy + other.copy, self.uncovered + other.uncovered, self.waiting + other.waiting)
+        return Overlap(self.copy + other.copy, self.uncovered + other.uncovered, self.waiting + other.waiting,
+                       self.idle + other.idle)
 
 
 def layer_overlap(copies, waits, work, all_copies=None) -> Overlap:
@@ -273,9 +280,25 @@ def layer_overlap(copies, waits, work, all_copies=None) -> Overlap:
     compute stream's spans at the layer's waits for copies; work, every compute span that is
     work (any layer's: a copy is covered by whatever compute runs beside it); all_copies, every
     copy span (any layer's: a wait ends when its copy lands, whichever layer that copy is
-    counted to; default: copies)."""
+    counted to, and the link idles before a copy until the copy before it, of any layer, ends;
+    default: copies)."""
+    every = copies if all_copies is None else all_copies
     return Overlap(copy=total(copies), uncovered=total(uncovered(copies, work)),
-                   waiting=total(waiting(waits, work, copies if all_copies is None else all_copies)))
+                   waiting=total(waiting(waits, work, every)), idle=total(link_idle(copies, every)))
+
+
+def link_idle(copies, all_copies) -> list[tuple[float, float]]:
+    """The stretches the copy stream idled right before each of `copies`: from the latest end of
+    `all_copies` before the copy's start to that start (none before the first copy)."""
+    busy = merge(all_copies)
+    out = []
+    for a, _ in copies:
+        if any(s < a < e for s, e in busy):  # another copy was running when it started
+            continue
+        before = [e for _, e in all_copies if e <= a]
+        if before and max(before) < a:
+            out.append((max(before), a))
+    return merge(out)
 
 
 def uncovered(copies, work) -> list[tuple[float, float]]:
@@ -318,9 +341,16 @@ def overlap_by_layer(spans: list[Span], chunk: int | None = None) -> dict[int, O
     copies = [s for s in spans if s.track == "copy" and s.name not in WAITS]
     waits = [s for s in spans if s.track == "compute" and s.name == WAIT_COPY]
     layers = sorted({l for s in copies + waits if (l := span_layer(s)) is not None})
-    return {l: layer_overlap(iv(s for s in copies if span_layer(s) == l),
-                             iv(s for s in waits if span_layer(s) == l), work, iv(copies))
-            for l in layers}
+    out = {}
+    for l in layers:
+        o = layer_overlap(iv(s for s in copies if span_layer(s) == l), iv(s for s in waits if span_layer(s) == l),
+                          work, iv(copies))
+        # the link's idle time within each unit: a unit's first copy waits for no copy before it
+        idle = sum(total(link_idle(iv(s for s in copies if span_layer(s) == l and s.args.get("chunk") == c),
+                                   iv(s for s in copies if s.args.get("chunk") == c)))
+                   for c in {s.args.get("chunk") for s in copies})
+        out[l] = dataclasses.replace(o, idle=idle)
+    return out
 
 
 def summed(by_layer: dict[int, Overlap]) -> Overlap:

@@ -11,7 +11,7 @@ import pytest
 
 from strata_prefill.fast.phases import format_chunk_tables, format_overlap, ChunkTimes
 from strata_prefill.fast.sim_streams import ModelClock, SimEvent, SimStreams
-from strata_prefill.fast.trace import (Overlap, Span, intersect, layer_overlap, merge, overlap_by_layer, read_trace_meta,
+from strata_prefill.fast.trace import (Overlap, Span, intersect, layer_overlap, link_idle, merge, overlap_by_layer, read_trace_meta,
                         subtract, summed, total, units)
 from strata_prefill.fast.tuning import COPY_BYTES_PER_S
 from strata_prefill.cli import main
@@ -95,8 +95,19 @@ def test_overlap_by_layer_splits_copies_and_waits_by_layer():
     by = overlap_by_layer(spans, chunk=0)
     assert by == {0: Overlap(5, 3, 3), 1: Overlap(7, 2, 2)}
     assert summed(by) == Overlap(12, 5, 5)
-    assert overlap_by_layer(spans)[0] == Overlap(6, 4, 3)  # chunk 1's copy too
+    assert overlap_by_layer(spans)[0] == Overlap(6, 4, 3)  # chunk 1's copy too (its unit's first: no idle)
+    # chunk 0's layer 0 copies again at 16-18 (after layer 1's 7-14): the link idled 14-16 before it
+    again = spans + [Span("copy", "copy", 16, 2, {"chunk": 0, "layer": 0})]
+    assert overlap_by_layer(again, chunk=0)[0].idle == 2 and overlap_by_layer(again, chunk=0)[1].idle == 0
+    assert overlap_by_layer(again)[0].idle == 2
     assert overlap_by_layer([s for s in spans if s.track == "compute" and s.name != "wait copy"]) == {}
+
+
+def test_link_idle_is_the_gap_before_each_copy():
+    every = [(0, 2), (3, 5), (5, 6), (9, 10)]
+    assert link_idle([(3, 5), (9, 10)], every) == [(2, 3), (6, 9)]
+    assert link_idle([(0, 2), (5, 6)], every) == []  # the first copy, and one right behind another
+    assert layer_overlap([(3, 5), (9, 10)], [], [], every).idle == 4
 
 
 def test_units_name_windows_and_their_chunks():
@@ -118,7 +129,9 @@ def test_format_overlap_and_labelled_tables():
     text = format_overlap({0: Overlap(0.004, 0.001, 0.0005), 3: Overlap(0.002, 0.002, 0.001)}, sim=False)
     rows = {l.split()[0]: l.split()[1:4] for l in text.splitlines()[2:4]}
     assert rows == {"0": ["4.00", "1.00", "0.50"], "3": ["2.00", "2.00", "1.00"]}
-    assert re.search(r"^all\s+6\.00\s+3\.00\s+1\.50\s+\(50% of the copy time not covered\)", text, re.M)
+    assert re.search(r"^all\s+6\.00\s+3\.00\s+1\.50\s+0\.00\s+\(50% of the copy time not covered\)", text, re.M)
+    text = format_overlap({0: Overlap(0.004, 0.001, 0.0005, 0.0025)}, sim=False)
+    assert text.splitlines()[2].split() == ["0", "4.00", "1.00", "0.50", "2.50"]
     assert "nothing copied" in format_overlap({}, sim=True)
     t = ChunkTimes({"gather": 0.001}, {}, None)
     out = format_chunk_tables([t, t], [ChunkTimes(total=0.002)], sim=True,
@@ -171,13 +184,14 @@ def test_timing_labels_windows_and_prints_overlap_per_layer(pack, tmp_path, caps
     assert heads == ["window 0 (chunks 0-1)", "window 1 (chunk 2)"]
     table = out[out.index("overlap of the copy and compute streams, per layer"):]
     rows = {int(m[0]): tuple(map(float, m[1:])) for m in
-            re.findall(r"^(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", table, re.M)}
+            re.findall(r"^(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", table, re.M)}
     assert sorted(rows) == list(range(pack.config.n_layer))
     spans, meta = read_trace_meta(trace)
     assert meta["units"] == heads and meta["window_tokens"] == 40 and meta["chunk_tokens"] == 20
     # the figures are the trace's: the printed table is the traced prefill's overlap
     by = overlap_by_layer(spans)
-    for layer, (copy_ms, uncovered_ms, waiting_ms) in rows.items():
+    for layer, (copy_ms, uncovered_ms, waiting_ms, idle_ms) in rows.items():
+        assert idle_ms == pytest.approx(by[layer].idle * 1e3, abs=0.006)
         assert copy_ms == pytest.approx(by[layer].copy * 1e3, abs=0.006)
         assert uncovered_ms == pytest.approx(by[layer].uncovered * 1e3, abs=0.006)
         assert waiting_ms == pytest.approx(by[layer].waiting * 1e3, abs=0.006)

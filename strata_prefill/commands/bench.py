@@ -159,7 +159,8 @@ def overlap_ms(by_layer: dict) -> dict:
     the sums over its layers, and each layer's."""
     from strata_prefill.fast.trace import summed
 
-    ms = lambda o: {"copy": 1e3 * o.copy, "uncovered": 1e3 * o.uncovered, "waiting": 1e3 * o.waiting}  # noqa: E731
+    ms = lambda o: {"copy": 1e3 * o.copy, "uncovered": 1e3 * o.uncovered, "waiting": 1e3 * o.waiting,  # noqa: E731
+                    "link_idle": 1e3 * o.idle}
     return {**ms(summed(by_layer)), "layers": {str(l): ms(o) for l, o in sorted(by_layer.items())}}
 
 
