@@ -136,8 +136,9 @@ def choose_layer(*, layer: int, n_tok: int, stream_min, k_used: int, n_expert: i
                  blob_bytes: list[int], hide_per_token: int, measured: tuple | None = None,
                  routed: list | None = None, reach: int = 1) -> LayerChoice | None:
     """The walk of `layer` in a unit of n_tok tokens, chosen when its copies must be queued:
-    layer 0 before the unit's first attention, layer l > 0 once layer l - 1's routing is on the
-    host (its streamed walk's copies then follow l - 1's in the ring, layer-ahead of their use).
+    layer 0 before the unit's first attention, layer l > 0 once the routing of one of the `reach`
+    streaming layers before it is on the host (its streamed walk's copies then follow the layer
+    before's in the ring, ahead of their use).
 
     stream_min N (the threshold rule): streamed from N tokens, every layer alike. auto (the
     coverage rule, the default): streamed when the share c of the layer's streamed experts its
