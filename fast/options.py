@@ -378,10 +378,10 @@ SWITCHES = (
            "times this (strata_prefill.fast.schedule.stream_need), else it stages", needs=(STREAMS, Is("stream_min", (AUTO,)))),
     Switch("choose_ahead", "STRATA_PREFILL_CHOOSE_AHEAD", 2, SCHEDULE, Count(1, metavar="N"),
            "stream_min auto: a layer's walk is chosen from the routing of the nearest of the N streaming "
-           "layers before it that has routed, so a streamed layer's copies join the pass up to N layers "
-           "ahead of its use and the link goes on from one layer's copies to the next one's without "
-           "waiting for the host to read the layer before's routing (strata_prefill.fast.schedule.choose_layer); "
-           "1: from the nearest only, once it has routed",
+           "layers before it that has routed, so a streamed layer's copies can join the pass once the "
+           "layer N before it has routed (N - 1 layers earlier than with 1) and the link goes on from "
+           "one layer's copies to the next one's without waiting for the host to read the layer "
+           "before's routing (strata_prefill.fast.schedule.choose_layer); 1: from the nearest only, once it has routed",
            needs=(STREAMS, Is("stream_min", (AUTO,)))),
     Switch("stage_head", "STRATA_PREFILL_STAGE_HEAD", AUTO, SCHEDULE, Count(0, auto=True, metavar="N|auto"),
            "stage_in_ring: a staged layer's first N streamed experts (by id) are copied before its "
