@@ -27,7 +27,10 @@ interval arithmetic on half-open [start, end) spans. Per layer, four figures:
 """
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -289,15 +292,16 @@ def layer_overlap(copies, waits, work, all_copies=None) -> Overlap:
 
 def link_idle(copies, all_copies) -> list[tuple[float, float]]:
     """The stretches the copy stream idled right before each of `copies`: from the latest end of
-    `all_copies` before the copy's start to that start (none before the first copy)."""
-    busy = merge(all_copies)
+    the `all_copies` that started before the copy to its start, where that end comes first (none
+    before the first copy, none where another copy was still running)."""
+    spans = sorted(all_copies)
+    starts = [a for a, _ in spans]
+    reach = list(itertools.accumulate((b for _, b in spans), max))  # the latest end of spans[:i + 1]
     out = []
     for a, _ in copies:
-        if any(s < a < e for s, e in busy):  # another copy was running when it started
-            continue
-        before = [e for _, e in all_copies if e <= a]
-        if before and max(before) < a:
-            out.append((max(before), a))
+        i = bisect.bisect_left(starts, a)
+        if i and reach[i - 1] < a:
+            out.append((reach[i - 1], a))
     return merge(out)
 
 
@@ -341,16 +345,16 @@ def overlap_by_layer(spans: list[Span], chunk: int | None = None) -> dict[int, O
     copies = [s for s in spans if s.track == "copy" and s.name not in WAITS]
     waits = [s for s in spans if s.track == "compute" and s.name == WAIT_COPY]
     layers = sorted({l for s in copies + waits if (l := span_layer(s)) is not None})
-    out = {}
-    for l in layers:
-        o = layer_overlap(iv(s for s in copies if span_layer(s) == l), iv(s for s in waits if span_layer(s) == l),
-                          work, iv(copies))
-        # the link's idle time within each unit: a unit's first copy waits for no copy before it
-        idle = sum(total(link_idle(iv(s for s in copies if span_layer(s) == l and s.args.get("chunk") == c),
-                                   iv(s for s in copies if s.args.get("chunk") == c)))
-                   for c in {s.args.get("chunk") for s in copies})
-        out[l] = dataclasses.replace(o, idle=idle)
-    return out
+    # the link's idle time within each unit: a unit's first copy waits for no copy before it
+    idle = collections.defaultdict(float)
+    for c in {s.args.get("chunk") for s in copies}:
+        unit = [s for s in copies if s.args.get("chunk") == c]
+        for l in {span_layer(s) for s in unit}:
+            idle[l] += total(link_idle(iv(s for s in unit if span_layer(s) == l), iv(unit)))
+    return {l: dataclasses.replace(layer_overlap(iv(s for s in copies if span_layer(s) == l),
+                                                 iv(s for s in waits if span_layer(s) == l), work, iv(copies)),
+                                   idle=idle[l])
+            for l in layers}
 
 
 def summed(by_layer: dict[int, Overlap]) -> Overlap:
