@@ -104,3 +104,12 @@ class BackendBase:
             make = weakref.WeakMethod(self._make_rope)
             self._rope = RopeTable(cfg.head_dim, cfg.rope_base, build=lambda n, _hd, _base: make()(n))
         return self._rope.covering(need)
+
+    # ---- the NaN/Inf watch (formats/nonfinite.py): each backend's nonfinite_reset makes its value
+    _nonfinite = None
+
+    def _watch(self):
+        """The watch's value, made (nonfinite_reset) at the run's first mark."""
+        if self._nonfinite is None:
+            self.nonfinite_reset()
+        return self._nonfinite

@@ -313,15 +313,11 @@ class SimBackend(BackendBase):
                           lambda: attention.attend(self.kv, layer, q, positions, sinks=sinks, window=window))
 
     # ---- the NaN/Inf watch (formats/nonfinite.py), a step on the compute stream like the kernel's
-    _nonfinite = None
-
     def nonfinite_reset(self) -> None:
         self._nonfinite = [NOTHING]  # a new box: a mark still queued from before writes the old one
 
     def nonfinite_mark(self, x, code: int) -> None:
-        if self._nonfinite is None:
-            self.nonfinite_reset()
-        box = self._nonfinite
+        box = self._watch()
 
         def run():
             box[0] = nonfinite.mark(box[0], x, code)
@@ -577,9 +573,7 @@ class SimBackend(BackendBase):
         under code_up, in the watch's box of now; mark None: nothing."""
         if mark is None:
             return lambda: None
-        if self._nonfinite is None:
-            self.nonfinite_reset()
-        box, (code_gate, code_up) = self._nonfinite, mark
+        box, (code_gate, code_up) = self._watch(), mark
 
         def run():
             box[0] = nonfinite.mark(box[0], gate[r0:r1], code_gate)

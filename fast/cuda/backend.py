@@ -162,10 +162,6 @@ class CudaBackend(BackendBase):
                               f"{' '.join(str(e).split())}") from e
 
     # ---- timing and traces -----------------------------------------------------------
-    def _mark(self):
-        """A timing event recorded on the compute stream now."""
-        return _timing_event(self.dev)
-
     @staticmethod
     def _seconds(start, end) -> float:
         end.synchronize()
@@ -180,7 +176,7 @@ class CudaBackend(BackendBase):
             self.tiers.copy_timing = True
         self.phases.reset()
         self.phases.tracing = True
-        self._trace_base = self._mark()
+        self._trace_base = _timing_event(self.dev)
 
     def trace_end(self) -> list:
         """The spans since trace_begin (strata_prefill.fast.trace.Span), seconds from the base event;
@@ -386,23 +382,15 @@ class CudaBackend(BackendBase):
         return ops.sigmoid(self.dev, v)
 
     # ---- the NaN/Inf watch (formats/nonfinite.py): one uint64 on the device -------------
-    _nonfinite = None
-
     def nonfinite_reset(self) -> None:
         self._nonfinite = self.dev.upload(np.array([NOTHING], np.uint64))
 
     def nonfinite_mark(self, x, code: int) -> None:
-        if self._nonfinite is None:
-            self.nonfinite_reset()
-        ops.nonfinite_mark(self.dev, x, self._nonfinite, code)
+        ops.nonfinite_mark(self.dev, x, self._watch(), code)
 
     def _watch_mark(self, mark):
         """A SwiGLU step's mark, (code_gate, code_up) or None, as the wrappers' (first, codes)."""
-        if mark is None:
-            return None
-        if self._nonfinite is None:
-            self.nonfinite_reset()
-        return (self._nonfinite, *mark)
+        return None if mark is None else (self._watch(), *mark)
 
     def nonfinite_first(self) -> int:
         if self._nonfinite is None:
