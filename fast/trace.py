@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import dataclasses
 import itertools
 import json
 import math
@@ -278,16 +277,19 @@ class Overlap:
                        self.idle + other.idle)
 
 
-def layer_overlap(copies, waits, work, all_copies=None) -> Overlap:
+def layer_overlap(copies, waits, work, all_copies=None, idle=None) -> Overlap:
     """One layer's figures from [start, end) lists: copies, the layer's copy spans; waits, the
     compute stream's spans at the layer's waits for copies; work, every compute span that is
     work (any layer's: a copy is covered by whatever compute runs beside it); all_copies, every
     copy span (any layer's: a wait ends when its copy lands, whichever layer that copy is
     counted to, and the link idles before a copy until the copy before it, of any layer, ends;
-    default: copies)."""
+    default: copies); idle, the link's idle seconds where the caller has them (overlap_by_layer
+    counts them unit by unit), else from copies against all_copies."""
     every = copies if all_copies is None else all_copies
+    if idle is None:
+        idle = total(link_idle(copies, every))
     return Overlap(copy=total(copies), uncovered=total(uncovered(copies, work)),
-                   waiting=total(waiting(waits, work, every)), idle=total(link_idle(copies, every)))
+                   waiting=total(waiting(waits, work, every)), idle=idle)
 
 
 def link_idle(copies, all_copies) -> list[tuple[float, float]]:
@@ -351,9 +353,8 @@ def overlap_by_layer(spans: list[Span], chunk: int | None = None) -> dict[int, O
         unit = [s for s in copies if s.args.get("chunk") == c]
         for l in {span_layer(s) for s in unit}:
             idle[l] += total(link_idle(iv(s for s in unit if span_layer(s) == l), iv(unit)))
-    return {l: dataclasses.replace(layer_overlap(iv(s for s in copies if span_layer(s) == l),
-                                                 iv(s for s in waits if span_layer(s) == l), work, iv(copies)),
-                                   idle=idle[l])
+    return {l: layer_overlap(iv(s for s in copies if span_layer(s) == l), iv(s for s in waits if span_layer(s) == l),
+                             work, iv(copies), idle=idle[l])
             for l in layers}
 
 
