@@ -44,7 +44,9 @@ def read_durations(lines) -> list[dict]:
     """Each profiled launch of an ncu --csv list (lines of text: ncu's own ==PROF== lines and
     the program's output are skipped): {"kernel", "grid", "block", "us"}."""
     rows = csv.DictReader(l for l in lines if l.startswith('"'))
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+    # ncu names the unit in words by default and as a symbol under --print-units base
+    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+             "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
     out = []
     for r in rows:
         if r.get("Metric Name") != METRIC:

@@ -44,6 +44,15 @@ def test_the_sums_by_name_and_by_launch():
     json.dumps(s)  # the sums are written as they are
 
 
+def test_the_units_as_symbols():
+    """ncu --print-units base writes ns, us, ms (the words without it): the same durations."""
+    words = kt.read_durations(_listing([_row(0, "k", "(1, 1, 1)", "(32, 1, 1)", "2500"),
+                                        _row(1, "k", "(1, 1, 1)", "(32, 1, 1)", "0.25", unit="msecond")]))
+    symbols = kt.read_durations(_listing([_row(0, "k", "(1, 1, 1)", "(32, 1, 1)", "2500", unit="ns"),
+                                          _row(1, "k", "(1, 1, 1)", "(32, 1, 1)", "0.25", unit="ms")]))
+    assert symbols == words and [l["us"] for l in symbols] == [2.5, 250.0]
+
+
 def test_an_unknown_unit_is_refused():
     with pytest.raises(ValueError, match="unknown unit"):
         kt.read_durations(_listing([_row(0, "k", "(1, 1, 1)", "(32, 1, 1)", "3", unit="cycle")]))
