@@ -72,27 +72,45 @@ def _ctas(cfg, N, R):
     return -(-N // (16 * cfg.get("MMQ_WM", 8))) * -(-R // cfg.get("MMQ_BN", 128))
 
 
+def _rounds(cfg, N, R, sms):
+    return -(-_ctas(cfg, N, R) // (sms * cfg.get("MMQ_MINB", 1)))
+
+
 @settings(max_examples=200, deadline=None)
 @given(N=st.integers(1, 20000), R=st.integers(1, 40000), sms=st.integers(1, 200))
-def test_dense_config_fills_the_device(N, R, sms):
+def test_dense_config_takes_the_cheaper_rounds(N, R, sms):
     got = products.dense_config(N, R, sms)
     auto = products.auto_config(float(R))
-    if auto != products.AUTO_CONFIGS[-1][1] or _ctas(auto, N, R) >= sms:
-        assert got == auto  # few rows (a smaller tile already), or at least a CTA an SM
-    else:
-        assert got == products.AUTO_CONFIGS[-2][1]
-        assert _ctas(got, N, R) > _ctas(auto, N, R) or R <= 64
-
-
-def test_dense_config_on_the_strata_shapes():
     big, small = products.AUTO_CONFIGS[-1][1], products.AUTO_CONFIGS[-2][1]
-    # H200 (132 SMs): key/value (512 rows) at 1K tokens, 8 x 8 = 64 CTAs: the smaller tile;
-    # the query product (4,096 rows), 64 x 8 = 512: the large one
+    if auto != big:
+        assert got == auto  # few rows: a smaller tile already
+        return
+    cost_big, cost_small = _rounds(big, N, R, sms), products.SMALL_TILE_COST * _rounds(small, N, R, sms)
+    assert got == (small if cost_small < cost_big else big)
+    if _ctas(big, N, R) < sms:  # under one CTA an SM: one round either way, the small tile
+        assert got == small
+
+
+def test_dense_config_on_the_model_shapes():
+    big, small = products.AUTO_CONFIGS[-1][1], products.AUTO_CONFIGS[-2][1]
+    # 132 SMs, two CTAs an SM. The strata shape: key/value (512 rows) at 1K tokens, 8 x 8 = 64
+    # CTAs: the small tile; the query product (4,096 rows), 64 x 8 = 512 in two rounds, against
+    # 1,024 small ones in four: the large one
     assert products.dense_config(512, 1024, 132) == small
     assert products.dense_config(640, 1024, 132) == small
     assert products.dense_config(4096, 1024, 132) == big
     assert products.dense_config(512, 4096, 132) == big
     assert products.dense_config(512, 40, 132) == products.auto_config(40.0)
+    # the shared expert's down product (2,560 rows) at 1K: 320 large CTAs in two rounds, 640
+    # small ones in three
+    assert products.dense_config(2560, 1024, 132) == small
+    # qwen3-30b-a3b at 1,030 tokens: the output projection (2,048 rows) 288 large tiles in two
+    # rounds or 544 small in three: small; the query product (4,096) 576 in three or 1,088 in
+    # five: a tie, the large tile; at 2,048 tokens both large
+    assert products.dense_config(2048, 1030, 132) == small
+    assert products.dense_config(4096, 1030, 132) == big
+    assert products.dense_config(2048, 2048, 132) == big
+    assert products.dense_config(4096, 2048, 132) == big
 
 
 def test_dense_config_carries_the_defines(monkeypatch):

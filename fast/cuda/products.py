@@ -509,20 +509,35 @@ _dense_bounds: dict = {}
 _dense_choice: dict = {}  # (N, R, the two environment variables) -> (configuration, tile rows)
 
 
+#: a BN 64 tile's time against a BN 128 tile's over the same weight rows and K, where whole
+#: waves hide the rounding up (docs/results/2026-12-06-dense-waves-and-epilogue-price.md)
+SMALL_TILE_COST = 0.6
+
+
+def dense_waves(cfg: dict, N: int, R: int, sms: int) -> int:
+    """The rounds of CTAs a dense product (N weight rows, R activation rows) takes under tile
+    configuration cfg: its tiles over the CTAs the device runs at once (MMQ_MINB an SM). A
+    round costs a whole tile's time however few of its CTAs run."""
+    bm, bn = 16 * int(cfg.get("MMQ_WM", 8)), int(cfg.get("MMQ_BN", 128))
+    tiles = -(-int(N) // bm) * -(-int(R) // bn)
+    return -(-tiles // (int(sms) * int(cfg.get("MMQ_MINB", 1))))
+
+
 def dense_config(N: int, R: int, sms: int) -> dict:
     """The automatic configuration of a dense product (N weight rows, R activation rows) on a
-    device of `sms` SMs: the rows' AUTO_CONFIGS entry (with STRATA_MMQ_DEFINES), except that a
-    launch of fewer CTAs than SMs under it takes the next smaller tile (AUTO_CONFIGS' BN 64
-    entry), which doubles the CTAs. Below one CTA an SM most of the device idles; from one CTA
-    an SM up BN 128 is as fast or faster (bench/bench_dense_mmq_ab_cuda.py; measured in
-    docs/performance.md, "Figures from the kernels' comments")."""
+    device of `sms` SMs: the rows' AUTO_CONFIGS entry (with STRATA_MMQ_DEFINES), except that
+    where that is the BN 128 tile, the BN 64 entry (twice the tiles, each SMALL_TILE_COST of
+    the time) takes over when its rounds of CTAs (dense_waves) cost less. So a launch of fewer
+    CTAs than SMs takes the small tile (one round either way), and so does one whose last
+    round of large tiles would run few CTAs (on 132 SMs, the output projection's 2,048 rows at
+    1,030 tokens: 288 large tiles in two rounds of 264, or 544 small ones in three)
+    (bench/bench_dense_mmq_ab_cuda.py; docs/performance.md, "The decode mixed into the products")."""
     base = _auto_entry(float(R))
     cfg = _with_extra(base)
     if base is AUTO_CONFIGS[-1][1]:  # (fewer rows already take a smaller tile)
-        bm = 16 * int(cfg.get("MMQ_WM", 8))
-        bn = int(cfg.get("MMQ_BN", 128))
-        if -(-N // bm) * -(-R // bn) < sms:
-            cfg = _with_extra(AUTO_CONFIGS[-2][1])
+        small = _with_extra(AUTO_CONFIGS[-2][1])
+        if dense_waves(small, N, R, sms) * SMALL_TILE_COST < dense_waves(cfg, N, R, sms):
+            cfg = small
     return cfg
 
 
