@@ -296,15 +296,20 @@ def link_idle(copies, all_copies) -> list[tuple[float, float]]:
     """The stretches the copy stream idled right before each of `copies`: from the latest end of
     the `all_copies` that started before the copy to its start, where that end comes first (none
     before the first copy, none where another copy was still running)."""
+    return merge([g for g in idle_before(copies, all_copies) if g is not None])
+
+
+def idle_before(copies, all_copies) -> list[tuple[float, float] | None]:
+    """link_idle's stretch for each of `copies`, in their order (None: the link was not idle
+    right before it), all_copies sorted once for them all."""
     spans = sorted(all_copies)
     starts = [a for a, _ in spans]
     reach = list(itertools.accumulate((b for _, b in spans), max))  # the latest end of spans[:i + 1]
     out = []
     for a, _ in copies:
         i = bisect.bisect_left(starts, a)
-        if i and reach[i - 1] < a:
-            out.append((reach[i - 1], a))
-    return merge(out)
+        out.append((reach[i - 1], a) if i and reach[i - 1] < a else None)
+    return out
 
 
 def uncovered(copies, work) -> list[tuple[float, float]]:
@@ -346,16 +351,27 @@ def overlap_by_layer(spans: list[Span], chunk: int | None = None) -> dict[int, O
     work = iv(s for s in spans if s.track == "compute" and s.name not in WAITS)
     copies = [s for s in spans if s.track == "copy" and s.name not in WAITS]
     waits = [s for s in spans if s.track == "compute" and s.name == WAIT_COPY]
-    layers = sorted({l for s in copies + waits if (l := span_layer(s)) is not None})
-    # the link's idle time within each unit: a unit's first copy waits for no copy before it
+    by_layer = {"copy": collections.defaultdict(list), "wait": collections.defaultdict(list)}
+    for kind, ss in (("copy", copies), ("wait", waits)):
+        for s in ss:
+            if (l := span_layer(s)) is not None:
+                by_layer[kind][l].append((s.start, s.end))
+    # the link's idle time within each unit (a unit's first copy waits for no copy before it):
+    # each copy's stretch against its unit's copies, merged layer by layer
+    by_unit = collections.defaultdict(list)
+    for s in copies:
+        by_unit[s.args.get("chunk")].append(s)
     idle = collections.defaultdict(float)
-    for c in {s.args.get("chunk") for s in copies}:
-        unit = [s for s in copies if s.args.get("chunk") == c]
-        for l in {span_layer(s) for s in unit}:
-            idle[l] += total(link_idle(iv(s for s in unit if span_layer(s) == l), iv(unit)))
-    return {l: layer_overlap(iv(s for s in copies if span_layer(s) == l), iv(s for s in waits if span_layer(s) == l),
-                             work, iv(copies), idle=idle[l])
-            for l in layers}
+    for unit in by_unit.values():
+        stretches = collections.defaultdict(list)
+        for s, gap in zip(unit, idle_before(iv(unit), iv(unit))):
+            if gap is not None:
+                stretches[span_layer(s)].append(gap)
+        for l, gaps in stretches.items():
+            idle[l] += total(merge(gaps))
+    every = iv(copies)
+    return {l: layer_overlap(by_layer["copy"][l], by_layer["wait"][l], work, every, idle=idle[l])
+            for l in sorted(by_layer["copy"].keys() | by_layer["wait"].keys())}
 
 
 def summed(by_layer: dict[int, Overlap]) -> Overlap:
