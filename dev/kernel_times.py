@@ -126,7 +126,12 @@ def main(argv=None) -> int:
         if not Path(args.csv).is_file():
             print(f"kernel_times: no file {args.csv}", file=sys.stderr)
             return 2
-        print(format_summary(summarize(read_durations(Path(args.csv).read_text().splitlines())), args.top))
+        try:
+            launches = read_durations(Path(args.csv).read_text().splitlines())
+        except ValueError as e:
+            print(f"kernel_times: {args.csv}: {e}", file=sys.stderr)
+            return 2
+        print(format_summary(summarize(launches), args.top))
         return 0
     from strata_prefill.fast.options import BY_KEYWORD
 
@@ -155,7 +160,11 @@ def main(argv=None) -> int:
             print(f"kernel_times: ncu exited {rc.returncode} at {n} tokens: {rc.stderr.strip()[-500:]}",
                   file=sys.stderr)
             return 1
-        s = summarize(read_durations(listing.read_text().splitlines()))
+        try:
+            s = summarize(read_durations(listing.read_text().splitlines()))
+        except ValueError as e:
+            print(f"kernel_times: {listing}: {e}", file=sys.stderr)
+            return 1
         (out / f"kernels_{n}.json").write_text(json.dumps({"tokens": n, "pack": args.pack, "switches": switches,
                                                            **s}, indent=1))
         print(f"\n{n} tokens: " + format_summary(s, args.top))

@@ -53,9 +53,15 @@ def test_the_units_as_symbols():
     assert symbols == words and [l["us"] for l in symbols] == [2.5, 250.0]
 
 
-def test_an_unknown_unit_is_refused():
+def test_an_unknown_unit_is_refused(tmp_path, capsys):
+    rows = _listing([_row(0, "k", "(1, 1, 1)", "(32, 1, 1)", "3", unit="cycle")])
     with pytest.raises(ValueError, match="unknown unit"):
-        kt.read_durations(_listing([_row(0, "k", "(1, 1, 1)", "(32, 1, 1)", "3", unit="cycle")]))
+        kt.read_durations(rows)
+    f = tmp_path / "k.csv"
+    f.write_text("\n".join(rows) + "\n")
+    assert kt.main(["--csv", str(f)]) == 2  # one line, no traceback
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"kernel_times: {f}:" in err and "unknown unit 'cycle'" in err
 
 
 def test_refused_before_any_work(tmp_path, capsys):
