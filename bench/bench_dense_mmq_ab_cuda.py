@@ -59,6 +59,9 @@ def main() -> int:
     if fmt is None:
         ap.error(f"--qtype {args.qtype}: not a type with an MMQ kernel ({', '.join(f.qtype.name for f in qformats.with_mmq_kernel())})")
     QTYPE = fmt.qtype
+    lengths = [t.strip() for t in args.tokens.split(",")]
+    if not all(t.isdigit() and int(t) > 0 for t in lengths):
+        ap.error(f"--tokens must be positive integers, comma-separated, got {args.tokens!r}")
     PRODUCTS = products_of(PRESETS[args.shape])
     bad = [f"{name} ({K} values a row)" for name, _, K in PRODUCTS if K % fmt.block_values]
     if bad:
@@ -74,7 +77,7 @@ def main() -> int:
     rng = np.random.default_rng(2026)
     layout = q8_1.layout_for(QTYPE)
     results = []
-    for tokens in (int(t) for t in args.tokens.split(",")):
+    for tokens in map(int, lengths):
         acts = {}
         for name, N, K in PRODUCTS:
             if K not in acts:

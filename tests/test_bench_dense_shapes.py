@@ -24,6 +24,8 @@ def test_a_shape_without_a_shared_expert():
 @pytest.mark.parametrize("args, message", [
     (["--qtype", "Q9_9"], "not a type with an MMQ kernel"),
     (["--shape", "strata", "--qtype", "Q4_K"], "rows not whole Q4_K blocks: shexp down (640 values a row)"),
+    (["--tokens", "1024,x"], "--tokens must be positive integers"),
+    (["--tokens", "0"], "--tokens must be positive integers"),
 ])
 def test_refusals_before_any_work(args, message):
     res = subprocess.run([sys.executable, "-m", "bench.bench_dense_mmq_ab_cuda", *args],
