@@ -3,11 +3,14 @@ not a list of their own: the strata shape's five, the qwen3 shape's three (no sh
 its refusals before any work (a type without an MMQ kernel, rows not whole blocks)."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from bench.bench_dense_mmq_ab_cuda import products_of
 from strata_prefill.formats.config import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]  # where `python3 -m bench...` finds the bench package
 
 
 def test_the_strata_shape():
@@ -28,6 +31,6 @@ def test_a_shape_without_a_shared_expert():
     (["--tokens", "0"], "--tokens must be positive integers"),
 ])
 def test_refusals_before_any_work(args, message):
-    res = subprocess.run([sys.executable, "-m", "bench.bench_dense_mmq_ab_cuda", *args],
+    res = subprocess.run([sys.executable, "-m", "bench.bench_dense_mmq_ab_cuda", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and message in res.stderr
