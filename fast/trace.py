@@ -364,7 +364,8 @@ def overlap_by_layer(spans: list[Span], chunk: int | None = None) -> dict[int, O
     idle = collections.defaultdict(float)
     for unit in by_unit.values():
         stretches = collections.defaultdict(list)
-        for s, gap in zip(unit, idle_before(iv(unit), iv(unit))):
+        spans = iv(unit)
+        for s, gap in zip(unit, idle_before(spans, spans)):
             if gap is not None:
                 stretches[span_layer(s)].append(gap)
         for l, gaps in stretches.items():
