@@ -2,6 +2,7 @@
 outside the per-launch variables, a value its reader refuses) and leave the environment as it was."""
 import os
 
+import numpy as np
 import pytest
 
 from bench import bench_prefill_cuda as bp
@@ -54,8 +55,6 @@ class _Config:
 def _session_by_environment(monkeypatch):
     """A stand-in Session whose logits depend on STRATA_MMQ_DEFINES (as a price probe's define
     changes the bytes): arm A's empty, arm B's set."""
-    import numpy as np
-
     class Session:
         def __init__(self, eng, progress=False):
             pass
@@ -68,8 +67,6 @@ def _session_by_environment(monkeypatch):
 
 
 def test_an_ab_stops_where_the_logits_differ(monkeypatch, capsys):
-    import numpy as np
-
     _session_by_environment(monkeypatch)
     got = bp.ab(_Eng(), _Config(), [8], 3, {products.DEFINES_ENV: '{"MMQ_MIX": 0}'}, np.random.default_rng(0))
     assert got == 1 and "round 0: the arms' logits differ" in capsys.readouterr().err
@@ -77,8 +74,6 @@ def test_an_ab_stops_where_the_logits_differ(monkeypatch, capsys):
 
 
 def test_differ_counts_the_rounds_and_times_on(monkeypatch, capsys):
-    import numpy as np
-
     _session_by_environment(monkeypatch)
     got = bp.ab(_Eng(), _Config(), [8, 16], 3, {products.DEFINES_ENV: '{"MMQ_MIX": 0}'},
                 np.random.default_rng(0), differ=True)
