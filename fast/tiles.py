@@ -22,30 +22,35 @@ import numpy as np
 
 from strata_prefill.contract.errors import InputError
 
-#: default cap on activation rows per CTA tile (an expert's rows are cut into equal tiles)
+#: default cap on activation rows per CTA tile (an expert's rows are cut into tiles of this many, the last what remains)
 DEFAULT_TILE_ROWS = 128
 
 
 def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
     """The tile list of a tile-list launch (mmq.cu): int32 [n, 4] rows (row_begin, row_end,
     low and high 32 bits of the expert's byte offset), one per row tile. Expert i's rows
-    bounds[i] = (begin, end) are cut as the kernel's bounds path cuts them: ceil(rows /
-    tile_rows) tiles of the same multiple of 8 rows, the last one shorter; experts with no rows
-    give none. woff: int64 byte offsets of each expert's matrix (even)."""
+    bounds[i] = (begin, end) are cut into ceil(rows / tile_rows) tiles of tile_rows rows (a
+    multiple of 8), the last one what remains; experts with no rows give none. Whole tiles
+    rather than equal ones: a warp's n8-tile count picks the unrolled body it runs (mmq.cu
+    mmq2_dispatch), and whole tiles keep most warps of an SM in the one body of a whole tile
+    where equal cuts spread them over several (docs/performance.md, "The row cut").
+    woff: int64 byte offsets of each expert's matrix (even)."""
     b = np.asarray(bounds, np.int64).reshape(-1, 2)
     woff = np.asarray(woff, np.int64).reshape(-1)
     if len(woff) != len(b):
         raise InputError(f"row_tiles: {len(b)} bounds but {len(woff)} offsets")
     if np.any(woff < 0) or np.any(woff % 2):
         raise InputError("row_tiles: weight offsets must be even and non-negative")
+    tile_rows = int(tile_rows)
+    if tile_rows <= 0 or tile_rows % 8:
+        raise InputError(f"row_tiles: tile_rows must be a positive multiple of 8, got {tile_rows}")
     rows = np.maximum(b[:, 1] - b[:, 0], 0)
-    nrt = -(-rows // int(tile_rows))
-    rpt = np.where(nrt > 0, ((-(-rows // np.maximum(nrt, 1))) + 7) // 8 * 8, 0)
+    nrt = -(-rows // tile_rows)
     which = np.repeat(np.arange(len(b)), nrt)
     first = np.cumsum(nrt) - nrt
     k = np.arange(len(which)) - first[which]  # the tile's index within its expert
-    begin = b[which, 0] + k * rpt[which]
-    end = np.minimum(begin + rpt[which], b[which, 1])
+    begin = b[which, 0] + k * tile_rows
+    end = np.minimum(begin + tile_rows, b[which, 1])
     off = woff[which]
     out = np.stack([begin, end, off & 0xFFFFFFFF, off >> 32], axis=1)
     return out.astype(np.uint32).view(np.int32) if len(out) else np.zeros((0, 4), np.int32)

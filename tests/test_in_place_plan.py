@@ -1,6 +1,6 @@
 """The in-place walk's host plans, checked without a GPU: which routed experts form the
 resident batch (strata_prefill.fast.walk.split_resident), and the tile list mmq.cu's tile-list form reads
-(strata_prefill.fast.tiles.row_tiles), against a plain loop written from the kernel's bounds path."""
+(strata_prefill.fast.tiles.row_tiles), against a plain loop of whole tiles."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
@@ -9,18 +9,21 @@ from strata_prefill.fast.walk import split_resident
 from test_routing import random_tables
 
 
-def kernel_bounds_tiles(b0: int, b1: int, tile_rows: int) -> list[tuple[int, int]]:
-    """mmq.cu's bounds path for one expert, written out: nrt tiles of rpt rows."""
-    rows = max(b1 - b0, 0)
-    nrt = (rows + tile_rows - 1) // tile_rows
-    rpt = (((rows + nrt - 1) // nrt + 7) & ~7) if nrt else 0
-    return [(b0 + rt * rpt, min(b0 + rt * rpt + rpt, b0 + rows)) for rt in range(nrt)]
+def whole_tiles(b0: int, b1: int, tile_rows: int) -> list[tuple[int, int]]:
+    """One expert's rows b0 .. b1 cut from the first row on: tile_rows at a time, the last tile
+    what remains."""
+    out = []
+    b = b0
+    while b < b1:
+        out.append((b, min(b + tile_rows, b1)))
+        b += tile_rows
+    return out
 
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.integers(0, 400), min_size=1, max_size=40), st.sampled_from([8, 16, 64, 128]),
        st.integers(0, 2**16), st.booleans())
-def test_row_tiles_cut_rows_as_the_kernel_does(counts, tile_rows, seed, big_offsets):
+def test_row_tiles_cut_whole_tiles_then_the_rest(counts, tile_rows, seed, big_offsets):
     rng = np.random.default_rng(seed)
     begins = np.concatenate([[0], np.cumsum(counts)[:-1]])
     bounds = np.stack([begins, begins + np.array(counts)], axis=1)
@@ -30,7 +33,7 @@ def test_row_tiles_cut_rows_as_the_kernel_does(counts, tile_rows, seed, big_offs
     woff = rng.integers(0, scale, len(counts)) * 2
     got = row_tiles(bounds, woff, tile_rows)
     assert got.dtype == np.int32 and got.shape[1] == 4
-    want = [(b, e, int(o)) for (b0, b1), o in zip(bounds, woff) for b, e in kernel_bounds_tiles(int(b0), int(b1), tile_rows)]
+    want = [(b, e, int(o)) for (b0, b1), o in zip(bounds, woff) for b, e in whole_tiles(int(b0), int(b1), tile_rows)]
     off = got[:, 2].view(np.uint32).astype(np.int64) | (got[:, 3].astype(np.int64) << 32)
     assert list(zip(got[:, 0].tolist(), got[:, 1].tolist(), off.tolist())) == want
     assert np.all(got[:, 1] - got[:, 0] >= 1) and np.all(got[:, 1] - got[:, 0] <= tile_rows)
@@ -46,6 +49,8 @@ def test_row_tiles_refuse_odd_offsets_and_mismatched_lengths():
     with pytest.raises(InputError, match="2 bounds but 1 offsets"):
         row_tiles([[0, 8], [8, 9]], [0], 64)
     assert row_tiles(np.zeros((0, 2)), [], 64).shape == (0, 4)
+    with pytest.raises(InputError, match="multiple of 8"):
+        row_tiles([[0, 8]], [0], 12)
 
 
 @settings(max_examples=60, deadline=None)

@@ -27,15 +27,17 @@
 // experts in one launch, each read where it lies. Entry i of tiles (int4) is one row tile:
 // activation rows [x, y) of one expert whose matrix starts at w + (z | (long long)(its w) << 32)
 // (a byte offset, even). CTA tile t multiplies entry t / ceil(N / MMQ_BM) with weight-row
-// tile t % ceil(N / MMQ_BM). The host cuts each expert's rows as the bounds path does
-// (fast/tiles.py row_tiles), or a kernel cuts them on the device from the routing tables
-// (fast/tiles.py routed_row_lists: the list then ends in empty entries, see MMQ_EMPTY_EXIT);
+// tile t % ceil(N / MMQ_BM). The host cuts each expert's rows into whole tiles of tile_rows
+// rows, the last what remains (fast/tiles.py row_tiles), or a kernel cuts them so on the device
+// from the routing tables (fast/tiles.py routed_row_lists: the list then ends in empty entries,
+// see MMQ_EMPTY_EXIT);
 // how rows are cut changes which CTA computes an output element, never its arithmetic. This
 // serves the expert cache read in place: a layer's resident experts in one launch, no gather
 // (fast/walk.py, in_place and device_plan).
 //
 // Tiling: a CTA computes MMQ_BM weight rows x (up to) MMQ_BN activation rows of one expert.
-// An expert's rows are cut into ceil(rows / tile_rows) tiles of equal size (a multiple of 8).
+// The bounds path cuts an expert's rows into ceil(rows / tile_rows) tiles of equal size (a
+// multiple of 8); a tile list brings its own cut (above).
 // 16*MMQ_WM x MMQ_BN per CTA, MMQ_WM x MMQ_WN warps; warp (wm, wn) owns weight rows
 // wm*16..wm*16+15 and the activation n8 tiles wn, wn+WN, wn+2WN, ...
 // K is walked in chunks of 128 values (one q8_1 block: four blocks of a 32-value type, two of

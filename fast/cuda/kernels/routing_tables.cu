@@ -28,8 +28,8 @@
 // with woff[e] >= 0 and cnt[e] > 0 and their rows, picks the first plan with rows < bound *
 // experts (bound 0: none), else the last (strata_prefill.fast.tiles.routed_choice), and cuts that list:
 // every such expert, in id order, gets ceil(cnt / tile_rows) entries (row_begin, row_end, low
-// and high 32 bits of woff[e]) of rpt rows each (ceil(cnt / tiles) rounded up to 8), the last
-// shorter; the rest of every list is (0, 0, 0, 0). live[p]: the tiles of the chosen list, 0 for
+// and high 32 bits of woff[e]) of tile_rows rows each, the last what remains; the rest of every
+// list is (0, 0, 0, 0). live[p]: the tiles of the chosen list, 0 for
 // the others: mmq.cu built with MMQ_EMPTY_EXIT reads it, and the launches over the other lists
 // load nothing. One block: each thread takes a contiguous run of experts, a block scan of their
 // tile counts gives each run its first entry.
@@ -216,12 +216,11 @@ routed_row_tiles(const int* __restrict__ cnt, const int* __restrict__ off, const
         const long long w = woff[e];
         const int nrt = routed_tiles_of(rows, w, tile_rows);
         if (nrt == 0) continue;
-        const int rpt = ((rows + nrt - 1) / nrt + 7) & ~7;
         const int b0 = off[e], b1 = b0 + rows;
         const int lo = (int)(unsigned)(w & 0xffffffffll), hi = (int)(w >> 32);
         for (int k = 0; k < nrt && at < n_max; ++k, ++at) {
-            const int b = b0 + k * rpt;
-            list[at] = make_int4(b, min(b + rpt, b1), lo, hi);
+            const int b = b0 + k * tile_rows;
+            list[at] = make_int4(b, min(b + tile_rows, b1), lo, hi);
         }
     }
     for (int i = s_total + tid; i < n_max; i += nt) list[i] = make_int4(0, 0, 0, 0);
