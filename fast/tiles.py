@@ -22,7 +22,7 @@ import numpy as np
 
 from strata_prefill.contract.errors import InputError
 
-#: default cap on activation rows per CTA tile (an expert's rows are cut into tiles of this many, the last what remains)
+#: default cap on activation rows per CTA tile (row_tiles cuts whole tiles of this many rows)
 DEFAULT_TILE_ROWS = 128
 
 
@@ -33,7 +33,7 @@ def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
     multiple of 8), the last one what remains; experts with no rows give none. Whole tiles
     rather than equal ones: a warp's n8-tile count picks the unrolled body it runs (mmq.cu
     mmq2_dispatch), and whole tiles keep most warps of an SM in the one body of a whole tile
-    where equal cuts spread them over several (docs/performance.md, "The row cut").
+    where equal cuts spread them over several (docs/performance.md, "The row cut of a tile list").
     woff: int64 byte offsets of each expert's matrix (even)."""
     b = np.asarray(bounds, np.int64).reshape(-1, 2)
     woff = np.asarray(woff, np.int64).reshape(-1)
