@@ -364,8 +364,8 @@ def overlap_by_layer(spans: list[Span], chunk: int | None = None) -> dict[int, O
     idle = collections.defaultdict(float)
     for unit in by_unit.values():
         stretches = collections.defaultdict(list)
-        spans = iv(unit)
-        for s, gap in zip(unit, idle_before(spans, spans)):
+        intervals = iv(unit)
+        for s, gap in zip(unit, idle_before(intervals, intervals)):
             if gap is not None:
                 stretches[span_layer(s)].append(gap)
         for l, gaps in stretches.items():
