@@ -26,6 +26,15 @@ from strata_prefill.contract.errors import InputError
 DEFAULT_TILE_ROWS = 128
 
 
+def checked_tile_rows(tile_rows, who: str) -> int:
+    """tile_rows as an int, or an InputError naming `who`: a cut's tiles hold whole n8 tiles of
+    activation rows, all but an expert's last, so tile_rows is a positive multiple of 8."""
+    tile_rows = int(tile_rows)
+    if tile_rows <= 0 or tile_rows % 8:
+        raise InputError(f"{who}: tile_rows must be a positive multiple of 8, got {tile_rows}")
+    return tile_rows
+
+
 def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
     """The tile list of a tile-list launch (mmq.cu): int32 [n, 4] rows (row_begin, row_end,
     low and high 32 bits of the expert's byte offset), one per row tile. Expert i's rows
@@ -41,9 +50,7 @@ def row_tiles(bounds, woff, tile_rows: int) -> np.ndarray:
         raise InputError(f"row_tiles: {len(b)} bounds but {len(woff)} offsets")
     if np.any(woff < 0) or np.any(woff % 2):
         raise InputError("row_tiles: weight offsets must be even and non-negative")
-    tile_rows = int(tile_rows)
-    if tile_rows <= 0 or tile_rows % 8:
-        raise InputError(f"row_tiles: tile_rows must be a positive multiple of 8, got {tile_rows}")
+    tile_rows = checked_tile_rows(tile_rows, "row_tiles")
     rows = np.maximum(b[:, 1] - b[:, 0], 0)
     nrt = -(-rows // tile_rows)
     which = np.repeat(np.arange(len(b)), nrt)

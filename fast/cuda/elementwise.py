@@ -42,7 +42,7 @@ from strata_prefill.contract.moe import SwigluOai
 
 from strata_prefill.fast.cuda import runtime
 from strata_prefill.fast.cuda.runtime import check, ptr
-from strata_prefill.fast.tiles import list_starts
+from strata_prefill.fast.tiles import checked_tile_rows, list_starts
 
 __all__ = [
     "rmsnorm",
@@ -286,8 +286,7 @@ def routed_row_tiles(dev, cnt, off, woff, plans, *, out=None, live=None):
     if not plans:
         raise InputError("routed_row_tiles: no plan")
     for tile_rows, bound, n_max in plans:
-        if tile_rows <= 0 or tile_rows % 8:
-            raise InputError(f"routed_row_tiles: tile_rows must be a positive multiple of 8, got {tile_rows}")
+        checked_tile_rows(tile_rows, "routed_row_tiles")
         if bound < 0 or n_max < 0:
             raise InputError(f"routed_row_tiles: a plan's bound and length must be >= 0, got {bound}, {n_max}")
     total = sum(p[2] for p in plans)
