@@ -39,7 +39,7 @@ def test_row_tiles_cut_whole_tiles_then_the_rest(counts, tile_rows, seed, big_of
     assert np.all(got[:, 1] - got[:, 0] >= 1) and np.all(got[:, 1] - got[:, 0] <= tile_rows)
 
 
-def test_row_tiles_refuse_odd_offsets_and_mismatched_lengths():
+def test_row_tiles_refuse_odd_offsets_mismatched_lengths_and_tile_rows_off_the_n8_grid():
     import pytest
 
     from strata_prefill.contract.errors import InputError
