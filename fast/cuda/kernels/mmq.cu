@@ -256,6 +256,14 @@ template <int QT, bool DW_ROW> struct GeoOf {
 template <int QT>
 struct Geo : GeoOf<QT, ((Tr<QT>::VPB > 128) && (GeoOf<QT, false>::SMEM > MMQ_CTA_FIT))> {};
 
+// The types whose staging copies recompute each 16-byte piece's offsets at every issue, from the
+// thread index passed through an empty asm the compiler cannot see through. Left to itself,
+// ptxas hoists the offsets out of the tile loop and, for Q6_K at the big tiles, spills them to an
+// 80-byte stack frame reloaded before every tile's copies; recomputed, the frame is 40 bytes and
+// the copies wait on no local load (docs/performance.md, "Q6_K's staging offsets"). Other types
+// keep no such frame, and for Q4_K the recompute adds one, so they keep the hoisted form.
+template <int QT> __host__ __device__ constexpr bool stage_offsets_recomputed() { return QT == QT_Q6_K; }
+
 // ------------------------------------------------------------------ PTX helpers
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -968,9 +976,11 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 const uint32_t rawb = smem_u32(raw + raw_slot(kc) * G::RAW_B);
                 const uint8_t* wc = wtile + coff;
                 if (!G::RAW_ONCE || !(kc & 1)) {  // (an odd chunk's block came with the even one)
+                    int stid = tid;  // (stage_offsets_recomputed)
+                    if constexpr (stage_offsets_recomputed<QT>()) asm volatile("" : "+r"(stid));
 #pragma unroll
                     for (int m = 0; m < WP; ++m) {
-                        const int idx = tid + m * NT;
+                        const int idx = stid + m * NT;
                         const int i = idx / PMAX, pc = idx - i * PMAX;  // row, 16-byte piece
                         if ((BM * PMAX % NT == 0 || idx < BM * PMAX) && i < nrow_ok) {
                             const uint8_t* p = wc + i * row_bytes;
