@@ -15,7 +15,7 @@ from strata_prefill.fast.options import DEFAULTS, KERNEL_FORMS
 class BackendBase:
     _rope = None  # a strata_prefill.contract.numerics.RopeTable, made on first use
     #: the engine's resolved switches (fast/options.py; use_options), the table's defaults until
-    #: then. A backend reads only the kernel forms (KERNEL_FORMS; none today), as attributes
+    #: then. A backend reads only the kernel forms (KERNEL_FORMS), as attributes
     #: (self.<keyword>): they change speed, never bits; the sim runs the NumPy definitions
     #: whatever they say
     options = DEFAULTS

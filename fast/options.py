@@ -449,6 +449,10 @@ SWITCHES = (
            "product, one event); runs are also cut where their entries would span the ring",
            needs=(STREAMS, Is("in_place", (ON,)), Is("ring_in_place", (ON,)), Is("group_gather", (ON,))),
            most="layer_experts"),
+    Switch("device_embed", "STRATA_PREFILL_DEVICE_EMBED", ON, KERNEL_FORM, OnOff(),
+           "1: the prompt's token_embd rows are dequantized on the device (embed.cu, for the types "
+           "of fast/cuda/elementwise.py EMBED_TYPES; another type's rows on the host); 0: every "
+           "type's on the host, then uploaded"),
 )
 BY_KEYWORD = {sw.keyword: sw for sw in SWITCHES}
 #: switches that were kernel forms until their A/B settled: variable -> the form every run now

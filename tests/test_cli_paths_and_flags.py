@@ -35,7 +35,7 @@ SAMPLE = {"group_gather": "0", "quant_gather": "1", "expert_cache": "4", "vram_r
           "ring": "8", "stream_min": "4", "copy_coalesce": "1", "overlap_plan": "0", "fuse_group": "0",
           "in_place": "0", "window": "16", "ring_in_place": "1", "flush_on_skip": "1", "stage_in_ring": "1",
           "ring_run": "3", "stream_hide": "50", "choose_ahead": "3", "stage_head": "2",
-          "head_predict": "1", "device_plan": "0"}
+          "head_predict": "1", "device_plan": "0", "device_embed": "0"}
 
 
 @pytest.fixture(scope="module")

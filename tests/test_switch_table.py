@@ -41,11 +41,12 @@ def no_switch_variables(monkeypatch):
 
 @pytest.fixture(scope="module")
 def sim_engine(make_test_pack):
-    """An engine on the sim on a tiny pack, its switches from the environment of the call."""
+    """An engine on the sim on a tiny pack, its switches from the environment of the call
+    (backend="cuda": on the GPU, for a kernel form, which the sim refuses as doing nothing)."""
     from strata_prefill.fast import make_fast_engine
 
     pack = make_test_pack("tiny", "Q8_0")
-    return lambda **kw: make_fast_engine(pack, "sim", **kw)
+    return lambda backend="sim", **kw: make_fast_engine(pack, backend, **kw)
 
 
 def test_the_user_guides_table_is_the_tables_output():
@@ -125,6 +126,13 @@ def test_every_variable_is_the_one_the_engine_reads(sw, no_switch_variables, sim
     context = {k: v for k, v in setting["switches"].items() if k != sw.keyword}
     if setting["expert_cache"] != options.AUTO:
         context["expert_cache"] = setting["expert_cache"]
+    if setting["backend"] != "sim":
+        from strata_prefill.fast.cuda.runtime import cuda_available
+
+        ok, why = cuda_available()
+        if not ok:
+            pytest.skip(f"{sw.keyword} is a kernel form, read on the GPU: cuda backend unavailable: {why}")
+        context["backend"] = setting["backend"]
     no_switch_variables.setenv(sw.variable, other(sw))
     eng = sim_engine(**context)
     assert getattr(eng.options, sw.keyword) == parsed(sw, other(sw))

@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as _QT  # noqa: E402
 from strata_prefill.contract import codebooks as _codebooks, q8_1 as _q8_1, qformats as _qformats  # noqa: E402
 from strata_prefill.contract import quants as _quants  # noqa: E402
 from strata_prefill.fast.cuda.attention import ATTEND_VARIANTS as _ATTEND_VARIANTS  # noqa: E402
+from strata_prefill.fast.cuda.elementwise import EMBED_TYPES as _EMBED_TYPES  # noqa: E402
 from strata_prefill.formats.config import PRESETS as _PRESETS  # noqa: E402
 from strata_prefill.formats.mixes import MIXES as _MIXES  # noqa: E402
 from strata_prefill.contract.constants import GROUP_TAIL_BYTES as _GROUP_TAIL, MMQ_GROUP as _MMQ_GROUP  # noqa: E402
@@ -205,8 +206,8 @@ def _cost(op: str, s: dict, wtype: str | None) -> tuple[int, int]:
     if op == "combine":  # x, K weights and slots, K expert rows, the shared gate and row; out
         T, K, D = s["T"], s["K"], s["D"]
         return 0, 2 * T * D * 4 + T * K * (8 + D * 4) + (T * 4 + T * D * 4 if s["shared"] else 0)
-    if op == "embed":  # the rows' Q8_0 blocks, the ids, the float32 rows
-        return 0, s["T"] * (s["n_embd"] // 32) * 34 + s["T"] * 4 + s["T"] * s["n_embd"] * 4
+    if op == "embed":  # the rows' blocks, the ids, the float32 rows
+        return 0, s["T"] * _quants.row_bytes(_QT[wtype], s["n_embd"]) + s["T"] * 4 + s["T"] * s["n_embd"] * 4
     if op == "gather":  # n blobs read and written, the zeroed tail
         return 0, 2 * s["n"] * (2 * s["gu_bytes"] + s["d_bytes"]) + s["tail"]
     if op in ("float_dense", "float_dense_strided"):
@@ -468,9 +469,12 @@ def _model_rows() -> list[KernelCase]:
                 rows.append(kernel_case("combine", f"T{T}-K{K}-D{D_}-E{E_}-{'shared' if shared else 'routed'}-{form}",
                                  dict(T=T, K=K, D=D_, E=E_, shared=shared), form=form, quick=(T, shared) == (9, True)))
     rows.append(kernel_case("combine_refusal", "bad-form-T3-and-T0", dict(D=8, K=2), quick=True))
-    for n_embd, T in [(256, 1), (256, 19), (2560, 7)]:
-        rows.append(kernel_case("embed", f"n{n_embd}-T{T}", dict(n_embd=n_embd, T=T, n_vocab=300), weight_type="Q8_0",
-                         quick=T == 1))
+    for qt in _EMBED_TYPES:
+        for n_embd, T in [(256, 1), (256, 19), (2560, 7)]:
+            rows.append(kernel_case("embed", f"{qt.name}-n{n_embd}-T{T}", dict(n_embd=n_embd, T=T, n_vocab=300),
+                                    weight_type=qt.name, quick=T == 1))
+    rows.append(kernel_case("embed_refusal", "IQ2_XS-n288-id4", dict(n_embd=256, n_vocab=4, bad_n=288), weight_type="Q4_K",
+                            quick=True))
     for n, gu, d, tail, offsets in [(1, 4096, 2048, 1024, "aligned"), (5, 2720 * 3, 1360 * 5, 4096, "aligned"),
                                     (16, 1000, 777, 513, "mixed"), (16, 34 * 64, 34 * 40, 2048, "mixed")]:
         rows.append(kernel_case("gather", f"n{n}-gu{gu}-d{d}-tail{tail}-{offsets}",

@@ -7,7 +7,7 @@ swiglu.cu (strata_prefill.contract.moe.swiglu), combine.cu (strata_prefill.contr
 gpt-oss's variants (router.cu's router_topk_selected: strata_prefill.contract.routing.top_k with a bias and
 gating="softmax_selected"; routing_tables.cu's row_experts; swiglu.cu's swiglu_oai_rows:
 strata_prefill.contract.moe.swiglu_oai of the biased gate and up; combine.cu's _bias forms: the down bias),
-embed.cu (Q8_0 strata_prefill.contract.quants.dequantize), gather_group.cu (strata_prefill.contract.moe.group_buffers), add.cu
+embed.cu (strata_prefill.contract.quants.dequantize of token_embd rows), gather_group.cu (strata_prefill.contract.moe.group_buffers), add.cu
 (x + y, and add_row_bias_f32: strata_prefill.contract.dense.add_row_bias).
 
 Random inputs (never zeros; with edge cases: all-zero K/V rows and blocks, ties in router
@@ -764,28 +764,47 @@ def test_combine_refuses_a_bad_form_even_when_empty(dev, case):
 
 
 @pytest.mark.parametrize("case", params(kernel_rows("embed")))
-def test_embed_q8_0(dev, case):
+def test_embed(dev, case):
+    """embed.cu against strata_prefill.contract.quants.dequantize (and gguf's own dequantize, the
+    independent oracle) on random valid blocks, with a subnormal and a negative-zero main scale."""
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+
+    from strata_prefill.contract import qformats, quants
+
+    qt = QT[case.weight_type]
+    n_embd, T, n_vocab = case.shape["n_embd"], case.shape["T"], case.shape["n_vocab"]
+    rng = np.random.default_rng(n_embd + T + int(qt))
+    vpb, bs = quants.block_size(qt)
+    nb = n_embd // vpb
+    blocks = quants.random_blocks(qt, n_vocab * nb, rng).reshape(n_vocab, nb, bs)
+    d0 = qformats.lookup(qt).half_fields["d"]
+    blocks[0, 0, d0:d0 + 2] = np.array([6e-8], np.float16).view(np.uint8)  # a subnormal half scale
+    blocks[0, nb - 1, d0:d0 + 2] = np.array([-0.0], np.float16).view(np.uint8)
+    table = blocks.reshape(n_vocab, nb * bs)
+    ids = rng.integers(0, n_vocab, size=T).astype(np.int32)
+    ids[0] = 0
+    want = quants.dequantize(qt, table[ids]).astype(F32)
+    assert want.tobytes() == gguf.quants.dequantize(table[ids], qt).astype(F32).tobytes()
+    out = _poisoned((T, n_embd), F32)
+    cu_ew.embed(dev, qt, ids, _up(table), n_embd, out=out)
+    assert_same(_get(out), want, f"embed {qt.name} n_embd={n_embd} T={T}")
+
+
+@pytest.mark.parametrize("case", params(kernel_rows("embed_refusal")))
+def test_embed_refuses_a_type_without_a_kernel_a_partial_block_and_an_id_past_the_table(dev, case):
     from gguf import GGMLQuantizationType as QT
 
     from strata_prefill.contract import quants
 
-    n_embd, T = case.shape["n_embd"], case.shape["T"]
-    rng = np.random.default_rng(n_embd + T)
-    n_vocab = case.shape["n_vocab"]
-    nb = n_embd // 32
-    blocks = np.empty((n_vocab, nb, 34), np.uint8)
-    d = (rng.standard_normal((n_vocab, nb)) * 0.01).astype(np.float16)
-    d[0, 0] = np.float16(6e-8)  # a subnormal half scale
-    d[0, 1] = np.float16(-0.0)
-    blocks[:, :, 0:2] = d.view(np.uint8).reshape(n_vocab, nb, 2)
-    blocks[:, :, 2:] = rng.integers(-128, 128, size=(n_vocab, nb, 32), dtype=np.int16).astype(np.int8).view(np.uint8)
-    table = blocks.reshape(n_vocab, nb * 34)
-    ids = rng.integers(0, n_vocab, size=T).astype(np.int32)
-    ids[0] = 0
-    want = quants.dequantize(QT.Q8_0, table[ids]).astype(F32)
-    out = _poisoned((T, n_embd), F32)
-    cu_ew.embed_q8_0(dev, ids, _up(table), n_embd, out=out)
-    assert_same(_get(out), want, f"embed n_embd={n_embd} T={T}")
+    qt, n, n_vocab = QT[case.weight_type], case.shape["n_embd"], case.shape["n_vocab"]
+    table = _up(np.zeros(n_vocab * quants.row_bytes(qt, n), np.uint8))
+    with pytest.raises(InputError, match="no device kernel for IQ2_XS"):
+        cu_ew.embed(dev, QT.IQ2_XS, np.zeros(1, np.int32), table, n)
+    with pytest.raises(InputError, match=f"not a multiple of {qt.name}'s"):
+        cu_ew.embed(dev, qt, np.zeros(1, np.int32), table, case.shape["bad_n"])
+    with pytest.raises(InputError, match="token id outside"):
+        cu_ew.embed(dev, qt, np.array([n_vocab], np.int32), table, n)
 
 
 @pytest.mark.parametrize("case", params(kernel_rows("gather")))

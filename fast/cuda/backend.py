@@ -307,9 +307,10 @@ class CudaBackend(BackendBase):
 
     # ---- dense steps -----------------------------------------------------------------
     def embed(self, ids):
-        if self.pack.tensor_type("token_embd") == quants.QT.Q8_0:
-            return ops.embed_q8_0(self.dev, self.dev.upload(np.asarray(ids, np.int32)), self.w("token_embd").data,
-                                  self.config.n_embd)
+        qt = self.pack.tensor_type("token_embd")
+        if self.device_embed and qt in ops.EMBED_TYPES:  # the host's dequantize would hold the first kernel back
+            return ops.embed(self.dev, qt, self.dev.upload(np.asarray(ids, np.int32)), self.w("token_embd").data,
+                             self.config.n_embd)
         return self.dev.upload(np.ascontiguousarray(self.pack.embedding_rows(ids), dtype=np.float32))
 
     def rmsnorm(self, x, w, eps):

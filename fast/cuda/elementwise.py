@@ -1,5 +1,5 @@
 """The model's elementwise and per-row kernels: norms, RoPE, add, the router (top-K and the
-routing tables), SwiGLU, the combine, the shared-expert sigmoid and the Q8_0 embedding.
+routing tables), SwiGLU, the combine, the shared-expert sigmoid and the token embedding.
 GPUArrays in, GPUArrays out; every wrapper takes the backend's
 :class:`strata_prefill.fast.cuda.runtime.Device` first, checks shapes and dtypes on the host, allocates its
 output from the device's pool when ``out`` is None, launches one kernel on its stream and
@@ -21,7 +21,7 @@ routed_row_tiles       strata_prefill.fast.tiles.routed_row_lists              r
 swiglu                 strata_prefill.contract.moe.glu (+ add_expert_bias)     swiglu.cu
 combine                strata_prefill.contract.moe.combine                     combine.cu
 sigmoid                strata_prefill.contract.numerics.sigmoid                combine.cu
-embed_q8_0             strata_prefill.contract.quants.dequantize (Q8_0 rows)   embed.cu
+embed                  strata_prefill.contract.quants.dequantize (EMBED_TYPES) embed.cu
 nonfinite_mark         strata_prefill.formats.nonfinite.mark                  nonfinite.cu
 =====================  =====================================  ===========================
 
@@ -36,7 +36,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from strata_prefill.contract import numerics, routing
+from gguf import GGMLQuantizationType as QT
+
+from strata_prefill.contract import numerics, quants, routing
 from strata_prefill.contract.errors import InputError
 from strata_prefill.contract.moe import SwigluOai
 
@@ -60,7 +62,9 @@ __all__ = [
     "glu_act",
     "combine",
     "sigmoid",
-    "embed_q8_0",
+    "EMBED_TYPES",
+    "embed_kernel",
+    "embed",
     "nonfinite_mark",
 ]
 
@@ -443,23 +447,41 @@ def sigmoid(dev, x, out=None):
 # --------------------------------------------------------------------------- embedding
 
 
-def embed_q8_0(dev, ids, table, n_embd: int, out=None):
-    """Rows ``ids`` (int32 GPUArray [T], or a host int array: uploaded) of a Q8_0 token_embd
-    matrix dequantized (strata_prefill.contract.quants.dequantize): table is a device buffer (GPUArray or
-    address, 2-byte aligned) of rows of n_embd/32 * 34 bytes; ids in range (not checked on the
-    device). Returns out float32 [T, n_embd]."""
+#: the token_embd types embed.cu dequantizes on the device (each by its kernel embed_kernel(type));
+#: a pack whose token_embd is of another type has its rows dequantized on the host
+#: (fast/cuda/backend.py embed)
+EMBED_TYPES = (QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+
+
+def embed_kernel(qtype) -> str:
+    """The name of embed.cu's kernel for token_embd rows of type qtype (one of EMBED_TYPES)."""
+    return f"embed_{QT(int(qtype)).name.lower()}"
+
+
+def embed(dev, qtype, ids, table, n_embd: int, out=None):
+    """Rows ``ids`` (int32 GPUArray [T], or a host int array: uploaded) of a token_embd matrix of
+    type ``qtype`` (one of EMBED_TYPES) dequantized (strata_prefill.contract.quants.dequantize):
+    table is a device buffer (GPUArray or address, 2-byte aligned) of rows of n_embd values
+    (quants.row_bytes); ids in range (checked here when they and the table's size are on the
+    host side; not on the device). Returns out float32 [T, n_embd]."""
+    if qtype not in EMBED_TYPES:
+        raise InputError(f"embed: no device kernel for {getattr(qtype, 'name', qtype)} rows "
+                         f"(it has one for {', '.join(t.name for t in EMBED_TYPES)})")
+    qtype = QT(int(qtype))
     n = int(n_embd)
-    if n <= 0 or n % 32:
-        raise InputError(f"embed: n_embd {n} is not a multiple of 32")
+    vpb, _bs = quants.block_size(qtype)
+    if n <= 0 or n % vpb:
+        raise InputError(f"embed: n_embd {n} is not a multiple of {qtype.name}'s {vpb}-value block")
+    rb = quants.row_bytes(qtype, n)
     if ptr(table) % 2:
         raise InputError("embed: the table must be 2-byte aligned")
     if hasattr(table, "gpudata"):
         check(table, "embed table", np.uint8)
-        if int(table.size) % (n // 32 * 34):
-            raise InputError(f"embed: table of {table.size} bytes is not whole rows of {n // 32 * 34}")
+        if int(table.size) % rb:
+            raise InputError(f"embed: table of {table.size} bytes is not whole rows of {rb}")
     if not hasattr(ids, "gpudata") and hasattr(table, "gpudata"):
         i = np.asarray(ids)
-        n_vocab = int(table.size) // (n // 32 * 34)
+        n_vocab = int(table.size) // rb
         if i.size and (i.min() < 0 or i.max() >= n_vocab):
             raise InputError(f"token id outside [0, {n_vocab})")
     idv = dev.upload_i32(ids, "embed ids")
@@ -467,9 +489,8 @@ def embed_q8_0(dev, ids, table, n_embd: int, out=None):
     out = dev.output(out, "embed out", (T, n), np.float32)
     if T == 0:
         return out
-    f = runtime.function("embed", "embed_q8_0", "PiPqiPq")
-    dev.launch(f, "embed", _grid1(T * n), (_THREADS, 1, 1), ptr(idv), T, ptr(table),
-               n // 32 * 34, n, ptr(out), n)
+    f = runtime.function("embed", embed_kernel(qtype), "PiPqiPq")
+    dev.launch(f, "embed", _grid1(T * n), (_THREADS, 1, 1), ptr(idv), T, ptr(table), rb, n, ptr(out), n)
     return out
 
 

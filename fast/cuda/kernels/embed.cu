@@ -1,26 +1,99 @@
-// Token embedding from a Q8_0 token_embd matrix.
+// Token embedding: rows of a quantized token_embd matrix, dequantized on the device.
 //
-// Definition: strata_prefill.contract.quants.dequantize for Q8_0 rows (as strata_prefill.formats.pack.Pack.embedding_rows gives
-// them): per 34-byte block, d = half -> float (exact), value_i = d * (float)q_i.
-// table: n_vocab rows of row_bytes = n/32 * 34 bytes; ids int32 [T] (in range: checked by the
-// caller); out: T rows of n floats at + t * ldo. One thread per output value.
+// Definition: strata_prefill.contract.quants.dequantize of the rows (as
+// strata_prefill.formats.pack.Pack.embedding_rows gives them): per value, the contract's formula
+// over the decoded form (docs/numerics.md section 3), every product and difference rounded to
+// float32 on its own (the build has --fmad=false; __fmul_rn and __fsub_rn say it here too):
+//   Q8_0 (PLAIN, one unit sub-scale):         dw * c
+//   Q6_K (PLAIN, a sub-scale u per 16 values): (dw * u) * c
+//   Q4_K, Q5_K (DMIN, u and v per 32 values):  (dw * u) * c - mw * v   (dw = d, mw = dmin)
+// The bit layouts are contract/kquants.py's decode_blocks.
+// table: n_vocab rows of row_bytes = n / VPB * BS bytes; ids int32 [T] (in range: checked by the
+// caller); out: T rows of n floats at + t * ldo. One thread per output value: the host's
+// dequantize of the same rows took most of a short prompt's time before its first kernel.
 
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-extern "C" __global__ void __launch_bounds__(256)
-embed_q8_0(const int* __restrict__ ids, int T, const uint8_t* __restrict__ table, long long row_bytes,
-           int n, float* __restrict__ out, long long ldo)
-{
+#include "qformats.cuh"
+
+__device__ __forceinline__ float half_at(const uint8_t* p) {
+    return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+}
+
+// Q4_K's and Q5_K's 6-bit scale u and min v of 32-value block b, from scales[12]
+// (contract/kquants.py _k_scale_min)
+__device__ __forceinline__ void k_scale_min(const uint8_t* s, int b, int& u, int& v) {
+    if (b < 4) {
+        u = s[b] & 63;
+        v = s[b + 4] & 63;
+    } else {
+        u = (s[b + 4] & 15) | ((s[b - 4] >> 2) & 48);
+        v = (s[b + 4] >> 4) | ((s[b] >> 2) & 48);
+    }
+}
+
+// value i of one block (0 <= i < VPB)
+template <int QT> __device__ float block_value(const uint8_t* blk, int i);
+
+template <> __device__ float block_value<QT_Q8_0>(const uint8_t* blk, int i) {
+    return __fmul_rn(half_at(blk + QFormat<QT_Q8_0>::HALF_D), (float)(int)(int8_t)blk[2 + i]);
+}
+
+// DMIN: the code of value i is the low (even 32-block) or high (odd) nibble of qs[32 * (b / 2) + l],
+// Q5_K's with bit b of qh[l] as bit 4
+template <int QT> __device__ __forceinline__ float k_min_value(const uint8_t* blk, int i, int qs0, int qh0) {
+    const int b = i >> 5, l = i & 31;
+    int u, v;
+    k_scale_min(blk + 4, b, u, v);
+    const uint8_t q = blk[qs0 + 32 * (b >> 1) + l];
+    int c = (b & 1) ? (q >> 4) : (q & 15);
+    if (qh0 >= 0) c |= ((blk[qh0 + l] >> b) & 1) << 4;
+    const float du = __fmul_rn(half_at(blk + QFormat<QT>::HALF_D), (float)u);
+    const float mv = __fmul_rn(half_at(blk + QFormat<QT>::HALF_DMIN), (float)v);
+    return __fsub_rn(__fmul_rn(du, (float)c), mv);
+}
+
+template <> __device__ float block_value<QT_Q4_K>(const uint8_t* blk, int i) {
+    return k_min_value<QT_Q4_K>(blk, i, 16, -1);
+}
+
+template <> __device__ float block_value<QT_Q5_K>(const uint8_t* blk, int i) {
+    return k_min_value<QT_Q5_K>(blk, i, 48, 16);
+}
+
+// Q6_K: 32-block b = 4h + g takes ql[64h + 32 (g & 1) + l] (low nibble for g < 2, high above)
+// and bits 2g..2g+1 of qh[32h + l] as bits 4..5; code q - 32; sub-scale scales[i / 16]
+template <> __device__ float block_value<QT_Q6_K>(const uint8_t* blk, int i) {
+    const int b = i >> 5, l = i & 31, h = b >> 2, g = b & 3;
+    const uint8_t lo = blk[64 * h + 32 * (g & 1) + l];
+    const int q = ((g >> 1) ? (lo >> 4) : (lo & 15)) | (((blk[128 + 32 * h + l] >> (2 * g)) & 3) << 4);
+    const float du = __fmul_rn(half_at(blk + QFormat<QT_Q6_K>::HALF_D), (float)(int)(int8_t)blk[192 + (i >> 4)]);
+    return __fmul_rn(du, (float)(q - 32));
+}
+
+template <int QT>
+__device__ __forceinline__ void embed_rows(const int* __restrict__ ids, int T, const uint8_t* __restrict__ table,
+                                           long long row_bytes, int n, float* __restrict__ out, long long ldo) {
     const long long total = (long long)T * n;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
         const long long t = idx / n;
         const int i = (int)(idx - t * n);
-        const uint8_t* blk = table + (long long)ids[t] * row_bytes + (long long)(i >> 5) * 34;
-        const unsigned short dbits = (unsigned short)(blk[0] | (blk[1] << 8));
-        const float d = __half2float(__ushort_as_half(dbits));
-        const float q = (float)(int)(int8_t)blk[2 + (i & 31)];
-        out[t * ldo + i] = __fmul_rn(d, q);
+        const int vpb = QFormat<QT>::VPB;
+        const uint8_t* blk = table + (long long)ids[t] * row_bytes + (long long)(i / vpb) * QFormat<QT>::BS;
+        out[t * ldo + i] = block_value<QT>(blk, i % vpb);
     }
 }
+
+#define EMBED_ENTRY(NAME, QT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(256)                                                    \
+    NAME(const int* __restrict__ ids, int T, const uint8_t* __restrict__ table, long long row_bytes, int n, \
+         float* __restrict__ out, long long ldo) {                                                       \
+        embed_rows<QT>(ids, T, table, row_bytes, n, out, ldo);                                           \
+    }
+
+EMBED_ENTRY(embed_q8_0, QT_Q8_0)
+EMBED_ENTRY(embed_q4_k, QT_Q4_K)
+EMBED_ENTRY(embed_q5_k, QT_Q5_K)
+EMBED_ENTRY(embed_q6_k, QT_Q6_K)
