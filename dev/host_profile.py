@@ -20,10 +20,25 @@ import time
 
 import numpy as np
 
+from strata_prefill.contract.errors import InputError
 from strata_prefill.fast import make_fast_engine
 from strata_prefill.fast.options import BY_KEYWORD
 from strata_prefill.formats.pack import Pack
 from strata_prefill.session import Session
+
+
+def switches_of(rest: list) -> dict:
+    """Command-line `--keyword value` pairs of fast/options.py's switches as {keyword: value};
+    InputError for a list that is not pairs or a switch that is not in the table."""
+    if len(rest) % 2:
+        raise InputError(f"switches come as --keyword value pairs, got {rest}")
+    switches = {}
+    for flag, value in zip(rest[::2], rest[1::2]):
+        kw = flag.removeprefix("--").replace("-", "_")
+        if kw not in BY_KEYWORD:
+            raise InputError(f"unknown switch {flag} (switches: {', '.join(BY_KEYWORD)})")
+        switches[kw] = value
+    return switches
 
 
 def main(argv=None) -> int:
@@ -35,14 +50,10 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=30, help="functions printed per table (default 30)")
     p.add_argument("--out", help="also write the raw profile (pstats) here")
     args, rest = p.parse_known_args(argv)
-    if len(rest) % 2:
-        p.error(f"switches come as --keyword value pairs, got {rest}")
-    switches = {}
-    for flag, value in zip(rest[::2], rest[1::2]):
-        kw = flag.removeprefix("--").replace("-", "_")
-        if kw not in BY_KEYWORD:
-            p.error(f"unknown switch {flag} (switches: {', '.join(BY_KEYWORD)})")
-        switches[kw] = value
+    try:
+        switches = switches_of(rest)
+    except InputError as e:
+        p.error(str(e))
     pack = Pack.open(args.pack)
     eng = make_fast_engine(pack, args.backend, **switches)
     rng = np.random.default_rng(0)
