@@ -450,7 +450,7 @@ def sigmoid(dev, x, out=None):
 #: the token_embd types embed.cu dequantizes on the device (each by its kernel embed_kernel(type));
 #: a pack whose token_embd is of another type has its rows dequantized on the host
 #: (fast/cuda/backend.py embed)
-EMBED_TYPES = (QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+EMBED_TYPES = (QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.IQ4_XS)
 
 
 def embed_kernel(qtype) -> str:

@@ -4,10 +4,11 @@
 // strata_prefill.formats.pack.Pack.embedding_rows gives them): per value, the contract's formula
 // over the decoded form (docs/numerics.md section 3), every product and difference rounded to
 // float32 on its own (the build has --fmad=false; __fmul_rn and __fsub_rn say it here too):
-//   Q8_0 (PLAIN, one unit sub-scale):         dw * c
-//   Q6_K (PLAIN, a sub-scale u per 16 values): (dw * u) * c
-//   Q4_K, Q5_K (DMIN, u and v per 32 values):  (dw * u) * c - mw * v   (dw = d, mw = dmin)
-// The bit layouts are contract/kquants.py's decode_blocks.
+//   Q8_0 (PLAIN, one unit sub-scale):                     dw * c
+//   Q6_K, IQ4_XS (PLAIN, a sub-scale u per 16 / 32 values): (dw * u) * c
+//   Q2_K, Q4_K, Q5_K (DMIN, u and v per 16 / 32 values):   (dw * u) * c - mw * v   (dw = d, mw = dmin)
+// The bit layouts are the decode_blocks of contract/kquants.py (Q4_K, Q5_K, Q6_K),
+// contract/qformats.py (Q2_K) and contract/codebooks.py (IQ4_XS: c = codebook[nibble]).
 // table: n_vocab rows of row_bytes = n / VPB * BS bytes; ids int32 [T] (in range: checked by the
 // caller); out: T rows of n floats at + t * ldo. One thread per output value: the host's
 // dequantize of the same rows took most of a short prompt's time before its first kernel.
@@ -54,6 +55,17 @@ template <int QT> __device__ __forceinline__ float k_min_value(const uint8_t* bl
     return __fsub_rn(__fmul_rn(du, (float)c), mv);
 }
 
+// Q2_K: value 128h + 32j + l is bits 2j..2j+1 of qs[32h + l]; u and v the low and high nibbles of
+// scales[i / 16]
+template <> __device__ float block_value<QT_Q2_K>(const uint8_t* blk, int i) {
+    const int h = i >> 7, j = (i & 127) >> 5, l = i & 31;
+    const int q = (blk[16 + 32 * h + l] >> (2 * j)) & 3;
+    const int s = blk[i >> 4];
+    const float du = __fmul_rn(half_at(blk + QFormat<QT_Q2_K>::HALF_D), (float)(s & 15));
+    const float mv = __fmul_rn(half_at(blk + QFormat<QT_Q2_K>::HALF_DMIN), (float)(s >> 4));
+    return __fsub_rn(__fmul_rn(du, (float)q), mv);
+}
+
 template <> __device__ float block_value<QT_Q4_K>(const uint8_t* blk, int i) {
     return k_min_value<QT_Q4_K>(blk, i, 16, -1);
 }
@@ -70,6 +82,21 @@ template <> __device__ float block_value<QT_Q6_K>(const uint8_t* blk, int i) {
     const int q = ((g >> 1) ? (lo >> 4) : (lo & 15)) | (((blk[128 + 32 * h + l] >> (2 * g)) & 3) << 4);
     const float du = __fmul_rn(half_at(blk + QFormat<QT_Q6_K>::HALF_D), (float)(int)(int8_t)blk[192 + (i >> 4)]);
     return __fmul_rn(du, (float)(q - 32));
+}
+
+// IQ4_XS: 32-block b's u = (bits 4(b % 2).. of scales_l[b / 2] | bits 2b..2b+1 of scales_h << 4) - 32;
+// value l < 16 the low nibble of qs[16b + l], l >= 16 the high one of qs[16b + l - 16], through the
+// 16-entry codebook (entry 4w + k in byte k of CODEBOOKw)
+template <> __device__ float block_value<QT_IQ4_XS>(const uint8_t* blk, int i) {
+    using F = QFormat<QT_IQ4_XS>;
+    const int b = i >> 5, l = i & 31;
+    const int hi = ((blk[2] | (blk[3] << 8)) >> (2 * b)) & 3;
+    const int u = (((blk[4 + (b >> 1)] >> (4 * (b & 1))) & 15) | (hi << 4)) - 32;
+    const uint8_t q = blk[8 + 16 * b + (l & 15)];
+    const int k = (l >> 4) ? (q >> 4) : (q & 15);
+    const unsigned w = (k >> 2) == 0 ? F::CODEBOOK0 : (k >> 2) == 1 ? F::CODEBOOK1 : (k >> 2) == 2 ? F::CODEBOOK2 : F::CODEBOOK3;
+    const int c = (int)(int8_t)((w >> (8 * (k & 3))) & 0xFF);
+    return __fmul_rn(__fmul_rn(half_at(blk + F::HALF_D), (float)u), (float)c);
 }
 
 template <int QT>
@@ -97,3 +124,5 @@ EMBED_ENTRY(embed_q8_0, QT_Q8_0)
 EMBED_ENTRY(embed_q4_k, QT_Q4_K)
 EMBED_ENTRY(embed_q5_k, QT_Q5_K)
 EMBED_ENTRY(embed_q6_k, QT_Q6_K)
+EMBED_ENTRY(embed_q2_k, QT_Q2_K)
+EMBED_ENTRY(embed_iq4_xs, QT_IQ4_XS)
