@@ -146,6 +146,7 @@ class IQ4_XS(_CodebookFormat, qtype=QT.IQ4_XS):
     codebook_source = "IQ4_NL"
     half_fields = {"d": 0}
     mmq_kernel = "mmq_iq4_xs"
+    embed_kernel = "embed_iq4_xs"
 
     @classmethod
     def decode_blocks(cls, blk):

@@ -202,6 +202,7 @@ class Q4_K(_KMin, qtype=QT.Q4_K):
     """256 values, 144 B: d: half, dmin: half, scales: uint8[12], qs: uint8[128]; codes 0..15."""
 
     mmq_kernel = "mmq_q4_k"
+    embed_kernel = "embed_q4_k"
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -215,6 +216,7 @@ class Q5_K(_KMin, qtype=QT.Q5_K):
     value 32s + i; codes 0..31."""
 
     mmq_kernel = "mmq_q5_k"
+    embed_kernel = "embed_q5_k"
 
     CODES = 32
 
@@ -232,6 +234,7 @@ class Q6_K(QuantFormat, qtype=QT.Q6_K):
     -32..31, a signed 8-bit sub-scale u per 16 values, value (dw * u) * c with dw = d."""
 
     mmq_kernel = "mmq_q6_k"
+    embed_kernel = "embed_q6_k"
 
     half_fields = {"d": 208}
 

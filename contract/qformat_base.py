@@ -53,6 +53,9 @@ class QuantFormat:
     #: names, fast/cuda/generated.py, and fast/cuda/products.py launches it by this name); None: no
     #: CUDA MMQ kernel (the reference and the sim only)
     mmq_kernel: ClassVar[str | None] = None
+    #: fast/cuda/kernels/embed.cu's kernel that dequantizes token_embd rows of this type on the
+    #: device (fast/cuda/elementwise.py embed); None: the fast path dequantizes them on the host
+    embed_kernel: ClassVar[str | None] = None
     #: the gguf.quants class whose grid this type indexes, and the grid's name in mmq.cu's
     #: table buffer (TAB_<name>); None without a grid
     grid_source: ClassVar[str | None] = None

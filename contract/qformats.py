@@ -53,6 +53,7 @@ class Q8_0(QuantFormat, qtype=QT.Q8_0):
     half_fields = {"d": 0}
     unit_sub = True
     mmq_kernel = "mmq_q8_0"
+    embed_kernel = "embed_q8_0"
 
     @classmethod
     def decode_blocks(cls, blk):
@@ -113,6 +114,7 @@ class Q2_K(QuantFormat, qtype=QT.Q2_K):
     epilogue = Epilogue.DMIN
     q8_1_layout = Layout.D2S6
     mmq_kernel = "mmq_q2_k"
+    embed_kernel = "embed_q2_k"
 
     @classmethod
     def decode_blocks(cls, blk):

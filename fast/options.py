@@ -451,7 +451,7 @@ SWITCHES = (
            most="layer_experts"),
     Switch("device_embed", "STRATA_PREFILL_DEVICE_EMBED", ON, KERNEL_FORM, OnOff(),
            "1: the prompt's token_embd rows are dequantized on the device (embed.cu, for the types "
-           "of fast/cuda/elementwise.py EMBED_TYPES; another type's rows on the host); 0: every "
+           "with an embed_kernel in contract/qformats.py; another type's rows on the host); 0: every "
            "type's on the host, then uploaded"),
 )
 BY_KEYWORD = {sw.keyword: sw for sw in SWITCHES}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_prefill.fast.cuda import elementwise, runtime, signatures
+from strata_prefill.fast.cuda import runtime, signatures
 from strata_prefill.contract import qformats
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ PY_FILES = sorted([*ROOT.glob("fast/cuda/*.py"), *ROOT.glob("bench/*.py"), *ROOT
 #: (python file, function) of a launch site that does not resolve statically -> what it misses:
 #: "module" (a kernel file's name), "kernel" (its kernel names), "fmt" (the format) or "source"
 #: (the module-level constant of that python file holding the CUDA source it compiles, in place of
-#: "module"); "via": the attribute or function the site reads its kernel names from (then the file need not
+#: "module"); "via": the attribute the site reads its kernel names from (then the file need not
 #: spell them)
 DYNAMIC = {
     # the module object is passed around in a state dict; the kernel names are the registry's
@@ -44,9 +44,9 @@ DYNAMIC = {
         # the format is the letters of the kernel's parameters, read from its C signature
         # (test_mmq_launches_pass_every_parameter_by_name checks what is packed into it)
         "fmt": signatures.expected_format("mmq", "mmq_q8_0")},
-    # the token embedding: one kernel a token_embd type, named by embed_kernel
+    # the token embedding: one kernel a token_embd type, named by the registry (as the MMQ kernels)
     ("fast/cuda/elementwise.py", "embed"): {
-        "kernel": tuple(elementwise.embed_kernel(t) for t in elementwise.EMBED_TYPES), "via": "embed_kernel"},
+        "kernel": tuple(f.embed_kernel for f in qformats.formats() if f.embed_kernel), "via": "embed_kernel"},
     # a module compiled from the file's own source text, passed in as an argument
     ("bench/bench_mmq_cuda.py", "__init__"): {"source": "PEAK_SRC"},
     ("bench/bench_mmq_cuda.py", "measure_peak"): {"source": "PEAK_SRC", "kernel": ("peak_k32", "peak_k16")},
@@ -393,7 +393,7 @@ def test_table_entries_still_exist(key):
     entry = DYNAMIC[key]
     via = entry.get("via")
     if via is not None:
-        assert re.search(rf"\b{via}\b", pf.text), f"{rel} no longer reads {via}"
+        assert re.search(rf"\.{via}\b", pf.text), f"{rel} no longer reads .{via}"
     for name in (entry.get("module"), *(() if via else entry.get("kernel", ()))):
         if name is not None:
             assert name in pf.strings, f"{rel} no longer mentions {name!r}"

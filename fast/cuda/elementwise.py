@@ -38,7 +38,7 @@ import numpy as np
 
 from gguf import GGMLQuantizationType as QT
 
-from strata_prefill.contract import numerics, quants, routing
+from strata_prefill.contract import numerics, qformats, quants, routing
 from strata_prefill.contract.errors import InputError
 from strata_prefill.contract.moe import SwigluOai
 
@@ -63,7 +63,6 @@ __all__ = [
     "combine",
     "sigmoid",
     "EMBED_TYPES",
-    "embed_kernel",
     "embed",
     "nonfinite_mark",
 ]
@@ -447,15 +446,10 @@ def sigmoid(dev, x, out=None):
 # --------------------------------------------------------------------------- embedding
 
 
-#: the token_embd types embed.cu dequantizes on the device (each by its kernel embed_kernel(type));
-#: a pack whose token_embd is of another type has its rows dequantized on the host
-#: (fast/cuda/backend.py embed)
-EMBED_TYPES = (QT.Q8_0, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.IQ4_XS)
-
-
-def embed_kernel(qtype) -> str:
-    """The name of embed.cu's kernel for token_embd rows of type qtype (one of EMBED_TYPES)."""
-    return f"embed_{QT(int(qtype)).name.lower()}"
+#: the token_embd types embed.cu dequantizes on the device: the registry's formats with an
+#: embed_kernel (contract/qformat_base.py); a pack whose token_embd is of another type has its rows
+#: dequantized on the host (fast/cuda/backend.py embed)
+EMBED_TYPES = tuple(f.qtype for f in qformats.formats() if f.embed_kernel)
 
 
 def embed(dev, qtype, ids, table, n_embd: int, out=None):
@@ -489,7 +483,7 @@ def embed(dev, qtype, ids, table, n_embd: int, out=None):
     out = dev.output(out, "embed out", (T, n), np.float32)
     if T == 0:
         return out
-    f = runtime.function("embed", embed_kernel(qtype), "PiPqiPq")
+    f = runtime.function("embed", qformats.lookup(qtype).embed_kernel, "PiPqiPq")
     dev.launch(f, "embed", _grid1(T * n), (_THREADS, 1, 1), ptr(idv), T, ptr(table), rb, n, ptr(out), n)
     return out
 

@@ -11,6 +11,8 @@ text. There is no such file to edit: edit the Python it is written from.
   half-field offsets and scale factors, the codebook types' codebooks (contract/codebooks.py), the
   MMQ table buffer's offsets (strata_prefill.contract.qformats.table_layout) and the list of MMQ kernels (their
   names and types).
+- ``embed_kernels.cuh`` (:func:`embed_kernels_header`): embed.cu's kernel list, the types with an
+  ``embed_kernel`` (their names and types).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 
 from strata_prefill.contract import q8_1, qformats
 
-__all__ = ["HEADERS", "header", "qformats_header"]
+__all__ = ["HEADERS", "header", "qformats_header", "embed_kernels_header"]
 
 
 def _float(v: float, what: str) -> str:
@@ -88,8 +90,28 @@ def qformats_header() -> str:
     return "\n".join(out)
 
 
+def embed_kernels_header() -> str:
+    """The text of ``embed_kernels.cuh``: embed.cu's kernel list, X(kernel name, type) for each
+    registered format with an ``embed_kernel`` (a header of its own, so that mmq.cu's source, and
+    its cubins' digests, do not change with it)."""
+    embeds = [f for f in qformats.formats() if f.embed_kernel]
+    mmq = qformats.with_mmq_kernel()
+    if any(f not in mmq for f in embeds):  # qformats.cuh writes QT_<name> and QFormat<> for MMQ types only
+        raise ValueError("a type with an embed_kernel needs an mmq_kernel too: "
+                         + ", ".join(f.qtype.name for f in embeds if f not in mmq))
+    return "\n".join([
+        "// embed_kernels.cuh: written by fast/cuda/generated.py from contract/qformats.py when a kernel",
+        "// is compiled; there is no such file. X(kernel name, type) for each type with an embed_kernel.",
+        "#ifndef STRATA_EMBED_KERNELS_CUH",
+        "#define STRATA_EMBED_KERNELS_CUH",
+        "#define EMBED_KERNELS(X) " + " ".join(f"X({f.embed_kernel}, QT_{f.qtype.name})" for f in embeds),
+        "#endif",
+        "",
+    ])
+
+
 #: the generated headers, by the name an #include gives
-HEADERS = {"qformats.cuh": qformats_header}
+HEADERS = {"qformats.cuh": qformats_header, "embed_kernels.cuh": embed_kernels_header}
 
 
 def header(name: str) -> str | None:

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "qformats.cuh"
+#include "embed_kernels.cuh"  // EMBED_KERNELS
 
 __device__ __forceinline__ float half_at(const uint8_t* p) {
     return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
@@ -120,9 +121,6 @@ __device__ __forceinline__ void embed_rows(const int* __restrict__ ids, int T, c
         embed_rows<QT>(ids, T, table, row_bytes, n, out, ldo);                                           \
     }
 
-EMBED_ENTRY(embed_q8_0, QT_Q8_0)
-EMBED_ENTRY(embed_q4_k, QT_Q4_K)
-EMBED_ENTRY(embed_q5_k, QT_Q5_K)
-EMBED_ENTRY(embed_q6_k, QT_Q6_K)
-EMBED_ENTRY(embed_q2_k, QT_Q2_K)
-EMBED_ENTRY(embed_iq4_xs, QT_IQ4_XS)
+// one kernel a type with an embed_kernel in the registry (embed_kernels.cuh, written from it); a
+// type added there needs its block_value above
+EMBED_KERNELS(EMBED_ENTRY)

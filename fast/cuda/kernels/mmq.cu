@@ -258,10 +258,10 @@ struct Geo : GeoOf<QT, ((Tr<QT>::VPB > 128) && (GeoOf<QT, false>::SMEM > MMQ_CTA
 
 // The types whose staging copies recompute each 16-byte piece's offsets at every issue, from the
 // thread index passed through an empty asm the compiler cannot see through. Left to itself,
-// ptxas hoists the offsets out of the tile loop and, for Q6_K at the big tiles, spills them to an
-// 80-byte stack frame reloaded before every tile's copies; recomputed, the frame is 40 bytes and
-// the copies wait on no local load (docs/performance.md, "Q6_K's staging offsets"). Other types
-// keep no such frame, and for Q4_K the recompute adds one, so they keep the hoisted form.
+// ptxas hoists the offsets out of the tile loop and, for Q6_K at the big tiles, spills them to the
+// stack, reloaded before every tile's copies; recomputed, the copies wait on no such load
+// (docs/performance.md, "Q6_K's staging offsets"). Q4_K and Q8_0 spill nothing there, and the
+// recompute gives them a stack frame, so they keep the hoisted form.
 template <int QT> __host__ __device__ constexpr bool stage_offsets_recomputed() { return QT == QT_Q6_K; }
 
 // ------------------------------------------------------------------ PTX helpers
