@@ -473,7 +473,7 @@ def _model_rows() -> list[KernelCase]:
         for n_embd, T in [(256, 1), (256, 19), (2560, 7)]:
             rows.append(kernel_case("embed", f"{qt.name}-n{n_embd}-T{T}", dict(n_embd=n_embd, T=T, n_vocab=300),
                                     weight_type=qt.name, quick=T == 1))
-    rows.append(kernel_case("embed_refusal", "IQ2_XS-n288-id4", dict(n_embd=256, n_vocab=4, bad_n=288), weight_type="Q4_K",
+    rows.append(kernel_case("embed_refusal", "no-kernel-type-n288-id4", dict(n_embd=256, n_vocab=4, bad_n=288), weight_type="Q4_K",
                             quick=True))
     for n, gu, d, tail, offsets in [(1, 4096, 2048, 1024, "aligned"), (5, 2720 * 3, 1360 * 5, 4096, "aligned"),
                                     (16, 1000, 777, 513, "mixed"), (16, 34 * 64, 34 * 40, 2048, "mixed")]:
