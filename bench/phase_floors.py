@@ -3,7 +3,16 @@
 from the fastest any kernel keeping these bytes could be, on this device.
 
     python3 -m bench.phase_floors --pack strata8.gguf [--tokens 2048,8192,32768] [--out DIR]
+    python3 -m bench.phase_floors --preset qwen3-30b-a3b --mix Q4_K_M --layers 48 --card h100   # no GPU
     python3 -m bench.phase_floors --plot phase_floors.json phase_floors.png   # needs matplotlib
+
+--pack prefills a pack on the GPU and sets each phase's measured time beside its floor. --preset
+(with make-pack's --mix, --expert-type, --dense-type, --router-type and --layers) prints the floors
+alone for the pack make-pack would write, on a card named by --card (NVIDIA's figures for it) or
+given as SMS:GHZ:GB/S: no pack, no GPU. Either way the floors are summed over the layers by their
+types (a mix gives some layers other types than layer 0), and the table's last line gives the
+tokens a second the floors together allow, the ceiling any kernel keeping the contract's bytes
+stays under on these phases.
 
 A phase's floor is the larger of two lower bounds:
 - issue: the instructions the contract itself writes down for the phase's elements
@@ -30,15 +39,10 @@ from dataclasses import dataclass
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
+from strata_prefill.contract import qformats
+from strata_prefill.contract.qformats import Epilogue
 from strata_prefill.formats.config import ModelConfig
 
-#: issue slots of the MMQ epilogue per output element and 32-value block, as mmq.cu writes the
-#: contract's float steps (docs/numerics.md section 3; exact fused forms counted as one):
-#: Q8_0 conversion, dw * da, product, sum; Q4_1 adds the min term (product and sum); IQ2_XS two
-#: sub-scaled half sums (one exact FMA each), their sum, dw * da, product, sum; IQ3 one
-#: sub-scaled sum; Q2_K two sub-scaled halves and their sum, the min term's two-half integer sum
-#: (two products and a sum), dmin * da and its product, the difference, dw * da, product, sum
-MMQ_EPILOGUE = {QT.Q8_0: 4, QT.Q4_1: 6, QT.IQ2_XS: 6, QT.IQ3_XXS: 4, QT.IQ3_S: 4, QT.Q2_K: 12}
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 #: float products (docs/numerics.md section 3a): a product and a sum per multiply-add, no FMA
 FLOAT_PER_MAC = 2
@@ -76,12 +80,40 @@ class Device:
         return nbytes / self.peak_bytes_per_s
 
 
+def epilogue_slots(qt: QT) -> int | None:
+    """Issue slots of the MMQ epilogue per output element and 32-value block, as mmq.cu writes the
+    contract's float steps (docs/numerics.md section 3; the exact fused forms counted as one),
+    from the registry's form of the type (contract/qformats.py: epilogue, sub_per_16); None for a
+    type the registry does not hold.
+    - the integer sum as a float: one conversion from the magic bits (one exact fused
+      multiply-add where a sub-scale multiplies it); with sub_per_16 one for each half and their
+      sum;
+    - dw * da, its product with the sum, the accumulation: 3;
+    - MIN: mw * sa and its sum, 2 more;
+    - DMIN: the min term's integer mi (one product, or two and their sum with sub_per_16), mw * da,
+      its product with mi and the difference;
+    - HALVES: each half's conversion, dw_h * da and product (6), their sum and the accumulation."""
+    fmt = qformats.lookup(qt)
+    if fmt is None:
+        return None
+    if fmt.epilogue is Epilogue.HALVES:
+        return 2 * 3 + 2
+    halves = 2 if fmt.sub_per_16 else 1
+    integer = 2 * halves - 1  # one step a half, and the halves' sum
+    slots = integer + 3
+    if fmt.epilogue is Epilogue.MIN:
+        slots += 2
+    elif fmt.epilogue is Epilogue.DMIN:
+        slots += integer + 3
+    return slots
+
+
 def _mmq_ops(qt: QT, rows: float, n_out: int, k: int) -> float | None:
     """Lane operations of one quantized product (rows x n_out outputs over k values), None for
-    a type without an epilogue count here."""
+    a type without an epilogue count."""
     if qt in FLOAT_TYPES:
         return FLOAT_PER_MAC * rows * n_out * k
-    per = MMQ_EPILOGUE.get(qt)
+    per = epilogue_slots(qt)
     return None if per is None else per * rows * n_out * (k // 32)
 
 
@@ -157,12 +189,89 @@ def phase_floors(cfg: ModelConfig, types: dict[str, QT], n_tok: int, n_layer: in
     return table
 
 
-def layer_types(pack) -> dict[str, QT]:
-    """The qtypes phase_floors needs, from layer 0 of a pack."""
-    names = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_down_exps",
-             "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]
+#: the matrices phase_floors reads the types of, by their names in a layer (blk.L.<name>)
+LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_down_exps",
+                  "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+
+#: cards by name, with NVIDIA's figures for them (the SXM forms): 132 SMs at 1.98 GHz, and the
+#: memory bandwidth
+CARDS = {"h100": Device(4 * 132, 1.98e9, 3.35e12), "h200": Device(4 * 132, 1.98e9, 4.8e12)}
+
+
+def layer_types(pack, layer: int = 0) -> dict[str, QT]:
+    """The qtypes phase_floors needs, from one layer of a pack."""
     have = set(pack.tensor_names())
-    return {n: QT(pack.tensor_type(f"blk.0.{n}")) for n in names if f"blk.0.{n}" in have}
+    return {n: QT(pack.tensor_type(f"blk.{layer}.{n}")) for n in LAYER_MATRICES if f"blk.{layer}.{n}" in have}
+
+
+def layer_groups(types_by_layer) -> list[tuple[dict[str, QT], int]]:
+    """[(types, layers)]: the layers grouped by their matrices' types, in order of first sight."""
+    out: dict[tuple, list] = {}
+    for types in types_by_layer:
+        key = tuple(sorted((k, int(v)) for k, v in types.items()))
+        out.setdefault(key, [types, 0])[1] += 1
+    return [(types, n) for types, n in out.values()]
+
+
+def pack_groups(pack) -> list[tuple[dict[str, QT], int]]:
+    """A pack's layers grouped by their types (a mix gives some layers other types than layer 0)."""
+    return layer_groups(layer_types(pack, l) for l in range(pack.config.n_layer))
+
+
+def preset_groups(cfg: ModelConfig, preset: str, **types) -> list[tuple[dict[str, QT], int]]:
+    """The layer groups of the pack make-pack would write for preset (its shape as cfg, e.g. with
+    fewer layers): formats/make_pack.py's own choice of every tensor's type from `types`
+    (pack_types' mix, expert_type, dense_type, router_type)."""
+    from strata_prefill.formats import make_pack  # noqa: PLC0415 - the pack writer, for its type plan only
+
+    pt = make_pack.pack_types(cfg, preset, **types)
+    plan = {p.name: QT(p.qtype) for p in make_pack.plan_tensors(cfg, pt.gu, pt.down, pt.dense, False, pt.router,
+                                                                 pt.per_tensor)}
+    return layer_groups({n: plan[f"blk.{l}.{n}"] for n in LAYER_MATRICES if f"blk.{l}.{n}" in plan}
+                        for l in range(cfg.n_layer))
+
+
+def model_floors(cfg: ModelConfig, groups, n_tok: int, dev: Device, pos0: int = 0) -> dict[str, dict]:
+    """phase_floors over a whole model: each group of layers (layer_groups) with its own types,
+    the groups' floors summed per phase. A phase's bound is "mixed" where the groups differ."""
+    table: dict[str, dict] = {}
+    for types, n in groups:
+        for name, fl in phase_floors(cfg, types, n_tok, n, dev, pos0).items():
+            t = table.setdefault(name, {"issue_s": 0.0, "memory_s": 0.0, "floor_s": 0.0, "bound": fl["bound"]})
+            t["issue_s"] = None if t["issue_s"] is None or fl["issue_s"] is None else t["issue_s"] + fl["issue_s"]
+            t["memory_s"] += fl["memory_s"]
+            t["floor_s"] += fl["floor_s"]
+            if t["bound"] != fl["bound"]:
+                t["bound"] = "mixed"
+    return table
+
+
+def format_floors(n_tok: int, floors: dict) -> str:
+    """The floors alone (no measured side): each phase's two bounds, the floor, and the tokens a
+    second the phases' floors together allow."""
+    ms = lambda s: "-" if s is None else f"{s * 1e3:.2f}"  # noqa: E731
+    lines = [f"{n_tok} tokens: {'phase':<18} {'floor ms':>9} {'issue ms':>9} {'memory ms':>10} {'bound':>7}"]
+    pad = " " * (len(str(n_tok)) + 8)
+    for name, fl in sorted(floors.items(), key=lambda kv: -kv[1]["floor_s"]):
+        lines.append(f"{pad} {name:<18} {ms(fl['floor_s']):>9} {ms(fl['issue_s']):>9} {ms(fl['memory_s']):>10} "
+                     f"{fl['bound']:>7}")
+    total = sum(fl["floor_s"] for fl in floors.values())
+    lines.append(f"{pad} {'these phases':<18} {ms(total):>9}   at most {n_tok / total:,.0f} tokens/s")
+    return "\n".join(lines)
+
+
+def card(text: str) -> Device:
+    """--card: a name of CARDS, or SMS:GHZ:GB/S (SMs, the top SM clock, memory bandwidth)."""
+    if text.lower() in CARDS:
+        return CARDS[text.lower()]
+    try:
+        sms, ghz, gbs = (float(v) for v in text.split(":"))
+    except ValueError:
+        sms = ghz = gbs = 0.0
+    if not (sms >= 1 and sms == int(sms) and ghz > 0 and gbs > 0):
+        raise argparse.ArgumentTypeError(f"expected {' or '.join(CARDS)} or SMS:GHZ:GB/S (e.g. 132:1.98:3350), "
+                                         f"got {text!r}")
+    return Device(4 * int(sms), ghz * 1e9, gbs * 1e9)
 
 
 def format_table(n_tok: int, measured: dict, floors: dict) -> str:
@@ -230,7 +339,7 @@ def _measure(pack_path: str, tokens: list[int]) -> dict:
     dev = Device(4 * runtime.multiprocessor_count(), clock_hz, peak)
     print(f"{runtime.device_name()}: {dev.schedulers} schedulers at {clock_hz / 1e9:.2f} GHz, memory "
           f"{peak / 1e9:.0f} GB/s peak", flush=True)
-    types = layer_types(pack)
+    groups = pack_groups(pack)
     rng = np.random.default_rng(0)
     runs = []
     for n in tokens:
@@ -242,12 +351,49 @@ def _measure(pack_path: str, tokens: list[int]) -> dict:
         measured = eng.be.phase_table()
         eng.be.timing = False
         eng.be.reset_cache()
-        floors = phase_floors(cfg, types, n, cfg.n_layer, dev)
+        floors = model_floors(cfg, groups, n, dev)
         print("\n" + format_table(n, measured, floors), flush=True)
         runs.append({"tokens": n, "measured": {k: v for k, v in measured.items() if k in floors}, "floors": floors})
     return {"device": runtime.device_name(), "pack": os.path.basename(pack_path),
-            "types": {k: v.name for k, v in types.items()},
+            "types": {k: v.name for k, v in groups[0][0].items()},
+            "layer_groups": [{"layers": n, "types": {k: v.name for k, v in t.items()}} for t, n in groups],
             "schedulers": dev.schedulers, "clock_hz": clock_hz, "peak_bytes_per_s": peak, "runs": runs}
+
+
+def _floors_only(ap, args) -> int:
+    from strata_prefill.contract.errors import InputError  # noqa: PLC0415
+    from strata_prefill.formats.config import PRESETS  # noqa: PLC0415
+
+    if args.preset not in PRESETS:
+        ap.error(f"--preset: unknown preset {args.preset!r} (presets: {', '.join(sorted(PRESETS))})")
+    cfg = PRESETS[args.preset]
+    if args.layers is not None:
+        if args.layers < 1:
+            ap.error(f"--layers: expected a positive number of layers, got {args.layers}")
+        cfg = cfg.replace(n_layer=args.layers)
+    try:
+        groups = preset_groups(cfg, args.preset, mix=args.mix, expert_type=args.expert_type,
+                               dense_type=args.dense_type, router_type=args.router_type)
+    except InputError as e:
+        ap.error(str(e))
+    dev = args.card
+    what = f"{args.preset}" + (f" --mix {args.mix}" if args.mix else "") + f", {cfg.n_layer} layers"
+    print(f"{what}: {dev.schedulers} schedulers at {dev.clock_hz / 1e9:.2f} GHz, memory "
+          f"{dev.peak_bytes_per_s / 1e9:,.0f} GB/s")
+    for types, n in groups:
+        print(f"  {n} layer{'s' if n > 1 else ''}: " + ", ".join(f"{k} {v.name}" for k, v in types.items()))
+    runs = []
+    for n_tok in args.tokens:
+        floors = model_floors(cfg, groups, n_tok, dev)
+        print("\n" + format_floors(n_tok, floors))
+        runs.append({"tokens": n_tok, "floors": floors})
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "floors.json"), "w") as f:
+            json.dump({"preset": args.preset, "mix": args.mix, "layers": cfg.n_layer,
+                       "schedulers": dev.schedulers, "clock_hz": dev.clock_hz,
+                       "peak_bytes_per_s": dev.peak_bytes_per_s, "runs": runs}, f, indent=1)
+    return 0
 
 
 def token_list(text: str) -> list[int]:
@@ -267,7 +413,18 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=token_list, default="2048,8192,32768")
     ap.add_argument("--out", default=os.environ.get("OUT", ""), help="write phase_floors.json here")
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="draw a phase_floors.json (no GPU)")
+    floors_only = ap.add_argument_group("the floors alone, of the pack make-pack would write (no pack, no GPU)")
+    floors_only.add_argument("--preset", help="a make-pack preset")
+    floors_only.add_argument("--layers", type=int, help="its layers (default the preset's)")
+    for opt in ("--mix", "--expert-type", "--dense-type", "--router-type"):
+        floors_only.add_argument(opt, help=f"as make-pack's {opt}")
+    floors_only.add_argument("--card", type=card, default="h100",
+                             help=f"{', '.join(CARDS)} (NVIDIA's figures) or SMS:GHZ:GB/S (default h100)")
     args = ap.parse_args(argv)
+    if args.preset:
+        if args.pack or args.plot:
+            ap.error("--preset prints the floors alone: give no --pack or --plot with it")
+        return _floors_only(ap, args)
     if args.plot:
         try:
             with open(args.plot[0]) as f:

@@ -233,6 +233,7 @@ class Q6_K(QuantFormat, qtype=QT.Q6_K):
     """256 values, 210 B: ql: uint8[128], qh: uint8[64], scales: int8[16], d: half; codes
     -32..31, a signed 8-bit sub-scale u per 16 values, value (dw * u) * c with dw = d."""
 
+    sub_per_16 = True
     mmq_kernel = "mmq_q6_k"
     embed_kernel = "embed_q6_k"
 
@@ -257,6 +258,7 @@ class Q3_K(QuantFormat, qtype=QT.Q3_K):
     """256 values, 110 B: hmask: uint8[32], qs: uint8[64], scales: uint8[12], d: half; codes
     -4..3, a 6-bit sub-scale minus 32 (-32..31) per 16 values, value (dw * u) * c with dw = d."""
 
+    sub_per_16 = True
     mmq_kernel = "mmq_q3_k"
 
     half_fields = {"d": 108}

@@ -48,6 +48,9 @@ class QuantFormat:
     epilogue: ClassVar[Epilogue] = Epilogue.PLAIN
     #: every sub-scale decodes to 1: the codes are the products' integers
     unit_sub: ClassVar[bool] = False
+    #: a sub-scale per 16 values: u0 and u1 of a 32-value block may differ, so a block's products
+    #: take the two halves' integer sums apart (mmq.cu's split form, Tr<QT>::SPLIT)
+    sub_per_16: ClassVar[bool] = False
     q8_1_layout: ClassVar[Layout] = Layout.D4
     #: fast/cuda/kernels/mmq.cu's kernel for this type (its kernel list is written from these
     #: names, fast/cuda/generated.py, and fast/cuda/products.py launches it by this name); None: no
@@ -76,6 +79,8 @@ class QuantFormat:
         cls.block_values, cls.block_bytes = int(vals), int(nbytes)
         if cls.block_values % 32:
             raise TypeError(f"{qt.name} blocks are not whole 32-value blocks")
+        if cls.unit_sub and cls.sub_per_16:
+            raise TypeError(f"{qt.name}: unit sub-scales cannot change every 16 values")
         if (cls.grid_source is None) != (cls.table_name is None):
             raise TypeError(f"{qt.name}: a grid needs both its gguf source and its table name")
         for other in _REGISTRY.values():  # a table name shared is one table, held once

@@ -112,6 +112,7 @@ class Q2_K(QuantFormat, qtype=QT.Q2_K):
 
     half_fields = {"d": 80, "dmin": 82}
     epilogue = Epilogue.DMIN
+    sub_per_16 = True
     q8_1_layout = Layout.D2S6
     mmq_kernel = "mmq_q2_k"
     embed_kernel = "embed_q2_k"
@@ -213,6 +214,7 @@ class IQ2_XS(_IQFormat, qtype=QT.IQ2_XS):
 
     dw_factor = 0.125
     sign_index = True
+    sub_per_16 = True
     mmq_kernel = "mmq_iq2_xs"
     grid_source, table_name = "IQ2_XS", "IQ2XS"
 
@@ -300,6 +302,7 @@ class IQ2_S(_IQFormat, qtype=QT.IQ2_S):
     (IQ2_XS's form)."""
 
     dw_factor = 0.125
+    sub_per_16 = True
     mmq_kernel = "mmq_iq2_s"
     grid_source, table_name = "IQ2_S", "IQ2S"
 
@@ -378,6 +381,7 @@ class IQ1_M(_IQ1Format, qtype=QT.IQ1_M):
     put_scale_values read and write it where it lies, set_scales through them."""
 
     half_fields: ClassVar[dict[str, int]] = {}
+    sub_per_16 = True
     mmq_kernel = "mmq_iq1_m"
 
     @classmethod

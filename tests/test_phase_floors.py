@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench import phase_floors as pf
+from strata_prefill.contract import qformats
 from strata_prefill.formats.config import PRESETS
 from strata_prefill.formats.make_pack import make_pack
 from strata_prefill.formats.pack import Pack
@@ -75,11 +76,77 @@ def test_floors_grow_with_the_prompt_and_layers(t, layers):
 
 
 def test_a_type_without_a_count_keeps_the_memory_bound():
-    types = dict(TYPES, ffn_down_exps=QT.Q6_K)
+    types = dict(TYPES, ffn_down_exps=QT.TQ2_0)  # a gguf type the registry does not hold
+    assert qformats.lookup(QT.TQ2_0) is None
     fl = pf.phase_floors(STRATA, types, 512, 1, H200)
     assert fl["down"]["issue_s"] is None and fl["down"]["bound"] == "memory"
-    weights = min(512, 512 * 10) * 2560 * (640 // 256) * 210  # Q6_K: 210 bytes a 256-value block
+    weights = min(512, 512 * 10) * 2560 * (640 // 256) * 66  # TQ2_0: 66 bytes a 256-value block
     assert fl["down"]["memory_s"] >= H200.bytes_s(weights)
+
+
+@pytest.mark.parametrize("qt, slots", [
+    # conversion (or the sub-scaled sum), dw * da, product, sum
+    (QT.Q8_0, 4), (QT.IQ4_NL, 4), (QT.MXFP4, 4), (QT.IQ3_S, 4), (QT.IQ4_XS, 4),
+    # two sub-scaled halves and their sum, then 3
+    (QT.IQ2_XS, 6), (QT.Q6_K, 6), (QT.Q3_K, 6), (QT.IQ1_M, 6),
+    (QT.Q4_1, 6),  # and mw * sa, its sum
+    # sub-scaled sum, 3; mi = v * sum, mw * da, its product, the difference
+    (QT.Q4_K, 8), (QT.Q5_K, 8),
+    (QT.Q2_K, 12),  # each of the two integers from two halves and their sum
+    (QT.NVFP4, 8),  # per half: conversion, dw_h * da, product; their sum; the accumulation
+])
+def test_epilogue_slots_by_hand(qt, slots):
+    assert pf.epilogue_slots(qt) == slots
+
+
+def test_every_registered_type_has_a_count():
+    for f in qformats.formats():
+        assert pf.epilogue_slots(f.qtype) >= 4
+
+
+def test_a_mix_is_summed_layer_by_layer():
+    """A Q4_K_M mix gives some layers Q6_K value and down matrices: the groups' floors are the
+    layers' floors summed, not layer 0's times the layers."""
+    cfg = PRESETS["qwen3-30b-a3b"].replace(n_layer=8)
+    groups = pf.preset_groups(cfg, "qwen3-30b-a3b", mix="Q4_K_M")
+    assert sum(n for _, n in groups) == 8 and len(groups) == 2
+    downs = {t["ffn_down_exps"] for t, _ in groups}
+    assert downs == {QT.Q4_K, QT.Q6_K}
+    per_layer = [t for t, n in groups for _ in range(n)]
+    whole = pf.model_floors(cfg, groups, 1024, H200)
+    for name, fl in whole.items():
+        want = sum(pf.phase_floors(cfg, t, 1024, 1, H200)[name]["floor_s"] for t in per_layer)
+        assert fl["floor_s"] == pytest.approx(want, rel=1e-12)
+    assert whole["down"]["floor_s"] != pytest.approx(pf.phase_floors(cfg, groups[0][0], 1024, 8, H200)["down"]["floor_s"])
+
+
+def test_preset_groups_are_the_packs(tmp_path):
+    """The floors alone plan the same types make-pack writes."""
+    path = make_pack(tmp_path / "mix.gguf", "qwen3-30b-a3b", layers=3, mix="Q4_K_M", progress=False,
+                     config=PRESETS["qwen3-30b-a3b"].replace(n_layer=3, n_expert=8, n_vocab=512))
+    with Pack.open(path) as pack:
+        got = pf.pack_groups(pack)
+        cfg = pack.config
+    assert got == pf.preset_groups(cfg, "qwen3-30b-a3b", mix="Q4_K_M")
+    assert pf.preset_groups(cfg, "qwen3-30b-a3b", mix="Q2_K") != got
+
+
+def test_floors_alone_print_the_ceiling(capsys, tmp_path):
+    assert pf.main(["--preset", "qwen3-30b-a3b", "--mix", "Q4_K_M", "--layers", "4", "--tokens", "512,2048",
+                    "--card", "132:1.98:4800", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 layers: attn_q Q4_K" in out and "ffn_down_exps Q6_K" in out
+    cfg = PRESETS["qwen3-30b-a3b"].replace(n_layer=4)
+    fl = pf.model_floors(cfg, pf.preset_groups(cfg, "qwen3-30b-a3b", mix="Q4_K_M"), 2048, H200)
+    total = sum(v["floor_s"] for v in fl.values())
+    assert f"at most {2048 / total:,.0f} tokens/s" in out
+    saved = json.loads((tmp_path / "floors.json").read_text())
+    assert [r["tokens"] for r in saved["runs"]] == [512, 2048] and saved["layers"] == 4
+
+
+def test_cards():
+    assert pf.card("H100") == pf.CARDS["h100"]
+    assert pf.card("132:1.98:4800") == H200
 
 
 def test_a_model_without_a_shared_expert_has_no_such_phase():
@@ -119,6 +186,12 @@ def test_plot_writes_a_png(tmp_path):
     (["--pack", "/nonexistent/strata8.gguf"], "no such file"),
     ([], "--pack is required"),
     (["--plot", "/nonexistent/f.json", "f.png"], "cannot read"),
+    (["--preset", "nope"], "unknown preset 'nope'"),
+    (["--preset", "qwen3-30b-a3b", "--mix", "Q9_X"], "unknown mix"),
+    (["--preset", "qwen3-30b-a3b", "--layers", "0"], "positive number of layers"),
+    (["--preset", "qwen3-30b-a3b", "--card", "a100"], "SMS:GHZ:GB/S"),
+    (["--preset", "qwen3-30b-a3b", "--card", "132:0:3350"], "SMS:GHZ:GB/S"),
+    (["--preset", "qwen3-30b-a3b", "--pack", "x.gguf"], "give no --pack"),
 ])
 def test_bad_arguments_are_one_line(argv, what, capsys):
     with pytest.raises(SystemExit) as e:

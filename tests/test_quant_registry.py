@@ -269,12 +269,25 @@ def test_epilogue_and_unit_sub_follow_the_decoded_form():
         assert (dec.mw is not None) == (f.epilogue in (qformats.Epilogue.MIN, qformats.Epilogue.DMIN))
         assert (dec.msub is not None) == (f.epilogue is qformats.Epilogue.DMIN)
         assert bool(np.all(dec.sub == 1)) == f.unit_sub
+        # sub_per_16: a 32-value block's two halves may take different sub-scales (64 random
+        # blocks hold such a block), else never
+        assert bool(np.any(dec.sub[..., 0] != dec.sub[..., 1])) == f.sub_per_16
         halves = f.epilogue is qformats.Epilogue.HALVES  # a scale for each 16-value half
         assert dec.dw.shape == dec.sub.shape[:-1] + ((2,) if halves else ())
         pw = mmq.prepare(f.qtype, quants.random_blocks(f.qtype, 64, rng).reshape(4, -1))
         assert pw.w.dtype == (np.int8 if f.unit_sub else np.int16)
         assert (pw.wm is not None) == (f.epilogue is qformats.Epilogue.DMIN)
         assert pw.dw.shape == (4, pw.n_blocks) + ((2,) if halves else ())
+
+
+def test_mmq_split_form_is_the_registrys():
+    """mmq.cu's own Tr<QT>::SPLIT (two k16 sums a block in place of one k32 sum) is set exactly
+    for the types whose halves take sub-scales or float scales of their own (sub_per_16, HALVES)."""
+    code = "\n".join(ln.split("//")[0] for ln in MMQ_CU.read_text().splitlines())
+    split = {t: int(v) for t, v in re.findall(r"struct Tr<QT_(\w+)>[^{]*\{ enum \{ SPLIT = (\d)", code)}
+    assert sorted(split) == sorted(f.qtype.name for f in CUDA_FORMATS)
+    for f in CUDA_FORMATS:
+        assert split[f.qtype.name] == int(f.sub_per_16 or f.epilogue is qformats.Epilogue.HALVES), f.qtype.name
 
 
 def test_grids_are_gguf_grids():
