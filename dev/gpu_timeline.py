@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -132,10 +134,15 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         Session(eng, progress=False).prefill(ids)
         wall = time.perf_counter() - t
-    path = args.trace or "/tmp/strata-gpu-timeline.json"
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+        with open(args.trace) as f:
+            events = json.load(f)["traceEvents"]
+    else:  # read back and removed: no file left behind
+        with tempfile.TemporaryDirectory() as tmp:
+            prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+            with open(os.path.join(tmp, "trace.json")) as f:
+                events = json.load(f)["traceEvents"]
     # the profiler's own span opens the trace: the prefill started right after it
     start = min(e["ts"] for e in events if e.get("ph") == "X")
     print(f"{args.tokens} tokens, {pack.config.n_layer} layers")

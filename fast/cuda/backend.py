@@ -309,8 +309,7 @@ class CudaBackend(BackendBase):
     def embed(self, ids):
         qt = self.pack.tensor_type("token_embd")
         if self.device_embed and qt in ops.EMBED_TYPES:  # the host's dequantize would hold the first kernel back
-            return ops.embed(self.dev, qt, self.dev.upload(np.asarray(ids, np.int32)), self.w("token_embd").data,
-                             self.config.n_embd)
+            return ops.embed(self.dev, qt, ids, self.w("token_embd").data, self.config.n_embd)  # ids uploaded there
         return self.dev.upload(np.ascontiguousarray(self.pack.embedding_rows(ids), dtype=np.float32))
 
     def rmsnorm(self, x, w, eps):
