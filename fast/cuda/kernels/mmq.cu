@@ -109,6 +109,12 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #ifndef MMQ_MIX_MIN
 #define MMQ_MIX_MIN (MMQ_BN / 2)
 #endif
+// MMQ_ASC_PAIRED 1: where a type reads two activation-scale arrays (da and a sum: Q4_K, Q5_K,
+// Q4_1, Q5_1), they are interleaved by column pair (asc_at), so the products read both of a
+// column pair in one 16-byte load; 0: the arrays apart. Only where the scales lie in shared memory.
+#ifndef MMQ_ASC_PAIRED
+#define MMQ_ASC_PAIRED 1
+#endif
 // MMQ_EMPTY_EXIT 1: the tile-list form of a list cut on the device from the routing tables
 // (routing_tables.cu routed_row_tiles, for device_plan). The host knows the list only as a
 // worst-case count and a configuration the counts may not choose: it launches one list per
@@ -255,6 +261,17 @@ template <int QT, bool DW_ROW> struct GeoOf {
 };
 template <int QT>
 struct Geo : GeoOf<QT, ((Tr<QT>::VPB > 128) && (GeoOf<QT, false>::SMEM > MMQ_CTA_FIT))> {};
+
+// Where array a (0: da; 1, 2: the sums) of the activation scales of block j, activation row r
+// lies in an act-scale buffer. A type of two arrays keeps them interleaved by row pair, {da[r],
+// da[r + 1], s[r], s[r + 1]} for even r (MMQ_ASC_PAIRED); otherwise array a is [a][j][BN].
+template <int QT> __host__ __device__ constexpr bool asc_paired() { return MMQ_ASC_PAIRED && GeoOf<QT, false>::NAA == 2; }
+template <int QT> __device__ __forceinline__ int asc_at(int j, int a, int r) {
+    if constexpr (asc_paired<QT>())
+        return j * 2 * MMQ_BN + (r >> 1) * 4 + a * 2 + (r & 1);
+    else
+        return (a * 4 + j) * MMQ_BN + r;
+}
 
 // The types whose staging copies recompute each 16-byte piece's offsets at every issue, from the
 // thread index passed through an empty asm the compiler cannot see through. Left to itself,
@@ -692,12 +709,12 @@ __device__ __forceinline__ void decode_unit(const uint8_t* rowb, int o, int j, c
 
 // ------------------------------------------------------------------ epilogues
 // One n8 tile of one 32-block: ac[e] for (weight row A|B, activation column col|col+1).
-// xA/xB: the weight rows' extra scales (see decode_unit); asc: activation scales [a][j][BN].
+// xA/xB: the weight rows' extra scales (see decode_unit); da, s: the columns' scales and, for a
+// type of two activation arrays, their second (asc_at); asc: the act-scale buffer (Q2_K's sums).
 
 template <int QT, int NX>
 __device__ __forceinline__ void epi_one(float (&ac)[4], const int (&d)[4], float dwA, float dwB,
-                                        const float (&xA)[NX], const float (&xB)[NX], float2 da,
-                                        const float* asc, int j, int col) {
+                                        const float (&xA)[NX], const float (&xB)[NX], float2 da, float2 s) {
     if constexpr (QT == QT_Q8_0 || QT == QT_Q4_0 || QT == QT_Q5_0) {
         ac[0] = ac[0] + (dwA * da.x) * ifl(d[0]);
         ac[1] = ac[1] + (dwA * da.y) * ifl(d[1]);
@@ -709,24 +726,23 @@ __device__ __forceinline__ void epi_one(float (&ac)[4], const int (&d)[4], float
         ac[2] = ac[2] + (dwB * da.x) * sub_sum(xB, 0, d[2]);
         ac[3] = ac[3] + (dwB * da.y) * sub_sum(xB, 0, d[3]);
     } else if constexpr (QT == QT_Q4_1 || QT == QT_Q5_1) {
-        const float2 sa = *reinterpret_cast<const float2*>(asc + (4 + j) * MMQ_BN + col);
-        ac[0] = ac[0] + ((dwA * da.x) * ifl(d[0]) + xA[0] * sa.x);
-        ac[1] = ac[1] + ((dwA * da.y) * ifl(d[1]) + xA[0] * sa.y);
-        ac[2] = ac[2] + ((dwB * da.x) * ifl(d[2]) + xB[0] * sa.x);
-        ac[3] = ac[3] + ((dwB * da.y) * ifl(d[3]) + xB[0] * sa.y);
+        // s: the activation's block sums sa
+        ac[0] = ac[0] + ((dwA * da.x) * ifl(d[0]) + xA[0] * s.x);
+        ac[1] = ac[1] + ((dwA * da.y) * ifl(d[1]) + xA[0] * s.y);
+        ac[2] = ac[2] + ((dwB * da.x) * ifl(d[2]) + xB[0] * s.x);
+        ac[3] = ac[3] + ((dwB * da.y) * ifl(d[3]) + xB[0] * s.y);
     } else if constexpr (QT == QT_Q4_K || QT == QT_Q5_K) {
-        // x: u v mw; asc[1]: the activation's integer 32-block sums (prep, ASUM). mi = v * sum is
+        // x: u v mw; s: the activation's integer 32-block sums (prep, ASUM). mi = v * sum is
         // exact (63 * 32 * 127 < 2^24), as sumi = u * S is (63 * 32 * 31 * 127 < 2^24, Q5_K's)
-        const float2 s = *reinterpret_cast<const float2*>(asc + (4 + j) * MMQ_BN + col);
         const float mi0 = xA[1] * s.x, mi1 = xA[1] * s.y, mi2 = xB[1] * s.x, mi3 = xB[1] * s.y;
         ac[0] = ac[0] + ((dwA * da.x) * sub_sum(xA, 0, d[0]) - (xA[2] * da.x) * mi0);
         ac[1] = ac[1] + ((dwA * da.y) * sub_sum(xA, 0, d[1]) - (xA[2] * da.y) * mi1);
         ac[2] = ac[2] + ((dwB * da.x) * sub_sum(xB, 0, d[2]) - (xB[2] * da.x) * mi2);
         ac[3] = ac[3] + ((dwB * da.y) * sub_sum(xB, 0, d[3]) - (xB[2] * da.y) * mi3);
     } else if constexpr (QT == QT_IQ4_NL || QT == QT_MXFP4) {  // PLAIN, unit sub-scales: Q8_0's
-        epi_one<QT_Q8_0>(ac, d, dwA, dwB, xA, xB, da, asc, j, col);
+        epi_one<QT_Q8_0>(ac, d, dwA, dwB, xA, xB, da, s);
     } else if constexpr (QT == QT_IQ4_XS) {  // PLAIN, one sub-scale per 32 values (x: u): IQ3_S's
-        epi_one<QT_IQ3_S>(ac, d, dwA, dwB, xA, xB, da, asc, j, col);
+        epi_one<QT_IQ3_S>(ac, d, dwA, dwB, xA, xB, da, s);
     }
 }
 
@@ -741,8 +757,8 @@ __device__ __forceinline__ void epi_split(float (&ac)[4], const int (&d0)[4], co
         ac[3] = ac[3] + (dwB * da.y) * (sub_sum(xB, 0, d0[3]) + sub_sum(xB, 1, d1[3]));
     } else if constexpr (QT == QT_Q2_K) {
         // x: u0 u1 v0 v1 mw; asc[1], asc[2]: integer sums of the activation halves
-        const float2 s0 = *reinterpret_cast<const float2*>(asc + (4 + j) * MMQ_BN + col);
-        const float2 s1 = *reinterpret_cast<const float2*>(asc + (8 + j) * MMQ_BN + col);
+        const float2 s0 = *reinterpret_cast<const float2*>(asc + asc_at<QT>(j, 1, col));
+        const float2 s1 = *reinterpret_cast<const float2*>(asc + asc_at<QT>(j, 2, col));
         const float mi0 = xA[2] * s0.x + xA[3] * s1.x, mi1 = xA[2] * s0.y + xA[3] * s1.y;
         const float mi2 = xB[2] * s0.x + xB[3] * s1.x, mi3 = xB[2] * s0.y + xB[3] * s1.y;
         ac[0] = ac[0] + ((dwA * da.x) * (sub_sum(xA, 0, d0[0]) + sub_sum(xA, 1, d1[0])) - (xA[4] * da.x) * mi0);
@@ -822,11 +838,20 @@ __device__ __forceinline__ void mmq2_chunk(float (&acc)[MMQ_NT8][4], uint32_t wd
             if (t + 1 < T) mma_tile(t + 1, d[(t + 1) & 1]);
             if ((t & 1) && (t >> 1) + 2 < P) ldsm_x4(b[(t >> 1) + 2 < P ? (t >> 1) + 2 : 0], bbase + ((t >> 1) + 2) * BSTEP);
             const int c = (wn + WN * t) * 8 + 2 * t4;
-            const float2 da = *reinterpret_cast<const float2*>(asc + j * BN + c);
+            float2 da, s;  // s: the second array's pair where the type reads one
+            if constexpr (asc_paired<QT>()) {
+                const float4 q = *reinterpret_cast<const float4*>(asc + asc_at<QT>(j, 0, c));
+                da = make_float2(q.x, q.y);
+                s = make_float2(q.z, q.w);
+            } else {
+                da = *reinterpret_cast<const float2*>(asc + asc_at<QT>(j, 0, c));
+                if constexpr (Geo<QT>::NAA == 2) s = *reinterpret_cast<const float2*>(asc + asc_at<QT>(j, 1, c));
+                else s = da;  // (read by no epilogue)
+            }
             if constexpr (SPL)
                 epi_split<QT>(acc[t], d[t & 1][0], d[t & 1][NM - 1], dwA, dwB, xA, xB, da, asc, j, c);
             else
-                epi_one<QT>(acc[t], d[t & 1][0], dwA, dwB, xA, xB, da, asc, j, c);
+                epi_one<QT>(acc[t], d[t & 1][0], dwA, dwB, xA, xB, da, s);
         }
     }
 }
@@ -1040,7 +1065,7 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                 if (checked && r >= nvalid) continue;
                 const uint8_t* hb = actb + r * ASTR;
                 if constexpr (LAY == LAYOUT_D4) {
-                    asc[j * BN + r] = *reinterpret_cast<const float*>(hb + 4 * j);
+                    asc[asc_at<QT>(j, 0, r)] = *reinterpret_cast<const float*>(hb + 4 * j);
                     if constexpr (Tr<QT>::ASUM) {  // the 32 codes' sum, exact (|sum| <= 32 * 127)
                         const uint4* cw = reinterpret_cast<const uint4*>(hb + 16 + 32 * j);
                         const uint4 x0 = cw[0], x1 = cw[1];
@@ -1053,13 +1078,13 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                         sum = __dp4a((int)x1.y, 0x01010101, sum);
                         sum = __dp4a((int)x1.z, 0x01010101, sum);
                         sum = __dp4a((int)x1.w, 0x01010101, sum);
-                        asc[(NBLK + j) * BN + r] = (float)sum;
+                        asc[asc_at<QT>(j, 1, r)] = (float)sum;
                     }
                 } else if constexpr (LAY == LAYOUT_DS4) {
-                    asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j));
-                    asc[(NBLK + j) * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j + 2));
+                    asc[asc_at<QT>(j, 0, r)] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j));
+                    asc[asc_at<QT>(j, 1, r)] = h2f(*reinterpret_cast<const uint16_t*>(hb + 4 * j + 2));
                 } else {
-                    asc[j * BN + r] = h2f(*reinterpret_cast<const uint16_t*>(hb + 2 * (j >> 1)));
+                    asc[asc_at<QT>(j, 0, r)] = h2f(*reinterpret_cast<const uint16_t*>(hb + 2 * (j >> 1)));
                     const uint4* cw = reinterpret_cast<const uint4*>(hb + 16 + 32 * j);
                     const uint4 x0 = cw[0], x1 = cw[1];
                     int s0 = 0, s1 = 0;
@@ -1071,8 +1096,8 @@ __device__ __forceinline__ void mmq_body(const uint8_t* __restrict__ W, long lon
                     s1 = __dp4a((int)x1.y, 0x01010101, s1);
                     s1 = __dp4a((int)x1.z, 0x01010101, s1);
                     s1 = __dp4a((int)x1.w, 0x01010101, s1);
-                    asc[(NBLK + j) * BN + r] = (float)s0;
-                    asc[(2 * NBLK + j) * BN + r] = (float)s1;
+                    asc[asc_at<QT>(j, 1, r)] = (float)s0;
+                    asc[asc_at<QT>(j, 2, r)] = (float)s1;
                 }
             }
         };
