@@ -110,8 +110,9 @@ static_assert(MMQ_STAGES >= 3, "double-buffered decode needs MMQ_STAGES >= 3");
 #define MMQ_MIX_MIN (MMQ_BN / 2)
 #endif
 // MMQ_ASC_PAIRED 1: where a type reads two activation-scale arrays (da and a sum: Q4_K, Q5_K,
-// Q4_1, Q5_1), they are interleaved by column pair (asc_at), so the products read both of a
-// column pair in one 16-byte load; 0: the arrays apart. Only where the scales lie in shared memory.
+// Q4_1, Q5_1), they are interleaved by pair of activation rows (asc_at), so the products read
+// both arrays' values of the two rows a thread's outputs take in one 16-byte load; 0: the
+// arrays apart (the earlier layout, for an A/B).
 #ifndef MMQ_ASC_PAIRED
 #define MMQ_ASC_PAIRED 1
 #endif
@@ -263,8 +264,8 @@ template <int QT>
 struct Geo : GeoOf<QT, ((Tr<QT>::VPB > 128) && (GeoOf<QT, false>::SMEM > MMQ_CTA_FIT))> {};
 
 // Where array a (0: da; 1, 2: the sums) of the activation scales of block j, activation row r
-// lies in an act-scale buffer. A type of two arrays keeps them interleaved by row pair, {da[r],
-// da[r + 1], s[r], s[r + 1]} for even r (MMQ_ASC_PAIRED); otherwise array a is [a][j][BN].
+// lies in an act-scale buffer. A type of two arrays keeps them interleaved by pair of rows,
+// {da[r], da[r + 1], s[r], s[r + 1]} for even r (MMQ_ASC_PAIRED); otherwise array a is [a][j][BN].
 template <int QT> __host__ __device__ constexpr bool asc_paired() { return MMQ_ASC_PAIRED && GeoOf<QT, false>::NAA == 2; }
 template <int QT> __device__ __forceinline__ int asc_at(int j, int a, int r) {
     if constexpr (asc_paired<QT>())
