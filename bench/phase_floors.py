@@ -376,7 +376,7 @@ def _floors_only(ap, args) -> int:
                                dense_type=args.dense_type, router_type=args.router_type)
     except InputError as e:
         ap.error(str(e))
-    dev = args.card
+    dev = args.card or CARDS["h100"]
     what = f"{args.preset}" + (f" --mix {args.mix}" if args.mix else "") + f", {cfg.n_layer} layers"
     print(f"{what}: {dev.schedulers} schedulers at {dev.clock_hz / 1e9:.2f} GHz, memory "
           f"{dev.peak_bytes_per_s / 1e9:,.0f} GB/s")
@@ -411,28 +411,34 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pack", help="the pack to prefill (the GPU run)")
     ap.add_argument("--tokens", type=token_list, default="2048,8192,32768")
-    ap.add_argument("--out", default=os.environ.get("OUT", ""), help="write phase_floors.json here")
+    ap.add_argument("--out", default=os.environ.get("OUT", ""),
+                    help="write phase_floors.json here (floors.json with --preset)")
     ap.add_argument("--plot", nargs=2, metavar=("JSON", "PNG"), help="draw a phase_floors.json (no GPU)")
     floors_only = ap.add_argument_group("the floors alone, of the pack make-pack would write (no pack, no GPU)")
     floors_only.add_argument("--preset", help="a make-pack preset")
     floors_only.add_argument("--layers", type=int, help="its layers (default the preset's)")
     for opt in ("--mix", "--expert-type", "--dense-type", "--router-type"):
         floors_only.add_argument(opt, help=f"as make-pack's {opt}")
-    floors_only.add_argument("--card", type=card, default="h100",
+    floors_only.add_argument("--card", type=card,
                              help=f"{', '.join(CARDS)} (NVIDIA's figures) or SMS:GHZ:GB/S (default h100)")
     args = ap.parse_args(argv)
     if args.preset:
         if args.pack or args.plot:
             ap.error("--preset prints the floors alone: give no --pack or --plot with it")
         return _floors_only(ap, args)
+    alone = [o for o in ("layers", "mix", "expert_type", "dense_type", "router_type", "card")
+             if getattr(args, o) is not None]
+    if alone:
+        ap.error(f"--{alone[0].replace('_', '-')} goes with --preset (a pack's types and card are its own)")
     if args.plot:
         try:
             with open(args.plot[0]) as f:
                 results = json.load(f)
         except (OSError, ValueError) as e:
             ap.error(f"--plot: cannot read {args.plot[0]}: {e}")
-        if not isinstance(results, dict) or not isinstance(results.get("runs"), list):
-            ap.error(f"--plot: {args.plot[0]} is not a phase_floors.json (no runs)")
+        if (not isinstance(results, dict) or not isinstance(results.get("runs"), list)
+                or not all(isinstance(r, dict) and "measured" in r for r in results["runs"])):
+            ap.error(f"--plot: {args.plot[0]} is not a phase_floors.json (no measured runs)")
         try:
             plot(results, args.plot[1])
         except ImportError:

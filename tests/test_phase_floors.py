@@ -142,6 +142,9 @@ def test_floors_alone_print_the_ceiling(capsys, tmp_path):
     assert f"at most {2048 / total:,.0f} tokens/s" in out
     saved = json.loads((tmp_path / "floors.json").read_text())
     assert [r["tokens"] for r in saved["runs"]] == [512, 2048] and saved["layers"] == 4
+    with pytest.raises(SystemExit):  # the floors alone are no measured run to draw
+        pf.main(["--plot", str(tmp_path / "floors.json"), str(tmp_path / "f.png")])
+    assert "no measured runs" in capsys.readouterr().err
 
 
 def test_cards():
@@ -192,6 +195,8 @@ def test_plot_writes_a_png(tmp_path):
     (["--preset", "qwen3-30b-a3b", "--card", "a100"], "SMS:GHZ:GB/S"),
     (["--preset", "qwen3-30b-a3b", "--card", "132:0:3350"], "SMS:GHZ:GB/S"),
     (["--preset", "qwen3-30b-a3b", "--pack", "x.gguf"], "give no --pack"),
+    (["--pack", "x.gguf", "--mix", "Q4_K_M"], "--mix goes with --preset"),
+    (["--pack", "x.gguf", "--card", "h200"], "--card goes with --preset"),
 ])
 def test_bad_arguments_are_one_line(argv, what, capsys):
     with pytest.raises(SystemExit) as e:
