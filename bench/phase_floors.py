@@ -40,8 +40,9 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
 from strata_prefill.contract import qformats
+from strata_prefill.contract.errors import InputError
 from strata_prefill.contract.qformats import Epilogue
-from strata_prefill.formats.config import ModelConfig
+from strata_prefill.formats.config import PRESETS, ModelConfig
 
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 #: float products (docs/numerics.md section 3a): a product and a sum per multiply-add, no FMA
@@ -361,9 +362,6 @@ def _measure(pack_path: str, tokens: list[int]) -> dict:
 
 
 def _floors_only(ap, args) -> int:
-    from strata_prefill.contract.errors import InputError  # noqa: PLC0415
-    from strata_prefill.formats.config import PRESETS  # noqa: PLC0415
-
     if args.preset not in PRESETS:
         ap.error(f"--preset: unknown preset {args.preset!r} (presets: {', '.join(sorted(PRESETS))})")
     cfg = PRESETS[args.preset]
